@@ -1,0 +1,96 @@
+"""``rldiag check``: what a run holds, what is wrong with it, and what each algorithm needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rldiag.config.settings import find_config_file, resolve_settings
+from rldiag.engine.advantage import ESTIMATORS
+from rldiag.errors import RldiagError
+from rldiag.io.loader import read_table, validate_table
+from rldiag.io.rundir import RunDir, iter_metrics_lines
+from rldiag.io.schema import BASE_NEED, LIST_COLUMNS, METRIC_NEEDS, SCALAR_COLUMNS, estimator_need
+
+
+@dataclass
+class StepSummary:
+    step: int
+    file: str
+    rows: int = 0
+    tokens: int = 0
+    actor_tokens: int = 0
+    groups: int = 0
+    columns: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+
+@dataclass
+class CheckReport:
+    run: str
+    config_file: str | None
+    metrics_lines: int
+    metrics_names: int
+    steps: list[StepSummary]
+    columns: list[str]
+    algorithms: dict[str, list[str]]  # name -> missing columns ([] = ready)
+    metric_families: dict[str, list[str]]
+
+    @property
+    def problems(self) -> list[str]:
+        return [s.problem for s in self.steps if s.problem]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and bool(self.steps)
+
+
+def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None = None) -> CheckReport:
+    rd = RunDir(run)
+    settings = resolve_settings(rd.path)  # a malformed config is reported as an error here
+    files = rd.require_steps()
+    summaries: list[StepSummary] = []
+    seen: set[str] = set()
+    for i, sf in enumerate(files):
+        s = StepSummary(step=sf.step, file=str(sf.path.relative_to(rd.path)))
+        try:
+            table = read_table(sf)
+            s.columns = list(table.column_names)
+            seen.update(s.columns)
+            ragged = validate_table(table, sf)
+            s.rows = table.num_rows
+            mask = ragged["response_mask"]
+            s.tokens = int(mask.lengths.sum())
+            s.actor_tokens = int(mask.values.sum())
+            s.groups = len(set(table["uid"].to_pylist())) if table.num_rows < 100_000 else -1
+            if s.actor_tokens == 0:
+                s.problem = f"file {s.file}, step {sf.step}: no token has response_mask 1 (nothing to learn from)"
+        except RldiagError as exc:
+            s.problem = str(exc)
+        summaries.append(s)
+        if progress:
+            progress(i + 1, len(files), sf.step)
+    # what each algorithm needs, judged on columns present in every step
+    common = set.intersection(*(set(s.columns) for s in summaries if s.columns)) if any(s.columns for s in summaries) else set()
+    algorithms = {name: BASE_NEED.missing(common) + estimator_need(name).missing(common) for name in ESTIMATORS.names()}
+    families = {name: need.missing(common) for name, need in METRIC_NEEDS.items()}
+    names: set[str] = set()
+    lines = 0
+    for _, values in iter_metrics_lines(rd.metrics_file):
+        lines += 1
+        names.update(values)
+    known = [c for c in (*LIST_COLUMNS, *SCALAR_COLUMNS) if c in seen]
+    other = sorted(seen - set(known))
+    cf = find_config_file(rd.path)
+    _ = settings
+    return CheckReport(
+        run=str(rd.path),
+        config_file=str(cf.relative_to(rd.path)) if cf else None,
+        metrics_lines=lines,
+        metrics_names=len(names),
+        steps=summaries,
+        columns=known + other,
+        algorithms=algorithms,
+        metric_families=families,
+    )

@@ -1,0 +1,1 @@
+"""The ``rldiag`` command line."""

@@ -1,0 +1,291 @@
+"""Settings resolution (CONTRACT section 3).
+
+Order, later wins: verl's defaults, the run's config file (``run.yaml``, else ``config.yaml``,
+else ``.hydra/config.yaml``), then command-line overrides ``KEY=VALUE``. Keys are verl's own
+dotted config keys. YAML is read with ``yaml.safe_load`` only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rldiag.errors import ConfigError
+
+#: verl's defaults for every key rldiag reads. ``None`` means "null" in verl's YAML.
+DEFAULTS: dict[str, Any] = {
+    "algorithm.adv_estimator": "gae",
+    "algorithm.gamma": 1.0,
+    "algorithm.lam": 1.0,
+    "algorithm.norm_adv_by_std_in_grpo": True,
+    "algorithm.use_kl_in_reward": False,
+    "algorithm.kl_penalty": "kl",
+    "algorithm.kl_ctrl.type": "fixed",
+    "algorithm.kl_ctrl.kl_coef": 0.001,
+    "algorithm.kl_ctrl.target_kl": 0.1,
+    "algorithm.kl_ctrl.horizon": 10000,
+    "algorithm.rollout_correction.rollout_is": None,
+    "algorithm.rollout_correction.rollout_is_threshold": 2.0,
+    "algorithm.rollout_correction.rollout_is_batch_normalize": False,
+    "algorithm.rollout_correction.rollout_rs": None,
+    "algorithm.rollout_correction.rollout_rs_threshold": None,
+    "algorithm.rollout_correction.bypass_mode": False,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+    "actor_rollout_ref.actor.clip_ratio": 0.2,
+    "actor_rollout_ref.actor.clip_ratio_low": None,
+    "actor_rollout_ref.actor.clip_ratio_high": None,
+    "actor_rollout_ref.actor.clip_ratio_c": 3.0,
+    "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
+    "actor_rollout_ref.actor.loss_scale_factor": None,
+    "actor_rollout_ref.actor.use_kl_loss": False,
+    "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+    "actor_rollout_ref.actor.entropy_coeff": 0.0,
+    "critic.cliprange_value": 0.5,
+    # None: inherit the actor's setting (verl's default wiring).
+    "critic.loss_agg_mode": None,
+    "critic.loss_scale_factor": None,
+    # None: the longest row (prompt) of the step.
+    "data.max_response_length": None,
+    "data.max_prompt_length": None,
+}
+
+_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)}
+_FLOAT_KEYS = {
+    "algorithm.gamma",
+    "algorithm.lam",
+    "algorithm.kl_ctrl.kl_coef",
+    "algorithm.kl_ctrl.target_kl",
+    "actor_rollout_ref.actor.clip_ratio",
+    "actor_rollout_ref.actor.clip_ratio_low",
+    "actor_rollout_ref.actor.clip_ratio_high",
+    "actor_rollout_ref.actor.clip_ratio_c",
+    "actor_rollout_ref.actor.loss_scale_factor",
+    "actor_rollout_ref.actor.kl_loss_coef",
+    "actor_rollout_ref.actor.entropy_coeff",
+    "critic.cliprange_value",
+    "critic.loss_scale_factor",
+}
+_INT_KEYS = {"algorithm.kl_ctrl.horizon", "data.max_response_length", "data.max_prompt_length"}
+
+CONFIG_FILES = ("run.yaml", "config.yaml", ".hydra/config.yaml")
+
+_INTERP = re.compile(r"^\$\{(?:oc\.select:)?([^,}]+)(?:,([^}]*))?\}$")
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mapping -> ``{"a.b.c": value}``. Lists and scalars are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _resolve_interpolations(flat: dict[str, Any]) -> dict[str, Any]:
+    """Resolve Hydra's ``${a.b}`` and ``${oc.select:a.b,default}`` between keys of one file.
+
+    An interpolation that cannot be resolved is dropped, so the key takes verl's default.
+    """
+    out = dict(flat)
+    for _ in range(8):  # bounded: chains of interpolations are short
+        changed = False
+        for key, value in list(out.items()):
+            if not isinstance(value, str):
+                continue
+            m = _INTERP.match(value.strip())
+            if not m:
+                continue
+            target, default = m.group(1).strip(), m.group(2)
+            if target in out and not (isinstance(out[target], str) and out[target].startswith("${")):
+                out[key] = out[target]
+            elif default is not None:
+                out[key] = yaml.safe_load(default) if default.strip() else None
+            else:
+                del out[key]
+            changed = True
+        if not changed:
+            break
+    return {k: v for k, v in out.items() if not (isinstance(v, str) and v.strip().startswith("${"))}
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML config file safely and flatten it to dotted keys."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if tree is None:
+        return {}
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"config file {path} must hold a mapping at the top, not {type(tree).__name__}")
+    return _resolve_interpolations(flatten(tree))
+
+
+def find_config_file(run_dir: Path) -> Path | None:
+    for name in CONFIG_FILES:
+        p = run_dir / name
+        if p.is_file():
+            return p
+    return None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as a YAML scalar (``true``, ``null``, ``0.95``)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form KEY=VALUE")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"override {text!r}: VALUE must be a scalar, not a {type(value).__name__}")
+    return key, value
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    if value is None:
+        return None
+    try:
+        if key in _BOOL_KEYS:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            raise ValueError(f"expected true or false, got {value!r}")
+        if key in _FLOAT_KEYS:
+            if isinstance(value, bool):
+                raise ValueError(f"expected a number, got {value!r}")
+            out = float(value)
+            if math.isnan(out):
+                raise ValueError("NaN is not a valid setting")
+            return out
+        if key in _INT_KEYS:
+            if isinstance(value, bool) or float(value) != int(float(value)):
+                raise ValueError(f"expected an integer, got {value!r}")
+            return int(float(value))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{key} from {source}: {exc}") from None
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings: every key of :data:`DEFAULTS` plus any extra keys the run carries."""
+
+    values: dict[str, Any]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    config_file: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return self.values[key]
+        except KeyError:
+            raise ConfigError(f"unknown setting {key!r}") from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    # Convenience accessors for the keys the engine reads most.
+    @property
+    def estimator(self) -> str:
+        return self.values["algorithm.adv_estimator"]
+
+    @property
+    def actor_agg_mode(self) -> str:
+        return self.values["actor_rollout_ref.actor.loss_agg_mode"]
+
+    @property
+    def critic_agg_mode(self) -> str:
+        return self.values["critic.loss_agg_mode"] or self.actor_agg_mode
+
+    @property
+    def critic_loss_scale_factor(self) -> float | None:
+        v = self.values["critic.loss_scale_factor"]
+        return v if v is not None else self.values["actor_rollout_ref.actor.loss_scale_factor"]
+
+    @property
+    def clip_low(self) -> float:
+        v = self.values["actor_rollout_ref.actor.clip_ratio_low"]
+        return v if v is not None else self.values["actor_rollout_ref.actor.clip_ratio"]
+
+    @property
+    def clip_high(self) -> float:
+        v = self.values["actor_rollout_ref.actor.clip_ratio_high"]
+        return v if v is not None else self.values["actor_rollout_ref.actor.clip_ratio"]
+
+    def resolved(self) -> dict[str, Any]:
+        """Every key of section 3 with its resolved value (inherited ones filled in)."""
+        out = {k: self.values.get(k) for k in DEFAULTS}
+        out["critic.loss_agg_mode"] = self.critic_agg_mode
+        out["critic.loss_scale_factor"] = self.critic_loss_scale_factor
+        return out
+
+
+def known_keys() -> list[str]:
+    return sorted(DEFAULTS)
+
+
+def resolve_settings(
+    run_dir: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Defaults, then the run's config file (or ``config``), then ``overrides``.
+
+    Overrides must name known keys (an unknown one lists the valid keys); the config file may
+    carry any other keys, which are kept but not read.
+    """
+    values: dict[str, Any] = dict(DEFAULTS)
+    config_file = None
+    if config is None and run_dir is not None:
+        path = find_config_file(Path(run_dir))
+        if path is not None:
+            config = load_config_file(path)
+            config_file = str(path)
+    if config is not None:
+        flat = flatten(config) if any(isinstance(v, Mapping) for v in config.values()) else dict(config)
+        src = config_file or "config"
+        for key, value in flat.items():
+            values[key] = _coerce(key, value, src) if key in DEFAULTS else value
+    overrides = dict(overrides or {})
+    for key, value in overrides.items():
+        if key not in DEFAULTS:
+            close = [k for k in DEFAULTS if k.split(".")[-1] == key.split(".")[-1]]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"unknown setting {key!r}{hint}; valid: {', '.join(known_keys())}")
+        values[key] = _coerce(key, value, "the command line")
+    return Settings(values=values, overrides=overrides, config_file=config_file)
+
+
+def scenario_slug(overrides: Mapping[str, Any]) -> str:
+    """Default scenario name: ``baseline`` with no overrides, else a readable slug of them.
+
+    ``{"algorithm.adv_estimator": "rloo"}`` -> ``adv_estimator=rloo``.
+    """
+    if not overrides:
+        return "baseline"
+    parts = []
+    for key in sorted(overrides):
+        value = overrides[key]
+        text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        parts.append(f"{key.split('.')[-1]}={text}")
+    slug = "__".join(parts)
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "-", slug)[:120]

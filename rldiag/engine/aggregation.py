@@ -1,0 +1,93 @@
+"""``loss_agg_mode``: how a ``(rows, tokens)`` loss matrix becomes one number per step.
+
+Semantics of verl's ``agg_loss`` (seed 001 section 10, seed 003 section 6.6) with data-parallel
+size 1 and each step taken as one global batch:
+
+- ``token-mean``: ``sum(m * l) / N``, N = ``batch_num_tokens`` (the loss-mask token count of the
+  step; with rollout rejection the *original* mask, so rejected tokens still count) or, when not
+  given, ``sum(m)``.
+- ``token-sum``: ``sum(m * l)``.
+- ``seq-mean-token-sum``: ``sum_i q_i sum_t m l / B``; q_i = row has a masked token.
+- ``seq-mean-token-sum-norm``: the same divided by ``loss_scale_factor`` (None: the step's
+  response horizon, as verl's fallback to the padded width).
+- ``seq-mean-token-mean``: ``sum_i q_i (sum_t m l) / (T_i + 1e-8) / B``.
+
+B is ``global_batch_size`` (rows of the step in the actor path) or, when not given, the number of
+rows with a masked token (verl's fallback, used by the critic path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rldiag.engine.segments import masked_sum_rows, seg_sum
+from rldiag.registry import Registry
+
+
+@dataclass(frozen=True)
+class AggNorm:
+    """Normalisers of one packed batch, each ``(n_steps,)`` or ``None`` for verl's fallback."""
+
+    step_ids: torch.Tensor
+    n_steps: int
+    horizon: torch.Tensor
+    batch_num_tokens: torch.Tensor | None = None
+    global_batch_size: torch.Tensor | None = None
+    loss_scale_factor: float | None = None
+
+
+AggFn = Callable[[torch.Tensor, torch.Tensor, AggNorm], torch.Tensor]
+AGG_MODES: Registry[AggFn] = Registry("loss_agg_mode")
+
+
+def _row_sums(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked_sum_rows(loss, mask)
+
+
+def _seq_denominator(mask: torch.Tensor, norm: AggNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    q = (mask.sum(-1) > 0).to(torch.float32)
+    if norm.global_batch_size is not None:
+        return q, norm.global_batch_size.to(torch.float32)
+    return q, seg_sum(q, norm.step_ids, norm.n_steps)
+
+
+@AGG_MODES.register("token-mean")
+def agg_token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    total = seg_sum(_row_sums(loss, mask), norm.step_ids, norm.n_steps)
+    if norm.batch_num_tokens is not None:
+        denom = norm.batch_num_tokens.to(total.dtype)
+    else:
+        denom = seg_sum(mask.sum(-1).to(total.dtype), norm.step_ids, norm.n_steps)
+    return total / denom
+
+
+@AGG_MODES.register("token-sum")
+def agg_token_sum(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    return seg_sum(_row_sums(loss, mask), norm.step_ids, norm.n_steps)
+
+
+@AGG_MODES.register("seq-mean-token-sum")
+def agg_seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    q, denom = _seq_denominator(mask, norm)
+    return seg_sum(_row_sums(loss, mask) * q, norm.step_ids, norm.n_steps) / denom
+
+
+@AGG_MODES.register("seq-mean-token-sum-norm")
+def agg_seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    scale = norm.horizon.to(torch.float32) if norm.loss_scale_factor is None else norm.loss_scale_factor
+    return agg_seq_mean_token_sum(loss, mask, norm) / scale
+
+
+@AGG_MODES.register("seq-mean-token-mean")
+def agg_seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    q, denom = _seq_denominator(mask, norm)
+    per_row = _row_sums(loss, mask) / (mask.sum(-1).to(loss.dtype) + 1e-8)
+    return seg_sum(per_row * q, norm.step_ids, norm.n_steps) / denom
+
+
+def aggregate(mode: str, loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    """One value per step ``(n_steps,)`` of ``loss`` ``(rows, tokens)`` under ``mode``."""
+    return AGG_MODES.get(mode)(loss, mask, norm)

@@ -1,0 +1,46 @@
+"""Per-token KL estimators, keyed by verl's ``kl_penalty`` / ``kl_loss_type`` strings.
+
+``d = logprob - ref_logprob``. Estimators from J. Schulman, "Approximating KL divergence"
+(2020), http://joschu.net/blog/kl-approx.html. The straight-through forms ``k1+``/``k3+`` (and
+``kl+``, ``abs+``, ``low_var_kl+``) have the forward value of their base estimator; only their
+gradient differs, which a recompute never needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rldiag.registry import Registry
+
+KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")
+
+
+@KL_ESTIMATORS.register("kl", "k1", "kl+", "k1+", formula="d")
+def kl_k1(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    """k1: ``logprob - ref_logprob``; shape as the inputs."""
+    return logprob - ref_logprob
+
+
+@KL_ESTIMATORS.register("abs", "abs+", formula="|d|")
+def kl_abs(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return (logprob - ref_logprob).abs()
+
+
+@KL_ESTIMATORS.register("mse", "k2", "mse+", "k2+", formula="0.5 d^2")
+def kl_k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logprob - ref_logprob).square()
+
+
+@KL_ESTIMATORS.register("low_var_kl", "k3", "low_var_kl+", "k3+", formula="clip(exp(-d~) + d~ - 1, -10, 10), d~ = clip(d, -20, 20)")
+def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    """k3 (low variance): with ``x = clamp(ref - logprob, -20, 20)``, ``clamp(e^x - x - 1, -10, 10)``."""
+    x = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
+    return torch.clamp(torch.exp(x) - x - 1.0, min=-10.0, max=10.0)
+
+
+def kl_estimate(name: str, logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    """Per-token estimate ``(rows, tokens)`` under the estimator ``name``."""
+    return KL_ESTIMATORS.get(name)(logprob, ref_logprob)

@@ -1,0 +1,87 @@
+"""Segment reductions: sums, counts, means, extrema and variances keyed by an index.
+
+All functions take a flat tensor ``x`` of shape ``(n,)``, an int64 index ``seg`` of shape
+``(n,)`` with values in ``[0, num)``, and return ``(num,)``. No Python loop over segments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: verl adds this to denominators of masked means (verl.utils.torch_functional.masked_mean).
+MEAN_EPS = 1e-8
+
+
+def seg_sum(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
+    """Sum of ``x`` per segment; empty segments give 0."""
+    out = torch.zeros(num, dtype=x.dtype, device=x.device)
+    return out.index_add_(0, seg, x)
+
+
+def seg_count(seg: torch.Tensor, num: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.bincount(seg, minlength=num)[:num].to(dtype)
+
+
+def seg_mean(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
+    """Plain mean per segment (NaN for empty segments)."""
+    return seg_sum(x, seg, num) / seg_count(seg, num, x.dtype)
+
+
+def seg_std(x: torch.Tensor, seg: torch.Tensor, num: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, Bessel-corrected std, count) per segment, as ``torch.std`` of each group would give.
+
+    Segments of one element get std NaN (as torch.std does); callers apply verl's rules.
+    """
+    cnt = seg_count(seg, num, x.dtype)
+    mean = seg_sum(x, seg, num) / cnt
+    dev = x - mean[seg]
+    var = seg_sum(dev * dev, seg, num) / (cnt - 1)
+    return mean, var.clamp_min(0).sqrt(), cnt
+
+
+def seg_max(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
+    """Max per segment; NaN for empty segments."""
+    out = torch.full((num,), float("nan"), dtype=x.dtype, device=x.device)
+    if x.numel():
+        out.scatter_reduce_(0, seg, x, reduce="amax", include_self=False)
+    return out
+
+
+def seg_min(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
+    """Min per segment; NaN for empty segments."""
+    out = torch.full((num,), float("nan"), dtype=x.dtype, device=x.device)
+    if x.numel():
+        out.scatter_reduce_(0, seg, x, reduce="amin", include_self=False)
+    return out
+
+
+# ---- token tensors (rows, tokens) reduced per step -------------------------------------------
+
+
+def masked_sum_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row masked sum ``(rows,)``; NaN outside the mask cannot leak in (as verl's masked_sum)."""
+    return (torch.where(mask.bool(), values, 0.0) * mask).sum(-1)
+
+
+def step_masked_sum(values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
+    return seg_sum(masked_sum_rows(values, mask), step_ids, n_steps)
+
+
+def step_mask_count(mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
+    return seg_sum(mask.sum(-1).to(torch.float32), step_ids, n_steps)
+
+
+def step_masked_mean(values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
+    """verl's ``masked_mean`` over each step's tokens: ``sum / (count + 1e-8)``."""
+    return step_masked_sum(values, mask, step_ids, n_steps) / (step_mask_count(mask, step_ids, n_steps) + MEAN_EPS)
+
+
+def step_masked_extrema(
+    values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, max, min) of the masked tokens of each step, as ``torch.masked_select`` then
+    mean/max/min would give (no epsilon; NaN for a step without tokens)."""
+    sel = mask.bool()
+    flat = values[sel]
+    seg = step_ids.unsqueeze(-1).expand_as(values)[sel]
+    return seg_mean(flat, seg, n_steps), seg_max(flat, seg, n_steps), seg_min(flat, seg, n_steps)

@@ -1,0 +1,66 @@
+"""One error hierarchy for rldiag.
+
+Every error rldiag raises on purpose derives from :class:`RldiagError`; the CLI catches it once
+and prints ``Type: message``. Errors about input data carry where the problem is (file, step,
+row, column) so that the message can point at it.
+"""
+
+from __future__ import annotations
+
+
+class RldiagError(Exception):
+    """Base class of every error rldiag reports to a user."""
+
+
+class ConfigError(RldiagError):
+    """A setting is unknown, malformed, or a config file cannot be read."""
+
+
+class UnknownKeyError(ConfigError):
+    """A registry key (estimator, loss mode, ...) that rldiag does not know."""
+
+    def __init__(self, kind: str, key: object, valid: list[str]):
+        self.kind, self.key, self.valid = kind, key, sorted(valid)
+        super().__init__(f"unknown {kind} {key!r}; valid: {', '.join(self.valid)}")
+
+
+class RunDirError(RldiagError):
+    """The run directory is missing or has no usable batches."""
+
+
+class BatchError(RldiagError):
+    """A batch file is malformed. The message names file, step, row and column where known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        step: int | None = None,
+        row: int | None = None,
+        column: str | None = None,
+    ):
+        self.file, self.step, self.row, self.column = file, step, row, column
+        self.detail = message
+        where = []
+        if file is not None:
+            where.append(f"file {file}")
+        if step is not None:
+            where.append(f"step {step}")
+        if row is not None:
+            where.append(f"row {row}")
+        if column is not None:
+            where.append(f"column {column!r}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class MissingInputError(BatchError):
+    """The settings need a column that the batch does not have."""
+
+
+class ComputeError(RldiagError):
+    """verl would raise on this input (e.g. whitening over a single token); the step fails."""
+
+
+class OutputError(RldiagError):
+    """Writing results failed."""

@@ -1,0 +1,1 @@
+"""Input and output at the edges: the run directory, batch files, scenario outputs."""

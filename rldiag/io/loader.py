@@ -1,0 +1,273 @@
+"""Batch files (Parquet or Arrow IPC) -> padded ``(rows, tokens)`` tensors.
+
+Everything is done on Arrow's flat values and offsets, never with a Python loop per row:
+lengths come from ``list_value_length``, values from ``list_flatten``, and padding is one
+scatter of the flat values into a ``(rows, width)`` tensor. Only the columns a recompute can use
+are read, and one step is loaded at a time so memory does not grow with the run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import torch
+
+from rldiag.config.settings import Settings
+from rldiag.engine.batch import TOKEN_FIELDS, Batch
+from rldiag.errors import BatchError, MissingInputError
+from rldiag.io.rundir import StepFile
+from rldiag.io.schema import (
+    BASE_NEED,
+    ENGINE_ROW_COLUMNS,
+    ENGINE_TOKEN_COLUMNS,
+    LIST_COLUMNS,
+    MASK_LIST_COLUMNS,
+    SCALAR_COLUMNS,
+    estimator_need,
+)
+
+
+def read_schema(sf: StepFile) -> pa.Schema:
+    try:
+        if sf.format == "parquet":
+            return pq.read_schema(sf.path)
+        with pa.memory_map(str(sf.path)) as src:
+            return _open_ipc(src).schema
+    except (pa.ArrowException, OSError) as exc:
+        raise BatchError(f"cannot read the file ({exc}); it may be incomplete or still being written",
+                         file=str(sf.path), step=sf.step) from exc
+
+
+def _open_ipc(src):
+    try:
+        return ipc.open_file(src)
+    except pa.ArrowInvalid:
+        src.seek(0)
+        return ipc.open_stream(src)
+
+
+def read_table(sf: StepFile, columns: list[str] | None = None) -> pa.Table:
+    """Read ``columns`` (all when None) of one batch file."""
+    try:
+        if sf.format == "parquet":
+            return pq.read_table(sf.path, columns=columns)
+        with pa.memory_map(str(sf.path)) as src:
+            reader = _open_ipc(src)
+            table = reader.read_all()
+        return table.select(columns) if columns is not None else table
+    except (pa.ArrowException, OSError) as exc:
+        raise BatchError(f"cannot read the file ({exc}); it may be incomplete or still being written",
+                         file=str(sf.path), step=sf.step) from exc
+
+
+def columns_to_read(settings: Settings, names: list[str]) -> list[str]:
+    """The columns a recompute under ``settings`` reads from a file having ``names``."""
+    present = set(names)
+    missing = BASE_NEED.missing(present) + estimator_need(settings.estimator).missing(present)
+    if missing:
+        raise MissingInputError(
+            f"{settings.estimator} needs {', '.join(missing)}, missing", column=missing[0]
+        )
+    cols = ["uid", "response_mask"]
+    cols.append("token_level_scores" if "token_level_scores" in present else "score")
+    cols += [c for c in ENGINE_TOKEN_COLUMNS + ENGINE_ROW_COLUMNS if c in present]
+    if "step" in present:
+        cols.append("step")
+    return cols
+
+
+def _first_true(arr: np.ndarray) -> int | None:
+    idx = np.flatnonzero(arr)
+    return int(idx[0]) if idx.size else None
+
+
+@dataclass
+class Ragged:
+    """A list column as flat values and per-row lengths."""
+
+    values: np.ndarray  # (total,)
+    lengths: np.ndarray  # (rows,) int64
+    offsets: np.ndarray  # (rows + 1,) int64
+
+
+def _ragged(col: pa.ChunkedArray | pa.Array, name: str, where: dict) -> Ragged:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)):
+        raise BatchError(f"expected a list column, found type {arr.type}", column=name, **where)
+    if arr.null_count:
+        row = _first_true(arr.is_null().to_numpy(zero_copy_only=False))
+        raise BatchError("the row's list is null", row=row, column=name, **where)
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(arr)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if flat.null_count:
+        idx = _first_true(flat.is_null().to_numpy(zero_copy_only=False))
+        row = int(np.searchsorted(offsets, idx, side="right") - 1)
+        raise BatchError(f"token {idx - offsets[row]} is null", row=row, column=name, **where)
+    if name in MASK_LIST_COLUMNS:
+        if pa.types.is_boolean(flat.type):
+            values = flat.to_numpy(zero_copy_only=False).astype(np.int8)
+        elif pa.types.is_integer(flat.type) or pa.types.is_floating(flat.type):
+            values = flat.to_numpy(zero_copy_only=False)
+            bad = (values != 0) & (values != 1)
+            idx = _first_true(bad)
+            if idx is not None:
+                row = int(np.searchsorted(offsets, idx, side="right") - 1)
+                raise BatchError(
+                    f"mask value {values[idx]!r} at token {idx - offsets[row]}; masks hold only 0 and 1",
+                    row=row, column=name, **where,
+                )
+            values = values.astype(np.int8)
+        else:
+            raise BatchError(f"expected list<int8 or bool>, found {arr.type}", column=name, **where)
+    else:
+        if not (pa.types.is_floating(flat.type) or pa.types.is_integer(flat.type)):
+            raise BatchError(f"expected list<float>, found {arr.type}", column=name, **where)
+        values = flat.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        bad = ~np.isfinite(values)
+        idx = _first_true(bad)
+        if idx is not None:
+            row = int(np.searchsorted(offsets, idx, side="right") - 1)
+            raise BatchError(
+                f"non-finite value {values[idx]} at token {idx - offsets[row]}", row=row, column=name, **where
+            )
+    return Ragged(values=values, lengths=lengths, offsets=offsets)
+
+
+def _scalar(col: pa.ChunkedArray, name: str, kind: str, where: dict) -> np.ndarray:
+    arr = col.combine_chunks()
+    if arr.null_count:
+        row = _first_true(arr.is_null().to_numpy(zero_copy_only=False))
+        raise BatchError("value is null", row=row, column=name, **where)
+    if kind == "string":
+        return arr
+    if not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type)):
+        raise BatchError(f"expected a number, found type {arr.type}", column=name, **where)
+    values = arr.to_numpy(zero_copy_only=False)
+    if kind == "float":
+        values = values.astype(np.float64)
+        idx = _first_true(~np.isfinite(values))
+        if idx is not None:
+            raise BatchError(f"non-finite value {values[idx]}", row=idx, column=name, **where)
+    return values
+
+
+def validate_table(table: pa.Table, sf: StepFile) -> dict[str, Ragged]:
+    """Check one step's table against the schema; return its list columns as ragged arrays.
+
+    Raises :class:`BatchError` naming file, step, row and column for the first problem.
+    """
+    where = {"file": str(sf.path), "step": sf.step}
+    if table.num_rows == 0:
+        raise BatchError("the step has no rows (an empty batch)", **where)
+    names = set(table.column_names)
+    missing = BASE_NEED.missing(names)
+    if missing:
+        raise MissingInputError(f"required column {missing[0]} is missing", column=missing[0].split(" ")[0], **where)
+    if "step" in names:
+        steps = _scalar(table["step"], "step", "int", where)
+        idx = _first_true(steps != sf.step)
+        if idx is not None:
+            raise BatchError(
+                f"step column says {int(steps[idx])} but the file name says {sf.step}", row=idx, column="step", **where
+            )
+    for name, kind in SCALAR_COLUMNS.items():
+        if name in names and name != "step":
+            _scalar(table[name], name, kind, where)
+    ragged: dict[str, Ragged] = {}
+    ref = _ragged(table["response_mask"], "response_mask", where)
+    ragged["response_mask"] = ref
+    for name in LIST_COLUMNS:
+        if name == "response_mask" or name not in names:
+            continue
+        r = _ragged(table[name], name, where)
+        idx = _first_true(r.lengths != ref.lengths)
+        if idx is not None:
+            raise BatchError(
+                f"has {r.lengths[idx]} tokens but response_mask has {ref.lengths[idx]}; every list column "
+                "of a row must have the row's length",
+                row=idx, column=name, **where,
+            )
+        ragged[name] = r
+    return ragged
+
+
+def _pad(r: Ragged, row_idx: torch.Tensor, col_idx: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """Scatter the flat values into a zero-padded ``(rows, width)`` float32 tensor."""
+    out = torch.zeros((rows, width), dtype=torch.float32)
+    with warnings.catch_warnings():  # Arrow's buffers are read-only; they are only read here
+        warnings.simplefilter("ignore", UserWarning)
+        out[row_idx, col_idx] = torch.from_numpy(r.values.astype(np.float32, copy=False))
+    return out
+
+
+@dataclass
+class StepData:
+    """One loaded step: the engine batch and what the outputs need to name rows."""
+
+    step: int
+    file: Path
+    batch: Batch
+    uids: pa.Array
+    n_rows: int
+    n_tokens: int
+
+
+def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None) -> StepData:
+    """Load one batch file into a one-step :class:`Batch` (on the CPU)."""
+    if columns is None:
+        columns = columns_to_read(settings, read_schema(sf).names)
+    table = read_table(sf, columns)
+    ragged = validate_table(table, sf)
+    rows = table.num_rows
+    lengths = ragged["response_mask"].lengths
+    width = max(1, int(lengths.max()) if rows else 1)
+    total = int(lengths.sum())
+    row_idx = torch.from_numpy(np.repeat(np.arange(rows, dtype=np.int64), lengths))
+    col_idx = torch.arange(total, dtype=torch.int64) - torch.from_numpy(
+        np.repeat(ragged["response_mask"].offsets[:-1], lengths)
+    )
+    tensors = {name: _pad(r, row_idx, col_idx, rows, width) for name, r in ragged.items()}
+    where = {"file": str(sf.path), "step": sf.step}
+    if "token_level_scores" not in tensors:
+        score = torch.from_numpy(_scalar(table["score"], "score", "float", where).astype(np.float32))
+        scores = torch.zeros((rows, width), dtype=torch.float32)
+        live = torch.from_numpy(lengths > 0)
+        last = torch.from_numpy(np.maximum(lengths - 1, 0))
+        scores[torch.arange(rows)[live], last[live]] = score[live]
+        tensors["token_level_scores"] = scores
+    uids = pc.cast(table["uid"].combine_chunks(), pa.string())
+    groups = pc.dictionary_encode(uids)
+    group_ids = torch.from_numpy(groups.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+    max_resp = settings["data.max_response_length"]
+    kwargs: dict = {}
+    if "prompt_length" in table.column_names:
+        pl = _scalar(table["prompt_length"], "prompt_length", "int", where).astype(np.int64)
+        kwargs["prompt_length"] = torch.from_numpy(pl)
+        max_prompt = settings["data.max_prompt_length"]
+        kwargs["max_prompt_length"] = torch.tensor([max_prompt if max_prompt is not None else int(pl.max())])
+    if "reward_baselines" in table.column_names:
+        kwargs["reward_baselines"] = torch.from_numpy(
+            _scalar(table["reward_baselines"], "reward_baselines", "float", where).astype(np.float32)
+        )
+    batch = Batch(
+        response_mask=tensors.pop("response_mask"),
+        token_level_scores=tensors.pop("token_level_scores"),
+        lengths=torch.from_numpy(lengths),
+        step_ids=torch.zeros(rows, dtype=torch.int64),
+        group_ids=group_ids,
+        steps=[sf.step],
+        n_groups=len(groups.dictionary),
+        max_response_length=torch.tensor([max_resp if max_resp is not None else int(lengths.max())]),
+        **{k: v for k, v in tensors.items() if k in TOKEN_FIELDS},
+        **kwargs,
+    )
+    return StepData(step=sf.step, file=sf.path, batch=batch, uids=uids, n_rows=rows, n_tokens=total)

@@ -1,0 +1,116 @@
+"""Scenario outputs (CONTRACT section 4): ``metrics.parquet``, ``tokens/step_<N>.parquet``,
+``scenario.json``; and reading them back."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from rldiag.errors import OutputError, RunDirError
+
+TOKEN_OUTPUTS = (
+    "advantages",
+    "returns",
+    "token_level_rewards",
+    "response_mask",
+    "ratio",
+    "pg_losses",
+    "rollout_is_weights",
+    "ref_kl",
+)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while True:
+            block = fh.read(chunk)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def tokens_table(tokens: dict[str, torch.Tensor], lengths: torch.Tensor, row_offset: int = 0) -> pa.Table:
+    """Unpad ``(rows, tokens)`` tensors into list columns of length T_i (no per-row loop)."""
+    lengths_np = lengths.cpu().numpy().astype(np.int64)
+    offsets = np.zeros(len(lengths_np) + 1, dtype=np.int32)
+    np.cumsum(lengths_np, out=offsets[1:])
+    width = int(next(iter(tokens.values())).shape[1]) if tokens else 0
+    valid = torch.arange(width).unsqueeze(0) < lengths.cpu().unsqueeze(1)
+    cols: dict[str, pa.Array] = {"row": pa.array(np.arange(len(lengths_np), dtype=np.int64) + row_offset)}
+    off = pa.array(offsets, type=pa.int32())
+    for name in TOKEN_OUTPUTS:
+        t = tokens.get(name)
+        if t is None:
+            continue
+        flat = t.detach().cpu()[valid]
+        if name == "response_mask":
+            values = pa.array(flat.to(torch.int8).numpy(), type=pa.int8())
+        else:
+            values = pa.array(flat.to(torch.float32).numpy(), type=pa.float32())
+        cols[name] = pa.ListArray.from_arrays(off, values)
+    return pa.table(cols)
+
+
+def metrics_table(rows: list[dict[str, float]]) -> pa.Table:
+    """One row per step: ``step`` int64 and one float64 column per metric (null where absent)."""
+    names = sorted({k for r in rows for k in r if k != "step"})
+    rows = sorted(rows, key=lambda r: r["step"])
+    cols = {"step": pa.array([int(r["step"]) for r in rows], type=pa.int64())}
+    for name in names:
+        cols[name] = pa.array([_f(r.get(name)) for r in rows], type=pa.float64())
+    return pa.table(cols)
+
+
+def _f(v) -> float | None:
+    if v is None:
+        return None
+    return float(v)
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    try:
+        pq.write_table(table, path)
+    except (pa.ArrowException, OSError) as exc:
+        raise OutputError(f"cannot write {path}: {exc}") from exc
+
+
+def json_safe(obj):
+    """NaN/inf -> None so scenario.json stays standard JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def scenario_dir(run_path: Path, name: str) -> Path:
+    return Path(run_path) / "rldiag" / "scenarios" / name
+
+
+def list_scenarios(run_path: Path) -> list[str]:
+    root = Path(run_path) / "rldiag" / "scenarios"
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / "scenario.json").is_file())
+
+
+def read_scenario(run_path: Path, name: str) -> tuple[dict, pa.Table]:
+    """(scenario.json, metrics table) of one scenario."""
+    d = scenario_dir(run_path, name)
+    if not (d / "scenario.json").is_file():
+        have = list_scenarios(run_path)
+        raise RunDirError(f"no scenario {name!r} in {run_path}; have: {', '.join(have) or 'none'}")
+    meta = json.loads((d / "scenario.json").read_text())
+    table = pq.read_table(d / "metrics.parquet") if (d / "metrics.parquet").is_file() else pa.table({"step": pa.array([], pa.int64())})
+    return meta, table

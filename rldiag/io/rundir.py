@@ -1,0 +1,148 @@
+"""The run directory (CONTRACT section 1)::
+
+    RUN/
+      run.yaml | config.yaml | .hydra/config.yaml   optional training config
+      metrics.jsonl                                  optional logged metrics
+      batches/step_<N>.parquet | step_<N>.arrow      one file per training step
+      rldiag/                                        everything rldiag writes
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rldiag.errors import ConfigError, RunDirError
+
+STEP_FILE = re.compile(r"^step_(\d+)\.(parquet|arrow)$")
+
+
+@dataclass(frozen=True)
+class StepFile:
+    step: int
+    path: Path
+
+    @property
+    def format(self) -> str:
+        return "arrow" if self.path.suffix == ".arrow" else "parquet"
+
+
+class RunDir:
+    """A run directory on disk."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise RunDirError(f"run directory {self.path} does not exist")
+        if not self.path.is_dir():
+            raise RunDirError(f"{self.path} is not a directory")
+
+    @property
+    def batches_dir(self) -> Path:
+        return self.path / "batches"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.path / "rldiag"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    def step_files(self) -> list[StepFile]:
+        """Every batch file, sorted by step. Two files for one step is an error naming both."""
+        if not self.batches_dir.is_dir():
+            return []
+        by_step: dict[int, Path] = {}
+        for p in sorted(self.batches_dir.iterdir()):
+            m = STEP_FILE.match(p.name)
+            if not m or not p.is_file():
+                continue
+            step = int(m.group(1))
+            if step in by_step:
+                raise RunDirError(
+                    f"step {step} has two batch files: {by_step[step]} and {p}; keep one"
+                )
+            by_step[step] = p
+        return [StepFile(s, by_step[s]) for s in sorted(by_step)]
+
+    def require_steps(self) -> list[StepFile]:
+        files = self.step_files()
+        if not files:
+            raise RunDirError(
+                f"run directory {self.path} has no batch files (expected {self.batches_dir}/step_<N>.parquet)"
+            )
+        return files
+
+
+def parse_steps(spec: str | None, available: list[int]) -> list[int]:
+    """``--steps``: ``12``, ``10:20`` (inclusive of both ends), ``10:``, ``:20`` or ``1,5,9``.
+
+    Returns the available steps selected, in order. A named step that does not exist is an error.
+    """
+    if spec is None or spec.strip() in ("", ":", "all"):
+        return list(available)
+    have = set(available)
+    chosen: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if ":" in part:
+                lo_s, hi_s = part.split(":", 1)
+                lo = int(lo_s) if lo_s.strip() else min(available, default=0)
+                hi = int(hi_s) if hi_s.strip() else max(available, default=0)
+                if lo > hi:
+                    raise ConfigError(f"--steps {part!r}: start {lo} is after end {hi}")
+                chosen.update(s for s in available if lo <= s <= hi)
+            else:
+                s = int(part)
+                if s not in have:
+                    raise ConfigError(
+                        f"--steps: step {s} has no batch file (steps {min(available)}..{max(available)} exist)"
+                        if available
+                        else f"--steps: step {s} has no batch file"
+                    )
+                chosen.add(s)
+        except ValueError:
+            raise ConfigError(f"--steps {spec!r}: expected N, A:B, A:, :B or a comma list") from None
+    if not chosen:
+        raise ConfigError(f"--steps {spec!r} selects no step of this run")
+    return sorted(chosen)
+
+
+def iter_metrics_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """Logged metrics as ``(step, {name: value})``, in file order.
+
+    Accepts verl's file-logger form ``{"step": 12, "data": {...}}`` and the flat form. A last line
+    without its newline (still being written) is skipped; a complete line that is not valid JSON
+    is skipped too (training logs may hold other noise), but never raises.
+    """
+    if not path.is_file():
+        return
+    with path.open("rb") as fh:
+        data = fh.read()
+    lines = data.split(b"\n")
+    if lines and lines[-1] != b"":
+        lines = lines[:-1]  # incomplete last line: picked up once complete
+    for raw in lines:
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if not isinstance(obj, dict) or "step" not in obj:
+            continue
+        try:
+            step = int(obj["step"])
+        except (TypeError, ValueError):
+            continue
+        payload = obj.get("data") if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
+        values = {k: v for k, v in payload.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        yield step, values

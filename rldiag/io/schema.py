@@ -1,0 +1,87 @@
+"""The batch schema (CONTRACT section 2) and what each algorithm needs from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: list<float> columns, one value per token of the row.
+FLOAT_LIST_COLUMNS = (
+    "token_level_scores",
+    "old_log_probs",
+    "log_probs",
+    "ref_log_prob",
+    "rollout_log_probs",
+    "values",
+    "vpreds",
+    "entropy",
+    "token_level_rewards",
+    "advantages",
+    "returns",
+)
+#: list<int8|bool> columns holding 0/1 per token.
+MASK_LIST_COLUMNS = ("response_mask", "loss_mask")
+LIST_COLUMNS = MASK_LIST_COLUMNS + FLOAT_LIST_COLUMNS
+#: scalar columns rldiag understands.
+SCALAR_COLUMNS = {
+    "uid": "string",
+    "score": "float",
+    "reward_baselines": "float",
+    "prompt_length": "int",
+    "traj_uid": "string",
+    "step_index": "int",
+    "session_id": "string",
+    "output_index": "int",
+    "step": "int",
+}
+#: columns the engine may read (the logged token_level_rewards/advantages/returns are only for
+#: verification and are not loaded by a recompute).
+ENGINE_TOKEN_COLUMNS = (
+    "old_log_probs",
+    "log_probs",
+    "ref_log_prob",
+    "rollout_log_probs",
+    "values",
+    "vpreds",
+    "entropy",
+    "loss_mask",
+)
+ENGINE_ROW_COLUMNS = ("prompt_length", "reward_baselines")
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a setting needs: all of ``all_of`` and at least one of each group in ``any_of``."""
+
+    all_of: tuple[str, ...] = ()
+    any_of: tuple[tuple[str, ...], ...] = ()
+
+    def missing(self, present: set[str]) -> list[str]:
+        out = [c for c in self.all_of if c not in present]
+        for group in self.any_of:
+            if not any(c in present for c in group):
+                out.append(" or ".join(group))
+        return out
+
+
+BASE_NEED = Need(all_of=("uid", "response_mask"), any_of=(("token_level_scores", "score"),))
+
+
+def estimator_need(name: str) -> Need:
+    """Columns an advantage estimator needs beyond the base ones."""
+    from rldiag.engine.advantage import ESTIMATORS
+
+    meta = ESTIMATORS.meta(name)
+    return Need(all_of=tuple(meta.get("needs", ())))
+
+
+#: What each optional metric family needs (CONTRACT section 5).
+METRIC_NEEDS = {
+    "actor/* (pg_loss, pg_clipfrac, ppo_kl)": Need(all_of=("old_log_probs", "log_probs")),
+    "actor/entropy_loss": Need(all_of=("entropy",)),
+    "actor/kl_loss (use_kl_loss)": Need(all_of=("log_probs", "ref_log_prob")),
+    "KL in reward (use_kl_in_reward)": Need(all_of=("old_log_probs", "ref_log_prob")),
+    "critic/values/*, vf_explained_var": Need(all_of=("values",)),
+    "critic/vf_loss (vpreds)": Need(all_of=("vpreds", "values")),
+    "rollout_corr/*": Need(all_of=("rollout_log_probs", "old_log_probs")),
+    "prompt_length/*": Need(all_of=("prompt_length",)),
+}

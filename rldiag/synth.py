@@ -1,0 +1,106 @@
+"""Synthetic run directories: random but well-formed batches in the CONTRACT schema.
+
+Used by the tests, by ``bench/`` (runs of a given size) and by ``rldiag demo``-style smoke runs.
+The numbers are drawn from simple generative rules (outcome scores per group, tool-observation
+spans with mask 0, log-probs of four policies that drift apart), vectorised with numpy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from rldiag.io.atomic import write_file_atomic
+
+
+@dataclass
+class SynthSpec:
+    steps: int = 4
+    prompts: int = 4
+    n: int = 4  # responses per prompt
+    min_len: int = 4
+    max_len: int = 32
+    tool_prob: float = 0.3  # share of rows with a tool-observation span
+    drift: float = 0.05  # scale of old/current/rollout log-prob differences
+    critic: bool = True
+    seed: int = 0
+    first_step: int = 1
+    config: dict | None = None
+    write_metrics: bool = True
+
+
+def _list_array(values: np.ndarray, lengths: np.ndarray, dtype: pa.DataType) -> pa.ListArray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, type=dtype))
+
+
+def synth_step_table(spec: SynthSpec, step: int, rng: np.random.Generator) -> pa.Table:
+    rows = spec.prompts * spec.n
+    lengths = rng.integers(spec.min_len, spec.max_len + 1, size=rows)
+    total = int(lengths.sum())
+    offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    row_of = np.repeat(np.arange(rows), lengths)
+    pos = np.arange(total) - offsets[:-1][row_of]
+    # tool span: positions [a, a + w) of some rows get mask 0
+    has_tool = rng.random(rows) < spec.tool_prob
+    a = (lengths * rng.uniform(0.2, 0.5, rows)).astype(np.int64)
+    w = np.maximum(1, (lengths * rng.uniform(0.1, 0.3, rows)).astype(np.int64))
+    in_tool = has_tool[row_of] & (pos >= a[row_of]) & (pos < (a + w)[row_of])
+    mask = (~in_tool).astype(np.int8)
+    # outcome score per row: group difficulty decides success probability
+    p_success = np.repeat(rng.uniform(0, 1, spec.prompts), spec.n)
+    score = (rng.random(rows) < p_success).astype(np.float32)
+    old = (-np.abs(rng.normal(0.8, 0.6, total))).astype(np.float32)
+    cur = (old + rng.normal(0, spec.drift, total)).astype(np.float32)
+    rollout = (old + rng.normal(0, spec.drift / 2, total)).astype(np.float32)
+    ref = (old + rng.normal(0, spec.drift * 2, total)).astype(np.float32)
+    entropy = np.abs(rng.normal(1.0, 0.3, total)).astype(np.float32)
+    uid = np.repeat([f"s{step}-p{i}" for i in range(spec.prompts)], spec.n)
+    cols = {
+        "uid": pa.array(uid, pa.string()),
+        "step": pa.array(np.full(rows, step, dtype=np.int64)),
+        "score": pa.array(score, pa.float32()),
+        "prompt_length": pa.array(rng.integers(8, 64, rows).astype(np.int64)),
+        "response_mask": _list_array(mask, lengths, pa.int8()),
+        "old_log_probs": _list_array(old, lengths, pa.float32()),
+        "log_probs": _list_array(cur, lengths, pa.float32()),
+        "ref_log_prob": _list_array(ref, lengths, pa.float32()),
+        "rollout_log_probs": _list_array(rollout, lengths, pa.float32()),
+        "entropy": _list_array(entropy, lengths, pa.float32()),
+    }
+    if spec.critic:
+        values = (score[row_of] * 0.3 + rng.normal(0.3, 0.2, total)).astype(np.float32)
+        vpreds = (values + rng.normal(0, 0.1, total)).astype(np.float32)
+        cols["values"] = _list_array(values, lengths, pa.float32())
+        cols["vpreds"] = _list_array(vpreds, lengths, pa.float32())
+    return pa.table(cols)
+
+
+def write_synth_run(path: str | Path, spec: SynthSpec | None = None) -> Path:
+    """Write a synthetic run directory and return its path."""
+    spec = spec or SynthSpec()
+    root = Path(path)
+    (root / "batches").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(spec.seed)
+    config = spec.config or {
+        "algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0},
+        "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean", "clip_ratio": 0.2}},
+        "data": {"max_response_length": spec.max_len},
+    }
+    (root / "run.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    lines = []
+    for step in range(spec.first_step, spec.first_step + spec.steps):
+        table = synth_step_table(spec, step, rng)
+        write_file_atomic(root / "batches" / f"step_{step}.parquet", lambda p, t=table: pq.write_table(t, p))
+        lines.append(json.dumps({"step": step, "data": {"critic/score/mean": float(np.mean(table["score"]))}}))
+    if spec.write_metrics:
+        (root / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return root
