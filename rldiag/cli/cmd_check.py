@@ -1,0 +1,55 @@
+"""``rldiag check RUN``: what a run holds, what is wrong with it, what each algorithm needs."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from rldiag.cli.common import add_progress_flags, console, err_console, progress_bar
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("check", help="what a run holds, what is wrong with it, what each algorithm needs")
+    sp.add_argument("run", help="the run directory")
+    add_progress_flags(sp)
+    sp.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rldiag.check import check_run
+
+    with progress_bar("check", enabled=args.progress) as bar:
+        rep = check_run(args.run, progress=bar)
+    ok_steps = [s for s in rep.steps if not s.problem]
+    console.print(f"run {rep.run}")
+    console.print(f"  config: {rep.config_file or 'none (verl defaults)'}")
+    console.print(f"  metrics.jsonl: {rep.metrics_lines} lines, {rep.metrics_names} metric names")
+    steps = [s.step for s in rep.steps]
+    console.print(f"  steps: {len(steps)} ({min(steps)}..{max(steps)}), readable: {len(ok_steps)}")
+    if ok_steps:
+        rows = sum(s.rows for s in ok_steps)
+        toks = sum(s.tokens for s in ok_steps)
+        act = sum(s.actor_tokens for s in ok_steps)
+        console.print(f"  rows: {rows} ({rows / len(ok_steps):.1f} per step), tokens: {toks}, "
+                      f"actor tokens (response_mask 1): {act} ({act / max(toks, 1):.1%})")
+    console.print(f"  columns: {', '.join(rep.columns)}")
+    t = Table(title="advantage estimators")
+    t.add_column("estimator")
+    t.add_column("status")
+    for name, missing in rep.algorithms.items():
+        t.add_row(name, "ready" if not missing else f"needs {', '.join(f'`{m}`' for m in missing)}, missing")
+    console.print(t)
+    t = Table(title="metric families")
+    t.add_column("metrics")
+    t.add_column("status")
+    for name, missing in rep.metric_families.items():
+        t.add_row(name, "available" if not missing else f"needs {', '.join(f'`{m}`' for m in missing)}, missing")
+    console.print(t)
+    if rep.problems:
+        err_console.print(f"[red]{len(rep.problems)} problem(s):[/red]")
+        for p in rep.problems:
+            err_console.print(f"  {p}", markup=False)
+        return 1
+    console.print("no problems found")
+    return 0

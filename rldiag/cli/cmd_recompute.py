@@ -1,0 +1,68 @@
+"""``rldiag recompute RUN``: recompute a run under its own or alternative settings."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
+
+SUMMARY_METRICS = (
+    "critic/score/mean",
+    "critic/advantages/mean",
+    "critic/advantages/max",
+    "critic/returns/mean",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/pg_clipfrac_lower",
+    "actor/entropy_loss",
+    "actor/kl_loss",
+    "critic/vf_loss",
+    "critic/vf_explained_var",
+    "rldiag/groups/no_signal_fraction",
+    "response_length/mean",
+)
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("recompute", help="recompute a run under its own or alternative settings")
+    sp.add_argument("run", help="the run directory")
+    add_settings_flags(sp)
+    sp.add_argument("--name", help="scenario name (default: baseline, or a slug of the overrides)")
+    sp.add_argument("--steps", help="12, 10:20, 10:, :20 or 1,5,9 (default: all)")
+    sp.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    sp.add_argument("--save-tokens", action="store_true", help="also write per-token results")
+    add_progress_flags(sp)
+    sp.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rldiag.recompute import recompute
+
+    with progress_bar("recompute", enabled=args.progress) as bar:
+        report = recompute(
+            args.run, overrides_from_args(args), name=args.name, steps=args.steps, device=args.device,
+            save_tokens=args.save_tokens, progress=bar,
+        )
+    table = Table(title=f"scenario {report.name}  ({len(report.steps_done)} steps, {report.rows} rows, "
+                        f"{report.tokens} tokens, {report.seconds:.2f}s on {report.device})")
+    table.add_column("metric", no_wrap=True)
+    for col in ("first", "last", "mean", "min", "max"):
+        table.add_column(col, justify="right")
+    rows = sorted(report.metrics, key=lambda r: r["step"])
+    for name in SUMMARY_METRICS:
+        vals = [r[name] for r in rows if name in r and r[name] == r[name]]
+        if not vals:
+            continue
+        table.add_row(name, fmt(vals[0]), fmt(vals[-1]), fmt(sum(vals) / len(vals)), fmt(min(vals)), fmt(max(vals)))
+    console.print(table)
+    console.print(f"wrote {report.path}")
+    if report.steps_failed:
+        err_console.print(f"[red]{len(report.steps_failed)} step(s) failed:[/red] "
+                          + ", ".join(str(s) for s in sorted(report.steps_failed)))
+        for step, msg in sorted(report.steps_failed.items()):
+            err_console.print(f"  step {step}: {msg}", markup=False)
+        return 1
+    return 0

@@ -1,0 +1,76 @@
+"""Shared pieces of the command line: consoles, the progress bar, overrides, number format."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+console = Console(stderr=False, highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+class progress_bar:
+    """A rich progress bar on stderr, shown on a terminal (or when forced with --progress).
+
+    Call it as ``bar(done, total, step)``; it matches the engine's progress callbacks.
+    """
+
+    def __init__(self, label: str, enabled: bool | None = None):
+        self.label = label
+        self.enabled = err_console.is_terminal if enabled is None else enabled
+        self._progress = None
+        self._task = None
+
+    def __enter__(self):
+        if self.enabled:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("step {task.fields[step]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                console=err_console, transient=False,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self.label, total=None, step="-")
+        return self
+
+    def __call__(self, done: int, total: int, step: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total, step=step)
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+
+def add_progress_flags(sp: argparse.ArgumentParser) -> None:
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the progress bar")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="never show it")
+
+
+def add_settings_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--estimator", help="short for --set algorithm.adv_estimator=NAME")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting (verl's dotted key)")
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict:
+    from rldiag.config.settings import parse_override
+
+    out: dict = {}
+    for item in getattr(args, "set", None) or []:
+        key, value = parse_override(item)
+        out[key] = value
+    if getattr(args, "estimator", None):
+        out["algorithm.adv_estimator"] = args.estimator
+    return out
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        return f"{v:.4g}"
+    return str(v)
