@@ -7,8 +7,17 @@ import argparse
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
+def _console(stderr: bool) -> Console:
+    # Lines are never wrapped (messages name files and must stay greppable); off a terminal,
+    # tables get room instead of rich's default 80 columns.
+    c = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not c.is_terminal:
+        c = Console(stderr=stderr, highlight=False, soft_wrap=True, width=160)
+    return c
+
+
+console = _console(False)
+err_console = _console(True)
 
 
 class progress_bar:

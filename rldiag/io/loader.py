@@ -122,7 +122,7 @@ def _ragged(col: pa.ChunkedArray | pa.Array, name: str, where: dict) -> Ragged:
             if idx is not None:
                 row = int(np.searchsorted(offsets, idx, side="right") - 1)
                 raise BatchError(
-                    f"mask value {values[idx]!r} at token {idx - offsets[row]}; masks hold only 0 and 1",
+                    f"mask value {values[idx].item()!r} at token {idx - offsets[row]}; masks hold only 0 and 1",
                     row=row, column=name, **where,
                 )
             values = values.astype(np.int8)
@@ -137,7 +137,7 @@ def _ragged(col: pa.ChunkedArray | pa.Array, name: str, where: dict) -> Ragged:
         if idx is not None:
             row = int(np.searchsorted(offsets, idx, side="right") - 1)
             raise BatchError(
-                f"non-finite value {values[idx]} at token {idx - offsets[row]}", row=row, column=name, **where
+                f"non-finite value {values[idx].item()} at token {idx - offsets[row]}", row=row, column=name, **where
             )
     return Ragged(values=values, lengths=lengths, offsets=offsets)
 
@@ -156,7 +156,7 @@ def _scalar(col: pa.ChunkedArray, name: str, kind: str, where: dict) -> np.ndarr
         values = values.astype(np.float64)
         idx = _first_true(~np.isfinite(values))
         if idx is not None:
-            raise BatchError(f"non-finite value {values[idx]}", row=idx, column=name, **where)
+            raise BatchError(f"non-finite value {values[idx].item()}", row=idx, column=name, **where)
     return values
 
 

@@ -1,0 +1,67 @@
+"""Shared fixtures: small synthetic runs and a helper to build engine batches by hand."""
+
+from __future__ import annotations
+
+import torch
+import pytest
+
+from rldiag.config.settings import resolve_settings
+from rldiag.engine.batch import Batch
+from rldiag.synth import SynthSpec, write_synth_run
+
+
+def make_batch(
+    scores=None,
+    mask=None,
+    uids=None,
+    steps=None,
+    lengths=None,
+    **tensors,
+) -> Batch:
+    """A Batch from plain lists. ``mask``/``scores`` are (rows, tokens) lists; ``uids`` per row
+    (any hashable; grouped per step); ``steps`` per row (run step numbers, default all 1)."""
+    mask_t = torch.tensor(mask, dtype=torch.float32)
+    rows, width = mask_t.shape
+    scores_t = torch.zeros_like(mask_t) if scores is None else torch.tensor(scores, dtype=torch.float32)
+    steps = steps or [1] * rows
+    uids = uids or list(range(rows))
+    order = sorted(set(steps), key=steps.index)
+    step_ids = torch.tensor([order.index(s) for s in steps], dtype=torch.long)
+    keys = list(dict.fromkeys(zip(steps, uids)))
+    group_ids = torch.tensor([keys.index((s, u)) for s, u in zip(steps, uids)], dtype=torch.long)
+    lengths_t = torch.tensor(lengths if lengths is not None else [width] * rows, dtype=torch.long)
+    horizon = torch.tensor([int(lengths_t[step_ids == i].max()) for i in range(len(order))])
+    extra = {k: torch.tensor(v, dtype=torch.float32) for k, v in tensors.items() if v is not None}
+    return Batch(
+        response_mask=mask_t,
+        token_level_scores=scores_t,
+        lengths=lengths_t,
+        step_ids=step_ids,
+        group_ids=group_ids,
+        steps=order,
+        n_groups=len(keys),
+        max_response_length=horizon,
+        **extra,
+    )
+
+
+def settings(**overrides):
+    """Settings from short keys: ``settings(estimator="rloo", lam=0.95)`` or full dotted keys."""
+    short = {
+        "estimator": "algorithm.adv_estimator",
+        "gamma": "algorithm.gamma",
+        "lam": "algorithm.lam",
+        "norm_by_std": "algorithm.norm_adv_by_std_in_grpo",
+        "agg": "actor_rollout_ref.actor.loss_agg_mode",
+        "clip": "actor_rollout_ref.actor.clip_ratio",
+        "clip_low": "actor_rollout_ref.actor.clip_ratio_low",
+        "clip_high": "actor_rollout_ref.actor.clip_ratio_high",
+        "clip_c": "actor_rollout_ref.actor.clip_ratio_c",
+    }
+    return resolve_settings(overrides={short.get(k, k.replace("__", ".")): v for k, v in overrides.items()})
+
+
+@pytest.fixture
+def synth_run(tmp_path):
+    """A small synthetic run directory (5 steps x 16 rows, tool gaps, critic columns)."""
+    return write_synth_run(tmp_path / "run", SynthSpec(steps=5, seed=3))

@@ -1,0 +1,155 @@
+"""The loader: Arrow list columns to padded tensors, and precise errors for bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from rldiag.config.settings import resolve_settings
+from rldiag.errors import BatchError, MissingInputError
+from rldiag.io.loader import load_step
+from rldiag.io.rundir import RunDir, StepFile
+
+
+def write(tmp_path, step, cols, fmt="parquet", name=None):
+    d = tmp_path / "batches"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / (name or f"step_{step}.{fmt}")
+    table = pa.table(cols)
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    else:
+        feather.write_feather(table, path, compression="uncompressed")
+    return StepFile(step, path)
+
+
+def base_cols():
+    return {
+        "uid": ["a", "a", "b"],
+        "response_mask": pa.array([[1, 1, 0, 1], [1], [1, 1]], pa.list_(pa.int8())),
+        "token_level_scores": pa.array([[0, 0, 0, 1.0], [0.5], [0, 2.0]], pa.list_(pa.float32())),
+    }
+
+
+S = resolve_settings(overrides={"algorithm.adv_estimator": "grpo"})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_pads_rows_and_groups(tmp_path, fmt):
+    sd = load_step(write(tmp_path, 3, base_cols(), fmt), S)
+    b = sd.batch
+    assert b.width == 4 and b.lengths.tolist() == [4, 1, 2]
+    assert b.response_mask.tolist() == [[1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
+    assert b.token_level_scores[2].tolist() == [0, 2.0, 0, 0]
+    assert b.group_ids.tolist() == [0, 0, 1] and b.n_groups == 2
+    assert b.steps == [3] and sd.n_tokens == 7
+    assert b.max_response_length.tolist() == [4]
+
+
+def test_scalar_score_goes_to_the_last_position(tmp_path):
+    cols = base_cols()
+    del cols["token_level_scores"]
+    cols["score"] = [1.0, 0.25, -1.0]
+    b = load_step(write(tmp_path, 1, cols), S).batch
+    assert b.token_level_scores.tolist() == [[0, 0, 0, 1.0], [0.25, 0, 0, 0], [0, -1.0, 0, 0]]
+
+
+def test_bool_masks_are_accepted(tmp_path):
+    cols = base_cols()
+    cols["response_mask"] = pa.array([[True, True, False, True], [True], [True, True]], pa.list_(pa.bool_()))
+    assert load_step(write(tmp_path, 1, cols), S).batch.response_mask[0].tolist() == [1, 1, 0, 1]
+
+
+def test_length_mismatch_names_row_and_column(tmp_path):
+    cols = base_cols()
+    cols["old_log_probs"] = pa.array([[-1.0] * 4, [-1.0], [-1.0]], pa.list_(pa.float32()))
+    with pytest.raises(BatchError) as exc:
+        load_step(write(tmp_path, 5, cols), S)
+    e = exc.value
+    assert (e.step, e.row, e.column) == (5, 2, "old_log_probs")
+    assert "1 tokens but response_mask has 2" in str(e) and "step_5.parquet" in str(e)
+
+
+def test_step_column_disagreeing_with_file_name(tmp_path):
+    cols = base_cols()
+    cols["step"] = [4, 4, 9]
+    with pytest.raises(BatchError) as exc:
+        load_step(write(tmp_path, 4, cols), S)
+    assert (exc.value.row, exc.value.column) == (2, "step") and "says 9" in str(exc.value)
+
+
+def test_nan_in_log_probs_names_row_and_token(tmp_path):
+    cols = base_cols()
+    cols["log_probs"] = pa.array([[-1.0] * 4, [-1.0], [-1.0, float("nan")]], pa.list_(pa.float32()))
+    cols["old_log_probs"] = pa.array([[-1.0] * 4, [-1.0], [-1.0, -1.0]], pa.list_(pa.float32()))
+    with pytest.raises(BatchError) as exc:
+        load_step(write(tmp_path, 2, cols), S)
+    assert (exc.value.row, exc.value.column) == (2, "log_probs") and "token 1" in str(exc.value)
+
+
+def test_unknown_mask_value(tmp_path):
+    cols = base_cols()
+    cols["response_mask"] = pa.array([[1, 1, 2, 1], [1], [1, 1]], pa.list_(pa.int8()))
+    with pytest.raises(BatchError) as exc:
+        load_step(write(tmp_path, 1, cols), S)
+    assert (exc.value.row, exc.value.column) == (0, "response_mask") and "mask value 2 at token 2" in str(exc.value)
+
+
+def test_empty_step(tmp_path):
+    cols = {k: v.slice(0, 0) if isinstance(v, pa.Array) else [] for k, v in base_cols().items()}
+    cols["uid"] = pa.array([], pa.string())
+    with pytest.raises(BatchError, match="no rows"):
+        load_step(write(tmp_path, 1, cols), S)
+
+
+def test_missing_required_column_and_estimator_needs(tmp_path):
+    cols = base_cols()
+    del cols["token_level_scores"]
+    with pytest.raises(MissingInputError, match="token_level_scores or score"):
+        load_step(write(tmp_path, 1, cols), S)
+    gae = resolve_settings(overrides={"algorithm.adv_estimator": "gae"})
+    with pytest.raises(MissingInputError, match="gae needs values, missing"):
+        load_step(write(tmp_path, 2, base_cols()), gae)
+
+
+def test_null_list_row(tmp_path):
+    cols = base_cols()
+    cols["token_level_scores"] = pa.array([[0, 0, 0, 1.0], None, [0, 2.0]], pa.list_(pa.float32()))
+    with pytest.raises(BatchError) as exc:
+        load_step(write(tmp_path, 1, cols), S)
+    assert (exc.value.row, exc.value.column) == (1, "token_level_scores")
+
+
+def test_truncated_file_is_a_clear_error(tmp_path):
+    sf = write(tmp_path, 1, base_cols())
+    data = sf.path.read_bytes()
+    sf.path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BatchError, match="incomplete or still being written"):
+        load_step(sf, S)
+
+
+def test_large_random_step_roundtrip(tmp_path):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 50, 300)
+    flat = rng.normal(size=int(lengths.sum())).astype(np.float32)
+    offs = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    lst = pa.ListArray.from_arrays(pa.array(offs), pa.array(flat))
+    mask = pa.ListArray.from_arrays(pa.array(offs), pa.array(np.ones(len(flat), np.int8)))
+    sf = write(tmp_path, 1, {"uid": [str(i % 7) for i in range(300)], "response_mask": mask, "token_level_scores": lst})
+    b = load_step(sf, S).batch
+    for i in (0, 17, 299):
+        assert b.token_level_scores[i, : lengths[i]].tolist() == pytest.approx(flat[offs[i]:offs[i + 1]].tolist())
+        assert b.token_level_scores[i, lengths[i]:].abs().sum().item() == 0
+
+
+def test_duplicate_step_files(tmp_path):
+    write(tmp_path, 1, base_cols(), name="step_1.parquet")
+    write(tmp_path, 1, base_cols(), name="step_001.parquet")
+    from rldiag.errors import RunDirError
+
+    with pytest.raises(RunDirError, match="two batch files"):
+        RunDir(tmp_path).step_files()
