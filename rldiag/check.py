@@ -73,7 +73,9 @@ def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None 
             progress(i + 1, len(files), sf.step)
     # what each algorithm needs, judged on columns present in every step
     common = set.intersection(*(set(s.columns) for s in summaries if s.columns)) if any(s.columns for s in summaries) else set()
-    algorithms = {name: BASE_NEED.missing(common) + estimator_need(name).missing(common) for name in ESTIMATORS.names()}
+    algorithms = {
+        name: BASE_NEED.missing(common) + estimator_need(name, settings).missing(common) for name in ESTIMATORS.names()
+    }
     families = {name: need.missing(common) for name, need in METRIC_NEEDS.items()}
     names: set[str] = set()
     lines = 0

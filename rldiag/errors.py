@@ -64,3 +64,16 @@ class ComputeError(RldiagError):
 
 class OutputError(RldiagError):
     """Writing results failed."""
+
+
+class CaptureError(RldiagError):
+    """Writing a run directory from a trainer failed (``rldiag.capture``).
+
+    Raised on the training thread: either at once (a malformed batch, a closed writer) or, for
+    a failure inside the background writer, on the next call to the writer or on ``close()``.
+    ``errors`` holds ``(what, exception)`` for every failure being reported.
+    """
+
+    def __init__(self, message: str, errors: list[tuple[str, BaseException]] | None = None):
+        self.errors = list(errors or [])
+        super().__init__(message)

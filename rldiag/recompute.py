@@ -33,7 +33,7 @@ from rldiag.io.outputs import json_safe, metrics_table, scenario_dir, sha256_fil
 from rldiag.io.rundir import RunDir, parse_steps
 
 #: Pack steps together until this many (rows x width) token slots; one step may exceed it alone.
-DEFAULT_PACK_TOKENS = 1 << 22
+DEFAULT_PACK_TOKENS = 1 << 19
 
 ProgressFn = Callable[[int, int, int], None]
 
@@ -62,6 +62,34 @@ def check_settings(settings: Settings) -> None:
         initial_kl_state(settings)
     if settings["actor_rollout_ref.actor.use_kl_loss"]:
         KL_ESTIMATORS.get(settings["actor_rollout_ref.actor.kl_loss_type"])
+
+
+def replay_kl_controller(files: dict, steps: list[int], settings: Settings, state) -> None:
+    """Advance the adaptive KL controller over ``steps`` (run order) without recomputing them.
+
+    Each step's reward-side KL (mean over rows of the per-row masked mean of the estimator on
+    old vs reference log-probs, original mask) and its row count drive verl's update. A step
+    whose batch cannot be read is skipped, as a trainer that never saw it.
+    """
+    from rldiag.engine.kl import kl_estimate
+    from rldiag.engine.segments import MEAN_EPS
+    from rldiag.io.loader import load_step, read_schema
+
+    for step in steps:
+        try:
+            names = read_schema(files[step]).names
+            score = "token_level_scores" if "token_level_scores" in names else "score"
+            cols = ["uid", "response_mask", score] + [c for c in ("old_log_probs", "ref_log_prob") if c in names]
+            sd = load_step(files[step], settings, columns=cols)
+        except RldiagError:
+            continue
+        b = sd.batch
+        if b.old_log_probs is None or b.ref_log_prob is None:
+            continue
+        m = b.response_mask
+        kld = kl_estimate(settings["algorithm.kl_penalty"], b.old_log_probs, b.ref_log_prob) * m
+        row_kl = (kld * m).sum(-1) / (m.sum(-1) + MEAN_EPS)
+        state.advance(settings, row_kl.mean().reshape(1), torch.tensor([float(b.n_rows)]))
 
 
 @dataclass
@@ -124,6 +152,10 @@ def recompute(
     stage = staging_dir(target)
     report = ScenarioReport(name=name, path=target, settings=settings, device=str(dev))
     kl_state = initial_kl_state(settings) if settings["algorithm.use_kl_in_reward"] else None
+    if kl_state is not None and settings["algorithm.kl_ctrl.type"] == "adaptive":
+        # the coefficient of a step depends on every step before it: replay them first
+        earlier = [s for s in sorted(files) if s < chosen[0]]
+        replay_kl_controller(files, earlier, settings, kl_state)
     inputs = []
     try:
         if save_tokens:

@@ -30,6 +30,10 @@ DEFAULTS: dict[str, Any] = {
     "algorithm.kl_ctrl.kl_coef": 0.001,
     "algorithm.kl_ctrl.target_kl": 0.1,
     "algorithm.kl_ctrl.horizon": 10000,
+    # gdpo: reward-component columns and their weights (verl: +algorithm.gdpo_reward_keys=[...],
+    # absent by default; weights default to 1 each). On the command line: a comma list.
+    "algorithm.gdpo_reward_keys": None,
+    "algorithm.gdpo_reward_weights": None,
     "algorithm.rollout_correction.rollout_is": None,
     "algorithm.rollout_correction.rollout_is_threshold": 2.0,
     "algorithm.rollout_correction.rollout_is_batch_normalize": False,
@@ -47,6 +51,22 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
     "actor_rollout_ref.actor.kl_loss_coef": 0.001,
     "actor_rollout_ref.actor.entropy_coeff": 0.0,
+    # policy-loss parameters (verl's actor.yaml / ActorConfig / PolicyLossConfig defaults)
+    "actor_rollout_ref.actor.tau_pos": 1.0,
+    "actor_rollout_ref.actor.tau_neg": 1.05,
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": 0.0002,
+    "actor_rollout_ref.actor.policy_loss.clip_cov_lb": 1.0,
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ub": 5.0,
+    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.0002,
+    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": 0.1,
+    "actor_rollout_ref.actor.policy_loss.dro_beta": None,
+    # the rollout-correction block loss_mode=bypass_mode reads (verl's policy_loss.rollout_correction)
+    "actor_rollout_ref.actor.policy_loss.rollout_correction.loss_type": "ppo_clip",
+    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is": None,
+    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_threshold": 2.0,
+    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_batch_normalize": False,
+    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_rs": None,
+    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_rs_threshold": None,
     "critic.cliprange_value": 0.5,
     # None: inherit the actor's setting (verl's default wiring).
     "critic.loss_agg_mode": None,
@@ -54,6 +74,10 @@ DEFAULTS: dict[str, Any] = {
     # None: the longest row (prompt) of the step.
     "data.max_response_length": None,
     "data.max_prompt_length": None,
+    # rldiag's own: emulate verl's per-micro-batch metric averaging (None = the whole step is one
+    # micro-batch); rows per micro-batch per data-parallel rank, and the number of DP ranks.
+    "rldiag.micro_batch_size": None,
+    "rldiag.dp_size": 1,
 }
 
 _BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)}
@@ -71,8 +95,25 @@ _FLOAT_KEYS = {
     "actor_rollout_ref.actor.entropy_coeff",
     "critic.cliprange_value",
     "critic.loss_scale_factor",
+    "actor_rollout_ref.actor.tau_pos",
+    "actor_rollout_ref.actor.tau_neg",
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
+    "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ub",
+    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
+    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef",
+    "actor_rollout_ref.actor.policy_loss.dro_beta",
 }
-_INT_KEYS = {"algorithm.kl_ctrl.horizon", "data.max_response_length", "data.max_prompt_length"}
+_INT_KEYS = {
+    "algorithm.kl_ctrl.horizon",
+    "data.max_response_length",
+    "data.max_prompt_length",
+    "rldiag.micro_batch_size",
+    "rldiag.dp_size",
+}
+
+#: list-valued keys and their element type; a string value is read as a comma list.
+_LIST_KEYS = {"algorithm.gdpo_reward_keys": str, "algorithm.gdpo_reward_weights": float}
 
 CONFIG_FILES = ("run.yaml", "config.yaml", ".hydra/config.yaml")
 
@@ -160,6 +201,19 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _coerce_list(value: Any, kind: type) -> list:
+    """A YAML list, or a comma list ``a,b`` (brackets optional), as a list of ``kind``."""
+    if isinstance(value, str):
+        items: list[Any] = [p.strip() for p in value.strip().strip("[]").split(",") if p.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = [value]
+    if kind is float and any(isinstance(v, bool) for v in items):
+        raise ValueError(f"expected numbers, got {value!r}")
+    return [kind(v) for v in items]
+
+
 def _coerce(key: str, value: Any, source: str) -> Any:
     if value is None:
         return None
@@ -177,6 +231,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             if math.isnan(out):
                 raise ValueError("NaN is not a valid setting")
             return out
+        if key in _LIST_KEYS:
+            return _coerce_list(value, _LIST_KEYS[key])
         if key in _INT_KEYS:
             if isinstance(value, bool) or float(value) != int(float(value)):
                 raise ValueError(f"expected an integer, got {value!r}")

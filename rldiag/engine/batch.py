@@ -24,6 +24,9 @@ TOKEN_FIELDS = (
     "loss_mask",
 )
 ROW_FIELDS = ("lengths", "step_ids", "group_ids", "prompt_length", "reward_baselines")
+#: ``extra`` entries holding int64 id codes (factorised strings); :func:`pack` offsets them so
+#: that ids of different packed batches never collide, as it does for ``group_ids``.
+ID_EXTRA_KEYS = ("traj_uid", "session_id")
 
 
 @dataclass
@@ -40,6 +43,8 @@ class Batch:
         max_response_length: ``(n_steps,)`` the response horizon of each step (the setting or
             the step's longest row).
         optional tensors: ``None`` when the batch does not carry them.
+        extra: estimator-specific columns by name, ``(rows,)`` (ids as int64 codes, numbers) or
+            ``(rows, tokens)`` (padded lists such as ``sum_pi_squared``).
     """
 
     response_mask: torch.Tensor
@@ -136,5 +141,17 @@ def pack(batches: list[Batch]) -> Batch:
         else:
             out[name] = torch.cat(parts)
     extra_keys = set.intersection(*(set(b.extra) for b in batches)) if batches else set()
-    extra = {k: torch.cat([b.extra[k] for b in batches]) for k in extra_keys}
+    extra = {}
+    for k in extra_keys:
+        parts, off = [], 0
+        for b in batches:
+            codes = b.extra[k]
+            if codes.dim() == 2:  # (rows, tokens) extras are re-padded like the token fields
+                codes = torch.nn.functional.pad(codes, (0, width - codes.shape[1]))
+            if k in ID_EXTRA_KEYS and codes.numel():
+                parts.append(codes + off)
+                off += int(codes.max()) + 1
+            else:
+                parts.append(codes)
+        extra[k] = torch.cat(parts)
     return Batch(steps=steps, n_groups=group_off, extra=extra, **out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine.aggregation import AggNorm, aggregate
-from rldiag.engine.segments import seg_count, seg_sum, step_masked_mean
+from rldiag.engine.segments import step_masked_mean, step_masked_var
 
 EXPLAINED_VAR_EPS = 1e-5
 
@@ -40,14 +40,6 @@ def explained_variance(
 ) -> torch.Tensor:
     """``1 - Var(G - V) / (Var(G) + 1e-5)`` over each step's masked tokens, unbiased variances
     (``torch.var``), as verl's ``critic/vf_explained_var``. ``(n_steps,)``"""
-    sel = mask.bool()
-    seg = step_ids.unsqueeze(-1).expand_as(mask)[sel]
-    g, v = returns[sel], values[sel]
-
-    def var(x: torch.Tensor) -> torch.Tensor:
-        n = seg_count(seg, n_steps, x.dtype)
-        mean = seg_sum(x, seg, n_steps) / n
-        d = x - mean[seg]
-        return seg_sum(d * d, seg, n_steps) / (n - 1)
-
-    return 1.0 - var(g - v) / (var(g) + EXPLAINED_VAR_EPS)
+    return 1.0 - step_masked_var(returns - values, mask, step_ids, n_steps) / (
+        step_masked_var(returns, mask, step_ids, n_steps) + EXPLAINED_VAR_EPS
+    )

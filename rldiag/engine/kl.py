@@ -3,7 +3,9 @@
 ``d = logprob - ref_logprob``. Estimators from J. Schulman, "Approximating KL divergence"
 (2020), http://joschu.net/blog/kl-approx.html. The straight-through forms ``k1+``/``k3+`` (and
 ``kl+``, ``abs+``, ``low_var_kl+``) have the forward value of their base estimator; only their
-gradient differs, which a recompute never needs.
+gradient differs (verl's ``kl_penalty`` strips the ``+`` and adds ``k2 - sg(k2)``; ``mse+``/``k2+``
+are plain k2), which a recompute never needs. verl's ``full`` (``full+``) needs the whole
+vocabulary distribution and raises NotImplementedError in verl; here it is rejected by name.
 """
 
 from __future__ import annotations
@@ -12,10 +14,26 @@ from collections.abc import Callable
 
 import torch
 
+from rldiag.errors import ConfigError
 from rldiag.registry import Registry
 
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")
+
+
+class _KLRegistry(Registry):
+    """The KL registry, with a precise error for verl's unimplemented ``full`` estimator."""
+
+    def get(self, name):
+        if isinstance(name, str) and name.rstrip("+") == "full":
+            raise ConfigError(
+                f"KL estimator {name!r} is not supported: it needs the full vocabulary distribution of "
+                "both policies, which batch files do not carry (verl raises NotImplementedError for it "
+                f"too); use one of {', '.join(self.names())}"
+            )
+        return super().get(name)
+
+
+KL_ESTIMATORS: Registry[KLFn] = _KLRegistry("KL estimator")
 
 
 @KL_ESTIMATORS.register("kl", "k1", "kl+", "k1+", formula="d")

@@ -60,7 +60,7 @@ def seg_min(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
 
 def masked_sum_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-row masked sum ``(rows,)``; NaN outside the mask cannot leak in (as verl's masked_sum)."""
-    return (torch.where(mask.bool(), values, 0.0) * mask).sum(-1)
+    return torch.where(mask.bool(), values, 0.0).sum(-1)
 
 
 def step_masked_sum(values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
@@ -68,7 +68,7 @@ def step_masked_sum(values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Te
 
 
 def step_mask_count(mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
-    return seg_sum(mask.sum(-1).to(torch.float32), step_ids, n_steps)
+    return seg_sum(mask.sum(-1, dtype=torch.float32), step_ids, n_steps)
 
 
 def step_masked_mean(values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
@@ -80,8 +80,25 @@ def step_masked_extrema(
     values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mean, max, min) of the masked tokens of each step, as ``torch.masked_select`` then
-    mean/max/min would give (no epsilon; NaN for a step without tokens)."""
-    sel = mask.bool()
-    flat = values[sel]
-    seg = step_ids.unsqueeze(-1).expand_as(values)[sel]
-    return seg_mean(flat, seg, n_steps), seg_max(flat, seg, n_steps), seg_min(flat, seg, n_steps)
+    mean/max/min would give (no epsilon; NaN for a step without tokens).
+
+    Reduced per row first (no boolean gather of the whole tensor), then per step.
+    """
+    m = mask.bool()
+    count = m.sum(-1)
+    total = seg_sum(torch.where(m, values, 0.0).sum(-1), step_ids, n_steps)
+    mean = total / seg_sum(count.to(values.dtype), step_ids, n_steps)
+    has = count > 0
+    row_max = torch.where(m, values, float("-inf")).amax(-1)[has]
+    row_min = torch.where(m, values, float("inf")).amin(-1)[has]
+    sid = step_ids[has]
+    return mean, seg_max(row_max, sid, n_steps), seg_min(row_min, sid, n_steps)
+
+
+def step_masked_var(values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
+    """Unbiased variance of each step's masked tokens (``torch.var`` of the masked selection)."""
+    m = mask.bool()
+    n = seg_sum(m.sum(-1, dtype=values.dtype), step_ids, n_steps)
+    mean = seg_sum(torch.where(m, values, 0.0).sum(-1), step_ids, n_steps) / n
+    dev = torch.where(m, values - mean[step_ids].unsqueeze(-1), 0.0)
+    return seg_sum((dev * dev).sum(-1), step_ids, n_steps) / (n - 1)

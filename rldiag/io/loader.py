@@ -25,12 +25,14 @@ from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.rundir import StepFile
 from rldiag.io.schema import (
     BASE_NEED,
+    BATCH_COLUMNS,
     ENGINE_ROW_COLUMNS,
     ENGINE_TOKEN_COLUMNS,
     LIST_COLUMNS,
     MASK_LIST_COLUMNS,
     SCALAR_COLUMNS,
     estimator_need,
+    estimator_optional,
 )
 
 
@@ -70,7 +72,8 @@ def read_table(sf: StepFile, columns: list[str] | None = None) -> pa.Table:
 def columns_to_read(settings: Settings, names: list[str]) -> list[str]:
     """The columns a recompute under ``settings`` reads from a file having ``names``."""
     present = set(names)
-    missing = BASE_NEED.missing(present) + estimator_need(settings.estimator).missing(present)
+    need = estimator_need(settings.estimator, settings)
+    missing = BASE_NEED.missing(present) + need.missing(present)
     if missing:
         raise MissingInputError(
             f"{settings.estimator} needs {', '.join(missing)}, missing", column=missing[0]
@@ -78,6 +81,8 @@ def columns_to_read(settings: Settings, names: list[str]) -> list[str]:
     cols = ["uid", "response_mask"]
     cols.append("token_level_scores" if "token_level_scores" in present else "score")
     cols += [c for c in ENGINE_TOKEN_COLUMNS + ENGINE_ROW_COLUMNS if c in present]
+    # estimator-specific columns (traj_uid, session_id, sum_pi_squared, reward components, ...)
+    cols += [c for c in need.all_of + estimator_optional(settings.estimator) if c in present and c not in cols]
     if "step" in present:
         cols.append("step")
     return cols
@@ -200,13 +205,40 @@ def validate_table(table: pa.Table, sf: StepFile) -> dict[str, Ragged]:
     return ragged
 
 
-def _pad(r: Ragged, row_idx: torch.Tensor, col_idx: torch.Tensor, rows: int, width: int) -> torch.Tensor:
-    """Scatter the flat values into a zero-padded ``(rows, width)`` float32 tensor."""
-    out = torch.zeros((rows, width), dtype=torch.float32)
+def _pad(r: Ragged, valid: torch.Tensor | None, rows: int, width: int) -> torch.Tensor:
+    """The flat values as a zero-padded ``(rows, width)`` float32 tensor.
+
+    ``valid`` is the ``(rows, width)`` in-row mask; the flat values are in row-major order, so one
+    ``masked_scatter`` places them. ``valid=None`` means every row has the full width (a reshape).
+    """
     with warnings.catch_warnings():  # Arrow's buffers are read-only; they are only read here
         warnings.simplefilter("ignore", UserWarning)
-        out[row_idx, col_idx] = torch.from_numpy(r.values.astype(np.float32, copy=False))
-    return out
+        src = torch.from_numpy(r.values.astype(np.float32, copy=False))
+    if valid is None:
+        return src.reshape(rows, width).clone()
+    return torch.zeros((rows, width), dtype=torch.float32).masked_scatter_(valid, src)
+
+
+def _extra_column(col: pa.ChunkedArray, name: str, where: dict) -> torch.Tensor:
+    """A scalar column for ``Batch.extra`` ``(rows,)``: string ids (and the id columns of the
+    schema, whatever their type) as int64 codes in order of first appearance, the schema's int
+    columns as int64, any other number or bool as float32 (verl reads reward components so)."""
+    arr = col.combine_chunks()
+    if arr.null_count:
+        row = _first_true(arr.is_null().to_numpy(zero_copy_only=False))
+        raise BatchError("value is null", row=row, column=name, **where)
+    kind = SCALAR_COLUMNS.get(name)
+    if kind == "string":
+        codes = pc.dictionary_encode(pc.cast(arr, pa.string())).indices
+        return torch.from_numpy(codes.to_numpy(zero_copy_only=False).astype(np.int64))
+    if pa.types.is_boolean(arr.type):
+        return torch.from_numpy(arr.to_numpy(zero_copy_only=False).astype(np.float32))
+    if kind == "int":
+        if not pa.types.is_integer(arr.type):
+            raise BatchError(f"expected an integer, found type {arr.type}", column=name, **where)
+        return torch.from_numpy(arr.to_numpy(zero_copy_only=False).astype(np.int64))
+    values = _scalar(col, name, "float", where)
+    return torch.from_numpy(values.astype(np.float32))
 
 
 @dataclass
@@ -231,11 +263,10 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
     lengths = ragged["response_mask"].lengths
     width = max(1, int(lengths.max()) if rows else 1)
     total = int(lengths.sum())
-    row_idx = torch.from_numpy(np.repeat(np.arange(rows, dtype=np.int64), lengths))
-    col_idx = torch.arange(total, dtype=torch.int64) - torch.from_numpy(
-        np.repeat(ragged["response_mask"].offsets[:-1], lengths)
-    )
-    tensors = {name: _pad(r, row_idx, col_idx, rows, width) for name, r in ragged.items()}
+    lengths_t = torch.from_numpy(lengths)
+    full = bool((lengths == width).all())
+    valid = None if full else torch.arange(width).unsqueeze(0) < lengths_t.unsqueeze(1)
+    tensors = {name: _pad(r, valid, rows, width) for name, r in ragged.items()}
     where = {"file": str(sf.path), "step": sf.step}
     if "token_level_scores" not in tensors:
         score = torch.from_numpy(_scalar(table["score"], "score", "float", where).astype(np.float32))
@@ -258,6 +289,10 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
         kwargs["reward_baselines"] = torch.from_numpy(
             _scalar(table["reward_baselines"], "reward_baselines", "float", where).astype(np.float32)
         )
+    extra = {name: tensors.pop(name) for name in list(tensors) if name not in BATCH_COLUMNS}
+    for name in table.column_names:
+        if name not in BATCH_COLUMNS and name not in extra:
+            extra[name] = _extra_column(table[name], name, where)
     batch = Batch(
         response_mask=tensors.pop("response_mask"),
         token_level_scores=tensors.pop("token_level_scores"),
@@ -269,5 +304,6 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
         max_response_length=torch.tensor([max_resp if max_resp is not None else int(lengths.max())]),
         **{k: v for k, v in tensors.items() if k in TOKEN_FIELDS},
         **kwargs,
+        extra=extra,
     )
     return StepData(step=sf.step, file=sf.path, batch=batch, uids=uids, n_rows=rows, n_tokens=total)

@@ -17,6 +17,7 @@ FLOAT_LIST_COLUMNS = (
     "token_level_rewards",
     "advantages",
     "returns",
+    "sum_pi_squared",
 )
 #: list<int8|bool> columns holding 0/1 per token.
 MASK_LIST_COLUMNS = ("response_mask", "loss_mask")
@@ -46,6 +47,11 @@ ENGINE_TOKEN_COLUMNS = (
     "loss_mask",
 )
 ENGINE_ROW_COLUMNS = ("prompt_length", "reward_baselines")
+#: columns with a dedicated place in the engine Batch; any other column an estimator reads lands
+#: in ``Batch.extra`` (string ids as int64 codes, other scalars as numbers, lists padded).
+BATCH_COLUMNS = frozenset(
+    ("uid", "response_mask", "token_level_scores", "score", "step") + ENGINE_TOKEN_COLUMNS + ENGINE_ROW_COLUMNS
+)
 
 
 @dataclass(frozen=True)
@@ -66,12 +72,24 @@ class Need:
 BASE_NEED = Need(all_of=("uid", "response_mask"), any_of=(("token_level_scores", "score"),))
 
 
-def estimator_need(name: str) -> Need:
-    """Columns an advantage estimator needs beyond the base ones."""
+def estimator_need(name: str, settings=None) -> Need:
+    """Columns an advantage estimator needs beyond the base ones (with ``settings``, also those
+    its settings name, e.g. gdpo's reward-component columns)."""
     from rldiag.engine.advantage import ESTIMATORS
 
     meta = ESTIMATORS.meta(name)
-    return Need(all_of=tuple(meta.get("needs", ())))
+    cols = tuple(meta.get("needs", ()))
+    needs_fn = meta.get("needs_fn")
+    if needs_fn is not None and settings is not None:
+        cols += tuple(c for c in needs_fn(settings) if c not in cols)
+    return Need(all_of=cols)
+
+
+def estimator_optional(name: str) -> tuple[str, ...]:
+    """Columns an advantage estimator reads when the batch has them (e.g. grpo's session folding)."""
+    from rldiag.engine.advantage import ESTIMATORS
+
+    return tuple(ESTIMATORS.meta(name).get("optional", ()))
 
 
 #: What each optional metric family needs (CONTRACT section 5).

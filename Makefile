@@ -1,0 +1,31 @@
+# Two commands for a fresh machine (see README):
+#   make sample   set up, then recompute the bundled sample run under RLOO
+#   make test     set up, then run the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SAMPLE ?= samples/grpo-tool
+
+.PHONY: setup sample test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first, from the local CPU wheel: left to itself pip would fetch a CUDA build
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[app,wandb,dev]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+sample: setup
+	$(BIN)/rldiag recompute $(SAMPLE) --estimator rloo --save-tokens
+
+test: setup
+	@rc=0; $(BIN)/python -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+bench: setup
+	$(BIN)/python bench/bench_recompute.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

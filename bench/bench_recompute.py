@@ -1,0 +1,213 @@
+"""Benchmark: rldiag recompute against the I/O floor and a straightforward reference.
+
+Generates runs of a given size on disk (steps x rows x tokens, groups, tool gaps, all log-prob
+columns) and reports side by side, each measured in its own subprocess (so peak memory is its
+own):
+
+  (a) read   reading the columns a recompute needs from Parquet into padded tensors, nothing else
+  (b) rldiag `rldiag.recompute.recompute` with all metrics (CPU, or --device)
+  (c) ref    a straightforward reference of the same computations, as a trainer's own code does
+             it: per-time-step GAE loop, per-row Python loops for group statistics, per-step
+             metrics with plain torch ops
+
+tokens/s, the ratios b/a and c/b, and peak RSS. Usage:
+
+  .venv/bin/python bench/bench_recompute.py                       # default sizes
+  .venv/bin/python bench/bench_recompute.py --steps 20 --rows 512 --tokens 1024 --estimators grpo,gae
+  .venv/bin/python bench/bench_recompute.py --memory              # peak memory, 10 vs 100 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def make_run(path: Path, steps: int, rows: int, tokens: int, seed: int = 0) -> Path:
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    if (path / "batches").is_dir() and len(list((path / "batches").iterdir())) == steps:
+        return path
+    spec = SynthSpec(steps=steps, prompts=max(1, rows // 8), n=8, min_len=tokens, max_len=tokens, seed=seed,
+                     write_metrics=False)
+    return write_synth_run(path, spec)
+
+
+# ---- the three measured workloads (run in a child process) --------------------------------
+
+
+def work_read(run: str, estimator: str, device: str) -> dict:
+    from rldiag.config.settings import resolve_settings
+    from rldiag.io.loader import load_step
+    from rldiag.io.rundir import RunDir
+
+    s = resolve_settings(Path(run), {"algorithm.adv_estimator": estimator})
+    n = 0
+    for sf in RunDir(run).require_steps():
+        sd = load_step(sf, s)
+        n += sd.n_tokens
+    return {"tokens": n}
+
+
+def work_rldiag(run: str, estimator: str, device: str) -> dict:
+    from rldiag.recompute import recompute
+
+    rep = recompute(run, {"algorithm.adv_estimator": estimator}, name=f"bench-{estimator}", device=device)
+    return {"tokens": rep.tokens, "failed": len(rep.steps_failed)}
+
+
+def work_ref(run: str, estimator: str, device: str) -> dict:
+    """The same computations written the way a trainer's code usually is."""
+    import math
+    from collections import defaultdict
+
+    import torch
+
+    from rldiag.config.settings import resolve_settings
+    from rldiag.io.loader import load_step
+    from rldiag.io.rundir import RunDir
+
+    s = resolve_settings(Path(run), {"algorithm.adv_estimator": estimator})
+    n = 0
+    out = []
+    for sf in RunDir(run).require_steps():
+        sd = load_step(sf, s)
+        b = sd.batch
+        mask, scores = b.response_mask, b.token_level_scores
+        n += sd.n_tokens
+        if estimator == "gae":
+            values = b.values
+            T = mask.shape[1]
+            nextv = torch.zeros(b.n_rows)
+            last = torch.zeros(b.n_rows)
+            rev = []
+            for t in reversed(range(T)):
+                delta = scores[:, t] + nextv - values[:, t]
+                cand = delta + last
+                nextv = values[:, t] * mask[:, t] + (1 - mask[:, t]) * nextv
+                last = cand * mask[:, t] + (1 - mask[:, t]) * last
+                rev.append(last)
+            adv = torch.stack(rev[::-1], 1)
+            ret = adv + values
+            mean = (adv * mask).sum() / mask.sum()
+            var = ((adv - mean) ** 2 * mask).sum() / mask.sum() * mask.sum() / (mask.sum() - 1)
+            adv = (adv - mean) * torch.rsqrt(var + 1e-8)
+        else:
+            seq = scores.sum(-1)
+            groups = defaultdict(list)
+            uids = b.group_ids.tolist()
+            for i in range(b.n_rows):
+                groups[uids[i]].append(seq[i])
+            stats = {}
+            for g, lst in groups.items():
+                t = torch.stack(lst)
+                stats[g] = (t.mean(), t.std()) if len(lst) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
+            a = torch.empty_like(seq)
+            for i in range(b.n_rows):
+                m, sd_ = stats[uids[i]]
+                if estimator == "rloo":
+                    k = len(groups[uids[i]])
+                    a[i] = (seq[i] - m) * k / (k - 1) if k > 1 else seq[i]
+                else:
+                    a[i] = (seq[i] - m) / (sd_ + 1e-6)
+            adv = a.unsqueeze(-1) * mask
+            ret = adv
+        # PPO loss and metrics, per token, plain torch
+        lr = torch.clamp(b.log_probs - b.old_log_probs, -20, 20)
+        ratio = torch.exp(lr)
+        l1, l2 = -adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2)
+        c1 = torch.maximum(l1, l2)
+        l3 = -adv * 3.0
+        loss = torch.where(adv < 0, torch.minimum(l3, c1), c1)
+        met = {
+            "pg_loss": float((loss * mask).sum() / mask.sum()),
+            "clipfrac": float(((l2 > l1).float() * mask).sum() / mask.sum()),
+            "ppo_kl": float((-lr * mask).sum() / mask.sum()),
+            "adv_mean": float(adv[mask.bool()].mean()),
+            "ret_mean": float(ret[mask.bool()].mean()),
+            "score": float(scores.sum(-1).mean()),
+            "entropy": float((b.entropy * mask).sum() / mask.sum()) if b.entropy is not None else math.nan,
+        }
+        out.append(met)
+    return {"tokens": n}
+
+
+WORK = {"read": work_read, "rldiag": work_rldiag, "ref": work_ref}
+
+
+def child(mode: str, run: str, estimator: str, device: str) -> None:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", str(os.cpu_count() or 1))))
+    t0 = time.perf_counter()
+    res = WORK[mode](run, estimator, device)
+    res["seconds"] = time.perf_counter() - t0
+    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(res))
+
+
+def measure(mode: str, run: Path, estimator: str, device: str, repeat: int) -> dict:
+    best = None
+    for _ in range(repeat):
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", mode, str(run), estimator, device],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip().splitlines()[-1]
+        res = json.loads(out)
+        if best is None or res["seconds"] < best["seconds"]:
+            best = res
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--estimators", default="grpo,gae,rloo")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--dir", default=None, help="where to keep generated runs (default: a temp dir)")
+    ap.add_argument("--memory", action="store_true", help="peak memory of recompute at 10 vs 100 steps")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rldiag-bench-"))
+    print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; device {args.device}")
+    if args.memory:
+        print(f"\npeak memory of `recompute` (grpo) as the run grows, {args.rows} rows x {args.tokens} tokens per step")
+        print(f"{'steps':>6} {'seconds':>8} {'peak RSS MB':>12}")
+        for steps in (10, 100):
+            run = make_run(base / f"mem-{steps}-{args.rows}-{args.tokens}", steps, args.rows, args.tokens)
+            r = measure("rldiag", run, "grpo", args.device, 1)
+            print(f"{steps:>6} {r['seconds']:>8.2f} {r['peak_rss_mb']:>12.0f}")
+        return
+    run = make_run(base / f"run-{args.steps}-{args.rows}-{args.tokens}", args.steps, args.rows, args.tokens)
+    size = sum(p.stat().st_size for p in (run / "batches").iterdir()) / 1e6
+    print(f"run: {args.steps} steps x {args.rows} rows x {args.tokens} tokens, {size:.0f} MB of Parquet at {run}\n")
+    hdr = f"{'estimator':<10} {'(a) read s':>10} {'(b) rldiag s':>12} {'(c) ref s':>10} {'b/a':>6} {'c/b':>6} {'Mtok/s b':>9} {'RSS a MB':>9} {'RSS b MB':>9} {'RSS c MB':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for est in args.estimators.split(","):
+        a = measure("read", run, est, args.device, args.repeat)
+        b = measure("rldiag", run, est, args.device, args.repeat)
+        c = measure("ref", run, est, args.device, args.repeat)
+        print(f"{est:<10} {a['seconds']:>10.2f} {b['seconds']:>12.2f} {c['seconds']:>10.2f} "
+              f"{b['seconds'] / a['seconds']:>6.2f} {c['seconds'] / b['seconds']:>6.2f} "
+              f"{b['tokens'] / b['seconds'] / 1e6:>9.2f} {a['peak_rss_mb']:>9.0f} {b['peak_rss_mb']:>9.0f} {c['peak_rss_mb']:>9.0f}")
+
+
+if __name__ == "__main__":
+    main()

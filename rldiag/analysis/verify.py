@@ -1,0 +1,419 @@
+"""``rldiag verify``: recompute a run with its own settings and compare, step by step, with what
+the trainer logged.
+
+Compared, per step:
+
+- the per-token columns ``token_level_rewards``, ``advantages``, ``returns`` of the batch file
+  (whichever are present), at every token of each row (``masked_only``: only where
+  ``response_mask`` is 1), against the recomputed ones;
+- ``response_mask``, exactly, when the batch carries ``loss_mask`` (its ``response_mask`` is then
+  the post-rejection mask the trainer used, which the recompute must reproduce);
+- every metric of ``metrics.jsonl`` for the step that rldiag computes; the other logged
+  metrics are listed as not checked.
+
+Steps are streamed: one is loaded, recomputed, compared and dropped before the next. When a
+field mismatches, a bounded list of single-setting candidates (:mod:`.candidates`) is tried on
+the first mismatching steps, and those that would have matched are reported.
+
+Exit status of the command (:attr:`VerifyReport.exit_code`): 0 all compared values match, 1 a
+mismatch, 2 the run cannot be verified (a step could not be loaded or recomputed, or nothing
+logged could be compared).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rldiag.analysis.candidates import candidate_overrides, describe
+from rldiag.analysis.logged import LOGGED_TOKEN_COLUMNS, logged_metrics, read_logged_tokens, row_token_of
+from rldiag.analysis.tolerance import Tolerances, diff
+from rldiag.config.settings import Settings, resolve_settings
+from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
+from rldiag.errors import ComputeError, RldiagError
+from rldiag.io.loader import load_step, read_schema
+from rldiag.io.outputs import json_safe
+from rldiag.io.rundir import RunDir, StepFile, parse_steps
+from rldiag.recompute import check_settings, resolve_device
+
+ProgressFn = Callable[[int, int, int], None]
+#: Order in which fields are reported (pipeline order: an upstream mismatch explains later ones).
+TOKEN_ORDER = (*LOGGED_TOKEN_COLUMNS, "response_mask")
+
+
+@dataclass
+class Mismatch:
+    """One value that does not match: ``row``/``token`` are None for a metric."""
+
+    step: int
+    field: str
+    expected: float  # logged
+    actual: float  # recomputed
+    row: int | None = None
+    token: int | None = None
+    abs_err: float | None = None
+    rel_err: float | None = None
+
+    def describe(self) -> str:
+        where = f"step {self.step}" + (f", row {self.row}, token {self.token}" if self.row is not None else "")
+        return f"{where}, {self.field}: logged {self.expected!r}, recomputed {self.actual!r}"
+
+
+@dataclass
+class FieldReport:
+    """Totals of one compared field over every step checked."""
+
+    field: str
+    kind: str  # "token", "metric" or "exact"
+    rtol: float
+    atol: float
+    compared: int = 0
+    mismatches: int = 0
+    steps_mismatched: list[int] = field(default_factory=list)
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    first: Mismatch | None = None
+    worst: Mismatch | None = None  # the largest absolute error
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0
+
+
+@dataclass
+class Candidate:
+    """A setting change tried on the first mismatching steps."""
+
+    overrides: dict[str, Any]
+    steps: list[int]
+    fixes: list[str]  # mismatching fields that match under it
+    breaks: list[str]  # fields that matched and no longer do
+    remaining: list[str]  # mismatching fields still mismatching
+
+    @property
+    def matches_all(self) -> bool:
+        return not self.remaining and not self.breaks
+
+    def describe(self) -> str:
+        return f"{', '.join(self.fixes)} match with {describe(self.overrides)}"
+
+
+@dataclass
+class VerifyReport:
+    run: str
+    settings: dict[str, Any]
+    overrides: dict[str, Any]
+    tolerances: dict
+    masked_only: bool
+    steps_checked: list[int] = field(default_factory=list)
+    steps_unverifiable: dict[int, str] = field(default_factory=dict)
+    steps_without_logs: list[int] = field(default_factory=list)
+    fields: dict[str, FieldReport] = field(default_factory=dict)
+    first_mismatch: Mismatch | None = None
+    not_checked: dict[str, str] = field(default_factory=dict)  # name -> why
+    not_logged: list[str] = field(default_factory=list)  # metrics rldiag computes, absent from the log
+    candidates: list[Candidate] = field(default_factory=list)  # those fixing a field and breaking none
+    candidates_tried: int = 0
+
+    @property
+    def compared(self) -> int:
+        return sum(f.compared for f in self.fields.values())
+
+    @property
+    def status(self) -> str:
+        if any(f.mismatches for f in self.fields.values()):
+            return "mismatch"
+        if self.steps_unverifiable or self.compared == 0:
+            return "unverifiable"
+        return "match"
+
+    @property
+    def exit_code(self) -> int:
+        return {"match": 0, "mismatch": 1, "unverifiable": 2}[self.status]
+
+    def summary(self) -> str:
+        """One line per candidate that would have matched, e.g. "advantages match with
+        norm_adv_by_std_in_grpo=false"."""
+        return "; ".join(c.describe() for c in self.candidates)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["status"] = self.status
+        d["exit_code"] = self.exit_code
+        d["compared"] = self.compared
+        d["steps_unverifiable"] = {str(k): v for k, v in self.steps_unverifiable.items()}
+        for c, src in zip(d["candidates"], self.candidates):
+            c["matches_all"] = src.matches_all
+            c["text"] = src.describe()
+        return json_safe(d)
+
+
+# ---- one step ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _FieldStep:
+    kind: str
+    compared: int
+    bad: int
+    max_abs: float
+    max_rel: float
+    first: Mismatch | None
+    worst: Mismatch | None
+
+
+@dataclass
+class _StepCheck:
+    fields: dict[str, _FieldStep]
+    logged_only: set[str]  # metrics logged, not computed
+    computed_only: set[str]  # metrics computed, not logged
+    token_columns: list[str]
+
+
+def _nanmax(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    return float(x.max()) if x.size else 0.0
+
+
+def _field_step(name: str, kind: str, step: int, expected: np.ndarray, actual: np.ndarray, tols: Tolerances,
+                lengths: np.ndarray | None, index: np.ndarray | None) -> _FieldStep:
+    """Compare flat arrays; ``index`` maps positions back to flat token indices (masked_only)."""
+    d = diff(expected, actual, tols.for_field(name, "metric" if kind == "metric" else "token"))
+
+    def at(i: int) -> Mismatch:
+        row = tok = None
+        if lengths is not None:
+            row, tok = row_token_of(int(index[i]) if index is not None else i, lengths)
+        rel = d.rel_err[i]
+        return Mismatch(step=step, field=name, expected=float(expected[i]), actual=float(actual[i]), row=row,
+                        token=tok, abs_err=float(d.abs_err[i]), rel_err=None if math.isnan(rel) else float(rel))
+
+    bad = np.flatnonzero(d.bad)
+    first = at(int(bad[0])) if bad.size else None
+    worst = None
+    if bad.size:
+        errs = np.where(np.isnan(d.abs_err[bad]), np.inf, d.abs_err[bad])
+        worst = at(int(bad[int(np.argmax(errs))]))
+    return _FieldStep(kind=kind, compared=int(expected.size), bad=int(bad.size), max_abs=_nanmax(d.abs_err),
+                      max_rel=_nanmax(d.rel_err), first=first, worst=worst)
+
+
+def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | None, logged: Mapping[str, float],
+               tols: Tolerances, masked_only: bool = False, device: torch.device | str = "cpu") -> _StepCheck:
+    """Recompute one step and compare it with its logged values. ``kl_state`` is advanced.
+
+    Raises :class:`RldiagError` when the step cannot be loaded or verl would raise on it.
+    """
+    names = set(read_schema(sf).names)
+    data = load_step(sf, settings)
+    batch = data.batch
+    result = recompute_batch(batch.to(device), settings, kl_state)
+    if result.failed:
+        raise ComputeError(result.failed.get(sf.step) or next(iter(result.failed.values())))
+    lengths = batch.lengths.numpy().astype(np.int64)
+    valid = batch.valid()
+    mask_flat = batch.response_mask[valid].numpy()
+    token_cols = [c for c in LOGGED_TOKEN_COLUMNS if c in names]
+    expected_tok = read_logged_tokens(sf, token_cols, lengths)
+    index = np.flatnonzero(mask_flat > 0) if masked_only else None
+    fields: dict[str, _FieldStep] = {}
+    for name in token_cols:
+        actual = result.tokens[name].detach().cpu()[valid].to(torch.float64).numpy()
+        exp = expected_tok[name]
+        if index is not None:
+            exp, actual = exp[index], actual[index]
+        fields[name] = _field_step(name, "token", sf.step, exp, actual, tols, lengths, index)
+    if "loss_mask" in names:
+        actual = result.tokens["response_mask"].detach().cpu()[valid].to(torch.float64).numpy()
+        fields["response_mask"] = _field_step("response_mask", "exact", sf.step, mask_flat.astype(np.float64),
+                                              actual, tols, lengths, None)
+    computed = {k: float(v.detach().cpu().to(torch.float64)[0]) for k, v in result.metrics.items()}
+    for name in sorted(set(computed) & set(logged)):
+        fields[name] = _field_step(name, "metric", sf.step, np.array([logged[name]], dtype=np.float64),
+                                   np.array([computed[name]]), tols, None, None)
+    return _StepCheck(fields=fields, logged_only=set(logged) - set(computed), computed_only=set(computed) - set(logged),
+                      token_columns=token_cols)
+
+
+# ---- the run ----------------------------------------------------------------------------------
+
+
+def _first_key(name: str) -> tuple[int, str]:
+    return (TOKEN_ORDER.index(name), name) if name in TOKEN_ORDER else (len(TOKEN_ORDER), name)
+
+
+def _merge(report: VerifyReport, check: _StepCheck, step: int, tols: Tolerances) -> None:
+    for name, fs in sorted(check.fields.items(), key=lambda kv: _first_key(kv[0])):
+        kind_tol = tols.for_field(name, "metric" if fs.kind == "metric" else "token")
+        fr = report.fields.setdefault(name, FieldReport(field=name, kind=fs.kind, rtol=kind_tol.rtol, atol=kind_tol.atol))
+        fr.compared += fs.compared
+        fr.max_abs_err = max(fr.max_abs_err, fs.max_abs)
+        fr.max_rel_err = max(fr.max_rel_err, fs.max_rel)
+        if fs.bad:
+            fr.mismatches += fs.bad
+            fr.steps_mismatched.append(step)
+            fr.first = fr.first or fs.first
+            if fr.worst is None or _err(fs.worst) > _err(fr.worst):
+                fr.worst = fs.worst
+            if report.first_mismatch is None:
+                report.first_mismatch = fs.first
+
+
+def _err(m: Mismatch | None) -> float:
+    if m is None or m.abs_err is None or math.isnan(m.abs_err):
+        return math.inf
+    return m.abs_err
+
+
+def _kl_state(settings: Settings, files: dict[int, StepFile], step: int, snapshot: float | None,
+              same_controller: bool) -> KLControllerState | None:
+    """The reward-KL controller state before ``step`` under ``settings``."""
+    if not settings["algorithm.use_kl_in_reward"]:
+        return None
+    state = initial_kl_state(settings)
+    if settings["algorithm.kl_ctrl.type"] != "adaptive":
+        return state
+    if same_controller and snapshot is not None:
+        return KLControllerState(snapshot)
+    earlier = [s for s in sorted(files) if s < step]
+    if earlier:
+        from rldiag import recompute as _rc
+
+        replay = getattr(_rc, "replay_kl_controller", None)
+        if replay is None:
+            raise ComputeError("the adaptive KL controller cannot be replayed to this step")
+        replay(files, earlier, settings, state)
+    return state
+
+
+_CONTROLLER_KEYS = ("algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algorithm.kl_ctrl.type",
+                    "algorithm.kl_ctrl.kl_coef", "algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon")
+
+
+def verify_run(
+    run: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    steps: str | None = None,
+    tolerances: Tolerances | None = None,
+    masked_only: bool = False,
+    candidates: bool = True,
+    candidate_steps: int = 2,
+    max_candidates: int = 64,
+    device: str = "cpu",
+    progress: ProgressFn | None = None,
+) -> VerifyReport:
+    """Recompute ``run`` under its own settings (plus ``overrides``) and compare with its logs.
+
+    Args:
+        run: the run directory.
+        overrides: setting overrides (verl's dotted keys), as ``--set``.
+        steps: a ``--steps`` spec; default every step.
+        tolerances: per-quantity tolerances; default fp32 (:class:`Tolerances`).
+        masked_only: compare per-token columns only where ``response_mask`` is 1.
+        candidates: on a mismatch, try candidate settings on the first ``candidate_steps``
+            mismatching steps (at most ``max_candidates`` of them).
+        device: ``cpu``, ``cuda`` or ``auto``.
+        progress: ``progress(done, total, step)`` after each step.
+
+    Returns a :class:`VerifyReport`. Raises :class:`RldiagError` when the run cannot be read
+    at all (no directory or batches, malformed config, unknown settings).
+    """
+    rd = RunDir(run)
+    overrides = dict(overrides or {})
+    tols = tolerances or Tolerances()
+    settings = resolve_settings(rd.path, overrides)
+    check_settings(settings)
+    dev = resolve_device(device)
+    files = {sf.step: sf for sf in rd.require_steps()}
+    chosen = parse_steps(steps, sorted(files))
+    logged = logged_metrics(rd.metrics_file)
+    report = VerifyReport(run=str(rd.path), settings=settings.resolved(), overrides=overrides,
+                          tolerances=tols.to_dict(), masked_only=masked_only)
+    try:
+        kl_state = _kl_state(settings, files, chosen[0], None, False)
+    except RldiagError as exc:
+        report.steps_unverifiable = {s: f"{type(exc).__name__}: {exc}" for s in chosen}
+        return report
+    snapshots: dict[int, float | None] = {}
+    logged_only: set[str] = set()
+    computed_only: set[str] = set()
+    token_steps: dict[str, int] = {c: 0 for c in LOGGED_TOKEN_COLUMNS}
+    for i, step in enumerate(chosen):
+        snapshots[step] = kl_state.value if kl_state is not None else None
+        try:
+            check = check_step(files[step], settings, kl_state, logged.get(step, {}), tols, masked_only, dev)
+        except RldiagError as exc:
+            report.steps_unverifiable[step] = f"{type(exc).__name__}: {exc}"
+        else:
+            if check.fields:
+                report.steps_checked.append(step)
+                _merge(report, check, step, tols)
+            else:
+                report.steps_without_logs.append(step)
+            logged_only |= check.logged_only
+            computed_only |= check.computed_only
+            for c in check.token_columns:
+                token_steps[c] += 1
+        if progress:
+            progress(i + 1, len(chosen), step)
+    for name in sorted(logged_only):
+        report.not_checked[name] = "rldiag does not compute this metric"
+    ok_steps = len(report.steps_checked) + len(report.steps_without_logs)
+    for col, n in token_steps.items():
+        if n == 0:
+            report.not_checked[col] = "not in the batch files"
+        elif n < ok_steps:
+            report.not_checked[col] = f"in {n} of {ok_steps} batch files; checked where present"
+    report.not_logged = sorted(computed_only - set(report.fields))
+    if candidates and report.status == "mismatch":
+        _search_candidates(report, rd, settings, overrides, files, snapshots, tols, masked_only, dev, logged,
+                           candidate_steps, max_candidates)
+    return report
+
+
+def _search_candidates(report: VerifyReport, rd: RunDir, settings: Settings, overrides: dict, files: dict,
+                       snapshots: dict, tols: Tolerances, masked_only: bool, dev, logged: dict,
+                       n_steps: int, max_candidates: int) -> None:
+    bad_steps = sorted({s for f in report.fields.values() for s in f.steps_mismatched})[: max(1, n_steps)]
+    bad_fields = {f.field for f in report.fields.values() if set(f.steps_mismatched) & set(bad_steps)}
+    good_fields = {f.field for f in report.fields.values()} - bad_fields
+    columns = set(read_schema(files[bad_steps[0]]).names)
+    rows = load_step(files[bad_steps[0]], settings).n_rows
+    tried = 0
+    found: list[Candidate] = []
+    for cand in candidate_overrides(settings, bad_fields, columns, rows)[:max_candidates]:
+        try:
+            cs = resolve_settings(rd.path, {**overrides, **cand})
+            check_settings(cs)
+        except RldiagError:
+            continue
+        same_ctrl = all(cs.get(k) == settings.get(k) for k in _CONTROLLER_KEYS)
+        tried += 1
+        status: dict[str, bool] = {}  # field -> matches on every tried step
+        try:
+            for step in bad_steps:
+                state = _kl_state(cs, files, step, snapshots.get(step), same_ctrl)
+                check = check_step(files[step], cs, state, logged.get(step, {}), tols, masked_only, dev)
+                for name in bad_fields | good_fields:
+                    fs = check.fields.get(name)
+                    status[name] = status.get(name, True) and fs is not None and fs.bad == 0
+        except RldiagError:
+            continue
+        fixes = sorted((f for f in bad_fields if status.get(f)), key=_first_key)
+        breaks = sorted((f for f in good_fields if not status.get(f)), key=_first_key)
+        if fixes and not breaks:
+            remaining = sorted((f for f in bad_fields if not status.get(f)), key=_first_key)
+            found.append(Candidate(overrides=dict(cand), steps=list(bad_steps), fixes=fixes, breaks=breaks,
+                                   remaining=remaining))
+    found.sort(key=lambda c: (-len(c.fixes), len(c.remaining)))
+    report.candidates = found
+    report.candidates_tried = tried
+
+
+__all__ = ["Candidate", "FieldReport", "Mismatch", "VerifyReport", "check_step", "verify_run"]

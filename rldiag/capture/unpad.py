@@ -1,0 +1,201 @@
+"""Padded trainer tensors -> one step's flat columns (the part that runs on the training thread).
+
+A trainer holds a step as right-padded ``(rows, R)`` response tensors (R = the response width)
+plus an attention mask over prompt and response. Unpadding keeps, for every row, the positions
+where the *response attention mask* is 1: sampled tokens and tool-observation tokens alike (the
+latter keep ``response_mask`` 0). It is one boolean gather per column on the tensor's own device
+(``t[sel]`` walks rows in order, so the flat values of row i are contiguous), then a copy to the
+CPU; row offsets come from the per-row lengths. No Python loop per row.
+
+The gather is also the snapshot: the writer thread only ever sees these fresh CPU arrays, so the
+trainer may reuse or modify its tensors as soon as ``write_batch`` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rldiag.capture.fields import ATTENTION_KEY, KNOWN_NAMES, MASK_SOURCES, RESPONSES_KEY, ROW_SOURCES, TOKEN_SOURCES
+from rldiag.errors import BatchError, CaptureError, MissingInputError
+from rldiag.io.schema import LIST_COLUMNS
+
+
+@dataclass
+class StepPayload:
+    """One step, unpadded, ready for the writer thread.
+
+    Attributes:
+        step: the training step.
+        path: the batch file it will be written to.
+        lengths: ``(rows,)`` int64, each row's response length T_i (tool tokens included).
+        tokens: column -> flat ``(sum T_i,)`` values (float32, or int8 for masks), rows in order.
+        rows: column -> ``(rows,)`` values (numpy; strings as a numpy ``str`` array).
+    """
+
+    step: int
+    path: Path
+    lengths: np.ndarray
+    tokens: dict[str, np.ndarray] = field(default_factory=dict)
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.lengths.shape[0])
+
+
+def split_batch(batch: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``(tensors, non_tensors)`` of a verl ``DataProto``-like object or a plain mapping.
+
+    DataProto-like (duck-typed): ``.batch`` is a mapping of tensors (a TensorDict in verl) and
+    ``.non_tensor_batch`` a mapping of numpy arrays. A plain mapping is split by value: torch
+    tensors and 2-D numeric numpy arrays are tensors, everything else (lists, 1-D arrays of
+    strings or numbers) is kept as a non-tensor field.
+    """
+    if hasattr(batch, "batch") and hasattr(batch, "non_tensor_batch"):
+        tb = batch.batch
+        tensors = {} if tb is None else {str(k): tb[k] for k in list(tb.keys())}
+        non = dict(batch.non_tensor_batch or {})
+        return tensors, non
+    if isinstance(batch, Mapping):
+        tensors, non = {}, {}
+        for k, v in batch.items():
+            if isinstance(v, torch.Tensor):
+                tensors[str(k)] = v
+            elif isinstance(v, np.ndarray) and v.ndim == 2 and v.dtype.kind in "biuf":
+                tensors[str(k)] = torch.from_numpy(v)
+            else:
+                non[str(k)] = v
+        return tensors, non
+    raise CaptureError(
+        f"write_batch expects a mapping of tensors or a DataProto-like object (.batch and "
+        f".non_tensor_batch), not {type(batch).__name__}"
+    )
+
+
+def _first(names: Sequence[str], *maps: Mapping[str, Any]) -> tuple[str, Any] | None:
+    for name in names:
+        for m in maps:
+            if name in m and m[name] is not None:
+                return name, m[name]
+    return None
+
+
+def _response_attention(
+    tensors: dict[str, torch.Tensor], mask: torch.Tensor, where: dict
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(response attention (rows, R) bool, prompt attention (rows, P) or None)``.
+
+    Without an attention mask each row is taken to end at its last ``response_mask`` 1 (a tool
+    observation at the very end of a row is then dropped; pass ``attention_mask`` to keep it).
+    """
+    rows, width = mask.shape
+    am = tensors.get(ATTENTION_KEY)
+    if am is None:
+        pos = torch.arange(1, width + 1, device=mask.device)
+        last = (mask.bool() * pos).amax(-1) if width else torch.zeros(rows, dtype=torch.long)
+        return pos.unsqueeze(0) <= last.unsqueeze(1), None
+    if am.ndim != 2 or am.shape[0] != rows or am.shape[1] < width:
+        raise BatchError(
+            f"has shape {tuple(am.shape)}; expected (rows={rows}, prompt + response width >= {width})",
+            column=ATTENTION_KEY, **where,
+        )
+    resp = am[:, am.shape[1] - width:].to(mask.device).bool()
+    prompt = am[:, : am.shape[1] - width] if am.shape[1] > width else None
+    return resp, prompt
+
+
+def _row_values(value: Any, name: str, kind: str, rows: int, where: dict) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().to("cpu").numpy()
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.shape[0] != rows:
+        raise BatchError(f"has shape {arr.shape}; expected one value per row ({rows},)", column=name, **where)
+    if kind == "string":
+        return arr.astype(str)
+    if arr.dtype.kind not in "biuf":
+        raise BatchError(f"expected numbers, found dtype {arr.dtype}", column=name, **where)
+    return arr.astype(np.float64 if kind == "float" else np.int64)
+
+
+def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] = ()) -> StepPayload:
+    """Unpad one step's batch (see the module docstring) and check its structure.
+
+    ``extra_columns`` names further per-row fields to keep (strings allowed); per-row numeric
+    fields of the non-tensor batch (e.g. reward components) are kept automatically.
+    Raises :class:`BatchError` naming step, row and column for a malformed batch.
+    """
+    where = {"file": str(path), "step": int(step)}
+    tensors, non = split_batch(batch)
+    found = _first(MASK_SOURCES["response_mask"], tensors)
+    if found is None:
+        raise MissingInputError("the batch has no response_mask tensor (rows, response width)",
+                                column="response_mask", **where)
+    mask = found[1]
+    if mask.ndim != 2:
+        raise BatchError(f"has shape {tuple(mask.shape)}; expected (rows, response width)",
+                         column="response_mask", **where)
+    rows, width = mask.shape
+    if RESPONSES_KEY in tensors and tensors[RESPONSES_KEY].shape[-1] != width:
+        raise BatchError(
+            f"response_mask width {width} differs from responses width {tensors[RESPONSES_KEY].shape[-1]}",
+            column="response_mask", **where,
+        )
+    sel, prompt_attn = _response_attention(tensors, mask, where)
+    outside = mask.bool() & ~sel
+    if bool(outside.any()):
+        r, t = (int(i) for i in outside.nonzero()[0])
+        raise BatchError(f"is 1 at token {t}, where the response attention mask is 0 (padding)",
+                         row=r, column="response_mask", **where)
+    lengths = sel.sum(-1).to("cpu", torch.int64).numpy()
+    payload = StepPayload(step=int(step), path=path, lengths=lengths)
+    sel_on: dict[torch.device, torch.Tensor] = {sel.device: sel}
+
+    def gather(t: torch.Tensor, name: str, dtype: torch.dtype) -> np.ndarray:
+        if t.ndim != 2 or tuple(t.shape) != (rows, width):
+            raise BatchError(f"has shape {tuple(t.shape)}; expected (rows, response width) = ({rows}, {width})",
+                             column=name, **where)
+        s = sel_on.setdefault(t.device, sel.to(t.device))
+        return t.detach()[s].to("cpu", dtype).numpy()
+
+    for col, names in MASK_SOURCES.items():
+        hit = _first(names, tensors)
+        if hit is not None:
+            payload.tokens[col] = gather(hit[1], hit[0], torch.int8)
+    for col, names in TOKEN_SOURCES.items():
+        hit = _first(names, tensors)
+        if hit is not None:
+            payload.tokens[col] = gather(hit[1], hit[0], torch.float32)
+
+    for col, (names, kind) in ROW_SOURCES.items():
+        hit = _first(names, tensors, non)
+        if hit is not None:
+            payload.rows[col] = _row_values(hit[1], hit[0], kind, rows, where)
+    if "prompt_length" not in payload.rows and prompt_attn is not None:
+        payload.rows["prompt_length"] = prompt_attn.sum(-1).to("cpu", torch.int64).numpy()
+    if "uid" not in payload.rows:
+        raise MissingInputError("the batch has no uid (verl's prompt-group id, one per row)", column="uid", **where)
+    if "token_level_scores" not in payload.tokens and "score" not in payload.rows:
+        raise MissingInputError("the batch has neither token_level_scores / rm_scores nor a per-row score",
+                                column="token_level_scores", **where)
+
+    taken = KNOWN_NAMES | {RESPONSES_KEY, ATTENTION_KEY} | set(LIST_COLUMNS) | {"step"}
+    for name in extra_columns:
+        hit = _first([name], tensors, non)
+        if hit is None:
+            raise MissingInputError(f"extra column {name!r} is not in the batch", column=name, **where)
+        arr = np.asarray(hit[1].detach().cpu() if isinstance(hit[1], torch.Tensor) else hit[1])
+        kind = "string" if arr.dtype.kind in "OUS" else "int" if arr.dtype.kind in "biu" else "float"
+        payload.rows[name] = _row_values(arr, name, kind, rows, where)
+    for name, value in non.items():
+        if name in taken or name in payload.rows:
+            continue
+        arr = value if isinstance(value, np.ndarray) else None
+        if arr is not None and arr.ndim == 1 and arr.shape[0] == rows and arr.dtype.kind in "biuf":
+            payload.rows[name] = arr.astype(np.int64 if arr.dtype.kind in "biu" else np.float64)
+    return payload

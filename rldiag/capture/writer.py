@@ -1,0 +1,221 @@
+"""``RunWriter``: a trainer writes a run directory (CONTRACT section 1) while it trains.
+
+On the training thread, ``write_batch`` only unpads the step (one gather per column, copied to
+the CPU) and puts it on a bounded queue; ``log_metrics`` only turns the values into plain
+numbers. A background thread builds the Arrow table, validates it, writes the Parquet file
+atomically and appends the metrics lines, in call order. When the queue is full the training
+thread waits (back-pressure: memory stays bounded when the disk is slower than training).
+
+A failure on the writer thread is never lost: it is raised as :class:`CaptureError` on the
+next call to the writer (``write_batch``, ``log_metrics``, ``flush``) or on ``close()``; the
+writer goes on with the items after it.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rldiag.capture.config import write_config
+from rldiag.capture.table import write_step_file
+from rldiag.capture.unpad import unpad_batch
+from rldiag.errors import CaptureError
+
+_STOP = object()
+
+
+@dataclass
+class CaptureStats:
+    """What capture cost so far. Seconds on the training thread include waiting on a full queue."""
+
+    steps: int = 0
+    metric_lines: int = 0
+    bytes: int = 0
+    train_thread_s: float = 0.0
+    writer_thread_s: float = 0.0
+    max_queue: int = 0
+
+
+def _number(value: Any) -> Any:
+    """A metric value as a JSON number (tensors / numpy scalars unwrapped); other values as str."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        value = item()
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+class RunWriter:
+    """Write a run directory from a trainer.
+
+    >>> with RunWriter("runs/exp1", config=cfg) as run:          # doctest: +SKIP
+    ...     for step in range(1, n + 1):
+    ...         batch = train_one_step()                           # padded (rows, R) tensors
+    ...         run.write_batch(step, batch)
+    ...         run.log_metrics(step, metrics)
+
+    Args:
+        path: the run directory (created if missing; an existing one is appended to).
+        config: the training config, written to ``run.yaml`` (dict, OmegaConf, dataclass, ...).
+        queue_size: steps and metric lines that may wait for the writer thread.
+        compression: Parquet compression codec.
+        extra_columns: further per-row fields to keep in every batch file.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        config: Any = None,
+        *,
+        queue_size: int = 8,
+        compression: str = "zstd",
+        extra_columns: Sequence[str] = (),
+    ):
+        self.path = Path(path)
+        self.batches_dir.mkdir(parents=True, exist_ok=True)
+        self.compression = compression
+        self.extra_columns = tuple(extra_columns)
+        self.stats = CaptureStats()
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(queue_size)))
+        self._errors: list[tuple[str, BaseException]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._metrics_fh = None
+        if config is not None:
+            self.write_config(config)
+        self._thread = threading.Thread(target=self._run, name="rldiag-capture-writer", daemon=True)
+        self._thread.start()
+
+    # -- layout -----------------------------------------------------------------------------
+    @property
+    def batches_dir(self) -> Path:
+        return self.path / "batches"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    def batch_path(self, step: int) -> Path:
+        return self.batches_dir / f"step_{int(step):06d}.parquet"
+
+    # -- training-thread API -------------------------------------------------------------------
+    def write_config(self, config: Any) -> Path:
+        """Write (or replace) ``run.yaml`` now, atomically."""
+        self._check()
+        return write_config(self.path, config)
+
+    def write_batch(self, step: int, batch: Any) -> None:
+        """Queue one step's batch: a mapping of padded ``(rows, R)`` tensors (plus ``uid``) or a
+        DataProto-like object. Structural problems raise :class:`~rldiag.errors.BatchError` here."""
+        self._check()
+        t0 = time.perf_counter()
+        payload = unpad_batch(batch, int(step), self.batch_path(step), self.extra_columns)
+        self._put(("batch", payload))
+        self.stats.train_thread_s += time.perf_counter() - t0
+
+    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Queue one line ``{"step": N, "data": {...}}`` for ``metrics.jsonl`` (verl's file logger)."""
+        self._check()
+        t0 = time.perf_counter()
+        data = {str(k): _number(v) for k, v in metrics.items()}
+        line = json.dumps({"step": int(step), "data": data}, allow_nan=True)
+        self._put(("metrics", line))
+        self.stats.train_thread_s += time.perf_counter() - t0
+
+    def flush(self) -> None:
+        """Wait until everything queued so far is on disk; raise what failed meanwhile."""
+        if not self._closed:
+            self._queue.join()
+        self._check(closed_ok=True)
+
+    def close(self) -> None:
+        """Write what is queued, stop the writer thread, raise what failed. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(_STOP)
+            self._thread.join()
+        self._check(closed_ok=True)
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # an exception is already on its way: finish writing, do not replace it
+            self.close()
+        except CaptureError:
+            pass
+
+    # -- internals ---------------------------------------------------------------------------
+    def _check(self, closed_ok: bool = False) -> None:
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            what = "; ".join(f"{w}: {type(e).__name__}: {e}" for w, e in errors)
+            raise CaptureError(f"the capture writer failed ({len(errors)}): {what}", errors) from errors[0][1]
+        if self._closed and not closed_ok:
+            raise CaptureError(f"the run writer for {self.path} is closed")
+
+    def _put(self, item) -> None:
+        while True:
+            try:
+                self._queue.put(item, timeout=1.0)
+                break
+            except queue.Full:
+                if not self._thread.is_alive():  # pragma: no cover - the loop catches everything
+                    raise CaptureError("the capture writer thread stopped") from None
+        self.stats.max_queue = max(self.stats.max_queue, self._queue.qsize())
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                t0 = time.perf_counter()
+                kind, payload = item
+                if kind == "batch":
+                    try:
+                        self.stats.bytes += write_step_file(payload, self.compression)
+                        self.stats.steps += 1
+                    except BaseException as exc:  # noqa: BLE001 - reported on the training thread
+                        self._record(f"step {payload.step}", exc)
+                else:
+                    try:
+                        self._append_metrics(payload)
+                        self.stats.metric_lines += 1
+                    except BaseException as exc:  # noqa: BLE001
+                        self._record("metrics.jsonl", exc)
+                self.stats.writer_thread_s += time.perf_counter() - t0
+            finally:
+                self._queue.task_done()
+                if item is _STOP and self._metrics_fh is not None:
+                    self._metrics_fh.close()
+                    self._metrics_fh = None
+
+    def _append_metrics(self, line: str) -> None:
+        if self._metrics_fh is None:
+            self._metrics_fh = self.metrics_file.open("a", encoding="utf-8")
+        self._metrics_fh.write(line + "\n")
+        self._metrics_fh.flush()
+
+    def _record(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            self._errors.append((what, exc))
+

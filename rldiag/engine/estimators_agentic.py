@@ -1,0 +1,150 @@
+"""Agentic (multi-step trajectory) estimators of seed 000 (Claw-R1 / Agent-R1 lineage).
+
+A row is one agent step: one generated response of a trajectory. ``traj_uid`` names the
+trajectory and ``step_index`` (0, 1, ...) orders its steps; ``uid`` is still the prompt group.
+These keys are rldiag's names (verl itself has no such estimators):
+
+- ``step_gae``: a response is one action. Step reward = sum of the row's masked token rewards,
+  step value = ``values[:, 0]`` (the state before the response). GAE over each trajectory's
+  steps (a missing step index counts as a step with reward 0 and value 0, as in the reference
+  table layout), step-level whitening ``(A - mean) / (std + 1e-8)`` over the rows of each training
+  step (sample std), broadcast over the mask; returns ``(A + V) * mask`` before whitening.
+- ``token_gae_cross_step``: token-level mask-skipping GAE over the concatenation of a
+  trajectory's rows in step order: tool, padding and rejected tokens neither update nor reset the
+  recursion, so credit flows from a later step back to earlier ones; missing step indices are
+  skipped. returns ``(A + V) * mask``; advantages whitened over each step's mask (verl's
+  masked_whiten, not re-masked).
+- ``traj_grpo``: trajectory score = sum over its rows of the masked token rewards; GRPO over the
+  trajectories of each prompt group (a trajectory belongs to the group of its first row);
+  the trajectory's scalar is shared by all its rows, broadcast over the mask.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rldiag.engine.advantage import (
+    ESTIMATORS,
+    AdvInput,
+    _gae_scan,
+    _grpo_scalar,
+    flag_rows,
+    require_extra,
+    require_field,
+)
+from rldiag.engine.segments import seg_count, seg_mean, seg_sum
+from rldiag.engine.whiten import step_whiten
+
+#: epsilon of the step-level whitening (added to the std, outside the square root).
+STEP_WHITEN_EPS = 1e-8
+_TRAJ_HINT = "the trajectory id of each agent-step row"
+_STEP_HINT = "the 0-based position of the row in its trajectory"
+
+
+def _trajectories(inp: AdvInput, name: str, with_steps: bool) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """Compact trajectory ids ``(rows,)``, their number, and (with_steps) the step indices
+    ``(rows,)`` int64 (rows with invalid indices flagged, their index clamped to 0)."""
+    b = inp.batch
+    traj = require_extra(inp, "traj_uid", name, _TRAJ_HINT).to(torch.long)
+    _, tid = torch.unique(traj, return_inverse=True)
+    n_traj = int(tid.max()) + 1 if tid.numel() else 0
+    if not with_steps:
+        return tid, n_traj, None
+    step = require_extra(inp, "step_index", name, _STEP_HINT).to(torch.long)
+    flag_rows(inp.errors, step < 0, b, f"{name}: step_index must be >= 0")
+    step = step.clamp_min(0)
+    n_idx = int(step.max()) + 1 if step.numel() else 1
+    _, inv, cnt = torch.unique(tid * n_idx + step, return_inverse=True, return_counts=True)
+    flag_rows(
+        inp.errors, cnt[inv] > 1, b,
+        f"{name}: two rows share one (traj_uid, step_index); each agent step must be one row",
+    )
+    return tid, n_traj, step
+
+
+@ESTIMATORS.register(
+    "step_gae", needs=("values", "traj_uid", "step_index"), source="seed 000 s4.1, s7.3 (Claw-R1 step-level GAE)"
+)
+def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step-level GAE over trajectories; see the module docstring."""
+    b, s, m = inp.batch, inp.settings, inp.mask
+    values = require_field(inp, "values", "step_gae")
+    gamma, lam = float(s["algorithm.gamma"]), float(s["algorithm.lam"])
+    tid, n_traj, step = _trajectories(inp, "step_gae", with_steps=True)
+    reward = (inp.rewards * m).sum(dim=1)  # step reward: the response is one action
+    v0 = values[:, 0]  # V(S_t): the value before the first response token
+    n_idx = int(step.max()) + 1 if step.numel() else 1
+    r_map = torch.zeros((n_traj, n_idx), dtype=reward.dtype, device=m.device)
+    v_map = torch.zeros((n_traj, n_idx), dtype=v0.dtype, device=m.device)
+    r_map[tid, step] = reward
+    v_map[tid, step] = v0
+    a_map = torch.empty_like(r_map)
+    last = torch.zeros(n_traj, dtype=reward.dtype, device=m.device)
+    for t in range(n_idx - 1, -1, -1):
+        nxt = v_map[:, t + 1] if t < n_idx - 1 else 0.0
+        delta = r_map[:, t] + gamma * nxt - v_map[:, t]  # Schulman et al. 2016 (arXiv:1506.02438) on steps
+        last = delta + gamma * lam * last
+        a_map[:, t] = last
+    adv = a_map[tid, step]
+    returns = adv + v0
+    rows = seg_count(b.step_ids, b.n_steps, adv.dtype)
+    inp.errors.flag(rows < 2, "step_gae: step-level whitening needs at least 2 rows (the sample std of one value is NaN)")
+    mean = seg_mean(adv, b.step_ids, b.n_steps)
+    dev = adv - mean[b.step_ids]
+    std = (seg_sum(dev * dev, b.step_ids, b.n_steps) / (rows - 1).clamp_min(1)).sqrt()
+    white = dev / (std[b.step_ids] + STEP_WHITEN_EPS)
+    return white.unsqueeze(1) * m, returns.unsqueeze(1) * m
+
+
+@ESTIMATORS.register(
+    "token_gae_cross_step",
+    needs=("values", "traj_uid", "step_index"),
+    source="seed 000 s4.1 (Claw-R1 token-level cross-step GAE)",
+)
+def token_gae_cross_step(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level GAE across a trajectory's steps; see the module docstring."""
+    b, s, m = inp.batch, inp.settings, inp.mask
+    values = require_field(inp, "values", "token_gae_cross_step")
+    tid, n_traj, step = _trajectories(inp, "token_gae_cross_step", with_steps=True)
+    act = m > 0
+    n_act = act.sum(-1)
+    n_idx = int(step.max()) + 1 if step.numel() else 1
+    order = torch.argsort(tid * n_idx + step, stable=True)
+    # exclusive prefix of action-token counts in (trajectory, step) order, restarted per trajectory
+    excl_sorted = n_act[order].cumsum(0) - n_act[order]
+    excl = torch.empty_like(excl_sorted)
+    excl[order] = excl_sorted
+    start = torch.full((n_traj,), torch.iinfo(torch.long).max, dtype=torch.long, device=m.device)
+    start.scatter_reduce_(0, tid, excl, reduce="amin", include_self=True)
+    offset = excl - start[tid]
+    total = seg_sum(n_act, tid, n_traj)
+    k_max = max(int(total.max()) if total.numel() else 0, 1)
+    pos = (offset.unsqueeze(-1) + act.to(torch.long).cumsum(-1) - 1)[act]
+    flat = tid.unsqueeze(-1).expand_as(act)[act] * k_max + pos
+    r_c = torch.zeros(n_traj * k_max, dtype=inp.rewards.dtype, device=m.device)
+    v_c = torch.zeros(n_traj * k_max, dtype=values.dtype, device=m.device)
+    r_c[flat] = inp.rewards[act]
+    v_c[flat] = values[act]
+    m_c = (torch.arange(k_max, device=m.device).unsqueeze(0) < total.unsqueeze(-1)).to(inp.rewards.dtype)
+    gamma, lam = float(s["algorithm.gamma"]), float(s["algorithm.lam"])
+    raw_c = _gae_scan(r_c.view(n_traj, k_max), v_c.view(n_traj, k_max), m_c, gamma, lam)
+    raw = torch.zeros_like(inp.rewards)
+    raw[act] = raw_c.reshape(-1)[flat]
+    returns = (raw + values) * m
+    adv = step_whiten(raw, m, b.step_ids, b.n_steps, inp.errors, "token_gae_cross_step advantage whitening")
+    return adv, returns
+
+
+@ESTIMATORS.register("traj_grpo", needs=("traj_uid",), source="seed 000 s4.2, s7.4 (Claw-R1 trajectory-level GRPO)")
+def traj_grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trajectory-level GRPO; see the module docstring. Honours ``norm_adv_by_std_in_grpo``."""
+    b, m = inp.batch, inp.mask
+    tid, n_traj, _ = _trajectories(inp, "traj_grpo", with_steps=False)
+    step_scores = (inp.rewards * m).sum(dim=-1)
+    total = seg_sum(step_scores, tid, n_traj)  # outcome of the whole trajectory
+    rows = torch.arange(tid.numel(), device=m.device)
+    first = torch.full((n_traj,), tid.numel(), dtype=torch.long, device=m.device)
+    first.scatter_reduce_(0, tid, rows, reduce="amin", include_self=True)
+    scalar = _grpo_scalar(total, b.group_ids[first], b.n_groups, bool(inp.settings["algorithm.norm_adv_by_std_in_grpo"]))
+    adv = scalar[tid].unsqueeze(-1) * m
+    return adv, adv

@@ -1,0 +1,268 @@
+"""Decode the records of an offline run file with the protobuf classes wandb ships.
+
+Each record read by :mod:`rldiag.importers.wandb_log` is a ``wandb_internal.Record``. The ones
+an import needs:
+
+- ``run``: run id, entity, project, name and the initial config (``config.update`` items);
+- ``config``: later ``run.config.update(...)`` calls (updates and removals, applied in order);
+- ``history``: one row per step: ``item`` (key or nested_key path, value as ``value_json`` and/or a
+  typed value) and ``step.num``;
+- ``exit``: the exit code (absent when the run was killed);
+- ``artifact``: logged artifacts with their manifest (path, digest, size, staged local path).
+
+Everything else (system stats, console output, telemetry, summaries) is counted, not imported.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rldiag.importers.wandb_log import LogStats, iter_records
+from rldiag.importers.wandb_sdk import record_class
+from rldiag.importers.wandb_values import STEP_KEY, WANDB_CONFIG_KEYS, flatten_into, parse_json, remove_path, set_path
+
+RowSink = Callable[[int, dict[str, Any]], None]
+Progress = Callable[[int, int, int], None]
+
+
+@dataclass
+class ArtifactEntry:
+    """One file of an artifact's manifest."""
+
+    path: str  # the file's name inside the artifact
+    digest: str  # base64 digest (MD5 unless ``algorithm`` says otherwise)
+    size: int | None = None
+    local_path: str | None = None  # where wandb staged it (offline: a random name)
+    ref: str | None = None  # a reference (s3://, gs://, ...): the bytes were never stored
+    algorithm: str = "md5"  # "md5" or "xxh128"
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+@dataclass
+class ArtifactInfo:
+    """An artifact a run logged (offline: its record; online: the API object)."""
+
+    name: str
+    type: str
+    digest: str | None = None
+    version: str | None = None
+    aliases: list[str] = field(default_factory=list)
+    entries: list[ArtifactEntry] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.version}" if self.version and ":" not in self.name else self.name
+
+
+@dataclass
+class OfflineRun:
+    """What one offline run file holds, apart from its history rows (streamed to a sink)."""
+
+    file: str
+    run_id: str | None = None
+    entity: str | None = None
+    project: str | None = None
+    display_name: str | None = None
+    producer: str | None = None  # the wandb version that wrote the file
+    config: dict[str, Any] = field(default_factory=dict)
+    config_updates: int = 0  # config records after the run record
+    exit_code: int | None = None  # None: no exit record (killed, or still running)
+    runtime: int | None = None
+    artifacts: list[ArtifactInfo] = field(default_factory=list)
+    history_rows: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    record_types: dict[str, int] = field(default_factory=dict)
+    undecodable_records: int = 0
+    undecodable_values: int = 0
+    rows_without_step: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.exit_code is not None
+
+
+def _path(item) -> tuple[str, ...]:
+    nested = tuple(item.nested_key)
+    return nested if nested else (item.key,)
+
+
+def item_value(item, run: OfflineRun | None = None) -> tuple[bool, Any]:
+    """``(present, value)`` of a history item: its typed value if set, else its ``value_json``."""
+    kind = item.WhichOneof("value")
+    if kind is None:
+        if not item.value_json:
+            return False, None
+        try:
+            return True, parse_json(item.value_json)
+        except ValueError:
+            if run is not None:
+                run.undecodable_values += 1
+            return True, item.value_json
+    if kind == "none":
+        return True, None
+    if kind == "json":
+        try:
+            return True, parse_json(item.json)
+        except ValueError:
+            if run is not None:
+                run.undecodable_values += 1
+            return True, item.json
+    return True, getattr(item, kind)  # boolean, integer, number, text
+
+
+def history_row(history, sep: str = ".", run: OfflineRun | None = None) -> tuple[int | None, dict[str, Any]]:
+    """``(step, data)`` of a history record; ``data`` has flat keys and no ``_step``."""
+    data: dict[str, Any] = {}
+    step_value = None
+    for item in history.item:
+        present, value = item_value(item, run)
+        if not present:
+            continue
+        path = _path(item)
+        if path == (STEP_KEY,):
+            step_value = value
+            continue
+        flatten_into(data, path, value, sep)
+    if history.HasField("step"):
+        return int(history.step.num), data
+    if isinstance(step_value, int) and not isinstance(step_value, bool):
+        return step_value, data
+    return None, data
+
+
+def _apply_config(config: dict[str, Any], record, run: OfflineRun) -> None:
+    for item in record.update:
+        path = _path(item)
+        try:
+            value = parse_json(item.value_json) if item.value_json else None
+        except ValueError:
+            run.undecodable_values += 1
+            value = item.value_json
+        set_path(config, path, value)
+    for item in record.remove:
+        remove_path(config, _path(item))
+
+
+def _entry(proto, algorithm: str) -> ArtifactEntry:
+    alg = algorithm
+    for extra in proto.extra:
+        if extra.key == "alg":
+            try:
+                alg = str(json.loads(extra.value_json)).lower()
+            except ValueError:
+                alg = extra.value_json.lower()
+    return ArtifactEntry(
+        path=proto.path, digest=proto.digest, size=proto.size or None,
+        local_path=proto.local_path or None, ref=proto.ref or None,
+        algorithm="xxh128" if "xxh128" in alg else "md5",
+    )
+
+
+def _manifest_file_entries(path: str, algorithm: str) -> list[ArtifactEntry]:
+    """A large manifest wandb wrote to a gzipped JSON-lines file instead of the record."""
+    out = []
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            alg = str((d.get("extra") or {}).get("alg", algorithm)).lower()
+            out.append(ArtifactEntry(
+                path=d["path"], digest=d.get("digest", ""), size=d.get("size"),
+                local_path=d.get("local_path"), ref=d.get("ref"),
+                algorithm="xxh128" if "xxh128" in alg else "md5",
+            ))
+    return out
+
+
+def artifact_info(record) -> ArtifactInfo:
+    art = record
+    algorithm = "xxh128" if "XXH128" in (art.digest_algorithm or "").upper() else "md5"
+    info = ArtifactInfo(name=art.name, type=art.type, digest=art.digest or None, aliases=list(art.aliases))
+    manifest = art.manifest
+    info.entries = [_entry(e, algorithm) for e in manifest.contents]
+    if manifest.manifest_file_path:
+        try:
+            info.entries += _manifest_file_entries(manifest.manifest_file_path, algorithm)
+        except (OSError, ValueError, KeyError) as exc:
+            info.problems.append(
+                f"artifact {art.name}: its manifest was written to {manifest.manifest_file_path}, which cannot be read ({exc})"
+            )
+    return info
+
+
+def read_offline_run(
+    path: str | Path,
+    on_row: RowSink,
+    *,
+    sep: str = ".",
+    progress: Progress | None = None,
+    stats: LogStats | None = None,
+) -> tuple[OfflineRun, LogStats]:
+    """Read one ``run-*.wandb`` file: history rows go to ``on_row(step, data)`` in file order.
+
+    Returns the rest of what the file holds and what reading it found (damage included).
+    ``progress(done_bytes, total_bytes, step)`` is called as the file is read.
+    """
+    Record = record_class()
+    path = Path(path)
+    stats = stats if stats is not None else LogStats(str(path))
+    run = OfflineRun(file=str(path))
+    config: dict[str, Any] = {}
+    types = run.record_types
+    rec = Record()
+    last_report = 0
+    for offset, payload in iter_records(path, stats):
+        try:
+            rec.ParseFromString(payload)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError; its module path differs by backend
+            run.undecodable_records += 1
+            continue
+        kind = rec.WhichOneof("record_type")
+        types[kind or "none"] = types.get(kind or "none", 0) + 1
+        if kind == "history":
+            step, data = history_row(rec.history, sep, run)
+            if step is None:
+                run.rows_without_step += 1
+                continue
+            on_row(step, data)
+            run.history_rows += 1
+            if run.first_step is None:
+                run.first_step = step
+            run.last_step = step
+            if progress is not None and offset - last_report >= 1 << 16:
+                last_report = offset
+                progress(offset, stats.file_size, step)
+        elif kind == "config":
+            _apply_config(config, rec.config, run)
+            run.config_updates += 1
+        elif kind == "run":
+            r = rec.run
+            run.run_id = r.run_id or run.run_id
+            run.entity = r.entity or run.entity
+            run.project = r.project or run.project
+            run.display_name = r.display_name or run.display_name
+            _apply_config(config, r.config, run)
+        elif kind == "exit":
+            run.exit_code = int(rec.exit.exit_code)
+            run.runtime = int(rec.exit.runtime) if rec.exit.runtime else None
+        elif kind == "artifact":
+            run.artifacts.append(artifact_info(rec.artifact))
+        elif kind == "header":
+            run.producer = rec.header.version_info.producer or None
+    for key in WANDB_CONFIG_KEYS:
+        config.pop(key, None)
+    run.config = config
+    if progress is not None:
+        progress(stats.file_size, stats.file_size, run.last_step if run.last_step is not None else 0)
+    return run, stats

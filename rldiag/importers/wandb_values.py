@@ -1,0 +1,123 @@
+"""W&B values -> run-directory values: history rows, metric keys, config trees.
+
+Shared by the offline and online paths so that both give the same ``metrics.jsonl`` and
+``run.yaml`` for the same run.
+
+- A history key logged flat (``"actor/pg_clipfrac"``, verl's names) stays as it is. A value
+  logged as a nested dict (``{"actor": {"kl": 0.1}}``) becomes one key per leaf, joined with
+  ``sep`` (``"."`` by default, the name the W&B UI shows: ``actor.kl``). W&B media and table
+  references (dicts with a ``"_type"``) stay whole.
+- ``_step`` is the row's step and is not repeated in its data; ``_timestamp`` and ``_runtime``
+  are kept like any other key.
+- Numbers keep their JSON type: an integer stays an ``int`` (exact, any size), a float a
+  ``float``; NaN and +-Infinity are kept (written as ``NaN``/``Infinity`` in JSON, as Python and
+  verl's file logger write them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: keys of a history row that describe the row rather than hold a metric
+STEP_KEY = "_step"
+#: top-level config keys wandb adds for itself
+WANDB_CONFIG_KEYS = ("_wandb",)
+
+
+def is_media(value: Any) -> bool:
+    """A W&B media / table / histogram reference: a dict with a ``_type``."""
+    return isinstance(value, Mapping) and "_type" in value
+
+
+def flatten_into(out: dict[str, Any], path: Sequence[str], value: Any, sep: str) -> None:
+    """Put ``value`` under the key ``path`` joined with ``sep``; nested dicts become one key per leaf."""
+    if isinstance(value, Mapping) and value and not is_media(value):
+        for k, v in value.items():
+            flatten_into(out, (*path, str(k)), v, sep)
+        return
+    out[sep.join(path)] = value
+
+
+def flatten_row(row: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
+    """A history row with nested dicts (as the public API returns them) as flat keys."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        flatten_into(out, (str(k),), v, sep)
+    return out
+
+
+def step_of(row: Mapping[str, Any]) -> int | None:
+    """The row's ``_step`` as an int, or None when it has none."""
+    step = row.get(STEP_KEY)
+    if isinstance(step, bool) or step is None:
+        return None
+    if isinstance(step, int):
+        return step
+    if isinstance(step, float) and math.isfinite(step) and step == int(step):
+        return int(step)
+    return None
+
+
+def parse_json(text: str) -> Any:
+    """Decode one ``value_json``; NaN and +-Infinity are accepted as wandb writes them."""
+    return json.loads(text)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain JSON/YAML data (dict with str keys, list, str, int, float, bool, None)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item):
+        try:
+            return plain(item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def unwrap_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A run config as verl's nested tree.
+
+    The W&B backend stores each top-level key as ``{"value": ..., "desc": ...}``; those wrappers
+    are removed (only at the top level, where W&B puts them). wandb's own ``_wandb`` key is
+    dropped. Nested keys stay nested.
+    """
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        key = str(key)
+        if key in WANDB_CONFIG_KEYS:
+            continue
+        if isinstance(value, Mapping) and "value" in value and set(value) <= {"value", "desc"}:
+            value = value["value"]
+        out[key] = plain(value)
+    return out
+
+
+def set_path(tree: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    """``tree[path[0]][path[1]]... = value``, making dicts on the way."""
+    node = tree
+    for k in path[:-1]:
+        nxt = node.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[k] = nxt
+        node = nxt
+    node[path[-1]] = value
+
+
+def remove_path(tree: dict[str, Any], path: Sequence[str]) -> None:
+    node: Any = tree
+    for k in path[:-1]:
+        node = node.get(k) if isinstance(node, dict) else None
+        if node is None:
+            return
+    if isinstance(node, dict):
+        node.pop(path[-1], None)

@@ -1,0 +1,72 @@
+"""One DuckDB connection for the whole store; every query runs on a cursor of its own.
+
+DuckDB cursors are connections to the same in-memory database, so the tables the store
+materialises are shared by every query, and Streamlit's script threads can query at once.
+Writes that must not interleave (re-materialising a table) take :attr:`Db.lock`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from rldiag.store.errors import StoreError
+
+
+class Db:
+    """The store's single DuckDB connection."""
+
+    def __init__(self, threads: int | None = None):
+        self._con = duckdb.connect(":memory:")
+        self._con.execute("SET enable_progress_bar = false")
+        if threads:
+            self._con.execute(f"SET threads = {int(threads)}")
+        self.lock = threading.RLock()
+        self._names = 0
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        return self._con.cursor()
+
+    def fresh_name(self, prefix: str) -> str:
+        """A table name no other object of this database uses."""
+        with self.lock:
+            self._names += 1
+            return f"{prefix}_{self._names}"
+
+    def execute(self, sql: str, params: Sequence[Any] | None = None, where: str = "") -> None:
+        with self.cursor() as cur:
+            _run(cur, sql, params, where)
+
+    def frame(self, sql: str, params: Sequence[Any] | None = None, where: str = "") -> pl.DataFrame:
+        """The result as a polars frame (through Arrow, no pandas)."""
+        with self.cursor() as cur:
+            return pl.from_arrow(_run(cur, sql, params, where).to_arrow_table())
+
+    def arrow(self, sql: str, params: Sequence[Any] | None = None, where: str = "") -> pa.Table:
+        with self.cursor() as cur:
+            return _run(cur, sql, params, where).to_arrow_table()
+
+    def rows(self, sql: str, params: Sequence[Any] | None = None, where: str = "") -> list[tuple]:
+        with self.cursor() as cur:
+            return _run(cur, sql, params, where).fetchall()
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def _run(cur: duckdb.DuckDBPyConnection, sql: str, params, where: str) -> duckdb.DuckDBPyConnection:
+    try:
+        return cur.execute(sql, list(params) if params is not None else None)
+    except duckdb.Error as exc:
+        msg = str(exc).splitlines()[0]
+        raise StoreError(f"{where}: {msg}" if where else msg) from exc
+
+
+def quote_ident(name: str) -> str:
+    """A SQL identifier for any metric name (``actor/pg_loss`` -> ``"actor/pg_loss"``)."""
+    return '"' + name.replace('"', '""') + '"'

@@ -1,0 +1,17 @@
+"""A real, tiny on-policy RL trainer (CPU, minutes) that writes its runs through ``rldiag.capture``.
+
+It learns a verifiable toy task (digit sums, with a calculator tool whose observation tokens
+have ``response_mask`` 0), samples on a bfloat16 copy of the policy while training in float32
+(so ``rollout_log_probs`` genuinely differ from ``old_log_probs``), and trains with GRPO or PPO
+with a critic (GAE) over several mini-batches, computing and logging its own metrics under
+verl's names with its own code (``rldiag.toy.algos``; it never calls ``rldiag.engine``).
+
+Modules: ``task`` (the environment), ``model`` (the transformer), ``rollout`` (sampling),
+``algos`` (advantages, losses), ``update`` (mini-batch updates), ``metrics`` (data metrics),
+``config`` (settings and presets), ``trainer`` (the loop), ``make_samples`` (samples/).
+"""
+
+from rldiag.toy.config import PRESETS, ToyConfig, grpo_tool, ppo_gae
+from rldiag.toy.trainer import RunSummary, StepResult, ToyTrainer
+
+__all__ = ["PRESETS", "RunSummary", "StepResult", "ToyConfig", "ToyTrainer", "grpo_tool", "ppo_gae"]

@@ -1,0 +1,114 @@
+"""The toy task: write the sum of some digits, with a calculator tool.
+
+Prompt: ``k`` digits then ``SEP`` (left-padded to ``max_digits + 1``). Answer: the decimal
+digits of their sum, then ``EOS``. The policy may emit ``CALL`` once: the environment then
+appends the observation ``OPEN <digits of the sum> CLOSE`` (tokens the actor did not sample:
+``response_mask`` 0), and the policy goes on writing. The reward is verifiable: 1 for an exact
+answer ending with ``EOS``, else half the share of answer digits in the right place (so that a
+random policy already sees some signal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+DIGITS = 10
+PAD, SEP, EOS, CALL, OPEN, CLOSE = range(DIGITS, DIGITS + 6)
+VOCAB = DIGITS + 6
+TOKEN_NAMES = [str(d) for d in range(DIGITS)] + ["<pad>", "=", "<eos>", "<call>", "<obs>", "</obs>"]
+
+
+@dataclass
+class Prompts:
+    """A batch of prompts.
+
+    Attributes:
+        ids: ``(B, P)`` long, left-padded with ``PAD``.
+        attention: ``(B, P)`` long, 1 on real tokens.
+        target: ``(B, A)`` long, the answer digits, right-padded with ``PAD``.
+        target_len: ``(B,)`` long.
+        observation: ``(B, O)`` long, what the tool returns (right-padded with ``PAD``).
+        observation_len: ``(B,)`` long.
+    """
+
+    ids: torch.Tensor
+    attention: torch.Tensor
+    target: torch.Tensor
+    target_len: torch.Tensor
+    observation: torch.Tensor
+    observation_len: torch.Tensor
+
+    def repeat(self, n: int) -> Prompts:
+        """Each prompt ``n`` times in a row (verl's ``repeat(interleave=True)``)."""
+        return Prompts(*(t.repeat_interleave(n, dim=0) for t in (
+            self.ids, self.attention, self.target, self.target_len, self.observation, self.observation_len)))
+
+
+def _digits(values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Decimal digits of non-negative ints, most significant first: ``(B, width)`` padded, ``(B,)`` lengths."""
+    lengths = np.maximum(1, np.floor(np.log10(np.maximum(values, 1))).astype(np.int64) + 1)
+    pos = np.arange(width)[None, :]
+    power = 10 ** np.clip(lengths[:, None] - 1 - pos, 0, None)
+    digits = (values[:, None] // power) % 10
+    return np.where(pos < lengths[:, None], digits, PAD), lengths
+
+
+def sample_prompts(rng: np.random.Generator, count: int, min_digits: int, max_digits: int) -> Prompts:
+    """``count`` random prompts of ``min_digits..max_digits`` digits."""
+    k = rng.integers(min_digits, max_digits + 1, size=count)
+    width = max_digits + 1
+    digits = rng.integers(0, DIGITS, size=(count, max_digits))
+    pos = np.arange(max_digits)[None, :]
+    used = pos < k[:, None]
+    total = (digits * used).sum(-1)
+    # left padding: row i holds its k_i digits and SEP in the last k_i + 1 places
+    ids = np.full((count, width), PAD, dtype=np.int64)
+    col = width - 1 - k[:, None] + pos  # where digit j of row i goes
+    rows = np.broadcast_to(np.arange(count)[:, None], col.shape)
+    ids[rows[used], col[used]] = digits[used]
+    ids[:, -1] = SEP
+    attention = (ids != PAD).astype(np.int64)
+    answer_width = len(str(9 * max_digits))
+    target, target_len = _digits(total, answer_width)
+    obs = np.full((count, answer_width + 2), PAD, dtype=np.int64)
+    obs[:, 0] = OPEN
+    obs[:, 1 : 1 + answer_width] = target
+    obs[np.arange(count), 1 + target_len] = CLOSE
+    as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    return Prompts(as_t(ids), as_t(attention), as_t(target), as_t(target_len), as_t(obs), as_t(target_len + 2))
+
+
+def score_responses(
+    responses: torch.Tensor, response_mask: torch.Tensor, lengths: torch.Tensor, prompts: Prompts
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The environment's verdict per row: ``(score (B,) float32, exact (B,) bool)``.
+
+    The answer is what the actor wrote (``response_mask`` 1) before its first ``EOS``, without
+    its first ``CALL``. The environment reads each answer like a grader would (a loop over rows).
+    """
+    resp = responses.tolist()
+    mask = response_mask.tolist()
+    target = prompts.target.tolist()
+    tlen = prompts.target_len.tolist()
+    scores, exact = [], []
+    for i, n in enumerate(lengths.tolist()):
+        answer, ended, called = [], False, False
+        for tok, m in zip(resp[i][:n], mask[i][:n]):
+            if not m:
+                continue
+            if tok == EOS:
+                ended = True
+                break
+            if tok == CALL and not called:
+                called = True
+                continue
+            answer.append(tok)
+        want = target[i][: tlen[i]]
+        ok = ended and answer == want
+        right = sum(a == b for a, b in zip(answer, want)) / max(len(answer), len(want))
+        scores.append(1.0 if ok else 0.5 * right)
+        exact.append(ok)
+    return torch.tensor(scores, dtype=torch.float32), torch.tensor(exact)

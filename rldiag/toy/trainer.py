@@ -1,0 +1,168 @@
+"""The toy on-policy RL trainer: one step in verl V1's order, and the training loop.
+
+One step (``PPOTrainer._step_once``'s order): sample prompts, roll out ``n`` responses each on
+the bfloat16 rollout engine (tool turns included), score them, recompute ``old_log_probs`` with
+the float32 actor, ``ref_log_prob`` with the frozen reference, ``values`` with the critic;
+reward-side KL shaping (optional); advantages (GAE or GRPO); critic update; actor update;
+metrics. The step's batch is handed to :class:`rldiag.capture.RunWriter` as a verl
+``DataProto``-like object, exactly as a verl trainer would hand its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from rldiag.capture import CaptureStats, RunWriter
+from rldiag.toy.algos import gae_advantages, grpo_advantages, kl_penalty, masked_mean
+from rldiag.toy.config import ToyConfig
+from rldiag.toy.metrics import data_metrics
+from rldiag.toy.model import TinyTransformer, response_logprobs, response_values
+from rldiag.toy.rollout import generate, rollout_engine
+from rldiag.toy.task import VOCAB, sample_prompts, score_responses
+from rldiag.toy.update import StepTensors, update_actor, update_critic
+
+
+@dataclass
+class StepResult:
+    """One trained step: the batch (DataProto-like: ``.batch`` tensors, ``.non_tensor_batch``)
+    and the metrics the trainer logs for it."""
+
+    step: int
+    batch: SimpleNamespace
+    metrics: dict[str, float]
+
+
+@dataclass
+class RunSummary:
+    step_seconds: list[float] = field(default_factory=list)  # wall time per step, capture included
+    capture: CaptureStats | None = None
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class ToyTrainer:
+    """Policy, frozen reference, optional critic, optimizers and random streams of one run."""
+
+    def __init__(self, cfg: ToyConfig):
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        max_len = cfg.max_prompt_length + cfg.max_response_length
+        dims = dict(vocab=VOCAB, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, max_len=max_len)
+        self.policy = TinyTransformer(**dims, head="lm")
+        self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        self.actor_opt = torch.optim.AdamW(self.policy.parameters(), lr=cfg.actor_lr, weight_decay=0.01)
+        self.critic = TinyTransformer(**dims, head="value") if cfg.critic else None
+        self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.01)
+                           if self.critic is not None else None)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+
+    def train_step(self, step: int) -> StepResult:
+        cfg = self.cfg
+        width = cfg.max_response_length
+        prompts = sample_prompts(self.rng, cfg.prompts_per_step, cfg.min_digits, cfg.max_digits).repeat(cfg.n)
+        uids = np.array([f"s{step}-p{i}" for i in range(cfg.prompts_per_step) for _ in range(cfg.n)], dtype=object)
+        ro = generate(rollout_engine(self.policy), prompts, width, self.gen, cfg.temperature, cfg.tool)
+        score, exact = score_responses(ro.responses, ro.response_mask, ro.lengths, prompts)
+        rows = torch.arange(score.shape[0])
+        scores = torch.zeros((score.shape[0], width), dtype=torch.float32)
+        scores[rows, (ro.lengths - 1).clamp_min(0)] = torch.where(ro.lengths > 0, score, 0.0)
+        mask = ro.response_mask.float()
+
+        with torch.no_grad():
+            self.policy.eval()
+            old_log_probs, _ = response_logprobs(self.policy(ro.input_ids, ro.attention_mask), ro.responses,
+                                                 cfg.temperature)
+            ref_log_prob, _ = response_logprobs(self.ref(ro.input_ids, ro.attention_mask), ro.responses,
+                                                cfg.temperature)
+            values = None
+            if self.critic is not None:
+                self.critic.eval()
+                values = response_values(self.critic(ro.input_ids, ro.attention_mask), width)
+
+        metrics: dict[str, float] = {}
+        if cfg.use_kl_in_reward:
+            kld = kl_penalty(old_log_probs, ref_log_prob, cfg.kl_penalty) * mask
+            rewards = scores - cfg.kl_coef * kld
+            metrics["actor/reward_kl_penalty"] = masked_mean(kld, mask, dim=-1).mean().item()
+            metrics["actor/reward_kl_penalty_coeff"] = cfg.kl_coef
+        else:
+            rewards = scores
+        if cfg.adv_estimator == "gae":
+            advantages, returns = gae_advantages(rewards, values, mask, cfg.gamma, cfg.lam)
+        else:
+            advantages, returns = grpo_advantages(rewards, mask, list(uids), cfg.norm_adv_by_std_in_grpo)
+
+        data = StepTensors(ro.input_ids, ro.attention_mask, ro.responses, ro.response_mask, old_log_probs,
+                           advantages, ref_log_prob, values, returns)
+        tokens: dict[str, torch.Tensor] = {}
+        if self.critic is not None:
+            out = update_critic(self.critic, self.critic_opt, data, cfg)
+            tokens.update(out.tokens)
+            metrics.update(out.metrics)
+        out = update_actor(self.policy, self.actor_opt, data, cfg)
+        tokens.update(out.tokens)
+        metrics.update(out.metrics)
+        metrics.update(data_metrics(scores, rewards, advantages, returns, mask, ro.attention_mask, values))
+        metrics["task/exact_match"] = exact.float().mean().item()
+        metrics["task/tool_call_ratio"] = ro.tool_calls.float().mean().item()
+        metrics["task/rollout_vs_old_abs_diff"] = masked_mean((ro.rollout_log_probs - old_log_probs).abs(), mask).item()
+
+        batch = {
+            "prompts": prompts.ids,
+            "responses": ro.responses,
+            "input_ids": ro.input_ids,
+            "attention_mask": ro.attention_mask,
+            "response_mask": ro.response_mask,
+            "rm_scores": scores,
+            "token_level_scores": scores,
+            "token_level_rewards": rewards,
+            "old_log_probs": old_log_probs,
+            "ref_log_prob": ref_log_prob,
+            "rollout_log_probs": ro.rollout_log_probs,
+            "advantages": advantages,
+            "returns": returns,
+            **tokens,
+        }
+        if values is not None:
+            batch["values"] = values
+        non_tensor = {"uid": uids, "score": score.numpy().astype(np.float64)}
+        return StepResult(step, SimpleNamespace(batch=batch, non_tensor_batch=non_tensor), metrics)
+
+    def run(
+        self,
+        out_dir: str | Path | None,
+        *,
+        pace_s: float = 0.0,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+        queue_size: int = 8,
+    ) -> RunSummary:
+        """Train ``cfg.steps`` steps, capturing each into ``out_dir`` (nothing is written when
+        ``out_dir`` is None). ``pace_s``: make each step last at least this long (live demos)."""
+        writer = RunWriter(out_dir, config=self.cfg.verl_config(), queue_size=queue_size) if out_dir else None
+        summary = RunSummary()
+        try:
+            for step in range(1, self.cfg.steps + 1):
+                t0 = time.perf_counter()
+                result = self.train_step(step)
+                if writer is not None:
+                    writer.write_batch(step, result.batch)
+                    writer.log_metrics(step, result.metrics)
+                summary.step_seconds.append(time.perf_counter() - t0)
+                summary.last_metrics = result.metrics
+                if on_step is not None:
+                    on_step(step, result.metrics)
+                if pace_s > 0:
+                    time.sleep(max(0.0, pace_s - (time.perf_counter() - t0)))
+        finally:
+            if writer is not None:
+                writer.close()
+                summary.capture = writer.stats
+        return summary
