@@ -73,12 +73,7 @@ class TokenAgreement:
     groups_signal_b: int
     groups_signal_only_a: int  # signal in A, none in B
     groups_signal_only_b: int
-
-    def counts(self) -> dict[str, float]:
-        """Additive totals, to pool steps: token counts behind each share."""
-        n = self.n_tokens
-        return {"n": n, "agree": self.sign_agreement * n if n else 0.0, "flip": self.sign_flip_fraction * n if n else 0.0,
-                "abs_change": self.adv_mean_abs_change * n if n else 0.0}
+    weight_tokens: int = 0  # tokens with either mask 1 (behind weight_mean_abs_change)
 
 
 def group_signal(adv: np.ndarray, mask: np.ndarray, token_group: np.ndarray, n_groups: int) -> np.ndarray:
@@ -97,8 +92,9 @@ def token_agreement(
     weight_b: np.ndarray,
     token_group: np.ndarray,
     n_groups: int,
-) -> TokenAgreement:
-    """Agreement of two advantage vectors over one step's tokens.
+) -> tuple[TokenAgreement, np.ndarray, np.ndarray]:
+    """Agreement of two advantage vectors over one step's tokens, and each side's per-group
+    signal (bool ``(n_groups,)``).
 
     ``weight_*`` are the effective per-token weights (advantage x aggregation weight x IS
     weight, 0 where masked); ``token_group`` the group index of each token's row.
@@ -110,7 +106,7 @@ def token_agreement(
     either = (mask_a > 0) | (mask_b > 0)
     sig_a = group_signal(adv_a, mask_a, token_group, n_groups)
     sig_b = group_signal(adv_b, mask_b, token_group, n_groups)
-    return TokenAgreement(
+    agreement = TokenAgreement(
         step=step,
         n_tokens=n,
         sign_agreement=float(np.mean(sa == sb)) if n else math.nan,
@@ -124,4 +120,6 @@ def token_agreement(
         groups_signal_b=int(sig_b.sum()),
         groups_signal_only_a=int((sig_a & ~sig_b).sum()),
         groups_signal_only_b=int((sig_b & ~sig_a).sum()),
+        weight_tokens=int(either.sum()),
     )
+    return agreement, sig_a, sig_b

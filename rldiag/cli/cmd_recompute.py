@@ -34,20 +34,46 @@ def add_parser(sub) -> None:
     sp.add_argument("--steps", help="12, 10:20, 10:, :20 or 1,5,9 (default: all)")
     sp.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     sp.add_argument("--save-tokens", action="store_true", help="also write per-token results")
+    sp.add_argument("--no-reuse", dest="reuse", action="store_false",
+                    help="recompute every step, even those unchanged since the last run of this scenario")
+    sp.add_argument("--follow", action="store_true",
+                    help="keep the scenario up to date while the run writes new batches (Ctrl-C to stop)")
+    sp.add_argument("--poll", type=float, default=2.0, help="with --follow: seconds between looks (default 2)")
+    sp.add_argument("--idle-timeout", type=float, default=None,
+                    help="with --follow: stop after this many seconds without a new batch")
     add_progress_flags(sp)
     sp.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rldiag.recompute import recompute
+    from rldiag.recompute import follow, recompute
 
+    if args.follow:
+        def on_update(rep) -> None:
+            new = len(rep.steps_done) - len(rep.steps_reused)
+            console.print(f"{rep.name}: {len(rep.steps_done)} steps ({new} new), "
+                          f"{len(rep.steps_failed)} waiting or failed, {rep.seconds:.2f}s")
+
+        try:
+            report = follow(args.run, overrides_from_args(args), name=args.name, poll_seconds=args.poll,
+                            idle_timeout=args.idle_timeout, on_update=on_update, steps=args.steps,
+                            device=args.device, save_tokens=args.save_tokens)
+        except KeyboardInterrupt:
+            console.print("stopped following")
+            return 0
+        return _summary(report)
     with progress_bar("recompute", enabled=args.progress) as bar:
         report = recompute(
             args.run, overrides_from_args(args), name=args.name, steps=args.steps, device=args.device,
-            save_tokens=args.save_tokens, progress=bar,
+            save_tokens=args.save_tokens, progress=bar, reuse=args.reuse,
         )
-    table = Table(title=f"scenario {report.name}  ({len(report.steps_done)} steps, {report.rows} rows, "
-                        f"{report.tokens} tokens, {report.seconds:.2f}s on {report.device})")
+    return _summary(report)
+
+
+def _summary(report) -> int:
+    reused = f", {len(report.steps_reused)} reused" if report.steps_reused else ""
+    table = Table(title=f"scenario {report.name}  ({len(report.steps_done)} steps{reused}, {report.rows} rows, "
+                        f"{report.tokens} tokens recomputed, {report.seconds:.2f}s on {report.device})")
     table.add_column("metric", no_wrap=True)
     for col in ("first", "last", "mean", "min", "max"):
         table.add_column(col, justify="right")

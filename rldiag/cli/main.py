@@ -20,6 +20,7 @@ from rldiag.errors import RldiagError
 COMMAND_MODULES = [
     "rldiag.cli.cmd_check",
     "rldiag.cli.cmd_recompute",
+    "rldiag.cli.cmd_import_wandb",
 ]
 
 

@@ -97,6 +97,16 @@ def segment_rows(step_ids: torch.Tensor, n_steps: int, micro_batch_size: int | N
     return Segmentation(inv, int(uniq.numel()), seg_step, n_steps, dp_size)
 
 
+def check_microbatch_settings(settings: Settings) -> None:
+    """Fail early on a micro-batch size or DP size that cannot be emulated."""
+    dp = settings.get("rldiag.dp_size", 1)
+    if dp is None or int(dp) < 1:
+        raise ConfigError(f"rldiag.dp_size must be >= 1, got {dp!r}")
+    mbs = settings.get("rldiag.micro_batch_size")
+    if mbs is not None and int(mbs) < 1:
+        raise ConfigError(f"rldiag.micro_batch_size must be >= 1 or null, got {mbs!r}")
+
+
 def segmentation_for(step_ids: torch.Tensor, n_steps: int, settings: Settings) -> Segmentation:
     """:func:`segment_rows` under ``rldiag.micro_batch_size`` and ``rldiag.dp_size``."""
     return segment_rows(step_ids, n_steps, settings.get("rldiag.micro_batch_size"), int(settings.get("rldiag.dp_size", 1)))

@@ -1,10 +1,17 @@
 """One recompute over a packed batch: the order of operations of verl's V1 trainer.
 
+0. ``algorithm.rollout_correction.bypass_mode``: ``old_log_probs := rollout_log_probs``
+   (``_compute_old_log_prob``; seed 001 section 2.2). Nothing else changes (the loss_mode stays).
 1. token_level_scores -> token_level_rewards: optional KL shaping on the *original*
    response_mask (``algorithm.use_kl_in_reward``; seed 002 section 4).
-2. (rollout correction may rewrite response_mask; rewards at rejected tokens stay.)
+2. Rollout correction when the batch has ``rollout_log_probs`` and bypass mode is off
+   (:mod:`rldiag.engine.rollout_correction`): IS weights, rejection rewrites response_mask
+   (rewards at rejected tokens stay), ``rollout_corr/*`` metrics (seed 002 sections 1.1, 4).
 3. The advantage estimator reads the rewritten mask.
-4. Actor metrics (policy loss, entropy, KL loss), critic metrics, data metrics.
+4. Actor metrics (policy loss with the IS weights, entropy, KL loss), critic metrics, data
+   metrics. Token-mean denominators count the original mask (``loss_mask`` if given). Actor and
+   critic metrics are computed per emulated micro-batch (:mod:`rldiag.engine.microbatch`) and
+   combined as verl logs them.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from rldiag.engine.critic import value_loss
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.kl import kl_estimate
 from rldiag.engine.metrics import data_metrics
-from rldiag.engine.policy_loss import PolicyLossInput, policy_loss
+from rldiag.engine.microbatch import Segmentation, segmentation_for
+from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
+from rldiag.engine.rollout_correction import EMPTY_MESSAGE, CorrectionConfig, correct
 from rldiag.engine.segments import MEAN_EPS, seg_count, seg_mean, seg_std, seg_sum, step_mask_count, step_masked_mean
 from rldiag.errors import MissingInputError
 
@@ -82,6 +91,18 @@ def initial_kl_state(settings: Settings) -> KLControllerState:
     return KLControllerState(float(settings["algorithm.kl_ctrl.kl_coef"]))
 
 
+def _combine_policy_loss(out: PolicyLossOutput, segs: Segmentation, errors: StepErrors) -> dict[str, torch.Tensor]:
+    """Per-segment policy-loss results -> per-step metrics as verl logs them: ``actor/pg_loss``
+    summed over a step's micro-batches (global normalisation), verl's metrics averaged with equal
+    weight, rldiag's counts summed. Segments on which verl raises fail their step."""
+    for message, bad in out.failed.items():
+        errors.flag(segs.total(bad.float()) > 0, message)
+    combined = {"actor/pg_loss": segs.total(out.pg_loss)}
+    combined.update({k: segs.mean(v) for k, v in out.metrics.items()})
+    combined.update({k: segs.total(v) for k, v in out.sums.items()})
+    return combined
+
+
 def recompute_batch(batch: Batch, settings: Settings, kl_state: KLControllerState | None = None) -> Result:
     """Recompute everything rldiag derives for the steps packed in ``batch``."""
     errors = StepErrors(batch.steps)
@@ -92,9 +113,17 @@ def recompute_batch(batch: Batch, settings: Settings, kl_state: KLControllerStat
     scores = batch.token_level_scores
     rows_per_step = seg_count(sid, n)
 
+    # 0. bypass mode: the rollout policy is the PPO anchor
+    bypass = bool(settings["algorithm.rollout_correction.bypass_mode"])
+    old_lp = batch.old_log_probs
+    if bypass:
+        old_lp = _require(batch, "rollout_log_probs", "algorithm.rollout_correction.bypass_mode")
+
     # 1. reward-side KL shaping on the original mask
     if settings["algorithm.use_kl_in_reward"]:
-        old = _require(batch, "old_log_probs", "algorithm.use_kl_in_reward")
+        if old_lp is None:
+            _require(batch, "old_log_probs", "algorithm.use_kl_in_reward")
+        old = old_lp
         ref = _require(batch, "ref_log_prob", "algorithm.use_kl_in_reward")
         kld = kl_estimate(settings["algorithm.kl_penalty"], old, ref) * mask0
         row_kl = (kld * mask0).sum(-1) / (mask0.sum(-1) + MEAN_EPS)
@@ -107,64 +136,80 @@ def recompute_batch(batch: Batch, settings: Settings, kl_state: KLControllerStat
     else:
         rewards = scores
 
-    # 2. rollout correction (rejection) would rewrite the mask here
-    mask = mask0
+    # 2. rollout correction: IS weights, rejection rewrites the mask (rewards stay)
+    mask, is_weights = mask0, None
+    if batch.rollout_log_probs is not None and not bypass:
+        cfg = CorrectionConfig.from_settings(settings, "algorithm.rollout_correction")
+        if old_lp is None:
+            if cfg.active:
+                _require(batch, "old_log_probs", "algorithm.rollout_correction (rollout_is / rollout_rs)")
+        else:
+            rc = correct(old_lp, batch.rollout_log_probs, mask0, cfg, sid, n)
+            errors.flag(rc.empty, EMPTY_MESSAGE)
+            mask, is_weights = rc.mask, rc.weights
+            metrics.update(rc.metrics)
+            if is_weights is not None:
+                tokens["rollout_is_weights"] = is_weights
 
     # 3. advantages
-    adv, ret = estimate(settings.estimator, AdvInput(batch, rewards, mask, settings, errors))
+    adv, ret = estimate(
+        settings.estimator, AdvInput(batch, rewards, mask, settings, errors, rollout_is_weights=is_weights)
+    )
     tokens.update(advantages=adv, returns=ret, token_level_rewards=rewards, response_mask=mask)
 
     # 4. metrics
     metrics.update(data_metrics(batch, rewards, adv, ret, mask))
-    horizon = batch.max_response_length
+    segs = segmentation_for(sid, n, settings)
+    fixed_width = settings["data.max_response_length"] is not None
+    horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
     token_count = step_mask_count(batch.loss_mask if batch.loss_mask is not None else mask0, sid, n)
     actor_norm = AggNorm(
-        step_ids=sid,
-        n_steps=n,
+        step_ids=segs.seg_ids,
+        n_steps=segs.n_seg,
         horizon=horizon,
-        batch_num_tokens=token_count,
-        global_batch_size=rows_per_step,
+        batch_num_tokens=segs.per_segment(token_count),
+        global_batch_size=segs.per_segment(rows_per_step),
         loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
     )
     agg_mode = settings.actor_agg_mode
-    if batch.log_probs is not None and batch.old_log_probs is not None:
+    if batch.log_probs is not None and old_lp is not None:
         out = policy_loss(
             settings["actor_rollout_ref.actor.policy_loss.loss_mode"],
             PolicyLossInput(
-                old_log_prob=batch.old_log_probs,
+                old_log_prob=old_lp,
                 log_prob=batch.log_probs,
                 advantages=adv,
                 mask=mask,
                 agg_mode=agg_mode,
                 norm=actor_norm,
                 settings=settings,
+                rollout_is_weights=is_weights,
+                dp_size=segs.dp_size,
             ),
         )
-        metrics["actor/pg_loss"] = out.pg_loss
-        metrics.update(out.metrics)
+        metrics.update(_combine_policy_loss(out, segs, errors))
         tokens.update(ratio=out.ratio, pg_losses=out.pg_losses)
     if batch.entropy is not None:
-        metrics["actor/entropy_loss"] = aggregate(agg_mode, batch.entropy, mask, actor_norm)
+        metrics["actor/entropy_loss"] = segs.total(aggregate(agg_mode, batch.entropy, mask, actor_norm))
     if settings["actor_rollout_ref.actor.use_kl_loss"] and batch.ref_log_prob is not None and batch.log_probs is not None:
         kld = kl_estimate(settings["actor_rollout_ref.actor.kl_loss_type"], batch.log_probs, batch.ref_log_prob)
-        metrics["actor/kl_loss"] = aggregate(agg_mode, kld, mask, actor_norm)
+        metrics["actor/kl_loss"] = segs.total(aggregate(agg_mode, kld, mask, actor_norm))
         metrics["actor/kl_coef"] = torch.full((n,), float(settings["actor_rollout_ref.actor.kl_loss_coef"]))
     if batch.vpreds is not None and batch.values is not None:
-        critic_norm = AggNorm(
-            step_ids=sid, n_steps=n, horizon=horizon, loss_scale_factor=settings.critic_loss_scale_factor
+        # verl's value_loss passes no global batch info (not even loss_scale_factor): every
+        # normaliser is the micro-batch's own, and the three metrics are micro-batch means.
+        critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon)
+        vf = value_loss(
+            batch.vpreds, batch.values, ret, mask, float(settings["critic.cliprange_value"]),
+            settings.critic_agg_mode, critic_norm,
         )
-        metrics.update(
-            value_loss(
-                batch.vpreds, batch.values, ret, mask, float(settings["critic.cliprange_value"]),
-                settings.critic_agg_mode, critic_norm,
-            )
-        )
+        metrics.update({k: segs.mean(v) for k, v in vf.items()})
 
     # rldiag's own: reference KL of the old and current policy side by side, group signal
     if batch.ref_log_prob is not None:
-        if batch.old_log_probs is not None:
-            tokens["ref_kl"] = kl_estimate(settings["algorithm.kl_penalty"], batch.old_log_probs, batch.ref_log_prob)
-        for who, lp in (("old", batch.old_log_probs), ("current", batch.log_probs)):
+        if old_lp is not None:
+            tokens["ref_kl"] = kl_estimate(settings["algorithm.kl_penalty"], old_lp, batch.ref_log_prob)
+        for who, lp in (("old", old_lp), ("current", batch.log_probs)):
             if lp is None:
                 continue
             for est in ("k1", "k2", "k3"):

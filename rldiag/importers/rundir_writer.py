@@ -78,6 +78,10 @@ class RunDirWriter:
             self.out_of_order_rows += 1
         self._row_step, self._row = step, dict(data)
 
+    def flush_rows(self) -> None:
+        """Write out the row still open for merging; ``rows``, ``keys`` and the steps are then final."""
+        self._flush_row()
+
     def _flush_row(self) -> None:
         if self._row is None:
             return

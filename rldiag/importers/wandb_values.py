@@ -61,9 +61,14 @@ def step_of(row: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _parse_int(text: str) -> Any:
+    # wandb-core writes a logged -0.0 as "-0"; no integer is negative zero, so it was a float.
+    return -0.0 if text == "-0" else int(text)
+
+
 def parse_json(text: str) -> Any:
     """Decode one ``value_json``; NaN and +-Infinity are accepted as wandb writes them."""
-    return json.loads(text)
+    return json.loads(text, parse_int=_parse_int)
 
 
 def plain(value: Any) -> Any:

@@ -8,7 +8,7 @@ Writes that must not interleave (re-materialising a table) take :attr:`Db.lock`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -42,26 +42,46 @@ class Db:
         with self.cursor() as cur:
             _run(cur, sql, params, where)
 
-    def frame(self, sql: str, params: Sequence[Any] | None = None, where: str = "") -> pl.DataFrame:
-        """The result as a polars frame (through Arrow, no pandas)."""
+    def frame(self, sql: str, params: Sequence[Any] | None = None, where: str = "",
+              arrow: Mapping[str, pa.Table] | None = None) -> pl.DataFrame:
+        """The result as a polars frame (through Arrow, no pandas). ``arrow``: Arrow tables the
+        query selects from by name, registered on its cursor only."""
         with self.cursor() as cur:
-            return pl.from_arrow(_run(cur, sql, params, where).to_arrow_table())
+            _register(cur, arrow)
+            return pl.from_arrow(_relation(cur, sql, params, where).to_arrow_table())
 
-    def arrow(self, sql: str, params: Sequence[Any] | None = None, where: str = "") -> pa.Table:
+    def arrow(self, sql: str, params: Sequence[Any] | None = None, where: str = "",
+              arrow: Mapping[str, pa.Table] | None = None) -> pa.Table:
         with self.cursor() as cur:
-            return _run(cur, sql, params, where).to_arrow_table()
+            _register(cur, arrow)
+            return _relation(cur, sql, params, where).to_arrow_table()
 
-    def rows(self, sql: str, params: Sequence[Any] | None = None, where: str = "") -> list[tuple]:
+    def rows(self, sql: str, params: Sequence[Any] | None = None, where: str = "",
+             arrow: Mapping[str, pa.Table] | None = None) -> list[tuple]:
         with self.cursor() as cur:
+            _register(cur, arrow)
             return _run(cur, sql, params, where).fetchall()
 
     def close(self) -> None:
         self._con.close()
 
 
+def _register(cur: duckdb.DuckDBPyConnection, arrow: Mapping[str, pa.Table] | None) -> None:
+    for name, table in (arrow or {}).items():
+        cur.register(name, table)
+
+
 def _run(cur: duckdb.DuckDBPyConnection, sql: str, params, where: str) -> duckdb.DuckDBPyConnection:
     try:
         return cur.execute(sql, list(params) if params is not None else None)
+    except duckdb.Error as exc:
+        msg = str(exc).splitlines()[0]
+        raise StoreError(f"{where}: {msg}" if where else msg) from exc
+
+
+def _relation(cur: duckdb.DuckDBPyConnection, sql: str, params, where: str) -> duckdb.DuckDBPyRelation:
+    try:
+        return cur.sql(sql, params=list(params) if params is not None else None)
     except duckdb.Error as exc:
         msg = str(exc).splitlines()[0]
         raise StoreError(f"{where}: {msg}" if where else msg) from exc

@@ -26,6 +26,7 @@ class ToyConfig:
     max_digits: int = 4
     max_response_length: int = 12
     tool: bool = True
+    partial_credit: float = 0.5
     temperature: float = 1.0
     d_model: int = 64
     n_heads: int = 4
@@ -133,7 +134,8 @@ class ToyConfig:
             },
             "trainer": {"total_training_steps": self.steps, "seed": self.seed, "project_name": "rldiag-toy"},
             "toy": {"task": "digit-sum with a calculator tool", "tool": self.tool,
-                    "min_digits": self.min_digits, "max_digits": self.max_digits},
+                    "min_digits": self.min_digits, "max_digits": self.max_digits,
+                    "partial_credit": self.partial_credit},
         }
 
     def as_dict(self) -> dict:

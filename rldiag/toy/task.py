@@ -3,9 +3,10 @@
 Prompt: ``k`` digits then ``SEP`` (left-padded to ``max_digits + 1``). Answer: the decimal
 digits of their sum, then ``EOS``. The policy may emit ``CALL`` once: the environment then
 appends the observation ``OPEN <digits of the sum> CLOSE`` (tokens the actor did not sample:
-``response_mask`` 0), and the policy goes on writing. The reward is verifiable: 1 for an exact
-answer ending with ``EOS``, else half the share of answer digits in the right place (so that a
-random policy already sees some signal).
+``response_mask`` 0), and the policy goes on writing. The reward is verifiable: the grader takes
+the last number of the response before ``EOS`` (observations included); 1 when it is the sum and
+the response ends with ``EOS``, else ``partial_credit`` times the share of its digits in the
+right place (so that a random policy already sees some signal).
 """
 
 from __future__ import annotations
@@ -82,12 +83,18 @@ def sample_prompts(rng: np.random.Generator, count: int, min_digits: int, max_di
 
 
 def score_responses(
-    responses: torch.Tensor, response_mask: torch.Tensor, lengths: torch.Tensor, prompts: Prompts
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    lengths: torch.Tensor,
+    prompts: Prompts,
+    partial_credit: float = 0.5,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The environment's verdict per row: ``(score (B,) float32, exact (B,) bool)``.
 
-    The answer is what the actor wrote (``response_mask`` 1) before its first ``EOS``, without
-    its first ``CALL``. The environment reads each answer like a grader would (a loop over rows).
+    Like a regex grader, it reads the row's text up to the first ``EOS`` the actor wrote and
+    takes the *last number* in it, tool observations included: calling the tool and stopping
+    right after its answer is a (legitimate, learnable) way to be right. The environment reads
+    each answer like a grader would (a loop over rows).
     """
     resp = responses.tolist()
     mask = response_mask.tolist()
@@ -95,20 +102,19 @@ def score_responses(
     tlen = prompts.target_len.tolist()
     scores, exact = [], []
     for i, n in enumerate(lengths.tolist()):
-        answer, ended, called = [], False, False
+        answer, run, ended = [], [], False
         for tok, m in zip(resp[i][:n], mask[i][:n]):
-            if not m:
-                continue
-            if tok == EOS:
+            if m and tok == EOS:
                 ended = True
                 break
-            if tok == CALL and not called:
-                called = True
-                continue
-            answer.append(tok)
+            if tok < DIGITS:
+                run.append(tok)
+            elif run:
+                answer, run = run, []
+        answer = run or answer
         want = target[i][: tlen[i]]
         ok = ended and answer == want
         right = sum(a == b for a, b in zip(answer, want)) / max(len(answer), len(want))
-        scores.append(1.0 if ok else 0.5 * right)
+        scores.append(1.0 if ok else partial_credit * right)
         exact.append(ok)
     return torch.tensor(scores, dtype=torch.float32), torch.tensor(exact)

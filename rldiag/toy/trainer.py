@@ -70,7 +70,7 @@ class ToyTrainer:
         prompts = sample_prompts(self.rng, cfg.prompts_per_step, cfg.min_digits, cfg.max_digits).repeat(cfg.n)
         uids = np.array([f"s{step}-p{i}" for i in range(cfg.prompts_per_step) for _ in range(cfg.n)], dtype=object)
         ro = generate(rollout_engine(self.policy), prompts, width, self.gen, cfg.temperature, cfg.tool)
-        score, exact = score_responses(ro.responses, ro.response_mask, ro.lengths, prompts)
+        score, exact = score_responses(ro.responses, ro.response_mask, ro.lengths, prompts, cfg.partial_credit)
         rows = torch.arange(score.shape[0])
         scores = torch.zeros((score.shape[0], width), dtype=torch.float32)
         scores[rows, (ro.lengths - 1).clamp_min(0)] = torch.where(ro.lengths > 0, score, 0.0)

@@ -1,0 +1,84 @@
+"""Scenarios that an analysis needs: reuse one that is up to date with its per-token outputs,
+else (re)compute it with ``save_tokens``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rldiag.config.settings import find_config_file
+from rldiag.errors import RunDirError
+from rldiag.io.outputs import scenario_dir, sha256_file
+from rldiag.io.rundir import RunDir, parse_steps
+from rldiag.recompute import ProgressFn, recompute
+
+
+def read_meta(run: Path, name: str) -> dict | None:
+    p = scenario_dir(run, name) / "scenario.json"
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def scenario_is_fresh(rd: RunDir, name: str, overrides: Mapping[str, Any] | None, steps: list[int]) -> bool:
+    """True when scenario ``name`` exists with per-token outputs, was computed with exactly
+    ``overrides`` from the current batch files (same SHA-256) and config file, and covers
+    ``steps``."""
+    meta = read_meta(rd.path, name)
+    if meta is None or not meta.get("save_tokens"):
+        return False
+    if overrides is not None and meta.get("overrides", {}) != dict(overrides):
+        return False
+    covered = set(meta.get("steps_done", [])) | {int(s) for s in meta.get("steps_failed", {})}
+    if not set(steps) <= covered:
+        return False
+    recorded = {i["step"]: i for i in meta.get("inputs", [])}
+    files = {sf.step: sf for sf in rd.step_files()}
+    for step in steps:
+        sf, rec = files.get(step), recorded.get(step)
+        if sf is None or rec is None or rec["file"] != str(sf.path.relative_to(rd.path)):
+            return False
+        if rec["size"] != sf.path.stat().st_size or rec["sha256"] != sha256_file(sf.path):
+            return False
+    cf = find_config_file(rd.path)
+    if cf is None:
+        return meta.get("config_file") is None
+    return meta.get("config_sha256") == sha256_file(cf)
+
+
+def ensure_scenario(
+    run: str | Path,
+    name: str,
+    overrides: Mapping[str, Any] | None = None,
+    steps: str | None = None,
+    device: str = "auto",
+    progress: ProgressFn | None = None,
+) -> bool:
+    """Make sure scenario ``name`` exists with per-token outputs for ``steps``.
+
+    ``overrides`` None means "the scenario's own overrides" (it must exist then). Returns True
+    when it was (re)computed, False when the existing one was reused.
+    """
+    rd = RunDir(run)
+    chosen = parse_steps(steps, [sf.step for sf in rd.require_steps()])
+    if overrides is None:
+        meta = read_meta(rd.path, name)
+        if meta is None:
+            from rldiag.io.outputs import list_scenarios
+
+            have = ", ".join(list_scenarios(rd.path)) or "none"
+            raise RunDirError(f"no scenario {name!r} in {rd.path} (have: {have}); run `rldiag recompute` first")
+        overrides = meta.get("overrides", {})
+        if steps is None:
+            done = set(meta.get("steps_done", [])) | {int(s) for s in meta.get("steps_failed", {})}
+            chosen = [s for s in chosen if s in done] or chosen
+    if scenario_is_fresh(rd, name, overrides, chosen):
+        return False
+    spec = ",".join(str(s) for s in chosen)
+    recompute(rd.path, dict(overrides), name=name, steps=spec, device=device, save_tokens=True, progress=progress)
+    return True

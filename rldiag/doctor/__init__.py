@@ -1,0 +1,9 @@
+"""``rldiag doctor``: health rules over a run's logged and recomputed metrics.
+
+Use :func:`diagnose` from Python (the CLI and the app only format its report)."""
+
+from rldiag.doctor.doctor import DoctorReport, diagnose
+from rldiag.doctor.evaluators import Evidence, Finding
+from rldiag.doctor.rules import Rule, load_rules
+
+__all__ = ["DoctorReport", "Evidence", "Finding", "Rule", "diagnose", "load_rules"]

@@ -1,0 +1,124 @@
+"""The run's scenarios (CONTRACT section 4) through DuckDB.
+
+``metrics.parquet`` (one row per step, one column per metric) is unpivoted to a long table
+``(step, metric, value)`` per scenario, materialised once per version of the file (a scenario is
+replaced atomically, so a new version has a new inode and modification time). Token outputs
+``tokens/step_<N:06d>.parquet`` are read where a query needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+
+import polars as pl
+
+from rldiag.io.outputs import list_scenarios, scenario_dir
+from rldiag.store.cache import FileSig, SigCache, file_sig
+from rldiag.store.db import Db
+from rldiag.store.errors import StoreError
+
+TOKEN_FILE = re.compile(r"^step_(\d+)\.parquet$")
+
+
+class Scenarios:
+    """Every scenario of one run."""
+
+    def __init__(self, db: Db, run: Path, cache: SigCache):
+        self.db = db
+        self.run = Path(run)
+        self.cache = cache
+        self._tables: dict[str, tuple[FileSig, str]] = {}
+        self._lock = threading.RLock()
+
+    def names(self) -> list[str]:
+        return list_scenarios(self.run)
+
+    def dir(self, name: str) -> Path:
+        return scenario_dir(self.run, name)
+
+    def meta(self, name: str) -> dict:
+        """``scenario.json`` of one scenario (cached on its size and modification time)."""
+        path = self.dir(name) / "scenario.json"
+        sig = file_sig(path)
+        if sig is None:
+            raise StoreError(f"no scenario {name!r} in {self.run}; have: {', '.join(self.names()) or 'none'}")
+
+        def load() -> dict:
+            try:
+                return json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"{path}: cannot read ({exc})") from exc
+
+        return self.cache.get(("scenario-meta", str(path)), sig, load)
+
+    def table(self, name: str) -> str | None:
+        """The long table of one scenario's metrics (None: the scenario has no metrics file)."""
+        path = self.dir(name) / "metrics.parquet"
+        sig = file_sig(path)
+        if sig is None:
+            return None
+        with self._lock:
+            have = self._tables.get(name)
+            if have and have[0] == sig:
+                return have[1]
+            table = have[1] if have else self.db.fresh_name("scenario")
+            cols = [c for c in columns_of(self.db, path) if c != "step"]
+            if cols:
+                self.db.execute(
+                    f"CREATE OR REPLACE TABLE {table} AS "
+                    "UNPIVOT (SELECT * FROM read_parquet(?)) ON COLUMNS(* EXCLUDE (step)) INTO NAME metric VALUE value",
+                    [str(path)],
+                    where=str(path),
+                )
+            else:
+                self.db.execute(f"CREATE OR REPLACE TABLE {table} (step BIGINT, metric VARCHAR, value DOUBLE)")
+            self._tables[name] = (sig, table)
+            return table
+
+    def sig(self, name: str) -> FileSig | None:
+        return file_sig(self.dir(name) / "metrics.parquet")
+
+    def metric_names(self, name: str) -> list[str]:
+        table = self.table(name)
+        if table is None:
+            return []
+        return self.cache.get(
+            ("scenario-names", name), self.sig(name),
+            lambda: [r[0] for r in self.db.rows(f"SELECT DISTINCT metric FROM {table} ORDER BY metric")],
+        )
+
+    def token_steps(self, name: str) -> list[int]:
+        """Steps for which the scenario saved per-token outputs."""
+        d = self.dir(name) / "tokens"
+        if not d.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in d.iterdir() if (m := TOKEN_FILE.match(p.name)))
+
+    def tokens_file(self, name: str, step: int) -> Path | None:
+        p = self.dir(name) / "tokens" / f"step_{step:06d}.parquet"
+        return p if p.is_file() else None
+
+    def token_columns(self, name: str, step: int) -> list[str]:
+        p = self.tokens_file(name, step)
+        if p is None:
+            return []
+        return self.cache.get(
+            ("token-cols", str(p)), file_sig(p),
+            lambda: columns_of(self.db, p),
+        )
+
+    def frame(self, name: str) -> pl.DataFrame:
+        """The scenario's long table (step, metric, value)."""
+        table = self.table(name)
+        if table is None:
+            return pl.DataFrame(schema={"step": pl.Int64, "metric": pl.Utf8, "value": pl.Float64})
+        return self.db.frame(f"SELECT step, metric, value FROM {table} ORDER BY metric, step")
+
+
+def columns_of(db: Db, path: Path) -> list[str]:
+    """Top-level column names of a Parquet file."""
+    rows = db.rows("SELECT column_name FROM (DESCRIBE SELECT * FROM read_parquet(?))", [str(path)], where=str(path))
+    return [r[0] for r in rows]

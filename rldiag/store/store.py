@@ -1,0 +1,226 @@
+"""The store: every query the app makes about one run, over one DuckDB connection.
+
+Sources: the logged ``metrics.jsonl`` (followed live, :mod:`rldiag.store.logged`), the
+scenarios' Parquet outputs (:mod:`rldiag.store.scenarios`) and the batch files
+(:mod:`rldiag.store.batches`). Results are cached on the size and modification time of the
+files they read (:mod:`rldiag.store.cache`); results are polars frames or plain values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from rldiag.io.rundir import RunDir
+from rldiag.store import offpolicy, stepview
+from rldiag.store.batches import Batches
+from rldiag.store.cache import FileSig, SigCache, file_sig
+from rldiag.store.db import Db, quote_ident
+from rldiag.store.logged import LoggedMetrics
+from rldiag.store.scenarios import Scenarios
+
+LOGGED = "logged"
+
+
+@dataclass(frozen=True)
+class LiveStatus:
+    """Where the logged metrics stand: the latest step and when the file last changed."""
+
+    latest_step: int | None
+    steps: int
+    lines: int
+    size: int
+    mtime: float | None  # seconds since the epoch, of metrics.jsonl's last write
+
+
+class Store:
+    """All queries about one run directory."""
+
+    def __init__(self, run: str | Path, db: Db | None = None):
+        self.rd = RunDir(run)
+        self.run = self.rd.path
+        self.db = db or Db()
+        self.cache = SigCache()
+        self.logged = LoggedMetrics(self.db, self.rd.metrics_file)
+        self.scenarios = Scenarios(self.db, self.run, self.cache)
+        self.batches = Batches(self.db, self.run, self.cache)
+
+    # -- logged metrics -----------------------------------------------------------------------
+
+    def refresh(self) -> FileSig | None:
+        """Follow ``metrics.jsonl``: read what was appended since the last call."""
+        return self.logged.refresh()
+
+    def status(self) -> LiveStatus:
+        sig = self.refresh()
+        latest, steps = self.cache.get(("latest",), sig, self.logged.latest)
+        return LiveStatus(latest, steps, self.logged.lines, sig.size if sig else 0, sig.mtime if sig else None)
+
+    def logged_names(self) -> list[str]:
+        sig = self.refresh()
+        frame = self.cache.get(("logged-names",), sig, self.logged.names)
+        return frame["metric"].to_list()
+
+    def logged_long(self, metrics: list[str], lo: int | None = None, hi: int | None = None) -> pl.DataFrame:
+        sig = self.refresh()
+        key = ("logged-long", tuple(metrics), lo, hi)
+        return self.cache.get(key, sig, lambda: self.logged.long(list(metrics), lo, hi))
+
+    def logged_wide(self, metrics: list[str], lo: int | None = None, hi: int | None = None) -> pl.DataFrame:
+        sig = self.refresh()
+        key = ("logged-wide", tuple(metrics), lo, hi)
+        return self.cache.get(key, sig, lambda: self.logged.wide(list(metrics), lo, hi))
+
+    # -- scenarios ----------------------------------------------------------------------------
+
+    def scenario_names(self) -> list[str]:
+        return self.scenarios.names()
+
+    def scenario_meta(self, name: str) -> dict:
+        return self.scenarios.meta(name)
+
+    def scenario_metric_names(self, name: str) -> list[str]:
+        return self.scenarios.metric_names(name)
+
+    def metric_names(self, scenarios: list[str] = ()) -> list[str]:
+        """Logged metric names and those of ``scenarios``, sorted, each once."""
+        names = set(self.logged_names())
+        for s in scenarios:
+            names.update(self.scenario_metric_names(s))
+        return sorted(names)
+
+    def step_bounds(self, scenarios: list[str] = ()) -> tuple[int, int] | None:
+        """Smallest and largest step with a logged or recomputed value (None: no values)."""
+        sig = self.refresh()
+        sigs = (sig,) + tuple(self.scenarios.sig(s) for s in scenarios)
+
+        def compute():
+            parts = [f"SELECT min(step) AS lo, max(step) AS hi FROM {self.logged.table}"]
+            for s in scenarios:
+                t = self.scenarios.table(s)
+                if t:
+                    parts.append(f"SELECT min(step), max(step) FROM {t}")
+            with self.logged.lock:
+                lo, hi = self.db.rows(f"SELECT min(lo), max(hi) FROM ({' UNION ALL '.join(parts)})")[0]
+            return None if lo is None else (int(lo), int(hi))
+
+        return self.cache.get(("bounds", tuple(scenarios)), sigs, compute)
+
+    def joined(self, metrics: list[str], scenarios: list[str] = (), lo: int | None = None,
+               hi: int | None = None) -> pl.DataFrame:
+        """Logged and recomputed values joined by step and metric name:
+        ``step, metric, logged, <scenario>...`` (null where a source has no value)."""
+        sig = self.refresh()
+        scenarios = [s for s in scenarios if self.scenarios.table(s)]
+        sigs = (sig,) + tuple(self.scenarios.sig(s) for s in scenarios)
+        key = ("joined", tuple(metrics), tuple(scenarios), lo, hi)
+        return self.cache.get(key, sigs, lambda: self._joined(list(metrics), scenarios, lo, hi))
+
+    def source_columns(self, scenarios: list[str]) -> dict[str, str]:
+        """Source name -> column of :meth:`joined` (a scenario named ``logged`` gets a suffix)."""
+        cols = {LOGGED: LOGGED}
+        for s in scenarios:
+            cols[s] = s if s != LOGGED else f"{s} (scenario)"
+        return cols
+
+    def _joined(self, metrics: list[str], scenarios: list[str], lo, hi) -> pl.DataFrame:
+        flt = "list_contains($metrics::VARCHAR[], metric) AND step >= $lo AND step <= $hi"
+        ctes = [f"l AS (SELECT step, metric, value FROM {self.logged.table} WHERE {flt})"]
+        cols = self.source_columns(scenarios)
+        select = ["step", "metric", f"l.value AS {LOGGED}"]
+        joins = []
+        for i, s in enumerate(scenarios):
+            ctes.append(f"s{i} AS (SELECT step, metric, value FROM {self.scenarios.table(s)} WHERE {flt})")
+            select.append(f"s{i}.value AS {quote_ident(cols[s])}")
+            joins.append(f"FULL JOIN s{i} USING (step, metric)")
+        sql = f"WITH {', '.join(ctes)} SELECT {', '.join(select)} FROM l {' '.join(joins)} ORDER BY metric, step"
+        params = {"metrics": metrics, "lo": -(2**62) if lo is None else lo, "hi": 2**62 if hi is None else hi}
+        with self.logged.lock:
+            return self.db.frame(sql, params, where=str(self.run))
+
+    def summary(self, metrics: list[str], scenarios: list[str], lo: int | None = None,
+                hi: int | None = None) -> pl.DataFrame:
+        """Per metric, the mean over steps of each source (``logged`` and each scenario) and,
+        with two scenarios or more, the difference of each later scenario's mean from the first's."""
+        joined = self.joined(metrics, scenarios, lo, hi)
+        present = [c for c in self.source_columns(list(scenarios)).values() if c in joined.columns]
+        means = [f"avg({quote_ident(c)}) AS {quote_ident(c)}" for c in present]
+        counts = [f"count({quote_ident(c)}) AS {quote_ident('steps ' + c)}" for c in present]
+        scen = [c for c in present if c != LOGGED]
+        deltas = [
+            f"avg({quote_ident(c)}) - avg({quote_ident(scen[0])}) AS {quote_ident(f'{c} - {scen[0]}')}" for c in scen[1:]
+        ]
+        sql = f"SELECT metric, {', '.join(means + deltas + counts)} FROM joined GROUP BY metric ORDER BY metric"
+        with self.db.cursor() as cur:
+            cur.register("joined", joined.to_arrow())
+            return pl.from_arrow(cur.sql(sql).to_arrow_table())
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        """Steps with a batch file."""
+        return self.batches.steps()
+
+    def token_steps(self, scenario: str) -> list[int]:
+        return self.scenarios.token_steps(scenario)
+
+    def _tokens(self, scenario: str | None, step: int) -> tuple[Path, list[str]] | None:
+        if scenario is None:
+            return None
+        path = self.scenarios.tokens_file(scenario, step)
+        if path is None:
+            return None
+        return path, self.scenarios.token_columns(scenario, step)
+
+    def scenarios_with_tokens(self, step: int, column: str | None = None) -> list[str]:
+        """Scenarios that saved tokens for ``step`` (having ``column``, when given)."""
+        out = []
+        for s in self.scenario_names():
+            t = self._tokens(s, step)
+            if t is not None and (column is None or column in t[1]):
+                out.append(s)
+        return out
+
+    def step_rows(self, step: int, scenarios: list[str] = ()) -> pl.DataFrame:
+        src = self.batches.source(step)
+        tokens = {s: t for s in scenarios if (t := self._tokens(s, step)) is not None}
+        sigs = (file_sig(src.path),) + tuple(file_sig(p) for p, _ in tokens.values())
+        return self.cache.get(("step-rows", step, tuple(tokens)), sigs,
+                              lambda: stepview.step_rows(self.db, src, tokens))
+
+    def step_facts(self, step: int, scenario: str | None = None) -> stepview.StepFacts:
+        src = self.batches.source(step)
+        tokens = self._tokens(scenario, step)
+        sigs = (file_sig(src.path), file_sig(tokens[0]) if tokens else None)
+        return self.cache.get(("step-facts", step, scenario), sigs,
+                              lambda: stepview.step_facts(self.db, src, scenario if tokens else None, tokens))
+
+    def row_tokens(self, step: int, row: int, scenario: str | None = None) -> dict[str, list]:
+        src = self.batches.source(step)
+        tokens = self._tokens(scenario, step)
+        sigs = (file_sig(src.path), file_sig(tokens[0]) if tokens else None)
+        return self.cache.get(("row-tokens", step, row, scenario), sigs,
+                              lambda: stepview.row_tokens(self.db, src, row, tokens))
+
+    def metrics_at(self, step: int, metrics: list[str], scenarios: list[str] = ()) -> pl.DataFrame:
+        """``metric, logged, <scenario>...`` at one step."""
+        return self.joined(metrics, scenarios, step, step).drop("step")
+
+    # -- off-policy ---------------------------------------------------------------------------
+
+    def is_weights(self, scenario: str, step: int) -> pl.DataFrame:
+        tokens = self._tokens(scenario, step)
+        if tokens is None or "rollout_is_weights" not in tokens[1]:
+            return pl.DataFrame(schema={"row": pl.Int64, "weight": pl.Float32})
+        return self.cache.get(("is-weights", scenario, step), file_sig(tokens[0]),
+                              lambda: offpolicy.is_weights(self.db, tokens[0]))
+
+    def is_quantiles(self, scenario: str) -> pl.DataFrame:
+        steps = self.token_steps(scenario)
+        if not steps or "rollout_is_weights" not in self.scenarios.token_columns(scenario, steps[0]):
+            return pl.DataFrame(schema={"step": pl.Int64})
+        d = self.scenarios.dir(scenario) / "tokens"
+        sigs = (file_sig(self.scenarios.dir(scenario) / "scenario.json"), tuple(steps))
+        return self.cache.get(("is-quantiles", scenario), sigs, lambda: offpolicy.is_quantiles(self.db, d))
