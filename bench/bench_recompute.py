@@ -62,83 +62,86 @@ def work_read(run: str, estimator: str, device: str) -> dict:
 def work_rldiag(run: str, estimator: str, device: str) -> dict:
     from rldiag.recompute import recompute
 
-    rep = recompute(run, {"algorithm.adv_estimator": estimator}, name=f"bench-{estimator}", device=device)
+    rep = recompute(run, {"algorithm.adv_estimator": estimator}, name=f"bench-{estimator}", device=device, reuse=False)
     return {"tokens": rep.tokens, "failed": len(rep.steps_failed)}
 
 
 def work_ref(run: str, estimator: str, device: str) -> dict:
-    """The same computations written the way a trainer's code usually is."""
+    """The same computations written the straightforward way: Python loops over rows and over
+    time steps of the padded tensors (taken to lists first, the loops' best case)."""
     import math
     from collections import defaultdict
-
-    import torch
 
     from rldiag.config.settings import resolve_settings
     from rldiag.io.loader import load_step
     from rldiag.io.rundir import RunDir
 
     s = resolve_settings(Path(run), {"algorithm.adv_estimator": estimator})
+    gamma, lam = float(s["algorithm.gamma"]), float(s["algorithm.lam"])
     n = 0
-    out = []
     for sf in RunDir(run).require_steps():
         sd = load_step(sf, s)
         b = sd.batch
-        mask, scores = b.response_mask, b.token_level_scores
+        lengths = b.lengths.tolist()
+        mask = b.response_mask.tolist()
+        scores = b.token_level_scores.tolist()
+        old, new = b.old_log_probs.tolist(), b.log_probs.tolist()
         n += sd.n_tokens
+        rows = range(b.n_rows)
         if estimator == "gae":
-            values = b.values
-            T = mask.shape[1]
-            nextv = torch.zeros(b.n_rows)
-            last = torch.zeros(b.n_rows)
-            rev = []
-            for t in reversed(range(T)):
-                delta = scores[:, t] + nextv - values[:, t]
-                cand = delta + last
-                nextv = values[:, t] * mask[:, t] + (1 - mask[:, t]) * nextv
-                last = cand * mask[:, t] + (1 - mask[:, t]) * last
-                rev.append(last)
-            adv = torch.stack(rev[::-1], 1)
-            ret = adv + values
-            mean = (adv * mask).sum() / mask.sum()
-            var = ((adv - mean) ** 2 * mask).sum() / mask.sum() * mask.sum() / (mask.sum() - 1)
-            adv = (adv - mean) * torch.rsqrt(var + 1e-8)
+            values = b.values.tolist()
+            raw = []
+            for i in rows:
+                T = lengths[i]
+                adv = [0.0] * T
+                nextv = last = 0.0
+                for t in reversed(range(T)):
+                    delta = scores[i][t] + gamma * nextv - values[i][t]
+                    cand = delta + gamma * lam * last
+                    if mask[i][t]:
+                        nextv, last = values[i][t], cand
+                    adv[t] = last
+                raw.append(adv)
+            flat = [a for i in rows for a, m in zip(raw[i], mask[i]) if m]
+            mean = sum(flat) / len(flat)
+            var = sum((a - mean) ** 2 for a in flat) / (len(flat) - 1)
+            inv = 1 / math.sqrt(var + 1e-8)
+            advs = [[(a - mean) * inv for a in raw[i]] for i in rows]
+            rets = [[a + v for a, v in zip(raw[i], values[i])] for i in rows]
         else:
-            seq = scores.sum(-1)
+            seq = [sum(scores[i][: lengths[i]]) for i in rows]
             groups = defaultdict(list)
             uids = b.group_ids.tolist()
-            for i in range(b.n_rows):
+            for i in rows:
                 groups[uids[i]].append(seq[i])
-            stats = {}
-            for g, lst in groups.items():
-                t = torch.stack(lst)
-                stats[g] = (t.mean(), t.std()) if len(lst) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
-            a = torch.empty_like(seq)
-            for i in range(b.n_rows):
-                m, sd_ = stats[uids[i]]
+            advs = []
+            for i in rows:
+                g = groups[uids[i]]
+                k = len(g)
+                mean = sum(g) / k if k > 1 else 0.0
                 if estimator == "rloo":
-                    k = len(groups[uids[i]])
-                    a[i] = (seq[i] - m) * k / (k - 1) if k > 1 else seq[i]
+                    a = (seq[i] - mean) * k / (k - 1) if k > 1 else seq[i]
                 else:
-                    a[i] = (seq[i] - m) / (sd_ + 1e-6)
-            adv = a.unsqueeze(-1) * mask
-            ret = adv
-        # PPO loss and metrics, per token, plain torch
-        lr = torch.clamp(b.log_probs - b.old_log_probs, -20, 20)
-        ratio = torch.exp(lr)
-        l1, l2 = -adv * ratio, -adv * torch.clamp(ratio, 0.8, 1.2)
-        c1 = torch.maximum(l1, l2)
-        l3 = -adv * 3.0
-        loss = torch.where(adv < 0, torch.minimum(l3, c1), c1)
-        met = {
-            "pg_loss": float((loss * mask).sum() / mask.sum()),
-            "clipfrac": float(((l2 > l1).float() * mask).sum() / mask.sum()),
-            "ppo_kl": float((-lr * mask).sum() / mask.sum()),
-            "adv_mean": float(adv[mask.bool()].mean()),
-            "ret_mean": float(ret[mask.bool()].mean()),
-            "score": float(scores.sum(-1).mean()),
-            "entropy": float((b.entropy * mask).sum() / mask.sum()) if b.entropy is not None else math.nan,
-        }
-        out.append(met)
+                    std = math.sqrt(sum((x - mean) ** 2 for x in g) / (k - 1)) if k > 1 else 1.0
+                    a = (seq[i] - mean) / (std + 1e-6)
+                advs.append([a * m for m in mask[i][: lengths[i]]])
+            rets = advs
+        # PPO clipped loss and its metrics, per token
+        tot = clip = kl = cnt = 0.0
+        for i in rows:
+            for t in range(lengths[i]):
+                if not mask[i][t]:
+                    continue
+                lr = max(-20.0, min(20.0, new[i][t] - old[i][t]))
+                ratio = math.exp(lr)
+                a = advs[i][t]
+                l1, l2 = -a * ratio, -a * max(0.8, min(1.2, ratio))
+                c1 = max(l1, l2)
+                tot += min(-a * 3.0, c1) if a < 0 else c1
+                clip += l2 > l1
+                kl -= lr
+                cnt += 1
+        _ = (tot / cnt, clip / cnt, kl / cnt, rets)
     return {"tokens": n}
 
 

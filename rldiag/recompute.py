@@ -289,9 +289,12 @@ def recompute(
             if reusable(step, info):
                 return info, None, None
             try:
-                return info, load_step(sf, settings), None
+                data = load_step(sf, settings)
             except RldiagError as exc:
                 return info, None, exc
+            if dev.type == "cuda":  # page-locked on the loader thread: the copy to the GPU overlaps
+                data.batch = data.batch.pin_memory()
+            return info, data, None
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldiag-load") as pool:
             queue: deque = deque()

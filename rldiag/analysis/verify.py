@@ -100,8 +100,12 @@ class Candidate:
     def matches_all(self) -> bool:
         return not self.remaining and not self.breaks
 
-    def describe(self) -> str:
-        return f"{', '.join(self.fixes)} match with {describe(self.overrides)}"
+    def describe(self, max_fields: int = 4) -> str:
+        """``advantages, returns, actor/pg_loss (+6 more) match with norm_adv_by_std_in_grpo=false``."""
+        shown = ", ".join(self.fixes[:max_fields])
+        more = f" (+{len(self.fixes) - max_fields} more)" if len(self.fixes) > max_fields else ""
+        verb = "matches" if len(self.fixes) == 1 else "match"
+        return f"{shown}{more} {verb} with {describe(self.overrides)}"
 
 
 @dataclass

@@ -20,6 +20,9 @@ from rldiag.errors import RldiagError
 COMMAND_MODULES = [
     "rldiag.cli.cmd_check",
     "rldiag.cli.cmd_recompute",
+    "rldiag.cli.cmd_verify",
+    "rldiag.cli.cmd_compare",
+    "rldiag.cli.cmd_doctor",
     "rldiag.cli.cmd_import_wandb",
 ]
 

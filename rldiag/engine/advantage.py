@@ -25,6 +25,7 @@ from rldiag.config.settings import Settings
 from rldiag.engine.batch import Batch
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.segments import seg_count, seg_max, seg_std, seg_sum
+from rldiag.engine.scan import gae_scan, reward_to_go_scan, use_scan
 from rldiag.engine.whiten import step_whiten
 from rldiag.errors import ConfigError, MissingInputError
 from rldiag.registry import Registry
@@ -125,8 +126,11 @@ def _gae_scan(
 
     At a mask-0 position (tool observation, rejected token, padding) neither the next value nor
     the running advantage is updated, so credit flows across it (seed 002 section 6.4).
-    Returns raw advantages ``(rows, tokens)``.
+    Returns raw advantages ``(rows, tokens)``. On an accelerator, the associative-scan form
+    (``rldiag.engine.scan.gae_scan``) gives the same numbers in O(log T) kernels.
     """
+    if use_scan(rewards):
+        return gae_scan(rewards, values, mask, gamma, lam)
     r, v, m = rewards.T.contiguous(), values.T.contiguous(), mask.T.contiguous()
     out = torch.empty_like(r)
     rows = r.shape[1]
@@ -146,6 +150,8 @@ def _reward_to_go_resetting(rewards: torch.Tensor, mask: torch.Tensor, gamma: fl
     """REINFORCE++ reward-to-go ``(rows, tokens)``: ``G_t = r_t + gamma * G_{t+1}``, where the
     running return is zeroed *after* position t when ``mask[t] == 0`` (seed 002 section 9.1), so a
     mask-0 token keeps its own future but cuts it off from every earlier token."""
+    if use_scan(rewards):
+        return reward_to_go_scan(rewards, mask, gamma)
     r, m = rewards.T.contiguous(), mask.T.contiguous()
     out = torch.empty_like(r)
     running = torch.zeros(r.shape[1], dtype=r.dtype, device=r.device)

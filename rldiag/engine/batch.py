@@ -101,6 +101,13 @@ class Batch:
         changes["extra"] = {k: v.to(device) for k, v in self.extra.items()}
         return replace(self, **changes)
 
+    def pin_memory(self) -> Batch:
+        """Page-locked copies of the tensors, so a later ``to(cuda, non_blocking=True)`` overlaps."""
+        changes = {f.name: getattr(self, f.name).pin_memory() for f in fields(self)
+                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        changes["extra"] = {k: v.pin_memory() for k, v in self.extra.items()}
+        return replace(self, **changes)
+
     def select_rows(self, index: torch.Tensor) -> Batch:
         """A batch of the given rows (same steps; group ids kept)."""
         changes = {}

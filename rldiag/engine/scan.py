@@ -42,3 +42,30 @@ def reverse_linear_scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         x = a[..., t] * x + b[..., t]
         out[..., t] = x
     return out
+
+
+def use_scan(t: torch.Tensor) -> bool:
+    """The associative scan on accelerators (a few big kernels beat T small ones); the
+    per-position loop on the CPU, where it does less arithmetic and is faster."""
+    return t.device.type != "cpu"
+
+
+def gae_scan(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """verl's mask-skipping GAE as two reverse linear scans; raw advantages ``(rows, tokens)``.
+
+    ``nextvalues`` after position t is the value at the first mask-1 position at or after t:
+    ``NV_t = m_t v_t + (1 - m_t) NV_{t+1}``. With ``delta_t = r_t + gamma NV_{t+1} - v_t`` the
+    running advantage is ``A_t = (1 - m_t (1 - gamma lam)) A_{t+1} + m_t delta_t``.
+    """
+    nv = reverse_linear_scan(1 - mask, mask * values)
+    nv_next = torch.nn.functional.pad(nv[..., 1:], (0, 1))
+    delta = rewards + gamma * nv_next - values
+    return reverse_linear_scan(1 - mask * (1 - gamma * lam), mask * delta)
+
+
+def reward_to_go_scan(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """REINFORCE++'s resetting reward-to-go as one scan. The running return is zeroed *after*
+    writing position t+1 when ``m_{t+1} = 0``, so ``G_t = r_t + gamma m_{t+1} G_{t+1}``
+    (nothing past the end). ``(rows, tokens)``"""
+    m_next = torch.nn.functional.pad(mask[..., 1:], (0, 1))
+    return reverse_linear_scan(gamma * m_next, rewards)

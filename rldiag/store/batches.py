@@ -82,13 +82,13 @@ class Batches:
     def _open(self, sf: StepFile) -> BatchSource:
         if sf.format == "parquet":
             cols = self.db.rows(
-                "SELECT column_name FROM (DESCRIBE SELECT * FROM read_parquet(?))", [str(sf.path)], where=str(sf.path)
+                "SELECT column_name FROM (DESCRIBE SELECT * FROM read_parquet(?, hive_partitioning = false))", [str(sf.path)], where=str(sf.path)
             )
             return BatchSource(
                 step=sf.step,
                 path=sf.path,
                 sql="(SELECT file_row_number AS row, * EXCLUDE (file_row_number) "
-                "FROM read_parquet(?, file_row_number = true))",
+                "FROM read_parquet(?, hive_partitioning = false, file_row_number = true))",
                 params=[str(sf.path)],
                 columns=[c[0] for c in cols],
             )

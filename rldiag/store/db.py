@@ -3,6 +3,9 @@
 DuckDB cursors are connections to the same in-memory database, so the tables the store
 materialises are shared by every query, and Streamlit's script threads can query at once.
 Writes that must not interleave (re-materialising a table) take :attr:`Db.lock`.
+
+Every ``read_parquet`` of the store passes ``hive_partitioning = false``: scenario directories
+are named like ``adv_estimator=rloo``, which DuckDB would otherwise read as a partition column.
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ class Db:
             self._names += 1
             return f"{prefix}_{self._names}"
 
-    def execute(self, sql: str, params: Sequence[Any] | None = None, where: str = "") -> None:
+    def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None, where: str = "") -> None:
         with self.cursor() as cur:
             _run(cur, sql, params, where)
 
-    def frame(self, sql: str, params: Sequence[Any] | None = None, where: str = "",
+    def frame(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None, where: str = "",
               arrow: Mapping[str, pa.Table] | None = None) -> pl.DataFrame:
         """The result as a polars frame (through Arrow, no pandas). ``arrow``: Arrow tables the
         query selects from by name, registered on its cursor only."""
@@ -50,13 +53,13 @@ class Db:
             _register(cur, arrow)
             return pl.from_arrow(_relation(cur, sql, params, where).to_arrow_table())
 
-    def arrow(self, sql: str, params: Sequence[Any] | None = None, where: str = "",
+    def arrow(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None, where: str = "",
               arrow: Mapping[str, pa.Table] | None = None) -> pa.Table:
         with self.cursor() as cur:
             _register(cur, arrow)
             return _relation(cur, sql, params, where).to_arrow_table()
 
-    def rows(self, sql: str, params: Sequence[Any] | None = None, where: str = "",
+    def rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None, where: str = "",
              arrow: Mapping[str, pa.Table] | None = None) -> list[tuple]:
         with self.cursor() as cur:
             _register(cur, arrow)
@@ -66,6 +69,12 @@ class Db:
         self._con.close()
 
 
+def _params(params):
+    if params is None or isinstance(params, Mapping):
+        return params
+    return list(params)
+
+
 def _register(cur: duckdb.DuckDBPyConnection, arrow: Mapping[str, pa.Table] | None) -> None:
     for name, table in (arrow or {}).items():
         cur.register(name, table)
@@ -73,7 +82,7 @@ def _register(cur: duckdb.DuckDBPyConnection, arrow: Mapping[str, pa.Table] | No
 
 def _run(cur: duckdb.DuckDBPyConnection, sql: str, params, where: str) -> duckdb.DuckDBPyConnection:
     try:
-        return cur.execute(sql, list(params) if params is not None else None)
+        return cur.execute(sql, _params(params))
     except duckdb.Error as exc:
         msg = str(exc).splitlines()[0]
         raise StoreError(f"{where}: {msg}" if where else msg) from exc
@@ -81,7 +90,7 @@ def _run(cur: duckdb.DuckDBPyConnection, sql: str, params, where: str) -> duckdb
 
 def _relation(cur: duckdb.DuckDBPyConnection, sql: str, params, where: str) -> duckdb.DuckDBPyRelation:
     try:
-        return cur.sql(sql, params=list(params) if params is not None else None)
+        return cur.sql(sql, params=_params(params))
     except duckdb.Error as exc:
         msg = str(exc).splitlines()[0]
         raise StoreError(f"{where}: {msg}" if where else msg) from exc

@@ -18,7 +18,7 @@ def is_weights(db: Db, tokens_file: Path) -> pl.DataFrame:
     return db.frame(
         f"""
         SELECT row, w AS weight FROM (
-            SELECT row, unnest(rollout_is_weights) AS w, unnest({INT_MASK}) AS m FROM read_parquet(?)
+            SELECT row, unnest(rollout_is_weights) AS w, unnest({INT_MASK}) AS m FROM read_parquet(?, hive_partitioning = false)
         ) WHERE m = 1
         """,
         [str(tokens_file)],
@@ -35,7 +35,7 @@ def is_quantiles(db: Db, tokens_dir: Path) -> pl.DataFrame:
         SELECT step, count(*) AS tokens, {qs}, max(w) AS max FROM (
             SELECT CAST(regexp_extract(filename, 'step_([0-9]+)\\.parquet$', 1) AS BIGINT) AS step,
                    unnest(rollout_is_weights) AS w, unnest({INT_MASK}) AS m
-            FROM read_parquet(?, filename = true)
+            FROM read_parquet(?, hive_partitioning = false, filename = true)
         ) WHERE m = 1 GROUP BY step ORDER BY step
         """,
         [glob],

@@ -17,7 +17,7 @@ import polars as pl
 
 from rldiag.io.outputs import list_scenarios, scenario_dir
 from rldiag.store.cache import FileSig, SigCache, file_sig
-from rldiag.store.db import Db
+from rldiag.store.db import Db, quote_ident
 from rldiag.store.errors import StoreError
 
 TOKEN_FILE = re.compile(r"^step_(\d+)\.parquet$")
@@ -65,11 +65,14 @@ class Scenarios:
             if have and have[0] == sig:
                 return have[1]
             table = have[1] if have else self.db.fresh_name("scenario")
-            cols = [c for c in columns_of(self.db, path) if c != "step"]
+            cols = [c for c, t in typed_columns_of(self.db, path) if c != "step" and _numeric(t)]
             if cols:
+                # only numeric columns are metrics (a scenario may carry labels as strings)
+                sel = ", ".join(f"CAST({quote_ident(c)} AS DOUBLE) AS {quote_ident(c)}" for c in cols)
                 self.db.execute(
                     f"CREATE OR REPLACE TABLE {table} AS "
-                    "UNPIVOT (SELECT * FROM read_parquet(?)) ON COLUMNS(* EXCLUDE (step)) INTO NAME metric VALUE value",
+                    f"UNPIVOT (SELECT step, {sel} FROM read_parquet(?, hive_partitioning = false)) "
+                    "ON COLUMNS(* EXCLUDE (step)) INTO NAME metric VALUE value",
                     [str(path)],
                     where=str(path),
                 )
@@ -118,7 +121,21 @@ class Scenarios:
         return self.db.frame(f"SELECT step, metric, value FROM {table} ORDER BY metric, step")
 
 
+def typed_columns_of(db: Db, path: Path) -> list[tuple[str, str]]:
+    """Top-level ``(name, DuckDB type)`` of a Parquet file's columns."""
+    return [tuple(r) for r in db.rows(
+        "SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM read_parquet(?, hive_partitioning = false))", [str(path)], where=str(path)
+    )]
+
+
 def columns_of(db: Db, path: Path) -> list[str]:
     """Top-level column names of a Parquet file."""
-    rows = db.rows("SELECT column_name FROM (DESCRIBE SELECT * FROM read_parquet(?))", [str(path)], where=str(path))
-    return [r[0] for r in rows]
+    return [c for c, _ in typed_columns_of(db, path)]
+
+
+_NUMERIC = ("DOUBLE", "FLOAT", "REAL", "BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT", "UBIGINT",
+            "UINTEGER", "USMALLINT", "UTINYINT", "BOOLEAN")
+
+
+def _numeric(duck_type: str) -> bool:
+    return duck_type.upper() in _NUMERIC or duck_type.upper().startswith("DECIMAL")

@@ -59,7 +59,7 @@ def tokens_rows_sql(columns: list[str]) -> str:
     return f"""
         SELECT row, {adv} AS adv_mean, {rew} AS reward_total,
                list_sum({INT_MASK}) AS post_tokens, {INT_MASK} AS post_mask
-        FROM read_parquet(?)
+        FROM read_parquet(?, hive_partitioning = false)
     """
 
 
@@ -196,7 +196,7 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
             f"""
             SELECT count(*), avg(a) FILTER (WHERE isfinite(a)), stddev_samp(a) FILTER (WHERE isfinite(a)),
                    avg((a > 0)::INTEGER), count(*) FILTER (WHERE NOT isfinite(a))
-            FROM (SELECT unnest(advantages) AS a, unnest({INT_MASK}) AS m FROM read_parquet(?)) WHERE m = 1
+            FROM (SELECT unnest(advantages) AS a, unnest({INT_MASK}) AS m FROM read_parquet(?, hive_partitioning = false)) WHERE m = 1
             """,
             [str(path)], where=str(path),
         )[0]
@@ -206,7 +206,7 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
         (n, mean, lo, hi) = db.rows(
             f"""
             SELECT count(*), avg(r), min(r), max(r)
-            FROM (SELECT unnest(ratio) AS r, unnest({INT_MASK}) AS m FROM read_parquet(?)) WHERE m = 1
+            FROM (SELECT unnest(ratio) AS r, unnest({INT_MASK}) AS m FROM read_parquet(?, hive_partitioning = false)) WHERE m = 1
             """,
             [str(path)], where=str(path),
         )[0]
@@ -232,7 +232,7 @@ def row_tokens(db: Db, src: BatchSource, row: int, tokens: tuple[Path, list[str]
     path, cols = tokens
     have = [c for c in TOKEN_STRIPS if c in cols]
     sel = ", ".join([f"{INT_MASK} AS post_mask"] + [quote_ident(c) for c in have])
-    got = db.rows(f"SELECT {sel} FROM read_parquet(?) WHERE row = ?", [str(path), row], where=str(path))
+    got = db.rows(f"SELECT {sel} FROM read_parquet(?, hive_partitioning = false) WHERE row = ?", [str(path), row], where=str(path))
     if got:
         out["post_mask"] = list(got[0][0])
         for c, v in zip(have, got[0][1:]):

@@ -20,18 +20,19 @@ class ToyConfig:
     steps: int = 30
     prompts_per_step: int = 8
     n: int = 8
-    mini_batch_prompts: int = 2
+    mini_batch_prompts: int = 1
     ppo_epochs: int = 1
     min_digits: int = 2
     max_digits: int = 4
     max_response_length: int = 12
     tool: bool = True
+    tool_failure: float = 0.3
     partial_credit: float = 0.5
     temperature: float = 1.0
     d_model: int = 64
     n_heads: int = 4
     n_layers: int = 2
-    actor_lr: float = 3e-3
+    actor_lr: float = 1e-3
     critic_lr: float = 1e-2
     grad_clip: float = 1.0
     clip_ratio: float = 0.2
@@ -133,7 +134,7 @@ class ToyConfig:
                 "max_response_length": self.max_response_length,
             },
             "trainer": {"total_training_steps": self.steps, "seed": self.seed, "project_name": "rldiag-toy"},
-            "toy": {"task": "digit-sum with a calculator tool", "tool": self.tool,
+            "toy": {"task": "digit-sum with a calculator tool", "tool": self.tool, "tool_failure": self.tool_failure,
                     "min_digits": self.min_digits, "max_digits": self.max_digits,
                     "partial_credit": self.partial_credit},
         }
@@ -144,14 +145,14 @@ class ToyConfig:
 
 def grpo_tool(**changes) -> ToyConfig:
     """GRPO, 8 samples per prompt, KL loss against the reference, clip-higher; tool turns."""
-    base = ToyConfig(adv_estimator="grpo", prompts_per_step=8, n=8, mini_batch_prompts=2, clip_ratio_high=0.28,
+    base = ToyConfig(adv_estimator="grpo", prompts_per_step=8, n=8, mini_batch_prompts=1, clip_ratio_high=0.28,
                      use_kl_loss=True, seed=1)
     return base.with_(**changes)
 
 
 def ppo_gae(**changes) -> ToyConfig:
     """PPO with a critic and GAE (lam 0.95), KL penalty in the reward; one sample per prompt."""
-    base = ToyConfig(adv_estimator="gae", prompts_per_step=64, n=1, mini_batch_prompts=16, use_kl_in_reward=True,
+    base = ToyConfig(adv_estimator="gae", prompts_per_step=64, n=1, mini_batch_prompts=8, use_kl_in_reward=True,
                      seed=2)
     return base.with_(**changes)
 

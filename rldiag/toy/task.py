@@ -3,7 +3,8 @@
 Prompt: ``k`` digits then ``SEP`` (left-padded to ``max_digits + 1``). Answer: the decimal
 digits of their sum, then ``EOS``. The policy may emit ``CALL`` once: the environment then
 appends the observation ``OPEN <digits of the sum> CLOSE`` (tokens the actor did not sample:
-``response_mask`` 0), and the policy goes on writing. The reward is verifiable: the grader takes
+``response_mask`` 0), and the policy goes on writing. The tool fails on a share of calls
+(observation ``OPEN CLOSE``), so the policy must also learn to answer by itself. The reward is verifiable: the grader takes
 the last number of the response before ``EOS`` (observations included); 1 when it is the sum and
 the response ends with ``EOS``, else ``partial_credit`` times the share of its digits in the
 right place (so that a random policy already sees some signal).
@@ -80,6 +81,16 @@ def sample_prompts(rng: np.random.Generator, count: int, min_digits: int, max_di
     obs[np.arange(count), 1 + target_len] = CLOSE
     as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
     return Prompts(as_t(ids), as_t(attention), as_t(target), as_t(target_len), as_t(obs), as_t(target_len + 2))
+
+
+def with_tool_failures(prompts: Prompts, rng: np.random.Generator, rate: float) -> Prompts:
+    """The tool fails on a random share ``rate`` of rows: its observation is then ``OPEN CLOSE``."""
+    failed = torch.from_numpy(rng.random(prompts.ids.shape[0]) < rate)
+    obs = prompts.observation.clone()
+    obs[failed, 1] = CLOSE
+    obs[failed, 2:] = PAD
+    obs_len = torch.where(failed, 2, prompts.observation_len)
+    return Prompts(prompts.ids, prompts.attention, prompts.target, prompts.target_len, obs, obs_len)
 
 
 def score_responses(

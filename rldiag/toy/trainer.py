@@ -26,7 +26,7 @@ from rldiag.toy.config import ToyConfig
 from rldiag.toy.metrics import data_metrics
 from rldiag.toy.model import TinyTransformer, response_logprobs, response_values
 from rldiag.toy.rollout import generate, rollout_engine
-from rldiag.toy.task import VOCAB, sample_prompts, score_responses
+from rldiag.toy.task import VOCAB, sample_prompts, score_responses, with_tool_failures
 from rldiag.toy.update import StepTensors, update_actor, update_critic
 
 
@@ -68,6 +68,7 @@ class ToyTrainer:
         cfg = self.cfg
         width = cfg.max_response_length
         prompts = sample_prompts(self.rng, cfg.prompts_per_step, cfg.min_digits, cfg.max_digits).repeat(cfg.n)
+        prompts = with_tool_failures(prompts, self.rng, cfg.tool_failure)
         uids = np.array([f"s{step}-p{i}" for i in range(cfg.prompts_per_step) for _ in range(cfg.n)], dtype=object)
         ro = generate(rollout_engine(self.policy), prompts, width, self.gen, cfg.temperature, cfg.tool)
         score, exact = score_responses(ro.responses, ro.response_mask, ro.lengths, prompts, cfg.partial_credit)

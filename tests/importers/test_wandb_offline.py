@@ -193,8 +193,15 @@ def test_torn_file_imports_what_is_complete(wandb_runs, tmp_path):
 def test_torn_inside_a_split_record(wandb_runs, tmp_path):
     """Cut inside the big record's MIDDLE chunk: that record is incomplete, the ones before are kept."""
     src = wandb_runs.wandb_file("main")
-    starts = [(off, len(p)) for off, p in iter_records(src) if len(p) > 2 * BLOCK_LEN]
-    (off, length), = starts
+    from rldiag.importers.wandb_sdk import record_class
+
+    rec = record_class()()
+    big = []
+    for off, payload in iter_records(src):
+        rec.ParseFromString(payload)
+        if len(payload) > 2 * BLOCK_LEN and rec.WhichOneof("record_type") == "history":
+            big.append(off)
+    (off,) = big
     cut = off + BLOCK_LEN + 100
     torn = tmp_path / "run-torn.wandb"
     torn.write_bytes(src.read_bytes()[:cut])

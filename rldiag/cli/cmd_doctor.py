@@ -1,0 +1,80 @@
+"""``rldiag doctor RUN``: health checks over the logged and recomputed metrics.
+
+Exit 0: no finding; 1: at least one finding; 2: the run or a rules file cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
+from rldiag.errors import RldiagError
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("doctor", help="health checks over the logged and recomputed metrics")
+    sp.add_argument("run", help="the run directory")
+    sp.add_argument("--rules", action="append", metavar="FILE", help="YAML rules file adding or overriding rules by id")
+    add_settings_flags(sp)
+    sp.add_argument("--steps", help="12, 10:20, 10:, :20 or 1,5,9 (default: all)")
+    sp.add_argument("--logged-only", action="store_true", help="use metrics.jsonl only, do not recompute")
+    sp.add_argument("--device", default="cpu", help="auto, cpu or cuda (default cpu)")
+    sp.add_argument("--json", action="store_true", help="print the report as JSON")
+    sp.add_argument("-v", "--verbose", action="store_true", help="also list passed, skipped and inapplicable rules")
+    add_progress_flags(sp)
+    sp.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rldiag.doctor import diagnose
+
+    try:
+        with progress_bar("doctor", enabled=args.progress) as bar:
+            rep = diagnose(args.run, rules_files=args.rules or (), overrides=overrides_from_args(args), steps=args.steps,
+                           recompute=not args.logged_only, device=args.device, progress=bar)
+    except RldiagError as exc:
+        err_console.print(f"{type(exc).__name__}: {exc}", markup=False, highlight=False)
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
+        return rep.exit_code
+    print_report(rep, args.verbose)
+    return rep.exit_code
+
+
+def print_report(rep, verbose: bool = False) -> None:
+    console.print(f"doctor {rep.run}: {len(rep.steps)} batch steps, logged metrics for {rep.logged_steps} steps, "
+                  f"recomputed {rep.recomputed_steps}", markup=False)
+    if rep.recompute_error:
+        err_console.print(f"recompute unavailable: {rep.recompute_error}", markup=False)
+    if rep.recompute_failed:
+        err_console.print(f"{len(rep.recompute_failed)} step(s) could not be recomputed: "
+                          + ", ".join(str(s) for s in sorted(rep.recompute_failed)), markup=False)
+    for f in rep.findings:
+        color = "red" if f.severity == "critical" else "yellow"
+        console.print(f"\n[{color}]{f.severity.upper()}[/{color}] [bold]{f.title}[/bold] ({f.rule})")
+        console.print(f"  seen: {f.message}", markup=False)
+        ev = f.evidence
+        if ev.steps:
+            pairs = ", ".join(f"{s}: {fmt(v)}" for s, v in list(zip(ev.steps, ev.values))[:8])
+            more = f", ... ({len(ev.steps)} listed)" if len(ev.steps) > 8 else ""
+            console.print(f"  evidence ({ev.metric}, {ev.source}): {pairs}{more}", markup=False)
+        if ev.trend:
+            tr = ev.trend
+            console.print(f"  trend: {fmt(tr['first'])} -> {fmt(tr['last'])}, early mean {fmt(tr['early_mean'])}, "
+                          f"late mean {fmt(tr['late_mean'])}, slope {fmt(tr['slope_per_step'])}/step", markup=False)
+        console.print(f"  why it matters: {f.why}", markup=False)
+    n_rules = len(rep.rules)
+    console.print(f"\n{len(rep.findings)} finding(s); {len(rep.passed)} of {n_rules} rules passed, "
+                  f"{len(rep.not_evaluated)} not evaluated, {len(rep.not_applicable)} not applicable")
+    if verbose:
+        for rid, text in rep.passed.items():
+            console.print(f"  passed {rid}: {text}", markup=False)
+        for rid, text in rep.not_evaluated.items():
+            console.print(f"  not evaluated {rid}: {text}", markup=False)
+        for rid, text in rep.not_applicable.items():
+            console.print(f"  not applicable {rid}: {text}", markup=False)
+    if rep.healthy:
+        console.print("[green]no problem found[/green]")

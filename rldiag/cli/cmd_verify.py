@@ -1,0 +1,114 @@
+"""``rldiag verify RUN``: recompute with the run's own settings and compare with what it logged.
+
+Exit 0: every compared value matches; 1: a mismatch; 2: the run cannot be verified (missing
+columns, unreadable input, nothing logged to compare). Errors are mapped to 2 here, not left to
+the generic handler (which exits 1, the code of a mismatch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.table import Table
+
+from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
+from rldiag.errors import RldiagError
+
+EXIT_UNVERIFIABLE = 2
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("verify", help="recompute with the run's settings and compare with what it logged")
+    sp.add_argument("run", help="the run directory")
+    add_settings_flags(sp)
+    sp.add_argument("--steps", help="12, 10:20, 10:, :20 or 1,5,9 (default: all)")
+    sp.add_argument("--rtol", type=float, help="relative tolerance of the per-token columns (default 1e-5)")
+    sp.add_argument("--atol", type=float, help="absolute tolerance of the per-token columns (default 1e-6)")
+    sp.add_argument("--metrics-rtol", type=float, help="relative tolerance of metrics (default 1e-4)")
+    sp.add_argument("--metrics-atol", type=float, help="absolute tolerance of metrics (default 1e-5)")
+    sp.add_argument("--tol", action="append", metavar="FIELD=RTOL[,ATOL]",
+                    help="tolerance of one field or pattern, e.g. actor/pg_loss=1e-3 or 'critic/*=1e-3,1e-4'")
+    sp.add_argument("--bf16", action="store_true", help="start from bf16 tolerances (tokens 1e-2/1e-3, metrics 2e-2/1e-3)")
+    sp.add_argument("--masked-only", action="store_true", help="compare per-token columns only where response_mask is 1")
+    sp.add_argument("--no-candidates", action="store_true", help="on a mismatch, do not search for matching settings")
+    sp.add_argument("--candidate-steps", type=int, default=2, help="mismatching steps the candidate search uses (default 2)")
+    sp.add_argument("--device", default="cpu", help="auto, cpu or cuda (default cpu)")
+    sp.add_argument("--json", action="store_true", help="print the report as JSON")
+    sp.add_argument("-v", "--verbose", action="store_true", help="list every compared metric, not only mismatching ones")
+    add_progress_flags(sp)
+    sp.set_defaults(func=run)
+
+
+def tolerances_from_args(args: argparse.Namespace):
+    from rldiag.analysis.tolerance import Tol, Tolerances, parse_field_tolerance
+
+    base = Tolerances.bf16() if args.bf16 else Tolerances()
+    tokens = Tol(args.rtol if args.rtol is not None else base.tokens.rtol,
+                 args.atol if args.atol is not None else base.tokens.atol)
+    metrics = Tol(args.metrics_rtol if args.metrics_rtol is not None else base.metrics.rtol,
+                  args.metrics_atol if args.metrics_atol is not None else base.metrics.atol)
+    fields = dict(parse_field_tolerance(t) for t in (args.tol or []))
+    return Tolerances(tokens=tokens, metrics=metrics, fields=fields)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rldiag.analysis.verify import verify_run
+
+    try:
+        with progress_bar("verify", enabled=args.progress) as bar:
+            report = verify_run(
+                args.run, overrides_from_args(args), steps=args.steps, tolerances=tolerances_from_args(args),
+                masked_only=args.masked_only, candidates=not args.no_candidates,
+                candidate_steps=max(1, args.candidate_steps), device=args.device, progress=bar,
+            )
+    except RldiagError as exc:
+        if args.json:
+            sys.stdout.write(json.dumps({"status": "unverifiable", "exit_code": EXIT_UNVERIFIABLE,
+                                         "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
+        err_console.print(f"{type(exc).__name__}: {exc}", markup=False, highlight=False)
+        err_console.print("verify: the run cannot be verified")
+        return EXIT_UNVERIFIABLE
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        return report.exit_code
+    print_report(report, args.verbose)
+    return report.exit_code
+
+
+def print_report(report, verbose: bool = False) -> None:
+    t = Table(title=f"verify {report.run}  ({len(report.steps_checked)} steps checked)")
+    for col in ("field", "kind", "compared", "mismatches", "max abs err", "max rel err", "rtol", "atol"):
+        t.add_column(col, justify="left" if col in ("field", "kind") else "right", no_wrap=col == "field")
+    quiet = []
+    for f in report.fields.values():
+        if f.kind == "metric" and not f.mismatches and not verbose:
+            quiet.append(f)
+            continue
+        style = "red" if f.mismatches else None
+        t.add_row(f.field, f.kind, str(f.compared), str(f.mismatches), fmt(f.max_abs_err), fmt(f.max_rel_err),
+                  fmt(f.rtol), fmt(f.atol), style=style)
+    console.print(t)
+    if quiet:
+        worst = max(f.max_rel_err for f in quiet)
+        console.print(f"{len(quiet)} other metrics match (largest relative error {fmt(worst)}; -v lists them)")
+    if report.not_checked:
+        names = sorted(report.not_checked)
+        shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+        console.print(f"not checked: {shown}", markup=False)
+    for step, msg in sorted(report.steps_unverifiable.items()):
+        err_console.print(f"step {step} cannot be verified: {msg}", markup=False)
+    if report.first_mismatch:
+        console.print(f"first mismatch: {report.first_mismatch.describe()}", markup=False)
+    if report.candidates:
+        console.print(f"candidate settings tried on steps {report.candidates[0].steps}: {report.candidates_tried}")
+        for c in report.candidates[:8]:
+            tag = "" if c.matches_all else f" (still mismatching: {', '.join(c.remaining)})"
+            console.print(f"  {c.describe()}{tag}", markup=False)
+    elif report.status == "mismatch" and report.candidates_tried:
+        console.print(f"no single setting of the {report.candidates_tried} tried makes the mismatching fields match")
+    verdict = {"match": "[green]verify: all compared values match[/green]",
+               "mismatch": "[red]verify: MISMATCH[/red]",
+               "unverifiable": "[yellow]verify: the run cannot be verified[/yellow]"}[report.status]
+    console.print(f"{verdict} ({report.compared} values)")

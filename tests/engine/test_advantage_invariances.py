@@ -1,0 +1,101 @@
+"""For every registered estimator: packing several steps gives the same as one step at a time
+(also with extra right padding), permuting rows within a step permutes the results, and the
+same steps fail. Plus the registry metadata and Batch packing of extra columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from rldiag.config.settings import resolve_settings
+from rldiag.engine.advantage import ESTIMATORS
+from rldiag.engine.batch import pack
+from rldiag.io.schema import estimator_need, estimator_optional
+from tests.engine.advantage_cases import cases, close, run, settings_for, to_batch
+
+HS15 = hsettings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("name", ESTIMATORS.names())
+@HS15
+@given(cs=st.lists(cases(max_rows=7), min_size=1, max_size=3), seed=st.integers(0, 10**6), extra=st.integers(0, 4))
+def test_packing_padding_and_permutation(name, cs, seed, extra):
+    s = settings_for(name, gamma=0.9, lam=0.95)
+    packed = pack([to_batch(c, step=i + 1) for i, c in enumerate(cs)])
+    adv_p, ret_p, failed_p = run(name, packed, s)
+    failed_1: dict = {}
+    row0 = 0
+    blocks = []
+    rng = np.random.default_rng(seed)
+    for i, c in enumerate(cs):
+        rows = slice(row0, row0 + c.rows)
+        blocks.append(torch.from_numpy(rng.permutation(c.rows) + row0))
+        row0 += c.rows
+        a1, r1, f1 = run(name, to_batch(c, step=i + 1, width=c.mask.shape[1] + extra), s)
+        failed_1.update(f1)
+        if not f1:
+            close(adv_p[rows], a1, c.lengths)
+            close(ret_p[rows], r1, c.lengths)
+    assert failed_p == failed_1
+    perm = torch.cat(blocks)
+    adv_q, ret_q, failed_q = run(name, packed.select_rows(perm), s)
+    assert failed_q == failed_p
+    lengths = [L for c in cs for L in c.lengths]
+    ok = [packed.steps[int(packed.step_ids[j])] not in failed_p for j in range(packed.n_rows)]
+    for k, j in enumerate(perm.tolist()):
+        if ok[j]:
+            L = lengths[j]
+            torch.testing.assert_close(adv_q[k, :L], adv_p[j, :L], rtol=1e-5, atol=1e-5, equal_nan=True)
+            torch.testing.assert_close(ret_q[k, :L], ret_p[j, :L], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_every_estimator_declares_its_needs_and_source():
+    expected = {
+        "gae": ("values",),
+        "remax": ("reward_baselines",),
+        "optimal_token_baseline": ("old_log_probs", "sum_pi_squared"),
+        "tir_optimal_token_baseline": ("old_log_probs", "sum_pi_squared"),
+        "step_gae": ("values", "traj_uid", "step_index"),
+        "token_gae_cross_step": ("values", "traj_uid", "step_index"),
+        "traj_grpo": ("traj_uid",),
+    }
+    verl_keys = {
+        "gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo", "grpo_passk",
+        "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo",
+    }
+    assert verl_keys | set(expected) <= set(ESTIMATORS.names())
+    for name in ESTIMATORS.names():
+        meta = ESTIMATORS.meta(name)
+        assert meta["source"]
+        assert estimator_need(name).all_of == expected.get(name, ())
+    assert estimator_optional("grpo") == ("session_id", "output_index")
+    gd = resolve_settings(overrides={"algorithm.gdpo_reward_keys": "acc,fmt"})
+    assert estimator_need("gdpo", gd).all_of == ("acc", "fmt")
+    assert "algorithm.gdpo_reward_keys" in estimator_need("gdpo", resolve_settings()).all_of[0]
+
+
+def test_pack_keeps_id_codes_distinct_and_repads_token_extras():
+    c1 = to_batch(_tiny(3, 2), step=1)
+    c2 = to_batch(_tiny(2, 5), step=2)
+    p = pack([c1, c2])
+    t1, t2 = c1.extra["traj_uid"], c2.extra["traj_uid"]
+    assert p.extra["traj_uid"].tolist() == t1.tolist() + (t2 + int(t1.max()) + 1).tolist()
+    s1 = c1.extra["session_id"]
+    assert p.extra["session_id"][3:].min() > s1.max()
+    assert p.extra["step_index"].tolist() == c1.extra["step_index"].tolist() + c2.extra["step_index"].tolist()
+    w = max(c1.width, c2.width)
+    assert p.extra["sum_pi_squared"].shape == (5, w)
+    assert p.extra["sum_pi_squared"][:3, c1.width:].abs().sum() == 0
+    torch.testing.assert_close(p.extra["sum_pi_squared"][:3, : c1.width], c1.extra["sum_pi_squared"])
+    torch.testing.assert_close(p.extra["sum_pi_squared"][3:, : c2.width], c2.extra["sum_pi_squared"])
+
+
+def _tiny(rows, width):
+    from tests.engine.advantage_cases import make_case
+
+    c = make_case(7, rows, width, equal_groups=False, long_row=False, noise=False)
+    return c
