@@ -6,12 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.compute as pc
+
 from rldiag.config.settings import find_config_file, resolve_settings
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.errors import RldiagError
 from rldiag.io.loader import read_table, validate_table
 from rldiag.io.rundir import RunDir, iter_metrics_lines
-from rldiag.io.schema import BASE_NEED, LIST_COLUMNS, METRIC_NEEDS, SCALAR_COLUMNS, estimator_need
+from rldiag.io.schema import BASE_NEED, LIST_COLUMNS, METRIC_NEEDS, SCALAR_COLUMNS, estimator_need, policy_loss_needs
 
 
 @dataclass
@@ -48,7 +50,7 @@ class CheckReport:
 
 def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None = None) -> CheckReport:
     rd = RunDir(run)
-    settings = resolve_settings(rd.path)  # a malformed config is reported as an error here
+    settings = resolve_settings(rd.path)  # a malformed config file is an error before any batch is read
     files = rd.require_steps()
     summaries: list[StepSummary] = []
     seen: set[str] = set()
@@ -63,7 +65,7 @@ def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None 
             mask = ragged["response_mask"]
             s.tokens = int(mask.lengths.sum())
             s.actor_tokens = int(mask.values.sum())
-            s.groups = len(set(table["uid"].to_pylist())) if table.num_rows < 100_000 else -1
+            s.groups = int(pc.count_distinct(table["uid"]).as_py())
             if s.actor_tokens == 0:
                 s.problem = f"file {s.file}, step {sf.step}: no token has response_mask 1 (nothing to learn from)"
         except RldiagError as exc:
@@ -76,7 +78,7 @@ def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None 
     algorithms = {
         name: BASE_NEED.missing(common) + estimator_need(name, settings).missing(common) for name in ESTIMATORS.names()
     }
-    families = {name: need.missing(common) for name, need in METRIC_NEEDS.items()}
+    families = {name: need.missing(common) for name, need in {**METRIC_NEEDS, **policy_loss_needs()}.items()}
     names: set[str] = set()
     lines = 0
     for _, values in iter_metrics_lines(rd.metrics_file):
@@ -85,7 +87,6 @@ def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None 
     known = [c for c in (*LIST_COLUMNS, *SCALAR_COLUMNS) if c in seen]
     other = sorted(seen - set(known))
     cf = find_config_file(rd.path)
-    _ = settings
     return CheckReport(
         run=str(rd.path),
         config_file=str(cf.relative_to(rd.path)) if cf else None,

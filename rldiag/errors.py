@@ -66,6 +66,14 @@ class OutputError(RldiagError):
     """Writing results failed."""
 
 
+class StorageError(RldiagError):
+    """An object store (``s3://...``) cannot be reached, or refused a request."""
+
+
+class ExecutorError(RldiagError):
+    """A distributed executor (``--executor ray``) cannot start, or lost work it cannot redo."""
+
+
 class CaptureError(RldiagError):
     """Writing a run directory from a trainer failed (``rldiag.capture``).
 

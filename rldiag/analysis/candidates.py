@@ -5,7 +5,8 @@ The list is small and depends on which fields mismatch: an advantage mismatch tr
 estimators, ``norm_adv_by_std_in_grpo`` and gamma/lam; a loss mismatch tries the aggregation
 modes; a clip-fraction mismatch the clip ratios and verl's micro-batch averaging (when the
 settings ``rldiag.micro_batch_size`` / ``rldiag.dp_size`` exist); a reward mismatch the KL-in-
-reward settings. Each candidate is one override on top of the run's settings.
+reward settings. Each candidate is one override on top of the run's settings; keys that the
+settings do not define (an emulation not available) are skipped.
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ def candidate_overrides(settings: Settings, fields: set[str], columns: set[str],
         for dp in DP_SIZES:
             if dp < rows and rows % dp == 0:
                 add("rldiag.dp_size", dp)
+        # verl also averages the logged losses over mini-batches, each normalised by its own
+        # token count; tried when the engine emulates it (a no-op key is skipped by add)
+        for size in MICRO_SIZES:
+            if size < rows and rows % size == 0:
+                add("rldiag.mini_batch_size", size)
     return out
 
 

@@ -235,11 +235,11 @@ def compare(
     files = {sf.step: sf for sf in rd.require_steps()}
     chosen = parse_steps(steps, sorted(files))
     recomputed = []
-    for name in (a, b):
-        if name == LOGGED:
-            continue
+    scenarios = [n for n in (a, b) if n != LOGGED]
+    for name in scenarios:
         if read_meta(rd.path, name) is None:
             raise RunDirError(f"no scenario {name!r} in {rd.path}; run `rldiag recompute` first (or use {LOGGED!r})")
+    for name in scenarios:
         if recompute_missing and ensure_scenario(rd.path, name, None, steps, device=device):
             recomputed.append(name)
     side_a, side_b = _Side(rd, a), _Side(rd, b)

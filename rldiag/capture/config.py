@@ -42,14 +42,17 @@ def _container(cfg: Any) -> Any:
 def plain(value: Any) -> Any:
     """``value`` as nested dicts / lists / str / int / float / bool / None."""
     value = _container(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or type(value) in (bool, int, float, str):
         return value
+    if isinstance(value, enum.Enum):
+        return plain(value.value)
+    for kind in (bool, int, float, str):  # subclasses (numpy.float64, ...) -> the built-in type
+        if isinstance(value, kind):
+            return kind(value)
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [plain(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return plain(value.value)
     if isinstance(value, PurePath):
         return str(value)
     item = getattr(value, "item", None)  # numpy / torch scalars

@@ -3,9 +3,10 @@
 A trainer holds a step as right-padded ``(rows, R)`` response tensors (R = the response width)
 plus an attention mask over prompt and response. Unpadding keeps, for every row, the positions
 where the *response attention mask* is 1: sampled tokens and tool-observation tokens alike (the
-latter keep ``response_mask`` 0). It is one boolean gather per column on the tensor's own device
-(``t[sel]`` walks rows in order, so the flat values of row i are contiguous), then a copy to the
-CPU; row offsets come from the per-row lengths. No Python loop per row.
+latter keep ``response_mask`` 0). The kept positions become one flat index into the row-major
+``(rows, R)`` layout (computed once per step), so each column is one ``index_select`` on the
+tensor's own device followed by one copy to the CPU; the flat values of row i are contiguous and
+the row offsets are the cumulative lengths. No Python loop per row.
 
 The gather is also the snapshot: the writer thread only ever sees these fresh CPU arrays, so the
 trainer may reuse or modify its tensors as soon as ``write_batch`` returns.
@@ -154,14 +155,15 @@ def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] 
                          row=r, column="response_mask", **where)
     lengths = sel.sum(-1).to("cpu", torch.int64).numpy()
     payload = StepPayload(step=int(step), path=path, lengths=lengths)
-    sel_on: dict[torch.device, torch.Tensor] = {sel.device: sel}
+    flat_index = torch.nonzero(sel.reshape(-1)).squeeze(1)  # (sum T_i,) row-major: rows stay contiguous
+    index_on: dict[torch.device, torch.Tensor] = {flat_index.device: flat_index}
 
     def gather(t: torch.Tensor, name: str, dtype: torch.dtype) -> np.ndarray:
         if t.ndim != 2 or tuple(t.shape) != (rows, width):
             raise BatchError(f"has shape {tuple(t.shape)}; expected (rows, response width) = ({rows}, {width})",
                              column=name, **where)
-        s = sel_on.setdefault(t.device, sel.to(t.device))
-        return t.detach()[s].to("cpu", dtype).numpy()
+        idx = index_on.setdefault(t.device, flat_index.to(t.device))
+        return t.detach().reshape(-1).index_select(0, idx).to("cpu", dtype).numpy()
 
     for col, names in MASK_SOURCES.items():
         hit = _first(names, tensors)

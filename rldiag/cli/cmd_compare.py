@@ -80,7 +80,7 @@ def print_pairs(pairs) -> None:
     t.add_column("signal only A/B", justify="right")
     for p in pairs:
         s = p.summary
-        t.add_row(p.a, p.b, *(fmt(s.get(k)) for _, k in SUMMARY_ROWS[1:7]),
+        t.add_row(p.a.removeprefix("adv_estimator="), p.b.removeprefix("adv_estimator="), *(fmt(s.get(k)) for _, k in SUMMARY_ROWS[1:7]),
                   f"{s.get('groups_signal_only_a', 0)}/{s.get('groups_signal_only_b', 0)}")
     console.print(t)
     for p in pairs:

@@ -40,7 +40,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from rldiag.importers.wandb_import import import_wandb
 
-    with progress_bar("import", enabled=args.progress) as bar:
+    from pathlib import Path
+
+    label = "reading kB" if args.source and Path(args.source).expanduser().exists() else "importing"
+    with progress_bar(label, enabled=args.progress) as bar:
         rep = import_wandb(
             args.source, args.out, artifacts=args.artifact, artifact_type=args.artifact_type,
             artifact_dirs=args.artifact_dir, batches=args.batches, nested_sep=args.nested_sep,

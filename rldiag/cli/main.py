@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "rldiag.cli.cmd_compare",
     "rldiag.cli.cmd_doctor",
     "rldiag.cli.cmd_import_wandb",
+    "rldiag.cli.cmd_demo",
 ]
 
 

@@ -88,7 +88,9 @@ def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     adv = a_map[tid, step]
     returns = adv + v0
     rows = seg_count(b.step_ids, b.n_steps, adv.dtype)
-    inp.errors.flag(rows < 2, "step_gae: step-level whitening needs at least 2 rows (the sample std of one value is NaN)")
+    inp.errors.flag(
+        rows < 2, "step_gae: step-level whitening needs at least 2 rows (the sample std of one value is NaN)"
+    )
     mean = seg_mean(adv, b.step_ids, b.n_steps)
     dev = adv - mean[b.step_ids]
     std = (seg_sum(dev * dev, b.step_ids, b.n_steps) / (rows - 1).clamp_min(1)).sqrt()
@@ -145,6 +147,7 @@ def traj_grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     rows = torch.arange(tid.numel(), device=m.device)
     first = torch.full((n_traj,), tid.numel(), dtype=torch.long, device=m.device)
     first.scatter_reduce_(0, tid, rows, reduce="amin", include_self=True)
-    scalar = _grpo_scalar(total, b.group_ids[first], b.n_groups, bool(inp.settings["algorithm.norm_adv_by_std_in_grpo"]))
+    norm = bool(inp.settings["algorithm.norm_adv_by_std_in_grpo"])
+    scalar = _grpo_scalar(total, b.group_ids[first], b.n_groups, norm)
     adv = scalar[tid].unsqueeze(-1) * m
     return adv, adv

@@ -62,6 +62,21 @@ class KLControllerState:
 
 
 @dataclass
+class PresetKLCoefficients:
+    """Reward-side KL coefficients fixed in advance, one per packed step in order: a distributed
+    recompute chains the adaptive controller over every step first (from each step's
+    :func:`reward_kl`), then recomputes a pack with its steps' coefficients. Same interface as
+    :class:`KLControllerState`."""
+
+    values: list[float]
+
+    def advance(self, settings: Settings, current_kl: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        if len(self.values) != current_kl.numel():
+            raise ValueError(f"{len(self.values)} preset KL coefficients for {current_kl.numel()} steps")
+        return torch.tensor(self.values, dtype=current_kl.dtype, device=current_kl.device)
+
+
+@dataclass
 class Result:
     """What a recompute of one packed batch produced."""
 
@@ -91,6 +106,27 @@ def initial_kl_state(settings: Settings) -> KLControllerState:
     return KLControllerState(float(settings["algorithm.kl_ctrl.kl_coef"]))
 
 
+def anchor_log_probs(batch: Batch, settings: Settings) -> torch.Tensor | None:
+    """π_old as the update uses it: ``rollout_log_probs`` in bypass mode (step 0), else
+    ``old_log_probs`` (None when the batch has neither)."""
+    if settings["algorithm.rollout_correction.bypass_mode"]:
+        return _require(batch, "rollout_log_probs", "algorithm.rollout_correction.bypass_mode")
+    return batch.old_log_probs
+
+
+def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 1's KL: the per-token estimate on the original mask ``(rows, tokens)`` and each step's
+    mean over rows of the row's masked mean, ``current_kl`` ``(n_steps,)``, which is what the
+    adaptive controller reads (it does not depend on the coefficient)."""
+    if old_lp is None:
+        _require(batch, "old_log_probs", "algorithm.use_kl_in_reward")
+    ref = _require(batch, "ref_log_prob", "algorithm.use_kl_in_reward")
+    mask0 = batch.response_mask
+    kld = kl_estimate(settings["algorithm.kl_penalty"], old_lp, ref) * mask0
+    row_kl = (kld * mask0).sum(-1) / (mask0.sum(-1) + MEAN_EPS)
+    return kld, seg_mean(row_kl, batch.step_ids, batch.n_steps)
+
+
 def _combine_policy_loss(out: PolicyLossOutput, segs: Segmentation, errors: StepErrors) -> dict[str, torch.Tensor]:
     """Per-segment policy-loss results -> per-step metrics as verl logs them: ``actor/pg_loss``
     summed over a step's micro-batches (global normalisation), verl's metrics averaged with equal
@@ -103,7 +139,9 @@ def _combine_policy_loss(out: PolicyLossOutput, segs: Segmentation, errors: Step
     return combined
 
 
-def recompute_batch(batch: Batch, settings: Settings, kl_state: KLControllerState | None = None) -> Result:
+def recompute_batch(
+    batch: Batch, settings: Settings, kl_state: KLControllerState | PresetKLCoefficients | None = None
+) -> Result:
     """Recompute everything rldiag derives for the steps packed in ``batch``."""
     errors = StepErrors(batch.steps)
     n, sid = batch.n_steps, batch.step_ids
@@ -115,19 +153,11 @@ def recompute_batch(batch: Batch, settings: Settings, kl_state: KLControllerStat
 
     # 0. bypass mode: the rollout policy is the PPO anchor
     bypass = bool(settings["algorithm.rollout_correction.bypass_mode"])
-    old_lp = batch.old_log_probs
-    if bypass:
-        old_lp = _require(batch, "rollout_log_probs", "algorithm.rollout_correction.bypass_mode")
+    old_lp = anchor_log_probs(batch, settings)
 
     # 1. reward-side KL shaping on the original mask
     if settings["algorithm.use_kl_in_reward"]:
-        if old_lp is None:
-            _require(batch, "old_log_probs", "algorithm.use_kl_in_reward")
-        old = old_lp
-        ref = _require(batch, "ref_log_prob", "algorithm.use_kl_in_reward")
-        kld = kl_estimate(settings["algorithm.kl_penalty"], old, ref) * mask0
-        row_kl = (kld * mask0).sum(-1) / (mask0.sum(-1) + MEAN_EPS)
-        current_kl = seg_mean(row_kl, sid, n)
+        kld, current_kl = reward_kl(batch, old_lp, settings)
         state = kl_state or initial_kl_state(settings)
         beta = state.advance(settings, current_kl, rows_per_step)
         rewards = scores - beta[sid].unsqueeze(-1) * kld

@@ -184,10 +184,12 @@ def _seq_std0(x: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
 
 def _clamped_std(values: torch.Tensor, mask: torch.Tensor, seg: torch.Tensor, n: int, lo: float, hi: float) -> torch.Tensor:
     """``sqrt(max(E[c^2] - E[c]^2, 0))`` of ``c = clamp(values, lo, hi)`` over masked tokens; 0
-    where a segment has at most one token."""
+    where a segment has at most one token. Computed two-pass, ``E[(c - E[c])^2]``: the same
+    quantity (up to the 1e-8 of the masked means), without the float32 cancellation of verl's
+    one-pass form when the spread is small next to the mean."""
     c = torch.clamp(values, min=lo, max=hi)
     mean = step_masked_mean(c, mask, seg, n)
-    var = step_masked_mean(c.square(), mask, seg, n) - mean.square()
+    var = step_masked_mean((c - mean[seg].unsqueeze(-1)).square(), mask, seg, n)
     std = torch.sqrt(torch.clamp(var, min=0.0))
     return torch.where(step_mask_count(mask, seg, n) > 1, std, torch.zeros_like(std))
 

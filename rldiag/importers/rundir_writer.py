@@ -40,6 +40,7 @@ class RunDirWriter:
         self.out = Path(out)
         if self.out.exists() and not self.out.is_dir():
             raise OutputError(f"--out {self.out} exists and is not a directory")
+        self._created = not self.out.exists()
         try:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -176,14 +177,14 @@ class RunDirWriter:
                 text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True, default_flow_style=False)
                 write_bytes_atomic(self.out / "run.yaml", text.encode("utf-8"))
             write_bytes_atomic(self.out / IMPORT_RECORD, (json.dumps(record, indent=2, allow_nan=False) + "\n").encode("utf-8"))
+            self.committed = True
         except OSError as exc:
             raise OutputError(f"cannot write the run directory {self.out}: {exc}") from exc
         finally:
             self.abort()
-        self.committed = True
 
     def abort(self) -> None:
-        """Drop whatever was staged and not committed."""
+        """Drop whatever was staged and not committed (and ``out`` itself if this import made it)."""
         if self._spool is not None:
             self._spool.close()
             self._spool = None
@@ -193,6 +194,11 @@ class RunDirWriter:
         if self._batch_stage is not None:
             shutil.rmtree(self._batch_stage, ignore_errors=True)
             self._batch_stage = None
+        if self._created and not self.committed:
+            try:
+                self.out.rmdir()  # only when empty
+            except OSError:
+                pass
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

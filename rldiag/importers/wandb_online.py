@@ -9,7 +9,9 @@ shown); tests pass a factory returning plain fake objects with the few attribute
   ``lastHistoryStep``, ``scan_history(page_size=N)`` (every row, paged; the down-sampled
   ``history()`` is never used) and ``logged_artifacts()``;
 - ``api.artifact("entity/project/name:version")`` -> artifact;
-- artifact: ``name``, ``type``, ``version``, ``digest``, ``manifest.entries`` (path -> entry);
+- artifact: ``name``, ``type``, ``version``, ``digest``, ``manifest.entries`` (path -> entry, to
+  list the files) and ``get_entry(path)`` (the entry, bound to its artifact so that it can be
+  downloaded: entries taken from ``manifest.entries`` directly cannot be);
 - entry: ``path``, ``digest`` (base64 MD5 for stored files), ``size``, ``ref``,
   ``download(root=DIR)`` -> the downloaded file's path.
 
@@ -169,7 +171,8 @@ def download_batches(art, writer: RunDirWriter, *, progress: Progress | None = N
             digest = getattr(entry, "digest", None)
             ref = getattr(entry, "ref", None)
             info.entries.append(ArtifactEntry(path=p, digest=digest or "", size=getattr(entry, "size", None), ref=ref))
-            local = Path(_call(f"downloading {p} of artifact {name} failed", lambda e=entry: e.download(root=tmp)))
+            bound = _call(f"cannot get {p} of artifact {name}", lambda p=p: art.get_entry(p))
+            local = Path(_call(f"downloading {p} of artifact {name} failed", lambda e=bound: e.download(root=tmp)))
             if not local.is_file():
                 raise WandbImportError(f"downloading {p} of artifact {name} gave no file at {local}")
             if digest and not ref:

@@ -24,7 +24,15 @@ from typing import Any
 
 from rldiag.importers.wandb_log import LogStats, iter_records
 from rldiag.importers.wandb_sdk import record_class
-from rldiag.importers.wandb_values import STEP_KEY, WANDB_CONFIG_KEYS, flatten_into, parse_json, remove_path, set_path
+from rldiag.importers.wandb_values import (
+    STEP_KEY,
+    WANDB_CONFIG_KEYS,
+    flatten_into,
+    parse_json,
+    parse_json_many,
+    remove_path,
+    set_path,
+)
 
 RowSink = Callable[[int, dict[str, Any]], None]
 Progress = Callable[[int, int, int], None]
@@ -96,43 +104,58 @@ def _path(item) -> tuple[str, ...]:
     return nested if nested else (item.key,)
 
 
-def item_value(item, run: OfflineRun | None = None) -> tuple[bool, Any]:
-    """``(present, value)`` of a history item: its typed value if set, else its ``value_json``."""
-    kind = item.WhichOneof("value")
-    if kind is None:
-        if not item.value_json:
-            return False, None
-        try:
-            return True, parse_json(item.value_json)
-        except ValueError:
-            if run is not None:
-                run.undecodable_values += 1
-            return True, item.value_json
-    if kind == "none":
-        return True, None
-    if kind == "json":
-        try:
-            return True, parse_json(item.json)
-        except ValueError:
-            if run is not None:
-                run.undecodable_values += 1
-            return True, item.json
-    return True, getattr(item, kind)  # boolean, integer, number, text
-
-
 def history_row(history, sep: str = ".", run: OfflineRun | None = None) -> tuple[int | None, dict[str, Any]]:
-    """``(step, data)`` of a history record; ``data`` has flat keys and no ``_step``."""
+    """``(step, data)`` of a history record; ``data`` has flat keys and no ``_step``.
+
+    The row's JSON values are decoded with one parser call (this is the hot loop of an import).
+    """
+    paths: list[Any] = []  # a str for a one-part key (the usual case), else a tuple
+    values: list[Any] = []
+    json_at: list[int] = []
+    json_texts: list[str] = []
+    for item in history.item:
+        nested = item.nested_key
+        path = nested[0] if len(nested) == 1 else (tuple(nested) if nested else item.key)
+        kind = item.WhichOneof("value")
+        if kind is None:
+            text = item.value_json
+            if not text:
+                continue
+            json_at.append(len(values))
+            json_texts.append(text)
+            values.append(None)
+        elif kind == "none":
+            values.append(None)
+        elif kind == "json":
+            json_at.append(len(values))
+            json_texts.append(item.json)
+            values.append(None)
+        else:  # boolean, integer, number, text
+            values.append(getattr(item, kind))
+        paths.append(path)
+    if json_texts:
+        try:
+            decoded = parse_json_many(json_texts)
+        except ValueError:
+            decoded = []
+            for text in json_texts:
+                try:
+                    decoded.append(parse_json(text))
+                except ValueError:
+                    if run is not None:
+                        run.undecodable_values += 1
+                    decoded.append(text)
+        for i, value in zip(json_at, decoded):
+            values[i] = value
     data: dict[str, Any] = {}
     step_value = None
-    for item in history.item:
-        present, value = item_value(item, run)
-        if not present:
-            continue
-        path = _path(item)
-        if path == (STEP_KEY,):
+    for path, value in zip(paths, values):
+        if path == STEP_KEY:
             step_value = value
-            continue
-        flatten_into(data, path, value, sep)
+        elif isinstance(value, dict) or not isinstance(path, str):
+            flatten_into(data, (path,) if isinstance(path, str) else path, value, sep)
+        else:
+            data[path] = value
     if history.HasField("step"):
         return int(history.step.num), data
     if isinstance(step_value, int) and not isinstance(step_value, bool):
@@ -212,7 +235,7 @@ def read_offline_run(
     """Read one ``run-*.wandb`` file: history rows go to ``on_row(step, data)`` in file order.
 
     Returns the rest of what the file holds and what reading it found (damage included).
-    ``progress(done_bytes, total_bytes, step)`` is called as the file is read.
+    ``progress(done_kib, total_kib, step)`` is called as the file is read.
     """
     Record = record_class()
     path = Path(path)
@@ -240,9 +263,9 @@ def read_offline_run(
             if run.first_step is None:
                 run.first_step = step
             run.last_step = step
-            if progress is not None and offset - last_report >= 1 << 16:
+            if progress is not None and offset - last_report >= 1 << 18:
                 last_report = offset
-                progress(offset, stats.file_size, step)
+                progress(offset >> 10, stats.file_size >> 10, step)
         elif kind == "config":
             _apply_config(config, rec.config, run)
             run.config_updates += 1
@@ -264,5 +287,5 @@ def read_offline_run(
         config.pop(key, None)
     run.config = config
     if progress is not None:
-        progress(stats.file_size, stats.file_size, run.last_step if run.last_step is not None else 0)
+        progress(stats.file_size >> 10, stats.file_size >> 10, run.last_step if run.last_step is not None else 0)
     return run, stats

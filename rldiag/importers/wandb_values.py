@@ -66,9 +66,23 @@ def _parse_int(text: str) -> Any:
     return -0.0 if text == "-0" else int(text)
 
 
+_DECODER = json.JSONDecoder(parse_int=_parse_int)
+
+
 def parse_json(text: str) -> Any:
     """Decode one ``value_json``; NaN and +-Infinity are accepted as wandb writes them."""
-    return json.loads(text, parse_int=_parse_int)
+    return _DECODER.decode(text)
+
+
+def parse_json_many(texts: list[str]) -> list[Any]:
+    """Decode several ``value_json`` texts with one parser call (a history row's values).
+
+    Raises ValueError when any of them is not one JSON value.
+    """
+    values = _DECODER.decode("[" + ",".join(texts) + "]")
+    if len(values) != len(texts):
+        raise ValueError("a value is not one JSON value")
+    return values
 
 
 def plain(value: Any) -> Any:
@@ -88,22 +102,22 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
+def _wrapped(value: Any) -> bool:
+    return isinstance(value, Mapping) and "value" in value and set(value) <= {"value", "desc"}
+
+
 def unwrap_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A run config as verl's nested tree.
 
-    The W&B backend stores each top-level key as ``{"value": ..., "desc": ...}``; those wrappers
-    are removed (only at the top level, where W&B puts them). wandb's own ``_wandb`` key is
-    dropped. Nested keys stay nested.
+    The W&B backend stores every top-level key as ``{"value": ..., "desc": ...}``. When all of
+    them are wrapped that way (the raw form), the wrappers are removed; a config where any
+    top-level value is not wrapped is already plain (the public API unwraps it) and is kept as
+    it is, so a key that legitimately holds ``{"value": ...}`` is never mangled. wandb's own
+    ``_wandb`` key is dropped. Nested keys stay nested.
     """
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        key = str(key)
-        if key in WANDB_CONFIG_KEYS:
-            continue
-        if isinstance(value, Mapping) and "value" in value and set(value) <= {"value", "desc"}:
-            value = value["value"]
-        out[key] = plain(value)
-    return out
+    items = [(str(k), v) for k, v in config.items() if str(k) not in WANDB_CONFIG_KEYS]
+    raw = bool(items) and all(_wrapped(v) for _, v in items)
+    return {k: plain(v["value"] if raw else v) for k, v in items}
 
 
 def set_path(tree: dict[str, Any], path: Sequence[str], value: Any) -> None:

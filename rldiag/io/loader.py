@@ -22,6 +22,7 @@ import torch
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import TOKEN_FIELDS, Batch
 from rldiag.errors import BatchError, MissingInputError
+from rldiag.io.fs import arrow_source, open_input_file
 from rldiag.io.rundir import StepFile
 from rldiag.io.schema import (
     BASE_NEED,
@@ -39,8 +40,9 @@ from rldiag.io.schema import (
 def read_schema(sf: StepFile) -> pa.Schema:
     try:
         if sf.format == "parquet":
-            return pq.read_schema(sf.path)
-        with pa.memory_map(str(sf.path)) as src:
+            src, fs = arrow_source(sf.path)
+            return pq.read_schema(src, filesystem=fs)
+        with open_input_file(sf.path) as src:
             return _open_ipc(src).schema
     except (pa.ArrowException, OSError) as exc:
         raise BatchError(f"cannot read the file ({exc}); it may be incomplete or still being written",
@@ -59,8 +61,9 @@ def read_table(sf: StepFile, columns: list[str] | None = None) -> pa.Table:
     """Read ``columns`` (all when None) of one batch file."""
     try:
         if sf.format == "parquet":
-            return pq.read_table(sf.path, columns=columns)
-        with pa.memory_map(str(sf.path)) as src:
+            src, fs = arrow_source(sf.path)
+            return pq.read_table(src, columns=columns, filesystem=fs)
+        with open_input_file(sf.path) as src:
             reader = _open_ipc(src)
             table = reader.read_all()
         return table.select(columns) if columns is not None else table

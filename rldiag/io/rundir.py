@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rldiag.errors import ConfigError, RunDirError
+from rldiag.io.fs import RemotePath, as_path
 
 STEP_FILE = re.compile(r"^step_(\d+)\.(parquet|arrow)$")
 
@@ -23,7 +24,7 @@ STEP_FILE = re.compile(r"^step_(\d+)\.(parquet|arrow)$")
 @dataclass(frozen=True)
 class StepFile:
     step: int
-    path: Path
+    path: Path | RemotePath
 
     @property
     def format(self) -> str:
@@ -31,10 +32,11 @@ class StepFile:
 
 
 class RunDir:
-    """A run directory on disk."""
+    """A run directory on disk, or a prefix in an object store (``s3://bucket/run``, see
+    :mod:`rldiag.io.fs`)."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: str | Path | RemotePath):
+        self.path = as_path(path)
         if not self.path.exists():
             raise RunDirError(f"run directory {self.path} does not exist")
         if not self.path.is_dir():

@@ -101,5 +101,22 @@ METRIC_NEEDS = {
     "critic/values/*, vf_explained_var": Need(all_of=("values",)),
     "critic/vf_loss (vpreds)": Need(all_of=("vpreds", "values")),
     "rollout_corr/*": Need(all_of=("rollout_log_probs", "old_log_probs")),
+    "algorithm.rollout_correction rollout_is / rollout_rs (IS weights, rejection)": Need(
+        all_of=("rollout_log_probs", "old_log_probs")
+    ),
+    "algorithm.rollout_correction.bypass_mode (old_log_probs := rollout_log_probs)": Need(
+        all_of=("rollout_log_probs", "log_probs")
+    ),
     "prompt_length/*": Need(all_of=("prompt_length",)),
 }
+
+
+def policy_loss_needs() -> dict[str, Need]:
+    """``loss_mode=<key>`` -> the columns its ``actor/*`` metrics need, for every registered policy
+    loss (the registry's ``needs`` metadata; by default the old and current log-probs)."""
+    from rldiag.engine.policy_loss import POLICY_LOSSES
+
+    return {
+        f"loss_mode={name} (actor/*)": Need(all_of=tuple(POLICY_LOSSES.meta(name).get("needs", ("old_log_probs", "log_probs"))))
+        for name in POLICY_LOSSES.names()
+    }

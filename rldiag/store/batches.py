@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 
 from rldiag.errors import RldiagError
-from rldiag.io.loader import read_table
 from rldiag.io.rundir import RunDir, StepFile
 from rldiag.store.cache import SigCache, file_sig
 from rldiag.store.db import Db
@@ -92,6 +91,8 @@ class Batches:
                 params=[str(sf.path)],
                 columns=[c[0] for c in cols],
             )
+        from rldiag.io.loader import read_table  # torch comes with it: only for Arrow IPC batches
+
         table = read_table(sf)  # BatchError when the file is incomplete
         name = f"arrow_batch_{sf.step}"
         table = table.append_column("row", pa.array(np.arange(table.num_rows, dtype=np.int64)))

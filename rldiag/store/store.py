@@ -17,6 +17,7 @@ from rldiag.io.rundir import RunDir
 from rldiag.store import offpolicy, stepview
 from rldiag.store.batches import Batches
 from rldiag.store.cache import FileSig, SigCache, file_sig
+from rldiag.store.comparisons import SavedComparison, saved_comparison
 from rldiag.store.db import Db, quote_ident
 from rldiag.store.logged import LoggedMetrics
 from rldiag.store.scenarios import Scenarios
@@ -183,6 +184,15 @@ class Store:
                 out.append(s)
         return out
 
+    def scenarios_with_token_column(self, column: str) -> list[str]:
+        """Scenarios whose saved tokens have ``column`` (judged on their first tokens file)."""
+        out = []
+        for s in self.scenario_names():
+            steps = self.token_steps(s)
+            if steps and column in self.scenarios.token_columns(s, steps[0]):
+                out.append(s)
+        return out
+
     def step_rows(self, step: int, scenarios: list[str] = ()) -> pl.DataFrame:
         src = self.batches.source(step)
         tokens = {s: t for s in scenarios if (t := self._tokens(s, step)) is not None}
@@ -224,3 +234,9 @@ class Store:
         d = self.scenarios.dir(scenario) / "tokens"
         sigs = (file_sig(self.scenarios.dir(scenario) / "scenario.json"), tuple(steps))
         return self.cache.get(("is-quantiles", scenario), sigs, lambda: offpolicy.is_quantiles(self.db, d))
+
+    # -- comparisons --------------------------------------------------------------------------
+
+    def comparison(self, a: str, b: str) -> SavedComparison | None:
+        """The comparison ``rldiag compare RUN A B`` saved, if any (``stale`` when a side changed)."""
+        return saved_comparison(self.db, self.cache, self.run, a, b)

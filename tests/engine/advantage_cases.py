@@ -200,6 +200,21 @@ def run_packed(name: str, cs: list[Case], s=None, drop_extra: tuple[str, ...] = 
     return run(name, pack([to_batch(c, step=i + 1) for i, c in enumerate(cs)]), s, drop_extra)
 
 
+#: estimators whose advantages are whitened over the step (verl's masked_whiten, 1e-8 inside the
+#: square root; step_gae's std + 1e-8). When every whitened value of a step is (nearly) the same,
+#: the output is float rounding noise amplified by up to 1e4, in verl as here: such steps are
+#: compared at a tolerance of the noise, all others exactly to float32 tolerance.
+WHITENING = {"gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo", "token_gae_cross_step", "step_gae"}
+
+
+def noise_tolerance(name: str, want: torch.Tensor, mask: torch.Tensor, atol: float) -> float:
+    if name in WHITENING:
+        on = want[:, : mask.shape[1]][mask > 0]
+        if on.numel() and float(on.abs().max()) < 0.05:
+            return 0.05
+    return atol
+
+
 def close(got: torch.Tensor, want: torch.Tensor, lengths: list[int], rtol=1e-5, atol=1e-5) -> None:
     """Compare within each row's length (the tokens a scenario keeps)."""
     for i, L in enumerate(lengths):
@@ -223,6 +238,6 @@ def check_against(name: str, cs: list[Case], reference, s=None, rtol=1e-5, atol=
         if bool(torch.isnan(want_adv).any()) and name in ("step_gae",):
             expect_failed.add(i + 1)
             continue
-        close(adv[rows], want_adv, c.lengths, rtol, atol)
+        close(adv[rows], want_adv, c.lengths, rtol, noise_tolerance(name, want_adv, c.mask, atol))
         close(ret[rows], want_ret, c.lengths, rtol, atol)
     assert set(failed) == expect_failed, (failed, expect_failed)

@@ -46,23 +46,30 @@ class Norm:
     horizon: int = 1
 
 
+def _div(a, b):
+    """``a / b`` as float32 torch divides: 0/0 is NaN (an empty micro-batch)."""
+    if b == 0:
+        return math.nan if a == 0 else math.copysign(math.inf, a)
+    return a / b
+
+
 def agg_ref(loss, mask, mode, norm: Norm):
     """verl's agg_loss with dp_size 1."""
     row_sums = [sum(l for l, m in zip(lr, mr) if m) for lr, mr in zip(loss, mask)]
     counts = [sum(mr) for mr in mask]
     if mode == "token-mean":
         n = norm.batch_num_tokens if norm.batch_num_tokens is not None else sum(counts)
-        return sum(row_sums) / n
+        return _div(sum(row_sums), n)
     if mode == "token-sum":
         return sum(row_sums)
     b = norm.global_batch_size if norm.global_batch_size is not None else sum(1 for c in counts if c > 0)
     if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
-        out = sum(s for s, c in zip(row_sums, counts) if c > 0) / b
+        out = _div(sum(s for s, c in zip(row_sums, counts) if c > 0), b)
         if mode == "seq-mean-token-sum-norm":
             out /= norm.loss_scale_factor if norm.loss_scale_factor is not None else norm.horizon
         return out
     if mode == "seq-mean-token-mean":
-        return sum(s / (c + 1e-8) for s, c in zip(row_sums, counts) if c > 0) / b
+        return _div(sum(s / (c + 1e-8) for s, c in zip(row_sums, counts) if c > 0), b)
     raise ValueError(mode)
 
 
@@ -228,7 +235,7 @@ def geo_mean_ref(old, new, adv, mask, cfg: Cfg, w=None):
         for o, n, a, m in zip(orow, nrow, arow, mrow):
             x = n - o
             xc = clamp(x, -cfg.clip_low, cfg.clip_high)
-            sg = (a > 0) - (a < 0)
+            sg = int(a > 0) - int(a < 0)
             acc += sg * min(sg * x, sg * xc) * m
             asum += a * m
             chr_.append(1.0 if (x != xc and a > 0) else 0.0)

@@ -175,23 +175,26 @@ def test_clip_cov_expected_loss_equals_average_over_verl_random_choices():
 
 
 def test_clip_cov_expectation_by_enumeration_three_candidates_two_cut():
-    # 5 tokens, 3 candidates, k = 2: verl's randperm keeps 2 of 3 cut; every pair equally likely
-    adv = [[4.0, 3.0, 2.0, 0.0, 0.0]]
-    new = [[-1.0, -1.0, -1.0, -3.0, -3.0]]
-    kw = {"actor_rollout_ref.actor.policy_loss.clip_cov_ratio": 0.4, "actor_rollout_ref.actor.policy_loss.clip_cov_lb": 0.5}
+    # adv [3,2,1,0] (mean 1.5), log pi [-1,-1.5,-2,-3] (mean -1.875), ratio 1 (nothing clipped):
+    # cov = [1.5*0.875, 0.5*0.375, -0.5*-0.125, -1.5*-1.125] = [1.3125, 0.1875, 0.0625, 1.6875]
+    # clip_cov_ratio 0.5 of 4 tokens -> k = 2
+    adv = [[3.0, 2.0, 1.0, 0.0]]
+    new = [[-1.0, -1.5, -2.0, -3.0]]
+    kw = {"actor_rollout_ref.actor.policy_loss.clip_cov_ratio": 0.5, "actor_rollout_ref.actor.policy_loss.clip_cov_lb": 0.5}
     out, m = run("clip_cov", new, new, adv, **kw)
-    # cov = (A - 1.8)(log pi + 1.8) = [1.76, 0.96, 0.16, ...]: candidates need cov > 0.5 -> tokens 0, 1
-    # only 2 candidates -> both cut: deterministic
+    # lb 0.5: candidates tokens 0 and 3 only, k = 2 -> both cut, deterministic as in verl
     assert out.sums["rldiag/clip_cov/candidates"].item() == 2
-    assert out.pg_losses[0, :2].tolist() == [0.0, 0.0]
-    kw["actor_rollout_ref.actor.policy_loss.clip_cov_lb"] = 0.1  # now 3 candidates, k = 2
+    assert out.pg_losses[0].tolist() == [0.0, -2.0, -1.0, 0.0]
+    kw["actor_rollout_ref.actor.policy_loss.clip_cov_lb"] = 0.1  # candidates 0, 1, 3; k = 2 of 3
     out, m = run("clip_cov", new, new, adv, **kw)
-    base = [-a for a in adv[0]]
+    base = [-3.0, -2.0, -1.0, 0.0]
     avg = sum(
-        sum(b if i not in cut else 0.0 for i, b in enumerate(base)) / 5 for cut in itertools.combinations(range(3), 2)
+        sum(b if i not in cut else 0.0 for i, b in enumerate(base)) / 4 for cut in itertools.combinations((0, 1, 3), 2)
     ) / 3
     assert out.pg_loss.item() == pytest.approx(avg, abs=1e-6)
-    assert m["actor/pg_clipfrac"] == pytest.approx(2 / 5, rel=1e-6)
+    # each candidate keeps its loss with probability 1/3: (-3/3 - 2/3 - 1 + 0) / 4 = -2/3
+    assert out.pg_loss.item() == pytest.approx(-2 / 3, abs=1e-6)
+    assert m["actor/pg_clipfrac"] == pytest.approx(2 / 4, rel=1e-6)
 
 
 def test_kl_cov_adds_abs_kl_on_the_top_covariance_token():

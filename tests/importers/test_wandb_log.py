@@ -134,9 +134,11 @@ def test_values():
     assert flatten_row({"_step": 3, "a/b": 1, "val": {"acc": 0.5, "r": {"m": 2}}, "img": {"_type": "image-file", "path": "x"}}) == {
         "_step": 3, "a/b": 1, "val.acc": 0.5, "val.r.m": 2, "img": {"_type": "image-file", "path": "x"}}
     assert flatten_row({"val": {"acc": 1}}, sep="/") == {"val/acc": 1}
-    cfg = {"_wandb": {"value": {"cli_version": "0.31"}}, "algorithm": {"value": {"gamma": 1.0}, "desc": None},
-           "data": {"value": {"value": 3}}, "plain": {"max_len": 4}}
-    assert unwrap_config(cfg) == {"algorithm": {"gamma": 1.0}, "data": {"value": 3}, "plain": {"max_len": 4}}
+    raw = {"_wandb": {"value": {"cli_version": "0.31"}}, "algorithm": {"value": {"gamma": 1.0}, "desc": None},
+           "data": {"value": {"value": 3}}}
+    assert unwrap_config(raw) == {"algorithm": {"gamma": 1.0}, "data": {"value": 3}}
+    plain_cfg = {"_wandb": {"x": 1}, "algorithm": {"gamma": 1.0}, "reward": {"value": 3}}  # already unwrapped
+    assert unwrap_config(plain_cfg) == {"algorithm": {"gamma": 1.0}, "reward": {"value": 3}}
     z = parse_json("-0")
     assert isinstance(z, float) and str(z) == "-0.0"
     assert parse_json("12") == 12 and isinstance(parse_json("12"), int)

@@ -1,0 +1,1 @@
+"""Streamlit glue shared by the pages: the open run, its store, and error display."""

@@ -1,0 +1,85 @@
+"""Step: one step's groups under two scenarios, one row's tokens as a heat strip, and the
+debugging checklist of seed 002 section 13 evaluated on the step."""
+
+import streamlit as st
+from rlapp import session
+
+from rldiag.config.settings import resolve_settings
+from rldiag.recompute import recompute
+from rldiag.viz.charts import group_figure, heat_strip
+from rldiag.viz.checklist import RATIO_METRICS, evaluate
+from rldiag.viz.stepview import rollout_n, row_label, scenario_settings
+
+st.title("Step")
+store = session.store_or_stop()
+
+
+def pick_step(steps: list[int]) -> int:
+    wanted = st.query_params.get("step")
+    if wanted is not None and wanted != st.session_state.get("st_link_seen"):
+        # arrived from a link (the Health page): show the linked step once
+        st.session_state["st_link_seen"] = wanted
+        if wanted.lstrip("-").isdigit() and int(wanted) in steps:
+            st.session_state["st_step"] = int(wanted)
+    if st.session_state.get("st_step") not in steps:
+        st.session_state["st_step"] = steps[0]
+    return st.selectbox("Step", steps, key="st_step")
+
+
+def pick_scenarios(step: int) -> tuple[str | None, str | None]:
+    have = store.scenarios_with_tokens(step)
+    if not have:
+        st.info("No scenario saved per-token outputs for this step, so advantages, ratios and IS weights are "
+                "not available. Recompute the run's own settings with tokens (or use the What-if page).")
+        if st.button("Recompute baseline with tokens", key="st_recompute"):
+            bar = st.progress(0.0)
+            recompute(store.run, {}, name="baseline", save_tokens=True,
+                      progress=session.progress_callback(bar, "baseline"))
+            st.rerun()
+        return None, None
+    c1, c2 = st.columns(2)
+    a = c1.selectbox("Scenario A", have, key="st_a", index=have.index("baseline") if "baseline" in have else 0)
+    rest = [s for s in have if s != a]
+    b = c2.selectbox("Scenario B", ["(none)"] + rest, key="st_b", index=1 if rest else 0)
+    return a, (None if b == "(none)" else b)
+
+
+def page() -> None:
+    steps = store.steps()
+    if not steps:
+        st.info(f"{store.run} has no batch files (batches/step_<N>.parquet).")
+        return
+    step = pick_step(steps)
+    a, b = pick_scenarios(step)
+    scen = [s for s in (a, b) if s]
+
+    st.subheader("Groups")
+    rows = store.step_rows(step, scen)
+    st.plotly_chart(group_figure(rows, scen), key="st_groups")
+
+    st.subheader("One row's tokens")
+    labels = {r["row"]: row_label(r) for r in rows.iter_rows(named=True)}
+    row = st.selectbox("Row", list(labels), format_func=labels.get, key="st_row")
+    tokens = store.row_tokens(step, row, a)
+    st.plotly_chart(heat_strip(tokens), key="st_strip")
+
+    st.subheader("Checklist (seed 002 §13)")
+    settings = scenario_settings(store.scenario_meta(a) if a else None, resolve_settings(store.run).values)
+    facts = store.step_facts(step, a)
+    at_step = {}
+    if a:
+        values = store.metrics_at(step, list(RATIO_METRICS), [a])
+        for source in ("logged", a):
+            if source in values.columns:
+                at_step[source] = dict(zip(values["metric"].to_list(), values[source].to_list()))
+    checks = evaluate(facts, settings.get("algorithm.adv_estimator", "gae"),
+                      rollout_n(settings), at_step)
+    for c in checks:
+        st.markdown(c.markdown)
+    problems = store.batches.problems
+    if problems:
+        st.warning("Batch files skipped: " + "; ".join(f"{k}: {v}" for k, v in problems.items()))
+
+
+with session.guard():
+    page()

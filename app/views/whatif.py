@@ -1,0 +1,144 @@
+"""What-if: recompute the run under other settings and see baseline, scenario and logged values
+side by side, with the compare command's agreement of the advantages."""
+
+import streamlit as st
+from rlapp import session
+
+from rldiag.config.settings import resolve_settings
+from rldiag.recompute import recompute
+from rldiag.viz import comparison, whatif
+from rldiag.viz.charts import agreement_figure, metric_grid
+from rldiag.viz.metric_groups import default_selection
+
+BASELINE = "baseline"
+
+st.title("What-if")
+store = session.store_or_stop()
+
+
+def settings_widgets(base: dict, opts: whatif.Options) -> dict:
+    """The widgets, initialised from the run's own settings; returns the chosen values."""
+    chosen = {}
+    st.subheader("Advantage and loss")
+    c1, c2, c3 = st.columns(3)
+    chosen[whatif.ESTIMATOR] = c1.selectbox("Advantage estimator", opts.estimators, key="wi_estimator",
+                                            index=_index(opts.estimators, base[whatif.ESTIMATOR]))
+    chosen[whatif.AGG] = c2.selectbox("loss_agg_mode", opts.agg_modes, key="wi_agg",
+                                      index=_index(opts.agg_modes, base[whatif.AGG]))
+    chosen[whatif.LOSS] = c3.selectbox("Policy loss", opts.policy_losses, key="wi_loss",
+                                       index=_index(opts.policy_losses, base[whatif.LOSS]))
+    c1, c2, c3, c4 = st.columns(4)
+    chosen[whatif.CLIP_LOW] = c1.number_input("clip_ratio_low", 0.0, 10.0, float(base[whatif.CLIP_LOW]), 0.01,
+                                              key="wi_clip_low", format="%.3f")
+    chosen[whatif.CLIP_HIGH] = c2.number_input("clip_ratio_high", 0.0, 10.0, float(base[whatif.CLIP_HIGH]), 0.01,
+                                               key="wi_clip_high", format="%.3f")
+    chosen[whatif.CLIP_C] = c3.number_input("clip_ratio_c (dual clip)", 1.0, 100.0, float(base[whatif.CLIP_C]), 0.5,
+                                            key="wi_clip_c")
+    chosen[whatif.NORM_STD] = c4.checkbox("norm_adv_by_std_in_grpo", bool(base[whatif.NORM_STD]), key="wi_norm")
+
+    st.subheader("KL")
+    c1, c2, c3, c4 = st.columns(4)
+    chosen[whatif.KL_IN_REWARD] = c1.checkbox("KL in reward", bool(base[whatif.KL_IN_REWARD]), key="wi_kl_reward")
+    chosen[whatif.KL_PENALTY] = c2.selectbox("kl_penalty", opts.kl_estimators, key="wi_kl_penalty",
+                                             index=_index(opts.kl_estimators, base[whatif.KL_PENALTY]))
+    chosen[whatif.KL_CTRL] = c3.selectbox("kl_ctrl.type", list(whatif.KL_CONTROLLERS), key="wi_kl_ctrl",
+                                          index=_index(list(whatif.KL_CONTROLLERS), base[whatif.KL_CTRL]))
+    chosen[whatif.KL_COEF] = c4.number_input("kl_ctrl.kl_coef", 0.0, 10.0, float(base[whatif.KL_COEF]), 0.001,
+                                             key="wi_kl_coef", format="%.4f")
+    c1, c2, c3 = st.columns([1, 1, 2])
+    chosen[whatif.KL_LOSS] = c1.checkbox("KL loss", bool(base[whatif.KL_LOSS]), key="wi_kl_loss")
+    chosen[whatif.KL_LOSS_TYPE] = c2.selectbox("kl_loss_type", opts.kl_estimators, key="wi_kl_loss_type",
+                                               index=_index(opts.kl_estimators, base[whatif.KL_LOSS_TYPE]))
+    chosen[whatif.KL_LOSS_COEF] = c3.number_input("kl_loss_coef", 0.0, 10.0, float(base[whatif.KL_LOSS_COEF]), 0.001,
+                                                  key="wi_kl_loss_coef", format="%.4f")
+
+    st.subheader("Rollout correction")
+    if opts.is_levels is None:
+        st.caption("This build of rldiag has no rollout correction yet.")
+        return chosen
+    c1, c2, c3, c4 = st.columns(4)
+    levels = ["none"] + opts.is_levels
+    level = c1.selectbox("rollout_is", levels, key="wi_is",
+                         index=_index(levels, base[whatif.IS_LEVEL] if base[whatif.IS_LEVEL] else "none"))
+    chosen[whatif.IS_LEVEL] = None if level == "none" else level
+    chosen[whatif.IS_THRESHOLD] = whatif.parse_value(
+        c2.text_input("rollout_is_threshold", str(base[whatif.IS_THRESHOLD]), key="wi_is_threshold",
+                      help="A number (TIS: truncate above it) or lower_upper (IcePop: zero outside)"))
+    chosen[whatif.IS_NORMALIZE] = c3.checkbox("batch-normalize IS", bool(base[whatif.IS_NORMALIZE]), key="wi_is_norm")
+    chosen[whatif.BYPASS] = c4.checkbox("bypass_mode", bool(base[whatif.BYPASS]), key="wi_bypass")
+    c1, c2 = st.columns([3, 1])
+    rs = c1.multiselect("rollout_rs (rejection)", opts.rs_options, default=whatif.rs_options(base[whatif.RS]),
+                        key="wi_rs")
+    chosen[whatif.RS] = whatif.rs_value(rs)
+    rs_thr = base[whatif.RS_THRESHOLD]
+    chosen[whatif.RS_THRESHOLD] = whatif.parse_value(
+        c2.text_input("rollout_rs_threshold", "" if rs_thr is None else str(rs_thr), key="wi_rs_threshold"))
+    return chosen
+
+
+def _index(options: list, value) -> int:
+    return options.index(value) if value in options else 0
+
+
+def run_scenarios(name: str, ovr: dict) -> None:
+    """Recompute the baseline (when missing) and the scenario, then compare them."""
+    bar = st.progress(0.0, text="starting")
+    if BASELINE not in store.scenario_names() and name != BASELINE:
+        recompute(store.run, {}, name=BASELINE, save_tokens=True, progress=session.progress_callback(bar, BASELINE))
+    report = recompute(store.run, ovr, name=name, save_tokens=True, progress=session.progress_callback(bar, name))
+    if report.steps_failed:
+        st.warning(f"{len(report.steps_failed)} steps failed: "
+                   + "; ".join(f"step {s}: {m}" for s, m in sorted(report.steps_failed.items())[:5]))
+    if name != BASELINE and comparison.available():
+        comparison.run_compare(store.run, BASELINE, name, progress=session.progress_callback(bar, "compare"))
+    bar.progress(1.0, text=f"{name}: {len(report.steps_done)} steps in {report.seconds:.1f} s")
+
+
+def results(name: str) -> None:
+    scenarios = store.scenario_names()
+    shown = [s for s in (BASELINE, name) if s in scenarios]
+    shown = list(dict.fromkeys(shown))
+    if name not in scenarios:
+        st.info(f"Scenario `{name}` is not computed yet: press **Recompute**.")
+    names = store.metric_names(shown)
+    if "wi_metrics" not in st.session_state:
+        st.session_state["wi_metrics"] = default_selection(names) if not shown else [
+            m for m in whatif.WHATIF_METRICS if m in names] or default_selection(names)
+    st.session_state["wi_metrics"] = [m for m in st.session_state["wi_metrics"] if m in names]
+    metrics = st.multiselect("Metrics", names, key="wi_metrics")
+    if not metrics:
+        return
+    joined = store.joined(metrics, shown)
+    st.plotly_chart(metric_grid(joined, metrics, store.source_columns(shown)), key="wi_chart")
+    st.caption("Mean over steps of each source; the last columns give the scenario minus the baseline.")
+    st.dataframe(store.summary(metrics, shown), hide_index=True)
+    if name == BASELINE or name not in scenarios:
+        return
+    st.subheader(f"Compare `{BASELINE}` → `{name}`")
+    if not comparison.available():
+        st.caption("The compare command is not in this build of rldiag yet.")
+        return
+    saved = store.comparison(BASELINE, name)
+    if saved is None or saved.stale:
+        if st.button("Compare the advantages", key="wi_compare"):
+            bar = st.progress(0.0)
+            comparison.run_compare(store.run, BASELINE, name, progress=session.progress_callback(bar, "compare"))
+            saved = store.comparison(BASELINE, name)
+        else:
+            return
+    st.dataframe(comparison.summary_rows(saved.meta.get("summary", {})), hide_index=True)
+    st.plotly_chart(agreement_figure(saved.tokens), key="wi_agreement")
+    with st.expander("Per-metric deltas (B − A)"):
+        st.dataframe(saved.metrics, hide_index=True)
+
+
+with session.guard():
+    settings = resolve_settings(store.run)
+    base = whatif.base_values(settings)
+    chosen = settings_widgets(base, whatif.options())
+    ovr = whatif.overrides(base, chosen)
+    name = whatif.scenario_name(ovr)
+    st.markdown(f"**Scenario:** `{name}`" + (f" — overrides: `{ovr}`" if ovr else " (the run's own settings)"))
+    if st.button("Recompute", type="primary", key="wi_run"):
+        run_scenarios(name, ovr)
+    results(name)

@@ -1,0 +1,237 @@
+"""The unit of work every executor runs, in one place so that all of them make the same packs
+and therefore write bit-identical results.
+
+1. :func:`fetch` one step: stat and hash its file (or keep the previous hash, see
+   :func:`input_info`), decide whether the previous result can be reused, else load it.
+2. :func:`packs` groups loaded steps: consecutive steps of one *chunk* up to a budget of
+   ``rows x width`` slots; a failed or reused step ends the pack before it. Packing changes
+   float32 rounding (reductions over a wider padded batch), so pack boundaries must not depend on
+   the executor: chunks are fixed runs of steps, the unit a distributed executor hands to a worker.
+3. :func:`compute_pack` runs the engine on a pack and returns one :class:`StepOutcome` per step:
+   a metrics row and, with ``save_tokens``, an Arrow table of per-token results. No tensor leaves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from rldiag.config.settings import Settings
+from rldiag.engine.batch import pack as pack_batches
+from rldiag.engine.pipeline import Result, recompute_batch
+from rldiag.errors import RldiagError
+from rldiag.io.fs import as_path, is_remote
+from rldiag.io.loader import StepData, load_step
+from rldiag.io.outputs import sha256_file, tokens_table
+from rldiag.io.rundir import StepFile
+
+#: Steps read ahead on the loader thread (bounded: memory stays flat as the run grows).
+PREFETCH = 2
+
+#: Pack steps together until this many (rows x width) token slots; one step may exceed it alone.
+DEFAULT_PACK_TOKENS = 1 << 19
+
+#: Steps per chunk: a pack never spans two chunks; a Ray task computes one chunk.
+DEFAULT_CHUNK_STEPS = 8
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every step of one recompute shares. Small and picklable: it goes to Ray workers."""
+
+    settings: Settings
+    device: str  # resolved: "cpu" or "cuda[:N]"
+    save_tokens: bool
+    pack_tokens: int = DEFAULT_PACK_TOKENS
+
+
+@dataclass(frozen=True)
+class StepTask:
+    """One step to recompute: where its file is (a path or URI, never its content)."""
+
+    step: int
+    file: str
+    rel: str  # the file relative to the run, as scenario.json records it
+    chunk: int
+    previous: dict | None = None  # the previous scenario's record of this input
+    reusable: bool = False  # the previous result may be reused if the file is unchanged
+
+    def step_file(self) -> StepFile:
+        return StepFile(self.step, as_path(self.file))
+
+
+@dataclass
+class StepOutcome:
+    """What one step produced, as the driver writes it: no tensors, Arrow at most."""
+
+    step: int
+    info: dict  # the input record for scenario.json
+    status: str  # "done", "reused" or "failed"
+    metrics: dict[str, float] | None = None
+    tokens: pa.Table | None = None
+    error: str | None = None
+    rows: int = 0
+    n_tokens: int = 0
+
+
+@dataclass
+class Fetched:
+    task: StepTask
+    info: dict
+    data: StepData | None = None
+    error: str | None = None
+
+    def outcome(self) -> StepOutcome:
+        """The outcome of a step that was not loaded: failed, or reused."""
+        if self.error is not None:
+            return StepOutcome(self.task.step, self.info, "failed", error=self.error)
+        return StepOutcome(self.task.step, self.info, "reused")
+
+
+def input_info(sf: StepFile, rel: str, previous: dict | None) -> dict:
+    """Size, modification time and SHA-256 of an input file. A file whose size and mtime match
+    the previous scenario's record keeps that record's hash instead of being read again.
+
+    Object stores give modification times to the second, so there the previous hash is kept only
+    if it was computed at least a second after the object's last modification (``hashed_ns``): a
+    rewrite within the same second as the hash would otherwise go unnoticed.
+    """
+    st = sf.path.stat()
+    info = {"step": sf.step, "file": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    remote = is_remote(sf.path)
+    same = (
+        previous
+        and previous.get("size") == st.st_size
+        and previous.get("mtime_ns") == st.st_mtime_ns
+        and previous.get("sha256")
+        and (not remote or previous.get("hashed_ns", 0) >= st.st_mtime_ns + 1_000_000_000)
+    )
+    if same:
+        info["sha256"] = previous["sha256"]
+        if remote:
+            info["hashed_ns"] = previous["hashed_ns"]
+    else:
+        if remote:
+            info["hashed_ns"] = time.time_ns()
+        info["sha256"] = sha256_file(sf.path)
+    return info
+
+
+def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -> Fetched:
+    """Hash the step's file, and load it unless the previous result can be reused.
+
+    ``pin``: page-locked tensors, so that the copy to a GPU overlaps. ``hash_file=False`` skips
+    the input record (a pass that only needs the data).
+    """
+    sf = task.step_file()
+    info = input_info(sf, task.rel, task.previous) if hash_file else {}
+    old = task.previous
+    if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
+        return Fetched(task, info)
+    try:
+        data = load_step(sf, job.settings)
+    except RldiagError as exc:
+        return Fetched(task, info, error=f"{type(exc).__name__}: {exc}")
+    if pin:
+        data.batch = data.batch.pin_memory()
+    return Fetched(task, info, data=data)
+
+
+def prefetched(tasks: Iterable[StepTask], fn: Callable[[StepTask], Fetched], depth: int = PREFETCH) -> Iterator[Fetched]:
+    """``fn(task)`` for each task in order, run up to ``depth`` tasks ahead on one background thread."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldiag-load")
+    try:
+        queue: deque = deque()
+        it = iter(tasks)
+        for task in it:
+            queue.append(pool.submit(fn, task))
+            if len(queue) >= depth:
+                break
+        while queue:
+            fut = queue.popleft()
+            nxt = next(it, None)
+            if nxt is not None:
+                queue.append(pool.submit(fn, nxt))
+            yield fut.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def packs(fetched: Iterable[Fetched], pack_tokens: int) -> Iterator[Fetched | list[Fetched]]:
+    """Loaded steps grouped into packs (lists), in step order; a step that was not loaded (failed
+    or reused) is yielded alone and ends the pack before it. A pack holds consecutive steps of one
+    chunk, up to ``pack_tokens`` slots (a step larger than that is a pack of its own)."""
+    pending: list[Fetched] = []
+    slots = 0
+    for f in fetched:
+        if f.data is None:
+            if pending:
+                yield pending
+                pending, slots = [], 0
+            yield f
+            continue
+        size = f.data.n_rows * f.data.batch.width
+        if pending and (slots + size > pack_tokens or f.task.chunk != pending[0].task.chunk):
+            yield pending
+            pending, slots = [], 0
+        pending.append(f)
+        slots += size
+    if pending:
+        yield pending
+
+
+def _metric_rows(result: Result, steps_ok: set[int]) -> dict[int, dict[str, float]]:
+    names = list(result.metrics)
+    values = {k: v.detach().to("cpu", torch.float64).tolist() for k, v in result.metrics.items()}
+    out = {}
+    for i, step in enumerate(result.steps):
+        if step in steps_ok:
+            row: dict[str, Any] = {"step": step}
+            row.update({k: values[k][i] for k in names})
+            out[step] = row
+    return out
+
+
+def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
+    """Recompute one pack on ``job.device``; one outcome per step, in order."""
+    batch = pack_batches([f.data.batch for f in pack]).to(torch.device(job.device))
+    try:
+        result = recompute_batch(batch, job.settings, kl_state)
+    except RldiagError as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+        return [StepOutcome(f.task.step, f.info, "failed", error=msg) for f in pack]
+    failed = {s: f"ComputeError: {m}" for s, m in result.failed.items()}
+    rows = _metric_rows(result, {f.task.step for f in pack} - set(failed))
+    out = []
+    row0 = 0
+    for f in pack:
+        d = f.data
+        sel = slice(row0, row0 + d.n_rows)
+        row0 += d.n_rows
+        if d.step in failed:
+            out.append(StepOutcome(d.step, f.info, "failed", error=failed[d.step]))
+            continue
+        tokens = None
+        if job.save_tokens:
+            width = int(d.batch.lengths.max()) if d.n_rows else 0
+            tokens = tokens_table({k: v[sel, : max(width, 1)] for k, v in result.tokens.items()}, d.batch.lengths)
+        out.append(StepOutcome(d.step, f.info, "done", metrics=rows[d.step], tokens=tokens,
+                               rows=d.n_rows, n_tokens=d.n_tokens))
+    return out
+
+
+def process(fetched: Iterable[Fetched], job: Job, kl_for: Callable[[list[int]], Any]) -> Iterator[StepOutcome]:
+    """Outcomes of fetched steps, in step order. ``kl_for(steps)`` gives the KL controller state
+    (or preset coefficients) a pack of those steps is computed with."""
+    for unit in packs(fetched, job.pack_tokens):
+        if isinstance(unit, Fetched):
+            yield unit.outcome()
+        else:
+            yield from compute_pack(unit, job, kl_for([f.task.step for f in unit]))

@@ -1,0 +1,58 @@
+"""Regenerate the sample runs shipped in ``samples/``: ``python -m rldiag.toy.make_samples samples/``.
+
+Each sample is trained from its preset (fixed seed) on one CPU thread, so the same torch
+build gives the same numbers, into a staging directory that then replaces ``samples/<name>``
+whole (its ``rldiag/`` outputs included, which are stale for a new run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rldiag.io.atomic import replace_dir, staging_dir
+from rldiag.toy.config import PRESETS
+from rldiag.toy.trainer import ToyTrainer
+
+
+def make_sample(root: Path, name: str) -> Path:
+    """Train preset ``name`` into ``root/name``; returns the path."""
+    cfg = PRESETS[name]()
+    target = root / name
+    stage = staging_dir(target)
+    try:
+        ToyTrainer(cfg).run(stage)
+        replace_dir(stage, target)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return target
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and "rldiag" not in p.relative_to(path).parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rldiag.toy.make_samples", description=__doc__.splitlines()[0])
+    ap.add_argument("root", type=Path, help="where the sample runs go (samples/)")
+    ap.add_argument("--only", choices=sorted(PRESETS), action="append", help="regenerate only this sample")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: reproducible)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.root.mkdir(parents=True, exist_ok=True)
+    for name in args.only or sorted(PRESETS):
+        t0 = time.perf_counter()
+        path = make_sample(args.root, name)
+        print(f"{path}: {_size(path) / 1e6:.2f} MB in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

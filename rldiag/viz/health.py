@@ -1,0 +1,58 @@
+"""The doctor seen from the app: findings laid out with the steps behind them."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+SEVERITY_ICONS = {"critical": ":red[:material/report:]", "warning": ":orange[:material/warning:]"}
+#: at most this many steps of a finding get a link
+MAX_LINKS = 12
+
+
+def available() -> bool:
+    return importlib.util.find_spec("rldiag.doctor") is not None
+
+
+def run_doctor(run: str | Path, recompute: bool, progress: Callable[[int, int, int], None] | None = None):
+    """The doctor's report on ``run`` (``recompute`` False: logged metrics only)."""
+    from rldiag.doctor import diagnose
+
+    return diagnose(run, recompute=recompute, device="cpu", progress=progress)
+
+
+@dataclass(frozen=True)
+class FindingView:
+    icon: str
+    title: str
+    rule: str
+    severity: str
+    message: str
+    why: str
+    metric: str | None
+    statistic: str
+    steps: list[int]  # the steps to link (at most MAX_LINKS)
+    more_steps: int
+
+
+def finding_views(report) -> list[FindingView]:
+    out = []
+    for f in report.findings:
+        ev = f.evidence
+        steps = sorted({int(s) for s in (ev.steps or [])})
+        out.append(FindingView(
+            icon=SEVERITY_ICONS.get(f.severity, ":material/info:"), title=f.title, rule=f.rule, severity=f.severity,
+            message=f.message, why=f.why, metric=ev.metric, statistic=ev.statistic,
+            steps=steps[:MAX_LINKS], more_steps=max(0, len(steps) - MAX_LINKS),
+        ))
+    return out
+
+
+def outcome_rows(report) -> list[dict]:
+    """Every rule that did not give a finding: passed, not evaluated, not applicable."""
+    rows = [{"rule": k, "outcome": "passed", "detail": v} for k, v in sorted(report.passed.items())]
+    rows += [{"rule": k, "outcome": "not evaluated", "detail": v} for k, v in sorted(report.not_evaluated.items())]
+    rows += [{"rule": k, "outcome": "not applicable", "detail": v} for k, v in sorted(report.not_applicable.items())]
+    return rows

@@ -1,0 +1,113 @@
+"""The what-if page's settings: widget options from the engine's registries, and the overrides
+a choice of widget values amounts to (only keys that differ from the run's own settings)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rldiag.config.settings import Settings, scenario_slug
+from rldiag.engine.advantage import ESTIMATORS
+from rldiag.engine.aggregation import AGG_MODES
+from rldiag.engine.kl import KL_ESTIMATORS
+from rldiag.engine.policy_loss import POLICY_LOSSES
+
+#: the settings the page edits (verl's keys)
+ESTIMATOR = "algorithm.adv_estimator"
+NORM_STD = "algorithm.norm_adv_by_std_in_grpo"
+AGG = "actor_rollout_ref.actor.loss_agg_mode"
+LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
+CLIP = "actor_rollout_ref.actor.clip_ratio"
+CLIP_LOW = "actor_rollout_ref.actor.clip_ratio_low"
+CLIP_HIGH = "actor_rollout_ref.actor.clip_ratio_high"
+CLIP_C = "actor_rollout_ref.actor.clip_ratio_c"
+KL_IN_REWARD = "algorithm.use_kl_in_reward"
+KL_PENALTY = "algorithm.kl_penalty"
+KL_COEF = "algorithm.kl_ctrl.kl_coef"
+KL_CTRL = "algorithm.kl_ctrl.type"
+KL_LOSS = "actor_rollout_ref.actor.use_kl_loss"
+KL_LOSS_TYPE = "actor_rollout_ref.actor.kl_loss_type"
+KL_LOSS_COEF = "actor_rollout_ref.actor.kl_loss_coef"
+RC = "algorithm.rollout_correction"
+IS_LEVEL = f"{RC}.rollout_is"
+IS_THRESHOLD = f"{RC}.rollout_is_threshold"
+IS_NORMALIZE = f"{RC}.rollout_is_batch_normalize"
+RS = f"{RC}.rollout_rs"
+RS_THRESHOLD = f"{RC}.rollout_rs_threshold"
+BYPASS = f"{RC}.bypass_mode"
+
+EDITED = (ESTIMATOR, NORM_STD, AGG, LOSS, CLIP_LOW, CLIP_HIGH, CLIP_C, KL_IN_REWARD, KL_PENALTY, KL_CTRL, KL_COEF,
+          KL_LOSS, KL_LOSS_TYPE, KL_LOSS_COEF, IS_LEVEL, IS_THRESHOLD, IS_NORMALIZE, RS, RS_THRESHOLD, BYPASS)
+KL_CONTROLLERS = ("fixed", "adaptive")
+
+
+@dataclass(frozen=True)
+class Options:
+    estimators: list[str]
+    agg_modes: list[str]
+    policy_losses: list[str]
+    kl_estimators: list[str]
+    is_levels: list[str] | None  # None: this rldiag has no rollout correction
+    rs_options: list[str] | None
+
+
+def options() -> Options:
+    """Every choice the engine's registries offer."""
+    try:
+        from rldiag.engine.rollout_correction import IS_LEVELS, RS_OPTIONS
+
+        is_levels, rs = IS_LEVELS.names(), RS_OPTIONS.names()
+    except ImportError:
+        is_levels = rs = None
+    return Options(ESTIMATORS.names(), AGG_MODES.names(), POLICY_LOSSES.names(), KL_ESTIMATORS.names(), is_levels, rs)
+
+
+def base_values(settings: Settings) -> dict[str, Any]:
+    """The run's own value of every edited key, with the clip bounds resolved (``clip_ratio_low``
+    and ``_high`` default to ``clip_ratio``)."""
+    out = {k: settings.get(k) for k in EDITED}
+    out[CLIP_LOW] = settings.clip_low
+    out[CLIP_HIGH] = settings.clip_high
+    return out
+
+
+def rs_value(options: list[str]) -> str | None:
+    """The multiselect of rejection options as verl's comma list (None: no rejection)."""
+    return ",".join(options) if options else None
+
+
+def rs_options(value: Any) -> list[str]:
+    return [o.strip() for o in str(value).split(",") if o.strip()] if value else []
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def overrides(base: Mapping[str, Any], chosen: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``chosen`` whose value differs from ``base`` (the run's own settings)."""
+    return {k: v for k, v in chosen.items() if not _same(v, base.get(k))}
+
+
+def scenario_name(ovr: Mapping[str, Any]) -> str:
+    """The scenario a set of overrides is saved under (``baseline`` for none)."""
+    return scenario_slug(dict(ovr))
+
+
+#: metrics the page opens with
+WHATIF_METRICS = ("critic/advantages/mean", "actor/pg_loss", "actor/pg_clipfrac", "rldiag/advantages/positive_fraction")
+
+
+def parse_value(text: str) -> Any:
+    """A widget's text read as the command line reads ``--set KEY=VALUE`` (YAML scalar:
+    ``2.0`` a number, ``0.5_2.0`` a string, empty or ``null`` None)."""
+    from rldiag.config.settings import parse_override
+
+    return parse_override(f"value={text.strip()}")[1]

@@ -1,0 +1,206 @@
+"""``rldiag verify``: a run logged by an independent reference matches; planted setting
+differences are caught, located and named; exit codes 0 / 1 / 2 through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from rldiag.analysis.tolerance import Tol, Tolerances
+from rldiag.analysis.verify import verify_run
+from rldiag.cli.main import main
+from rldiag.config.settings import DEFAULTS
+from tests.analysis.reference import logged_step, rewrite_column, write_logged_run
+
+TOKEN_FIELDS = {"token_level_rewards", "advantages", "returns"}
+
+
+def test_reference_run_matches(tmp_path, capsys):
+    root = write_logged_run(tmp_path / "run", steps=3, seed=1)
+    assert main(["verify", str(root)]) == 0
+    rep = verify_run(root)
+    assert rep.status == "match" and rep.exit_code == 0
+    assert TOKEN_FIELDS <= set(rep.fields)
+    for name in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "critic/advantages/mean", "actor/entropy_loss"):
+        assert rep.fields[name].compared == 3, name
+    total_tokens = sum(len(r) for f in sorted((root / "batches").iterdir())
+                       for r in pq.read_table(f, columns=["response_mask"])["response_mask"].to_pylist())
+    assert rep.fields["advantages"].compared == total_tokens
+    assert rep.steps_checked == [1, 2, 3]
+    assert rep.not_checked["timing/step"] == "rldiag does not compute this metric"
+    assert rep.fields["advantages"].max_abs_err < 1e-6
+    assert not rep.candidates and rep.first_mismatch is None
+
+
+def test_wrong_std_normalisation_is_located_and_named(tmp_path):
+    # the trainer ran Dr. GRPO (no std), the config says the default (std normalisation)
+    root = write_logged_run(tmp_path / "run", steps=3, seed=2, logged={"norm_by_std": False})
+    rep = verify_run(root)
+    assert rep.exit_code == 1
+    first = rep.first_mismatch
+    assert first.field == "advantages" and first.step == 1
+    # the located token really differs between the two settings, and has the logged value
+    table = pq.read_table(root / "batches" / "step_1.parquet")
+    logged = table["advantages"].to_pylist()[first.row][first.token]
+    assert first.expected == pytest.approx(logged)
+    cols, _ = logged_step(table, norm_by_std=True)
+    assert first.actual == pytest.approx(cols["advantages"][first.row][first.token], rel=1e-5)
+    assert rep.fields["token_level_rewards"].mismatches == 0
+    assert rep.fields["actor/pg_clipfrac"].mismatches == 0  # scaling advantages keeps their signs
+    best = rep.candidates[0]
+    assert best.overrides == {"algorithm.norm_adv_by_std_in_grpo": False}
+    assert best.matches_all and {"advantages", "returns", "actor/pg_loss"} <= set(best.fixes)
+    assert "norm_adv_by_std_in_grpo=false" in best.describe()
+
+
+def test_wrong_estimator_is_named(tmp_path, capsys):
+    root = write_logged_run(tmp_path / "run", steps=2, seed=4, logged={"estimator": "rloo"})
+    assert main(["verify", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "adv_estimator=rloo" in out and "MISMATCH" in out
+    rep = verify_run(root)
+    full = [c.overrides for c in rep.candidates if c.matches_all]
+    assert {"algorithm.adv_estimator": "rloo"} in full
+    assert {"algorithm.norm_adv_by_std_in_grpo": False} not in full  # Dr. GRPO is not RLOO
+
+
+def test_wrong_aggregation_mode_is_named(tmp_path):
+    root = write_logged_run(tmp_path / "run", steps=2, seed=5, logged={"agg": "seq-mean-token-mean"})
+    rep = verify_run(root)
+    bad = {f.field for f in rep.fields.values() if f.mismatches}
+    assert bad == {"actor/pg_loss", "actor/entropy_loss"}
+    assert rep.first_mismatch.row is None and rep.first_mismatch.field == "actor/entropy_loss"
+    full = [c.overrides for c in rep.candidates if c.matches_all]
+    assert full == [{"actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"}]
+
+
+def test_overrides_confirm_a_candidate(tmp_path):
+    root = write_logged_run(tmp_path / "run", steps=2, seed=6, logged={"agg": "seq-mean-token-mean"})
+    assert main(["verify", str(root), "--set", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]) == 0
+
+
+@pytest.mark.skipif("rldiag.micro_batch_size" not in DEFAULTS, reason="micro-batch emulation not available")
+def test_micro_batch_averaged_clipfrac_is_named(tmp_path):
+    root = write_logged_run(tmp_path / "run", steps=2, seed=7, drift=0.3)
+    lines = []
+    for f in sorted((root / "batches").iterdir()):
+        step = int(f.stem.split("_")[1])
+        rows = pq.read_table(f).to_pylist()
+        cols, m = logged_step(pq.read_table(f))
+        fracs = []  # verl: the clip fraction of each micro-batch of 4 rows, then their plain mean
+        for start in range(0, len(rows), 4):
+            hit = tot = 0
+            for r, adv in zip(rows[start:start + 4], cols["advantages"][start:start + 4]):
+                for t, mk in enumerate(r["response_mask"]):
+                    if mk:
+                        ratio = np.exp(r["log_probs"][t] - r["old_log_probs"][t])
+                        l1, l2 = -adv[t] * ratio, -adv[t] * np.clip(ratio, 0.8, 1.2)
+                        hit += l2 > l1
+                        tot += 1
+            fracs.append(hit / tot)
+        m = {"actor/pg_clipfrac": float(np.mean(fracs))}
+        lines.append(json.dumps({"step": step, "data": m}))
+    (root / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    rep = verify_run(root)
+    assert rep.fields["actor/pg_clipfrac"].mismatches >= 1
+    assert any(c.overrides == {"rldiag.micro_batch_size": 4} and c.matches_all for c in rep.candidates)
+
+
+def test_bf16_tolerances(tmp_path):
+    root = write_logged_run(tmp_path / "run", steps=2, seed=8, metrics=False)
+    for name in ("advantages", "returns"):  # the logged values went through ~bf16 rounding
+        rewrite_column(root, name, lambda step, rows, table: [[v * (1 + 3e-3) for v in r] for r in rows])
+    assert main(["verify", str(root), "--no-candidates"]) == 1
+    assert main(["verify", str(root), "--bf16"]) == 0
+    assert main(["verify", str(root), "--rtol", "1e-2"]) == 0
+    assert main(["verify", str(root), "--tol", "advantages=1e-2", "--no-candidates"]) == 1  # returns still tight
+    assert main(["verify", str(root), "--tol", "advantages=1e-2", "--tol", "ret*=1e-2,0"]) == 0
+    tols = Tolerances(fields={"ret*": Tol(1e-2, 0.0)})
+    rep = verify_run(root, tolerances=tols, candidates=False)
+    assert rep.fields["returns"].ok and not rep.fields["advantages"].ok
+    assert rep.fields["advantages"].max_rel_err == pytest.approx(3e-3 / (1 + 3e-3), rel=1e-4)  # relative to the logged value
+
+
+def test_masked_only_ignores_tool_tokens(tmp_path):
+    root = write_logged_run(tmp_path / "run", steps=2, seed=9, metrics=False, tool_prob=0.8)
+
+    def plant(step, rows, table):  # a trainer that wrote garbage at tool-observation tokens
+        masks = table["response_mask"].to_pylist()
+        return [[v if m else 7.0 for v, m in zip(r, mk)] for r, mk in zip(rows, masks)]
+
+    rewrite_column(root, "advantages", plant)
+    rep = verify_run(root, candidates=False)
+    assert rep.fields["advantages"].mismatches > 0
+    row, tok = rep.first_mismatch.row, rep.first_mismatch.token
+    assert pq.read_table(root / "batches" / "step_1.parquet")["response_mask"].to_pylist()[row][tok] == 0
+    assert rep.first_mismatch.expected == 7.0
+    assert verify_run(root, masked_only=True).status == "match"
+
+
+def test_json_report(tmp_path, capsys):
+    root = write_logged_run(tmp_path / "run", steps=2, seed=10, logged={"norm_by_std": False})
+    assert main(["verify", str(root), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["status"] == "mismatch" and d["exit_code"] == 1
+    fm = d["first_mismatch"]
+    assert {"step", "row", "token", "field", "expected", "actual"} <= set(fm) and fm["field"] == "advantages"
+    adv = d["fields"]["advantages"]
+    assert adv["mismatches"] > 0 and adv["max_abs_err"] > 0.1 and adv["rtol"] == 1e-5 and adv["atol"] == 1e-6
+    assert any(c["overrides"] == {"algorithm.norm_adv_by_std_in_grpo": False} and c["matches_all"] for c in d["candidates"])
+
+
+def test_loss_mask_makes_the_mask_an_exact_field(tmp_path):
+    root = write_logged_run(tmp_path / "run", steps=1, seed=11, metrics=False)
+    f = root / "batches" / "step_1.parquet"
+    table = pq.read_table(f)
+    table = table.append_column("loss_mask", table["response_mask"])
+    pq.write_table(table, f)
+    rep = verify_run(root)
+    assert rep.fields["response_mask"].kind == "exact" and rep.fields["response_mask"].rtol == 0
+    assert rep.fields["response_mask"].compared > 0 and rep.status == "match"
+
+
+# ---- exit 2: the run cannot be verified -------------------------------------------------------
+
+
+def test_nothing_logged_exits_2(tmp_path, capsys):
+    root = write_logged_run(tmp_path / "run", steps=2, columns=(), metrics=False)
+    assert main(["verify", str(root)]) == 2
+    rep = verify_run(root)
+    assert rep.status == "unverifiable" and rep.compared == 0
+    assert rep.not_checked["advantages"] == "not in the batch files"
+
+
+def test_missing_estimator_input_exits_2(tmp_path):
+    # gae needs `values`, which this run does not have
+    root = write_logged_run(tmp_path / "run", steps=2, critic=False, run_settings={"algorithm": {"adv_estimator": "gae"}})
+    assert main(["verify", str(root)]) == 2
+    rep = verify_run(root)
+    assert set(rep.steps_unverifiable) == {1, 2} and "values" in rep.steps_unverifiable[1]
+
+
+def test_malformed_logged_column_exits_2(tmp_path):
+    root = write_logged_run(tmp_path / "run", steps=2, metrics=False)
+    rewrite_column(root, "returns", lambda step, rows, t: [r + [0.0] if i == 3 and step == 2 else r for i, r in enumerate(rows)])
+    rep = verify_run(root)
+    assert rep.exit_code == 2 and rep.steps_checked == [1]
+    assert "row 3" in rep.steps_unverifiable[2] and "returns" in rep.steps_unverifiable[2]
+
+
+def test_bad_input_and_unknown_setting_exit_2(tmp_path, capsys):
+    assert main(["verify", str(tmp_path / "missing")]) == 2
+    root = write_logged_run(tmp_path / "run", steps=1)
+    assert main(["verify", str(root), "--estimator", "nope"]) == 2
+    assert "unknown advantage estimator" in capsys.readouterr().err
+    assert main(["verify", str(root), "--json", "--tol", "bad"]) == 2
+
+
+def test_a_mismatch_wins_over_an_unverifiable_step(tmp_path):
+    root = write_logged_run(tmp_path / "run", steps=2, seed=12, logged={"norm_by_std": False}, metrics=False)
+    f = root / "batches" / "step_2.parquet"
+    f.write_bytes(f.read_bytes()[:100])  # truncated file
+    rep = verify_run(root)
+    assert 2 in rep.steps_unverifiable and rep.exit_code == 1

@@ -1,0 +1,67 @@
+"""Off-policy and Health pages, and how the app opens (default run, a bad run, no run)."""
+
+from __future__ import annotations
+
+from rldiag.recompute import recompute
+from rldiag.viz.runs import default_run
+from tests.app.conftest import charts, open_app, subplot_titles
+
+OFF = "views/offpolicy.py"
+HEALTH = "views/health.py"
+
+
+def test_offpolicy_panels_and_is_weights(app_run):
+    recompute(app_run, {"algorithm.rollout_correction.rollout_is": "token"}, name="is", save_tokens=True, device="cpu")
+    at = open_app(app_run, OFF)
+    headers = [h.value for h in at.subheader]
+    for panel in ("Effective sample size", "IS weights", "Chi-squared", "Rollout vs train KL", "PPL gap",
+                  "IS weight distribution"):
+        assert panel in headers
+    specs = charts(at)
+    ess = [s for s in specs if "rollout_corr/rollout_is_eff_sample_size" in subplot_titles(s)]
+    assert ess and {t["name"] for t in ess[0]["data"]} == {"is"}  # logged has no IS (it was off)
+    kl = [s for s in specs if "rollout_corr/kl" in subplot_titles(s)][0]
+    assert {t["name"] for t in kl["data"]} == {"logged", "baseline", "is"}
+    hist0 = specs[-1]["data"][0]["x"]
+    at.select_slider(key="op_is_step").set_value(5).run()
+    hist5 = charts(at)[-1]["data"][0]["x"]
+    assert hist0 != hist5 and len(hist5) > 0
+
+
+def test_offpolicy_without_rollout_metrics_says_what_to_do(tmp_path):
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    run = write_synth_run(tmp_path / "r", SynthSpec(steps=2))
+    at = open_app(run, OFF)
+    assert any("No rollout_corr/* metrics" in i.value for i in at.info)
+
+
+def test_health_findings_and_deeper_look(app_run):
+    at = open_app(app_run, HEALTH)
+    text0 = " ".join(m.value for m in at.markdown) + " ".join(s.value for s in at.success)
+    assert "rule" in text0 or "No finding" in text0
+    at.toggle(key="he_recompute").set_value(True).run()
+    assert not at.exception
+    report = at.session_state["he_report"][1]
+    assert report.recomputed_steps == 6
+    rules = [r["rule"] for r in at.dataframe[-1].value.to_dict("records")] if at.dataframe else []
+    assert rules or report.findings
+
+
+def test_a_broken_run_is_an_error_in_the_page(tmp_path):
+    at = open_app(tmp_path / "nope")
+    assert not at.exception
+    assert any("RunDirError" in e.value and "does not exist" in e.value for e in at.error)
+
+
+def test_no_run_shows_how_to_pass_one():
+    at = open_app("")
+    assert any("streamlit run app/main.py -- /path/to/RUN" in i.value for i in at.info)
+
+
+def test_opens_on_the_bundled_sample_by_default():
+    sample = default_run()
+    at = open_app(None)
+    assert at.text_input(key="run_path").value == (str(sample) if sample else "")
+    if sample is not None:
+        assert charts(at), "the sample's metrics chart"

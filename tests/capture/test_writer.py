@@ -1,0 +1,209 @@
+"""rldiag.capture: what it writes loads back through rldiag.io.loader, as the trainer had it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from rldiag.capture import RunWriter
+from rldiag.config.settings import resolve_settings
+from rldiag.errors import BatchError, CaptureError, MissingInputError
+from rldiag.io.loader import load_step, read_table
+from rldiag.io.rundir import RunDir, iter_metrics_lines
+
+# Two prompts left-padded to width 3, responses right-padded to width 6.
+# Row 0: a, CALL, obs, obs, b, EOS  (tool tokens at 2, 3), full width.
+# Row 1: a, b, EOS then padding; prompt of 2 tokens.
+# Row 2: a, CALL, obs (truncated inside the observation: the row ends with a mask-0 token).
+ATTN = torch.tensor([
+    [1, 1, 1, 1, 1, 1, 1, 1, 1],
+    [0, 1, 1, 1, 1, 1, 0, 0, 0],
+    [0, 0, 1, 1, 1, 1, 0, 0, 0],
+])
+MASK = torch.tensor([
+    [1, 1, 0, 0, 1, 1],
+    [1, 1, 1, 0, 0, 0],
+    [1, 1, 0, 0, 0, 0],
+])
+LENGTHS = [6, 3, 3]
+
+
+def _padded(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    valid = ATTN[:, 3:].bool()
+    out = {}
+    for name in ("old_log_probs", "ref_log_prob", "rollout_log_probs", "values", "advantages", "entropys"):
+        t = -torch.rand((3, 6), generator=g)
+        out[name] = torch.where(valid, t, torch.full_like(t, 99.0))  # garbage in the padding
+    scores = torch.zeros(3, 6)
+    scores[0, 5], scores[1, 2], scores[2, 2] = 1.0, 0.5, 0.0
+    out["rm_scores"] = scores
+    return out
+
+
+def _dataproto(seed: int = 0) -> SimpleNamespace:
+    tensors = dict(_padded(seed), attention_mask=ATTN, response_mask=MASK, responses=torch.zeros(3, 6, dtype=torch.long),
+                   prompts=torch.zeros(3, 3, dtype=torch.long))
+    non = {"uid": np.array(["p0", "p1", "p1"], dtype=object), "acc": np.array([1.0, 0.0, 0.0]),
+           "data_source": np.array(["toy"] * 3, dtype=object)}
+    return SimpleNamespace(batch=tensors, non_tensor_batch=non, meta_info={})
+
+
+def _unpadded(t: torch.Tensor) -> list[list[float]]:
+    return [t[i, :n].tolist() for i, n in enumerate(LENGTHS)]
+
+
+def test_dataproto_roundtrip_through_the_loader(tmp_path):
+    batch = _dataproto()
+    with RunWriter(tmp_path, config={"algorithm": {"adv_estimator": "grpo"}}) as run:
+        run.write_batch(7, batch)
+    (sf,) = RunDir(tmp_path).step_files()
+    assert sf.step == 7 and sf.path.name == "step_000007.parquet"
+    table = read_table(sf).to_pydict()
+    assert table["step"] == [7, 7, 7]
+    assert table["uid"] == ["p0", "p1", "p1"]
+    assert table["prompt_length"] == [3, 2, 1]  # from the prompt part of attention_mask
+    assert table["acc"] == [1.0, 0.0, 0.0]  # a numeric per-row field rides along
+    assert "data_source" not in table  # strings only when asked for
+    assert table["response_mask"] == _unpadded(MASK)  # tool tokens kept, with mask 0
+    assert [len(x) for x in table["old_log_probs"]] == LENGTHS
+    for col, src in (("token_level_scores", "rm_scores"), ("old_log_probs", "old_log_probs"),
+                     ("entropy", "entropys"), ("values", "values")):
+        np.testing.assert_allclose(np.concatenate(table[col]), np.concatenate(_unpadded(batch.batch[src])), rtol=0)
+    step = load_step(sf, resolve_settings(tmp_path))
+    assert step.batch.lengths.tolist() == LENGTHS
+    assert torch.equal(step.batch.response_mask, MASK.float())
+    assert torch.equal(step.batch.old_log_probs, torch.where(ATTN[:, 3:].bool(), batch.batch["old_log_probs"], 0.0))
+
+
+def test_plain_mapping_with_response_attention_and_lists(tmp_path):
+    b = _padded()
+    batch = {"response_mask": MASK.numpy(), "attention_mask": ATTN[:, 3:], "token_level_scores": b["rm_scores"],
+             "old_log_probs": b["old_log_probs"].numpy(), "uid": ["a", "b", "b"], "prompt_length": [4, 5, 6],
+             "session": ["s0", "s1", "s2"]}
+    with RunWriter(tmp_path, extra_columns=["session"]) as run:
+        run.write_batch(1, batch)
+    table = pq.read_table(tmp_path / "batches" / "step_000001.parquet").to_pydict()
+    assert table["response_mask"] == _unpadded(MASK)
+    assert table["prompt_length"] == [4, 5, 6] and table["session"] == ["s0", "s1", "s2"]
+
+
+def test_without_attention_mask_rows_end_at_their_last_sampled_token(tmp_path):
+    b = _padded()
+    with RunWriter(tmp_path) as run:
+        run.write_batch(1, {"response_mask": MASK, "token_level_scores": b["rm_scores"], "uid": ["a", "b", "c"]})
+    table = pq.read_table(tmp_path / "batches" / "step_000001.parquet").to_pydict()
+    assert [len(m) for m in table["response_mask"]] == [6, 3, 2]  # row 2's trailing observation is gone
+
+
+def test_metrics_lines_are_verls_file_logger_form(tmp_path):
+    with RunWriter(tmp_path) as run:
+        run.log_metrics(1, {"actor/pg_clipfrac": torch.tensor(0.25), "critic/score/mean": np.float32(0.5), "n": 3})
+        run.log_metrics(2, {"actor/pg_clipfrac": 0.125})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[0]) == {"step": 1, "data": {"actor/pg_clipfrac": 0.25, "critic/score/mean": 0.5, "n": 3}}
+    assert [s for s, _ in iter_metrics_lines(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+@dataclass
+class _Optim:
+    lr: float = 1e-3
+
+
+@dataclass
+class _Actor:
+    clip_ratio: float = 0.2
+    optim: _Optim = None
+
+
+class _OmegaLike:
+    """Duck-typed like an OmegaConf container: only ``to_container(resolve=...)``."""
+
+    def to_container(self, resolve: bool = False):
+        assert resolve
+        return {"algorithm": {"adv_estimator": "gae", "lam": np.float64(0.95)}, "data": {"files": ("a", "b")}}
+
+
+def test_config_goes_to_run_yaml_from_dicts_dataclasses_and_omegaconf_like(tmp_path):
+    RunWriter(tmp_path / "a", config=_OmegaLike()).close()
+    tree = yaml.safe_load((tmp_path / "a" / "run.yaml").read_text())
+    assert tree == {"algorithm": {"adv_estimator": "gae", "lam": 0.95}, "data": {"files": ["a", "b"]}}
+    assert resolve_settings(tmp_path / "a")["algorithm.lam"] == 0.95
+    RunWriter(tmp_path / "b", config={"actor_rollout_ref": {"actor": _Actor(optim=_Optim())}}).close()
+    tree = yaml.safe_load((tmp_path / "b" / "run.yaml").read_text())
+    assert tree["actor_rollout_ref"]["actor"] == {"clip_ratio": 0.2, "optim": {"lr": 1e-3}}
+
+
+def test_malformed_batches_fail_at_once_naming_row_and_column(tmp_path):
+    b = _dataproto()
+    with RunWriter(tmp_path) as run:
+        bad = _dataproto()
+        bad.batch["response_mask"] = MASK.clone()
+        bad.batch["response_mask"][1, 4] = 1  # inside the padding of row 1
+        with pytest.raises(BatchError) as err:
+            run.write_batch(3, bad)
+        assert (err.value.step, err.value.row, err.value.column) == (3, 1, "response_mask")
+        no_uid = SimpleNamespace(batch=b.batch, non_tensor_batch={})
+        with pytest.raises(MissingInputError, match="uid"):
+            run.write_batch(3, no_uid)
+        short = _dataproto()
+        short.batch["values"] = short.batch["values"][:, :4]
+        with pytest.raises(BatchError, match="shape") as err:
+            run.write_batch(3, short)
+        assert err.value.column == "values"
+    assert not (tmp_path / "batches" / "step_000003.parquet").exists()
+
+
+def test_value_errors_surface_on_the_next_call_naming_step_row_column(tmp_path):
+    run = RunWriter(tmp_path)
+    bad = _dataproto()
+    bad.batch["ref_log_prob"] = bad.batch["ref_log_prob"].clone()
+    bad.batch["ref_log_prob"][2, 1] = float("nan")
+    run.write_batch(5, bad)
+    with pytest.raises(CaptureError) as err:
+        run.flush()
+    msg = str(err.value)
+    assert "step 5" in msg and "row 2" in msg and "'ref_log_prob'" in msg and "token 1" in msg
+    (what, cause), = err.value.errors
+    assert isinstance(cause, BatchError) and (cause.step, cause.row, cause.column) == (5, 2, "ref_log_prob")
+    assert not (tmp_path / "batches" / "step_000005.parquet").exists()
+    run.write_batch(6, _dataproto())  # the writer goes on after a failure
+    run.close()
+    assert [sf.step for sf in RunDir(tmp_path).step_files()] == [6]
+
+
+def test_errors_are_never_lost_on_close(tmp_path):
+    run = RunWriter(tmp_path)
+    bad = _dataproto()
+    bad.batch["values"] = torch.full((3, 6), float("inf"))
+    run.write_batch(1, bad)
+    with pytest.raises(CaptureError, match="step 1"):
+        run.close()
+    with pytest.raises(CaptureError, match="closed"):
+        run.write_batch(2, _dataproto())
+
+
+def test_context_manager_does_not_hide_the_training_error(tmp_path):
+    bad = _dataproto()
+    bad.batch["values"] = torch.full((3, 6), float("nan"))
+    with pytest.raises(KeyError):
+        with RunWriter(tmp_path) as run:
+            run.write_batch(1, bad)
+            raise KeyError("training failed")
+
+
+def test_the_writer_snapshot_is_taken_on_the_training_thread(tmp_path):
+    batch = _dataproto()
+    expected = _unpadded(batch.batch["old_log_probs"])
+    with RunWriter(tmp_path) as run:
+        run.write_batch(1, batch)
+        batch.batch["old_log_probs"].fill_(-5.0)  # the trainer reuses its buffers at once
+    table = pq.read_table(tmp_path / "batches" / "step_000001.parquet").to_pydict()
+    np.testing.assert_allclose(np.concatenate(table["old_log_probs"]), np.concatenate(expected))

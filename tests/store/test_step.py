@@ -1,0 +1,141 @@
+"""One step: rows and groups from the batch, per-token outputs of scenarios, the checklist facts,
+and batch files that cannot be opened (still being written)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from rldiag.recompute import recompute
+from rldiag.store import Store, StoreError
+
+RLOO = "adv_estimator=rloo"
+
+
+def _write_batch(run, step, rows):
+    """rows: dicts with uid, score, mask (list), optional loss_mask."""
+    lengths = [len(r["mask"]) for r in rows]
+    rng = np.random.default_rng(step)
+    lp = [list(-np.abs(rng.normal(0.5, 0.2, n)).astype(np.float32)) for n in lengths]
+    cols = {
+        "uid": pa.array([r["uid"] for r in rows]),
+        "score": pa.array([r["score"] for r in rows], pa.float32()),
+        "response_mask": pa.array([r["mask"] for r in rows], pa.list_(pa.int8())),
+        "old_log_probs": pa.array(lp, pa.list_(pa.float32())),
+        "log_probs": pa.array([[v + 0.01 for v in x] for x in lp], pa.list_(pa.float32())),
+        "ref_log_prob": pa.array([[v - 0.02 for v in x] for x in lp], pa.list_(pa.float32())),
+        "rollout_log_probs": pa.array([[v + 0.05 for v in x] for x in lp], pa.list_(pa.float32())),
+    }
+    if any("loss_mask" in r for r in rows):
+        cols["loss_mask"] = pa.array([r.get("loss_mask", r["mask"]) for r in rows], pa.list_(pa.int8()))
+    (run / "batches").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), run / "batches" / f"step_{step}.parquet")
+
+
+PLANTED = [
+    # group a: identical scores (no signal)
+    dict(uid="a", score=1.0, mask=[1, 1, 1, 1]),
+    dict(uid="a", score=1.0, mask=[1, 1, 0, 0, 1, 1]),  # a tool span of 2 tokens
+    # group b: signal
+    dict(uid="b", score=1.0, mask=[1, 1, 1]),
+    dict(uid="b", score=0.0, mask=[1, 0, 1, 1, 1]),  # a tool span of 1 token
+    # group c: a singleton, whose loss_mask disagrees with its response_mask
+    dict(uid="c", score=0.0, mask=[1, 1, 1, 1, 1], loss_mask=[1, 1, 1, 1, 0]),
+]
+
+
+@pytest.fixture
+def planted(tmp_path):
+    run = tmp_path / "planted"
+    _write_batch(run, 1, PLANTED)
+    (run / "run.yaml").write_text("algorithm:\n  adv_estimator: grpo\n")
+    recompute(run, save_tokens=True, device="cpu")
+    return run
+
+
+def test_step_rows_and_facts_on_a_planted_batch(planted):
+    store = Store(planted)
+    rows = store.step_rows(1, ["baseline"])
+    assert rows["uid"].to_list() == ["a", "a", "b", "b", "c"]
+    assert rows["length"].to_list() == [4, 6, 3, 5, 5]
+    assert rows["actor_tokens"].to_list() == [4, 4, 3, 4, 5]
+    assert rows["tool_tokens"].to_list() == [0, 2, 0, 1, 0]
+    assert rows["score_total"].to_list() == [1.0, 1.0, 1.0, 0.0, 0.0]
+    tok = pq.read_table(planted / "rldiag/scenarios/baseline/tokens/step_000001.parquet").to_pydict()
+    for i, (adv, m) in enumerate(zip(tok["advantages"], tok["response_mask"])):
+        want = np.mean([a for a, k in zip(adv, m) if k == 1])
+        assert rows["adv:baseline"][i] == pytest.approx(want, abs=1e-6)
+    f = store.step_facts(1, "baseline")
+    assert (f.rows, f.groups, f.group_sizes) == (5, 3, {1: 1, 2: 2})
+    assert (f.multi_groups, f.flat_groups) == (2, 1)
+    assert (f.tool_rows, f.tool_tokens, f.actor_tokens) == (2, 3, 20)
+    assert f.loss_mask_mismatch == 1
+    assert f.score_zero_rows == 2 and f.score_max == 1.0
+    assert f.rejected_tokens == 0 and f.unmasked_tokens == 0
+    assert f.rewards_sign_flips == 0 and f.rewards_max_abs_change == 0.0
+    assert f.adv_tokens == 20 and f.adv_nonfinite == 0
+    assert f.ratio_tokens == 20 and f.ratio_min == pytest.approx(np.exp(0.01), rel=1e-4)
+
+
+def test_rejection_and_kl_shaping_show_in_the_facts(planted):
+    # a KL coefficient large enough to flip rewards; token rejection of every row drifting > 1.01
+    recompute(planted, {"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.kl_coef": 200.0}, name="kl",
+              save_tokens=True, device="cpu")
+    f = Store(planted).step_facts(1, "kl")
+    assert f.rewards_sign_flips == 3  # the three rows scoring 1
+    recompute(planted, {"algorithm.rollout_correction.rollout_rs": "token_k1",
+                        "algorithm.rollout_correction.rollout_rs_threshold": "0.99_1.01"},
+              name="rs", save_tokens=True, device="cpu")
+    g = Store(planted).step_facts(1, "rs")
+    assert g.rejected_tokens == 20 and g.unmasked_tokens == 0
+
+
+def test_row_tokens(planted):
+    store = Store(planted)
+    t = store.row_tokens(1, 1, "baseline")
+    assert t["uid"] == "a"
+    assert t["mask"] == [1, 1, 0, 0, 1, 1]
+    assert len(t["advantages"]) == 6 and len(t["ratio"]) == 6 and t["post_mask"] == t["mask"]
+    assert store.row_tokens(1, 1, None) == {"uid": "a", "mask": [1, 1, 0, 0, 1, 1]}
+
+
+def test_batch_being_written_is_skipped_and_reported(run):
+    p = run / "batches" / "step_2.parquet"
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])  # footer not written yet
+    store = Store(run)
+    assert store.step_rows(1).height == 12
+    with pytest.raises(StoreError, match="step_2.parquet"):
+        store.step_rows(2)
+    assert list(store.batches.problems) == [str(p)]
+    assert list(store.batches.scan()) == [str(p)]
+    p.write_bytes(data)  # the writer finished
+    assert store.step_rows(2).height == 12
+    assert store.batches.problems == {}
+
+
+def test_arrow_ipc_batch_gives_the_same_rows(run, tmp_path):
+    other = tmp_path / "arrow_run"
+    (other / "batches").mkdir(parents=True)
+    feather.write_feather(pq.read_table(run / "batches" / "step_3.parquet"), other / "batches" / "step_3.arrow",
+                          compression="uncompressed")
+    a = Store(run).step_rows(3)
+    b = Store(other).step_rows(3)
+    assert a.equals(b)
+
+
+def test_is_weights_of_a_scenario(planted):
+    recompute(planted, {"algorithm.rollout_correction.rollout_is": "token"}, name="is", save_tokens=True, device="cpu")
+    store = Store(planted)
+    assert store.scenarios_with_token_column("rollout_is_weights") == ["is"]
+    w = store.is_weights("is", 1)
+    assert w.height == 20  # one weight per actor token
+    # old - rollout = -0.05 on every token: w = exp(-0.05) (float32 inputs)
+    assert w["weight"].to_list() == pytest.approx([np.exp(-0.05)] * 20, rel=1e-4)
+    q = store.is_quantiles("is")
+    assert q["step"].to_list() == [1] and q["tokens"].to_list() == [20]
+    assert q["q50"][0] == pytest.approx(np.exp(-0.05), rel=1e-4)
+    assert store.is_weights("baseline", 1).height == 0
