@@ -8,7 +8,7 @@ from rldiag.config.settings import resolve_settings
 from rldiag.recompute import recompute
 from rldiag.viz.charts import group_figure, heat_strip
 from rldiag.viz.checklist import RATIO_METRICS, evaluate
-from rldiag.viz.stepview import rollout_n, row_label, scenario_settings
+from rldiag.viz.stepview import interesting_row, rollout_n, row_label, scenario_settings
 
 st.title("Step")
 store = session.store_or_stop()
@@ -59,6 +59,8 @@ def page() -> None:
 
     st.subheader("One row's tokens")
     labels = {r["row"]: row_label(r) for r in rows.iter_rows(named=True)}
+    if st.session_state.get("st_row") not in labels:
+        st.session_state["st_row"] = interesting_row(rows)
     row = st.selectbox("Row", list(labels), format_func=labels.get, key="st_row")
     tokens = store.row_tokens(step, row, a)
     st.plotly_chart(heat_strip(tokens), key="st_strip")

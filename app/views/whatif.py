@@ -19,60 +19,62 @@ store = session.store_or_stop()
 def settings_widgets(base: dict, opts: whatif.Options) -> dict:
     """The widgets, initialised from the run's own settings; returns the chosen values."""
     chosen = {}
-    st.subheader("Advantage and loss")
-    c1, c2, c3 = st.columns(3)
-    chosen[whatif.ESTIMATOR] = c1.selectbox("Advantage estimator", opts.estimators, key="wi_estimator",
-                                            index=_index(opts.estimators, base[whatif.ESTIMATOR]))
-    chosen[whatif.AGG] = c2.selectbox("loss_agg_mode", opts.agg_modes, key="wi_agg",
-                                      index=_index(opts.agg_modes, base[whatif.AGG]))
-    chosen[whatif.LOSS] = c3.selectbox("Policy loss", opts.policy_losses, key="wi_loss",
-                                       index=_index(opts.policy_losses, base[whatif.LOSS]))
-    c1, c2, c3, c4 = st.columns(4)
-    chosen[whatif.CLIP_LOW] = c1.number_input("clip_ratio_low", 0.0, 10.0, float(base[whatif.CLIP_LOW]), 0.01,
-                                              key="wi_clip_low", format="%.3f")
-    chosen[whatif.CLIP_HIGH] = c2.number_input("clip_ratio_high", 0.0, 10.0, float(base[whatif.CLIP_HIGH]), 0.01,
-                                               key="wi_clip_high", format="%.3f")
-    chosen[whatif.CLIP_C] = c3.number_input("clip_ratio_c (dual clip)", 1.0, 100.0, float(base[whatif.CLIP_C]), 0.5,
-                                            key="wi_clip_c")
-    chosen[whatif.NORM_STD] = c4.checkbox("norm_adv_by_std_in_grpo", bool(base[whatif.NORM_STD]), key="wi_norm")
+    with st.expander("Advantage and loss", expanded=True):
+        c1, c2, c3 = st.columns(3)
+        chosen[whatif.ESTIMATOR] = c1.selectbox("Advantage estimator", opts.estimators, key="wi_estimator",
+                                                index=_index(opts.estimators, base[whatif.ESTIMATOR]))
+        chosen[whatif.AGG] = c2.selectbox("loss_agg_mode", opts.agg_modes, key="wi_agg",
+                                          index=_index(opts.agg_modes, base[whatif.AGG]))
+        chosen[whatif.LOSS] = c3.selectbox("Policy loss", opts.policy_losses, key="wi_loss",
+                                           index=_index(opts.policy_losses, base[whatif.LOSS]))
+        c1, c2, c3, c4 = st.columns(4)
+        chosen[whatif.CLIP_LOW] = c1.number_input("clip_ratio_low", 0.0, 10.0, float(base[whatif.CLIP_LOW]), 0.01,
+                                                  key="wi_clip_low", format="%.3f")
+        chosen[whatif.CLIP_HIGH] = c2.number_input("clip_ratio_high", 0.0, 10.0, float(base[whatif.CLIP_HIGH]),
+                                                   0.01, key="wi_clip_high", format="%.3f")
+        chosen[whatif.CLIP_C] = c3.number_input("clip_ratio_c (dual clip)", 1.0, 100.0, float(base[whatif.CLIP_C]),
+                                                0.5, key="wi_clip_c")
+        chosen[whatif.NORM_STD] = c4.checkbox("norm_adv_by_std_in_grpo", bool(base[whatif.NORM_STD]), key="wi_norm")
 
-    st.subheader("KL")
-    c1, c2, c3, c4 = st.columns(4)
-    chosen[whatif.KL_IN_REWARD] = c1.checkbox("KL in reward", bool(base[whatif.KL_IN_REWARD]), key="wi_kl_reward")
-    chosen[whatif.KL_PENALTY] = c2.selectbox("kl_penalty", opts.kl_estimators, key="wi_kl_penalty",
-                                             index=_index(opts.kl_estimators, base[whatif.KL_PENALTY]))
-    chosen[whatif.KL_CTRL] = c3.selectbox("kl_ctrl.type", list(whatif.KL_CONTROLLERS), key="wi_kl_ctrl",
-                                          index=_index(list(whatif.KL_CONTROLLERS), base[whatif.KL_CTRL]))
-    chosen[whatif.KL_COEF] = c4.number_input("kl_ctrl.kl_coef", 0.0, 10.0, float(base[whatif.KL_COEF]), 0.001,
-                                             key="wi_kl_coef", format="%.4f")
-    c1, c2, c3 = st.columns([1, 1, 2])
-    chosen[whatif.KL_LOSS] = c1.checkbox("KL loss", bool(base[whatif.KL_LOSS]), key="wi_kl_loss")
-    chosen[whatif.KL_LOSS_TYPE] = c2.selectbox("kl_loss_type", opts.kl_estimators, key="wi_kl_loss_type",
-                                               index=_index(opts.kl_estimators, base[whatif.KL_LOSS_TYPE]))
-    chosen[whatif.KL_LOSS_COEF] = c3.number_input("kl_loss_coef", 0.0, 10.0, float(base[whatif.KL_LOSS_COEF]), 0.001,
-                                                  key="wi_kl_loss_coef", format="%.4f")
+    with st.expander("KL", expanded=bool(base[whatif.KL_IN_REWARD])):
+        c1, c2, c3, c4 = st.columns(4)
+        chosen[whatif.KL_IN_REWARD] = c1.checkbox("KL in reward", bool(base[whatif.KL_IN_REWARD]), key="wi_kl_reward")
+        chosen[whatif.KL_PENALTY] = c2.selectbox("kl_penalty", opts.kl_estimators, key="wi_kl_penalty",
+                                                 index=_index(opts.kl_estimators, base[whatif.KL_PENALTY]))
+        chosen[whatif.KL_CTRL] = c3.selectbox("kl_ctrl.type", list(whatif.KL_CONTROLLERS), key="wi_kl_ctrl",
+                                              index=_index(list(whatif.KL_CONTROLLERS), base[whatif.KL_CTRL]))
+        chosen[whatif.KL_COEF] = c4.number_input("kl_ctrl.kl_coef", 0.0, 1000.0, float(base[whatif.KL_COEF]), 0.001,
+                                                 key="wi_kl_coef", format="%.4f")
+        c1, c2, c3 = st.columns([1, 1, 2])
+        chosen[whatif.KL_LOSS] = c1.checkbox("KL loss", bool(base[whatif.KL_LOSS]), key="wi_kl_loss")
+        chosen[whatif.KL_LOSS_TYPE] = c2.selectbox("kl_loss_type", opts.kl_estimators, key="wi_kl_loss_type",
+                                                   index=_index(opts.kl_estimators, base[whatif.KL_LOSS_TYPE]))
+        chosen[whatif.KL_LOSS_COEF] = c3.number_input("kl_loss_coef", 0.0, 1000.0, float(base[whatif.KL_LOSS_COEF]),
+                                                      0.001, key="wi_kl_loss_coef", format="%.4f")
 
-    st.subheader("Rollout correction")
-    if opts.is_levels is None:
-        st.caption("This build of rldiag has no rollout correction yet.")
-        return chosen
-    c1, c2, c3, c4 = st.columns(4)
-    levels = ["none"] + opts.is_levels
-    level = c1.selectbox("rollout_is", levels, key="wi_is",
-                         index=_index(levels, base[whatif.IS_LEVEL] if base[whatif.IS_LEVEL] else "none"))
-    chosen[whatif.IS_LEVEL] = None if level == "none" else level
-    chosen[whatif.IS_THRESHOLD] = whatif.parse_value(
-        c2.text_input("rollout_is_threshold", str(base[whatif.IS_THRESHOLD]), key="wi_is_threshold",
-                      help="A number (TIS: truncate above it) or lower_upper (IcePop: zero outside)"))
-    chosen[whatif.IS_NORMALIZE] = c3.checkbox("batch-normalize IS", bool(base[whatif.IS_NORMALIZE]), key="wi_is_norm")
-    chosen[whatif.BYPASS] = c4.checkbox("bypass_mode", bool(base[whatif.BYPASS]), key="wi_bypass")
-    c1, c2 = st.columns([3, 1])
-    rs = c1.multiselect("rollout_rs (rejection)", opts.rs_options, default=whatif.rs_options(base[whatif.RS]),
-                        key="wi_rs")
-    chosen[whatif.RS] = whatif.rs_value(rs)
-    rs_thr = base[whatif.RS_THRESHOLD]
-    chosen[whatif.RS_THRESHOLD] = whatif.parse_value(
-        c2.text_input("rollout_rs_threshold", "" if rs_thr is None else str(rs_thr), key="wi_rs_threshold"))
+    uses_rc = bool(base[whatif.IS_LEVEL] or base[whatif.RS] or base[whatif.BYPASS])
+    with st.expander("Rollout correction", expanded=uses_rc):
+        if opts.is_levels is None:
+            st.caption("This build of rldiag has no rollout correction yet.")
+            return chosen
+        c1, c2, c3, c4 = st.columns(4)
+        levels = ["none"] + opts.is_levels
+        level = c1.selectbox("rollout_is", levels, key="wi_is",
+                             index=_index(levels, base[whatif.IS_LEVEL] if base[whatif.IS_LEVEL] else "none"))
+        chosen[whatif.IS_LEVEL] = None if level == "none" else level
+        chosen[whatif.IS_THRESHOLD] = whatif.parse_value(
+            c2.text_input("rollout_is_threshold", str(base[whatif.IS_THRESHOLD]), key="wi_is_threshold",
+                          help="A number (TIS: truncate above it) or lower_upper (IcePop: zero outside)"))
+        chosen[whatif.IS_NORMALIZE] = c3.checkbox("batch-normalize IS", bool(base[whatif.IS_NORMALIZE]),
+                                                  key="wi_is_norm")
+        chosen[whatif.BYPASS] = c4.checkbox("bypass_mode", bool(base[whatif.BYPASS]), key="wi_bypass")
+        c1, c2 = st.columns([3, 1])
+        rs = c1.multiselect("rollout_rs (rejection)", opts.rs_options, default=whatif.rs_options(base[whatif.RS]),
+                            key="wi_rs")
+        chosen[whatif.RS] = whatif.rs_value(rs)
+        rs_thr = base[whatif.RS_THRESHOLD]
+        chosen[whatif.RS_THRESHOLD] = whatif.parse_value(
+            c2.text_input("rollout_rs_threshold", "" if rs_thr is None else str(rs_thr), key="wi_rs_threshold"))
     return chosen
 
 

@@ -28,12 +28,18 @@ SUMMARY_METRICS = (
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("recompute", help="recompute a run under its own or alternative settings")
-    sp.add_argument("run", help="the run directory")
+    sp.add_argument("run", help="the run directory, or an object-store URI (s3://bucket/run)")
     add_settings_flags(sp)
     sp.add_argument("--name", help="scenario name (default: baseline, or a slug of the overrides)")
     sp.add_argument("--steps", help="12, 10:20, 10:, :20 or 1,5,9 (default: all)")
     sp.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     sp.add_argument("--save-tokens", action="store_true", help="also write per-token results")
+    sp.add_argument("--executor", choices=("local", "ray"), default="local",
+                    help="where steps run: this process (default) or a Ray cluster (pip install 'rldiag[ray]')")
+    sp.add_argument("--ray-address", default=None,
+                    help="with --executor ray: the cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    sp.add_argument("--gpus-per-task", type=float, default=1.0,
+                    help="with --executor ray on GPUs: GPUs each task requests (default 1; 0.5 shares one GPU)")
     sp.add_argument("--no-reuse", dest="reuse", action="store_false",
                     help="recompute every step, even those unchanged since the last run of this scenario")
     sp.add_argument("--follow", action="store_true",
@@ -45,35 +51,57 @@ def add_parser(sub) -> None:
     sp.set_defaults(func=run)
 
 
+def _executor(args: argparse.Namespace):
+    if args.executor == "ray":
+        from rldiag.executors.ray_cluster import RayExecutor
+
+        return RayExecutor(address=args.ray_address, gpus_per_task=args.gpus_per_task)
+    return "local"
+
+
 def run(args: argparse.Namespace) -> int:
-    from rldiag.recompute import follow, recompute
+    executor = _executor(args)
+    try:
+        return _follow(args, executor) if args.follow else _once(args, executor)
+    finally:
+        if not isinstance(executor, str):
+            executor.close()
 
-    if args.follow:
-        def on_update(rep) -> None:
-            new = len(rep.steps_done) - len(rep.steps_reused)
-            console.print(f"{rep.name}: {len(rep.steps_done)} steps ({new} new), "
-                          f"{len(rep.steps_failed)} waiting or failed, {rep.seconds:.2f}s")
 
-        try:
-            report = follow(args.run, overrides_from_args(args), name=args.name, poll_seconds=args.poll,
-                            idle_timeout=args.idle_timeout, on_update=on_update, steps=args.steps,
-                            device=args.device, save_tokens=args.save_tokens)
-        except KeyboardInterrupt:
-            console.print("stopped following")
-            return 0
-        return _summary(report)
+def _once(args: argparse.Namespace, executor) -> int:
+    from rldiag.recompute import recompute
+
     with progress_bar("recompute", enabled=args.progress) as bar:
         report = recompute(
             args.run, overrides_from_args(args), name=args.name, steps=args.steps, device=args.device,
-            save_tokens=args.save_tokens, progress=bar, reuse=args.reuse,
+            save_tokens=args.save_tokens, progress=bar, reuse=args.reuse, executor=executor,
         )
+    return _summary(report)
+
+
+def _follow(args: argparse.Namespace, executor) -> int:
+    from rldiag.recompute import follow
+
+    def on_update(rep) -> None:
+        new = len(rep.steps_done) - len(rep.steps_reused)
+        console.print(f"{rep.name}: {len(rep.steps_done)} steps ({new} new), "
+                      f"{len(rep.steps_failed)} waiting or failed, {rep.seconds:.2f}s")
+
+    try:
+        report = follow(args.run, overrides_from_args(args), name=args.name, poll_seconds=args.poll,
+                        idle_timeout=args.idle_timeout, on_update=on_update, steps=args.steps,
+                        device=args.device, save_tokens=args.save_tokens, executor=executor)
+    except KeyboardInterrupt:
+        console.print("stopped following")
+        return 0
     return _summary(report)
 
 
 def _summary(report) -> int:
     reused = f", {len(report.steps_reused)} reused" if report.steps_reused else ""
     table = Table(title=f"scenario {report.name}  ({len(report.steps_done)} steps{reused}, {report.rows} rows, "
-                        f"{report.tokens} tokens recomputed, {report.seconds:.2f}s on {report.device})")
+                        f"{report.tokens} tokens recomputed, {report.seconds:.2f}s on {report.device}"
+                        f"{' via ' + report.executor if report.executor != 'local' else ''})")
     table.add_column("metric", no_wrap=True)
     for col in ("first", "last", "mean", "min", "max"):
         table.add_column(col, justify="right")

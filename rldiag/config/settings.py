@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from rldiag.errors import ConfigError
+from rldiag.io.fs import as_path
 
 #: verl's defaults for every key rldiag reads. ``None`` means "null" in verl's YAML.
 DEFAULTS: dict[str, Any] = {
@@ -312,7 +313,7 @@ def resolve_settings(
     values: dict[str, Any] = dict(DEFAULTS)
     config_file = None
     if config is None and run_dir is not None:
-        path = find_config_file(Path(run_dir))
+        path = find_config_file(as_path(run_dir))
         if path is not None:
             config = load_config_file(path)
             config_file = str(path)

@@ -119,6 +119,14 @@ class Batch:
         return replace(self, **changes)
 
 
+#: neutral fillers ``(rows, device) -> (rows,)`` for optional extra columns a packed batch lacks:
+#: grpo's session folding with every row its own session is plain grpo.
+_NEUTRAL_EXTRA = {
+    "session_id": lambda rows, dev: torch.arange(rows, dtype=torch.long, device=dev),
+    "output_index": lambda rows, dev: torch.zeros(rows, dtype=torch.long, device=dev),
+}
+
+
 def pack(batches: list[Batch]) -> Batch:
     """Concatenate several batches (each of one or more steps) into one, re-padding to the
     widest and renumbering steps and groups so that they stay distinct."""
@@ -148,11 +156,18 @@ def pack(batches: list[Batch]) -> Batch:
         else:
             out[name] = torch.cat(parts)
     extra_keys = set.intersection(*(set(b.extra) for b in batches)) if batches else set()
+    # optional columns some batches lack: filled where a neutral value exists (each row its own
+    # session is no folding), else dropped for the whole pack
+    union = set.union(*(set(b.extra) for b in batches)) if batches else set()
+    extra_keys |= {k for k in union - extra_keys if k in _NEUTRAL_EXTRA}
     extra = {}
     for k in extra_keys:
         parts, off = [], 0
         for b in batches:
-            codes = b.extra[k]
+            if k in _NEUTRAL_EXTRA and not all(x in b.extra for x in _NEUTRAL_EXTRA):
+                codes = _NEUTRAL_EXTRA[k](b.n_rows, b.device)  # the pair is filled together
+            else:
+                codes = b.extra[k]
             if codes.dim() == 2:  # (rows, tokens) extras are re-padded like the token fields
                 codes = torch.nn.functional.pad(codes, (0, width - codes.shape[1]))
             if k in ID_EXTRA_KEYS and codes.numel():

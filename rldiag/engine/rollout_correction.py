@@ -184,9 +184,10 @@ def _seq_std0(x: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
 
 def _clamped_std(values: torch.Tensor, mask: torch.Tensor, seg: torch.Tensor, n: int, lo: float, hi: float) -> torch.Tensor:
     """``sqrt(max(E[c^2] - E[c]^2, 0))`` of ``c = clamp(values, lo, hi)`` over masked tokens; 0
-    where a segment has at most one token. Computed two-pass, ``E[(c - E[c])^2]``: the same
-    quantity (up to the 1e-8 of the masked means), without the float32 cancellation of verl's
-    one-pass form when the spread is small next to the mean."""
+    where a segment has at most one token. Computed two-pass, ``E[(c - E[c])^2]``: verl's one-pass
+    float32 form agrees to float32 precision except when the spread is below ~3e-4 of the values'
+    size, where verl's result is rounding noise (and the 1e-8 of its masked means adds up to
+    ``sqrt(1e-8 / n)`` of the size); the two-pass value is the spread itself."""
     c = torch.clamp(values, min=lo, max=hi)
     mean = step_masked_mean(c, mask, seg, n)
     var = step_masked_mean((c - mean[seg].unsqueeze(-1)).square(), mask, seg, n)
@@ -295,18 +296,46 @@ class RSContext:
         return torch.exp(self.log_ratio) - 1.0 - self.log_ratio
 
 
-#: fn(ctx) -> (per-token statistic, per-row statistic or None for token-level options)
-RSFn = Callable[[RSContext], tuple[torch.Tensor, torch.Tensor | None]]
+#: fn(ctx) -> (per-token statistic, None) for token-level options, (None, per-row statistic) for
+#: sequence-level ones; both ``(rows, tokens)`` / ``(rows,)``.
+RSFn = Callable[[RSContext], tuple[torch.Tensor | None, torch.Tensor | None]]
 RS_OPTIONS: Registry[RSFn] = Registry("rollout_rs option")
 
 
-def _row_sum(ctx: RSContext, v: torch.Tensor) -> torch.Tensor:
-    return masked_sum_rows(v, ctx.mask)
-
-
-def _row_max(ctx: RSContext, v: torch.Tensor) -> torch.Tensor:
-    best = v.masked_fill(~ctx.mask.bool(), float("-inf")).max(dim=-1).values if v.shape[-1] else v.sum(-1)
+def _row_max(v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Max over the row's masked tokens ``(rows,)``; 0 for a row without tokens (verl)."""
+    if v.shape[-1] == 0:
+        return v.sum(-1)
+    best = v.masked_fill(~mask.bool(), float("-inf")).max(dim=-1).values
     return torch.where(best == float("-inf"), torch.zeros_like(best), best)
+
+
+_ROW_REDUCTIONS = {
+    "sum": lambda v, m: masked_sum_rows(v, m),
+    "mean": _row_mean,
+    "max": _row_max,
+}
+
+
+def _rs_option(estimator: str, level: str) -> RSFn:
+    """The rejection statistic ``estimator`` (k1/k2/k3 of the clamped log-ratio) per token
+    (``level`` "token") or reduced over the row's masked tokens ("sum", "mean", "max")."""
+
+    def option(ctx: RSContext) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        stat = getattr(ctx, estimator)
+        if level == "token":
+            return stat, None
+        return None, _ROW_REDUCTIONS[level](stat, ctx.mask)
+
+    option.__name__ = f"rs_{level}_{estimator}"
+    return option
+
+
+for _est in ("k1", "k2", "k3"):
+    RS_OPTIONS.register(f"token_{_est}", source="verl rollout_corr_helper")(_rs_option(_est, "token"))
+    for _level in ("sum", "mean", "max"):
+        if not (_level == "max" and _est == "k1"):  # verl has no seq_max_k1
+            RS_OPTIONS.register(f"seq_{_level}_{_est}", source="verl rollout_corr_helper")(_rs_option(_est, _level))
 
 
 def _binary_kl(log_p: torch.Tensor, log_q: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -314,22 +343,6 @@ def _binary_kl(log_p: torch.Tensor, log_q: torch.Tensor, eps: float = 1e-6) -> t
     p = torch.clamp(torch.exp(log_p.float()), eps, 1.0 - eps)
     q = torch.clamp(torch.exp(log_q.float()), eps, 1.0 - eps)
     return (p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))).to(log_p.dtype)
-
-
-for _k in ("k1", "k2", "k3"):
-    RS_OPTIONS.register(f"token_{_k}", source="verl rollout_corr_helper")(
-        lambda ctx, k=_k: (getattr(ctx, k), None)
-    )
-    RS_OPTIONS.register(f"seq_sum_{_k}", source="verl rollout_corr_helper")(
-        lambda ctx, k=_k: (None, _row_sum(ctx, getattr(ctx, k)))
-    )
-    RS_OPTIONS.register(f"seq_mean_{_k}", source="verl rollout_corr_helper")(
-        lambda ctx, k=_k: (None, _row_mean(getattr(ctx, k), ctx.mask))
-    )
-    if _k != "k1":
-        RS_OPTIONS.register(f"seq_max_{_k}", source="verl rollout_corr_helper")(
-            lambda ctx, k=_k: (None, _row_max(ctx, getattr(ctx, k)))
-        )
 
 
 @RS_OPTIONS.register("binary_kl", source="verl rollout_corr_helper (KPop)")

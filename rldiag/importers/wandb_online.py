@@ -155,6 +155,21 @@ def _entries(art) -> dict[str, Any]:
     return dict(entries)
 
 
+def _algorithm(entry) -> str:
+    """"md5" or "xxh128": how the entry's digest was computed."""
+    fn = getattr(entry, "digest_algorithm", None)
+    alg = ""
+    if callable(fn):
+        try:
+            alg = str(fn())
+        except Exception:  # noqa: BLE001 - an entry without the method's data: fall back to extra
+            alg = ""
+    if not alg:
+        extra = getattr(entry, "extra", None) or {}
+        alg = str(extra.get("alg", "")) if isinstance(extra, dict) else ""
+    return "xxh128" if "xxh128" in alg.lower() else "md5"
+
+
 def download_batches(art, writer: RunDirWriter, *, progress: Progress | None = None) -> ArtifactInfo:
     """Download the ``step_<N>`` files of one artifact, verify their digests, stage them."""
     name = str(getattr(art, "name", "?"))
@@ -176,10 +191,12 @@ def download_batches(art, writer: RunDirWriter, *, progress: Progress | None = N
             if not local.is_file():
                 raise WandbImportError(f"downloading {p} of artifact {name} gave no file at {local}")
             if digest and not ref:
-                got = file_digest(local)
+                alg = _algorithm(entry)
+                got = file_digest(local, alg)
                 if got != digest:
                     raise WandbImportError(
-                        f"artifact {name}: {p} downloaded with MD5 {got}, the manifest says {digest}; not imported"
+                        f"artifact {name}: {p} downloaded with {alg.upper()} {got}, the manifest says {digest}; "
+                        "not imported"
                     )
             writer.add_batch_file(step, p.rsplit("/", 1)[-1], local, source=name, move=True)
             if progress is not None:

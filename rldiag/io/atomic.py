@@ -15,11 +15,18 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file beside ``path``, fsync, then rename over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the file a normal mode
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

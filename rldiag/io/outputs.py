@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pyarrow.parquet as pq
 import torch
 
 from rldiag.errors import OutputError, RunDirError
+from rldiag.io.fs import RemotePath, as_path, is_remote
 
 TOKEN_OUTPUTS = (
     "advantages",
@@ -94,12 +96,12 @@ def json_safe(obj):
     return obj
 
 
-def scenario_dir(run_path: Path, name: str) -> Path:
-    return Path(run_path) / "rldiag" / "scenarios" / name
+def scenario_dir(run_path: Path | RemotePath | str, name: str) -> Path | RemotePath:
+    return as_path(run_path) / "rldiag" / "scenarios" / name
 
 
-def list_scenarios(run_path: Path) -> list[str]:
-    root = Path(run_path) / "rldiag" / "scenarios"
+def list_scenarios(run_path: Path | RemotePath | str) -> list[str]:
+    root = as_path(run_path) / "rldiag" / "scenarios"
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / "scenario.json").is_file())
@@ -111,6 +113,29 @@ def read_scenario(run_path: Path, name: str) -> tuple[dict, pa.Table]:
     if not (d / "scenario.json").is_file():
         have = list_scenarios(run_path)
         raise RunDirError(f"no scenario {name!r} in {run_path}; have: {', '.join(have) or 'none'}")
+    if is_remote(d):
+        return _read_remote_scenario(d)
     meta = json.loads((d / "scenario.json").read_text())
     table = pq.read_table(d / "metrics.parquet") if (d / "metrics.parquet").is_file() else pa.table({"step": pa.array([], pa.int64())})
     return meta, table
+
+
+def _read_remote_scenario(d: RemotePath, attempts: int = 3) -> tuple[dict, pa.Table]:
+    """On an object store, objects are rewritten in place (:mod:`rldiag.io.scenario_writer`):
+    ``metrics.parquet`` is checked against the size and SHA-256 that ``scenario.json`` lists for
+    it, and read again after a pause if a rewrite got in between."""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.5 * attempt)
+        meta_path = d / "scenario.json"
+        if not meta_path.exists():
+            raise RunDirError(f"no complete scenario at {d} (it is being written, or a write was interrupted)")
+        meta = json.loads(meta_path.read_text())
+        record = (meta.get("outputs") or {}).get("metrics.parquet")
+        mp = d / "metrics.parquet"
+        if record is None and not mp.exists():
+            return meta, pa.table({"step": pa.array([], pa.int64())})
+        data = mp.read_bytes() if mp.exists() else b""
+        if record is None or (len(data) == record.get("size") and hashlib.sha256(data).hexdigest() == record.get("sha256")):
+            return meta, pq.read_table(pa.BufferReader(data))
+    raise OutputError(f"{d}: metrics.parquet does not match scenario.json; the scenario is being rewritten, try again")

@@ -122,7 +122,7 @@ class Store:
     def source_columns(self, scenarios: list[str]) -> dict[str, str]:
         """Source name -> column of :meth:`joined` (a scenario named ``logged`` gets a suffix)."""
         cols = {LOGGED: LOGGED}
-        for s in scenarios:
+        for s in sorted(scenarios, key=lambda s: s != "baseline"):  # baseline first: the same colour everywhere
             cols[s] = s if s != LOGGED else f"{s} (scenario)"
         return cols
 

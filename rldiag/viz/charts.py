@@ -17,6 +17,16 @@ SCENARIO_COLOURS = ("#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e37
 GL_POINTS = 5000
 
 
+#: room above the panels' titles for the legend, in pixels
+LEGEND_PX = 28
+
+
+def _paper(px: float, height: int, top: int, bottom: int) -> float:
+    """``px`` pixels as a fraction of the plotting area's height (to place the legend above
+    the subplot titles instead of over them)."""
+    return px / max(1, height - top - bottom)
+
+
 def source_colour(i: int) -> str:
     """Colour of source ``i`` (0 = logged)."""
     return LOGGED_COLOUR if i == 0 else SCENARIO_COLOURS[(i - 1) % len(SCENARIO_COLOURS)]
@@ -75,8 +85,10 @@ def metric_grid(
                                 name=label, legendgroup=label, showlegend=label not in shown,
                                 line=dict(color=colour, width=2, dash=dash), marker=dict(size=4)), row=r, col=c)
             shown.add(label)
-    fig.update_layout(height=max(300, rows * row_height), margin=dict(l=40, r=20, t=40, b=30),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0), hovermode="x unified")
+    height = max(300, rows * row_height) + LEGEND_PX
+    fig.update_layout(height=height, margin=dict(l=40, r=20, t=40 + LEGEND_PX, b=30),
+                      legend=dict(orientation="h", yanchor="bottom", x=0, y=1 + _paper(LEGEND_PX, height, 40 + LEGEND_PX, 30)),
+                      hovermode="x unified")
     fig.update_xaxes(title_text=None)
     return fig
 
@@ -159,8 +171,10 @@ def heat_strip(tokens: dict[str, list]) -> go.Figure:
                                  hovertemplate="token %{x}<br>mask %{z}<extra></extra>"),
                       row=row, col=1)
     for a, b in mask_spans(tokens.get("mask", [])):
-        fig.add_vrect(x0=a - 0.5, x1=b + 0.5, fillcolor="rgba(120,120,120,0.18)", line_width=0,
-                      annotation_text="tool", annotation_position="top left", annotation_font_size=10)
+        # one shaded band per strip, labelled once above the first
+        fig.add_vrect(x0=a - 0.5, x1=b + 0.5, fillcolor="rgba(120,120,120,0.18)", line_width=0, row="all", col=1)
+        fig.add_annotation(x=(a + b) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", text="tool",
+                           showarrow=False, font=dict(size=10, color="#555"))
     fig.update_layout(height=90 + 70 * n, margin=dict(l=150, r=20, t=30, b=30))
     fig.update_xaxes(title_text="token position", row=n, col=1)
     return fig

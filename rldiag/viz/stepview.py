@@ -31,3 +31,17 @@ def rollout_n(settings: Mapping[str, Any]) -> int | None:
         return int(v) if v is not None and not isinstance(v, bool) else None
     except (TypeError, ValueError):
         return None
+
+
+def interesting_row(rows) -> int:
+    """The row the step page opens on: one with a tool span and a nonzero score, else one with a
+    tool span, else the first. ``rows`` is ``Store.step_rows`` (a polars frame)."""
+    best = None
+    for r in rows.iter_rows(named=True):
+        if r["tool_tokens"] and r["score_total"]:
+            return r["row"]
+        if r["tool_tokens"] and best is None:
+            best = r["row"]
+    if best is not None:
+        return best
+    return rows["row"][0] if rows.height else 0

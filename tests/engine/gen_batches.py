@@ -50,7 +50,12 @@ def loss_step(draw, min_rows=1, max_rows=7, max_len=10, need_token=True):
             a = a + rng.normal(0, 0.5, L)  # token-level advantages (GAE-like)
         adv.append(list(a * np.array(m)))
     weights = [list(rng.uniform(0.2, 2.5, L) * np.array(m)) for L, m in zip(lengths, mask)]
-    return dict(lengths=lengths, mask=mask, old=old, new=new, rollout=rollout, adv=adv, weights=weights)
+
+    def f32(rows):  # the engine sees float32 inputs; give the references the same numbers
+        return [[float(x) for x in np.asarray(r, dtype=np.float32)] for r in rows]
+
+    return dict(lengths=lengths, mask=mask, old=f32(old), new=f32(new), rollout=f32(rollout), adv=f32(adv),
+                weights=f32(weights))
 
 
 def pad(lists, width=None):

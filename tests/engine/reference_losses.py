@@ -351,6 +351,13 @@ def _bkl(lp, lq, eps=1e-6):
     return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
 
 
+def _std_two_pass(values, mask):
+    """verl's sqrt(mm(x^2) - mm(x)^2) evaluated as sqrt(mm((x - mm x)^2)): rldiag's documented
+    two-pass form (verl's one-pass float32 value is within ~sqrt(eps32) * rms of it)."""
+    mu = masked_mean(values, mask)
+    return math.sqrt(max(masked_mean([[(x - mu) ** 2 for x in r] for r in values], mask), 0.0))
+
+
 def rollout_correction_ref(train, rollout, mask, cfg: RC):
     """(IS weights or None, new mask, metrics without the rollout_corr/ prefix) for one batch."""
     lr = [[a - b for a, b in zip(tr, rr)] for tr, rr in zip(train, rollout)]
@@ -382,11 +389,7 @@ def rollout_correction_ref(train, rollout, mask, cfg: RC):
             mtr["rollout_is_ratio_fraction_high"] = masked_mean([[1.0 if x > up else 0.0 for x in r] for r in raw], mask)
             mtr["rollout_is_ratio_fraction_low"] = masked_mean([[1.0 if x < lo_m else 0.0 for x in r] for r in raw], mask)
         cl = [[clamp(x, 0.0, up) for x in r] for r in wts]
-        if len(vals) > 1:
-            mu = masked_mean(cl, mask)
-            mtr["rollout_is_std"] = math.sqrt(max(masked_mean([[x * x for x in r] for r in cl], mask) - mu * mu, 0.0))
-        else:
-            mtr["rollout_is_std"] = 0.0
+        mtr["rollout_is_std"] = _std_two_pass(cl, mask) if len(vals) > 1 else 0.0
         mu = masked_mean(cl, mask)
         mtr["rollout_is_eff_sample_size"] = 1.0 / masked_mean([[(x / (mu + 1e-8)) ** 2 for x in r] for r in cl], mask)
         seqw = [row_mean(r, mr) for r, mr in zip(wts, mask)]
@@ -454,8 +457,7 @@ def rollout_correction_ref(train, rollout, mask, cfg: RC):
         n_tok = sum(sum(mr) for mr in mask)
         if n_tok > 1:
             cl = [[min(max(x, lo), hi) if lo <= hi else hi for x in r] for r in stat]
-            mu = masked_mean(cl, mask)
-            mtr[f"{p}_std"] = math.sqrt(max(masked_mean([[x * x for x in r] for r in cl], mask) - mu * mu, 0.0))
+            mtr[f"{p}_std"] = _std_two_pass(cl, mask)
         else:
             mtr[f"{p}_std"] = 0.0
         mtr[f"{p}_seq_mean"] = sum(sv) / len(sv)

@@ -17,7 +17,7 @@ from rldiag.engine.batch import pack
 from rldiag.io.schema import estimator_need, estimator_optional
 from tests.engine.advantage_cases import cases, close, noise_tolerance, run, settings_for, to_batch
 
-HS15 = hsettings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HS15 = hsettings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.parametrize("name", ESTIMATORS.names())
@@ -102,3 +102,19 @@ def _tiny(rows, width):
 
     c = make_case(7, rows, width, equal_groups=False, long_row=False, noise=False)
     return c
+
+
+def test_pack_of_steps_with_and_without_session_columns_folds_only_where_present():
+    from dataclasses import replace
+
+    from tests.engine.advantage_cases import make_case
+
+    c1, c2 = make_case(3, 6, 5, False, False, False), make_case(4, 6, 5, False, False, False)
+    b1 = to_batch(c1, step=1)
+    b2 = to_batch(c2, step=2)
+    b2 = replace(b2, extra={k: v for k, v in b2.extra.items() if k not in ("session_id", "output_index")})
+    packed_adv, _, _ = run("grpo", pack([b1, b2]))
+    one, _, _ = run("grpo", b1)
+    two, _, _ = run("grpo", b2)
+    close(packed_adv[:6], one, c1.lengths)
+    close(packed_adv[6:], two, c2.lengths)

@@ -90,7 +90,7 @@ def test_otb_names_the_missing_column():
     assert ESTIMATORS.meta("tir_optimal_token_baseline")["needs"] == ("old_log_probs", "sum_pi_squared")
 
 
-STEPS = st.lists(cases(max_rows=7), min_size=1, max_size=3)
+STEPS = st.lists(cases(max_rows=6), min_size=1, max_size=3)
 
 
 @HS

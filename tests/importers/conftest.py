@@ -30,8 +30,6 @@ import pytest
 
 from rldiag.synth import SynthSpec, write_synth_run
 
-pytest.importorskip("wandb")
-
 WRITER = Path(__file__).with_name("wandb_writer.py")
 STEPS = 60
 BIG_STEP = 7
@@ -153,6 +151,7 @@ class WandbRuns:
 
 @pytest.fixture(scope="session")
 def wandb_runs(tmp_path_factory) -> WandbRuns:
+    pytest.importorskip("wandb")
     root = tmp_path_factory.mktemp("wandb-offline")
     synth = write_synth_run(root / "synth", SynthSpec(steps=3, seed=11, config=BASE_CONFIG, write_metrics=False))
     export_src = write_synth_run(root / "export-src", SynthSpec(steps=4, seed=5))

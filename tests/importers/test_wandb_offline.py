@@ -18,6 +18,8 @@ from rldiag.importers.wandb_log import BLOCK_LEN, LogStats, iter_records
 from rldiag.importers.wandb_records import read_offline_run
 from rldiag.io.rundir import RunDir, iter_metrics_lines
 
+pytest.importorskip("wandb")
+
 from .conftest import BASE_CONFIG, BIG_STEP, BIG_VALUE_LEN, CONFIG_UPDATE, STEPS, flat_expected, same_value
 
 

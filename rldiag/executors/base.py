@@ -1,0 +1,36 @@
+"""The interface every executor implements, and the plan it is given."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rldiag.executors.steps import Job, StepOutcome, StepTask
+
+
+@dataclass
+class Plan:
+    """One recompute as an executor sees it."""
+
+    job: Job
+    tasks: list[StepTask]  # the chosen steps, in step order
+    replay: list[StepTask] = field(default_factory=list)  # adaptive KL: the run's steps before the first chosen one
+
+
+class Executor(Protocol):
+    """Runs a :class:`Plan`; the driver (:func:`rldiag.recompute.recompute`) writes what it yields.
+
+    ``start`` connects to what runs the steps and resolves ``--device`` there (returns e.g.
+    ``"cpu"``, ``"cuda"``); ``run`` yields one :class:`StepOutcome` per task, in step order, so
+    that the driver keeps memory flat and owns every write; ``close`` releases what ``start``
+    acquired. ``start`` may be called again on a started executor (``--follow``).
+    """
+
+    name: str
+
+    def start(self, device: str) -> str: ...
+
+    def run(self, plan: Plan) -> Iterator[StepOutcome]: ...
+
+    def close(self) -> None: ...

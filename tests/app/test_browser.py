@@ -1,0 +1,151 @@
+"""The app in a real browser: ``streamlit run`` on a free local port, driven by Debian's chromium.
+
+The sample loads and a chart renders; lines appended to metrics.jsonl (a half-written one
+included) appear without a reload; changing the estimator on the what-if page and recomputing
+adds the scenario to its chart; every page renders. Screenshots of each page go to
+``$RLDIAG_SCREENSHOTS`` (else the test's tmp dir).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rldiag.synth import SynthSpec, write_synth_run
+from rldiag.viz.runs import default_run
+from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
+
+pytestmark = pytest.mark.browser
+
+CHART = ".js-plotly-plot .main-svg"
+TIMEOUT_MS = 45_000
+
+
+@pytest.fixture
+def browser_run(tmp_path):
+    """A copy of the bundled sample (never the sample itself: the test appends to it)."""
+    sample = default_run()
+    run = tmp_path / "run"
+    if sample is not None:
+        shutil.copytree(sample, run, ignore=shutil.ignore_patterns("rldiag"))
+    else:
+        write_synth_run(run, SynthSpec(steps=8, seed=2))
+    return run
+
+
+@pytest.fixture
+def app_page(browser_run, tmp_path):
+    exe = chromium_path()
+    if exe is None:
+        pytest.skip("chromium is not installed (apt-get install chromium); CI installs it")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with AppServer(browser_run, log=tmp_path / "streamlit.log") as srv, sync_api.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            tempfile.mkdtemp(prefix="chromium-", dir=tmp_path), executable_path=exe, headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            pg = ctx.new_page()
+            pg.set_default_timeout(TIMEOUT_MS)
+            pg.goto(srv.url)
+            yield pg
+        finally:
+            ctx.close()
+
+
+def _shots(tmp_path) -> Path:
+    d = Path(os.environ.get("RLDIAG_SCREENSHOTS") or tmp_path / "screenshots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _shoot(pg, path: Path) -> None:
+    """The whole page: Streamlit scrolls inside its main block, so the viewport is grown to fit it."""
+    height = pg.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    pg.set_viewport_size({"width": 1400, "height": min(int(height) + 40, 8000)})
+    pg.wait_for_timeout(600)  # plotly re-lays out at the new size
+    pg.screenshot(path=str(path))
+    pg.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def _trace_names(pg, i: int = 0) -> list[str]:
+    return pg.evaluate(f"() => Array.from(document.querySelectorAll('.js-plotly-plot')[{i}].data).map(t => t.name)")
+
+
+def _logged_x(pg) -> list[int]:
+    return pg.evaluate(
+        "() => document.querySelectorAll('.js-plotly-plot')[0].data.filter(t => t.name === 'logged')[0].x")
+
+
+def _goto(pg, title: str) -> None:
+    pg.get_by_role("link", name=title).click()
+    pg.get_by_role("heading", name=title).wait_for()
+
+
+def test_pages_in_a_browser(app_page, browser_run, tmp_path):
+    pg, shots = app_page, _shots(tmp_path)
+    # 1. the sample loads and the metrics chart renders
+    pg.wait_for_selector(CHART)
+    latest = max(json.loads(line)["step"] for line in (browser_run / "metrics.jsonl").read_text().splitlines() if line)
+    pg.get_by_text(f"Latest logged step {latest}", exact=False).wait_for()
+    assert "logged" in _trace_names(pg)
+    _shoot(pg, shots / "metrics.png")
+
+    # 2. lines appended while training runs appear without a reload; a half-written one waits
+    m = browser_run / "metrics.jsonl"
+    with m.open("a") as fh:
+        fh.write(json.dumps({"step": latest + 1, "data": {"critic/score/mean": 0.5, "actor/pg_clipfrac": 0.1}}) + "\n")
+        fh.write('{"step": %d, "data": {"critic/score/mean": 0.' % (latest + 2))
+    pg.get_by_text(f"Latest logged step {latest + 1}", exact=False).wait_for()
+    pg.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot')[0].data"
+                         f".some(t => t.name === 'logged' && t.x.includes({latest + 1}))")
+    assert latest + 2 not in _logged_x(pg)
+    with m.open("a") as fh:
+        fh.write('25}}\n')
+    pg.get_by_text(f"Latest logged step {latest + 2}", exact=False).wait_for()
+
+    # 3. what-if: another estimator, recomputed; its scenario joins the chart
+    _goto(pg, "What-if")
+    pg.wait_for_selector(CHART)
+    box = pg.locator('[data-testid="stSelectbox"]').filter(has_text="Advantage estimator")
+    current = box.inner_text()
+    target = "rloo" if "rloo" not in current.split("\n")[-1] else "grpo"
+    box.click()
+    pg.get_by_role("option", name=target, exact=True).click()
+    pg.get_by_text(f"adv_estimator={target}", exact=False).first.wait_for()
+    pg.get_by_role("button", name="Recompute").click()
+    pg.wait_for_function(f"() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                         f".some(p => p.data.some(t => t.name === 'adv_estimator={target}'))", timeout=120_000)
+    assert {"baseline", f"adv_estimator={target}"} <= set(_trace_names(pg))
+    _shoot(pg, shots / "whatif.png")
+
+    # 4. the other pages render
+    _goto(pg, "Step")
+    pg.wait_for_selector(CHART)
+    pg.get_by_text("Checklist", exact=False).first.wait_for()
+    _shoot(pg, shots / "step.png")
+    _goto(pg, "Off-policy")
+    pg.wait_for_selector(CHART)
+    _shoot(pg, shots / "offpolicy.png")
+    _goto(pg, "Health")
+    pg.get_by_text("Rules without a finding").wait_for()
+    links = pg.locator('[data-testid="stPageLink-NavLink"]')
+    if links.count():  # a finding: its steps link to the Step page
+        links.first.wait_for()
+        _shoot(pg, shots / "health.png")
+        label = links.first.inner_text().strip()  # "step N"
+        links.first.click()
+        pg.get_by_role("heading", name="Step").wait_for()
+        box = pg.locator('[data-testid="stSelectbox"]').filter(has_text="Step").first
+        pg.wait_for_function("(want) => Array.from(document.querySelectorAll('[data-testid=\"stSelectbox\"]'))"
+                             ".some(b => b.innerText.startsWith('Step') && b.innerText.trim().endsWith(want))",
+                             arg=label.split()[-1])
+        assert box.inner_text().strip().endswith(label.split()[-1])
+    else:
+        _shoot(pg, shots / "health.png")
+    assert not pg.locator('[data-testid="stException"]').count()

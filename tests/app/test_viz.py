@@ -1,0 +1,184 @@
+"""rldiag.viz: the helpers behind the pages (no Streamlit)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+import pytest
+
+from rldiag.config.settings import resolve_settings
+from rldiag.store import StepFacts
+from rldiag.viz import checklist, whatif
+from rldiag.viz.charts import heat_strip, mask_spans, metric_grid
+from rldiag.viz.metric_groups import NO_PREFIX, default_selection, filter_names, group_by_prefix, search
+from rldiag.viz.offpolicy import OTHER, panels
+from rldiag.viz.runs import default_run, initial_run, run_from_argv
+from rldiag.viz.smoothing import ema
+from rldiag.viz.timefmt import ago, live_line
+
+NAMES = ["actor/pg_loss", "actor/ppo_kl", "critic/score/mean", "rollout_corr/kl", "lr", "actor/pg_clipfrac"]
+
+
+def test_groups_and_search():
+    g = group_by_prefix(NAMES)
+    assert list(g) == ["actor/", "critic/", "rollout_corr/", NO_PREFIX]
+    assert g["actor/"] == ["actor/pg_clipfrac", "actor/pg_loss", "actor/ppo_kl"]
+    assert search(NAMES, "KL") == ["actor/ppo_kl", "rollout_corr/kl"]
+    assert search(NAMES, "actor pg") == ["actor/pg_loss", "actor/pg_clipfrac"]
+    assert search(NAMES, "actor/*kl") == ["actor/ppo_kl"]
+    assert filter_names(NAMES, "kl", ["rollout_corr/"]) == ["rollout_corr/kl"]
+    assert default_selection(NAMES) == ["critic/score/mean", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss"]
+    assert default_selection(["b", "a"]) == ["b", "a"]
+
+
+def test_ema_is_tensorboards_debiased_average():
+    f = pl.DataFrame({"step": [3, 1, 2, 1], "metric": ["a", "a", "a", "b"], "v": [4.0, 1.0, None, 7.0]})
+    out = ema(f, ["v"], 0.5)
+    a = out.filter(pl.col("metric") == "a")["v"].to_list()
+    assert a[0] == 1.0 and a[1] is None and a[2] == pytest.approx((4.0 + 0.5 * 1.0) / 1.5)
+    assert out.filter(pl.col("metric") == "b")["v"].to_list() == [7.0]
+    assert ema(f, ["v"], 0.0) is f
+    with pytest.raises(ValueError):
+        ema(f, ["v"], 1.0)
+
+
+def test_offpolicy_panels():
+    p = panels(["rollout_corr/rollout_is_eff_sample_size", "rollout_corr/rollout_is_mean", "rollout_corr/kl",
+                "rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/log_ppl_diff",
+                "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/new_thing", "actor/pg_loss"])
+    assert p == {
+        "Effective sample size": ["rollout_corr/rollout_is_eff_sample_size"],
+        "Rejection fractions": ["rollout_corr/rollout_rs_masked_fraction"],
+        "IS weights": ["rollout_corr/rollout_is_mean"],
+        "Chi-squared": ["rollout_corr/chi2_token"],
+        "Rollout vs train KL": ["rollout_corr/k3_kl", "rollout_corr/kl"],
+        "PPL gap": ["rollout_corr/log_ppl_diff"],
+        OTHER: ["rollout_corr/new_thing"],
+    }
+
+
+def test_run_from_the_command_line(tmp_path):
+    assert run_from_argv(["/x/app/main.py", "/runs/a"]) == "/runs/a"
+    assert run_from_argv(["/x/app/main.py"]) is None
+    assert run_from_argv(["/usr/bin/pytest", "tests/app"]) is None  # a test runner's argv is not a run
+    assert initial_run(["pytest"], env={"RLDIAG_RUN": "/r"}) == "/r"
+    samples = tmp_path / "samples"
+    (samples / "aaa" / "batches").mkdir(parents=True)
+    (samples / "aaa" / "batches" / "step_1.parquet").write_bytes(b"")
+    (samples / "empty").mkdir()
+    assert default_run(samples) == samples / "aaa"
+    (samples / "ppo-gae" / "batches").mkdir(parents=True)
+    (samples / "ppo-gae" / "batches" / "step_1.parquet").write_bytes(b"")
+    assert default_run(samples) == samples / "ppo-gae"
+    assert default_run(tmp_path / "none") is None
+
+
+def test_whatif_overrides_only_what_changed():
+    s = resolve_settings(config={"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"actor": {"clip_ratio": 0.2}}})
+    base = whatif.base_values(s)
+    assert base[whatif.CLIP_LOW] == 0.2 and base[whatif.CLIP_HIGH] == 0.2
+    same = dict(base, **{whatif.CLIP_HIGH: 0.2 + 1e-15})
+    assert whatif.overrides(base, same) == {}
+    ovr = whatif.overrides(base, dict(base, **{whatif.ESTIMATOR: "rloo", whatif.CLIP_HIGH: 0.28}))
+    assert ovr == {whatif.ESTIMATOR: "rloo", whatif.CLIP_HIGH: 0.28}
+    assert whatif.scenario_name(ovr) == "clip_ratio_high=0.28__adv_estimator=rloo"
+    assert whatif.parse_value("0.5_2.0") == "0.5_2.0" and whatif.parse_value("2") == 2 and whatif.parse_value("") is None
+    assert whatif.rs_value(["token_k1", "seq_sum_k3"]) == "token_k1,seq_sum_k3" and whatif.rs_value([]) is None
+    opts = whatif.options()
+    assert "grpo" in opts.estimators and "token-mean" in opts.agg_modes and "vanilla" in opts.policy_losses
+    assert opts.is_levels == ["sequence", "token"]
+
+
+def test_mask_spans_and_the_heat_strip():
+    assert mask_spans([1, 0, 0, 1, 0]) == [(1, 2), (4, 4)]
+    assert mask_spans([1, 1]) == [] and mask_spans([0]) == [(0, 0)]
+    fig = heat_strip({"mask": [1, 0, 0, 1], "post_mask": [1, 0, 0, 0], "advantages": [0.5, 0.0, 0.0, -0.5],
+                      "ratio": [1.0, 1.1, 0.9, 1.0]})
+    assert [t.y[0] for t in fig.data] == ["advantage", "ratio π/π_old", "mask (batch)", "mask (after correction)"]
+    # the tool span, shaded on every strip and labelled once
+    assert [(s.x0, s.x1) for s in fig.layout.shapes] == [(0.5, 2.5)] * 4
+    assert [a.text for a in fig.layout.annotations] == ["tool"]
+    assert fig.data[0].zmin == -0.5 and fig.data[0].zmax == 0.5  # centred on 0
+
+
+def test_metric_grid_puts_every_source_on_the_metric_panel():
+    j = pl.DataFrame({"step": [1, 2, 1, 2], "metric": ["a", "a", "b", "b"], "logged": [1.0, 2.0, None, None],
+                      "base": [1.5, 2.5, 3.0, 4.0]})
+    fig = metric_grid(j, ["a", "b"], {"logged": "logged", "base": "base"})
+    panels_ = {(t.name, t.xaxis) for t in fig.data}
+    assert panels_ == {("logged", "x"), ("base", "x"), ("base", "x2")}
+    assert [t.showlegend for t in fig.data] == [True, True, False]
+
+
+def _facts(**kw) -> StepFacts:
+    base = StepFacts(step=1, rows=8, columns=[], groups=2, group_sizes={4: 2}, multi_groups=2, flat_groups=0,
+                     score_min=0.0, score_max=1.0, score_mean=0.5, score_zero_rows=4, actor_tokens=80,
+                     scenario="s", rewards_compared=8, rewards_sign_flips=0, rewards_max_abs_change=0.0,
+                     rejected_tokens=0, unmasked_tokens=0, adv_tokens=80, adv_mean=0.0, adv_std=1.0,
+                     adv_positive_fraction=0.5, adv_nonfinite=0, ratio_tokens=80, ratio_mean=1.0, ratio_min=0.9,
+                     ratio_max=1.1)
+    return dataclasses.replace(base, **kw)
+
+
+def _status(checks, order):
+    return next(c.status for c in checks if c.order == order)
+
+
+def test_checklist_healthy_step_passes():
+    checks = checklist.evaluate(_facts(), "grpo", 4, {"logged": {"actor/pg_clipfrac": 0.1, "actor/ppo_kl": 0.01}})
+    assert [c.order for c in checks] == list(range(1, 9))
+    assert [c.status for c in checks] == ["ok", "ok", "ok", "ok", "ok", "ok", "n/a", "info"]
+    assert "pg_clipfrac 0.1" in checks[7].finding
+
+
+@pytest.mark.parametrize(
+    "change, order, status, words",
+    [
+        (dict(score_nonfinite=2), 1, "fail", "non-finite"),
+        (dict(score_zero_rows=8), 1, "warn", "no reward"),
+        (dict(score_vs_scalar_mismatch=1), 1, "fail", "token_level_scores"),
+        (dict(rewards_sign_flips=3), 2, "fail", "flips the sign of 3"),
+        (dict(rewards_max_abs_change=0.8), 2, "warn", "80%"),
+        (dict(scenario=None, rewards_compared=None), 2, "n/a", "saved tokens"),
+        (dict(unmasked_tokens=5), 3, "fail", "5 tokens"),
+        (dict(loss_mask_mismatch=2), 3, "fail", "loss_mask"),
+        (dict(rows_without_actor=1), 3, "warn", "no actor token"),
+        (dict(group_sizes={1: 1, 4: 2}, groups=3), 4, "warn", "single row"),
+        (dict(group_sizes={3: 2}), 4, "warn", "rollout.n = 4"),
+        (dict(sessions=5), 4, "info", "Multi-output"),
+        (dict(flat_groups=2), 5, "fail", "nothing to learn"),
+        (dict(flat_groups=1), 5, "warn", "1 of 2"),
+        (dict(adv_std=0.0), 6, "fail", "no gradient"),
+        (dict(adv_positive_fraction=0.99), 6, "warn", "one sign"),
+        (dict(adv_nonfinite=3), 6, "fail", "non-finite"),
+    ],
+)
+def test_checklist_catches_each_planted_problem(change, order, status, words):
+    c = next(c for c in checklist.evaluate(_facts(**change), "grpo", 4) if c.order == order)
+    assert c.status == status and words in c.finding
+
+
+def test_checklist_reinforce_pp_and_clipfrac():
+    checks = checklist.evaluate(_facts(tool_rows=3), "reinforce_plus_plus")
+    assert _status(checks, 7) == "warn" and "resets" in checks[6].finding
+    assert _status(checklist.evaluate(_facts(), "reinforce_plus_plus"), 7) == "ok"
+    checks = checklist.evaluate(_facts(), "grpo", at_step={"s": {"actor/pg_clipfrac": 0.45}})
+    assert _status(checks, 8) == "warn"
+    assert _status(checklist.evaluate(_facts(flat_groups=2), "gae"), 5) == "info"
+
+
+def test_time_words():
+    assert ago(3.2) == "3 s ago" and ago(125) == "2 min ago" and ago(7200) == "2.0 h ago"
+    assert live_line(12, 12, 100.0, 103.0) == "Latest logged step **12** (12 steps), written 3 s ago."
+    assert live_line(None, 0, None, 0).startswith("No logged metrics")
+
+
+def test_step_page_opens_on_a_row_with_a_tool_span():
+    from rldiag.viz.stepview import interesting_row, rollout_n
+
+    rows = pl.DataFrame({"row": [0, 1, 2, 3], "tool_tokens": [0, 2, 0, 3], "score_total": [1.0, 0.0, 1.0, 1.0]})
+    assert interesting_row(rows) == 3
+    assert interesting_row(rows.with_columns(pl.lit(0.0).alias("score_total"))) == 1
+    assert interesting_row(rows.with_columns(pl.lit(0).alias("tool_tokens"))) == 0
+    assert rollout_n({"actor_rollout_ref.rollout.n": 8}) == 8 and rollout_n({}) is None

@@ -1,0 +1,81 @@
+"""The unit of work every executor shares: packs never span chunks, and the two-pass adaptive KL
+protocol a distributed executor uses gives the same bits as the sequential controller. These run
+without Ray."""
+
+from __future__ import annotations
+
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from rldiag.config.settings import resolve_settings
+from rldiag.engine.pipeline import PresetKLCoefficients, initial_kl_state
+from rldiag.errors import ConfigError
+from rldiag.executors import get_executor
+from rldiag.executors.klchain import chain, pack_statistics
+from rldiag.executors.steps import Job, StepTask, fetch, process
+from rldiag.io.rundir import RunDir
+from rldiag.recompute import recompute
+from rldiag.synth import SynthSpec, write_synth_run
+
+KL = {
+    "algorithm.use_kl_in_reward": True,
+    "algorithm.kl_ctrl.type": "adaptive",
+    "algorithm.kl_ctrl.kl_coef": 0.05,
+    "algorithm.kl_ctrl.target_kl": 0.001,
+    "algorithm.kl_ctrl.horizon": 100,
+}
+
+
+@pytest.fixture
+def run(tmp_path):
+    return write_synth_run(tmp_path / "run", SynthSpec(steps=6, seed=3))
+
+
+def _metrics(run, name):
+    return pq.read_table(run / "rldiag" / "scenarios" / name / "metrics.parquet")
+
+
+def test_chunks_bound_packs(run):
+    # chunks of one step make one pack per step, whatever the token budget
+    recompute(run, name="chunk1", chunk_steps=1)
+    recompute(run, name="pack1", pack_tokens=1)
+    assert _metrics(run, "chunk1").equals(_metrics(run, "pack1"))
+    assert _metrics(run, "chunk1").num_rows == 6
+
+
+def test_two_pass_adaptive_kl_matches_sequential(run):
+    settings = resolve_settings(run, KL)
+    job = Job(settings=settings, device="cpu", save_tokens=False)
+    rd = RunDir(run)
+    tasks = [StepTask(step=sf.step, file=str(sf.path), rel=str(sf.path.relative_to(rd.path)), chunk=i // 2)
+             for i, sf in enumerate(rd.step_files())]
+    # pass 1: each pack's statistic (chunks 0..2 computed in any order), then the chain in step order
+    stats = {}
+    for c in (2, 0, 1):
+        stats[c] = pack_statistics([fetch(t, job, hash_file=False) for t in tasks if t.chunk == c], job)
+    coefs = chain(initial_kl_state(settings), settings, [s for c in (0, 1, 2) for s in stats[c]])
+    assert sorted(coefs) == [1, 2, 3, 4, 5, 6]
+    assert coefs[1] == pytest.approx(0.05, rel=1e-6) and coefs[6] != pytest.approx(0.05, rel=1e-3)
+    # pass 2: every pack with its preset coefficients
+    outs = list(process((fetch(t, job) for t in tasks), job,
+                        lambda steps: PresetKLCoefficients([coefs[s] for s in steps])))
+    sequential = {r["step"]: r for r in recompute(run, KL, name="kl", chunk_steps=2).metrics}
+    assert [o.step for o in outs] == [1, 2, 3, 4, 5, 6]
+    for o in outs:
+        assert o.status == "done"
+        assert o.metrics == sequential[o.step]
+        assert o.metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(coefs[o.step], rel=1e-6)
+
+
+def test_unknown_executor_is_a_config_error():
+    with pytest.raises(ConfigError, match="local, ray"):
+        get_executor("spark")
+
+
+def test_missing_ray_is_a_clear_error(run, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ConfigError, match=r"rldiag\[ray\]"):
+        recompute(run, name="r", executor="ray")
+    assert not (run / "rldiag" / "scenarios" / "r").exists()
