@@ -54,6 +54,11 @@ _TOKENS_FILE = re.compile(r"^step_(\d+)\.parquet$")
 def check_settings(settings: Settings) -> None:
     """Fail before any work on a setting whose registry key is unknown."""
     ESTIMATORS.get(settings.estimator)
+    if settings.estimator == "gdpo" and not settings.get("algorithm.gdpo_reward_keys"):
+        raise ConfigError(
+            "gdpo needs algorithm.gdpo_reward_keys: the reward-component columns to normalise "
+            "(e.g. --set algorithm.gdpo_reward_keys=format_reward,accuracy_reward)"
+        )
     POLICY_LOSSES.get(settings["actor_rollout_ref.actor.policy_loss.loss_mode"])
     AGG_MODES.get(settings.actor_agg_mode)
     AGG_MODES.get(settings.critic_agg_mode)
