@@ -30,7 +30,7 @@ from rldiag.engine.kl import kl_estimate
 from rldiag.engine.metrics import data_metrics
 from rldiag.engine.microbatch import Segmentation, segmentation_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
-from rldiag.engine.rollout_correction import EMPTY_MESSAGE, CorrectionConfig, correct
+from rldiag.engine.rollout_correction import CorrectionConfig, correct
 from rldiag.engine.segments import MEAN_EPS, seg_count, seg_mean, seg_std, seg_sum, step_mask_count, step_masked_mean
 from rldiag.errors import MissingInputError
 
@@ -175,7 +175,8 @@ def recompute_batch(
                 _require(batch, "old_log_probs", "algorithm.rollout_correction (rollout_is / rollout_rs)")
         else:
             rc = correct(old_lp, batch.rollout_log_probs, mask0, cfg, sid, n)
-            errors.flag(rc.empty, EMPTY_MESSAGE)
+            for message, bad in rc.failed.items():
+                errors.flag(bad, message)
             mask, is_weights = rc.mask, rc.weights
             metrics.update(rc.metrics)
             if is_weights is not None:

@@ -50,6 +50,11 @@ from rldiag.registry import Registry
 SAFETY_BOUND = 20.0
 #: verl's message when a batch reaches rollout correction without a single actor token.
 EMPTY_MESSAGE = "rollout correction: response_mask must contain at least one valid token (1) (verl raises here)"
+#: when every IS weight of a batch is 0 (IcePop), verl's ESS is ``1.0 / 0.0`` in Python.
+ZERO_WEIGHTS_MESSAGE = (
+    "rollout correction: every IS weight of the batch is 0 (all outside the IcePop band), so "
+    "rollout_is_eff_sample_size divides by zero (verl raises ZeroDivisionError here)"
+)
 
 Metrics = dict[str, torch.Tensor]
 
@@ -454,6 +459,8 @@ class CorrectionResult:
     mask: torch.Tensor  # (rows, tokens) response_mask after rejection
     metrics: Metrics  # "rollout_corr/<name>" -> (n,)
     empty: torch.Tensor  # (n,) bool: segments without a single masked token (verl raises)
+    failed: dict[str, torch.Tensor] = field(default_factory=dict)  # message -> (n,) bool, verl raises
+
 
 
 def correct(
@@ -480,4 +487,7 @@ def correct(
         metrics.update(rm)
     metrics.update(offpolicy_metrics(train_log_prob, rollout_log_prob, mask, seg, n))
     empty = step_mask_count(mask, seg, n) == 0
-    return CorrectionResult(weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}, empty)
+    failed = {EMPTY_MESSAGE: empty}
+    if weights is not None:
+        failed[ZERO_WEIGHTS_MESSAGE] = torch.isinf(metrics["rollout_is_eff_sample_size"]) & ~empty
+    return CorrectionResult(weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}, empty, failed)

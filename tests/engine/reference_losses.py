@@ -308,6 +308,22 @@ def kl_cov_ref(old, new, adv, mask, cfg: Cfg, w=None):
     return losses, agg_ref(losses, mask, cfg.agg, cfg.norm), {"actor/ppo_kl": masked_mean(kl, mask)}
 
 
+def kl_cov_cut_is_ambiguous(new, adv, mask, ratio, tol=1e-5):
+    """True when kl_cov's top-k cut falls between (nearly) equal covariances: which token is picked
+    is then float-rounding noise (in verl's float32 topk as well), not a property to test.
+    E.g. a batch of exactly two tokens always ties (the two covariances are equal)."""
+    toks = [(i, t) for i, mr in enumerate(mask) for t, m in enumerate(mr) if m]
+    if len(toks) < 2:
+        return False
+    ma = sum(adv[i][t] for i, t in toks) / len(toks)
+    ml = sum(new[i][t] for i, t in toks) / len(toks)
+    covs = sorted(((adv[i][t] - ma) * (new[i][t] - ml) for i, t in toks), reverse=True)
+    k = max(1, int(len(toks) * ratio))
+    if k >= len(covs):
+        return False
+    return abs(covs[k - 1] - covs[k]) <= tol * max(1.0, abs(covs[k - 1]))
+
+
 REFERENCES = {
     "vanilla": vanilla_ref,
     "up": up_ref,

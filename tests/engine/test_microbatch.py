@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
 
 from rldiag.engine.microbatch import segment_rows
 from rldiag.engine.pipeline import recompute_batch
@@ -118,6 +118,8 @@ def test_micro_batch_metrics_match_per_micro_batch_reference(c):
         metric_lists, pg_sum, critic = {}, 0.0, {"critic/vf_loss": [], "critic/vf_clipfrac": [], "critic/vpred_mean": []}
         for part in _verl_split(n, mbs, dp):
             sub = {k: [d[k][j] for j in part] for k in ("old", "new", "mask", "values", "vpreds")}
+            if loss == "kl_cov":  # a top-k cut between equal covariances is rounding noise
+                assume(not ref.kl_cov_cut_is_ambiguous(sub["new"], [adv[j] for j in part], sub["mask"], 0.3))
             horizon = max(d["lengths"][j] for j in part)
             cfg = ref.Cfg(agg=agg, kl_cov_ratio=0.3,
                           norm=ref.Norm(batch_num_tokens=n_tok, global_batch_size=float(n), horizon=horizon))

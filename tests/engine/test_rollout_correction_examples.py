@@ -181,3 +181,11 @@ def test_offpolicy_diagnostics():
 def test_empty_batch_is_flagged_as_verl_raises():
     res, _ = run([[0.1]], [[0.0]], mask=[[0]], rollout_is="token")
     assert res.empty.tolist() == [True]
+
+
+def test_all_icepop_weights_zero_fails_like_verl():
+    # log r = 1.0 everywhere: raw weight e > 2 -> IcePop zeroes everything; verl's ESS is 1.0 / 0.0
+    res, m = run([[1.0, 1.0]], [[0.0, 0.0]], rollout_is="token", rollout_is_threshold="0.5_2.0")
+    assert res.weights.tolist() == [[0.0, 0.0]]
+    assert [bool(v[0]) for v in res.failed.values()] == [False, True]
+    assert "ZeroDivisionError" in list(res.failed)[1]

@@ -24,7 +24,7 @@ import torch
 from rldiag.engine.policy_loss.base import POLICY, POLICY_LOSSES, PolicyLossInput, PolicyLossOutput
 from rldiag.engine.policy_loss.clip import ppo_clip
 from rldiag.engine.policy_loss.pg import reinforce
-from rldiag.engine.rollout_correction import EMPTY_MESSAGE, CorrectionConfig, correct
+from rldiag.engine.rollout_correction import CorrectionConfig, correct
 from rldiag.registry import Registry
 
 PREFIX = f"{POLICY}.rollout_correction"
@@ -53,5 +53,6 @@ def bypass_mode(inp: PolicyLossInput) -> PolicyLossOutput:
     res = correct(inp.log_prob, rollout, inp.mask, cfg, seg, n)
     out = loss_fn(inp, rollout, res.mask, res.weights)
     out.metrics.update({f"actor/{k}": v for k, v in res.metrics.items()})
-    out.failed[f"loss_mode=bypass_mode: {EMPTY_MESSAGE}"] = res.empty
+    for message, bad in res.failed.items():
+        out.failed[f"loss_mode=bypass_mode: {message}"] = bad
     return out
