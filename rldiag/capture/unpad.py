@@ -124,6 +124,57 @@ def _row_values(value: Any, name: str, kind: str, rows: int, where: dict) -> np.
     return arr.astype(np.float64 if kind == "float" else np.int64)
 
 
+class _Gather:
+    """Gathers the kept positions of ``(rows, width)`` tensors with one flat index per device."""
+
+    def __init__(self, sel: torch.Tensor, where: dict):
+        self.rows, self.width = sel.shape
+        self.where = where
+        self.lengths = sel.sum(-1).to("cpu", torch.int64).numpy()
+        flat = torch.nonzero(sel.reshape(-1)).squeeze(1)  # (sum T_i,) row-major: rows stay contiguous
+        self._index = {flat.device: flat}
+
+    def __call__(self, t: torch.Tensor, name: str, dtype: torch.dtype) -> np.ndarray:
+        if t.ndim != 2 or tuple(t.shape) != (self.rows, self.width):
+            raise BatchError(f"has shape {tuple(t.shape)}; expected (rows, response width) = "
+                             f"({self.rows}, {self.width})", column=name, **self.where)
+        idx = self._index.setdefault(t.device, next(iter(self._index.values())).to(t.device))
+        return t.detach().reshape(-1).index_select(0, idx).to("cpu", dtype).numpy()
+
+    def mask(self, t: torch.Tensor, name: str) -> np.ndarray:
+        """A 0/1 column as int8, refusing other values (the cast would hide them)."""
+        values = self(t, name, torch.float64)
+        bad = np.flatnonzero((values != 0) & (values != 1))
+        if bad.size:
+            row = int(np.searchsorted(np.cumsum(self.lengths), bad[0], side="right"))
+            raise BatchError(f"mask value {float(values[bad[0]])!r}; masks hold only 0 and 1",
+                             row=row, column=name, **self.where)
+        return values.astype(np.int8)
+
+
+def _row_columns(tensors: dict, non: dict, rows: int, extra_columns: Sequence[str], where: dict) -> dict:
+    """Per-row columns: the CONTRACT's, the requested extras, numeric non-tensor fields."""
+    out: dict[str, np.ndarray] = {}
+    for col, (names, kind) in ROW_SOURCES.items():
+        hit = _first(names, tensors, non)
+        if hit is not None:
+            out[col] = _row_values(hit[1], hit[0], kind, rows, where)
+    for name in extra_columns:
+        hit = _first([name], tensors, non)
+        if hit is None:
+            raise MissingInputError(f"extra column {name!r} is not in the batch", column=name, **where)
+        arr = np.asarray(hit[1].detach().cpu() if isinstance(hit[1], torch.Tensor) else hit[1])
+        kind = "string" if arr.dtype.kind in "OUS" else "int" if arr.dtype.kind in "biu" else "float"
+        out[name] = _row_values(arr, name, kind, rows, where)
+    taken = KNOWN_NAMES | {RESPONSES_KEY, ATTENTION_KEY} | set(LIST_COLUMNS) | {"step"}
+    for name, value in non.items():
+        if name in taken or name in out or not isinstance(value, np.ndarray):
+            continue
+        if value.ndim == 1 and value.shape[0] == rows and value.dtype.kind in "biuf":
+            out[name] = value.astype(np.int64 if value.dtype.kind in "biu" else np.float64)
+    return out
+
+
 def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] = ()) -> StepPayload:
     """Unpad one step's batch (see the module docstring) and check its structure.
 
@@ -153,31 +204,17 @@ def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] 
         r, t = (int(i) for i in outside.nonzero()[0])
         raise BatchError(f"is 1 at token {t}, where the response attention mask is 0 (padding)",
                          row=r, column="response_mask", **where)
-    lengths = sel.sum(-1).to("cpu", torch.int64).numpy()
-    payload = StepPayload(step=int(step), path=path, lengths=lengths)
-    flat_index = torch.nonzero(sel.reshape(-1)).squeeze(1)  # (sum T_i,) row-major: rows stay contiguous
-    index_on: dict[torch.device, torch.Tensor] = {flat_index.device: flat_index}
-
-    def gather(t: torch.Tensor, name: str, dtype: torch.dtype) -> np.ndarray:
-        if t.ndim != 2 or tuple(t.shape) != (rows, width):
-            raise BatchError(f"has shape {tuple(t.shape)}; expected (rows, response width) = ({rows}, {width})",
-                             column=name, **where)
-        idx = index_on.setdefault(t.device, flat_index.to(t.device))
-        return t.detach().reshape(-1).index_select(0, idx).to("cpu", dtype).numpy()
-
+    gather = _Gather(sel, where)
+    payload = StepPayload(step=int(step), path=path, lengths=gather.lengths)
     for col, names in MASK_SOURCES.items():
         hit = _first(names, tensors)
         if hit is not None:
-            payload.tokens[col] = gather(hit[1], hit[0], torch.int8)
+            payload.tokens[col] = gather.mask(hit[1], hit[0])
     for col, names in TOKEN_SOURCES.items():
         hit = _first(names, tensors)
         if hit is not None:
             payload.tokens[col] = gather(hit[1], hit[0], torch.float32)
-
-    for col, (names, kind) in ROW_SOURCES.items():
-        hit = _first(names, tensors, non)
-        if hit is not None:
-            payload.rows[col] = _row_values(hit[1], hit[0], kind, rows, where)
+    payload.rows = _row_columns(tensors, non, rows, extra_columns, where)
     if "prompt_length" not in payload.rows and prompt_attn is not None:
         payload.rows["prompt_length"] = prompt_attn.sum(-1).to("cpu", torch.int64).numpy()
     if "uid" not in payload.rows:
@@ -185,19 +222,4 @@ def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] 
     if "token_level_scores" not in payload.tokens and "score" not in payload.rows:
         raise MissingInputError("the batch has neither token_level_scores / rm_scores nor a per-row score",
                                 column="token_level_scores", **where)
-
-    taken = KNOWN_NAMES | {RESPONSES_KEY, ATTENTION_KEY} | set(LIST_COLUMNS) | {"step"}
-    for name in extra_columns:
-        hit = _first([name], tensors, non)
-        if hit is None:
-            raise MissingInputError(f"extra column {name!r} is not in the batch", column=name, **where)
-        arr = np.asarray(hit[1].detach().cpu() if isinstance(hit[1], torch.Tensor) else hit[1])
-        kind = "string" if arr.dtype.kind in "OUS" else "int" if arr.dtype.kind in "biu" else "float"
-        payload.rows[name] = _row_values(arr, name, kind, rows, where)
-    for name, value in non.items():
-        if name in taken or name in payload.rows:
-            continue
-        arr = value if isinstance(value, np.ndarray) else None
-        if arr is not None and arr.ndim == 1 and arr.shape[0] == rows and arr.dtype.kind in "biuf":
-            payload.rows[name] = arr.astype(np.int64 if arr.dtype.kind in "biu" else np.float64)
     return payload

@@ -79,6 +79,7 @@ DEFAULTS: dict[str, Any] = {
     # micro-batch); rows per micro-batch per data-parallel rank, and the number of DP ranks.
     "rldiag.micro_batch_size": None,
     "rldiag.dp_size": 1,
+    "rldiag.mini_batch_size": None,
 }
 
 _BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)}
@@ -111,6 +112,7 @@ _INT_KEYS = {
     "data.max_prompt_length",
     "rldiag.micro_batch_size",
     "rldiag.dp_size",
+    "rldiag.mini_batch_size",
 }
 
 #: list-valued keys and their element type; a string value is read as a comma list.

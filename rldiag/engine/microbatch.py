@@ -7,7 +7,13 @@ and DP ranks (``verl.utils.metric.Metric`` with ``AggregationType.MEAN``, seed 0
 Losses normalised by global batch information (``actor/pg_loss``, ``actor/entropy_loss``,
 ``actor/kl_loss``: ``AggregationType.SUM``) add up over micro-batches to the whole-step value.
 
-A *segment* is one micro-batch of one rank of one step. With ``rldiag.micro_batch_size`` null
+With ``rldiag.mini_batch_size`` (rows per optimizer step, verl's ``ppo_mini_batch_size`` times
+``rollout.n``) a step is first cut into mini-batches in batch order; the global normalisers
+(token count, batch size) are then each mini-batch's own, a SUM-type loss is the mini-batch's
+total, and verl's trainer logs the mean over the step's mini-batches (``reduce_metrics``), for
+MEAN-type metrics too (mean over a mini-batch's micro-batches, then over mini-batches).
+
+A *segment* is one micro-batch of one rank of one mini-batch of one step. With ``rldiag.micro_batch_size`` null
 and ``rldiag.dp_size`` 1 (the defaults) every step is a single segment. Rows are dealt in batch
 order: rank ``r`` of a step with ``R`` rows takes rows ``[r L, (r + 1) L)``, ``L = ceil(R / D)``,
 and cuts them into micro-batches of ``micro_batch_size`` rows.
@@ -41,14 +47,38 @@ class Segmentation:
     seg_step: torch.Tensor
     n_steps: int
     dp_size: int
+    seg_mini: torch.Tensor | None = None  # (n_seg,) mini-batch of each segment
+    mini_step: torch.Tensor | None = None  # (n_mini,) step of each mini-batch
+    row_mini: torch.Tensor | None = None  # (rows,) mini-batch of each row
+
+    @property
+    def n_mini(self) -> int:
+        return self.n_steps if self.mini_step is None else int(self.mini_step.numel())
 
     def mean(self, x: torch.Tensor) -> torch.Tensor:
-        """Equal-weight mean over each step's segments ``(n_seg,) -> (n_steps,)`` (verl's MEAN)."""
-        return seg_mean(x, self.seg_step, self.n_steps)
+        """verl's MEAN: equal-weight mean over each mini-batch's segments, then over the step's
+        mini-batches ``(n_seg,) -> (n_steps,)``."""
+        if self.seg_mini is None:
+            return seg_mean(x, self.seg_step, self.n_steps)
+        return seg_mean(seg_mean(x, self.seg_mini, self.n_mini), self.mini_step, self.n_steps)
+
+    def loss(self, x: torch.Tensor) -> torch.Tensor:
+        """verl's SUM-type losses: summed over each mini-batch's segments (they are globally
+        normalised within the mini-batch), then the mean over the step's mini-batches."""
+        if self.seg_mini is None:
+            return seg_sum(x, self.seg_step, self.n_steps)
+        return seg_mean(seg_sum(x, self.seg_mini, self.n_mini), self.mini_step, self.n_steps)
 
     def total(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over each step's segments ``(n_seg,) -> (n_steps,)``."""
+        """Sum over each step's segments ``(n_seg,) -> (n_steps,)`` (counts)."""
         return seg_sum(x, self.seg_step, self.n_steps)
+
+    def normaliser(self, per_row: torch.Tensor, per_step: torch.Tensor) -> torch.Tensor:
+        """A global normaliser for each segment ``(n_seg,)``: the step's ``per_step`` value, or
+        with mini-batches the sum of ``per_row`` ``(rows,)`` over the segment's mini-batch."""
+        if self.seg_mini is None:
+            return per_step[self.seg_step]
+        return seg_sum(per_row, self.row_mini, self.n_mini)[self.seg_mini]
 
     def per_segment(self, x: torch.Tensor) -> torch.Tensor:
         """A per-step quantity ``(n_steps,)`` repeated for each segment ``(n_seg,)``."""
@@ -63,14 +93,20 @@ class Segmentation:
         return seg_max(lengths.to(torch.float32), self.seg_ids, self.n_seg).to(step_horizon.dtype)
 
 
-def segment_rows(step_ids: torch.Tensor, n_steps: int, micro_batch_size: int | None, dp_size: int) -> Segmentation:
-    """Segments of rows ``step_ids`` ``(rows,)`` for the given micro-batch and DP sizes."""
+def segment_rows(
+    step_ids: torch.Tensor, n_steps: int, micro_batch_size: int | None, dp_size: int, mini_batch_size: int | None = None
+) -> Segmentation:
+    """Segments of rows ``step_ids`` ``(rows,)`` for the given micro-batch, DP and mini-batch sizes."""
     if dp_size < 1:
         raise ConfigError(f"rldiag.dp_size must be >= 1, got {dp_size}")
     if micro_batch_size is not None and micro_batch_size < 1:
         raise ConfigError(f"rldiag.micro_batch_size must be >= 1 or null, got {micro_batch_size}")
+    if mini_batch_size is not None and mini_batch_size < 1:
+        raise ConfigError(f"rldiag.mini_batch_size must be >= 1 or null, got {mini_batch_size}")
     dev = step_ids.device
     rows = step_ids.shape[0]
+    if mini_batch_size is not None:
+        return _segment_mini(step_ids, n_steps, micro_batch_size, dp_size, mini_batch_size)
     if micro_batch_size is None and dp_size == 1:
         present = seg_count(step_ids, n_steps, torch.long) > 0
         steps = torch.nonzero(present).flatten()
@@ -97,6 +133,49 @@ def segment_rows(step_ids: torch.Tensor, n_steps: int, micro_batch_size: int | N
     return Segmentation(inv, int(uniq.numel()), seg_step, n_steps, dp_size)
 
 
+def _positions(step_ids: torch.Tensor, n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(position of each row within its step ``(rows,)``, rows per step ``(n_steps,)``)."""
+    rows = step_ids.shape[0]
+    per_step = seg_count(step_ids, n_steps, torch.long)
+    order = torch.sort(step_ids, stable=True).indices
+    start = torch.cumsum(per_step, 0) - per_step
+    pos = torch.empty(rows, dtype=torch.long, device=step_ids.device)
+    pos[order] = torch.arange(rows, device=step_ids.device) - start[step_ids[order]]
+    return pos, per_step
+
+
+def _segment_mini(
+    step_ids: torch.Tensor, n_steps: int, micro_batch_size: int | None, dp_size: int, mini_batch_size: int
+) -> Segmentation:
+    """Step -> mini-batches of ``mini_batch_size`` rows (batch order) -> DP ranks -> micro-batches."""
+    pos, per_step = _positions(step_ids, n_steps)
+    mini = torch.div(pos, mini_batch_size, rounding_mode="floor")
+    in_mini = pos - mini * mini_batch_size
+    mini_rows = torch.clamp(per_step[step_ids] - mini * mini_batch_size, max=mini_batch_size)
+    chunk = torch.div(mini_rows + dp_size - 1, dp_size, rounding_mode="floor").clamp_min(1)
+    rank = torch.div(in_mini, chunk, rounding_mode="floor")
+    local = in_mini - rank * chunk
+    micro = torch.zeros_like(local) if micro_batch_size is None else torch.div(local, micro_batch_size, rounding_mode="floor")
+    n_mini_cap = int(mini.max()) + 1 if pos.numel() else 1
+    n_micro_cap = int(micro.max()) + 1 if pos.numel() else 1
+    mini_key = step_ids * n_mini_cap + mini
+    mini_uniq, row_mini = torch.unique(mini_key, sorted=True, return_inverse=True)
+    seg_key = (mini_key * dp_size + rank) * n_micro_cap + micro
+    seg_uniq, seg_ids = torch.unique(seg_key, sorted=True, return_inverse=True)
+    seg_mini_key = torch.div(seg_uniq, dp_size * n_micro_cap, rounding_mode="floor")
+    seg_mini = torch.searchsorted(mini_uniq, seg_mini_key)
+    return Segmentation(
+        seg_ids=seg_ids,
+        n_seg=int(seg_uniq.numel()),
+        seg_step=torch.div(seg_mini_key, n_mini_cap, rounding_mode="floor"),
+        n_steps=n_steps,
+        dp_size=dp_size,
+        seg_mini=seg_mini,
+        mini_step=torch.div(mini_uniq, n_mini_cap, rounding_mode="floor"),
+        row_mini=row_mini,
+    )
+
+
 def check_microbatch_settings(settings: Settings) -> None:
     """Fail early on a micro-batch size or DP size that cannot be emulated."""
     dp = settings.get("rldiag.dp_size", 1)
@@ -105,8 +184,15 @@ def check_microbatch_settings(settings: Settings) -> None:
     mbs = settings.get("rldiag.micro_batch_size")
     if mbs is not None and int(mbs) < 1:
         raise ConfigError(f"rldiag.micro_batch_size must be >= 1 or null, got {mbs!r}")
+    mini = settings.get("rldiag.mini_batch_size")
+    if mini is not None and int(mini) < 1:
+        raise ConfigError(f"rldiag.mini_batch_size must be >= 1 or null, got {mini!r}")
 
 
 def segmentation_for(step_ids: torch.Tensor, n_steps: int, settings: Settings) -> Segmentation:
-    """:func:`segment_rows` under ``rldiag.micro_batch_size`` and ``rldiag.dp_size``."""
-    return segment_rows(step_ids, n_steps, settings.get("rldiag.micro_batch_size"), int(settings.get("rldiag.dp_size", 1)))
+    """:func:`segment_rows` under ``rldiag.micro_batch_size``, ``rldiag.dp_size`` and
+    ``rldiag.mini_batch_size``."""
+    return segment_rows(
+        step_ids, n_steps, settings.get("rldiag.micro_batch_size"), int(settings.get("rldiag.dp_size", 1)),
+        settings.get("rldiag.mini_batch_size"),
+    )

@@ -133,7 +133,7 @@ def _combine_policy_loss(out: PolicyLossOutput, segs: Segmentation, errors: Step
     weight, rldiag's counts summed. Segments on which verl raises fail their step."""
     for message, bad in out.failed.items():
         errors.flag(segs.total(bad.float()) > 0, message)
-    combined = {"actor/pg_loss": segs.total(out.pg_loss)}
+    combined = {"actor/pg_loss": segs.loss(out.pg_loss)}
     combined.update({k: segs.mean(v) for k, v in out.metrics.items()})
     combined.update({k: segs.total(v) for k, v in out.sums.items()})
     return combined
@@ -193,13 +193,14 @@ def recompute_batch(
     segs = segmentation_for(sid, n, settings)
     fixed_width = settings["data.max_response_length"] is not None
     horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
-    token_count = step_mask_count(batch.loss_mask if batch.loss_mask is not None else mask0, sid, n)
+    count_mask = batch.loss_mask if batch.loss_mask is not None else mask0
+    token_count = step_mask_count(count_mask, sid, n)
     actor_norm = AggNorm(
         step_ids=segs.seg_ids,
         n_steps=segs.n_seg,
         horizon=horizon,
-        batch_num_tokens=segs.per_segment(token_count),
-        global_batch_size=segs.per_segment(rows_per_step),
+        batch_num_tokens=segs.normaliser(count_mask.sum(-1, dtype=torch.float32), token_count),
+        global_batch_size=segs.normaliser(torch.ones_like(sid, dtype=torch.float32), rows_per_step),
         loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
     )
     agg_mode = settings.actor_agg_mode
@@ -221,10 +222,10 @@ def recompute_batch(
         metrics.update(_combine_policy_loss(out, segs, errors))
         tokens.update(ratio=out.ratio, pg_losses=out.pg_losses)
     if batch.entropy is not None:
-        metrics["actor/entropy_loss"] = segs.total(aggregate(agg_mode, batch.entropy, mask, actor_norm))
+        metrics["actor/entropy_loss"] = segs.loss(aggregate(agg_mode, batch.entropy, mask, actor_norm))
     if settings["actor_rollout_ref.actor.use_kl_loss"] and batch.ref_log_prob is not None and batch.log_probs is not None:
         kld = kl_estimate(settings["actor_rollout_ref.actor.kl_loss_type"], batch.log_probs, batch.ref_log_prob)
-        metrics["actor/kl_loss"] = segs.total(aggregate(agg_mode, kld, mask, actor_norm))
+        metrics["actor/kl_loss"] = segs.loss(aggregate(agg_mode, kld, mask, actor_norm))
         metrics["actor/kl_coef"] = torch.full((n,), float(settings["actor_rollout_ref.actor.kl_loss_coef"]))
     if batch.vpreds is not None and batch.values is not None:
         # verl's value_loss passes no global batch info (not even loss_scale_factor): every

@@ -207,3 +207,13 @@ def test_the_writer_snapshot_is_taken_on_the_training_thread(tmp_path):
         batch.batch["old_log_probs"].fill_(-5.0)  # the trainer reuses its buffers at once
     table = pq.read_table(tmp_path / "batches" / "step_000001.parquet").to_pydict()
     np.testing.assert_allclose(np.concatenate(table["old_log_probs"]), np.concatenate(expected))
+
+
+def test_a_mask_that_is_not_zero_or_one_is_refused_before_the_int8_cast(tmp_path):
+    bad = _dataproto()
+    bad.batch["response_mask"] = MASK.float()
+    bad.batch["response_mask"][2, 1] = 0.5
+    with RunWriter(tmp_path) as run:
+        with pytest.raises(BatchError) as err:
+            run.write_batch(4, bad)
+    assert (err.value.step, err.value.row, err.value.column) == (4, 2, "response_mask")

@@ -1,0 +1,178 @@
+"""Benchmark: the app's first chart and a metrics-page interaction on a big run.
+
+Generates a run whose metrics.jsonl has --steps steps x --metrics metrics (verl's nested form,
+names with '/', grouped by prefix) and a few small batches, then measures:
+
+  store (in process, what one Streamlit rerun of the metrics page does):
+    cold load      metrics.jsonl -> DuckDB long table (first Store.status())
+    names          the metric catalogue (cached afterwards)
+    interaction    a new selection of 4 metrics: joined query + EMA + plotly figure
+    append         10 lines appended while "training": incremental read + the same query
+  browser (streamlit run + Debian's chromium; skipped without chromium):
+    first chart    from starting `streamlit run` to the first rendered plotly chart
+                   (on the bundled sample, then on the big run)
+    interaction    adding a metric to the multiselect until its panel is drawn
+
+Usage:
+  .venv/bin/python bench/bench_app.py                      # 10,000 steps x 200 metrics
+  .venv/bin/python bench/bench_app.py --steps 2000 --metrics 50 --no-browser
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PREFIXES = ("actor/", "critic/", "rollout_corr/", "response_length/", "perf/", "timing_s/", "val-core/", "training/")
+FIRST = ("critic/score/mean", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss")
+
+
+def metric_names(n: int) -> list[str]:
+    names = list(FIRST)
+    i = 0
+    while len(names) < n:
+        names.append(f"{PREFIXES[i % len(PREFIXES)]}metric_{i:04d}/mean")
+        i += 1
+    return names[:n]
+
+
+def make_run(path: Path, steps: int, n_metrics: int) -> tuple[Path, list[str]]:
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    names = metric_names(n_metrics)
+    write_synth_run(path, SynthSpec(steps=3, write_metrics=False))
+    rng = random.Random(0)
+    with (path / "metrics.jsonl").open("w") as fh:
+        level = {n: rng.random() for n in names}
+        for s in range(1, steps + 1):
+            for n in names:
+                level[n] += rng.gauss(0, 0.01)
+            fh.write(json.dumps({"step": s, "data": level}) + "\n")
+    return path, names
+
+
+def timed(fn, repeat: int = 1) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def bench_store(run: Path, names: list[str]) -> list[tuple[str, float, str]]:
+    from rldiag.store import Store
+    from rldiag.viz.charts import metric_grid
+    from rldiag.viz.smoothing import ema
+
+    rows = []
+    store = Store(run)
+    t, status = timed(store.status)
+    rows.append(("store: cold load of metrics.jsonl", t, f"{status.steps} steps, {status.size / 1e6:.0f} MB"))
+    t, all_names = timed(store.logged_names)
+    rows.append(("store: metric catalogue", t, f"{len(all_names)} names"))
+
+    def interact(pick):
+        joined = store.joined(pick, [])
+        cols = store.source_columns([])
+        fig = metric_grid(joined, pick, cols, ema(joined, list(cols.values()), 0.6))
+        return joined, fig
+
+    picks = [names[i:i + 4] for i in range(4, 4 + 4 * 5, 4)]
+    times = [timed(lambda p=p: interact(p))[0] for p in picks]
+    rows.append(("store: interaction (4 new metrics, EMA, figure)", statistics.median(times),
+                 f"median of {len(times)}, {4 * store.status().steps} points"))
+    m = run / "metrics.jsonl"
+    last = store.status().latest_step
+    with m.open("a") as fh:
+        for s in range(last + 1, last + 11):
+            fh.write(json.dumps({"step": s, "data": {n: 0.5 for n in names}}) + "\n")
+    t, _ = timed(lambda: (store.status(), interact(picks[0])))
+    rows.append(("store: 10 lines appended, then the same view", t, f"reloads {store.logged.reloads}, "
+                                                                    f"appends {store.logged.appends}"))
+    return rows
+
+
+def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tuple[str, float, str]]:
+    from playwright.sync_api import sync_playwright
+
+    from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
+
+    exe = chromium_path()
+    if exe is None:
+        return [("browser", float("nan"), "skipped: no chromium (apt-get install chromium)")]
+    rows = []
+    with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
+                                                   viewport={"width": 1400, "height": 1000})
+        pg = ctx.new_page()
+        pg.set_default_timeout(180_000)
+        for label, target in (("sample", sample), ("big run", run)):
+            if target is None:
+                continue
+            with AppServer(target, timeout=120) as srv:
+                pg.goto(srv.url)
+                pg.wait_for_selector(".js-plotly-plot .main-svg")
+                t = time.perf_counter() - srv.started_at
+                rows.append((f"browser: streamlit run -> first chart ({label})", t,
+                             f"server up after {srv.ready_after:.1f} s"))
+                if target != run:
+                    continue
+                times = []
+                for metric in names[10:13]:
+                    box = pg.get_by_role("combobox", name="Metrics", exact=False)
+                    box.click()
+                    box.fill(metric)
+                    t0 = time.perf_counter()
+                    box.press("Enter")
+                    pg.wait_for_function(
+                        "(m) => Array.from(document.querySelectorAll('.js-plotly-plot .annotation-text'))"
+                        ".some(a => a.textContent === m)", arg=metric)
+                    times.append(time.perf_counter() - t0)
+                    pg.keyboard.press("Escape")
+                rows.append(("browser: add a metric -> its panel drawn", statistics.median(times),
+                             f"median of {len(times)}; {len(times) + 4} panels of up to {10_000} points"))
+        ctx.close()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10_000)
+    ap.add_argument("--metrics", type=int, default=200)
+    ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--dir", type=Path, help="where to write the run (default: a temporary directory)")
+    args = ap.parse_args()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rldiag.viz.runs import default_run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.dir or Path(tmp)
+        t, (run, names) = timed(lambda: make_run(root / "bigrun", args.steps, args.metrics))
+        print(f"generated {run} ({args.steps} steps x {args.metrics} metrics) in {t:.1f} s", file=sys.stderr)
+        rows = bench_store(run, names)
+        if not args.no_browser:
+            rows += bench_browser(run, names, default_run())
+    table = Table(title=f"rldiag app: {args.steps:,} steps x {args.metrics} metrics")
+    table.add_column("measure")
+    table.add_column("seconds", justify="right")
+    table.add_column("notes")
+    for name, secs, note in rows:
+        table.add_row(name, f"{secs:.3f}", note)
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
