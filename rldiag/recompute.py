@@ -15,6 +15,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -212,11 +213,12 @@ def recompute(
         inputs: list[dict] = []
         writer = open_writer(target, dirs=("tokens",) if save_tokens else ())
         try:
-            for i, out in enumerate(ex.run(plan), 1):
-                inputs.append(out.info)
-                _record(out, report, prev, writer, save_tokens)
-                if progress:
-                    progress(i, len(chosen), out.step)
+            with closing(ex.run(plan)) as outcomes:
+                for i, out in enumerate(outcomes, 1):
+                    inputs.append(out.info)
+                    _record(out, report, prev, writer, save_tokens)
+                    if progress:
+                        progress(i, len(chosen), out.step)
             report.steps_done.sort()
             writer.write_table("metrics.parquet", metrics_table(report.metrics))
             report.seconds = time.perf_counter() - t0

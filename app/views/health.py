@@ -23,6 +23,7 @@ def page() -> None:
         st.session_state["he_report"] = (key, report)
     report = st.session_state["he_report"][1]
     views = health.finding_views(report)
+    st.caption(health.coverage_line(report))
     if report.recompute_error:
         st.warning(f"Recompute skipped: {report.recompute_error}")
     if not views:

@@ -38,7 +38,7 @@ def page() -> None:
     token_steps = store.token_steps(scen)
     step = st.select_slider("Step", token_steps, key="op_is_step") if len(token_steps) > 1 else token_steps[0]
     w = store.is_weights(scen, step)
-    st.plotly_chart(histogram(w["weight"].to_list(), f"IS weights of step {step}", "IS weight"), key="op_is_hist")
+    st.plotly_chart(histogram(w["weight"].to_numpy(), f"IS weights of step {step}", "IS weight"), key="op_is_hist")
 
 
 with session.guard():

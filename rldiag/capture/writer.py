@@ -8,15 +8,19 @@ thread waits (back-pressure: memory stays bounded when the disk is slower than t
 
 A failure on the writer thread is never lost: it is raised as :class:`CaptureError` on the
 next call to the writer (``write_batch``, ``log_metrics``, ``flush``) or on ``close()``; the
-writer goes on with the items after it.
+writer goes on with the items after it. A writer still open when the interpreter exits is
+closed then (its queued steps written, its errors printed to stderr).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import queue
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +32,18 @@ from rldiag.capture.unpad import unpad_batch
 from rldiag.errors import CaptureError
 
 _STOP = object()
+#: Writers not closed yet; at interpreter exit they are closed (queued steps written, errors
+#: printed) rather than lost with their daemon thread.
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_writers() -> None:
+    for writer in list(_OPEN):
+        try:
+            writer.close()
+        except CaptureError as exc:  # nowhere left to raise it
+            print(f"rldiag.capture: {exc}", file=sys.stderr)
 
 
 @dataclass
@@ -99,6 +115,7 @@ class RunWriter:
             self.write_config(config)
         self._thread = threading.Thread(target=self._run, name="rldiag-capture-writer", daemon=True)
         self._thread.start()
+        _OPEN.add(self)
 
     # -- layout -----------------------------------------------------------------------------
     @property
@@ -148,6 +165,7 @@ class RunWriter:
             self._closed = True
             self._queue.put(_STOP)
             self._thread.join()
+            _OPEN.discard(self)
         self._check(closed_ok=True)
 
     def __enter__(self) -> RunWriter:

@@ -50,16 +50,18 @@ def run(args: argparse.Namespace) -> int:
 
     changes = {k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None}
     cfg = PRESETS[args.preset](**changes)
-    out = _fresh_dir(args.out)
-    console.print(f"training {args.preset} ({cfg.adv_estimator}, {cfg.steps} steps, {cfg.rows} rows/step) into {out}")
-    console.print(f"watch it:  streamlit run app/main.py -- {out}")
+    out = _fresh_dir(args.out).resolve()
+    console.print(f"training {args.preset} ({cfg.adv_estimator}, {cfg.steps} steps, {cfg.rows} rows/step) into {out}",
+                  soft_wrap=True, markup=False)
+    console.print(f"watch it:  streamlit run app/main.py -- {out}", soft_wrap=True, markup=False)
 
     def on_step(step: int, m: dict[str, float]) -> None:
         shown = "  ".join(f"{label} {fmt(m.get(key))}" for key, label in SHOWN)
         console.print(f"step {step:3d}/{cfg.steps}  {shown}", highlight=False)
 
     ToyTrainer(cfg).run(out, pace_s=args.pace if args.live else 0.0, on_step=on_step)
-    console.print(f"done: {out}")
-    console.print(f"next:  rldiag recompute {out} --save-tokens   "
-                  f"(actor metrics as logged: --set rldiag.micro_batch_size={cfg.mini_batch_rows})")
+    console.print(f"done: {out}", soft_wrap=True, markup=False)
+    rows = cfg.mini_batch_rows  # one micro-batch per mini-batch
+    console.print(f"next:  rldiag verify {out} --set rldiag.mini_batch_size={rows} "
+                  f"--set rldiag.micro_batch_size={rows}", soft_wrap=True, markup=False)
     return 0

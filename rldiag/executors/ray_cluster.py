@@ -20,6 +20,8 @@ coefficients (:class:`~rldiag.engine.pipeline.PresetKLCoefficients`). The batche
 
 from __future__ import annotations
 
+import os
+import socket
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
@@ -91,6 +93,24 @@ def replay_statistics(tasks: list[StepTask], job: Job):
 
 # --- the executor ---------------------------------------------------------------------------------
 
+def probe_address(address: str | None, timeout: float = 5.0) -> None:
+    """Fail fast on a cluster address nothing answers at: ``ray.init`` itself retries for
+    minutes. ``None``/``auto``/``local`` (and ``RAY_ADDRESS`` unset) have nothing to probe."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return  # not host:port; let Ray interpret it
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ExecutorError(f"cannot reach the Ray cluster at {address} ({exc}); "
+                            "check --ray-address / RAY_ADDRESS, or omit them for a local Ray") from None
+
+
 def _absolute(task: StepTask) -> StepTask:
     """Workers do not share the driver's working directory: send local paths absolute."""
     if is_uri(task.file):
@@ -133,6 +153,7 @@ class RayExecutor:
     def start(self, device: str) -> str:
         ray = import_ray()
         if not ray.is_initialized():
+            probe_address(self.address)
             try:
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
             except Exception as exc:  # ray raises ConnectionError, RuntimeError, ValueError, ...

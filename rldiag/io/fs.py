@@ -98,7 +98,6 @@ def _s3_settings() -> tuple:
 def _s3(endpoint: str | None, region: str | None, timeout: float, retries: int, _creds: tuple) -> pafs.FileSystem:
     kwargs: dict = {
         "connect_timeout": timeout,
-        "request_timeout": max(timeout, 30.0),
         "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=max(1, retries)),
     }
     if region:

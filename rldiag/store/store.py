@@ -154,9 +154,7 @@ class Store:
             f"avg({quote_ident(c)}) - avg({quote_ident(scen[0])}) AS {quote_ident(f'{c} - {scen[0]}')}" for c in scen[1:]
         ]
         sql = f"SELECT metric, {', '.join(means + deltas + counts)} FROM joined GROUP BY metric ORDER BY metric"
-        with self.db.cursor() as cur:
-            cur.register("joined", joined.to_arrow())
-            return pl.from_arrow(cur.sql(sql).to_arrow_table())
+        return self.db.frame(sql, arrow={"joined": joined.to_arrow()}, where=str(self.run))
 
     # -- one step -----------------------------------------------------------------------------
 

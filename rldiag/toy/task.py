@@ -4,10 +4,12 @@ Prompt: ``k`` digits then ``SEP`` (left-padded to ``max_digits + 1``). Answer: t
 digits of their sum, then ``EOS``. The policy may emit ``CALL`` once: the environment then
 appends the observation ``OPEN <digits of the sum> CLOSE`` (tokens the actor did not sample:
 ``response_mask`` 0), and the policy goes on writing. The tool fails on a share of calls
-(observation ``OPEN CLOSE``), so the policy must also learn to answer by itself. The reward is verifiable: the grader takes
-the last number of the response before ``EOS`` (observations included); 1 when it is the sum and
-the response ends with ``EOS``, else ``partial_credit`` times the share of its digits in the
-right place (so that a random policy already sees some signal).
+(observation ``OPEN CLOSE``), so the policy must also learn to answer by itself.
+
+The reward is verifiable: the grader takes the last number of the response before ``EOS``
+(observations included); 1 when it is the sum and the response ends with ``EOS``, else
+``partial_credit`` times the share of its digits in the right place (so that a random policy
+already sees some signal).
 """
 
 from __future__ import annotations

@@ -56,3 +56,10 @@ def outcome_rows(report) -> list[dict]:
     rows += [{"rule": k, "outcome": "not evaluated", "detail": v} for k, v in sorted(report.not_evaluated.items())]
     rows += [{"rule": k, "outcome": "not applicable", "detail": v} for k, v in sorted(report.not_applicable.items())]
     return rows
+
+
+def coverage_line(report) -> str:
+    """What the doctor looked at, in one line."""
+    return (f"{len(report.findings)} findings, {len(report.passed)} rules passed, {len(report.not_evaluated)} not "
+            f"evaluated, {len(report.not_applicable)} not applicable; over {report.logged_steps} logged and "
+            f"{report.recomputed_steps} recomputed steps.")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -52,8 +54,23 @@ def open_app(run: Path | str | None, page: str | None = None, **state) -> AppTes
     return at
 
 
+def _decode(obj):
+    """Plotly sends numpy arrays as ``{"dtype", "bdata"}`` (base64): back to lists for asserts."""
+    if isinstance(obj, dict):
+        if "bdata" in obj and "dtype" in obj:
+            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=np.dtype(obj["dtype"]))
+            if "shape" in obj:
+                arr = arr.reshape([int(n) for n in str(obj["shape"]).split(",")])
+            return arr.tolist()
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
 def charts(at: AppTest) -> list[dict]:
-    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    """The page's plotly figures, as JSON with every array decoded to a list."""
+    return [_decode(json.loads(el.proto.spec)) for el in at.get("plotly_chart")]
 
 
 def trace_names(spec: dict) -> list[str]:

@@ -38,14 +38,33 @@ def test_offpolicy_without_rollout_metrics_says_what_to_do(tmp_path):
 
 def test_health_findings_and_deeper_look(app_run):
     at = open_app(app_run, HEALTH)
-    text0 = " ".join(m.value for m in at.markdown) + " ".join(s.value for s in at.success)
-    assert "rule" in text0 or "No finding" in text0
+    line = next(c.value for c in at.caption if "recomputed steps" in c.value)
+    assert "over 4 logged and 0 recomputed steps" in line
     at.toggle(key="he_recompute").set_value(True).run()
     assert not at.exception
+    line = next(c.value for c in at.caption if "recomputed steps" in c.value)
+    assert "over 4 logged and 6 recomputed steps" in line
     report = at.session_state["he_report"][1]
-    assert report.recomputed_steps == 6
-    rules = [r["rule"] for r in at.dataframe[-1].value.to_dict("records")] if at.dataframe else []
-    assert rules or report.findings
+    shown = [m.value for m in at.markdown if "`" in m.value and "·" in m.value]
+    assert len(shown) == len(report.findings)
+    rules = at.dataframe[-1].value["rule"].tolist()
+    assert set(rules) == set(report.passed) | set(report.not_evaluated) | set(report.not_applicable)
+
+
+def test_health_links_open_the_step_page(tmp_path):
+    """A planted failure (responses clipped at max length) gives a finding whose steps link to
+    the Step page."""
+    import json
+
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    run = write_synth_run(tmp_path / "r", SynthSpec(steps=3))
+    lines = [{"step": s, "data": {"response_length/clip_ratio": 0.9, "critic/score/mean": 0.5}} for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    at = open_app(run, HEALTH)
+    assert any("length_clipped" in m.value for m in at.markdown)
+    links = [el.proto for el in at.get("page_link")]
+    assert [(p.page, p.label, p.query_string) for p in links] == [("step", f"step {s}", f"step={s}") for s in (1, 2, 3)]
 
 
 def test_a_broken_run_is_an_error_in_the_page(tmp_path):

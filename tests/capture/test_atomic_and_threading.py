@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -128,3 +130,20 @@ def test_unpadding_is_vectorised(tmp_path):
     elapsed = time.perf_counter() - t0
     assert payload.tokens["old_log_probs"].shape == (int(lengths.sum()),)
     assert elapsed < 2.0, elapsed
+
+
+def test_a_writer_left_open_is_flushed_at_interpreter_exit(tmp_path):
+    script = (
+        "import sys, torch\n"
+        "from rldiag.capture import RunWriter\n"
+        "w = RunWriter(sys.argv[1])\n"
+        "m = torch.ones(2, 3, dtype=torch.long)\n"
+        "for s in range(1, 4):\n"
+        "    w.write_batch(s, {'response_mask': m, 'token_level_scores': torch.zeros(2, 3), 'uid': ['a', 'b']})\n"
+        "nan = torch.full((2, 3), float('nan'))\n"
+        "w.write_batch(4, {'response_mask': m, 'token_level_scores': nan, 'uid': ['a', 'b']})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [sf.step for sf in RunDir(tmp_path).step_files()] == [1, 2, 3]
+    assert "step 4" in out.stderr and "token_level_scores" in out.stderr

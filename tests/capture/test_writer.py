@@ -49,8 +49,8 @@ def _padded(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def _dataproto(seed: int = 0) -> SimpleNamespace:
-    tensors = dict(_padded(seed), attention_mask=ATTN, response_mask=MASK, responses=torch.zeros(3, 6, dtype=torch.long),
-                   prompts=torch.zeros(3, 3, dtype=torch.long))
+    tensors = dict(_padded(seed), attention_mask=ATTN, response_mask=MASK,
+                   responses=torch.zeros(3, 6, dtype=torch.long), prompts=torch.zeros(3, 3, dtype=torch.long))
     non = {"uid": np.array(["p0", "p1", "p1"], dtype=object), "acc": np.array([1.0, 0.0, 0.0]),
            "data_source": np.array(["toy"] * 3, dtype=object)}
     return SimpleNamespace(batch=tensors, non_tensor_batch=non, meta_info={})

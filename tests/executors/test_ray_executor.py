@@ -17,8 +17,11 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'rldiag[ray]')")
 
 from rldiag.cli.main import main  # noqa: E402
-from rldiag.errors import ConfigError  # noqa: E402
+from rldiag.config.settings import resolve_settings  # noqa: E402
+from rldiag.errors import ConfigError, ExecutorError, StorageError  # noqa: E402
+from rldiag.executors import Plan  # noqa: E402
 from rldiag.executors.ray_cluster import RayExecutor  # noqa: E402
+from rldiag.executors.steps import Job, StepTask  # noqa: E402
 from rldiag.io.outputs import read_scenario  # noqa: E402
 from rldiag.recompute import recompute  # noqa: E402
 from rldiag.synth import SynthSpec, write_synth_run  # noqa: E402
@@ -137,6 +140,21 @@ def test_cuda_on_a_cluster_without_gpus_is_a_config_error(cluster, run):
     assert ex.start("auto") == "cpu" and ex._options() == {"num_cpus": 1.0, "num_gpus": 0}
     ex._device = "cuda"  # what start() picks on a cluster with GPUs
     assert ex._options() == {"num_cpus": 1.0, "num_gpus": 0.5}
+
+
+def test_task_errors_reach_the_driver(cluster, run):
+    ex = RayExecutor()
+    assert ex.start("cpu") == "cpu"
+    job = Job(settings=resolve_settings(run), device="cpu", save_tokens=False)
+    gone = Plan(job, [StepTask(step=1, file=str(run / "batches" / "step_99.parquet"), rel="batches/step_99.parquet", chunk=0)])
+    with pytest.raises(ExecutorError, match=r"steps 1\.\.1: a Ray task failed"):
+        list(ex.run(gone))
+    # an RldiagError raised in a worker arrives as itself
+    bad = Plan(job, [StepTask(step=2, file="nosuchscheme://bucket/step_2.parquet", rel="batches/step_2.parquet", chunk=0)])
+    with pytest.raises(StorageError, match="nosuchscheme://bucket"):
+        list(ex.run(bad))
+    ex.close()
+    assert ray.is_initialized()  # not started by this executor: left running
 
 
 def test_cli_executor_ray(cluster, run, capsys):

@@ -1,6 +1,6 @@
-"""The unit of work every executor shares: packs never span chunks, and the two-pass adaptive KL
-protocol a distributed executor uses gives the same bits as the sequential controller. These run
-without Ray."""
+"""What runs without Ray: the unit of work every executor shares (packs never span chunks), the
+two-pass adaptive KL protocol of a distributed executor (the same bits as the sequential
+controller), and clear errors for a missing Ray or an unreachable cluster."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.pipeline import PresetKLCoefficients, initial_kl_state
-from rldiag.errors import ConfigError
+from rldiag.errors import ConfigError, ExecutorError
 from rldiag.executors import get_executor
 from rldiag.executors.klchain import chain, pack_statistics
+from rldiag.executors.ray_cluster import probe_address
 from rldiag.executors.steps import Job, StepTask, fetch, process
 from rldiag.io.rundir import RunDir
 from rldiag.recompute import recompute
@@ -79,3 +80,17 @@ def test_missing_ray_is_a_clear_error(run, monkeypatch):
     with pytest.raises(ConfigError, match=r"rldiag\[ray\]"):
         recompute(run, name="r", executor="ray")
     assert not (run / "rldiag" / "scenarios" / "r").exists()
+
+
+def test_unreachable_ray_address_fails_fast():
+    import socket
+    import time
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ExecutorError, match=f"127.0.0.1:{port}"):
+        probe_address(f"ray://127.0.0.1:{port}")
+    assert time.monotonic() - t0 < 10
+    probe_address("auto")  # nothing to probe: Ray finds or starts a local cluster
