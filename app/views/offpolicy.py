@@ -5,7 +5,7 @@ import streamlit as st
 from rlapp import session
 
 from rldiag.viz.charts import histogram, metric_grid, quantile_band
-from rldiag.viz.offpolicy import PREFIX, panels
+from rldiag.viz.offpolicy import baseline_first, panels
 
 st.title("Off-policy")
 store = session.store_or_stop()
@@ -13,12 +13,11 @@ store = session.store_or_stop()
 
 def page() -> None:
     scenarios = store.scenario_names()
-    with_rc = [s for s in scenarios if any(m.startswith(PREFIX) for m in store.scenario_metric_names(s))]
+    with_rc = [s for s in scenarios if panels(store.scenario_metric_names(s))]
     if "op_scenarios" not in st.session_state:
-        st.session_state["op_scenarios"] = with_rc[:2]
+        st.session_state["op_scenarios"] = baseline_first(with_rc)[:2]
     overlay = st.multiselect("Recomputed scenarios on the same axes", with_rc, key="op_scenarios")
-    names = [m for m in store.metric_names(overlay) if m.startswith(PREFIX)]
-    groups = panels(names)
+    groups = panels(store.metric_names(overlay))
     if not groups:
         st.info("No rollout_corr/* metrics: the run logged none and no scenario computed them. They need the "
                 "batches' rollout_log_probs; recompute on the What-if page (rollout_is=token adds IS weights).")

@@ -102,6 +102,13 @@ def candidate_overrides(settings: Settings, fields: set[str], columns: set[str],
         for c in CLIPRANGE_VALUES:
             add("critic.cliprange_value", c)
     if _hits(fields, _MICRO_FIELDS):
+        # first the batching the run's own config describes (verl's ppo_mini_batch_size x
+        # rollout.n and ppo_micro_batch_size_per_gpu), as one candidate
+        actor = "actor_rollout_ref.actor."
+        if settings.get(actor + "ppo_mini_batch_size") is not None and settings.get(actor + "ppo_micro_batch_size_per_gpu") is not None:
+            cand = {"rldiag.mini_batch_size": "auto", "rldiag.micro_batch_size": "auto"}
+            if cand not in out:
+                out.insert(0, cand)
         # verl averages these over micro-batches (and DP ranks) with equal weights (seed 001 s15)
         for size in MICRO_SIZES:
             if size < rows and rows % size == 0:

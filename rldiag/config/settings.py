@@ -115,6 +115,9 @@ _INT_KEYS = {
     "rldiag.mini_batch_size",
 }
 
+#: keys that also take "auto": derived from verl's own batch keys in the run's config
+_AUTO_KEYS = {"rldiag.micro_batch_size", "rldiag.mini_batch_size"}
+
 #: list-valued keys and their element type; a string value is read as a comma list.
 _LIST_KEYS = {"algorithm.gdpo_reward_keys": str, "algorithm.gdpo_reward_weights": float}
 
@@ -237,6 +240,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if key in _LIST_KEYS:
             return _coerce_list(value, _LIST_KEYS[key])
         if key in _INT_KEYS:
+            if key in _AUTO_KEYS and value == "auto":
+                return value
             if isinstance(value, bool) or float(value) != int(float(value)):
                 raise ValueError(f"expected an integer, got {value!r}")
             return int(float(value))

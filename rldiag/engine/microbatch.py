@@ -176,15 +176,34 @@ def _segment_mini(
     )
 
 
+def resolve_auto(settings: Settings, key: str) -> int | None:
+    """``rldiag.mini_batch_size`` / ``rldiag.micro_batch_size`` with ``auto`` read from verl's
+    keys in the run's config: mini = ``actor.ppo_mini_batch_size * rollout.n`` (as verl's trainer
+    multiplies it, seed 001 section 11.2), micro = ``actor.ppo_micro_batch_size_per_gpu``."""
+    value = settings.get(key)
+    if value != "auto":
+        return None if value is None else int(value)
+    actor = "actor_rollout_ref.actor."
+    if key == "rldiag.mini_batch_size":
+        mini, n = settings.get(actor + "ppo_mini_batch_size"), settings.get("actor_rollout_ref.rollout.n", 1)
+        if mini is None:
+            raise ConfigError(f"{key}=auto needs {actor}ppo_mini_batch_size in the run's config")
+        return int(mini) * int(n or 1)
+    micro = settings.get(actor + "ppo_micro_batch_size_per_gpu")
+    if micro is None:
+        raise ConfigError(f"{key}=auto needs {actor}ppo_micro_batch_size_per_gpu in the run's config")
+    return int(micro)
+
+
 def check_microbatch_settings(settings: Settings) -> None:
     """Fail early on a micro-batch size or DP size that cannot be emulated."""
     dp = settings.get("rldiag.dp_size", 1)
     if dp is None or int(dp) < 1:
         raise ConfigError(f"rldiag.dp_size must be >= 1, got {dp!r}")
-    mbs = settings.get("rldiag.micro_batch_size")
+    mbs = resolve_auto(settings, "rldiag.micro_batch_size")
     if mbs is not None and int(mbs) < 1:
         raise ConfigError(f"rldiag.micro_batch_size must be >= 1 or null, got {mbs!r}")
-    mini = settings.get("rldiag.mini_batch_size")
+    mini = resolve_auto(settings, "rldiag.mini_batch_size")
     if mini is not None and int(mini) < 1:
         raise ConfigError(f"rldiag.mini_batch_size must be >= 1 or null, got {mini!r}")
 
@@ -193,6 +212,6 @@ def segmentation_for(step_ids: torch.Tensor, n_steps: int, settings: Settings) -
     """:func:`segment_rows` under ``rldiag.micro_batch_size``, ``rldiag.dp_size`` and
     ``rldiag.mini_batch_size``."""
     return segment_rows(
-        step_ids, n_steps, settings.get("rldiag.micro_batch_size"), int(settings.get("rldiag.dp_size", 1)),
-        settings.get("rldiag.mini_batch_size"),
+        step_ids, n_steps, resolve_auto(settings, "rldiag.micro_batch_size"), int(settings.get("rldiag.dp_size", 1)),
+        resolve_auto(settings, "rldiag.mini_batch_size"),
     )

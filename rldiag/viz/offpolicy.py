@@ -34,3 +34,8 @@ def panels(names: Iterable[str]) -> dict[str, list[str]]:
         else:
             out[OTHER].append(n)
     return {k: v for k, v in out.items() if v}
+
+
+def baseline_first(scenarios: list[str]) -> list[str]:
+    """``baseline`` (when present) first, the others in their order."""
+    return sorted(scenarios, key=lambda s: s != "baseline")

@@ -1,34 +1,12 @@
-"""Small runs and an AppTest helper for the app's tests."""
+"""Small runs for the app's tests."""
 
 from __future__ import annotations
 
-import base64
-import json
-from pathlib import Path
-
-import numpy as np
-import pyarrow.parquet as pq
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from rldiag.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
-
-APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
-
-
-def logged_from_scenario(run: Path, scenario: str = "baseline", steps=None, extra: dict | None = None) -> list[str]:
-    """metrics.jsonl lines in verl's form, as a trainer would have logged them: the scenario's
-    metrics nudged by 1% (so logged and recomputed lines differ), plus ``extra`` metrics."""
-    t = pq.read_table(run / "rldiag" / "scenarios" / scenario / "metrics.parquet").to_pydict()
-    lines = []
-    for i, step in enumerate(t["step"]):
-        if steps is not None and step not in steps:
-            continue
-        data = {k: v * 1.01 for k, v in ((k, t[k][i]) for k in t if k != "step") if v is not None and v == v}
-        data.update(extra or {})
-        lines.append(json.dumps({"step": step, "data": data}))
-    return lines
+from tests.app.helpers import logged_from_scenario
 
 
 @pytest.fixture
@@ -39,43 +17,3 @@ def app_run(tmp_path):
     lines = logged_from_scenario(run, steps={1, 2, 3, 4}, extra={"perf/throughput": 1234.0, "timing_s/step": 2.5})
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return run
-
-
-def open_app(run: Path | str | None, page: str | None = None, **state) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=90)
-    if run is not None:
-        at.session_state["run_path"] = str(run)
-    for k, v in state.items():
-        at.session_state[k] = v
-    at.run()
-    if page:
-        at.switch_page(page).run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def _decode(obj):
-    """Plotly sends numpy arrays as ``{"dtype", "bdata"}`` (base64): back to lists for asserts."""
-    if isinstance(obj, dict):
-        if "bdata" in obj and "dtype" in obj:
-            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=np.dtype(obj["dtype"]))
-            if "shape" in obj:
-                arr = arr.reshape([int(n) for n in str(obj["shape"]).split(",")])
-            return arr.tolist()
-        return {k: _decode(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode(v) for v in obj]
-    return obj
-
-
-def charts(at: AppTest) -> list[dict]:
-    """The page's plotly figures, as JSON with every array decoded to a list."""
-    return [_decode(json.loads(el.proto.spec)) for el in at.get("plotly_chart")]
-
-
-def trace_names(spec: dict) -> list[str]:
-    return [t.get("name") for t in spec["data"]]
-
-
-def subplot_titles(spec: dict) -> list[str]:
-    return [a["text"] for a in spec["layout"].get("annotations", [])]

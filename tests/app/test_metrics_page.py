@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.app.conftest import charts, open_app, subplot_titles, trace_names
+from tests.app.helpers import charts, open_app, subplot_titles, trace_names
 
 def _status(at) -> str:
     return next(m.value for m in at.markdown if m.value.startswith("Latest logged step") or m.value.startswith("No logged"))

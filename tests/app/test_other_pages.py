@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rldiag.recompute import recompute
 from rldiag.viz.runs import default_run
-from tests.app.conftest import charts, open_app, subplot_titles
+from tests.app.helpers import charts, open_app, subplot_titles
 
 OFF = "views/offpolicy.py"
 HEALTH = "views/health.py"

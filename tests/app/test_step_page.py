@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 from rldiag.recompute import recompute
-from tests.app.conftest import charts, open_app, trace_names
+from tests.app.helpers import charts, open_app, trace_names
 
 PAGE = "views/step.py"
 RLOO = "adv_estimator=rloo"

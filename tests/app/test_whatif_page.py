@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from tests.app.conftest import charts, open_app, trace_names
+from tests.app.helpers import charts, open_app, trace_names
 
 PAGE = "views/whatif.py"
 RLOO = "adv_estimator=rloo"

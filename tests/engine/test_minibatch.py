@@ -59,3 +59,18 @@ def test_whole_step_mini_batch_changes_nothing():
     c = recompute_batch(b, settings(estimator="grpo", **{"rldiag.mini_batch_size": 4})).metrics
     for k in ("actor/pg_loss", "actor/entropy_loss", "actor/pg_clipfrac", "actor/ppo_kl"):
         assert c[k].item() == pytest.approx(a[k].item(), rel=1e-6), k
+
+
+def test_auto_reads_verls_batch_keys():
+    from rldiag.config.settings import resolve_settings
+    from rldiag.engine.microbatch import resolve_auto
+    from rldiag.errors import ConfigError
+
+    cfg = {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2},
+                                 "rollout": {"n": 8}}}
+    s = resolve_settings(config=cfg, overrides={"rldiag.mini_batch_size": "auto", "rldiag.micro_batch_size": "auto"})
+    assert resolve_auto(s, "rldiag.mini_batch_size") == 32  # verl multiplies by rollout.n
+    assert resolve_auto(s, "rldiag.micro_batch_size") == 2
+    bare = resolve_settings(overrides={"rldiag.mini_batch_size": "auto"})
+    with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
+        resolve_auto(bare, "rldiag.mini_batch_size")
