@@ -1,8 +1,8 @@
 """``rldiag doctor``: health checks over a run's logged and recomputed metrics.
 
-The run is streamed once through the engine under its own settings (unless ``recompute`` is
-False), collecting each step's metrics and the doctor's own per-step signals
-(:mod:`.signals`); together with ``metrics.jsonl`` they feed the rules (:mod:`.rules`), each
+The run is recomputed under its own settings (unless ``recompute`` is False; the scenario is
+written like ``rldiag recompute`` writes it, so unchanged steps are reused next time), giving each
+step's metrics and the engine's ``rldiag/...`` health signals; together with ``metrics.jsonl`` they feed the rules (:mod:`.rules`), each
 evaluated by its kind (:mod:`.evaluators`). A rule is *not applicable* when its ``when``
 settings do not hold, *not evaluated* when its metric is missing or has too few steps, and
 otherwise passes or gives a finding with its evidence and the reason it matters.
@@ -15,19 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rldiag.analysis.logged import logged_metrics
-from rldiag.config.settings import Settings, resolve_settings
+from rldiag.config.settings import resolve_settings
 from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Passed, Skip
 from rldiag.doctor.rules import Rule, load_rules
-from rldiag.doctor.signals import SignalTable, centre_offset, credit_cut_fraction, kl_sign_flip_fraction
-from rldiag.engine.pipeline import initial_kl_state, recompute_batch
+from rldiag.doctor.signals import SignalTable
 from rldiag.errors import RldiagError
-from rldiag.io.loader import load_step
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, parse_steps
-from rldiag.recompute import check_settings, resolve_device
+from rldiag.recompute import check_settings
+from rldiag.recompute import recompute as run_recompute
 
 ProgressFn = Callable[[int, int, int], None]
 
@@ -62,40 +59,17 @@ class DoctorReport:
         return json_safe(d)
 
 
-def _stream(rd: RunDir, settings: Settings, chosen: list[int], files: dict, table: SignalTable,
+def _stream(rd: RunDir, overrides: Mapping[str, Any], steps: str | None, table: SignalTable,
             report: DoctorReport, device: str, progress: ProgressFn | None) -> None:
-    """Recompute the chosen steps one at a time, adding their metrics and signals to ``table``."""
-    dev = resolve_device(device)
-    kl_state = initial_kl_state(settings) if settings["algorithm.use_kl_in_reward"] else None
-    if kl_state is not None and settings["algorithm.kl_ctrl.type"] == "adaptive":
-        from rldiag import recompute as _rc
-
-        earlier = [s for s in sorted(files) if s < chosen[0]]
-        replay = getattr(_rc, "replay_kl_controller", None)
-        if earlier and replay is not None:
-            replay(files, earlier, settings, kl_state)
-    for i, step in enumerate(chosen):
-        try:
-            data = load_step(files[step], settings)
-            batch = data.batch
-            extra = {"rldiag/mask/credit_cut_fraction": credit_cut_fraction(batch.response_mask, batch.lengths)}
-            result = recompute_batch(batch.to(dev), settings, kl_state)
-            if result.failed:
-                raise RldiagError(next(iter(result.failed.values())))
-        except RldiagError as exc:
-            report.recompute_failed[step] = f"{type(exc).__name__}: {exc}"
-            continue
-        finally:
-            if progress:
-                progress(i + 1, len(chosen), step)
-        values = {k: float(v.detach().cpu().to(torch.float64)[0]) for k, v in result.metrics.items()}
-        tok = {k: v.detach().cpu() for k, v in result.tokens.items()}
-        extra["rldiag/advantages/centre_offset"] = centre_offset(tok["advantages"], tok["response_mask"])
-        if settings["algorithm.use_kl_in_reward"]:
-            extra["rldiag/rewards/kl_sign_flip_fraction"] = kl_sign_flip_fraction(
-                batch.token_level_scores, tok["token_level_rewards"], batch.lengths)
-        values.update(extra)
-        table.add_recomputed(step, values)
+    """Recompute the chosen steps through :func:`rldiag.recompute.recompute` (its scenario is
+    kept, so a later doctor or ``recompute`` reuses every unchanged step) and add each step's
+    metrics, the engine's ``rldiag/...`` health signals included, to ``table``."""
+    rep = run_recompute(rd.path, overrides, steps=steps, device=device, progress=progress)
+    for step, msg in rep.steps_failed.items():
+        report.recompute_failed[step] = msg
+    for row in rep.metrics:
+        values = {k: float(v) for k, v in row.items() if k != "step" and v is not None}
+        table.add_recomputed(int(row["step"]), values)
 
 
 def diagnose(
@@ -142,7 +116,7 @@ def diagnose(
         except RldiagError as exc:
             report.recompute_error = f"{type(exc).__name__}: {exc}"
         else:
-            _stream(rd, settings, chosen, files, table, report, device, progress)
+            _stream(rd, dict(overrides or {}), steps, table, report, device, progress)
     elif recompute:
         report.recompute_error = f"no batch files in {rd.batches_dir}"
     report.logged_steps, report.recomputed_steps = table.logged_steps, table.recomputed_steps

@@ -6,7 +6,7 @@ import torch
 
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import explained_variance
-from rldiag.engine.segments import seg_max, seg_mean, seg_min, step_masked_extrema
+from rldiag.engine.segments import seg_max, seg_mean, seg_min, seg_sum, step_masked_extrema
 
 
 def _row_stats(prefix: str, x: torch.Tensor, seg: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
@@ -58,4 +58,51 @@ def data_metrics(
         out["prompt_length/clip_ratio"] = seg_mean(
             (pl == batch.max_prompt_length.to(torch.float32)[sid]).float(), sid, n
         )
+    return out
+
+
+def signal_metrics(
+    batch: Batch,
+    token_level_rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    kl_in_reward: bool,
+) -> dict[str, torch.Tensor]:
+    """rldiag's per-step signals for the health checks, ``(n_steps,)`` each:
+
+    - ``rldiag/mask/credit_cut_fraction``: share of actor tokens (mask 1) with a mask-0 position
+      later in their row: under REINFORCE++'s mask-resetting reward-to-go (seed 002 section 9.1)
+      such a token gets none of the outcome reward.
+    - ``rldiag/advantages/centre_offset``: masked mean of the advantages over their masked
+      population std (0 when every advantage is 0; +-inf for a constant nonzero advantage).
+    - ``rldiag/rewards/kl_sign_flip_fraction`` (with KL in reward): among non-aborted rows with a
+      nonzero summed score, the share whose summed reward has the opposite sign.
+    """
+    n, sid = batch.n_steps, batch.step_ids
+    out: dict[str, torch.Tensor] = {}
+    width = mask.shape[1]
+    pos = torch.arange(width, device=mask.device).unsqueeze(0).expand_as(mask)
+    valid = batch.valid()
+    m0 = batch.response_mask
+    last_zero = torch.where(valid & (m0 == 0), pos, torch.full_like(pos, -1)).amax(dim=1)
+    live = valid & (m0 > 0)
+    cut = live & (pos < last_zero.unsqueeze(1))
+    out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut.sum(-1, dtype=torch.float32), sid, n) / seg_sum(
+        live.sum(-1, dtype=torch.float32), sid, n
+    )
+    mb = mask.bool()
+    cnt = seg_sum(mb.sum(-1, dtype=torch.float64), sid, n)
+    a = advantages.to(torch.float64)
+    mean = seg_sum(torch.where(mb, a, 0.0).sum(-1), sid, n) / cnt
+    dev = torch.where(mb, a - mean[sid].unsqueeze(-1), 0.0)
+    std = (seg_sum((dev * dev).sum(-1), sid, n) / cnt).sqrt()
+    offset = torch.where(std > 0, mean / std, torch.where(mean == 0, torch.zeros_like(mean), mean.sign() * float("inf")))
+    out["rldiag/advantages/centre_offset"] = offset.to(torch.float32)
+    if kl_in_reward:
+        rows_live = batch.lengths > 0
+        s = batch.token_level_scores.sum(-1).to(torch.float64)
+        r = token_level_rewards.sum(-1).to(torch.float64)
+        keep = rows_live & (s != 0)
+        flip = keep & (torch.sign(r) != torch.sign(s))
+        out["rldiag/rewards/kl_sign_flip_fraction"] = seg_sum(flip.float(), sid, n) / seg_sum(keep.float(), sid, n)
     return out

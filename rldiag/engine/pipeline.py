@@ -27,7 +27,7 @@ from rldiag.engine.batch import Batch
 from rldiag.engine.critic import value_loss
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.kl import kl_estimate
-from rldiag.engine.metrics import data_metrics
+from rldiag.engine.metrics import data_metrics, signal_metrics
 from rldiag.engine.microbatch import Segmentation, segmentation_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
@@ -257,4 +257,5 @@ def recompute_batch(
     metrics["rldiag/groups/no_signal_fraction"] = seg_sum(flat.float(), group_step, n) / seg_sum(multi.float(), group_step, n)
     metrics["rldiag/groups/singleton_fraction"] = seg_sum((gcnt == 1).float(), group_step, n) / seg_count(group_step, n)
     metrics["rldiag/advantages/positive_fraction"] = step_masked_mean((adv > 0).float(), mask, sid, n)
+    metrics.update(signal_metrics(batch, rewards, adv, mask, bool(settings["algorithm.use_kl_in_reward"])))
     return Result(steps=list(batch.steps), metrics=metrics, tokens=tokens, failed=errors.failed())
