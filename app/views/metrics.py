@@ -6,7 +6,7 @@ import streamlit as st
 from rlapp import session
 
 from rldiag.viz.charts import metric_grid
-from rldiag.viz.metric_groups import default_selection, filter_names, group_by_prefix
+from rldiag.viz.metric_groups import default_selection, filter_names, follow_range, group_by_prefix
 from rldiag.viz.smoothing import ema
 from rldiag.viz.timefmt import live_line
 
@@ -43,6 +43,10 @@ def controls():
     bounds = store.step_bounds(overlay)
     lo = hi = None
     if bounds and bounds[0] < bounds[1]:
+        if "m_range" in st.session_state:
+            st.session_state["m_range"] = follow_range(st.session_state["m_range"], st.session_state.get("m_range_max"),
+                                                       bounds)
+        st.session_state["m_range_max"] = bounds[1]
         lo, hi = st.slider("Steps", bounds[0], bounds[1], (bounds[0], bounds[1]), key="m_range")
         if hi == bounds[1]:
             hi = None  # the range reaches the last step: keep following the run

@@ -11,7 +11,18 @@ Modules: ``task`` (the environment), ``model`` (the transformer), ``rollout`` (s
 ``config`` (settings and presets), ``trainer`` (the loop), ``make_samples`` (samples/).
 """
 
-from rldiag.toy.config import PRESETS, ToyConfig, grpo_tool, ppo_gae
-from rldiag.toy.trainer import RunSummary, StepResult, ToyTrainer
+from importlib import import_module
 
 __all__ = ["PRESETS", "RunSummary", "StepResult", "ToyConfig", "ToyTrainer", "grpo_tool", "ppo_gae"]
+
+_WHERE = {
+    "PRESETS": "config", "ToyConfig": "config", "grpo_tool": "config", "ppo_gae": "config",
+    "RunSummary": "trainer", "StepResult": "trainer", "ToyTrainer": "trainer",
+}
+
+
+def __getattr__(name: str):
+    """Lazy: importing ``rldiag.toy.config`` (the CLI does, for the presets) must not load torch."""
+    if name in _WHERE:
+        return getattr(import_module(f"rldiag.toy.{_WHERE[name]}"), name)
+    raise AttributeError(name)

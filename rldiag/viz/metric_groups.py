@@ -57,3 +57,14 @@ def default_selection(names: list[str], limit: int = 4) -> list[str]:
     have = set(names)
     chosen = [m for m in DEFAULT_METRICS if m in have][:limit]
     return chosen or names[:limit]
+
+
+def follow_range(chosen: tuple[int, int], old_max: int | None, bounds: tuple[int, int]) -> tuple[int, int]:
+    """A step range kept across growth of the run: one that reached the last step keeps reaching
+    it; any range is clipped to the steps that exist, and one with no step left becomes all."""
+    lo, hi = chosen
+    if old_max is not None and hi == old_max:
+        hi = bounds[1]
+    if lo > bounds[1] or hi < bounds[0]:  # nothing of it is left (the file was rewritten)
+        return bounds[0], bounds[1]
+    return max(lo, bounds[0]), min(hi, bounds[1])

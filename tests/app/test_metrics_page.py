@@ -87,3 +87,19 @@ def test_lines_appended_to_metrics_jsonl_appear(app_run):
         fh.write('9}}\n')
     at.run()
     assert "Latest logged step **6**" in _status(at)
+
+
+def test_a_range_reaching_the_last_step_follows_the_run(app_run):
+    at = open_app(app_run)
+    at.multiselect(key="m_scenarios").set_value([]).run()  # logged only: steps 1..4
+    at.slider(key="m_range").set_value((2, 4)).run()
+    with (app_run / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps({"step": 5, "data": {"critic/score/mean": 0.5}}) + "\n")
+    at.text_input(key="m_query").set_value("score").run()  # any interaction: a full rerun
+    assert at.slider(key="m_range").value == (2, 5)
+    assert _xs(charts(at)[0], "logged") == [2, 3, 4, 5]
+    at.slider(key="m_range").set_value((2, 3)).run()  # a narrowed range stays put
+    with (app_run / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps({"step": 6, "data": {"critic/score/mean": 0.6}}) + "\n")
+    at.text_input(key="m_query").set_value("").run()
+    assert at.slider(key="m_range").value == (2, 3)

@@ -11,7 +11,7 @@ from rldiag.config.settings import resolve_settings
 from rldiag.store import StepFacts
 from rldiag.viz import checklist, whatif
 from rldiag.viz.charts import heat_strip, mask_spans, metric_grid
-from rldiag.viz.metric_groups import NO_PREFIX, default_selection, filter_names, group_by_prefix, search
+from rldiag.viz.metric_groups import NO_PREFIX, default_selection, filter_names, follow_range, group_by_prefix, search
 from rldiag.viz.offpolicy import OTHER, panels
 from rldiag.viz.runs import default_run, initial_run, run_from_argv
 from rldiag.viz.smoothing import ema
@@ -182,3 +182,10 @@ def test_step_page_opens_on_a_row_with_a_tool_span():
     assert interesting_row(rows.with_columns(pl.lit(0.0).alias("score_total"))) == 1
     assert interesting_row(rows.with_columns(pl.lit(0).alias("tool_tokens"))) == 0
     assert rollout_n({"actor_rollout_ref.rollout.n": 8}) == 8 and rollout_n({}) is None
+
+
+def test_step_range_follows_growth():
+    assert follow_range((2, 10), 10, (1, 12)) == (2, 12)  # reached the end: keeps following
+    assert follow_range((2, 8), 10, (1, 12)) == (2, 8)  # narrowed: stays
+    assert follow_range((5, 9), 9, (1, 4)) == (1, 4)  # the file was rewritten shorter
+    assert follow_range((2, 8), None, (1, 12)) == (2, 8)
