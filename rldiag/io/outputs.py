@@ -12,10 +12,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
+
+from typing import TYPE_CHECKING
 
 from rldiag.errors import OutputError, RunDirError
 from rldiag.io.fs import RemotePath, as_path, is_remote
+
+if TYPE_CHECKING:
+    import torch
 
 TOKEN_OUTPUTS = (
     "advantages",
@@ -42,6 +46,8 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def tokens_table(tokens: dict[str, torch.Tensor], lengths: torch.Tensor, row_offset: int = 0) -> pa.Table:
     """Unpad ``(rows, tokens)`` tensors into list columns of length T_i (no per-row loop)."""
+    import torch  # here, not at the top: readers of scenarios (the app) never load torch
+
     lengths_np = lengths.cpu().numpy().astype(np.int64)
     offsets = np.zeros(len(lengths_np) + 1, dtype=np.int32)
     np.cumsum(lengths_np, out=offsets[1:])

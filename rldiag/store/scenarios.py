@@ -15,29 +15,12 @@ from pathlib import Path
 
 import polars as pl
 
+from rldiag.io.outputs import list_scenarios, scenario_dir
 from rldiag.store.cache import FileSig, SigCache, file_sig
 from rldiag.store.db import Db, quote_ident
 from rldiag.store.errors import StoreError
 
 TOKEN_FILE = re.compile(r"^step_(\d+)\.parquet$")
-
-
-def scenario_dir(run: Path, name: str) -> Path:
-    """``RUN/rldiag/scenarios/<name>`` (CONTRACT section 4)."""
-    return Path(run) / "rldiag" / "scenarios" / name
-
-
-def list_scenarios(run: Path) -> list[str]:
-    """Scenario names of a run: directories with a ``scenario.json`` (staging dirs are hidden).
-
-    The same rule as :func:`rldiag.io.outputs.list_scenarios`, without that module's torch import,
-    so that the app's first page does not wait for torch.
-    """
-    root = Path(run) / "rldiag" / "scenarios"
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and (p / "scenario.json").is_file())
 
 
 class Scenarios:
