@@ -19,7 +19,6 @@ wandb's settings; pass ``mode="offline"`` for an air-gapped machine (the run the
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 import yaml
 
 from rldiag import __version__
+from rldiag.io.rundir import iter_metrics_records
 from rldiag.errors import CaptureError, RldiagError
 from rldiag.io.rundir import RunDir
 
@@ -76,25 +76,8 @@ def iter_metric_rows(run_dir: str | Path) -> Iterator[tuple[int, dict[str, Any]]
     incomplete last line (still being written) and lines that are not JSON objects with a step
     are skipped.
     """
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return
-    lines = path.read_bytes().split(b"\n")
-    if lines and lines[-1] != b"":
-        lines = lines[:-1]
     rows: dict[int, dict[str, Any]] = {}
-    for raw in lines:
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            obj = json.loads(raw)
-            step = int(obj["step"])
-        except (ValueError, TypeError, KeyError, UnicodeDecodeError):
-            continue
-        if not isinstance(obj, dict):
-            continue
-        data = obj["data"] if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
+    for step, data in iter_metrics_records(Path(run_dir) / "metrics.jsonl"):
         rows.setdefault(step, {}).update({k: v for k, v in data.items() if k not in _SKIP_KEYS})
     for step in sorted(rows):
         yield step, rows[step]

@@ -117,12 +117,13 @@ def parse_steps(spec: str | None, available: list[int]) -> list[int]:
     return sorted(chosen)
 
 
-def iter_metrics_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    """Logged metrics as ``(step, {name: value})``, in file order.
+def iter_metrics_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """Every complete line of ``metrics.jsonl`` as ``(step, payload)``, in file order, with the
+    payload as logged (any JSON values).
 
     Accepts verl's file-logger form ``{"step": 12, "data": {...}}`` and the flat form. A last line
-    without its newline (still being written) is skipped; a complete line that is not valid JSON
-    is skipped too (training logs may hold other noise), but never raises.
+    without its newline (still being written) is skipped; a complete line that is not a JSON
+    object with an integer step is skipped too (training logs may hold other noise), never raised.
     """
     if not path.is_file():
         return
@@ -145,6 +146,12 @@ def iter_metrics_lines(path: Path) -> Iterator[tuple[int, dict]]:
             step = int(obj["step"])
         except (TypeError, ValueError):
             continue
-        payload = obj.get("data") if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
-        values = {k: v for k, v in payload.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        yield step, values
+        payload = obj["data"] if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
+        yield step, payload
+
+
+def iter_metrics_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """Logged metrics as ``(step, {name: number})``, in file order (see
+    :func:`iter_metrics_records`); values that are not numbers are left out."""
+    for step, payload in iter_metrics_records(path):
+        yield step, {k: v for k, v in payload.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
