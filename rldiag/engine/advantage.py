@@ -25,7 +25,7 @@ from rldiag.config.settings import Settings
 from rldiag.engine.batch import Batch
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.segments import seg_count, seg_max, seg_std, seg_sum
-from rldiag.engine.scan import gae_scan, reward_to_go_scan, use_scan
+from rldiag.engine.scan import gae_blocked, gae_scan, reward_to_go_scan, use_scan
 from rldiag.engine.whiten import step_whiten
 from rldiag.errors import ConfigError, MissingInputError
 from rldiag.registry import Registry
@@ -122,28 +122,18 @@ def _broadcast(scalar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def _gae_scan(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> torch.Tensor:
-    """verl's mask-skipping GAE recursion, one vectorised step per token position.
+    """verl's mask-skipping GAE recursion; raw advantages ``(rows, tokens)``.
 
     At a mask-0 position (tool observation, rejected token, padding) neither the next value nor
-    the running advantage is updated, so credit flows across it (seed 002 section 6.4).
-    Returns raw advantages ``(rows, tokens)``. On an accelerator, the associative-scan form
-    (``rldiag.engine.scan.gae_scan``) gives the same numbers in O(log T) kernels.
+    the running advantage is updated, so credit flows across it (seed 002 section 6.4). The
+    recursion (Schulman et al. 2016, arXiv:1506.02438) is solved without a loop over positions:
+    by blocks on the CPU (:func:`rldiag.engine.scan.gae_blocked`), by an associative scan on an
+    accelerator (:func:`rldiag.engine.scan.gae_scan`); :func:`rldiag.engine.scan.gae_loop` is
+    verl's one-position-at-a-time form, the reference they are tested against.
     """
     if use_scan(rewards):
         return gae_scan(rewards, values, mask, gamma, lam)
-    r, v, m = rewards.T.contiguous(), values.T.contiguous(), mask.T.contiguous()
-    out = torch.empty_like(r)
-    rows = r.shape[1]
-    nextvalues = torch.zeros(rows, dtype=r.dtype, device=r.device)
-    lastgaelam = torch.zeros(rows, dtype=r.dtype, device=r.device)
-    gl = gamma * lam
-    for t in range(r.shape[0] - 1, -1, -1):
-        delta = r[t] + gamma * nextvalues - v[t]  # Schulman et al. 2016 (arXiv:1506.02438), TD error
-        candidate = delta + gl * lastgaelam
-        nextvalues = v[t] * m[t] + (1 - m[t]) * nextvalues
-        lastgaelam = candidate * m[t] + (1 - m[t]) * lastgaelam
-        out[t] = lastgaelam
-    return out.T
+    return gae_blocked(rewards, values, mask, gamma, lam)
 
 
 def _reward_to_go_resetting(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import explained_variance
-from rldiag.engine.segments import seg_max, seg_mean, seg_min, seg_sum, step_masked_extrema
+from rldiag.engine.segments import masked_sum_rows, seg_max, seg_mean, seg_min, seg_sum, step_masked_extrema
 
 
 def _row_stats(prefix: str, x: torch.Tensor, seg: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
@@ -90,12 +90,11 @@ def signal_metrics(
     out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut.sum(-1, dtype=torch.float32), sid, n) / seg_sum(
         live.sum(-1, dtype=torch.float32), sid, n
     )
-    mb = mask.bool()
-    cnt = seg_sum(mb.sum(-1, dtype=torch.float64), sid, n)
-    a = advantages.to(torch.float64)
-    mean = seg_sum(torch.where(mb, a, 0.0).sum(-1), sid, n) / cnt
-    dev = torch.where(mb, a - mean[sid].unsqueeze(-1), 0.0)
-    std = (seg_sum((dev * dev).sum(-1), sid, n) / cnt).sqrt()
+    # two passes in float32 (centred before squaring), row sums accumulated per step in float64
+    cnt = seg_sum(mask.sum(-1, dtype=torch.float64), sid, n)
+    mean = seg_sum(masked_sum_rows(advantages, mask).to(torch.float64), sid, n) / cnt
+    dev = advantages - mean.to(advantages.dtype)[sid].unsqueeze(-1)
+    std = (seg_sum(masked_sum_rows(dev * dev, mask).to(torch.float64), sid, n) / cnt).sqrt()
     offset = torch.where(std > 0, mean / std, torch.where(mean == 0, torch.zeros_like(mean), mean.sign() * float("inf")))
     out["rldiag/advantages/centre_offset"] = offset.to(torch.float32)
     if kl_in_reward:

@@ -11,6 +11,8 @@ reward-to-go are of this form.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -69,3 +71,73 @@ def reward_to_go_scan(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -
     (nothing past the end). ``(rows, tokens)``"""
     m_next = torch.nn.functional.pad(mask[..., 1:], (0, 1))
     return reverse_linear_scan(gamma * m_next, rewards)
+
+
+def _next_masked_index(mask: torch.Tensor) -> torch.Tensor:
+    """For each position t, the first position >= t with mask 1 (``T`` when none). ``(rows, T)``"""
+    T = mask.shape[-1]
+    pos = torch.arange(T, device=mask.device).expand_as(mask)
+    idx = torch.where(mask > 0, pos, torch.full_like(pos, T))
+    return idx.flip(-1).cummin(-1).values.flip(-1)
+
+
+def _gather_or_zero(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    T = x.shape[-1]
+    got = x.gather(-1, index.clamp(max=T - 1))
+    return torch.where(index < T, got, torch.zeros_like(got))
+
+
+def gae_blocked(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
+                block: int = 128) -> torch.Tensor:
+    """verl's mask-skipping GAE with a loop over blocks of positions instead of positions.
+
+    ``NV_{t+1}`` (the value at the first mask-1 position after t) is a gather at the next-masked
+    index; the advantage recursion ``A_t = a_t A_{t+1} + b_t`` (``a_t = 1 - m_t (1 - gamma lam)``,
+    ``b_t = m_t delta_t``) is solved in closed form inside each block with prefix products in
+    float64, ``A_j = (sum_{k>=j} P_k b_k + P_C A_next) / P_j``, and carried across blocks. The
+    block length keeps ``(gamma lam)^block`` inside float64's range. Raw advantages ``(rows, T)``.
+    """
+    rows, T = rewards.shape
+    nxt = _next_masked_index(mask)
+    nv = _gather_or_zero(values, nxt)
+    nv_next = torch.nn.functional.pad(nv[..., 1:], (0, 1))
+    delta = rewards + gamma * nv_next - values
+    gl = gamma * lam
+    if gl == 0.0:  # A_t = delta at the first mask-1 position at or after t
+        return _gather_or_zero(delta, nxt) if T else delta
+    C = max(1, min(block, int(600.0 / max(abs(math.log(gl)), 1e-12))))
+    nb = -(-T // C)
+    pad = nb * C - T
+    dt = torch.float64
+    m = torch.nn.functional.pad(mask.to(dt), (0, pad))
+    b = torch.nn.functional.pad(delta.to(dt), (0, pad)) * m
+    la = torch.log1p(-m * (1.0 - gl)) if gl < 1.0 else torch.zeros_like(m)
+    la, b = la.view(rows, nb, C), b.view(rows, nb, C)
+    lp = torch.cumsum(la, -1) - la  # exclusive prefix sums of log a: log P_j
+    P = torch.exp(lp)
+    P_C = torch.exp(lp[..., -1] + la[..., -1])  # (rows, nb)
+    Q = (P * b).flip(-1).cumsum(-1).flip(-1)  # sum_{k>=j} P_k b_k
+    first = torch.empty(rows, nb, dtype=dt, device=rewards.device)
+    carry = torch.zeros(rows, dtype=dt, device=rewards.device)
+    nxt_first = torch.empty_like(first)
+    for i in range(nb - 1, -1, -1):
+        nxt_first[:, i] = carry
+        carry = Q[:, i, 0] + P_C[:, i] * carry
+        first[:, i] = carry
+    out = (Q + P_C.unsqueeze(-1) * nxt_first.unsqueeze(-1)) / P
+    return out.view(rows, nb * C)[:, :T].to(rewards.dtype)
+
+
+def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """verl's GAE recursion one position at a time, vectorised over rows (the reference form)."""
+    r, v, m = rewards.T.contiguous(), values.T.contiguous(), mask.T.contiguous()
+    out = torch.empty_like(r)
+    nextvalues = torch.zeros(r.shape[1], dtype=r.dtype, device=r.device)
+    lastgaelam = torch.zeros(r.shape[1], dtype=r.dtype, device=r.device)
+    for t in range(r.shape[0] - 1, -1, -1):
+        delta = r[t] + gamma * nextvalues - v[t]
+        candidate = delta + gamma * lam * lastgaelam
+        nextvalues = v[t] * m[t] + (1 - m[t]) * nextvalues
+        lastgaelam = candidate * m[t] + (1 - m[t]) * lastgaelam
+        out[t] = lastgaelam
+    return out.T
