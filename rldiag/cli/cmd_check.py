@@ -34,18 +34,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  rows: {rows} ({rows / len(ok_steps):.1f} per step), tokens: {toks}, "
                       f"actor tokens (response_mask 1): {act} ({act / max(toks, 1):.1%})")
     console.print(f"  columns: {', '.join(rep.columns)}")
-    t = Table(title="advantage estimators")
-    t.add_column("estimator")
-    t.add_column("status")
-    for name, missing in rep.algorithms.items():
-        t.add_row(name, "ready" if not missing else f"needs {', '.join(f'`{m}`' for m in missing)}, missing")
-    console.print(t)
-    t = Table(title="metric families")
-    t.add_column("metrics")
-    t.add_column("status")
-    for name, missing in rep.metric_families.items():
-        t.add_row(name, "available" if not missing else f"needs {', '.join(f'`{m}`' for m in missing)}, missing")
-    console.print(t)
+    console.print(_needs_table("advantage estimators", "estimator", "ready", rep.algorithms))
+    console.print(_needs_table("metric families", "metrics", "available", rep.metric_families))
     if rep.problems:
         err_console.print(f"[red]{len(rep.problems)} problem(s):[/red]")
         for p in rep.problems:
@@ -53,3 +43,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     console.print("no problems found")
     return 0
+
+
+def _needs_table(title: str, what: str, ok: str, needs: dict[str, list[str]]) -> Table:
+    """One row per name: ``ok`` or ``needs `a`, `b`, missing``."""
+    t = Table(title=title)
+    t.add_column(what)
+    t.add_column("status")
+    for name, missing in needs.items():
+        t.add_row(name, ok if not missing else f"needs {', '.join(f'`{m}`' for m in missing)}, missing")
+    return t
