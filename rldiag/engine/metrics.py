@@ -37,8 +37,10 @@ def data_metrics(
     live = batch.lengths > 0
     out.update(_row_stats("critic/score", batch.token_level_scores.sum(-1)[live], sid[live], n))
     out.update(_row_stats("critic/rewards", token_level_rewards.sum(-1)[live], sid[live], n))
-    for name, t in (("critic/advantages", advantages), ("critic/returns", returns)):
-        mean, mx, mn = step_masked_extrema(t, mask, sid, n)
+    adv_stats = step_masked_extrema(advantages, mask, sid, n)
+    # outcome estimators return the advantages as returns: one pass serves both
+    ret_stats = adv_stats if returns is advantages else step_masked_extrema(returns, mask, sid, n)
+    for name, (mean, mx, mn) in (("critic/advantages", adv_stats), ("critic/returns", ret_stats)):
         out.update({f"{name}/mean": mean, f"{name}/max": mx, f"{name}/min": mn})
     if batch.values is not None:
         mean, mx, mn = step_masked_extrema(batch.values, mask, sid, n)
