@@ -23,6 +23,22 @@ from rldiag.engine.policy_loss.base import (
 from rldiag.engine.segments import seg_count, seg_sum
 
 
+def _covariance(adv: torch.Tensor, lp: torch.Tensor, mask: torch.Tensor, seg: torch.Tensor, n: int,
+                eps: float) -> torch.Tensor:
+    """``(A - mean A)(log pi - mean log pi)`` ``(rows, tokens)`` about each segment's masked means
+    (``sum / (count + eps)``), in float64. Sums of float32 values in float64 are (nearly always)
+    exact, so the ranking does not depend on padding or on which steps are packed together, and
+    equal advantages give exactly equal covariances (ties then go by position)."""
+    from rldiag.engine.segments import masked_sum_rows
+
+    m = mask.to(torch.float64)
+    a, l = adv.to(torch.float64), lp.to(torch.float64)
+    cnt = seg_sum(m.sum(-1), seg, n) + eps
+    mean_a = seg_sum(masked_sum_rows(a, m), seg, n) / cnt
+    mean_l = seg_sum(masked_sum_rows(l, m), seg, n) / cnt
+    return (a - mean_a[seg].unsqueeze(-1)) * (l - mean_l[seg].unsqueeze(-1))
+
+
 def _or(value, default: float) -> float:
     """verl's ``x if x is not None else default`` for the policy_loss parameters."""
     return float(default if value is None else value)
@@ -53,9 +69,7 @@ def clip_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     l2 = -adv * torch.clamp(ratio, 1 - s.clip_low, 1 + s.clip_high)
     valid = mask > 0
     clipped_by_origin = (l2 > l1) & valid
-    mean_adv = seg_masked_mean(adv, inp)[seg].unsqueeze(-1)
-    mean_lp = seg_masked_mean(lp, inp)[seg].unsqueeze(-1)
-    cov = (adv - mean_adv) * (lp - mean_lp)
+    cov = _covariance(adv, lp, mask, seg, n, eps=1e-8)  # verl's masked_mean: sum / (count + 1e-8)
     cand = valid & ~clipped_by_origin & (cov < ub) & (cov > lb)
     n_tok = seg_sum(mask.sum(-1).to(torch.float64), seg, n)
     k = torch.floor(n_tok * ratio_cfg).clamp_min(1.0)  # max(int(ratio * N), 1)
@@ -108,10 +122,7 @@ def kl_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     log_ratio = lp - inp.old_log_prob
     ratio = torch.exp(log_ratio)
     valid = mask > 0
-    cnt = seg_sum(valid.sum(-1).to(adv.dtype), seg, n)
-    mean_adv = seg_sum(torch.where(valid, adv, 0.0).sum(-1), seg, n) / cnt
-    mean_lp = seg_sum(torch.where(valid, lp, 0.0).sum(-1), seg, n) / cnt
-    cov = (adv - mean_adv[seg].unsqueeze(-1)) * (lp - mean_lp[seg].unsqueeze(-1))
+    cov = _covariance(adv, lp, mask, seg, n, eps=0.0)  # plain means
     top = top_share(cov, valid, seg, n, ratio_cfg)
     base = -adv * ratio
     losses = weighted(torch.where(top, base + coef * log_ratio.abs(), base), inp)
