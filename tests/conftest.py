@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-import torch
+import os
+
 import pytest
+import torch
+from hypothesis import settings as hypothesis_settings
+
+# CI runs the property tests with a fixed derivation of examples (reproducible builds); locally
+# each run explores new examples.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.batch import Batch
