@@ -292,10 +292,10 @@ def _follow(run, overrides, name, poll_seconds, idle_timeout, on_update, ex: Exe
         for sf in rd.step_files():
             st = sf.path.stat()
             state[sf.step] = (st.st_size, st.st_mtime_ns)
-        pending_failures = report is not None and bool(report.steps_failed)
-        if state and (state != seen or pending_failures):
-            if state != seen:
-                last_change = time.monotonic()
+        # a file that could not be read yet changes (size or mtime) when its writer finishes,
+        # so looking at the listing is enough: no re-run while nothing changed
+        if state and state != seen:
+            last_change = time.monotonic()
             report = recompute(run, overrides, name=name, executor=ex, **kwargs)
             seen = state
             if on_update:
