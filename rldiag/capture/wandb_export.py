@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from rldiag import __version__
 from rldiag.io.rundir import iter_metrics_records
@@ -53,20 +52,12 @@ def artifact_name_for(run_dir: str | Path) -> str:
 
 def read_config_tree(run_dir: str | Path) -> dict[str, Any]:
     """The run's config file as a nested tree (safe YAML), or {} when it has none."""
-    from rldiag.config.settings import find_config_file
+    from rldiag.config.settings import find_config_file, read_yaml_mapping
 
     path = find_config_file(Path(run_dir))
     if path is None:
         return {}
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise CaptureError(f"cannot read the config file {path}: {exc}") from exc
-    if tree is None:
-        return {}
-    if not isinstance(tree, dict):
-        raise CaptureError(f"config file {path} must hold a mapping at the top, not {type(tree).__name__}")
-    return tree
+    return read_yaml_mapping(path, "config file", CaptureError)
 
 
 def iter_metric_rows(run_dir: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:

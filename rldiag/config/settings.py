@@ -165,20 +165,32 @@ def _resolve_interpolations(flat: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if not (isinstance(v, str) and v.strip().startswith("${"))}
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """Read a YAML config file safely and flatten it to dotted keys."""
+def read_yaml(path: Path, what: str, error: type[Exception] = ConfigError) -> Any:
+    """A YAML file read with the safe loader (``None`` for an empty file); unreadable or invalid
+    files raise ``error`` naming ``what`` and the path."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")  # a Path or an object-store RemotePath
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        raise error(f"cannot read {what} {path}: {exc}") from exc
     try:
-        tree = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise error(f"{what} {path} is not valid YAML: {exc}") from exc
+
+
+def read_yaml_mapping(path: Path, what: str, error: type[Exception] = ConfigError) -> dict[str, Any]:
+    """:func:`read_yaml` that must hold a mapping at the top (an empty file gives ``{}``)."""
+    tree = read_yaml(path, what, error)
     if tree is None:
         return {}
     if not isinstance(tree, Mapping):
-        raise ConfigError(f"config file {path} must hold a mapping at the top, not {type(tree).__name__}")
+        raise error(f"{what} {path} must hold a mapping at the top, not {type(tree).__name__}")
+    return dict(tree)
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML config file safely and flatten it to dotted keys."""
+    tree = read_yaml_mapping(path, "config file")
     return _resolve_interpolations(flatten(tree))
 
 

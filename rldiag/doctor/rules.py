@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
+from rldiag.config.settings import read_yaml
 from rldiag.errors import ConfigError
 
 BUILTIN_RULES = Path(__file__).with_name("rules.yaml")
@@ -63,14 +63,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def read_rules_file(path: Path) -> list[dict]:
     """The raw rule mappings of one file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read rules file {path}: {exc}") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"rules file {path} is not valid YAML: {exc}") from exc
+    doc = read_yaml(Path(path), "rules file")
     if doc is None:
         return []
     if not isinstance(doc, Mapping) or not isinstance(doc.get("rules", []), list):

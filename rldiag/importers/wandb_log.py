@@ -174,18 +174,14 @@ def _iter_buffer(buf: memoryview, size: int, stats: LogStats) -> Iterator[tuple[
                 continue
             end = pos + CHUNK_HEADER_LEN + length
             if end > block_end or ctype not in CHUNK_NAMES:
-                stats.corrupt_chunks += 1
-                stats.skipped_bytes += min(block_end, size) - pos
-                if parts:
-                    stats.incomplete_records += 1
-                    parts, start = [], -1
-                pos = block_end
-                continue
-            if end > size:  # the file ends inside this chunk's payload: a torn write
-                stats.truncated_tail = True
-                break
-            payload = buf[pos + CHUNK_HEADER_LEN:end]
-            if zlib.crc32(payload, _TYPE_CRC[ctype]) != crc:
+                corrupt = True
+            else:
+                if end > size:  # the file ends inside this chunk's payload: a torn write
+                    stats.truncated_tail = True
+                    break
+                payload = buf[pos + CHUNK_HEADER_LEN:end]
+                corrupt = zlib.crc32(payload, _TYPE_CRC[ctype]) != crc
+            if corrupt:  # skip the rest of the block; a record in progress is lost
                 stats.corrupt_chunks += 1
                 stats.skipped_bytes += min(block_end, size) - pos
                 if parts:
