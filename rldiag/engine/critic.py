@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine.aggregation import AggNorm, aggregate
-from rldiag.engine.segments import step_masked_mean, step_masked_var
+from rldiag.engine.segments import (
+    MEAN_EPS,
+    masked_count_rows,
+    seg_sum,
+    step_mask_count,
+    step_masked_mean,
+    step_masked_var,
+)
 
 EXPLAINED_VAR_EPS = 1e-5
 
@@ -24,13 +31,17 @@ def value_loss(
     ``vpreds``, ``values`` (before the update), ``returns``, ``mask``: ``(rows, tokens)``.
     Returns metrics ``(n_steps,)``: vf_loss, vf_clipfrac, vpred_mean.
     """
-    clipped = torch.max(torch.min(vpreds, values + cliprange_value), values - cliprange_value)
-    l1 = (vpreds - returns) ** 2
-    l2 = (clipped - returns) ** 2
+    if cliprange_value >= 0:  # clamp(x, lo, hi) is max(min(x, hi), lo) whenever lo <= hi
+        clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
+    else:
+        clipped = torch.max(torch.min(vpreds, values + cliprange_value), values - cliprange_value)
+    l1 = torch.sub(vpreds, returns).square_()
+    l2 = clipped.sub_(returns).square_()
     loss = 0.5 * aggregate(agg_mode, torch.max(l1, l2), mask, norm)
+    count = step_mask_count(mask, norm.step_ids, norm.n_steps) + MEAN_EPS
     return {
         "critic/vf_loss": loss,
-        "critic/vf_clipfrac": step_masked_mean(torch.gt(l2, l1).float(), mask, norm.step_ids, norm.n_steps),
+        "critic/vf_clipfrac": seg_sum(masked_count_rows(torch.gt(l2, l1), mask), norm.step_ids, norm.n_steps) / count,
         "critic/vpred_mean": step_masked_mean(vpreds, mask, norm.step_ids, norm.n_steps),
     }
 

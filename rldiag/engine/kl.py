@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from rldiag.engine.segments import masked_square_sum_rows, masked_sum_rows
 from rldiag.errors import ConfigError
 from rldiag.registry import Registry
 
@@ -55,10 +56,28 @@ def kl_k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 @KL_ESTIMATORS.register("low_var_kl", "k3", "low_var_kl+", "k3+", formula="clip(exp(-d~) + d~ - 1, -10, 10), d~ = clip(d, -20, 20)")
 def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """k3 (low variance): with ``x = clamp(ref - logprob, -20, 20)``, ``clamp(e^x - x - 1, -10, 10)``."""
-    x = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
-    return torch.clamp(torch.exp(x) - x - 1.0, min=-10.0, max=10.0)
+    return k3_from_diff(logprob - ref_logprob)
 
 
 def kl_estimate(name: str, logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """Per-token estimate ``(rows, tokens)`` under the estimator ``name``."""
     return KL_ESTIMATORS.get(name)(logprob, ref_logprob)
+
+
+def k3_from_diff(d: torch.Tensor) -> torch.Tensor:
+    """k3 from ``d = logprob - ref_logprob`` ``(rows, tokens)``, equal to :func:`kl_k3` (``-d`` is
+    exactly ``ref - logprob``); works in place on one new tensor."""
+    x = torch.neg(d).clamp_(min=-20.0, max=20.0)
+    return torch.exp(x).sub_(x).sub_(1.0).clamp_(min=-10.0, max=10.0)
+
+
+def kl_row_sums(logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per-row masked sums ``(rows,)`` of k1, k2 and k3 from one difference ``d``, and ``d``
+    itself ``(rows, tokens)`` (k1, for callers that keep the token values)."""
+    d = logprob - ref_logprob
+    sums = {
+        "k1": masked_sum_rows(d, mask),
+        "k2": 0.5 * masked_square_sum_rows(d, mask),
+        "k3": masked_sum_rows(k3_from_diff(d), mask),
+    }
+    return sums, d

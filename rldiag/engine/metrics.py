@@ -6,7 +6,16 @@ import torch
 
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import explained_variance
-from rldiag.engine.segments import masked_sum_rows, seg_max, seg_mean, seg_min, seg_sum, step_masked_extrema
+from rldiag.engine.segments import (
+    masked_square_sum_rows,
+    masked_sum_rows,
+    row_mask_count,
+    seg_max,
+    seg_mean,
+    seg_min,
+    seg_sum,
+    step_masked_extrema,
+)
 
 
 def _row_stats(prefix: str, x: torch.Tensor, seg: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
@@ -35,8 +44,10 @@ def data_metrics(
     out: dict[str, torch.Tensor] = {}
     lengths = batch.lengths.to(torch.float32)
     live = batch.lengths > 0
-    out.update(_row_stats("critic/score", batch.token_level_scores.sum(-1)[live], sid[live], n))
-    out.update(_row_stats("critic/rewards", token_level_rewards.sum(-1)[live], sid[live], n))
+    score_sums = batch.token_level_scores.sum(-1)
+    reward_sums = score_sums if token_level_rewards is batch.token_level_scores else token_level_rewards.sum(-1)
+    out.update(_row_stats("critic/score", score_sums[live], sid[live], n))
+    out.update(_row_stats("critic/rewards", reward_sums[live], sid[live], n))
     adv_stats = step_masked_extrema(advantages, mask, sid, n)
     # outcome estimators return the advantages as returns: one pass serves both
     ret_stats = adv_stats if returns is advantages else step_masked_extrema(returns, mask, sid, n)
@@ -82,21 +93,21 @@ def signal_metrics(
     """
     n, sid = batch.n_steps, batch.step_ids
     out: dict[str, torch.Tensor] = {}
-    width = mask.shape[1]
-    pos = torch.arange(width, device=mask.device).unsqueeze(0).expand_as(mask)
-    valid = batch.valid()
+    # Padding is mask 0 and the row is the prefix [0, T_i), so every token after a row's last
+    # in-row mask-0 position is an actor token: the cut tokens are the row's actor tokens less
+    # the T_i - (z_i + 1) after its last zero z_i (none cut when the row has no zero: z_i + 1 = 0).
     m0 = batch.response_mask
-    last_zero = torch.where(valid & (m0 == 0), pos, torch.full_like(pos, -1)).amax(dim=1)
-    live = valid & (m0 > 0)
-    cut = live & (pos < last_zero.unsqueeze(1))
-    out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut.sum(-1, dtype=torch.float32), sid, n) / seg_sum(
-        live.sum(-1, dtype=torch.float32), sid, n
-    )
+    pos1 = torch.arange(1, mask.shape[1] + 1, device=mask.device, dtype=torch.float32)
+    zero_in_row = (m0 == 0).logical_and_(batch.valid())
+    last1 = (zero_in_row * pos1).amax(dim=1) if mask.shape[1] else torch.zeros(mask.shape[0], device=mask.device)
+    actor = row_mask_count(m0)
+    cut = actor - (batch.lengths.to(torch.float32) - last1)
+    out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut, sid, n) / seg_sum(actor, sid, n)
     # two passes in float32 (centred before squaring), row sums accumulated per step in float64
-    cnt = seg_sum(mask.sum(-1, dtype=torch.float64), sid, n)
+    cnt = seg_sum(row_mask_count(mask).to(torch.float64), sid, n)
     mean = seg_sum(masked_sum_rows(advantages, mask).to(torch.float64), sid, n) / cnt
     dev = advantages - mean.to(advantages.dtype)[sid].unsqueeze(-1)
-    std = (seg_sum(masked_sum_rows(dev * dev, mask).to(torch.float64), sid, n) / cnt).sqrt()
+    std = (seg_sum(masked_square_sum_rows(dev, mask).to(torch.float64), sid, n) / cnt).sqrt()
     offset = torch.where(std > 0, mean / std, torch.where(mean == 0, torch.zeros_like(mean), mean.sign() * float("inf")))
     out["rldiag/advantages/centre_offset"] = offset.to(torch.float32)
     if kl_in_reward:

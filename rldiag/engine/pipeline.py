@@ -26,12 +26,12 @@ from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import value_loss
 from rldiag.engine.errors import StepErrors
-from rldiag.engine.kl import kl_estimate
+from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_row_sums
 from rldiag.engine.metrics import data_metrics, signal_metrics
 from rldiag.engine.microbatch import Segmentation, segmentation_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
-from rldiag.engine.segments import MEAN_EPS, seg_count, seg_mean, seg_std, seg_sum, step_mask_count, step_masked_mean
+from rldiag.engine.segments import MEAN_EPS, masked_count_rows, seg_count, seg_mean, seg_std, seg_sum, step_mask_count
 from rldiag.errors import MissingInputError
 
 
@@ -239,15 +239,17 @@ def recompute_batch(
 
     # rldiag's own: reference KL of the old and current policy side by side, group signal
     if batch.ref_log_prob is not None:
-        if old_lp is not None:
-            tokens["ref_kl"] = kl_estimate(settings["algorithm.kl_penalty"], old_lp, batch.ref_log_prob)
+        count = step_mask_count(mask, sid, n) + MEAN_EPS
         for who, lp in (("old", old_lp), ("current", batch.log_probs)):
             if lp is None:
                 continue
-            for est in ("k1", "k2", "k3"):
-                metrics[f"rldiag/ref_kl/{who}/{est}"] = step_masked_mean(
-                    kl_estimate(est, lp, batch.ref_log_prob), mask, sid, n
-                )
+            sums, d = kl_row_sums(lp, batch.ref_log_prob, mask)
+            for est, row_sum in sums.items():
+                metrics[f"rldiag/ref_kl/{who}/{est}"] = seg_sum(row_sum, sid, n) / count
+            if who == "old":
+                penalty = settings["algorithm.kl_penalty"]
+                same = KL_ESTIMATORS.get(penalty) is kl_k1
+                tokens["ref_kl"] = d if same else kl_estimate(penalty, old_lp, batch.ref_log_prob)
     seq_scores = rewards.sum(-1)
     _, gstd, gcnt = seg_std(seq_scores, batch.group_ids, batch.n_groups)
     group_step = torch.zeros(batch.n_groups, dtype=torch.long, device=sid.device).index_copy_(0, batch.group_ids, sid)
@@ -256,6 +258,8 @@ def recompute_batch(
     metrics["rldiag/groups/count"] = seg_count(group_step, n)
     metrics["rldiag/groups/no_signal_fraction"] = seg_sum(flat.float(), group_step, n) / seg_sum(multi.float(), group_step, n)
     metrics["rldiag/groups/singleton_fraction"] = seg_sum((gcnt == 1).float(), group_step, n) / seg_count(group_step, n)
-    metrics["rldiag/advantages/positive_fraction"] = step_masked_mean((adv > 0).float(), mask, sid, n)
+    metrics["rldiag/advantages/positive_fraction"] = seg_sum(masked_count_rows(adv > 0, mask), sid, n) / (
+        step_mask_count(mask, sid, n) + MEAN_EPS
+    )
     metrics.update(signal_metrics(batch, rewards, adv, mask, bool(settings["algorithm.use_kl_in_reward"])))
     return Result(steps=list(batch.steps), metrics=metrics, tokens=tokens, failed=errors.failed())

@@ -32,7 +32,9 @@ import torch
 
 from rldiag.engine.segments import (
     MEAN_EPS,
+    masked_square_sum_rows,
     masked_sum_rows,
+    row_mask_count,
     seg_count,
     seg_max,
     seg_mean,
@@ -48,6 +50,8 @@ from rldiag.registry import Registry
 
 #: verl's SAFETY_BOUND: log-ratios are clamped to +-20 before exp.
 SAFETY_BOUND = 20.0
+_EXP_LO = float(torch.exp(torch.tensor(-SAFETY_BOUND)))  # float32 exp(-20), exp(20)
+_EXP_HI = float(torch.exp(torch.tensor(SAFETY_BOUND)))
 #: verl's message when a batch reaches rollout correction without a single actor token.
 EMPTY_MESSAGE = "rollout correction: response_mask must contain at least one valid token (1) (verl raises here)"
 #: when every IS weight of a batch is 0 (IcePop), verl's ESS is ``1.0 / 0.0`` in Python.
@@ -421,18 +425,25 @@ def rejection_mask(
 
 
 def offpolicy_metrics(
-    train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor, seg: torch.Tensor, n: int
+    train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor, seg: torch.Tensor, n: int,
+    log_ratio: torch.Tensor | None = None,
 ) -> Metrics:
     """KL(pi_rollout || pi_train) (k1 and k3), perplexities and their log differences (per-row
-    means, then the mean over every row), chi-squared of token and sequence ratios ``(n,)``."""
+    means, then the mean over every row), chi-squared of token and sequence ratios ``(n,)``.
+    ``log_ratio``: ``train - rollout`` when the caller has it."""
     m: Metrics = {}
-    lp_train = _row_mean(train_log_prob, mask)
-    lp_roll = _row_mean(rollout_log_prob, mask)
+    if log_ratio is None:
+        log_ratio = train_log_prob - rollout_log_prob
+    count = row_mask_count(mask) + MEAN_EPS
+    lp_train = masked_sum_rows(train_log_prob, mask) / count
+    lp_roll = masked_sum_rows(rollout_log_prob, mask) / count
     m["training_ppl"] = seg_mean(torch.exp(-lp_train), seg, n)
     m["training_log_ppl"] = seg_mean(-lp_train, seg, n)
-    m["kl"] = step_masked_mean(rollout_log_prob - train_log_prob, mask, seg, n)
-    log_ratio = train_log_prob - rollout_log_prob
-    m["k3_kl"] = step_masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask, seg, n)
+    # rollout - train is exactly -(train - rollout), and so are their sums
+    row_sum = masked_sum_rows(log_ratio, mask)
+    m["kl"] = seg_sum(-row_sum, seg, n) / (step_mask_count(mask, seg, n) + MEAN_EPS)
+    ratio = torch.exp(log_ratio)
+    m["k3_kl"] = step_masked_mean(torch.sub(ratio, log_ratio).sub_(1.0), mask, seg, n)
     m["rollout_ppl"] = seg_mean(torch.exp(-lp_roll), seg, n)
     m["rollout_log_ppl"] = seg_mean(-lp_roll, seg, n)
     diff = lp_roll - lp_train
@@ -441,9 +452,10 @@ def offpolicy_metrics(
     m["log_ppl_diff_max"] = seg_max(diff, seg, n)
     m["log_ppl_diff_min"] = seg_min(diff, seg, n)
     m["ppl_ratio"] = seg_mean(torch.exp(diff), seg, n)
-    rho = torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
-    m["chi2_token"] = step_masked_mean(rho.square(), mask, seg, n) - 1.0
-    row_sum = torch.clamp(masked_sum_rows(log_ratio, mask), -SAFETY_BOUND, SAFETY_BOUND)
+    # exp(clamp(x, -b, b)) as clamp(exp(x), exp(-b), exp(b)): exp is monotone, one exp serves both
+    rho = ratio.clamp_(min=_EXP_LO, max=_EXP_HI)
+    m["chi2_token"] = seg_sum(masked_square_sum_rows(rho, mask), seg, n) / (step_mask_count(mask, seg, n) + MEAN_EPS) - 1.0
+    row_sum = torch.clamp(row_sum, -SAFETY_BOUND, SAFETY_BOUND)
     m["chi2_seq"] = seg_mean(torch.exp(2.0 * row_sum), seg, n) - 1.0
     return m
 
@@ -485,7 +497,7 @@ def correct(
         ctx = RSContext(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND), mask, train_log_prob, rollout_log_prob)
         new_mask, rm = rejection_mask(ctx, cfg.rs, seg, n)
         metrics.update(rm)
-    metrics.update(offpolicy_metrics(train_log_prob, rollout_log_prob, mask, seg, n))
+    metrics.update(offpolicy_metrics(train_log_prob, rollout_log_prob, mask, seg, n, log_ratio))
     empty = step_mask_count(mask, seg, n) == 0
     failed = {EMPTY_MESSAGE: empty}
     if weights is not None:

@@ -76,15 +76,15 @@ def reward_to_go_scan(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -
 def _next_masked_index(mask: torch.Tensor) -> torch.Tensor:
     """For each position t, the first position >= t with mask 1 (``T`` when none). ``(rows, T)``"""
     T = mask.shape[-1]
-    pos = torch.arange(T, device=mask.device).expand_as(mask)
-    idx = torch.where(mask > 0, pos, torch.full_like(pos, T))
-    return idx.flip(-1).cummin(-1).values.flip(-1)
+    dt = torch.int32 if T < 2**31 - 1 else torch.int64
+    pos = torch.arange(T, device=mask.device, dtype=dt)
+    idx = torch.where(mask > 0, pos, torch.tensor(T, dtype=dt, device=mask.device))
+    return idx.flip(-1).cummin(-1).values.flip(-1).long()
 
 
 def _gather_or_zero(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    T = x.shape[-1]
-    got = x.gather(-1, index.clamp(max=T - 1))
-    return torch.where(index < T, got, torch.zeros_like(got))
+    """``x[..., index]`` with index ``T`` (none) reading 0: one zero column appended."""
+    return torch.nn.functional.pad(x, (0, 1)).gather(-1, index)
 
 
 def gae_blocked(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
@@ -105,6 +105,11 @@ def gae_blocked(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     gl = gamma * lam
     if gl == 0.0:  # A_t = delta at the first mask-1 position at or after t
         return _gather_or_zero(delta, nxt) if T else delta
+    if gl == 1.0:  # verl's defaults: a_t = 1, A_t is the sum of b over positions >= t
+        b = (delta * mask).flip(-1)
+        if b.device.type == "cpu":  # the CPU's cumsum accumulates float32 in float64 already
+            return torch.cumsum(b, -1).flip(-1)
+        return torch.cumsum(b, -1, dtype=torch.float64).flip(-1).to(rewards.dtype)
     C = max(1, min(block, int(600.0 / max(abs(math.log(gl)), 1e-12))))
     nb = -(-T // C)
     pad = nb * C - T

@@ -58,6 +58,39 @@ def seg_min(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
 
 
 # ---- token tensors (rows, tokens) reduced per step -------------------------------------------
+#
+# A step's metrics reduce dozens of token tensors over the same few masks, so what depends on a
+# mask alone (its per-row counts, its extrema offset) is computed once per mask tensor and
+# remembered by identity and version (an in-place change of the mask is noticed).
+
+_MEMO: dict[tuple[str, int], tuple] = {}
+
+
+def _same_key(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a, b))
+
+
+def _memo(kind: str, t: torch.Tensor, key: tuple, fn):
+    """``fn()`` remembered for tensor ``t`` and ``key`` (tensors in it compared by identity).
+    The entry goes when ``t`` is freed, so nothing it holds outlives the step."""
+    slot = (kind, id(t))
+    hit = _MEMO.get(slot)
+    if hit is not None and hit[0]() is t and hit[1] == t._version and _same_key(hit[2], key):
+        return hit[3]
+    out = fn()
+
+    def forget(ref, slot=slot):
+        entry = _MEMO.get(slot)
+        if entry is not None and entry[0] is ref:
+            del _MEMO[slot]
+
+    _MEMO[slot] = (weakref.ref(t, forget), t._version, key, out)
+    return out
+
+
+def row_mask_count(mask: torch.Tensor) -> torch.Tensor:
+    """Masked tokens per row ``(rows,)`` float32 (exact: counts below 2^24)."""
+    return _memo("rows", mask, (), lambda: mask.sum(-1, dtype=torch.float32))
 
 
 def masked_sum_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -74,16 +107,30 @@ def masked_sum_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def masked_square_sum_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row ``sum(mask * values^2)`` ``(rows,)``, with :func:`masked_sum_rows`' NaN rule."""
+    m = mask if mask.dtype == values.dtype else mask.to(values.dtype)
+    out = torch.linalg.vecdot(values * m, values)
+    if not bool(torch.isfinite(out).all()):
+        out = torch.where(mask.bool(), values.square(), 0.0).sum(-1)
+    return out
+
+
+def masked_count_rows(cond: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row count of masked positions where the bool ``cond`` holds, float32 ``(rows,)``."""
+    mb = mask if mask.dtype == torch.bool else _memo("bool", mask, (), lambda: mask > 0)
+    return (cond & mb).sum(-1, dtype=torch.float32)
+
+
 _BIG = 3.0e38  # pushes masked-out positions out of max/min without a `where` pass
 
 
 def _masked_row_extrema(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (max, min) over the mask ``(rows,)`` each; rows without a masked token give
     about -3e38 / +3e38 (callers drop them)."""
-    m = mask if mask.dtype == values.dtype else mask.to(values.dtype)
-    off = (1.0 - m) * _BIG
-    row_max = (values - off).amax(-1)
-    row_min = (values + off).amin(-1)
+    off = _memo("offset", mask, (values.dtype,), lambda: (1.0 - mask.to(values.dtype)) * _BIG)
+    row_max = torch.sub(values, off).amax(-1)
+    row_min = torch.add(values, off).amin(-1)
     if not (bool(torch.isfinite(row_max).all()) and bool(torch.isfinite(row_min).all())):
         mb = mask.bool()
         row_max = torch.where(mb, values, float("-inf")).amax(-1)
@@ -95,21 +142,10 @@ def step_masked_sum(values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Te
     return seg_sum(masked_sum_rows(values, mask), step_ids, n_steps)
 
 
-_COUNTS: dict[int, tuple] = {}
-
-
 def step_mask_count(mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
-    """Masked tokens per step ``(n_steps,)``. Remembered per mask tensor (by identity and version,
-    so an in-place change is noticed), since every masked mean of a step asks for it again."""
-    hit = _COUNTS.get(id(mask))
-    if hit is not None and hit[0]() is mask and hit[1] is step_ids and hit[2] == n_steps and hit[3] == mask._version:
-        return hit[4]
-    out = seg_sum(mask.sum(-1, dtype=torch.float32), step_ids, n_steps)
-    if len(_COUNTS) > 256:
-        for key in [k for k, v in _COUNTS.items() if v[0]() is None]:
-            del _COUNTS[key]
-    _COUNTS[id(mask)] = (weakref.ref(mask), step_ids, n_steps, mask._version, out)
-    return out
+    """Masked tokens per step ``(n_steps,)``, remembered per mask (every masked mean of a step
+    asks for it again)."""
+    return _memo("steps", mask, (step_ids, n_steps), lambda: seg_sum(row_mask_count(mask), step_ids, n_steps))
 
 
 def step_masked_mean(values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
@@ -125,7 +161,7 @@ def step_masked_extrema(
 
     Reduced per row first (no boolean gather of the whole tensor), then per step.
     """
-    count = mask.sum(-1)
+    count = row_mask_count(mask)
     total = seg_sum(masked_sum_rows(values, mask), step_ids, n_steps)
     mean = total / seg_sum(count.to(values.dtype), step_ids, n_steps)
     has = count > 0
@@ -136,8 +172,9 @@ def step_masked_extrema(
 
 
 def step_masked_var(values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
-    """Unbiased variance of each step's masked tokens (``torch.var`` of the masked selection)."""
-    n = seg_sum(mask.sum(-1, dtype=values.dtype), step_ids, n_steps)
+    """Unbiased variance of each step's masked tokens (``torch.var`` of the masked selection):
+    two passes, the second over the deviations from each step's mean."""
+    n = seg_sum(row_mask_count(mask).to(values.dtype), step_ids, n_steps)
     mean = seg_sum(masked_sum_rows(values, mask), step_ids, n_steps) / n
     dev = values - mean[step_ids].unsqueeze(-1)
-    return seg_sum(masked_sum_rows(dev * dev, mask), step_ids, n_steps) / (n - 1)
+    return seg_sum(masked_square_sum_rows(dev, mask), step_ids, n_steps) / (n - 1)

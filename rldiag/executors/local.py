@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from rldiag.engine.pipeline import initial_kl_state
+from rldiag.executors.allocator import engine_threads, tune_host_allocator
 from rldiag.executors.base import Plan
 from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import replay_statistic
@@ -18,7 +19,9 @@ class LocalExecutor:
     name = "local"
 
     def start(self, device: str) -> str:
-        return str(resolve_device(device))
+        resolved = str(resolve_device(device))
+        tune_host_allocator()
+        return resolved
 
     def run(self, plan: Plan) -> Iterator[StepOutcome]:
         job = plan.job
@@ -30,7 +33,8 @@ class LocalExecutor:
                 kl_state.advance(settings, *stat)
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))
-        yield from process(fetched, job, lambda steps: kl_state)
+        with engine_threads(job.device):
+            yield from process(fetched, job, lambda steps: kl_state)
 
     def close(self) -> None:
         """Nothing to release: the executor holds no resources between runs."""

@@ -31,6 +31,7 @@ from rldiag.engine.pipeline import PresetKLCoefficients, initial_kl_state
 from rldiag.errors import ComputeError, ConfigError, ExecutorError, RldiagError
 from rldiag.executors.base import Plan
 from rldiag.executors.klchain import chain, is_adaptive, pack_statistics, replay_statistic
+from rldiag.executors.allocator import tune_host_allocator
 from rldiag.executors.steps import Job, StepOutcome, StepTask, fetch, prefetched, process
 from rldiag.io.fs import is_uri
 
@@ -76,6 +77,7 @@ def _kl_for(job: Job, coefs: dict[int, float] | None):
 
 def run_chunk(tasks: list[StepTask], job: Job, coefs: dict[int, float] | None) -> list[StepOutcome]:
     """Read, hash, load, pack and compute one chunk of steps."""
+    tune_host_allocator()
     pin = job.device.startswith("cuda")
     fetched = prefetched(tasks, lambda t: fetch(t, job, pin=pin))
     return list(process(fetched, job, _kl_for(job, coefs)))

@@ -2,7 +2,7 @@
 and therefore write bit-identical results.
 
 1. :func:`fetch` one step: stat and hash its file (or keep the previous hash, see
-   :func:`input_info`), decide whether the previous result can be reused, else load it.
+   :func:`_known_hash`), decide whether the previous result can be reused, else load it.
 2. :func:`packs` groups loaded steps: consecutive steps of one *chunk* up to a budget of
    ``rows x width`` slots; a failed or reused step ends the pack before it. Packing changes
    float32 rounding (reductions over a wider padded batch), so pack boundaries must not depend on
@@ -13,6 +13,7 @@ and therefore write bit-identical results.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -29,7 +30,7 @@ from rldiag.engine.pipeline import Result, recompute_batch
 from rldiag.errors import RldiagError
 from rldiag.io.fs import as_path, is_remote
 from rldiag.io.loader import StepData, load_step
-from rldiag.io.outputs import sha256_file, tokens_table
+from rldiag.io.outputs import tokens_table
 from rldiag.io.rundir import StepFile
 
 #: Steps read ahead on the loader thread (bounded: memory stays flat as the run grows).
@@ -95,50 +96,83 @@ class Fetched:
         return StepOutcome(self.task.step, self.info, "reused")
 
 
-def input_info(sf: StepFile, rel: str, previous: dict | None) -> dict:
-    """Size, modification time and SHA-256 of an input file. A file whose size and mtime match
-    the previous scenario's record keeps that record's hash instead of being read again.
+def _stat_record(sf: StepFile, rel: str) -> tuple[dict, bool]:
+    st = sf.path.stat()
+    return {"step": sf.step, "file": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}, is_remote(sf.path)
+
+
+def _known_hash(info: dict, remote: bool, previous: dict | None) -> bool:
+    """Put the previous record's hash into ``info`` when the file's size and mtime still match.
 
     Object stores give modification times to the second, so there the previous hash is kept only
     if it was computed at least a second after the object's last modification (``hashed_ns``): a
     rewrite within the same second as the hash would otherwise go unnoticed.
     """
-    st = sf.path.stat()
-    info = {"step": sf.step, "file": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    remote = is_remote(sf.path)
     same = (
         previous
-        and previous.get("size") == st.st_size
-        and previous.get("mtime_ns") == st.st_mtime_ns
+        and previous.get("size") == info["size"]
+        and previous.get("mtime_ns") == info["mtime_ns"]
         and previous.get("sha256")
-        and (not remote or previous.get("hashed_ns", 0) >= st.st_mtime_ns + 1_000_000_000)
+        and (not remote or previous.get("hashed_ns", 0) >= info["mtime_ns"] + 1_000_000_000)
     )
     if same:
         info["sha256"] = previous["sha256"]
         if remote:
             info["hashed_ns"] = previous["hashed_ns"]
-    else:
-        if remote:
-            info["hashed_ns"] = time.time_ns()
-        info["sha256"] = sha256_file(sf.path)
+    return bool(same)
+
+
+def _hashed(info: dict, remote: bool, content: bytes) -> dict:
+    """``info`` with the SHA-256 (and size) of the bytes read."""
+    if remote:
+        info["hashed_ns"] = time.time_ns()
+    info["size"] = len(content)
+    info["sha256"] = hashlib.sha256(content).hexdigest()
     return info
+
+
+_HASH_POOL: ThreadPoolExecutor | None = None
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    global _HASH_POOL
+    if _HASH_POOL is None:
+        _HASH_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldiag-hash")
+    return _HASH_POOL
 
 
 def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -> Fetched:
     """Hash the step's file, and load it unless the previous result can be reused.
 
-    ``pin``: page-locked tensors, so that the copy to a GPU overlaps. ``hash_file=False`` skips
-    the input record (a pass that only needs the data).
+    A file whose hash is not known already is read once: its bytes are hashed on a second thread
+    (hashlib releases the GIL) while this one parses them, so neither the disk nor an object
+    store is read twice. ``pin``: page-locked tensors, so that the copy to a GPU overlaps.
+    ``hash_file=False`` skips the input record (a pass that only needs the data).
     """
     sf = task.step_file()
-    info = input_info(sf, task.rel, task.previous) if hash_file else {}
     old = task.previous
-    if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
-        return Fetched(task, info)
+    content: bytes | None = None
+    hashing = None
+    info: dict = {}
+    if hash_file:
+        info, remote = _stat_record(sf, task.rel)
+        if not _known_hash(info, remote, old):
+            content = sf.path.read_bytes()
+            if task.reusable and old:  # the hash decides whether the file is parsed at all
+                info = _hashed(info, remote, content)
+            else:
+                hashing = _hash_pool().submit(_hashed, info, remote, content)
+        if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
+            return Fetched(task, info)
     try:
-        data = load_step(sf, job.settings)
+        data = load_step(sf, job.settings, source=content)
     except RldiagError as exc:
+        info = hashing.result() if hashing else info
         return Fetched(task, info, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        content = None
+    if hashing:
+        info = hashing.result()
     if pin:
         data.batch = data.batch.pin_memory()
     return Fetched(task, info, data=data)

@@ -37,8 +37,12 @@ from rldiag.io.schema import (
 )
 
 
-def read_schema(sf: StepFile) -> pa.Schema:
+def read_schema(sf: StepFile, source: bytes | None = None) -> pa.Schema:
+    """The schema of one batch file; ``source``: the file's bytes, already read."""
     try:
+        if source is not None:
+            buf = pa.BufferReader(source)
+            return pq.read_schema(buf) if sf.format == "parquet" else _open_ipc(buf).schema
         if sf.format == "parquet":
             src, fs = arrow_source(sf.path)
             return pq.read_schema(src, filesystem=fs)
@@ -57,9 +61,15 @@ def _open_ipc(src):
         return ipc.open_stream(src)
 
 
-def read_table(sf: StepFile, columns: list[str] | None = None) -> pa.Table:
-    """Read ``columns`` (all when None) of one batch file."""
+def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | None = None) -> pa.Table:
+    """Read ``columns`` (all when None) of one batch file; ``source``: its bytes, already read."""
     try:
+        if source is not None:
+            buf = pa.BufferReader(source)
+            if sf.format == "parquet":
+                return pq.read_table(buf, columns=columns)
+            table = _open_ipc(buf).read_all()
+            return table.select(columns) if columns is not None else table
         if sf.format == "parquet":
             src, fs = arrow_source(sf.path)
             return pq.read_table(src, columns=columns, filesystem=fs)
@@ -256,11 +266,13 @@ class StepData:
     n_tokens: int
 
 
-def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None) -> StepData:
-    """Load one batch file into a one-step :class:`Batch` (on the CPU)."""
+def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None,
+              source: bytes | None = None) -> StepData:
+    """Load one batch file into a one-step :class:`Batch` (on the CPU). ``source``: the file's
+    bytes when the caller has read them (to hash them), so that the file is not read again."""
     if columns is None:
-        columns = columns_to_read(settings, read_schema(sf).names)
-    table = read_table(sf, columns)
+        columns = columns_to_read(settings, read_schema(sf, source).names)
+    table = read_table(sf, columns, source)
     ragged = validate_table(table, sf)
     rows = table.num_rows
     lengths = ragged["response_mask"].lengths

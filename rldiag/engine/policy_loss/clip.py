@@ -22,21 +22,24 @@ from rldiag.engine.policy_loss.base import (
     weighted,
     zeros,
 )
-from rldiag.engine.segments import seg_mean
+from rldiag.engine.segments import MEAN_EPS, masked_count_rows, masked_sum_rows, seg_mean, seg_sum, step_mask_count
 
 
 def ppo_terms(adv: torch.Tensor, ratio: torch.Tensor, clip_low: float, clip_high: float, clip_c: float):
     """PPO's clipped surrogate with dual clip, per token ``(rows, tokens)``.
 
     Returns ``(l1, l2, clipped1, l3, losses)``: ``l1 = -A r``, ``l2 = -A clip(r, 1 - lo, 1 + hi)``
-    (arXiv:1707.06347 eq. 7), ``clipped1 = max(l1, l2)``, ``l3 = -A c`` and the loss
-    ``min(l3, clipped1)`` where ``A < 0`` (dual clip, arXiv:1912.09729), else ``clipped1``.
+    (arXiv:1707.06347 eq. 7), ``clipped1 = max(l1, l2)``, ``l3 = |A| c`` (the dual-clip bound
+    ``-A c`` where ``A < 0``, the only tokens it applies to) and the loss ``min(l3, clipped1)``
+    (dual clip, arXiv:1912.09729). Where ``A >= 0`` that minimum is ``clipped1``, as verl's
+    ``where(A < 0, ...)`` keeps it: ``clipped1 = -A min(r, clip(r)) <= 0 <= |A| c`` since ``r > 0``.
     """
-    l1 = -adv * ratio
-    l2 = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    neg_adv = torch.neg(adv)
+    l1 = neg_adv * ratio
+    l2 = neg_adv.mul_(torch.clamp(ratio, 1 - clip_low, 1 + clip_high))
     clipped1 = torch.maximum(l1, l2)
-    l3 = -adv * clip_c
-    losses = torch.where(adv < 0, torch.minimum(l3, clipped1), clipped1)
+    l3 = torch.abs(adv).mul_(clip_c)
+    losses = torch.minimum(clipped1, l3)  # ties (A = 0) keep clipped1's -0.0, as verl's where
     return l1, l2, clipped1, l3, losses
 
 
@@ -50,15 +53,21 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
     l1, l2, clipped1, l3, losses = ppo_terms(adv, ratio, s.clip_low, s.clip_high, clip_c)
     if weights is not None:
         losses = losses * weights
-    negative = (adv < 0).float()
+    norm = inp.norm
+    count = step_mask_count(mask, norm.step_ids, norm.n_steps) + MEAN_EPS
+
+    def frac(cond: torch.Tensor) -> torch.Tensor:  # masked mean of an indicator, by counting
+        return seg_sum(masked_count_rows(cond, mask), norm.step_ids, norm.n_steps) / count
+
     return PolicyLossOutput(
         pg_loss=agg(losses, inp, mask=mask),
         pg_losses=losses,
         ratio=ratio,
         metrics={
-            "actor/pg_clipfrac": seg_masked_mean(torch.gt(l2, l1).float(), inp, mask),
-            "actor/ppo_kl": seg_masked_mean(-log_ratio, inp, mask),
-            "actor/pg_clipfrac_lower": seg_masked_mean(torch.gt(clipped1, l3).float() * negative, inp, mask),
+            "actor/pg_clipfrac": frac(torch.gt(l2, l1)),
+            # the sum of -x is exactly minus the sum of x
+            "actor/ppo_kl": -seg_sum(masked_sum_rows(log_ratio, mask), norm.step_ids, norm.n_steps) / count,
+            "actor/pg_clipfrac_lower": frac(torch.gt(clipped1, l3).logical_and_(adv < 0)),
         },
     )
 

@@ -1,0 +1,95 @@
+"""Host settings for a recompute on the CPU: the memory allocator, and the engine's threads.
+
+A step of 512 rows x 1,024 tokens makes tensors of 2 to 4 MB, dozens per step. glibc's malloc
+serves blocks that large with a fresh ``mmap`` and unmaps them on ``free`` (its threshold
+starts at 128 kB and adapts only partly), so every tensor of every step page-faults its memory
+in again: on this project's 2-core machine about 350,000 minor faults and 0.5 s of kernel time
+for 20 such steps, a quarter of the whole recompute. PyTorch's CPU tuning guide recommends a
+caching allocator (jemalloc or TCMalloc) for the same reason; without changing the process's
+allocator, glibc's own ``mallopt`` knobs get most of the way: blocks up to 32 MB (glibc's upper
+limit for the threshold) come from the heap, and freed memory is kept for the next step instead
+of being trimmed back to the system.
+
+The memory kept is what one step needed at its peak (the process's RSS stays at that level
+rather than dropping between steps); it does not grow with the number of steps. Set
+``RLDIAG_MALLOC_TUNING=0`` to leave the allocator as it is.
+
+Threads: while the engine computes one step, the loader thread reads the next (Arrow's
+decoding, the SHA-256 of the file). On a small machine the two compete for cores, and torch's
+intra-op threads waiting for each other lose more than they gain, so the engine runs with one
+thread fewer than the process may use (:func:`engine_threads`), leaving a core to the loader.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_TOP_PAD = -2
+M_MMAP_THRESHOLD = -3
+
+#: Blocks up to this size come from the heap (glibc's maximum on 64-bit: 4 MiB * sizeof(long)).
+MMAP_THRESHOLD = 32 << 20
+#: Free memory at the top of the heap kept for reuse rather than returned to the system.
+TRIM_THRESHOLD = 256 << 20
+#: Extra memory requested each time the heap grows, so that a step grows it a few times at most.
+TOP_PAD = 64 << 20
+
+_tuned: bool | None = None
+
+
+def tune_host_allocator() -> bool:
+    """Apply the settings above once per process (glibc only). Returns whether they are in
+    effect: False on other C libraries or with ``RLDIAG_MALLOC_TUNING=0``."""
+    global _tuned
+    if _tuned is not None:
+        return _tuned
+    _tuned = False
+    if os.environ.get("RLDIAG_MALLOC_TUNING", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    _tuned = all(
+        mallopt(param, value) == 1
+        for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD))
+    )
+    return _tuned
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, where the platform says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def engine_threads(device: str) -> Iterator[int]:
+    """torch's intra-op threads for a CPU recompute: one fewer than the usable cores (at least
+    one, and never more than torch had), restored afterwards. Other devices are left alone."""
+    before = torch.get_num_threads()
+    if torch.device(device).type != "cpu":
+        yield before
+        return
+    n = max(1, min(before, usable_cores() - 1))
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
