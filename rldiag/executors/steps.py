@@ -217,6 +217,9 @@ def packs(fetched: Iterable[Fetched], pack_tokens: int) -> Iterator[Fetched | li
             pending, slots = [], 0
         pending.append(f)
         slots += size
+        if slots >= pack_tokens:  # full: compute it now rather than after the next step's load
+            yield pending
+            pending, slots = [], 0
     if pending:
         yield pending
 

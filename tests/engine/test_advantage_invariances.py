@@ -29,6 +29,7 @@ def test_packing_padding_and_permutation(name, cs, seed, extra):
     adv_p, ret_p, failed_p = run(name, packed, s)
     failed_1: dict = {}
     tol: dict = {}
+    ret_tol: dict = {}
     row0 = 0
     blocks = []
     rng = np.random.default_rng(seed)
@@ -39,9 +40,11 @@ def test_packing_padding_and_permutation(name, cs, seed, extra):
         a1, r1, f1 = run(name, to_batch(c, step=i + 1, width=c.mask.shape[1] + extra), s)
         failed_1.update(f1)
         if not f1:
-            close(adv_p[rows], a1, c.lengths, atol=noise_tolerance(name, a1, c.mask, 1e-5))
-            close(ret_p[rows], r1, c.lengths)
             tol[i] = noise_tolerance(name, a1, c.mask, 1e-5)
+            # estimators that return the (whitened) advantages as returns get the same tolerance
+            ret_tol[i] = tol[i] if torch.equal(r1, a1) else 1e-5
+            close(adv_p[rows], a1, c.lengths, atol=tol[i])
+            close(ret_p[rows], r1, c.lengths, atol=ret_tol[i])
     assert failed_p == failed_1
     perm = torch.cat(blocks)
     adv_q, ret_q, failed_q = run(name, packed.select_rows(perm), s)
@@ -53,7 +56,8 @@ def test_packing_padding_and_permutation(name, cs, seed, extra):
             L = lengths[j]
             atol = tol[int(packed.step_ids[j])]
             torch.testing.assert_close(adv_q[k, :L], adv_p[j, :L], rtol=1e-5, atol=atol, equal_nan=True)
-            torch.testing.assert_close(ret_q[k, :L], ret_p[j, :L], rtol=1e-5, atol=1e-5, equal_nan=True)
+            torch.testing.assert_close(ret_q[k, :L], ret_p[j, :L], rtol=1e-5, atol=ret_tol[int(packed.step_ids[j])],
+                                       equal_nan=True)
 
 
 def test_every_estimator_declares_its_needs_and_source():

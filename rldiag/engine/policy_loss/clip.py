@@ -29,17 +29,16 @@ def ppo_terms(adv: torch.Tensor, ratio: torch.Tensor, clip_low: float, clip_high
     """PPO's clipped surrogate with dual clip, per token ``(rows, tokens)``.
 
     Returns ``(l1, l2, clipped1, l3, losses)``: ``l1 = -A r``, ``l2 = -A clip(r, 1 - lo, 1 + hi)``
-    (arXiv:1707.06347 eq. 7), ``clipped1 = max(l1, l2)``, ``l3 = |A| c`` (the dual-clip bound
-    ``-A c`` where ``A < 0``, the only tokens it applies to) and the loss ``min(l3, clipped1)``
-    (dual clip, arXiv:1912.09729). Where ``A >= 0`` that minimum is ``clipped1``, as verl's
-    ``where(A < 0, ...)`` keeps it: ``clipped1 = -A min(r, clip(r)) <= 0 <= |A| c`` since ``r > 0``.
+    (arXiv:1707.06347 eq. 7), ``clipped1 = max(l1, l2)``, ``l3 = -A c`` and the loss
+    ``min(l3, clipped1)`` where ``A < 0`` (dual clip, arXiv:1912.09729), else ``clipped1``.
     """
     neg_adv = torch.neg(adv)
     l1 = neg_adv * ratio
-    l2 = neg_adv.mul_(torch.clamp(ratio, 1 - clip_low, 1 + clip_high))
+    l2 = neg_adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     clipped1 = torch.maximum(l1, l2)
-    l3 = torch.abs(adv).mul_(clip_c)
-    losses = torch.minimum(clipped1, l3)  # ties (A = 0) keep clipped1's -0.0, as verl's where
+    l3 = neg_adv.mul_(clip_c)
+    # a `where`, not a bare minimum: where A = 0 verl keeps clipped1's -0.0 in the token losses
+    losses = torch.where(adv < 0, torch.minimum(l3, clipped1), clipped1)
     return l1, l2, clipped1, l3, losses
 
 
