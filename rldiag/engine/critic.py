@@ -7,7 +7,7 @@ import torch
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.segments import (
     MEAN_EPS,
-    masked_count_rows,
+    masked_positive_rows,
     seg_sum,
     step_mask_count,
     step_masked_mean,
@@ -41,7 +41,7 @@ def value_loss(
     count = step_mask_count(mask, norm.step_ids, norm.n_steps) + MEAN_EPS
     return {
         "critic/vf_loss": loss,
-        "critic/vf_clipfrac": seg_sum(masked_count_rows(torch.gt(l2, l1), mask), norm.step_ids, norm.n_steps) / count,
+        "critic/vf_clipfrac": seg_sum(masked_positive_rows(l2 - l1, mask), norm.step_ids, norm.n_steps) / count,
         "critic/vpred_mean": step_masked_mean(vpreds, mask, norm.step_ids, norm.n_steps),
     }
 

@@ -96,10 +96,16 @@ def signal_metrics(
     # Padding is mask 0 and the row is the prefix [0, T_i), so every token after a row's last
     # in-row mask-0 position is an actor token: the cut tokens are the row's actor tokens less
     # the T_i - (z_i + 1) after its last zero z_i (none cut when the row has no zero: z_i + 1 = 0).
+    # Float arithmetic only (bool comparisons are slow passes on the CPU): 1 inside the row is
+    # clamp(T_i - t, 0, 1) for integer positions t; minus the 0/1 mask, 1 at the row's zeros.
     m0 = batch.response_mask
-    pos1 = torch.arange(1, mask.shape[1] + 1, device=mask.device, dtype=torch.float32)
-    zero_in_row = (m0 == 0).logical_and_(batch.valid())
-    last1 = (zero_in_row * pos1).amax(dim=1) if mask.shape[1] else torch.zeros(mask.shape[0], device=mask.device)
+    f32 = torch.float32
+    pos0 = torch.arange(mask.shape[1], device=mask.device, dtype=f32)
+    if mask.shape[1]:
+        in_row = (batch.lengths.to(f32).unsqueeze(1) - pos0).clamp_(0.0, 1.0)
+        last1 = in_row.sub_(m0.to(f32)).mul_(pos0 + 1.0).amax(dim=1)
+    else:
+        last1 = torch.zeros(mask.shape[0], device=mask.device)
     actor = row_mask_count(m0)
     cut = actor - (batch.lengths.to(torch.float32) - last1)
     out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut, sid, n) / seg_sum(actor, sid, n)

@@ -31,7 +31,7 @@ from rldiag.engine.metrics import data_metrics, signal_metrics
 from rldiag.engine.microbatch import Segmentation, segmentation_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
-from rldiag.engine.segments import MEAN_EPS, masked_count_rows, seg_count, seg_mean, seg_std, seg_sum, step_mask_count
+from rldiag.engine.segments import MEAN_EPS, masked_positive_rows, seg_count, seg_mean, seg_std, seg_sum, step_mask_count
 from rldiag.errors import MissingInputError
 
 
@@ -258,7 +258,7 @@ def recompute_batch(
     metrics["rldiag/groups/count"] = seg_count(group_step, n)
     metrics["rldiag/groups/no_signal_fraction"] = seg_sum(flat.float(), group_step, n) / seg_sum(multi.float(), group_step, n)
     metrics["rldiag/groups/singleton_fraction"] = seg_sum((gcnt == 1).float(), group_step, n) / seg_count(group_step, n)
-    metrics["rldiag/advantages/positive_fraction"] = seg_sum(masked_count_rows(adv > 0, mask), sid, n) / (
+    metrics["rldiag/advantages/positive_fraction"] = seg_sum(masked_positive_rows(adv, mask), sid, n) / (
         step_mask_count(mask, sid, n) + MEAN_EPS
     )
     metrics.update(signal_metrics(batch, rewards, adv, mask, bool(settings["algorithm.use_kl_in_reward"])))

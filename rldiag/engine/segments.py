@@ -119,7 +119,22 @@ def masked_square_sum_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Te
 def masked_count_rows(cond: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-row count of masked positions where the bool ``cond`` holds, float32 ``(rows,)``."""
     mb = mask if mask.dtype == torch.bool else _memo("bool", mask, (), lambda: mask > 0)
-    return (cond & mb).sum(-1, dtype=torch.float32)
+    return torch.count_nonzero(cond & mb, dim=-1).to(torch.float32)
+
+
+def masked_positive_rows(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row count of masked positions where ``x > 0``, float32 ``(rows,)``.
+
+    ``a > b`` is counted as ``a - b > 0`` (exact for finite floats: the difference of two
+    distinct floats is never 0 with gradual underflow). Counted in float arithmetic, as
+    ``max(sign(x), 0)`` against the 0/1 mask, because comparisons into bool tensors and their
+    sums are several times slower on the CPU; a NaN (``inf - inf``) falls back to the comparison.
+    """
+    m = mask if mask.dtype == x.dtype else mask.to(x.dtype)
+    out = torch.linalg.vecdot(torch.sign(x).clamp_(min=0.0), m)
+    if not bool(torch.isfinite(out).all()):
+        out = masked_count_rows(x > 0, mask).to(x.dtype)
+    return out
 
 
 _BIG = 3.0e38  # pushes masked-out positions out of max/min without a `where` pass
