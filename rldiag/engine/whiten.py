@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine.errors import StepErrors
-from rldiag.engine.segments import MEAN_EPS, step_mask_count, step_masked_sum
+from rldiag.engine.segments import MEAN_EPS, masked_square_sum_rows, seg_sum, step_mask_count, step_masked_sum
 
 WHITEN_EPS = 1e-8
 
@@ -32,7 +32,7 @@ def step_whiten(
     n = step_mask_count(mask, step_ids, n_steps)
     mean = step_masked_sum(values, mask, step_ids, n_steps) / (n + MEAN_EPS)
     centered = values - mean[step_ids].unsqueeze(-1)
-    var = step_masked_sum(centered * centered, mask, step_ids, n_steps) / (n + MEAN_EPS)
+    var = seg_sum(masked_square_sum_rows(centered, mask), step_ids, n_steps) / (n + MEAN_EPS)
     bad = n <= 1
     if errors is not None and bool(bad.any()):
         errors.flag(
@@ -45,4 +45,4 @@ def step_whiten(
             "divides by zero (verl's masked_var raises ValueError)",
         )
     var = var * n / (n - 1).clamp_min(1)
-    return centered * torch.rsqrt(var + WHITEN_EPS)[step_ids].unsqueeze(-1)
+    return centered.mul_(torch.rsqrt(var + WHITEN_EPS)[step_ids].unsqueeze(-1))
