@@ -66,16 +66,28 @@ def seg_min(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
 _MEMO: dict[tuple[str, int], tuple] = {}
 
 
+def _signature(key: tuple) -> tuple:
+    """Tensors in a memo key stand for themselves at their current version (identity + version)."""
+    return tuple((x, x._version) if isinstance(x, torch.Tensor) else x for x in key)
+
+
 def _same_key(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x is y or (isinstance(x, tuple) and isinstance(y, tuple) and len(x) == len(y) == 2
+                   and x[0] is y[0] and x[1] == y[1])
+        or (not isinstance(x, (torch.Tensor, tuple)) and x == y)
+        for x, y in zip(a, b)
+    )
 
 
 def _memo(kind: str, t: torch.Tensor, key: tuple, fn):
-    """``fn()`` remembered for tensor ``t`` and ``key`` (tensors in it compared by identity).
-    The entry goes when ``t`` is freed, so nothing it holds outlives the step."""
+    """``fn()`` remembered for tensor ``t`` and ``key`` (tensors in it compared by identity and
+    version, like ``t`` itself). The entry goes when ``t`` is freed, so nothing it holds
+    outlives the step."""
     slot = (kind, id(t))
+    sig = _signature(key)
     hit = _MEMO.get(slot)
-    if hit is not None and hit[0]() is t and hit[1] == t._version and _same_key(hit[2], key):
+    if hit is not None and hit[0]() is t and hit[1] == t._version and _same_key(hit[2], sig):
         return hit[3]
     out = fn()
 
@@ -84,7 +96,7 @@ def _memo(kind: str, t: torch.Tensor, key: tuple, fn):
         if entry is not None and entry[0] is ref:
             del _MEMO[slot]
 
-    _MEMO[slot] = (weakref.ref(t, forget), t._version, key, out)
+    _MEMO[slot] = (weakref.ref(t, forget), t._version, sig, out)
     return out
 
 
@@ -98,8 +110,14 @@ def masked_sum_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
     The fast path multiplies by the 0/1 mask (one fused pass on the CPU, several times faster than
     a ``where``); only when that yields a non-finite row sum is it redone with ``where``, which
-    keeps a NaN or inf outside the mask out and one inside the mask in.
+    keeps a NaN or inf outside the mask out and one inside the mask in. Remembered per (values,
+    mask) pair: a step's metrics ask for the same sums more than once (means, extrema,
+    variances and signals of the same advantages).
     """
+    return _memo("msum", values, (mask,), lambda: _masked_sum_rows(values, mask))
+
+
+def _masked_sum_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask if mask.dtype == values.dtype else mask.to(values.dtype)
     out = (values * m).sum(-1)
     if not bool(torch.isfinite(out).all()):
