@@ -76,10 +76,11 @@ def reward_to_go_scan(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -
 def _next_masked_index(mask: torch.Tensor) -> torch.Tensor:
     """For each position t, the first position >= t with mask 1 (``T`` when none). ``(rows, T)``"""
     T = mask.shape[-1]
-    dt = torch.int32 if T < 2**31 - 1 else torch.int64
+    dt = torch.int32 if T < 2**30 else torch.int64
     pos = torch.arange(T, device=mask.device, dtype=dt)
-    idx = torch.where(mask > 0, pos, torch.tensor(T, dtype=dt, device=mask.device))
-    return idx.flip(-1).cummin(-1).values.flip(-1).long()
+    # t where the (0/1) mask is 1, t + T elsewhere: integer arithmetic, no bool pass or `where`
+    idx = torch.sub(1, mask.to(dt)).mul_(T).add_(pos)
+    return idx.flip(-1).cummin(-1).values.flip(-1).clamp_(max=T).long()
 
 
 def _gather_or_zero(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
