@@ -117,7 +117,8 @@ def gae_blocked(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     dt = torch.float64
     m = torch.nn.functional.pad(mask.to(dt), (0, pad))
     b = torch.nn.functional.pad(delta.to(dt), (0, pad)) * m
-    la = torch.log1p(-m * (1.0 - gl)) if gl < 1.0 else torch.zeros_like(m)
+    # log a_t = log(1 - m_t (1 - gl)) is m_t log(gl) for a 0/1 mask: one multiply, no log pass
+    la = m * math.log(gl)
     la, b = la.view(rows, nb, C), b.view(rows, nb, C)
     lp = torch.cumsum(la, -1) - la  # exclusive prefix sums of log a: log P_j
     P = torch.exp(lp)
