@@ -3,8 +3,8 @@
 A step of 512 rows x 1,024 tokens makes tensors of 2 to 4 MB, dozens per step. glibc's malloc
 serves blocks that large with a fresh ``mmap`` and unmaps them on ``free`` (its threshold
 starts at 128 kB and adapts only partly), so every tensor of every step page-faults its memory
-in again: on this project's 2-core machine about 350,000 minor faults and 0.5 s of kernel time
-for 20 such steps, a quarter of the whole recompute. PyTorch's CPU tuning guide recommends a
+in again: on this project's 2-core machine about 350,000 minor faults and a second of kernel
+time for 20 such steps, about 0.5 s of a 2.2 s recompute. PyTorch's CPU tuning guide recommends a
 caching allocator (jemalloc or TCMalloc) for the same reason; without changing the process's
 allocator, glibc's own ``mallopt`` knobs get most of the way: blocks up to 32 MB (glibc's upper
 limit for the threshold) come from the heap, and freed memory is kept for the next step instead
