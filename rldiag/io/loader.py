@@ -22,6 +22,7 @@ import torch
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import TOKEN_FIELDS, Batch
 from rldiag.errors import BatchError, MissingInputError
+from rldiag.io.arrays import to_numpy
 from rldiag.io.fs import arrow_source, open_input_file
 from rldiag.io.rundir import StepFile
 from rldiag.io.schema import (
@@ -37,20 +38,34 @@ from rldiag.io.schema import (
 )
 
 
+def _unreadable(sf: StepFile, exc: Exception) -> BatchError:
+    return BatchError(f"cannot read the file ({exc}); it may be incomplete or still being written",
+                      file=str(sf.path), step=sf.step)
+
+
+def _parquet(sf: StepFile, source: bytes | None) -> pq.ParquetFile:
+    """One Parquet file opened (its footer parsed) once, for its schema and its columns.
+
+    ``ParquetFile`` rather than ``pq.read_table``: the latter goes through ``pyarrow.dataset``,
+    whose first use imports pandas (about 0.2 s at every start of the CLI).
+    """
+    if source is not None:
+        return pq.ParquetFile(pa.BufferReader(source))
+    src, fs = arrow_source(sf.path)
+    return pq.ParquetFile(src, filesystem=fs)
+
+
 def read_schema(sf: StepFile, source: bytes | None = None) -> pa.Schema:
     """The schema of one batch file; ``source``: the file's bytes, already read."""
     try:
-        if source is not None:
-            buf = pa.BufferReader(source)
-            return pq.read_schema(buf) if sf.format == "parquet" else _open_ipc(buf).schema
         if sf.format == "parquet":
-            src, fs = arrow_source(sf.path)
-            return pq.read_schema(src, filesystem=fs)
+            return _parquet(sf, source).schema_arrow
+        if source is not None:
+            return _open_ipc(pa.BufferReader(source)).schema
         with open_input_file(sf.path) as src:
             return _open_ipc(src).schema
     except (pa.ArrowException, OSError) as exc:
-        raise BatchError(f"cannot read the file ({exc}); it may be incomplete or still being written",
-                         file=str(sf.path), step=sf.step) from exc
+        raise _unreadable(sf, exc) from exc
 
 
 def _open_ipc(src):
@@ -61,25 +76,30 @@ def _open_ipc(src):
         return ipc.open_stream(src)
 
 
-def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | None = None) -> pa.Table:
-    """Read ``columns`` (all when None) of one batch file; ``source``: its bytes, already read."""
+def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | None = None,
+               threads: bool = True, choose=None) -> pa.Table:
+    """Read ``columns`` (all when None) of one batch file; ``source``: its bytes, already read.
+
+    ``threads``: decode columns on Arrow's thread pool (the fastest read alone; a pipeline whose
+    other stages keep the cores busy spends less CPU with ``False``). ``choose(names)``, when
+    given, picks the columns from the file's schema (the footer is then parsed once).
+    """
     try:
-        if source is not None:
-            buf = pa.BufferReader(source)
-            if sf.format == "parquet":
-                return pq.read_table(buf, columns=columns)
-            table = _open_ipc(buf).read_all()
-            return table.select(columns) if columns is not None else table
         if sf.format == "parquet":
-            src, fs = arrow_source(sf.path)
-            return pq.read_table(src, columns=columns, filesystem=fs)
-        with open_input_file(sf.path) as src:
-            reader = _open_ipc(src)
-            table = reader.read_all()
+            pf = _parquet(sf, source)
+            if choose is not None:
+                columns = choose(pf.schema_arrow.names)
+            return pf.read(columns=columns, use_threads=threads)
+        if source is not None:
+            table = _open_ipc(pa.BufferReader(source)).read_all()
+        else:
+            with open_input_file(sf.path) as src:
+                table = _open_ipc(src).read_all()
+        if choose is not None:
+            columns = choose(table.column_names)
         return table.select(columns) if columns is not None else table
     except (pa.ArrowException, OSError) as exc:
-        raise BatchError(f"cannot read the file ({exc}); it may be incomplete or still being written",
-                         file=str(sf.path), step=sf.step) from exc
+        raise _unreadable(sf, exc) from exc
 
 
 def columns_to_read(settings: Settings, names: list[str]) -> list[str]:
@@ -120,21 +140,21 @@ def _ragged(col: pa.ChunkedArray | pa.Array, name: str, where: dict) -> Ragged:
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)):
         raise BatchError(f"expected a list column, found type {arr.type}", column=name, **where)
     if arr.null_count:
-        row = _first_true(arr.is_null().to_numpy(zero_copy_only=False))
+        row = _first_true(to_numpy(arr.is_null()))
         raise BatchError("the row's list is null", row=row, column=name, **where)
-    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = to_numpy(pc.list_value_length(arr)).astype(np.int64)
     flat = pc.list_flatten(arr)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if flat.null_count:
-        idx = _first_true(flat.is_null().to_numpy(zero_copy_only=False))
+        idx = _first_true(to_numpy(flat.is_null()))
         row = int(np.searchsorted(offsets, idx, side="right") - 1)
         raise BatchError(f"token {idx - offsets[row]} is null", row=row, column=name, **where)
     if name in MASK_LIST_COLUMNS:
         if pa.types.is_boolean(flat.type):
-            values = flat.to_numpy(zero_copy_only=False).astype(np.int8)
+            values = to_numpy(flat).astype(np.int8)
         elif pa.types.is_integer(flat.type) or pa.types.is_floating(flat.type):
-            values = flat.to_numpy(zero_copy_only=False)
+            values = to_numpy(flat)
             bad = (values != 0) & (values != 1)
             idx = _first_true(bad)
             if idx is not None:
@@ -149,7 +169,7 @@ def _ragged(col: pa.ChunkedArray | pa.Array, name: str, where: dict) -> Ragged:
     else:
         if not (pa.types.is_floating(flat.type) or pa.types.is_integer(flat.type)):
             raise BatchError(f"expected list<float>, found {arr.type}", column=name, **where)
-        values = flat.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        values = to_numpy(flat).astype(np.float32, copy=False)
         bad = ~np.isfinite(values)
         idx = _first_true(bad)
         if idx is not None:
@@ -163,13 +183,13 @@ def _ragged(col: pa.ChunkedArray | pa.Array, name: str, where: dict) -> Ragged:
 def _scalar(col: pa.ChunkedArray, name: str, kind: str, where: dict) -> np.ndarray:
     arr = col.combine_chunks()
     if arr.null_count:
-        row = _first_true(arr.is_null().to_numpy(zero_copy_only=False))
+        row = _first_true(to_numpy(arr.is_null()))
         raise BatchError("value is null", row=row, column=name, **where)
     if kind == "string":
         return arr
     if not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type)):
         raise BatchError(f"expected a number, found type {arr.type}", column=name, **where)
-    values = arr.to_numpy(zero_copy_only=False)
+    values = to_numpy(arr)
     if kind == "float":
         values = values.astype(np.float64)
         idx = _first_true(~np.isfinite(values))
@@ -238,18 +258,18 @@ def _extra_column(col: pa.ChunkedArray, name: str, where: dict) -> torch.Tensor:
     columns as int64, any other number or bool as float32 (verl reads reward components so)."""
     arr = col.combine_chunks()
     if arr.null_count:
-        row = _first_true(arr.is_null().to_numpy(zero_copy_only=False))
+        row = _first_true(to_numpy(arr.is_null()))
         raise BatchError("value is null", row=row, column=name, **where)
     kind = SCALAR_COLUMNS.get(name)
     if kind == "string":
         codes = pc.dictionary_encode(pc.cast(arr, pa.string())).indices
-        return torch.from_numpy(codes.to_numpy(zero_copy_only=False).astype(np.int64))
+        return torch.from_numpy(to_numpy(codes).astype(np.int64))
     if pa.types.is_boolean(arr.type):
-        return torch.from_numpy(arr.to_numpy(zero_copy_only=False).astype(np.float32))
+        return torch.from_numpy(to_numpy(arr).astype(np.float32))
     if kind == "int":
         if not pa.types.is_integer(arr.type):
             raise BatchError(f"expected an integer, found type {arr.type}", column=name, **where)
-        return torch.from_numpy(arr.to_numpy(zero_copy_only=False).astype(np.int64))
+        return torch.from_numpy(to_numpy(arr).astype(np.int64))
     values = _scalar(col, name, "float", where)
     return torch.from_numpy(values.astype(np.float32))
 
@@ -267,12 +287,12 @@ class StepData:
 
 
 def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None,
-              source: bytes | None = None) -> StepData:
+              source: bytes | None = None, threads: bool = True) -> StepData:
     """Load one batch file into a one-step :class:`Batch` (on the CPU). ``source``: the file's
-    bytes when the caller has read them (to hash them), so that the file is not read again."""
-    if columns is None:
-        columns = columns_to_read(settings, read_schema(sf, source).names)
-    table = read_table(sf, columns, source)
+    bytes when the caller has read them (to hash them), so that the file is not read again.
+    ``threads``: see :func:`read_table`."""
+    choose = None if columns is not None else (lambda names: columns_to_read(settings, names))
+    table = read_table(sf, columns, source, threads=threads, choose=choose)
     ragged = validate_table(table, sf)
     rows = table.num_rows
     lengths = ragged["response_mask"].lengths
@@ -292,7 +312,7 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
         tensors["token_level_scores"] = scores
     uids = pc.cast(table["uid"].combine_chunks(), pa.string())
     groups = pc.dictionary_encode(uids)
-    group_ids = torch.from_numpy(groups.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+    group_ids = torch.from_numpy(to_numpy(groups.indices).astype(np.int64))
     max_resp = settings["data.max_response_length"]
     kwargs: dict = {}
     if "prompt_length" in table.column_names:

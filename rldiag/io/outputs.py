@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from typing import TYPE_CHECKING
 
 from rldiag.errors import OutputError, RunDirError
+from rldiag.io.arrays import floats_or_null, from_numpy, read_parquet
 from rldiag.io.fs import RemotePath, as_path, is_remote
 
 if TYPE_CHECKING:
@@ -53,17 +54,17 @@ def tokens_table(tokens: dict[str, torch.Tensor], lengths: torch.Tensor, row_off
     np.cumsum(lengths_np, out=offsets[1:])
     width = int(next(iter(tokens.values())).shape[1]) if tokens else 0
     valid = torch.arange(width).unsqueeze(0) < lengths.cpu().unsqueeze(1)
-    cols: dict[str, pa.Array] = {"row": pa.array(np.arange(len(lengths_np), dtype=np.int64) + row_offset)}
-    off = pa.array(offsets, type=pa.int32())
+    cols: dict[str, pa.Array] = {"row": from_numpy(np.arange(len(lengths_np), dtype=np.int64) + row_offset)}
+    off = from_numpy(offsets)
     for name in TOKEN_OUTPUTS:
         t = tokens.get(name)
         if t is None:
             continue
         flat = t.detach().cpu()[valid]
         if name == "response_mask":
-            values = pa.array(flat.to(torch.int8).numpy(), type=pa.int8())
+            values = from_numpy(flat.to(torch.int8).numpy())
         else:
-            values = pa.array(flat.to(torch.float32).numpy(), type=pa.float32())
+            values = from_numpy(flat.to(torch.float32).numpy())
         cols[name] = pa.ListArray.from_arrays(off, values)
     return pa.table(cols)
 
@@ -72,16 +73,10 @@ def metrics_table(rows: list[dict[str, float]]) -> pa.Table:
     """One row per step: ``step`` int64 and one float64 column per metric (null where absent)."""
     names = sorted({k for r in rows for k in r if k != "step"})
     rows = sorted(rows, key=lambda r: r["step"])
-    cols = {"step": pa.array([int(r["step"]) for r in rows], type=pa.int64())}
+    cols = {"step": from_numpy(np.array([int(r["step"]) for r in rows], dtype=np.int64))}
     for name in names:
-        cols[name] = pa.array([_f(r.get(name)) for r in rows], type=pa.float64())
+        cols[name] = floats_or_null([r.get(name) for r in rows])
     return pa.table(cols)
-
-
-def _f(v) -> float | None:
-    if v is None:
-        return None
-    return float(v)
 
 
 def write_parquet(table: pa.Table, path: Path) -> None:
@@ -122,7 +117,7 @@ def read_scenario(run_path: Path, name: str) -> tuple[dict, pa.Table]:
     if is_remote(d):
         return _read_remote_scenario(d)
     meta = json.loads((d / "scenario.json").read_text())
-    table = pq.read_table(d / "metrics.parquet") if (d / "metrics.parquet").is_file() else pa.table({"step": pa.array([], pa.int64())})
+    table = read_parquet(str(d / "metrics.parquet")) if (d / "metrics.parquet").is_file() else pa.table({"step": from_numpy(np.zeros(0, dtype=np.int64))})
     return meta, table
 
 
@@ -140,8 +135,8 @@ def _read_remote_scenario(d: RemotePath, attempts: int = 3) -> tuple[dict, pa.Ta
         record = (meta.get("outputs") or {}).get("metrics.parquet")
         mp = d / "metrics.parquet"
         if record is None and not mp.exists():
-            return meta, pa.table({"step": pa.array([], pa.int64())})
+            return meta, pa.table({"step": from_numpy(np.zeros(0, dtype=np.int64))})
         data = mp.read_bytes() if mp.exists() else b""
         if record is None or (len(data) == record.get("size") and hashlib.sha256(data).hexdigest() == record.get("sha256")):
-            return meta, pq.read_table(pa.BufferReader(data))
+            return meta, read_parquet(pa.BufferReader(data))
     raise OutputError(f"{d}: metrics.parquet does not match scenario.json; the scenario is being rewritten, try again")

@@ -1,0 +1,55 @@
+"""Arrow <-> NumPy for number columns, and Parquet reading, without pandas.
+
+``pa.array(...)``, ``Array.to_numpy()`` and ``pq.read_table`` each import pandas on first use
+when it is installed (it is: Streamlit needs it): about 0.2 s of every CLI run, spent before the
+first batch is read or after the last is computed, for nothing rldiag uses. The same conversions
+through Arrow's buffers and DLPack are zero-copy where the layout allows and import nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+
+def to_numpy(arr: pa.Array) -> np.ndarray:
+    """``(n,)``: a read-only view of a number array without nulls (DLPack); bools as ``bool``;
+    anything else (nulls, strings) through Arrow's own conversion, a copy."""
+    if arr.null_count == 0:
+        kind = arr.type
+        if pa.types.is_boolean(kind):
+            return np.from_dlpack(pc.cast(arr, pa.uint8())).view(np.bool_)
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+            return np.from_dlpack(arr)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def from_numpy(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A number array ``(n,)`` as Arrow, sharing its memory; ``valid`` ``(n,)`` bool: False where
+    the value is null. The Arrow type is the array's (``float32`` -> ``float``, ...)."""
+    values = np.ascontiguousarray(values)
+    if values.ndim != 1 or values.dtype.kind not in "iuf":
+        raise TypeError(f"expected a 1-D number array, got {values.dtype} with shape {values.shape}")
+    n = len(values)
+    nulls = 0
+    bitmap = None
+    if valid is not None:
+        valid = np.asarray(valid, dtype=bool)
+        nulls = int(n - np.count_nonzero(valid))
+        if nulls:
+            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), n, [bitmap, pa.py_buffer(values)], null_count=nulls)
+
+
+def floats_or_null(values: list[float | None]) -> pa.Array:
+    """A Python list of floats, ``None`` for null, as a float64 array (NaN stays NaN)."""
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    data = np.fromiter((0.0 if v is None else float(v) for v in values), dtype=np.float64, count=len(values))
+    return from_numpy(data, valid)
+
+
+def read_parquet(source, columns: list[str] | None = None, filesystem=None, threads: bool = True) -> pa.Table:
+    """``pq.read_table`` for one file (a path, a file-like object or a ``pa.BufferReader``)."""
+    return pq.ParquetFile(source, filesystem=filesystem).read(columns=columns, use_threads=threads)
