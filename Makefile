@@ -13,6 +13,9 @@ $(BIN)/.installed: pyproject.toml
 	# torch first, from the local CPU wheel: left to itself pip would fetch a CUDA build
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[app,wandb,dev]'
+	# bytecode for the editable sources, as a regular install has it (PYTHONDONTWRITEBYTECODE
+	# would otherwise have every command compile them again)
+	$(BIN)/python -m compileall -q rldiag app >/dev/null
 	touch $@
 
 setup: $(BIN)/.installed
