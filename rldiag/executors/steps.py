@@ -32,7 +32,7 @@ from rldiag.engine.batch import pack as pack_batches
 from rldiag.engine.pipeline import Result, recompute_batch
 from rldiag.errors import RldiagError
 from rldiag.executors.allocator import usable_cores
-from rldiag.io.fs import as_path, is_remote, read_buffer
+from rldiag.io.fs import as_path, is_remote
 from rldiag.io.loader import StepData, load_step
 from rldiag.io.outputs import tokens_table
 from rldiag.io.rundir import StepFile
@@ -138,7 +138,7 @@ def _known_hash(info: dict, remote: bool, previous: dict | None) -> bool:
     return bool(same)
 
 
-def _hashed(info: dict, remote: bool, content: bytes | pa.Buffer) -> dict:
+def _hashed(info: dict, remote: bool, content: bytes) -> dict:
     """``info`` with the SHA-256 (and size) of the bytes read."""
     if remote:
         info["hashed_ns"] = time.time_ns()
@@ -183,13 +183,13 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -
     """
     sf = task.step_file()
     old = task.previous
-    content: pa.Buffer | None = None
+    content: bytes | None = None
     pending = None
     info: dict = {}
     if hash_file:
         info, remote = _stat_record(sf, task.rel)
         if not _known_hash(info, remote, old):
-            content = read_buffer(sf.path)
+            content = sf.path.read_bytes()
             if task.reusable and old:  # the hash decides whether the file is parsed at all
                 info = _hashed(info, remote, content)
             else:

@@ -76,18 +76,6 @@ def open_input_file(p: Path | RemotePath):
     return pa.memory_map(str(p))
 
 
-def read_buffer(p: Path | RemotePath) -> pa.Buffer:
-    """A whole file as an Arrow buffer (bytes-like: hashlib and Arrow's readers take it).
-
-    Locally the buffer comes from Arrow's memory pool, which keeps and reuses its memory from
-    one file to the next; a ``bytes`` per file would page-fault fresh memory in for most files
-    (about 12 ms against 3 for 19 MB here). Raises ``OSError`` as ``read_bytes`` does."""
-    if isinstance(p, RemotePath):
-        return pa.py_buffer(p.read_bytes())
-    with pa.OSFile(str(p)) as fh:
-        return fh.read_buffer()
-
-
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     try:

@@ -43,7 +43,7 @@ def _unreadable(sf: StepFile, exc: Exception) -> BatchError:
                       file=str(sf.path), step=sf.step)
 
 
-def _parquet(sf: StepFile, source: bytes | pa.Buffer | None) -> pq.ParquetFile:
+def _parquet(sf: StepFile, source: bytes | None) -> pq.ParquetFile:
     """One Parquet file opened (its footer parsed) once, for its schema and its columns.
 
     ``ParquetFile`` rather than ``pq.read_table``: the latter goes through ``pyarrow.dataset``,
@@ -55,7 +55,7 @@ def _parquet(sf: StepFile, source: bytes | pa.Buffer | None) -> pq.ParquetFile:
     return pq.ParquetFile(src, filesystem=fs)
 
 
-def read_schema(sf: StepFile, source: bytes | pa.Buffer | None = None) -> pa.Schema:
+def read_schema(sf: StepFile, source: bytes | None = None) -> pa.Schema:
     """The schema of one batch file; ``source``: the file's bytes, already read."""
     try:
         if sf.format == "parquet":
@@ -76,7 +76,7 @@ def _open_ipc(src):
         return ipc.open_stream(src)
 
 
-def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | pa.Buffer | None = None,
+def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | None = None,
                threads: bool = True, choose=None) -> pa.Table:
     """Read ``columns`` (all when None) of one batch file; ``source``: its bytes, already read.
 
@@ -287,7 +287,7 @@ class StepData:
 
 
 def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None,
-              source: bytes | pa.Buffer | None = None, threads: bool = True) -> StepData:
+              source: bytes | None = None, threads: bool = True) -> StepData:
     """Load one batch file into a one-step :class:`Batch` (on the CPU). ``source``: the file's
     bytes when the caller has read them (to hash them), so that the file is not read again.
     ``threads``: see :func:`read_table`."""

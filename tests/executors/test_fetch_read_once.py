@@ -40,8 +40,8 @@ def _batch_files(run) -> dict[int, pathlib.Path]:
 
 
 class _Spy:
-    """Records reads of batch files (the fetcher's read_buffer, and Path.read_bytes), loads
-    (load_step) and hashes (sha256) made by the step fetcher, from any thread."""
+    """Records reads of batch files (Path.read_bytes), loads (load_step) and hashes (sha256) made
+    by the step fetcher, from any thread."""
 
     def __init__(self, monkeypatch, run):
         self.lock = threading.Lock()
@@ -50,7 +50,6 @@ class _Spy:
         self.hashes = 0
         batches = (run / "batches").resolve()
         real_read = pathlib.Path.read_bytes
-        real_buffer = steps_mod.read_buffer
         real_load = steps_mod.load_step
         real_sha = hashlib.sha256
 
@@ -59,12 +58,6 @@ class _Spy:
                 with self.lock:
                     self.reads.append(pathlib.Path(path))
             return real_read(path)
-
-        def read_buffer(path):
-            if pathlib.Path(path).resolve().parent == batches:
-                with self.lock:
-                    self.reads.append(pathlib.Path(path))
-            return real_buffer(path)
 
         def load_step(sf, settings, columns=None, source=None, threads=True):
             with self.lock:
@@ -81,7 +74,6 @@ class _Spy:
                 return real_sha(*a, **k)
 
         monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
-        monkeypatch.setattr(steps_mod, "read_buffer", read_buffer)
         monkeypatch.setattr(steps_mod, "load_step", load_step)
         monkeypatch.setattr(steps_mod, "hashlib", _Hashlib)
 
