@@ -37,8 +37,8 @@ from rldiag.executors import Executor, Plan, get_executor
 from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import is_adaptive
 from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, DEFAULT_PACK_TOKENS, PREFETCH, Job, StepOutcome, StepTask
-from rldiag.io.fs import RemotePath, as_path
-from rldiag.io.outputs import json_safe, metrics_table, read_scenario, scenario_dir, sha256_file
+from rldiag.io.fs import RemotePath, as_path, is_remote
+from rldiag.io.outputs import json_safe, list_scenarios, metrics_table, read_scenario, scenario_dir, sha256_file
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
 from rldiag.io.scenario_writer import ScenarioWriter, open_writer
 
@@ -95,22 +95,52 @@ class ScenarioReport:
 
 @dataclass
 class _Previous:
-    """What an earlier run of the same scenario left that can be reused."""
+    """What an earlier run of the same scenario left that can be reused, and the input records
+    (file, size, mtime, SHA-256) other scenarios of the run hold."""
 
     inputs: dict[int, dict] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     token_steps: set[int] = field(default_factory=set)  # steps with a tokens file
     reusable: bool = False
+    known: dict[str, dict] = field(default_factory=dict)  # input records by file, any scenario
+
+
+def _known_inputs(run: Path | RemotePath, exclude: str) -> dict[str, dict]:
+    """Input records of the run's other complete scenarios, by file (the newest hash first).
+
+    A file whose size and modification time still match such a record keeps its SHA-256
+    without being hashed again (:func:`rldiag.executors.steps._known_hash`): a second scenario
+    of the same run (another estimator, say) reads its files but does not hash them. Local runs
+    only: on an object store each scenario's record is one more request.
+    """
+    if is_remote(run):
+        return {}
+    known: dict[str, dict] = {}
+    root = as_path(run) / "rldiag" / "scenarios"
+    metas = []
+    for name in list_scenarios(run):
+        if name == exclude:
+            continue
+        try:
+            metas.append(json.loads((root / name / "scenario.json").read_text()))
+        except (OSError, ValueError):
+            continue
+    for meta in sorted(metas, key=lambda m: str(m.get("created", ""))):  # newer records win
+        for rec in meta.get("inputs", []) if isinstance(meta.get("inputs"), list) else []:
+            if isinstance(rec, dict) and rec.get("file") and rec.get("sha256") and "size" in rec and "mtime_ns" in rec:
+                known[str(rec["file"])] = rec
+    return known
 
 
 def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool) -> _Previous:
     target = scenario_dir(run, name)
+    known = _known_inputs(run, name)
     if not (target / "scenario.json").is_file():
-        return _Previous()
+        return _Previous(known=known)
     try:
         meta, table = read_scenario(run, name)
     except (RldiagError, OSError, ValueError, pa.ArrowException):
-        return _Previous()
+        return _Previous(known=known)
     inputs = {int(i["step"]): i for i in meta.get("inputs", [])}
     same = (
         meta.get("rldiag_version") == __version__
@@ -127,16 +157,18 @@ def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens
             m = _TOKENS_FILE.match(p.name)
             if m and p.is_file():
                 token_steps.add(int(m.group(1)))
-    return _Previous(inputs=inputs, metrics=metrics, token_steps=token_steps, reusable=same)
+    return _Previous(inputs=inputs, metrics=metrics, token_steps=token_steps, reusable=same, known=known)
 
 
 def _plan(rd: RunDir, files: dict[int, StepFile], chosen: list[int], job: Job, prev: _Previous,
           chunk_steps: int) -> Plan:
     def task(step: int, chunk: int) -> StepTask:
         sf = files[step]
+        rel = str(sf.path.relative_to(rd.path))
         reusable = prev.reusable and step in prev.metrics and (not job.save_tokens or step in prev.token_steps)
-        return StepTask(step=step, file=str(sf.path), rel=str(sf.path.relative_to(rd.path)), chunk=chunk,
-                        previous=prev.inputs.get(step), reusable=reusable)
+        # results are reused only from this scenario; a file's hash may come from any scenario
+        previous = prev.inputs.get(step) if reusable else (prev.inputs.get(step) or prev.known.get(rel))
+        return StepTask(step=step, file=str(sf.path), rel=rel, chunk=chunk, previous=previous, reusable=reusable)
 
     tasks = [task(s, i // chunk_steps) for i, s in enumerate(chosen)]
     replay = [task(s, -1) for s in sorted(files) if s < chosen[0]] if is_adaptive(job.settings) else []
