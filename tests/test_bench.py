@@ -1,0 +1,30 @@
+"""The benchmark script runs end to end at a tiny size and prints its table (its numbers are
+machine-dependent and not asserted; what is asserted is that every workload ran)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_prints_a_row_per_estimator(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_recompute.py"), "--dir", str(tmp_path), "--steps", "2",
+         "--rows", "16", "--tokens", "32", "--estimators", "grpo,gae", "--repeat", "1"],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("estimator"))
+    assert "(b') known s" in lines[header] and "b/a" in lines[header]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[header + 2:] if line.strip()}
+    assert set(rows) == {"grpo", "gae"}
+    for est, cells in rows.items():
+        seconds = [float(x) for x in cells[:4]]  # (a), (b), (b'), (c)
+        assert all(s > 0 for s in seconds), (est, cells)
+        assert float(cells[8]) > 0  # tokens per second of (b): it recomputed tokens
+    # (b) is cold: it left its scenario, and (b') a new one next to the scenario it took hashes from
+    scen = tmp_path / "run-2-16-32" / "rldiag" / "scenarios"
+    assert {"bench-grpo", "bench-known-grpo", "bench-hashes"} <= {p.name for p in scen.iterdir()}
