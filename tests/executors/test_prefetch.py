@@ -1,0 +1,99 @@
+"""The loader's read-ahead (Prefetched) and the local executor's use of every core at the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from rldiag.executors import allocator
+from rldiag.executors import steps as steps_mod
+from rldiag.executors.steps import Prefetched
+from rldiag.recompute import recompute
+
+
+def test_yields_in_order_and_reads_at_most_depth_ahead():
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def fn(task):
+        with lock:
+            started.append(task)
+        return task * 10
+
+    p = Prefetched(range(6), fn, depth=2)
+    out = []
+    for item in p:
+        time.sleep(0.02)  # the loader has time to run ahead, if it could
+        with lock:
+            assert len(started) <= len(out) + 3  # this one, and at most depth more
+        out.append(item)
+    assert out == [0, 10, 20, 30, 40, 50]
+
+
+def test_idle_only_when_every_task_is_read():
+    gate = threading.Event()
+
+    def fn(task):
+        if task == 2:
+            gate.wait(5)
+        return task
+
+    p = Prefetched([0, 1, 2], fn, depth=3)
+    it = iter(p)
+    assert next(it) == 0
+    assert not p.idle  # task 2 still being read
+    gate.set()
+    assert next(it) == 1
+    deadline = time.time() + 5
+    while not p.idle and time.time() < deadline:
+        time.sleep(0.01)
+    assert p.idle
+    assert list(it) == [2]
+
+
+def test_error_of_a_task_surfaces_and_the_thread_stops():
+    def fn(task):
+        if task == 1:
+            raise ValueError("bad step")
+        return task
+
+    p = Prefetched(range(5), fn, depth=2)
+    with pytest.raises(ValueError, match="bad step"):
+        list(p)
+    assert p.idle
+    assert not any(t.name.startswith("rldiag-load") and t.is_alive() for t in threading.enumerate())
+
+
+def test_abandoned_iteration_stops_the_thread():
+    p = Prefetched(range(100), lambda t: t, depth=2)
+    it = iter(p)
+    next(it)
+    it.close()
+    assert not any(t.name.startswith("rldiag-load") and t.is_alive() for t in threading.enumerate())
+
+
+def test_local_executor_gives_the_last_packs_every_core(synth_run, monkeypatch):
+    """While steps remain to be read the engine has one core fewer; once the loader is done it
+    gets them all, and the caller's thread count is back afterwards."""
+    seen: list[int] = []
+    real = steps_mod.recompute_batch
+
+    def spy(batch, settings, kl_state):
+        seen.append(torch.get_num_threads())
+        return real(batch, settings, kl_state)
+
+    monkeypatch.setattr(steps_mod, "recompute_batch", spy)
+    monkeypatch.setattr(allocator, "usable_cores", lambda: 3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        rep = recompute(synth_run, name="t", pack_tokens=1)  # one step per pack
+        assert rep.ok and len(seen) == 5
+        assert seen[0] == 2 and seen[-1] == 3  # the first with the loader busy, the last alone
+        assert sorted(seen) == seen  # never narrowed again
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
