@@ -102,14 +102,16 @@ def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | N
         raise _unreadable(sf, exc) from exc
 
 
-def columns_to_read(settings: Settings, names: list[str]) -> list[str]:
-    """The columns a recompute under ``settings`` reads from a file having ``names``."""
+def columns_to_read(settings: Settings, names: list[str], sf: StepFile | None = None) -> list[str]:
+    """The columns a recompute under ``settings`` reads from a file having ``names`` (``sf``: that
+    file, named in the error when a needed column is missing)."""
     present = set(names)
     need = estimator_need(settings.estimator, settings)
     missing = BASE_NEED.missing(present) + need.missing(present)
     if missing:
+        where = {"file": str(sf.path), "step": sf.step} if sf is not None else {}
         raise MissingInputError(
-            f"{settings.estimator} needs {', '.join(missing)}, missing", column=missing[0]
+            f"{settings.estimator} needs {', '.join(missing)}, missing", column=missing[0], **where
         )
     cols = ["uid", "response_mask"]
     cols.append("token_level_scores" if "token_level_scores" in present else "score")
@@ -291,7 +293,7 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
     """Load one batch file into a one-step :class:`Batch` (on the CPU). ``source``: the file's
     bytes when the caller has read them (to hash them), so that the file is not read again.
     ``threads``: see :func:`read_table`."""
-    choose = None if columns is not None else (lambda names: columns_to_read(settings, names))
+    choose = None if columns is not None else (lambda names: columns_to_read(settings, names, sf))
     table = read_table(sf, columns, source, threads=threads, choose=choose)
     ragged = validate_table(table, sf)
     rows = table.num_rows

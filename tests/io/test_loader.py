@@ -112,8 +112,11 @@ def test_missing_required_column_and_estimator_needs(tmp_path):
     with pytest.raises(MissingInputError, match="token_level_scores or score"):
         load_step(write(tmp_path, 1, cols), S)
     gae = resolve_settings(overrides={"algorithm.adv_estimator": "gae"})
-    with pytest.raises(MissingInputError, match="gae needs values, missing"):
-        load_step(write(tmp_path, 2, base_cols()), gae)
+    sf = write(tmp_path, 2, base_cols())
+    with pytest.raises(MissingInputError, match="gae needs values, missing") as err:
+        load_step(sf, gae)
+    # the error names the file and the step, not only the column
+    assert str(sf.path) in str(err.value) and "step 2" in str(err.value) and "'values'" in str(err.value)
 
 
 def test_null_list_row(tmp_path):
