@@ -34,15 +34,13 @@ class LocalExecutor:
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))
         every = torch.get_num_threads()
-        with engine_threads(job.device) as fewer:
-            narrow = [fewer < every]
+        with engine_threads(job.device):
 
             def widen() -> None:
                 # the last packs: nothing is left to read, so the engine takes every core (its
                 # results do not depend on its thread count: tests/engine/test_thread_count.py)
-                if narrow[0] and fetched.idle:
+                if torch.get_num_threads() < every and fetched.idle:
                     torch.set_num_threads(every)
-                    narrow[0] = False
 
             yield from process(fetched, job, lambda steps: kl_state, before_compute=widen)
 

@@ -50,6 +50,13 @@ def floats_or_null(values: list[float | None]) -> pa.Array:
     return from_numpy(data, valid)
 
 
+def parquet_file(source, filesystem=None) -> pq.ParquetFile:
+    """One Parquet file (a path, a file-like object or a ``pa.BufferReader``), its footer parsed
+    once for its schema and its columns; not ``pq.read_table``, which goes through
+    ``pyarrow.dataset`` and so imports pandas."""
+    return pq.ParquetFile(source, filesystem=filesystem)
+
+
 def read_parquet(source, columns: list[str] | None = None, filesystem=None, threads: bool = True) -> pa.Table:
-    """``pq.read_table`` for one file (a path, a file-like object or a ``pa.BufferReader``)."""
-    return pq.ParquetFile(source, filesystem=filesystem).read(columns=columns, use_threads=threads)
+    """``pq.read_table`` for one file, without pandas."""
+    return parquet_file(source, filesystem).read(columns=columns, use_threads=threads)

@@ -22,7 +22,7 @@ import torch
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import TOKEN_FIELDS, Batch
 from rldiag.errors import BatchError, MissingInputError
-from rldiag.io.arrays import to_numpy
+from rldiag.io.arrays import parquet_file, to_numpy
 from rldiag.io.fs import arrow_source, open_input_file
 from rldiag.io.rundir import StepFile
 from rldiag.io.schema import (
@@ -44,15 +44,11 @@ def _unreadable(sf: StepFile, exc: Exception) -> BatchError:
 
 
 def _parquet(sf: StepFile, source: bytes | None) -> pq.ParquetFile:
-    """One Parquet file opened (its footer parsed) once, for its schema and its columns.
-
-    ``ParquetFile`` rather than ``pq.read_table``: the latter goes through ``pyarrow.dataset``,
-    whose first use imports pandas (about 0.2 s at every start of the CLI).
-    """
+    """The step's Parquet file, from its bytes when the caller has read them."""
     if source is not None:
-        return pq.ParquetFile(pa.BufferReader(source))
+        return parquet_file(pa.BufferReader(source))
     src, fs = arrow_source(sf.path)
-    return pq.ParquetFile(src, filesystem=fs)
+    return parquet_file(src, fs)
 
 
 def read_schema(sf: StepFile, source: bytes | None = None) -> pa.Schema:
