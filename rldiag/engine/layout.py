@@ -1,0 +1,151 @@
+"""The packed token layout: flat ``(tokens,)`` values with row offsets ``(rows + 1,)``.
+
+This is Arrow's list layout (a list column is its flat values and ``rows + 1`` offsets), so a
+column read from Parquet needs no padding and a result goes back out as a list column by
+wrapping the same offsets. Memory and work are in proportion to the tokens, whatever the
+longest row of a step: a step of 8,192 rows with a few at a 32k cap costs its tokens, not
+``8,192 x 32,768``.
+
+:class:`Rows` describes the layout and reduces token tensors per row (``torch.segment_reduce``
+over the offsets: one kernel per reduction on the CPU and on CUDA, no loop per row). Per-step,
+per-group and per-micro-batch reductions are segment reductions of the per-row results keyed by
+row ids (:mod:`rldiag.engine.segments`). The time recursions are segmented scans that restart at
+row boundaries (:mod:`rldiag.engine.scan`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The row layout of flat token tensors.
+
+    Attributes:
+        offsets: ``(rows + 1,)`` int64, row ``i`` holds tokens ``[offsets[i], offsets[i + 1])``.
+        row_ids: ``(tokens,)`` int64, the row of each token.
+    """
+
+    offsets: torch.Tensor
+    row_ids: torch.Tensor
+
+    @staticmethod
+    def from_lengths(lengths: torch.Tensor) -> Rows:
+        """The layout of rows of ``lengths`` ``(rows,)`` tokens, packed in order."""
+        lengths = lengths.to(torch.long)
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.long, device=lengths.device)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        row_ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+        return Rows(offsets, row_ids)
+
+    @staticmethod
+    def from_offsets(offsets: torch.Tensor) -> Rows:
+        offsets = offsets.to(torch.long)
+        return Rows.from_lengths(offsets[1:] - offsets[:-1]) if offsets.numel() > 1 else Rows.from_lengths(
+            torch.zeros(0, dtype=torch.long, device=offsets.device)
+        )
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.offsets.numel()) - 1
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.row_ids.numel())
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``(rows,)`` int64."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.offsets.device
+
+    def to(self, device: torch.device | str) -> Rows:
+        return Rows(self.offsets.to(device), self.row_ids.to(device))
+
+    # ---- per-row reductions of token tensors ------------------------------------------------
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over each row's tokens ``(tokens,) -> (rows,)``; an empty row gives 0. Integer and
+        bool tensors are summed as float32 (exact below 2^24 per row)."""
+        if not x.is_floating_point():
+            x = x.to(torch.float32)
+        return torch.segment_reduce(x, "sum", offsets=self.offsets)
+
+    def count(self, cond: torch.Tensor) -> torch.Tensor:
+        """Tokens per row where ``cond`` (bool or 0/1) is true, float32 ``(rows,)``."""
+        return self.sum(cond.to(torch.float32) if cond.dtype == torch.bool else (cond != 0).to(torch.float32))
+
+    def amax(self, x: torch.Tensor, empty: float = float("-inf")) -> torch.Tensor:
+        """Max over each row's tokens ``(rows,)``; ``empty`` for a row without tokens; NaN
+        propagates as in ``torch.amax``."""
+        return torch.segment_reduce(x, "max", offsets=self.offsets, initial=empty)
+
+    def amin(self, x: torch.Tensor, empty: float = float("inf")) -> torch.Tensor:
+        return torch.segment_reduce(x, "min", offsets=self.offsets, initial=empty)
+
+    def any(self, cond: torch.Tensor) -> torch.Tensor:
+        """``(rows,)`` bool: the row has a token where ``cond`` holds."""
+        return self.count(cond) > 0
+
+    # ---- per-row values on tokens -----------------------------------------------------------
+
+    def expand(self, per_row: torch.Tensor) -> torch.Tensor:
+        """``(rows,) -> (tokens,)``: each row's value on each of its tokens."""
+        return per_row.index_select(0, self.row_ids)
+
+    def positions(self) -> torch.Tensor:
+        """``(tokens,)`` int64: the position of each token in its row (0 at the row's start)."""
+        return torch.arange(self.n_tokens, device=self.device) - self.offsets[:-1].index_select(0, self.row_ids)
+
+    def last(self) -> torch.Tensor:
+        """``(tokens,)`` bool: the token is the last of its row."""
+        out = torch.zeros(self.n_tokens, dtype=torch.bool, device=self.device)
+        ends = self.offsets[1:][self.lengths > 0] - 1
+        out[ends] = True
+        return out
+
+    # ---- reshaping --------------------------------------------------------------------------
+
+    def take(self, index: torch.Tensor) -> tuple[Rows, torch.Tensor]:
+        """The layout of rows ``index`` ``(k,)`` in that order, and the ``(tokens',)`` indices of
+        their tokens in this layout (one gather per column then selects them)."""
+        index = index.to(torch.long)
+        lengths = self.lengths.index_select(0, index)
+        sub = Rows.from_lengths(lengths)
+        start = self.offsets[:-1].index_select(0, index)
+        tok = sub.positions() + start.index_select(0, sub.row_ids)
+        return sub, tok
+
+    @staticmethod
+    def cat(parts: list[Rows]) -> Rows:
+        """The layout of several layouts' rows one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        return Rows.from_lengths(torch.cat([p.lengths for p in parts]))
+
+    # ---- the padded view, for tests and for callers that want a matrix ---------------------
+
+    def pad(self, x: torch.Tensor, width: int | None = None, fill: float = 0.0) -> torch.Tensor:
+        """``(tokens,) -> (rows, width)`` right-padded with ``fill`` (``width``: the longest row
+        when None). Not used by the engine: a padded matrix is sized by the longest row."""
+        lengths = self.lengths
+        w = int(lengths.max()) if width is None and self.n_rows and self.n_tokens else (width or 0)
+        out = torch.full((self.n_rows, w), fill, dtype=x.dtype, device=x.device)
+        if self.n_tokens:
+            out[self.row_ids, self.positions()] = x
+        return out
+
+    @staticmethod
+    def unpad(padded: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, Rows]:
+        """``(rows, width)`` right-padded -> the flat values of each row's first ``lengths[i]``
+        tokens ``(tokens,)`` and their layout."""
+        rows = Rows.from_lengths(lengths.to(padded.device))
+        if padded.dim() != 2:
+            raise ValueError(f"expected a (rows, width) tensor, got shape {tuple(padded.shape)}")
+        return padded[rows.row_ids, rows.positions()], rows

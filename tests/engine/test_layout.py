@@ -1,0 +1,163 @@
+"""The packed token layout: per-row reductions and segmented scans equal their padded forms,
+and no result depends on how rows are packed (their order, which rows share a call) or chunked."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings as hsettings, strategies as st
+
+from rldiag.engine import advantage
+from rldiag.engine.layout import Rows
+from rldiag.engine.scan import (
+    cumsum_segmented,
+    gae_loop,
+    gae_segmented,
+    reverse_cumsum_segmented,
+    reverse_linear_scan_loop,
+    reward_to_go_segmented,
+    segmented_reverse_linear_scan,
+)
+from tests.engine.packing import to_packed, to_padded
+
+GL = [(1.0, 1.0), (1.0, 0.95), (0.99, 0.0), (0.5, 0.7), (0.3, 0.01)]
+
+
+@st.composite
+def ragged(draw, max_rows=8, max_len=90):
+    """Row lengths (empty rows and a long row now and then), a generator seed."""
+    lengths = draw(st.lists(st.integers(0, 12), min_size=1, max_size=max_rows))
+    if draw(st.booleans()):
+        lengths[draw(st.integers(0, len(lengths) - 1))] = draw(st.integers(20, max_len))
+    return lengths, draw(st.integers(0, 10_000))
+
+
+def _inputs(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    rows, width = len(lengths), max(max(lengths), 1)
+    valid = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    r = torch.randn(rows, width, generator=g) * valid
+    v = torch.randn(rows, width, generator=g) * valid
+    m = (torch.rand(rows, width, generator=g) > 0.3).float() * valid
+    return r, v, m
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(ragged())
+def test_row_reductions_equal_padded(case):
+    lengths, seed = case
+    r, _, m = _inputs(lengths, seed)
+    flat, rows = to_packed(r, lengths)
+    mf, _ = to_packed(m, lengths)
+    L = torch.tensor(lengths)
+    torch.testing.assert_close(rows.sum(flat), r.sum(-1), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rows.count(mf), m.sum(-1))
+    torch.testing.assert_close(rows.lengths, L)
+    big = torch.where(torch.arange(r.shape[1]) < L.unsqueeze(1), r, float("-inf")).amax(-1)
+    torch.testing.assert_close(rows.amax(flat), big)
+    small = torch.where(torch.arange(r.shape[1]) < L.unsqueeze(1), r, float("inf")).amin(-1)
+    torch.testing.assert_close(rows.amin(flat), small)
+    torch.testing.assert_close(rows.any(mf), m.sum(-1) > 0)
+    torch.testing.assert_close(to_padded(flat, rows, r.shape[1]), r)
+    torch.testing.assert_close(rows.expand(L.float()), L.float().repeat_interleave(L))
+    pos = to_padded(rows.positions(), rows, r.shape[1])
+    assert all(pos[i, :n].tolist() == list(range(n)) for i, n in enumerate(lengths))
+    last = rows.last()
+    assert last.sum() == sum(1 for n in lengths if n)
+    assert all(bool(last[int(rows.offsets[i + 1]) - 1]) for i, n in enumerate(lengths) if n)
+
+
+@hsettings(max_examples=30, deadline=None)
+@given(ragged(), st.randoms(use_true_random=False))
+def test_take_and_cat(case, rnd):
+    lengths, seed = case
+    r, _, _ = _inputs(lengths, seed)
+    flat, rows = to_packed(r, lengths)
+    order = list(range(len(lengths)))
+    rnd.shuffle(order)
+    sub, tok = rows.take(torch.tensor(order, dtype=torch.long))
+    torch.testing.assert_close(to_padded(flat[tok], sub, r.shape[1]), r[order])
+    both = Rows.cat([rows, sub])
+    torch.testing.assert_close(both.lengths, torch.cat([rows.lengths, sub.lengths]))
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(ragged(max_len=300), st.sampled_from([2, 3, 8, 64]))
+def test_segmented_scan_equals_the_loop_on_each_row(case, block):
+    lengths, seed = case
+    g = torch.Generator().manual_seed(seed)
+    rows, width = len(lengths), max(max(lengths), 1)
+    a = torch.rand(rows, width, generator=g) * (torch.rand(rows, width, generator=g) > 0.2)
+    b = torch.randn(rows, width, generator=g)
+    af, layout = to_packed(a, lengths)
+    bf, _ = to_packed(b, lengths)
+    af = af * (~layout.last()).float()  # restart at each row's end
+    got = to_padded(segmented_reverse_linear_scan(af, bf, block=block), layout, width)
+    valid = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    want = reverse_linear_scan_loop(a * valid, b * valid) * valid
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(ragged(max_len=200), st.sampled_from(GL))
+def test_gae_and_reward_to_go_equal_the_padded_loops(case, gl):
+    lengths, seed = case
+    r, v, m = _inputs(lengths, seed)
+    gamma, lam = gl
+    rf, rows = to_packed(r, lengths)
+    vf, _ = to_packed(v, lengths)
+    mf, _ = to_packed(m, lengths)
+    last = rows.last()
+    width = r.shape[1]
+    torch.testing.assert_close(to_padded(gae_segmented(rf, vf, mf, last, gamma, lam), rows, width),
+                               gae_loop(r, v, m, gamma, lam) * _valid(lengths, width),
+                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(to_padded(reward_to_go_segmented(rf, mf, last, gamma), rows, width),
+                               advantage._reward_to_go_resetting(r, m, gamma), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(to_padded(reverse_cumsum_segmented(rf, rows), rows, width),
+                               advantage._reverse_cumsum(r), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(to_padded(cumsum_segmented(rf, rows), rows, width),
+                               r.cumsum(-1) * _valid(lengths, width), rtol=1e-5, atol=1e-5)
+
+
+def _valid(lengths, width):
+    return (torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+
+
+def _per_row(flat, rows):
+    return [flat[int(rows.offsets[i]): int(rows.offsets[i + 1])] for i in range(rows.n_rows)]
+
+
+@hsettings(max_examples=30, deadline=None)
+@given(ragged(max_len=200), ragged(max_len=200), st.sampled_from(GL), st.randoms(use_true_random=False))
+def test_scans_do_not_depend_on_packing(case_a, case_b, gl, rnd):
+    """Two steps packed together, in any row order, give each row what it gets alone."""
+    gamma, lam = gl
+    parts = []
+    for lengths, seed in (case_a, case_b):
+        r, v, m = _inputs(lengths, seed)
+        parts.extend(zip(*[_per_row(*to_packed(t, lengths)) for t in (r, v, m)]))
+    alone = []
+    for r, v, m in parts:
+        rows = Rows.from_lengths(torch.tensor([r.numel()]))
+        alone.append((gae_segmented(r, v, m, rows.last(), gamma, lam), reward_to_go_segmented(r, m, rows.last(), gamma)))
+    order = list(range(len(parts)))
+    rnd.shuffle(order)
+    rows = Rows.from_lengths(torch.tensor([parts[i][0].numel() for i in order]))
+    r, v, m = (torch.cat([parts[i][k] for i in order]) for k in range(3))
+    adv = _per_row(gae_segmented(r, v, m, rows.last(), gamma, lam), rows)
+    rtg = _per_row(reward_to_go_segmented(r, m, rows.last(), gamma), rows)
+    for j, i in enumerate(order):
+        torch.testing.assert_close(adv[j], alone[i][0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(rtg[j], alone[i][1], rtol=1e-6, atol=1e-6)
+
+
+@hsettings(max_examples=25, deadline=None)
+@given(ragged(max_len=300), st.sampled_from([2, 5, 16, 64, 128]))
+def test_scan_does_not_depend_on_the_block(case, block):
+    lengths, seed = case
+    r, v, m = _inputs(lengths, seed)
+    a, rows = to_packed(m * 0.9, lengths)
+    b, _ = to_packed(r, lengths)
+    a = a * (~rows.last()).float()
+    torch.testing.assert_close(segmented_reverse_linear_scan(a, b, block=block),
+                               segmented_reverse_linear_scan(a, b, block=64), rtol=1e-6, atol=1e-6)
