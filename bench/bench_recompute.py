@@ -1,10 +1,17 @@
 """Benchmark: rldiag recompute against the I/O floor and a straightforward reference.
 
-Generates runs of a given size on disk (steps x rows x tokens, groups, tool gaps, all log-prob
-columns) and reports side by side, each measured in its own subprocess (so peak memory is its
-own):
+First, whole processes on the default workloads: a uniform run (steps x rows x tokens below)
+and long-tailed runs as reasoning training has them (lognormal lengths around 600 tokens, 2 % of
+the rows cut at a 16k or 32k cap; and one step of 8,192 rows with a 32k cap). For each,
+`rldiag recompute RUN --no-reuse` (every metric, hashing included) against a process that only
+decodes the Parquet columns that recompute reads, nothing else: wall time and peak RSS of each
+process, and their ratios.
 
-  (a) read   reading the columns a recompute needs from Parquet into padded tensors, nothing else
+Then, on the uniform run, generates runs of a given size on disk (steps x rows x tokens, groups,
+tool gaps, all log-prob columns) and reports side by side, each measured in its own subprocess
+(so peak memory is its own):
+
+  (a) read   reading the columns a recompute needs from Parquet into the engine's tensors
   (b) rldiag `rldiag.recompute.recompute` with all metrics (CPU, or --device), cold: it hashes
              every input file (SHA-256, for scenario.json) and reuses nothing
   (b') known the same recompute as a new scenario of a run that another scenario has recomputed
@@ -16,7 +23,8 @@ own):
 
 tokens/s, the ratios b/a and c/b, and peak RSS. Usage:
 
-  .venv/bin/python bench/bench_recompute.py                       # default sizes
+  .venv/bin/python bench/bench_recompute.py                       # default sizes and workloads
+  .venv/bin/python bench/bench_recompute.py --workloads tail16k,tail32k --process-repeat 3
   .venv/bin/python bench/bench_recompute.py --steps 20 --rows 512 --tokens 1024 --estimators grpo,gae
   .venv/bin/python bench/bench_recompute.py --memory              # peak memory, 10 vs 100 steps
 """
@@ -37,6 +45,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+#: the long-tailed workloads of the whole-process table: steps, rows, cap (max_response_length)
+TAILED = {
+    "tail16k": (10, 512, 16384),
+    "tail32k": (3, 2048, 32768),
+    "step8k32k": (1, 8192, 32768),
+}
+TAIL_MEDIAN, TAIL_SIGMA, TAIL_CAPPED = 600, 0.8, 0.02
+
+
+def make_tailed_run(path: Path, steps: int, rows: int, cap: int, median: int = TAIL_MEDIAN, seed: int = 0) -> Path:
+    """A run with lognormal response lengths (median ``median``) and 2 % of the rows at ``cap``."""
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    if (path / "batches").is_dir() and len(list((path / "batches").iterdir())) == steps:
+        return path
+    spec = SynthSpec(steps=steps, prompts=max(1, rows // 8), n=8, min_len=16, max_len=cap, lengths="lognormal",
+                     median_len=median, sigma=TAIL_SIGMA, capped=TAIL_CAPPED, seed=seed, write_metrics=False)
+    return write_synth_run(path, spec)
 
 
 def make_run(path: Path, steps: int, rows: int, tokens: int, seed: int = 0) -> Path:
@@ -91,9 +119,11 @@ def work_prime(run: str, estimator: str, device: str) -> dict:
 
 def work_ref(run: str, estimator: str, device: str) -> dict:
     """The same computations written the straightforward way: Python loops over rows and over
-    time steps of the padded tensors (taken to lists first, the loops' best case)."""
+    time steps of each row's tokens (taken to lists first, the loops' best case)."""
     import math
     from collections import defaultdict
+
+    import torch
 
     from rldiag.config.settings import resolve_settings
     from rldiag.io.loader import load_step
@@ -106,13 +136,17 @@ def work_ref(run: str, estimator: str, device: str) -> dict:
         sd = load_step(sf, s)
         b = sd.batch
         lengths = b.lengths.tolist()
-        mask = b.response_mask.tolist()
-        scores = b.token_level_scores.tolist()
-        old, new = b.old_log_probs.tolist(), b.log_probs.tolist()
+
+        def per_row(t, lengths=lengths):
+            return [x.tolist() for x in torch.split(t, lengths)]
+
+        mask = per_row(b.response_mask)
+        scores = per_row(b.token_level_scores)
+        old, new = per_row(b.old_log_probs), per_row(b.log_probs)
         n += sd.n_tokens
         rows = range(b.n_rows)
         if estimator == "gae":
-            values = b.values.tolist()
+            values = per_row(b.values)
             raw = []
             for i in rows:
                 T = lengths[i]
@@ -168,6 +202,83 @@ def work_ref(run: str, estimator: str, device: str) -> dict:
     return {"tokens": n}
 
 
+# ---- whole processes: `rldiag recompute` against decoding the columns it reads ----------------
+
+DECODE = """
+import json, sys
+import pyarrow.parquet as pq
+files, columns = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+n = 0
+for f in files:
+    pf = pq.ParquetFile(f)
+    t = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names], use_threads=True)
+    n += t.num_rows
+print(n)
+"""
+
+
+def proc_child(cmd_json: str) -> None:
+    """Run one command; print its wall time and peak RSS (this process's only child)."""
+    cmd = json.loads(cmd_json)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    print(json.dumps({"seconds": time.perf_counter() - t0,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+
+
+def measure_process(cmd: list[str], fresh: Path | None = None) -> dict:
+    if fresh is not None and fresh.exists():
+        shutil.rmtree(fresh)
+    out = subprocess.run([sys.executable, __file__, "--proc", json.dumps(cmd)], check=True, capture_output=True,
+                         text=True).stdout.strip().splitlines()[-1]
+    return json.loads(out)
+
+
+def run_shape(run: Path) -> tuple[int, int, int, int]:
+    """(steps, rows, tokens, rows x longest row summed over steps) of a run."""
+    import pyarrow.compute as pc
+
+    from rldiag.io.arrays import read_parquet
+
+    steps = rows = tokens = slots = 0
+    for f in sorted((run / "batches").iterdir()):
+        lengths = pc.list_value_length(read_parquet(f, ["response_mask"])["response_mask"]).to_numpy()
+        steps += 1
+        rows += len(lengths)
+        tokens += int(lengths.sum())
+        slots += len(lengths) * int(lengths.max())
+    return steps, rows, tokens, slots
+
+
+def whole_process_table(runs: dict[str, Path], repeat: int) -> None:
+    from rldiag.config.settings import resolve_settings
+    from rldiag.io.loader import columns_to_read
+    from rldiag.io.rundir import RunDir
+
+    rldiag_cli = str(Path(sys.executable).with_name("rldiag"))
+    cols = [("workload", "<10"), ("steps x rows", ">13"), ("Mtokens", ">8"), ("filled", ">7"), ("rldiag s", ">9"),
+            ("decode s", ">9"), ("time x", ">7"), ("rldiag MB", ">10"), ("decode MB", ">10"), ("mem x", ">6")]
+    hdr = " ".join(format(name, spec) for name, spec in cols)
+    print("whole processes: `rldiag recompute RUN --no-reuse` (all metrics) vs decoding its Parquet columns only")
+    print(hdr)
+    print("-" * len(hdr))
+    for name, run in runs.items():
+        steps, rows, tokens, slots = run_shape(run)
+        files = [str(sf.path) for sf in RunDir(run).require_steps()]
+        from rldiag.io.loader import read_schema
+
+        columns = columns_to_read(resolve_settings(run), read_schema(RunDir(run).require_steps()[0]).names)
+        r = d = None
+        for _ in range(repeat):  # alternating, best of each: a shared machine's spells weigh on both
+            d = best(d, measure_process([sys.executable, "-c", DECODE, json.dumps(files), json.dumps(columns)]))
+            r = best(r, measure_process([rldiag_cli, "recompute", str(run), "--no-reuse", "--device", "cpu",
+                                         "--name", "bench-process"], fresh=run / "rldiag" / "scenarios" / "bench-process"))
+        print(f"{name:<10} {f'{steps} x {rows // steps}':>13} {tokens / 1e6:>8.2f} {tokens / slots:>7.0%} "
+              f"{r['seconds']:>9.2f} {d['seconds']:>9.2f} {r['seconds'] / d['seconds']:>7.2f} "
+              f"{r['peak_rss_mb']:>10.0f} {d['peak_rss_mb']:>10.0f} {r['peak_rss_mb'] / d['peak_rss_mb']:>6.2f}")
+    print()
+
+
 WORK = {"read": work_read, "rldiag": work_rldiag, "known": work_known, "prime": work_prime, "ref": work_ref}
 
 
@@ -212,10 +323,20 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to keep generated runs (default: a temp dir)")
     ap.add_argument("--memory", action="store_true", help="peak memory of recompute at 10 vs 100 steps")
+    ap.add_argument("--workloads", default="uniform,tail16k,tail32k,step8k32k",
+                    help="whole-process workloads: uniform (--steps x --rows x --tokens) and the long-tailed "
+                         f"{', '.join(TAILED)}; 'none' skips the table")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="shrink the long-tailed workloads' rows, cap and median by this factor (tests)")
+    ap.add_argument("--process-repeat", type=int, default=2, help="best of N for the whole-process table")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--proc", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(*args.child)
+        return
+    if args.proc:
+        proc_child(args.proc)
         return
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rldiag-bench-"))
     # rldiag's bytecode, as an installed package has it (pip compiles on install): with
@@ -223,6 +344,19 @@ def main() -> None:
     # source (about 50 ms in (b), 15 ms in (a)), a cost of the environment rather than of rldiag
     compileall.compile_dir(str(ROOT / "rldiag"), quiet=1)
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; device {args.device}")
+    runs = {}
+    for name in [w for w in args.workloads.split(",") if w and w != "none"]:
+        if name == "uniform":
+            runs[name] = make_run(base / f"run-{args.steps}-{args.rows}-{args.tokens}", args.steps, args.rows, args.tokens)
+        elif name in TAILED:
+            steps, rows, cap = TAILED[name]
+            rows, cap = max(8, int(rows * args.scale)), max(64, int(cap * args.scale))
+            runs[name] = make_tailed_run(base / f"{name}-{rows}-{cap}", steps, rows, cap,
+                                         median=max(8, int(TAIL_MEDIAN * args.scale)))
+        else:
+            raise SystemExit(f"unknown workload {name!r}; choose from uniform, {', '.join(TAILED)}")
+    if runs:
+        whole_process_table(runs, args.process_repeat)
     if args.memory:
         print(f"\npeak memory of `recompute` (grpo) as the run grows, {args.rows} rows x {args.tokens} tokens per step")
         print(f"{'steps':>6} {'seconds':>8} {'peak RSS MB':>12}")

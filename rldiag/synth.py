@@ -3,6 +3,11 @@
 Used by the tests, by ``bench/`` (runs of a given size) and by ``rldiag demo``-style smoke runs.
 The numbers are drawn from simple generative rules (outcome scores per group, tool-observation
 spans with mask 0, log-probs of four policies that drift apart), vectorised with numpy.
+
+Response lengths are uniform in ``[min_len, max_len]`` by default; ``lengths="lognormal"`` draws
+them long-tailed as reasoning runs have them: lognormal around ``median_len`` (``sigma``), clipped
+to ``[min_len, max_len]``, and a share ``capped`` of the rows cut at ``max_len`` (the
+``data.max_response_length`` cap).
 """
 
 from __future__ import annotations
@@ -33,6 +38,22 @@ class SynthSpec:
     first_step: int = 1
     config: dict | None = None
     write_metrics: bool = True
+    lengths: str = "uniform"  # or "lognormal"
+    median_len: int = 600  # lognormal: the median length
+    sigma: float = 0.8  # lognormal: the spread of log length
+    capped: float = 0.0  # lognormal: share of rows at max_len
+
+
+def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.ndarray:
+    """``(rows,)`` int64 response lengths under ``spec.lengths``."""
+    if spec.lengths == "uniform":
+        return rng.integers(spec.min_len, spec.max_len + 1, size=rows)
+    if spec.lengths != "lognormal":
+        raise ValueError(f"unknown length distribution {spec.lengths!r}; use uniform or lognormal")
+    lengths = np.exp(rng.normal(np.log(spec.median_len), spec.sigma, rows)).astype(np.int64)
+    lengths = np.clip(lengths, spec.min_len, spec.max_len)
+    lengths[rng.random(rows) < spec.capped] = spec.max_len
+    return lengths
 
 
 def _list_array(values: np.ndarray, lengths: np.ndarray, dtype: pa.DataType) -> pa.ListArray:
@@ -43,7 +64,7 @@ def _list_array(values: np.ndarray, lengths: np.ndarray, dtype: pa.DataType) -> 
 
 def synth_step_table(spec: SynthSpec, step: int, rng: np.random.Generator) -> pa.Table:
     rows = spec.prompts * spec.n
-    lengths = rng.integers(spec.min_len, spec.max_len + 1, size=rows)
+    lengths = draw_lengths(spec, rows, rng)
     total = int(lengths.sum())
     offsets = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])

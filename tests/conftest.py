@@ -27,8 +27,13 @@ def make_batch(
     lengths=None,
     **tensors,
 ) -> Batch:
-    """A Batch from plain lists. ``mask``/``scores`` are (rows, tokens) lists; ``uids`` per row
-    (any hashable; grouped per step); ``steps`` per row (run step numbers, default all 1)."""
+    """A Batch from plain lists. ``mask``/``scores`` are (rows, tokens) padded lists (row i holds
+    ``lengths[i]`` tokens, default the full width), packed into the engine's flat layout by
+    :func:`tests.engine.packing.to_packed`; ``uids`` per row (any hashable; grouped per step);
+    ``steps`` per row (run step numbers, default all 1). Other keyword lists are token columns
+    when 2-D (packed the same way) and row columns when 1-D."""
+    from tests.engine.packing import to_packed
+
     mask_t = torch.tensor(mask, dtype=torch.float32)
     rows, width = mask_t.shape
     scores_t = torch.zeros_like(mask_t) if scores is None else torch.tensor(scores, dtype=torch.float32)
@@ -41,9 +46,10 @@ def make_batch(
     lengths_t = torch.tensor(lengths if lengths is not None else [width] * rows, dtype=torch.long)
     horizon = torch.tensor([int(lengths_t[step_ids == i].max()) for i in range(len(order))])
     extra = {k: torch.tensor(v, dtype=torch.float32) for k, v in tensors.items() if v is not None}
+    extra = {k: to_packed(v, lengths_t)[0] if v.dim() == 2 else v for k, v in extra.items()}
     return Batch(
-        response_mask=mask_t,
-        token_level_scores=scores_t,
+        response_mask=to_packed(mask_t, lengths_t)[0],
+        token_level_scores=to_packed(scores_t, lengths_t)[0],
         lengths=lengths_t,
         step_ids=step_ids,
         group_ids=group_ids,

@@ -7,16 +7,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_prints_a_row_per_estimator(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_recompute.py"), "--dir", str(tmp_path), "--steps", "2",
-         "--rows", "16", "--tokens", "32", "--estimators", "grpo,gae", "--repeat", "1"],
+         "--rows", "16", "--tokens", "32", "--estimators", "grpo,gae", "--repeat", "1",
+         "--workloads", "uniform,tail16k", "--scale", "0.02", "--process-repeat", "1"],
         check=True, capture_output=True, text=True, timeout=600,
     ).stdout
     lines = out.splitlines()
+    # the whole-process table: one row per workload, both processes ran, ratios are theirs
+    top = next(i for i, line in enumerate(lines) if line.startswith("workload"))
+    work = {line.split()[0]: line.split() for line in lines[top + 2: top + 4]}
+    assert set(work) == {"uniform", "tail16k"}
+    for name, cells in work.items():
+        r_s, d_s, ratio = float(cells[-6]), float(cells[-5]), float(cells[-4])
+        assert r_s > 0 and d_s > 0 and ratio == pytest.approx(r_s / d_s, rel=0.02, abs=0.01), (name, cells)
+        assert float(cells[-3]) > 0 and float(cells[-2]) > 0
+    assert work["uniform"][5] == "100%" and int(work["tail16k"][5].rstrip("%")) < 100  # rows x longest row filled
     header = next(i for i, line in enumerate(lines) if line.startswith("estimator"))
     assert "(b') known s" in lines[header] and "b/a" in lines[header]
     rows = {line.split()[0]: line.split()[1:] for line in lines[header + 2:] if line.strip()}

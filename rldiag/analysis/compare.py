@@ -40,6 +40,7 @@ from rldiag.analysis.logged import flat_list_column, logged_metrics
 from rldiag.analysis.scenarios import ensure_scenario, read_meta
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.aggregation import AggNorm, aggregate
+from rldiag.engine.layout import Rows
 from rldiag.errors import BatchError, ConfigError, OutputError, RunDirError
 from rldiag.io.atomic import replace_dir, staging_dir, write_bytes_atomic
 from rldiag.io.loader import read_schema, read_table
@@ -142,19 +143,17 @@ def effective_weights(adv: np.ndarray, mask: np.ndarray, lengths: np.ndarray, se
     """``A_t * N * w_t * rho_t`` per token (flat), ``w_t`` = d agg_loss / d loss_t under the
     settings' ``loss_agg_mode``, computed by the engine's aggregation on one step."""
     rows = len(lengths)
-    width = max(1, int(lengths.max()) if rows else 1)
-    valid = torch.arange(width).unsqueeze(0) < torch.from_numpy(lengths).unsqueeze(1)
-    m = torch.zeros((rows, width), dtype=torch.float32)
-    m[valid] = torch.from_numpy(mask.astype(np.float32))
-    loss = torch.zeros((rows, width), dtype=torch.float32, requires_grad=True)
-    horizon = settings["data.max_response_length"] or width
+    layout = Rows.from_lengths(torch.from_numpy(lengths.astype(np.int64)))
+    m = torch.from_numpy(mask.astype(np.float32))
+    loss = torch.zeros(layout.n_tokens, dtype=torch.float32, requires_grad=True)
+    horizon = settings["data.max_response_length"] or max(1, int(lengths.max()) if rows else 1)
     norm = AggNorm(
-        step_ids=torch.zeros(rows, dtype=torch.long), n_steps=1, horizon=torch.tensor([horizon]),
+        step_ids=torch.zeros(rows, dtype=torch.long), n_steps=1, horizon=torch.tensor([horizon]), rows=layout,
         batch_num_tokens=torch.tensor([float(norm_tokens)]), global_batch_size=torch.tensor([float(rows)]),
         loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
     )
     aggregate(settings.actor_agg_mode, loss, m, norm).sum().backward()
-    w = loss.grad[valid].to(torch.float64).numpy() * float(norm_tokens)
+    w = loss.grad.to(torch.float64).numpy() * float(norm_tokens)
     out = adv.astype(np.float64) * w
     return out * is_weights if is_weights is not None else out
 

@@ -221,20 +221,19 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
     if result.failed:
         raise ComputeError(result.failed.get(sf.step) or next(iter(result.failed.values())))
     lengths = batch.lengths.numpy().astype(np.int64)
-    valid = batch.valid()
-    mask_flat = batch.response_mask[valid].numpy()
+    mask_flat = batch.response_mask.numpy()
     token_cols = [c for c in LOGGED_TOKEN_COLUMNS if c in names]
     expected_tok = read_logged_tokens(sf, token_cols, lengths)
     index = np.flatnonzero(mask_flat > 0) if masked_only else None
     fields: dict[str, _FieldStep] = {}
     for name in token_cols:
-        actual = result.tokens[name].detach().cpu()[valid].to(torch.float64).numpy()
+        actual = result.tokens[name].detach().cpu().to(torch.float64).numpy()
         exp = expected_tok[name]
         if index is not None:
             exp, actual = exp[index], actual[index]
         fields[name] = _field_step(name, "token", sf.step, exp, actual, tols, lengths, index)
     if "loss_mask" in names:
-        actual = result.tokens["response_mask"].detach().cpu()[valid].to(torch.float64).numpy()
+        actual = result.tokens["response_mask"].detach().cpu().to(torch.float64).numpy()
         fields["response_mask"] = _field_step("response_mask", "exact", sf.step, mask_flat.astype(np.float64),
                                               actual, tols, lengths, None)
     computed = {k: float(v.detach().cpu().to(torch.float64)[0]) for k, v in result.metrics.items()}

@@ -1,7 +1,7 @@
 """Advantage estimators, keyed by verl's ``algorithm.adv_estimator`` strings.
 
 Every estimator has one signature: ``fn(inp: AdvInput) -> (advantages, returns)``, both
-``(rows, tokens)``. ``inp.mask`` is the post-correction ``response_mask``; ``inp.rewards`` the
+flat ``(tokens,)`` in the batch's packed layout (``inp.rows``). ``inp.mask`` is the post-correction ``response_mask``; ``inp.rewards`` the
 token-level rewards after optional KL shaping (rewards at rejected tokens are not zeroed, as in
 verl). Group statistics are segment reductions over ``batch.group_ids`` and whitening over
 ``batch.step_ids``, so packed steps never mix. Where verl raises on an input the step is flagged in
@@ -24,8 +24,9 @@ import torch
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import Batch
 from rldiag.engine.errors import StepErrors
+from rldiag.engine.layout import Rows
 from rldiag.engine.segments import seg_count, seg_max, seg_std, seg_sum
-from rldiag.engine.scan import gae_blocked, gae_scan, reward_to_go_scan, use_scan
+from rldiag.engine.scan import gae_segmented, reverse_cumsum_segmented, reward_to_go_segmented
 from rldiag.engine.whiten import step_whiten
 from rldiag.errors import ConfigError, MissingInputError
 from rldiag.registry import Registry
@@ -42,11 +43,11 @@ class AdvInput:
 
     Attributes:
         batch: the packed batch (``batch.extra`` holds estimator-specific columns).
-        rewards: ``(rows, tokens)`` token-level rewards.
-        mask: ``(rows, tokens)`` post-correction response_mask.
+        rewards: ``(tokens,)`` token-level rewards.
+        mask: ``(tokens,)`` post-correction response_mask.
         settings: resolved settings.
         errors: per-step failures.
-        rollout_is_weights: ``(rows, tokens)`` rollout IS weights when rollout correction computed
+        rollout_is_weights: ``(tokens,)`` rollout IS weights when rollout correction computed
             them before the estimator (verl passes them to the optimal-token-baseline pair), else None.
     """
 
@@ -56,6 +57,11 @@ class AdvInput:
     settings: Settings
     errors: StepErrors
     rollout_is_weights: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> Rows:
+        """The row layout of the token tensors."""
+        return self.batch.rows
 
 
 AdvFn = Callable[[AdvInput], tuple[torch.Tensor, torch.Tensor]]
@@ -114,47 +120,36 @@ def _grpo_scalar(scores: torch.Tensor, group_ids: torch.Tensor, n_groups: int, n
     return scores - mean  # Dr. GRPO, Liu et al. 2025 (arXiv:2503.20783): no std division
 
 
-def _broadcast(scalar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``(rows,)`` -> ``(rows, tokens)`` times the mask."""
-    return scalar.unsqueeze(-1) * mask
+def _broadcast(scalar: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """``(rows,)`` -> ``(tokens,)``: each row's scalar on its tokens, times the mask."""
+    return rows.expand(scalar) * mask
 
 
 def _gae_scan(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float, rows: Rows
 ) -> torch.Tensor:
-    """verl's mask-skipping GAE recursion; raw advantages ``(rows, tokens)``.
+    """verl's mask-skipping GAE recursion; raw advantages ``(tokens,)``.
 
-    At a mask-0 position (tool observation, rejected token, padding) neither the next value nor
-    the running advantage is updated, so credit flows across it (seed 002 section 6.4). The
-    recursion (Schulman et al. 2016, arXiv:1506.02438) is solved without a loop over positions:
-    by blocks on the CPU (:func:`rldiag.engine.scan.gae_blocked`), by an associative scan on an
-    accelerator (:func:`rldiag.engine.scan.gae_scan`); :func:`rldiag.engine.scan.gae_loop` is
-    verl's one-position-at-a-time form, the reference they are tested against.
+    At a mask-0 position (tool observation, rejected token) neither the next value nor the
+    running advantage is updated, so credit flows across it (seed 002 section 6.4). The recursion
+    (Schulman et al. 2016, arXiv:1506.02438) is a segmented scan over the packed rows that
+    restarts at each row's end (:func:`rldiag.engine.scan.gae_segmented`); verl's
+    one-position-at-a-time form is the reference it is tested against.
     """
-    if use_scan(rewards):
-        return gae_scan(rewards, values, mask, gamma, lam)
-    return gae_blocked(rewards, values, mask, gamma, lam)
+    return gae_segmented(rewards, values, mask, rows.last(), gamma, lam)
 
 
-def _reward_to_go_resetting(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """REINFORCE++ reward-to-go ``(rows, tokens)``: ``G_t = r_t + gamma * G_{t+1}``, where the
+def _reward_to_go_resetting(rewards: torch.Tensor, mask: torch.Tensor, gamma: float, rows: Rows) -> torch.Tensor:
+    """REINFORCE++ reward-to-go ``(tokens,)``: ``G_t = r_t + gamma * G_{t+1}``, where the
     running return is zeroed *after* position t when ``mask[t] == 0`` (seed 002 section 9.1), so a
-    mask-0 token keeps its own future but cuts it off from every earlier token."""
-    if use_scan(rewards):
-        return reward_to_go_scan(rewards, mask, gamma)
-    r, m = rewards.T.contiguous(), mask.T.contiguous()
-    out = torch.empty_like(r)
-    running = torch.zeros(r.shape[1], dtype=r.dtype, device=r.device)
-    for t in range(r.shape[0] - 1, -1, -1):
-        running = r[t] + gamma * running  # Williams 1992 REINFORCE return; Hu 2025 (arXiv:2501.03262)
-        out[t] = running
-        running = running * m[t]
-    return out.T
+    mask-0 token keeps its own future but cuts it off from every earlier token (Williams 1992
+    REINFORCE return; Hu 2025, arXiv:2501.03262)."""
+    return reward_to_go_segmented(rewards, mask, rows.last(), gamma)
 
 
-def _reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
-    """``(rows, tokens)`` sum of ``x`` from each position to the end of the row (no reset)."""
-    return x.flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+def _reverse_cumsum(x: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """``(tokens,)`` sum of ``x`` from each position to the end of its row (no reset)."""
+    return reverse_cumsum_segmented(x, rows)
 
 
 # ---- critic-based -----------------------------------------------------------------------------
@@ -165,9 +160,9 @@ def gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE; returns = raw advantages + values; advantages whitened over each step's mask."""
     b, s = inp.batch, inp.settings
     values = require_field(inp, "values", "gae")
-    raw = _gae_scan(inp.rewards, values, inp.mask, float(s["algorithm.gamma"]), float(s["algorithm.lam"]))
+    raw = _gae_scan(inp.rewards, values, inp.mask, float(s["algorithm.gamma"]), float(s["algorithm.lam"]), b.rows)
     returns = raw + values
-    adv = step_whiten(raw, inp.mask, b.step_ids, b.n_steps, inp.errors, "gae advantage whitening")
+    adv = step_whiten(raw, inp.mask, b.rows, b.step_ids, b.n_steps, inp.errors, "gae advantage whitening")
     return adv, returns
 
 
@@ -210,18 +205,18 @@ def grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     the session.
     """
     b = inp.batch
-    scores = inp.rewards.sum(-1)
+    scores = b.rows.sum(inp.rewards)
     norm = bool(inp.settings["algorithm.norm_adv_by_std_in_grpo"])
     if "session_id" in b.extra and "output_index" in b.extra:
         final_of_row, is_final = _session_final_rows(b)
         fin = torch.nonzero(is_final).flatten()
         scalar_f = _grpo_scalar(scores[fin], b.group_ids[fin], b.n_groups, norm)
-        has_tok = (inp.mask[fin] > 0).any(-1).to(scalar_f.dtype)
+        has_tok = b.rows.any(inp.mask > 0)[fin].to(scalar_f.dtype)
         per_final = torch.zeros_like(scores)
         per_final[fin] = scalar_f * has_tok
-        adv = _broadcast(per_final[final_of_row], inp.mask)
+        adv = _broadcast(per_final[final_of_row], inp.mask, b.rows)
         return adv, adv
-    adv = _broadcast(_grpo_scalar(scores, b.group_ids, b.n_groups, norm), inp.mask)
+    adv = _broadcast(_grpo_scalar(scores, b.group_ids, b.n_groups, norm), inp.mask, b.rows)
     return adv, adv
 
 
@@ -234,7 +229,7 @@ def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     estimator always divides by ``std + 1e-6``: the setting is ignored here, as in verl.
     """
     b = inp.batch
-    scores = inp.rewards.sum(-1).to(torch.float32)
+    scores = b.rows.sum(inp.rewards).to(torch.float32)
     g, n = b.group_ids, b.n_groups
     count = seg_count(g, n, torch.float32)
     s1 = seg_sum(scores, g, n)
@@ -245,7 +240,7 @@ def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     single = count <= 1.0
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
-    adv = _broadcast((scores - mean[g]) / (std[g] + GRPO_EPS), inp.mask)
+    adv = _broadcast((scores - mean[g]) / (std[g] + GRPO_EPS), inp.mask, b.rows)
     return adv, adv
 
 
@@ -255,7 +250,7 @@ def grpo_passk(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     ``std + 1e-6`` of the group when ``norm_adv_by_std_in_grpo``, which verl reads from the config
     here); every other row gets 0. A group of one fails its step (verl raises ValueError)."""
     b = inp.batch
-    scores = inp.rewards.sum(-1)
+    scores = b.rows.sum(inp.rewards)
     g, n = b.group_ids, b.n_groups
     _, std, cnt = seg_std(scores, g, n)
     flag_rows(
@@ -274,7 +269,7 @@ def grpo_passk(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     if inp.settings["algorithm.norm_adv_by_std_in_grpo"]:
         gap = gap / (std + GRPO_EPS)
     scalar = torch.where(is_best & (cnt[g] >= 2), gap[g], torch.zeros_like(scores))
-    adv = _broadcast(scalar, inp.mask)
+    adv = _broadcast(scalar, inp.mask, b.rows)
     return adv, adv
 
 
@@ -313,9 +308,9 @@ def gdpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     total = None
     for i, key in enumerate(keys):
         comp = require_extra(inp, key, "gdpo", "a reward component listed in algorithm.gdpo_reward_keys")
-        part = w[i] * _broadcast(_grpo_scalar(comp.to(torch.float32), b.group_ids, b.n_groups, True), inp.mask)
+        part = w[i] * _broadcast(_grpo_scalar(comp.to(torch.float32), b.group_ids, b.n_groups, True), inp.mask, b.rows)
         total = part if total is None else total + part
-    adv = step_whiten(total, inp.mask, b.step_ids, b.n_steps, inp.errors, "gdpo advantage whitening") * inp.mask
+    adv = step_whiten(total, inp.mask, b.rows, b.step_ids, b.n_steps, inp.errors, "gdpo advantage whitening") * inp.mask
     return adv, adv
 
 
@@ -326,11 +321,11 @@ def gdpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 def rloo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out baseline: ``n/(n-1) * (score - group mean)``; a singleton group keeps its
     raw score (verl's ``rloo``; ``rloo_vectorized`` zeroes it instead)."""
-    scores = inp.rewards.sum(-1)
+    scores = inp.rows.sum(inp.rewards)
     mean, _, cnt = group_stats(scores, inp.batch.group_ids, inp.batch.n_groups)
     factor = cnt / (cnt - 1).clamp_min(1)
     scalar = torch.where(cnt > 1, scores * factor - mean * factor, scores)  # RLOO (arXiv:2402.14740)
-    adv = _broadcast(scalar, inp.mask)
+    adv = _broadcast(scalar, inp.mask, inp.rows)
     return adv, adv
 
 
@@ -339,11 +334,11 @@ def rloo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out in verl's vectorised form ``(n * R - sum_g R) / (n - 1)``; a singleton group
     gets 0 (unlike ``rloo``)."""
     b = inp.batch
-    scores = inp.rewards.sum(-1)
+    scores = b.rows.sum(inp.rewards)
     cnt = seg_count(b.group_ids, b.n_groups, scores.dtype)[b.group_ids]
     total = seg_sum(scores, b.group_ids, b.n_groups)[b.group_ids]
     scalar = ((cnt * scores - total) / (cnt - 1).clamp_min(1)) * (cnt > 1)  # RLOO (arXiv:2402.14740)
-    adv = _broadcast(scalar, inp.mask)
+    adv = _broadcast(scalar, inp.mask, b.rows)
     return adv, adv
 
 
@@ -358,13 +353,13 @@ def opo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     post-correction action-token count (tool tokens not counted); 0 for a singleton group.
     A group whose rows all have ``L = 0`` gets 0/0 = NaN, as in verl (it sits only on mask-0 rows)."""
     b = inp.batch
-    scores = inp.rewards.sum(-1)
-    length = inp.mask.sum(-1)
+    scores = b.rows.sum(inp.rewards)
+    length = b.rows.sum(inp.mask)
     num = seg_sum(length * scores, b.group_ids, b.n_groups)
     den = seg_sum(length, b.group_ids, b.n_groups)
     cnt = seg_count(b.group_ids, b.n_groups, scores.dtype)
     baseline = torch.where(cnt > 1, num / den, torch.zeros_like(num))  # OPO (arXiv:2505.23585), optimal baseline
-    adv = _broadcast(scores - baseline[b.group_ids], inp.mask)
+    adv = _broadcast(scores - baseline[b.group_ids], inp.mask, b.rows)
     return adv, adv
 
 
@@ -373,12 +368,12 @@ def gpg(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG: ``alpha * (R - group mean) / f_norm`` with ``alpha = rows / max(#rows with R != 0, 1)``
     over the step and verl's ``f_norm = 1``; singleton groups use mean 0."""
     b = inp.batch
-    scores = inp.rewards.sum(-1)
+    scores = b.rows.sum(inp.rewards)
     rows = seg_count(b.step_ids, b.n_steps, scores.dtype)
     nonzero = seg_sum((scores != 0).to(scores.dtype), b.step_ids, b.n_steps)
     alpha = rows / nonzero.clamp(min=1)  # GPG (arXiv:2504.02546): inverse share of rows with a signal
     mean = _group_mean_singleton_zero(scores, b)
-    adv = _broadcast(alpha[b.step_ids] * (scores - mean) / GPG_F_NORM, inp.mask)
+    adv = _broadcast(alpha[b.step_ids] * (scores - mean) / GPG_F_NORM, inp.mask, b.rows)
     return adv, adv
 
 
@@ -391,8 +386,8 @@ def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     rejected tokens cut credit off), whitened over each step's mask and masked. returns = the raw
     reward-to-go (also at mask-0 positions)."""
     b = inp.batch
-    returns = _reward_to_go_resetting(inp.rewards, inp.mask, float(inp.settings["algorithm.gamma"]))
-    adv = step_whiten(returns, inp.mask, b.step_ids, b.n_steps, inp.errors, "reinforce_plus_plus whitening")
+    returns = _reward_to_go_resetting(inp.rewards, inp.mask, float(inp.settings["algorithm.gamma"]), b.rows)
+    adv = step_whiten(returns, inp.mask, b.rows, b.step_ids, b.n_steps, inp.errors, "reinforce_plus_plus whitening")
     return adv * inp.mask, returns
 
 
@@ -401,9 +396,9 @@ def reinforce_plus_plus_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Ten
     """REINFORCE++-baseline: ``R - group mean`` (mean includes the row; 0 for a singleton group),
     broadcast over the mask, whitened over each step's mask and masked. returns == advantages."""
     b = inp.batch
-    scores = inp.rewards.sum(-1)
-    centred = _broadcast(scores - _group_mean_singleton_zero(scores, b), inp.mask)
-    adv = step_whiten(centred, inp.mask, b.step_ids, b.n_steps, inp.errors, "reinforce_plus_plus_baseline whitening")
+    scores = b.rows.sum(inp.rewards)
+    centred = _broadcast(scores - _group_mean_singleton_zero(scores, b), inp.mask, b.rows)
+    adv = step_whiten(centred, inp.mask, b.rows, b.step_ids, b.n_steps, inp.errors, "reinforce_plus_plus_baseline whitening")
     adv = adv * inp.mask
     return adv, adv
 
@@ -414,8 +409,8 @@ def remax(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     the greedy rollout's reward (``reward_baselines``) on mask-1 tokens (mask-0 tokens keep their
     return, as in verl)."""
     rb = require_field(inp, "reward_baselines", "remax", "the greedy rollout's reward per row")
-    returns = _reverse_cumsum(inp.rewards * inp.mask)
-    adv = returns - rb.to(returns.dtype).unsqueeze(-1) * inp.mask  # ReMax (arXiv:2310.10505), greedy baseline
+    returns = _reverse_cumsum(inp.rewards * inp.mask, inp.rows)
+    adv = returns - inp.rows.expand(rb.to(returns.dtype)) * inp.mask  # ReMax (arXiv:2310.10505), greedy baseline
     return adv, returns
 
 

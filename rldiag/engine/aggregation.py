@@ -1,4 +1,4 @@
-"""``loss_agg_mode``: how a ``(rows, tokens)`` loss matrix becomes one number per step.
+"""``loss_agg_mode``: how a ``(tokens,)`` token loss becomes one number per step.
 
 Semantics of verl's ``agg_loss`` (seed 001 section 10, seed 003 section 6.6) with data-parallel
 size 1 and each step taken as one global batch:
@@ -23,17 +23,21 @@ from dataclasses import dataclass
 
 import torch
 
+from rldiag.engine.layout import Rows
 from rldiag.engine.segments import masked_sum_rows, seg_sum
 from rldiag.registry import Registry
 
 
 @dataclass(frozen=True)
 class AggNorm:
-    """Normalisers of one packed batch, each ``(n_steps,)`` or ``None`` for verl's fallback."""
+    """Normalisers of one packed batch, each ``(n_steps,)`` or ``None`` for verl's fallback.
+
+    ``rows``: the layout of the token tensors; ``step_ids`` ``(rows,)``: each row's segment."""
 
     step_ids: torch.Tensor
     n_steps: int
     horizon: torch.Tensor
+    rows: Rows
     batch_num_tokens: torch.Tensor | None = None
     global_batch_size: torch.Tensor | None = None
     loss_scale_factor: float | None = None
@@ -43,12 +47,12 @@ AggFn = Callable[[torch.Tensor, torch.Tensor, AggNorm], torch.Tensor]
 AGG_MODES: Registry[AggFn] = Registry("loss_agg_mode")
 
 
-def _row_sums(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return masked_sum_rows(loss, mask)
+def _row_sums(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    return masked_sum_rows(loss, mask, norm.rows)
 
 
 def _seq_denominator(mask: torch.Tensor, norm: AggNorm) -> tuple[torch.Tensor, torch.Tensor]:
-    q = (mask.sum(-1) > 0).to(torch.float32)
+    q = (norm.rows.sum(mask) > 0).to(torch.float32)
     if norm.global_batch_size is not None:
         return q, norm.global_batch_size.to(torch.float32)
     return q, seg_sum(q, norm.step_ids, norm.n_steps)
@@ -56,23 +60,23 @@ def _seq_denominator(mask: torch.Tensor, norm: AggNorm) -> tuple[torch.Tensor, t
 
 @AGG_MODES.register("token-mean")
 def agg_token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
-    total = seg_sum(_row_sums(loss, mask), norm.step_ids, norm.n_steps)
+    total = seg_sum(_row_sums(loss, mask, norm), norm.step_ids, norm.n_steps)
     if norm.batch_num_tokens is not None:
         denom = norm.batch_num_tokens.to(total.dtype)
     else:
-        denom = seg_sum(mask.sum(-1).to(total.dtype), norm.step_ids, norm.n_steps)
+        denom = seg_sum(norm.rows.sum(mask).to(total.dtype), norm.step_ids, norm.n_steps)
     return total / denom
 
 
 @AGG_MODES.register("token-sum")
 def agg_token_sum(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
-    return seg_sum(_row_sums(loss, mask), norm.step_ids, norm.n_steps)
+    return seg_sum(_row_sums(loss, mask, norm), norm.step_ids, norm.n_steps)
 
 
 @AGG_MODES.register("seq-mean-token-sum")
 def agg_seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
     q, denom = _seq_denominator(mask, norm)
-    return seg_sum(_row_sums(loss, mask) * q, norm.step_ids, norm.n_steps) / denom
+    return seg_sum(_row_sums(loss, mask, norm) * q, norm.step_ids, norm.n_steps) / denom
 
 
 @AGG_MODES.register("seq-mean-token-sum-norm")
@@ -84,10 +88,10 @@ def agg_seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, norm: Ag
 @AGG_MODES.register("seq-mean-token-mean")
 def agg_seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
     q, denom = _seq_denominator(mask, norm)
-    per_row = _row_sums(loss, mask) / (mask.sum(-1).to(loss.dtype) + 1e-8)
+    per_row = _row_sums(loss, mask, norm) / (norm.rows.sum(mask).to(loss.dtype) + 1e-8)
     return seg_sum(per_row * q, norm.step_ids, norm.n_steps) / denom
 
 
 def aggregate(mode: str, loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
-    """One value per step ``(n_steps,)`` of ``loss`` ``(rows, tokens)`` under ``mode``."""
+    """One value per step ``(n_steps,)`` of ``loss`` ``(tokens,)`` under ``mode``."""
     return AGG_MODES.get(mode)(loss, mask, norm)

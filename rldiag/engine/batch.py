@@ -1,8 +1,9 @@
-"""The packed tensor batch the engine works on.
+"""The packed token batch the engine works on.
 
-One :class:`Batch` holds the rows of one or more steps, right-padded to a common width.
-Padding positions carry 0 in every tensor and 0 in ``response_mask``; ``lengths`` gives each
-row's real length ``T_i`` (tool-observation tokens included).
+One :class:`Batch` holds the rows of one or more steps in the packed token layout
+(:mod:`rldiag.engine.layout`): every token tensor is flat ``(tokens,)``, the rows one after the
+other, and ``rows`` (from ``lengths``, each row's length ``T_i``, tool-observation tokens
+included) says where each row starts. Nothing is padded: memory is in proportion to the tokens.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 import torch
+
+from rldiag.engine.layout import Rows
 
 TOKEN_FIELDS = (
     "response_mask",
@@ -31,11 +34,11 @@ ID_EXTRA_KEYS = ("traj_uid", "session_id")
 
 @dataclass
 class Batch:
-    """Padded ``(rows, tokens)`` tensors of one or more packed steps.
+    """Flat ``(tokens,)`` token tensors of one or more packed steps.
 
     Attributes:
-        response_mask: ``(rows, tokens)`` float32, 1 = token sampled by the actor.
-        token_level_scores: ``(rows, tokens)`` float32 reward-manager scores.
+        response_mask: ``(tokens,)`` float32, 1 = token sampled by the actor.
+        token_level_scores: ``(tokens,)`` float32 reward-manager scores.
         lengths: ``(rows,)`` int64, each row's length ``T_i``.
         step_ids: ``(rows,)`` int64 in ``[0, n_steps)``: the packed step of each row.
         group_ids: ``(rows,)`` int64 in ``[0, n_groups)``: the (step, uid) group of each row.
@@ -44,7 +47,9 @@ class Batch:
             the step's longest row).
         optional tensors: ``None`` when the batch does not carry them.
         extra: estimator-specific columns by name, ``(rows,)`` (ids as int64 codes, numbers) or
-            ``(rows, tokens)`` (padded lists such as ``sum_pi_squared``).
+            ``(tokens,)`` (list columns such as ``sum_pi_squared``, named in ``token_extra``).
+        token_extra: the names of the ``extra`` entries that are token columns.
+        rows: the row layout (built from ``lengths`` when not given).
     """
 
     response_mask: torch.Tensor
@@ -67,6 +72,17 @@ class Batch:
     max_prompt_length: torch.Tensor | None = None
     reward_baselines: torch.Tensor | None = None
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    token_extra: tuple[str, ...] = ()
+    rows: Rows | None = None
+
+    def __post_init__(self) -> None:
+        if self.rows is None:
+            self.rows = Rows.from_lengths(self.lengths)
+        if self.response_mask.dim() != 1 or self.response_mask.numel() != self.rows.n_tokens:
+            raise ValueError(
+                f"token tensors are flat (tokens,): response_mask has shape {tuple(self.response_mask.shape)}, "
+                f"the rows hold {self.rows.n_tokens} tokens"
+            )
 
     @property
     def n_steps(self) -> int:
@@ -74,48 +90,44 @@ class Batch:
 
     @property
     def n_rows(self) -> int:
-        return int(self.response_mask.shape[0])
+        return int(self.lengths.shape[0])
 
     @property
-    def width(self) -> int:
-        return int(self.response_mask.shape[1])
+    def n_tokens(self) -> int:
+        return int(self.response_mask.shape[0])
 
     @property
     def device(self) -> torch.device:
         return self.response_mask.device
 
-    def valid(self) -> torch.Tensor:
-        """``(rows, tokens)`` bool: inside the row (not padding)."""
-        pos = torch.arange(self.width, device=self.device)
-        return pos.unsqueeze(0) < self.lengths.unsqueeze(1)
-
     def has(self, name: str) -> bool:
         return getattr(self, name, None) is not None
 
-    def to(self, device: torch.device | str) -> Batch:
-        changes = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, torch.Tensor):
-                changes[f.name] = v.to(device, non_blocking=True)
-        changes["extra"] = {k: v.to(device) for k, v in self.extra.items()}
+    def _map(self, fn) -> Batch:
+        changes = {f.name: fn(getattr(self, f.name)) for f in fields(self)
+                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        changes["extra"] = {k: fn(v) for k, v in self.extra.items()}
+        changes["rows"] = Rows(fn(self.rows.offsets), fn(self.rows.row_ids))
         return replace(self, **changes)
+
+    def to(self, device: torch.device | str) -> Batch:
+        return self._map(lambda v: v.to(device, non_blocking=True))
 
     def pin_memory(self) -> Batch:
         """Page-locked copies of the tensors, so a later ``to(cuda, non_blocking=True)`` overlaps."""
-        changes = {f.name: getattr(self, f.name).pin_memory() for f in fields(self)
-                   if isinstance(getattr(self, f.name), torch.Tensor)}
-        changes["extra"] = {k: v.pin_memory() for k, v in self.extra.items()}
-        return replace(self, **changes)
+        return self._map(lambda v: v.pin_memory())
 
     def select_rows(self, index: torch.Tensor) -> Batch:
         """A batch of the given rows (same steps; group ids kept)."""
+        sub, tok = self.rows.take(index)
         changes = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, torch.Tensor) and f.name not in ("max_response_length", "max_prompt_length"):
-                changes[f.name] = v[index]
-        changes["extra"] = {k: v[index] for k, v in self.extra.items()}
+            if not isinstance(v, torch.Tensor) or f.name in ("max_response_length", "max_prompt_length"):
+                continue
+            changes[f.name] = v[tok] if f.name in TOKEN_FIELDS else v[index]
+        changes["extra"] = {k: v[tok] if k in self.token_extra else v[index] for k, v in self.extra.items()}
+        changes["rows"] = sub
         return replace(self, **changes)
 
 
@@ -128,20 +140,17 @@ _NEUTRAL_EXTRA = {
 
 
 def pack(batches: list[Batch]) -> Batch:
-    """Concatenate several batches (each of one or more steps) into one, re-padding to the
-    widest and renumbering steps and groups so that they stay distinct."""
+    """Concatenate several batches (each of one or more steps) into one, their tokens one after
+    the other (nothing re-padded), renumbering steps and groups so that they stay distinct."""
     if len(batches) == 1:
         return batches[0]
-    width = max(b.width for b in batches)
     step_off, group_off = 0, 0
     cols: dict[str, list[torch.Tensor]] = {}
     steps: list[int] = []
     for b in batches:
         for name in TOKEN_FIELDS:
             t = getattr(b, name)
-            cols.setdefault(name, []).append(
-                None if t is None else torch.nn.functional.pad(t, (0, width - t.shape[1]))
-            )
+            cols.setdefault(name, []).append(t)
         for name in ("lengths", "prompt_length", "reward_baselines", "max_response_length", "max_prompt_length"):
             cols.setdefault(name, []).append(getattr(b, name))
         cols.setdefault("step_ids", []).append(b.step_ids + step_off)
@@ -160,6 +169,7 @@ def pack(batches: list[Batch]) -> Batch:
     # session is no folding), else dropped for the whole pack
     union = set.union(*(set(b.extra) for b in batches)) if batches else set()
     extra_keys |= {k for k in union - extra_keys if k in _NEUTRAL_EXTRA}
+    token_extra = tuple(k for k in sorted(extra_keys) if any(k in b.token_extra for b in batches))
     extra = {}
     for k in extra_keys:
         parts, off = [], 0
@@ -168,12 +178,11 @@ def pack(batches: list[Batch]) -> Batch:
                 codes = _NEUTRAL_EXTRA[k](b.n_rows, b.device)  # the pair is filled together
             else:
                 codes = b.extra[k]
-            if codes.dim() == 2:  # (rows, tokens) extras are re-padded like the token fields
-                codes = torch.nn.functional.pad(codes, (0, width - codes.shape[1]))
             if k in ID_EXTRA_KEYS and codes.numel():
                 parts.append(codes + off)
                 off += int(codes.max()) + 1
             else:
                 parts.append(codes)
         extra[k] = torch.cat(parts)
-    return Batch(steps=steps, n_groups=group_off, extra=extra, **out)
+    rows = Rows.cat([b.rows for b in batches])
+    return Batch(steps=steps, n_groups=group_off, extra=extra, token_extra=token_extra, rows=rows, **out)

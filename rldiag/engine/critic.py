@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from rldiag.engine import kernels
 from rldiag.engine.aggregation import AggNorm, aggregate
-from rldiag.engine.segments import (
-    MEAN_EPS,
-    masked_positive_rows,
-    seg_sum,
-    step_mask_count,
-    step_masked_mean,
-    step_masked_var,
-)
+from rldiag.engine.layout import Rows
+from rldiag.engine.segments import MEAN_EPS, seg_sum, step_mask_count, step_masked_mean, step_masked_var
 
 EXPLAINED_VAR_EPS = 1e-5
 
@@ -28,7 +23,7 @@ def value_loss(
 ) -> dict[str, torch.Tensor]:
     """``critic/vf_loss = 0.5 * agg(max((v' - G)^2, (clip(v', v - e, v + e) - G)^2))``.
 
-    ``vpreds``, ``values`` (before the update), ``returns``, ``mask``: ``(rows, tokens)``.
+    ``vpreds``, ``values`` (before the update), ``returns``, ``mask``: ``(tokens,)``.
     Returns metrics ``(n_steps,)``: vf_loss, vf_clipfrac, vpred_mean.
     """
     if cliprange_value >= 0:  # clamp(x, lo, hi) is max(min(x, hi), lo) whenever lo <= hi
@@ -38,19 +33,21 @@ def value_loss(
     l1 = torch.sub(vpreds, returns).square_()
     l2 = clipped.sub_(returns).square_()
     loss = 0.5 * aggregate(agg_mode, torch.max(l1, l2), mask, norm)
-    count = step_mask_count(mask, norm.step_ids, norm.n_steps) + MEAN_EPS
+    rows = norm.rows
+    count = step_mask_count(mask, rows, norm.step_ids, norm.n_steps) + MEAN_EPS
+    clipped_more = kernels.count_greater_masked(l2, l1, mask, rows)  # verl: masked_mean(l2 > l1)
     return {
         "critic/vf_loss": loss,
-        "critic/vf_clipfrac": seg_sum(masked_positive_rows(l2 - l1, mask), norm.step_ids, norm.n_steps) / count,
-        "critic/vpred_mean": step_masked_mean(vpreds, mask, norm.step_ids, norm.n_steps),
+        "critic/vf_clipfrac": seg_sum(clipped_more, norm.step_ids, norm.n_steps) / count,
+        "critic/vpred_mean": step_masked_mean(vpreds, mask, rows, norm.step_ids, norm.n_steps),
     }
 
 
 def explained_variance(
-    returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int
+    returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, rows: Rows, step_ids: torch.Tensor, n_steps: int
 ) -> torch.Tensor:
     """``1 - Var(G - V) / (Var(G) + 1e-5)`` over each step's masked tokens, unbiased variances
     (``torch.var``), as verl's ``critic/vf_explained_var``. ``(n_steps,)``"""
-    return 1.0 - step_masked_var(returns - values, mask, step_ids, n_steps) / (
-        step_masked_var(returns, mask, step_ids, n_steps) + EXPLAINED_VAR_EPS
+    return 1.0 - step_masked_var(returns - values, mask, rows, step_ids, n_steps) / (
+        step_masked_var(returns, mask, rows, step_ids, n_steps) + EXPLAINED_VAR_EPS
     )

@@ -5,7 +5,7 @@ trajectory and ``step_index`` (0, 1, ...) orders its steps; ``uid`` is still the
 These keys are rldiag's names (verl itself has no such estimators):
 
 - ``step_gae``: a response is one action. Step reward = sum of the row's masked token rewards,
-  step value = ``values[:, 0]`` (the state before the response). GAE over each trajectory's
+  step value = the row's first value (the state before the response). GAE over each trajectory's
   steps (a missing step index counts as a step with reward 0 and value 0, as in the reference
   table layout), step-level whitening ``(A - mean) / (std + 1e-8)`` over the rows of each training
   step (sample std), broadcast over the mask; returns ``(A + V) * mask`` before whitening.
@@ -26,12 +26,12 @@ import torch
 from rldiag.engine.advantage import (
     ESTIMATORS,
     AdvInput,
-    _gae_scan,
     _grpo_scalar,
     flag_rows,
     require_extra,
     require_field,
 )
+from rldiag.engine.scan import gae_segmented
 from rldiag.engine.segments import seg_count, seg_mean, seg_sum
 from rldiag.engine.whiten import step_whiten
 
@@ -71,8 +71,12 @@ def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     values = require_field(inp, "values", "step_gae")
     gamma, lam = float(s["algorithm.gamma"]), float(s["algorithm.lam"])
     tid, n_traj, step = _trajectories(inp, "step_gae", with_steps=True)
-    reward = (inp.rewards * m).sum(dim=1)  # step reward: the response is one action
-    v0 = values[:, 0]  # V(S_t): the value before the first response token
+    layout = b.rows
+    reward = layout.sum(inp.rewards * m)  # step reward: the response is one action
+    # V(S_t): the value before the first response token (0 for an empty row)
+    v0 = torch.zeros_like(reward)
+    live = layout.lengths > 0
+    v0[live] = values[layout.offsets[:-1][live]]
     n_idx = int(step.max()) + 1 if step.numel() else 1
     r_map = torch.zeros((n_traj, n_idx), dtype=reward.dtype, device=m.device)
     v_map = torch.zeros((n_traj, n_idx), dtype=v0.dtype, device=m.device)
@@ -95,7 +99,7 @@ def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     dev = adv - mean[b.step_ids]
     std = (seg_sum(dev * dev, b.step_ids, b.n_steps) / (rows - 1).clamp_min(1)).sqrt()
     white = dev / (std[b.step_ids] + STEP_WHITEN_EPS)
-    return white.unsqueeze(1) * m, returns.unsqueeze(1) * m
+    return layout.expand(white) * m, layout.expand(returns) * m
 
 
 @ESTIMATORS.register(
@@ -108,32 +112,24 @@ def token_gae_cross_step(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     b, s, m = inp.batch, inp.settings, inp.mask
     values = require_field(inp, "values", "token_gae_cross_step")
     tid, n_traj, step = _trajectories(inp, "token_gae_cross_step", with_steps=True)
-    act = m > 0
-    n_act = act.sum(-1)
+    rows = b.rows
     n_idx = int(step.max()) + 1 if step.numel() else 1
+    # the action tokens of each trajectory, its rows in step order, one trajectory after another
     order = torch.argsort(tid * n_idx + step, stable=True)
-    # exclusive prefix of action-token counts in (trajectory, step) order, restarted per trajectory
-    excl_sorted = n_act[order].cumsum(0) - n_act[order]
-    excl = torch.empty_like(excl_sorted)
-    excl[order] = excl_sorted
-    start = torch.full((n_traj,), torch.iinfo(torch.long).max, dtype=torch.long, device=m.device)
-    start.scatter_reduce_(0, tid, excl, reduce="amin", include_self=True)
-    offset = excl - start[tid]
-    total = seg_sum(n_act, tid, n_traj)
-    k_max = max(int(total.max()) if total.numel() else 0, 1)
-    pos = (offset.unsqueeze(-1) + act.to(torch.long).cumsum(-1) - 1)[act]
-    flat = tid.unsqueeze(-1).expand_as(act)[act] * k_max + pos
-    r_c = torch.zeros(n_traj * k_max, dtype=inp.rewards.dtype, device=m.device)
-    v_c = torch.zeros(n_traj * k_max, dtype=values.dtype, device=m.device)
-    r_c[flat] = inp.rewards[act]
-    v_c[flat] = values[act]
-    m_c = (torch.arange(k_max, device=m.device).unsqueeze(0) < total.unsqueeze(-1)).to(inp.rewards.dtype)
+    traj_rows, tok = rows.take(order)
+    act = m[tok] > 0
+    idx = tok[act]  # positions in the batch of the concatenated action tokens
+    t_of = tid[order][traj_rows.row_ids][act]  # their trajectory
+    last = torch.ones_like(t_of, dtype=torch.bool)
+    if t_of.numel() > 1:
+        last[:-1] = t_of[1:] != t_of[:-1]  # the last action token of its trajectory
     gamma, lam = float(s["algorithm.gamma"]), float(s["algorithm.lam"])
-    raw_c = _gae_scan(r_c.view(n_traj, k_max), v_c.view(n_traj, k_max), m_c, gamma, lam)
+    ones = torch.ones(idx.numel(), dtype=inp.rewards.dtype, device=m.device)
+    raw_c = gae_segmented(inp.rewards[idx], values[idx], ones, last, gamma, lam)
     raw = torch.zeros_like(inp.rewards)
-    raw[act] = raw_c.reshape(-1)[flat]
+    raw[idx] = raw_c
     returns = (raw + values) * m
-    adv = step_whiten(raw, m, b.step_ids, b.n_steps, inp.errors, "token_gae_cross_step advantage whitening")
+    adv = step_whiten(raw, m, rows, b.step_ids, b.n_steps, inp.errors, "token_gae_cross_step advantage whitening")
     return adv, returns
 
 
@@ -142,12 +138,12 @@ def traj_grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Trajectory-level GRPO; see the module docstring. Honours ``norm_adv_by_std_in_grpo``."""
     b, m = inp.batch, inp.mask
     tid, n_traj, _ = _trajectories(inp, "traj_grpo", with_steps=False)
-    step_scores = (inp.rewards * m).sum(dim=-1)
+    step_scores = b.rows.sum(inp.rewards * m)
     total = seg_sum(step_scores, tid, n_traj)  # outcome of the whole trajectory
     rows = torch.arange(tid.numel(), device=m.device)
     first = torch.full((n_traj,), tid.numel(), dtype=torch.long, device=m.device)
     first.scatter_reduce_(0, tid, rows, reduce="amin", include_self=True)
     norm = bool(inp.settings["algorithm.norm_adv_by_std_in_grpo"])
     scalar = _grpo_scalar(total, b.group_ids[first], b.n_groups, norm)
-    adv = scalar[tid].unsqueeze(-1) * m
+    adv = b.rows.expand(scalar[tid]) * m
     return adv, adv

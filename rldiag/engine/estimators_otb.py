@@ -28,6 +28,7 @@ from rldiag.engine.advantage import (
     require_field,
 )
 from rldiag.engine.batch import Batch
+from rldiag.engine.scan import cumsum_segmented
 from rldiag.engine.segments import seg_count, seg_max, seg_sum
 
 #: verl's ``epsilon`` default of the optimal-token-baseline estimators.
@@ -36,15 +37,15 @@ _SPP_HINT = "the per-token sum of squared vocabulary probabilities; verl: actor.
 
 
 def _otb_inputs(inp: AdvInput, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(G, W)``, both ``(rows, tokens)``: reward-to-go and cumulative path-variance proxy."""
+    """``(G, W)``, both ``(tokens,)``: reward-to-go and cumulative path-variance proxy."""
     old = require_field(inp, "old_log_probs", name, "pi_old of the sampled tokens")
     spp = require_extra(inp, "sum_pi_squared", name, _SPP_HINT)
     m = inp.mask
-    returns = _reverse_cumsum(inp.rewards * m)
+    returns = _reverse_cumsum(inp.rewards * m, inp.rows)
     w = 1 - 2 * torch.exp(old) + spp  # ||s_t||^2 = 1 - 2 pi_t + sum pi^2, score-function norm proxy
     if inp.rollout_is_weights is not None:
         w = w * (inp.rollout_is_weights**2)  # truncated-IS correction of the MSE-optimal baseline
-    return returns, (w * m).cumsum(dim=-1)
+    return returns, cumsum_segmented(w * m, inp.rows)
 
 
 def _zero_tail_rows(length: torch.Tensor, member: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,21 +72,33 @@ def _zero_tail_rows(length: torch.Tensor, member: torch.Tensor, batch: Batch) ->
 def optimal_token_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position baseline over each uid group (raw token positions). returns = reward-to-go;
     advantages = (returns - baseline) * mask."""
-    b, m = inp.batch, inp.mask
+    b, m, rows = inp.batch, inp.mask, inp.rows
     returns, wcum = _otb_inputs(inp, "optimal_token_baseline")
     g, n = b.group_ids, b.n_groups
-    width = m.shape[1]
-    num = torch.zeros((n, width), dtype=returns.dtype, device=m.device).index_add_(0, g, returns * wcum * m)
-    den = torch.zeros((n, width), dtype=returns.dtype, device=m.device).index_add_(0, g, wcum * m) + OTB_EPS
-    base = (num / den)[g]  # (rows, tokens): B_t = E[G_t W_t] / E[W_t] of the row's group
-    cnt = seg_count(g, n, returns.dtype)[g]
-    base = torch.where((cnt > 1).unsqueeze(-1), base, torch.zeros_like(base))
-    length = m.sum(-1)
+    pos = rows.positions()
+    slot, n_slots = _group_slots(rows.lengths, pos, rows.row_ids, g, n)
+    num = torch.zeros(n_slots, dtype=returns.dtype, device=m.device).index_add_(0, slot, returns * wcum * m)
+    den = torch.zeros(n_slots, dtype=returns.dtype, device=m.device).index_add_(0, slot, wcum * m) + OTB_EPS
+    base = (num / den)[slot]  # (tokens,): B_t = E[G_t W_t] / E[W_t] of the row's group at position t
+    cnt = rows.expand(seg_count(g, n, returns.dtype)[g])
+    base = torch.where(cnt > 1, base, torch.zeros_like(base))
+    length = rows.sum(m)
     cut, second = _zero_tail_rows(length, torch.ones_like(length, dtype=torch.bool), b)
-    pos = torch.arange(width, device=m.device).unsqueeze(0)
-    tail = cut.unsqueeze(-1) & (pos >= second.unsqueeze(-1))
+    tail = rows.expand(cut) & (pos >= rows.expand(second))
     base = torch.where(tail, torch.zeros_like(base), base)
     return (returns - base) * m, returns
+
+
+def _group_slots(extent: torch.Tensor, index: torch.Tensor, row_ids: torch.Tensor, g: torch.Tensor,
+                 n: int) -> tuple[torch.Tensor, int]:
+    """One slot per (group, timestep) pair: a group's timesteps ``[0, max extent of its rows)``
+    laid out one group after the other, so the table is as large as the groups' longest rows,
+    never ``groups x longest row of the step``. ``extent`` ``(rows,)``, ``index`` and ``row_ids``
+    per token (``index`` the token's timestep); returns the ``(tokens,)`` slots and their number."""
+    span = torch.zeros(n, dtype=torch.long, device=g.device)
+    span.scatter_reduce_(0, g, extent.to(torch.long), reduce="amax", include_self=True)
+    start = torch.cumsum(span, 0) - span
+    return start[g][row_ids] + index, int(span.sum())
 
 
 @ESTIMATORS.register(
@@ -96,26 +109,24 @@ def optimal_token_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 def tir_optimal_token_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Multi-turn variant: timesteps are action-token ranks (tool tokens skipped); rows without
     action tokens are left out of their group. returns = reward-to-go (all positions)."""
-    b, m = inp.batch, inp.mask
+    b, m, rows = inp.batch, inp.mask, inp.rows
     returns, wcum = _otb_inputs(inp, "tir_optimal_token_baseline")
     g, n = b.group_ids, b.n_groups
     act = m > 0
-    length = act.sum(-1)
-    k_max = int(length.max()) if length.numel() else 0
-    rank = act.to(torch.long).cumsum(-1) - 1  # (rows, tokens): index among the row's action tokens
-    rows_idx = g.unsqueeze(-1).expand_as(rank)
-    flat = (rows_idx * max(k_max, 1) + rank)[act]
-    size = n * max(k_max, 1)
-    num = torch.zeros(size, dtype=returns.dtype, device=m.device).index_add_(0, flat, (returns * wcum)[act])
-    den = torch.zeros(size, dtype=returns.dtype, device=m.device).index_add_(0, flat, wcum[act])
+    length = rows.count(act)
+    rank = cumsum_segmented(act.to(torch.float32), rows).to(torch.long) - 1  # index among the row's action tokens
+    idx = torch.nonzero(act).flatten()
+    slot, n_slots = _group_slots(length, rank[idx], rows.row_ids[idx], g, n)
+    num = torch.zeros(n_slots, dtype=returns.dtype, device=m.device).index_add_(0, slot, (returns * wcum)[idx])
+    den = torch.zeros(n_slots, dtype=returns.dtype, device=m.device).index_add_(0, slot, wcum[idx])
     b_star = num / (den + OTB_EPS)
     member = length > 0
-    members = seg_sum(member.to(returns.dtype), g, n)[g]
+    members = rows.expand(seg_sum(member.to(returns.dtype), g, n)[g])
     base_tok = torch.zeros_like(returns)
-    base_tok[act] = b_star[flat]
-    base_tok = torch.where((members > 1).unsqueeze(-1), base_tok, torch.zeros_like(base_tok))
+    base_tok[idx] = b_star[slot]
+    base_tok = torch.where(members > 1, base_tok, torch.zeros_like(base_tok))
     cut, second = _zero_tail_rows(length.to(returns.dtype), member, b)
-    tail = cut.unsqueeze(-1) & (rank >= second.unsqueeze(-1)) & act
+    tail = rows.expand(cut) & (rank >= rows.expand(second)) & act
     base_tok = torch.where(tail, torch.zeros_like(base_tok), base_tok)
     adv = torch.where(act, returns - base_tok, torch.zeros_like(returns)) * m
     return adv, returns

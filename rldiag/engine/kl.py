@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from rldiag.engine.layout import Rows
 from rldiag.engine.segments import masked_square_sum_rows, masked_sum_rows
 from rldiag.errors import ConfigError
 from rldiag.registry import Registry
@@ -60,24 +61,25 @@ def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 
 
 def kl_estimate(name: str, logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
-    """Per-token estimate ``(rows, tokens)`` under the estimator ``name``."""
+    """Per-token estimate ``(tokens,)`` under the estimator ``name``."""
     return KL_ESTIMATORS.get(name)(logprob, ref_logprob)
 
 
 def k3_from_diff(d: torch.Tensor) -> torch.Tensor:
-    """k3 from ``d = logprob - ref_logprob`` ``(rows, tokens)``, equal to :func:`kl_k3` (``-d`` is
+    """k3 from ``d = logprob - ref_logprob`` ``(tokens,)``, equal to :func:`kl_k3` (``-d`` is
     exactly ``ref - logprob``); works in place on one new tensor."""
     x = torch.neg(d).clamp_(min=-20.0, max=20.0)
     return torch.exp(x).sub_(x).sub_(1.0).clamp_(min=-10.0, max=10.0)
 
 
-def kl_row_sums(logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def kl_row_sums(logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor,
+                rows: Rows) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per-row masked sums ``(rows,)`` of k1, k2 and k3 from one difference ``d``, and ``d``
-    itself ``(rows, tokens)`` (k1, for callers that keep the token values)."""
+    itself ``(tokens,)`` (k1, for callers that keep the token values)."""
     d = logprob - ref_logprob
     sums = {
-        "k1": masked_sum_rows(d, mask),
-        "k2": 0.5 * masked_square_sum_rows(d, mask),
-        "k3": masked_sum_rows(k3_from_diff(d), mask),
+        "k1": masked_sum_rows(d, mask, rows),
+        "k2": 0.5 * masked_square_sum_rows(d, mask, rows),
+        "k3": masked_sum_rows(k3_from_diff(d), mask, rows),
     }
     return sums, d

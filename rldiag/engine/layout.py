@@ -20,6 +20,17 @@ from dataclasses import dataclass
 import torch
 
 
+def row_ids_of(offsets: torch.Tensor) -> torch.Tensor:
+    """``(tokens,)`` the row of each token, from ``(rows + 1,)`` offsets: a 1 where each row after
+    the first starts (empty rows add up), summed cumulatively (several times faster on the CPU
+    than ``repeat_interleave``)."""
+    n = int(offsets[-1]) if offsets.numel() else 0
+    starts = offsets[1:-1]
+    marks = torch.zeros(n + 1, dtype=torch.long, device=offsets.device)
+    marks.index_add_(0, starts, torch.ones_like(starts))
+    return torch.cumsum(marks[:n], 0)
+
+
 @dataclass(frozen=True)
 class Rows:
     """The row layout of flat token tensors.
@@ -38,8 +49,7 @@ class Rows:
         lengths = lengths.to(torch.long)
         offsets = torch.zeros(lengths.numel() + 1, dtype=torch.long, device=lengths.device)
         torch.cumsum(lengths, 0, out=offsets[1:])
-        row_ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-        return Rows(offsets, row_ids)
+        return Rows(offsets, row_ids_of(offsets))
 
     @staticmethod
     def from_offsets(offsets: torch.Tensor) -> Rows:
@@ -71,11 +81,11 @@ class Rows:
     # ---- per-row reductions of token tensors ------------------------------------------------
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over each row's tokens ``(tokens,) -> (rows,)``; an empty row gives 0. Integer and
-        bool tensors are summed as float32 (exact below 2^24 per row)."""
-        if not x.is_floating_point():
-            x = x.to(torch.float32)
-        return torch.segment_reduce(x, "sum", offsets=self.offsets)
+        """Sum over each row's tokens ``(tokens,) -> (rows,)``; an empty row gives 0. Accumulated
+        in float64 (a float32 row of 32k tokens sums to within one rounding of the exact value,
+        whatever the order), returned in ``x``'s dtype; integer and bool tensors as float32."""
+        out_dtype = x.dtype if x.is_floating_point() else torch.float32
+        return torch.segment_reduce(x.to(torch.float64), "sum", offsets=self.offsets).to(out_dtype)
 
     def count(self, cond: torch.Tensor) -> torch.Tensor:
         """Tokens per row where ``cond`` (bool or 0/1) is true, float32 ``(rows,)``."""

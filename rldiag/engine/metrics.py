@@ -35,28 +35,28 @@ def data_metrics(
 ) -> dict[str, torch.Tensor]:
     """``critic/score|rewards|advantages|returns/*``, ``critic/values/*``,
     ``critic/vf_explained_var``, ``response_length*``, ``response/aborted_ratio``,
-    ``prompt_length/*``. Inputs ``(rows, tokens)``; ``mask`` is the post-correction mask.
+    ``prompt_length/*``. Inputs ``(tokens,)``; ``mask`` is the post-correction mask.
 
     Scores and rewards are row sums over non-aborted rows (length > 0); advantages, returns and
     values are taken over masked tokens; lengths count every token of a row (tool tokens too).
     """
-    n, sid = batch.n_steps, batch.step_ids
+    n, sid, rows = batch.n_steps, batch.step_ids, batch.rows
     out: dict[str, torch.Tensor] = {}
     lengths = batch.lengths.to(torch.float32)
     live = batch.lengths > 0
-    score_sums = batch.token_level_scores.sum(-1)
-    reward_sums = score_sums if token_level_rewards is batch.token_level_scores else token_level_rewards.sum(-1)
+    score_sums = rows.sum(batch.token_level_scores)
+    reward_sums = score_sums if token_level_rewards is batch.token_level_scores else rows.sum(token_level_rewards)
     out.update(_row_stats("critic/score", score_sums[live], sid[live], n))
     out.update(_row_stats("critic/rewards", reward_sums[live], sid[live], n))
-    adv_stats = step_masked_extrema(advantages, mask, sid, n)
+    adv_stats = step_masked_extrema(advantages, mask, rows, sid, n)
     # outcome estimators return the advantages as returns: one pass serves both
-    ret_stats = adv_stats if returns is advantages else step_masked_extrema(returns, mask, sid, n)
+    ret_stats = adv_stats if returns is advantages else step_masked_extrema(returns, mask, rows, sid, n)
     for name, (mean, mx, mn) in (("critic/advantages", adv_stats), ("critic/returns", ret_stats)):
         out.update({f"{name}/mean": mean, f"{name}/max": mx, f"{name}/min": mn})
     if batch.values is not None:
-        mean, mx, mn = step_masked_extrema(batch.values, mask, sid, n)
+        mean, mx, mn = step_masked_extrema(batch.values, mask, rows, sid, n)
         out.update({"critic/values/mean": mean, "critic/values/max": mx, "critic/values/min": mn})
-        out["critic/vf_explained_var"] = explained_variance(returns, batch.values, mask, sid, n)
+        out["critic/vf_explained_var"] = explained_variance(returns, batch.values, mask, rows, sid, n)
     horizon = batch.max_response_length.to(torch.float32)
     out.update(_row_stats("response_length", lengths, sid, n))
     out["response_length/clip_ratio"] = seg_mean((lengths == horizon[sid]).float(), sid, n)
@@ -91,35 +91,27 @@ def signal_metrics(
     - ``rldiag/rewards/kl_sign_flip_fraction`` (with KL in reward): among non-aborted rows with a
       nonzero summed score, the share whose summed reward has the opposite sign.
     """
-    n, sid = batch.n_steps, batch.step_ids
+    n, sid, rows = batch.n_steps, batch.step_ids, batch.rows
     out: dict[str, torch.Tensor] = {}
-    # Padding is mask 0 and the row is the prefix [0, T_i), so every token after a row's last
-    # in-row mask-0 position is an actor token: the cut tokens are the row's actor tokens less
-    # the T_i - (z_i + 1) after its last zero z_i (none cut when the row has no zero: z_i + 1 = 0).
-    # Float arithmetic only (bool comparisons are slow passes on the CPU): 1 inside the row is
-    # clamp(T_i - t, 0, 1) for integer positions t; minus the 0/1 mask, 1 at the row's zeros.
+    # The cut tokens of a row are its actor tokens less those after its last mask-0 token z_i:
+    # T_i - (z_i + 1) of them (none cut when the row has no zero: z_i + 1 = 0).
     m0 = batch.response_mask
-    f32 = torch.float32
-    pos0 = torch.arange(mask.shape[1], device=mask.device, dtype=f32)
-    if mask.shape[1]:
-        in_row = (batch.lengths.to(f32).unsqueeze(1) - pos0).clamp_(0.0, 1.0)
-        last1 = in_row.sub_(m0.to(f32)).mul_(pos0 + 1.0).amax(dim=1)
-    else:
-        last1 = torch.zeros(mask.shape[0], device=mask.device)
-    actor = row_mask_count(m0)
+    pos1 = (rows.positions() + 1).to(torch.float32)
+    last1 = rows.amax(torch.where(m0 == 0, pos1, torch.zeros_like(pos1)), empty=0.0)
+    actor = row_mask_count(m0, rows)
     cut = actor - (batch.lengths.to(torch.float32) - last1)
     out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut, sid, n) / seg_sum(actor, sid, n)
     # two passes in float32 (centred before squaring), row sums accumulated per step in float64
-    cnt = seg_sum(row_mask_count(mask).to(torch.float64), sid, n)
-    mean = seg_sum(masked_sum_rows(advantages, mask).to(torch.float64), sid, n) / cnt
-    dev = advantages - mean.to(advantages.dtype)[sid].unsqueeze(-1)
-    std = (seg_sum(masked_square_sum_rows(dev, mask).to(torch.float64), sid, n) / cnt).sqrt()
+    cnt = seg_sum(row_mask_count(mask, rows).to(torch.float64), sid, n)
+    mean = seg_sum(masked_sum_rows(advantages, mask, rows).to(torch.float64), sid, n) / cnt
+    dev = advantages - rows.expand(mean.to(advantages.dtype)[sid])
+    std = (seg_sum(masked_square_sum_rows(dev, mask, rows).to(torch.float64), sid, n) / cnt).sqrt()
     offset = torch.where(std > 0, mean / std, torch.where(mean == 0, torch.zeros_like(mean), mean.sign() * float("inf")))
     out["rldiag/advantages/centre_offset"] = offset.to(torch.float32)
     if kl_in_reward:
         rows_live = batch.lengths > 0
-        s = batch.token_level_scores.sum(-1).to(torch.float64)
-        r = token_level_rewards.sum(-1).to(torch.float64)
+        s = rows.sum(batch.token_level_scores).to(torch.float64)
+        r = rows.sum(token_level_rewards).to(torch.float64)
         keep = rows_live & (s != 0)
         flip = keep & (torch.sign(r) != torch.sign(s))
         out["rldiag/rewards/kl_sign_flip_fraction"] = seg_sum(flip.float(), sid, n) / seg_sum(keep.float(), sid, n)

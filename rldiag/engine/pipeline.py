@@ -82,7 +82,7 @@ class Result:
 
     steps: list[int]
     metrics: dict[str, torch.Tensor]  # name -> (n_steps,)
-    tokens: dict[str, torch.Tensor]  # name -> (rows, tokens)
+    tokens: dict[str, torch.Tensor]  # name -> (tokens,), the batch's packed layout
     failed: dict[int, str] = field(default_factory=dict)  # run step -> message
 
 
@@ -115,7 +115,7 @@ def anchor_log_probs(batch: Batch, settings: Settings) -> torch.Tensor | None:
 
 
 def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 1's KL: the per-token estimate on the original mask ``(rows, tokens)`` and each step's
+    """Step 1's KL: the per-token estimate on the original mask ``(tokens,)`` and each step's
     mean over rows of the row's masked mean, ``current_kl`` ``(n_steps,)``, which is what the
     adaptive controller reads (it does not depend on the coefficient)."""
     if old_lp is None:
@@ -123,7 +123,8 @@ def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: Settings) -> 
     ref = _require(batch, "ref_log_prob", "algorithm.use_kl_in_reward")
     mask0 = batch.response_mask
     kld = kl_estimate(settings["algorithm.kl_penalty"], old_lp, ref) * mask0
-    row_kl = (kld * mask0).sum(-1) / (mask0.sum(-1) + MEAN_EPS)
+    rows = batch.rows
+    row_kl = rows.sum(kld * mask0) / (rows.sum(mask0) + MEAN_EPS)
     return kld, seg_mean(row_kl, batch.step_ids, batch.n_steps)
 
 
@@ -144,7 +145,7 @@ def recompute_batch(
 ) -> Result:
     """Recompute everything rldiag derives for the steps packed in ``batch``."""
     errors = StepErrors(batch.steps)
-    n, sid = batch.n_steps, batch.step_ids
+    n, sid, rows = batch.n_steps, batch.step_ids, batch.rows
     metrics: dict[str, torch.Tensor] = {}
     tokens: dict[str, torch.Tensor] = {}
     mask0 = batch.response_mask
@@ -160,7 +161,7 @@ def recompute_batch(
         kld, current_kl = reward_kl(batch, old_lp, settings)
         state = kl_state or initial_kl_state(settings)
         beta = state.advance(settings, current_kl, rows_per_step)
-        rewards = scores - beta[sid].unsqueeze(-1) * kld
+        rewards = scores - rows.expand(beta[sid]) * kld
         metrics["actor/reward_kl_penalty"] = current_kl
         metrics["actor/reward_kl_penalty_coeff"] = beta
     else:
@@ -174,7 +175,7 @@ def recompute_batch(
             if cfg.active:
                 _require(batch, "old_log_probs", "algorithm.rollout_correction (rollout_is / rollout_rs)")
         else:
-            rc = correct(old_lp, batch.rollout_log_probs, mask0, cfg, sid, n)
+            rc = correct(old_lp, batch.rollout_log_probs, mask0, cfg, rows, sid, n)
             for message, bad in rc.failed.items():
                 errors.flag(bad, message)
             mask, is_weights = rc.mask, rc.weights
@@ -194,12 +195,13 @@ def recompute_batch(
     fixed_width = settings["data.max_response_length"] is not None
     horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
     count_mask = batch.loss_mask if batch.loss_mask is not None else mask0
-    token_count = step_mask_count(count_mask, sid, n)
+    token_count = step_mask_count(count_mask, rows, sid, n)
     actor_norm = AggNorm(
         step_ids=segs.seg_ids,
         n_steps=segs.n_seg,
         horizon=horizon,
-        batch_num_tokens=segs.normaliser(count_mask.sum(-1, dtype=torch.float32), token_count),
+        rows=rows,
+        batch_num_tokens=segs.normaliser(rows.sum(count_mask.to(torch.float32)), token_count),
         global_batch_size=segs.normaliser(torch.ones_like(sid, dtype=torch.float32), rows_per_step),
         loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
     )
@@ -230,7 +232,7 @@ def recompute_batch(
     if batch.vpreds is not None and batch.values is not None:
         # verl's value_loss passes no global batch info (not even loss_scale_factor): every
         # normaliser is the micro-batch's own, and the three metrics are micro-batch means.
-        critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon)
+        critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon, rows=rows)
         vf = value_loss(
             batch.vpreds, batch.values, ret, mask, float(settings["critic.cliprange_value"]),
             settings.critic_agg_mode, critic_norm,
@@ -239,18 +241,18 @@ def recompute_batch(
 
     # rldiag's own: reference KL of the old and current policy side by side, group signal
     if batch.ref_log_prob is not None:
-        count = step_mask_count(mask, sid, n) + MEAN_EPS
+        count = step_mask_count(mask, rows, sid, n) + MEAN_EPS
         for who, lp in (("old", old_lp), ("current", batch.log_probs)):
             if lp is None:
                 continue
-            sums, d = kl_row_sums(lp, batch.ref_log_prob, mask)
+            sums, d = kl_row_sums(lp, batch.ref_log_prob, mask, rows)
             for est, row_sum in sums.items():
                 metrics[f"rldiag/ref_kl/{who}/{est}"] = seg_sum(row_sum, sid, n) / count
             if who == "old":
                 penalty = settings["algorithm.kl_penalty"]
                 same = KL_ESTIMATORS.get(penalty) is kl_k1
                 tokens["ref_kl"] = d if same else kl_estimate(penalty, old_lp, batch.ref_log_prob)
-    seq_scores = rewards.sum(-1)
+    seq_scores = rows.sum(rewards)
     _, gstd, gcnt = seg_std(seq_scores, batch.group_ids, batch.n_groups)
     group_step = torch.zeros(batch.n_groups, dtype=torch.long, device=sid.device).index_copy_(0, batch.group_ids, sid)
     multi = gcnt > 1
@@ -258,8 +260,8 @@ def recompute_batch(
     metrics["rldiag/groups/count"] = seg_count(group_step, n)
     metrics["rldiag/groups/no_signal_fraction"] = seg_sum(flat.float(), group_step, n) / seg_sum(multi.float(), group_step, n)
     metrics["rldiag/groups/singleton_fraction"] = seg_sum((gcnt == 1).float(), group_step, n) / seg_count(group_step, n)
-    metrics["rldiag/advantages/positive_fraction"] = seg_sum(masked_positive_rows(adv, mask), sid, n) / (
-        step_mask_count(mask, sid, n) + MEAN_EPS
+    metrics["rldiag/advantages/positive_fraction"] = seg_sum(masked_positive_rows(adv, mask, rows), sid, n) / (
+        step_mask_count(mask, rows, sid, n) + MEAN_EPS
     )
     metrics.update(signal_metrics(batch, rewards, adv, mask, bool(settings["algorithm.use_kl_in_reward"])))
     return Result(steps=list(batch.steps), metrics=metrics, tokens=tokens, failed=errors.failed())

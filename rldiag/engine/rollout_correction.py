@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from rldiag.engine.layout import Rows
 from rldiag.engine.segments import (
     MEAN_EPS,
     masked_square_sum_rows,
@@ -180,9 +181,9 @@ class CorrectionConfig:
 # ---- small per-row / per-segment helpers -----------------------------------------------------
 
 
-def _row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _row_mean(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """verl's ``masked_mean(values, mask, axis=-1)``: ``(rows,)``, 0 for a row without tokens."""
-    return masked_sum_rows(values, mask) / (mask.sum(-1) + MEAN_EPS)
+    return masked_sum_rows(values, mask, rows) / (rows.sum(mask) + MEAN_EPS)
 
 
 def _seq_std0(x: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
@@ -191,47 +192,48 @@ def _seq_std0(x: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
     return torch.where(cnt > 1, std, torch.zeros_like(std))
 
 
-def _clamped_std(values: torch.Tensor, mask: torch.Tensor, seg: torch.Tensor, n: int, lo: float, hi: float) -> torch.Tensor:
+def _clamped_std(values: torch.Tensor, mask: torch.Tensor, rows: Rows, seg: torch.Tensor, n: int, lo: float,
+                 hi: float) -> torch.Tensor:
     """``sqrt(max(E[c^2] - E[c]^2, 0))`` of ``c = clamp(values, lo, hi)`` over masked tokens; 0
     where a segment has at most one token. Computed two-pass, ``E[(c - E[c])^2]``: verl's one-pass
     float32 form agrees to float32 precision except when the spread is below ~3e-4 of the values'
     size, where verl's result is rounding noise (and the 1e-8 of its masked means adds up to
     ``sqrt(1e-8 / n)`` of the size); the two-pass value is the spread itself."""
     c = torch.clamp(values, min=lo, max=hi)
-    mean = step_masked_mean(c, mask, seg, n)
-    var = step_masked_mean((c - mean[seg].unsqueeze(-1)).square(), mask, seg, n)
+    mean = step_masked_mean(c, mask, rows, seg, n)
+    var = step_masked_mean((c - rows.expand(mean[seg])).square(), mask, rows, seg, n)
     std = torch.sqrt(torch.clamp(var, min=0.0))
-    return torch.where(step_mask_count(mask, seg, n) > 1, std, torch.zeros_like(std))
+    return torch.where(step_mask_count(mask, rows, seg, n) > 1, std, torch.zeros_like(std))
 
 
 # ---- importance-sampling weights -------------------------------------------------------------
 
-ISLevelFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+ISLevelFn = Callable[[torch.Tensor, torch.Tensor, Rows], tuple[torch.Tensor, torch.Tensor | None]]
 IS_LEVELS: Registry[ISLevelFn] = Registry("rollout_is level")
 
 
 @IS_LEVELS.register("token", source="seed 004 s4.3; verl rollout_corr_helper")
-def is_token(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Raw masked weights ``exp(clamp(log r, +-20)) * m`` ``(rows, tokens)``; no row statistic."""
+def is_token(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Raw masked weights ``exp(clamp(log r, +-20)) * m`` ``(tokens,)``; no row statistic."""
     return torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)) * mask, None
 
 
 @IS_LEVELS.register("sequence", source="seed 004 s4.3; verl rollout_corr_helper")
-def is_sequence(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def is_sequence(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Raw weights ``exp(clamp(sum_t m log r, +-20))`` on every masked token of the row, and the
     unclamped row sums ``(rows,)`` verl's metrics read."""
-    row = masked_sum_rows(log_ratio, mask)
-    w = torch.exp(torch.clamp(row, -SAFETY_BOUND, SAFETY_BOUND)).unsqueeze(-1).expand_as(log_ratio)
+    row = masked_sum_rows(log_ratio, mask, rows)
+    w = rows.expand(torch.exp(torch.clamp(row, -SAFETY_BOUND, SAFETY_BOUND)))
     return w * mask, row
 
 
 def is_weights(
-    log_ratio: torch.Tensor, mask: torch.Tensor, cfg: CorrectionConfig, seg: torch.Tensor, n: int
+    log_ratio: torch.Tensor, mask: torch.Tensor, cfg: CorrectionConfig, rows: Rows, seg: torch.Tensor, n: int
 ) -> tuple[torch.Tensor, Metrics]:
-    """IS weights ``(rows, tokens)`` (TIS / IcePop, optionally batch-normalised per segment) and
+    """IS weights ``(tokens,)`` (TIS / IcePop, optionally batch-normalised per segment) and
     verl's ``rollout_is_*`` metrics ``(n,)`` (computed before the batch normalisation)."""
     level = cfg.rollout_is
-    raw, row_log = IS_LEVELS.get(level)(log_ratio, mask)
+    raw, row_log = IS_LEVELS.get(level)(log_ratio, mask, rows)
     upper, lower = cfg.is_upper, cfg.is_lower
     if lower is None:
         w = raw.clamp(max=upper)  # TIS
@@ -244,38 +246,38 @@ def is_weights(
         log_lo = torch.log(torch.tensor(lo_m, dtype=torch.float32, device=raw.device))
         m["rollout_is_max"] = torch.exp(torch.clamp(seg_max(row_log, seg, n), max=SAFETY_BOUND))
         m["rollout_is_min"] = torch.exp(seg_min(row_log, seg, n))
-        m["rollout_is_mean"] = step_masked_mean(w, mask, seg, n)
+        m["rollout_is_mean"] = step_masked_mean(w, mask, rows, seg, n)
         m["rollout_is_ratio_fraction_high"] = seg_mean((row_log > log_up).float(), seg, n)
         m["rollout_is_ratio_fraction_low"] = seg_mean((row_log < log_lo).float(), seg, n)
     else:
-        m["rollout_is_mean"] = step_masked_mean(w, mask, seg, n)
-        m["rollout_is_ratio_fraction_high"] = step_masked_mean((raw > upper).float(), mask, seg, n)
-        m["rollout_is_ratio_fraction_low"] = step_masked_mean((raw < lo_m).float(), mask, seg, n)
-        _, m["rollout_is_max"], m["rollout_is_min"] = step_masked_extrema(w, mask, seg, n)
-    m["rollout_is_std"] = _clamped_std(w, mask, seg, n, 0.0, upper)
+        m["rollout_is_mean"] = step_masked_mean(w, mask, rows, seg, n)
+        m["rollout_is_ratio_fraction_high"] = step_masked_mean((raw > upper).float(), mask, rows, seg, n)
+        m["rollout_is_ratio_fraction_low"] = step_masked_mean((raw < lo_m).float(), mask, rows, seg, n)
+        _, m["rollout_is_max"], m["rollout_is_min"] = step_masked_extrema(w, mask, rows, seg, n)
+    m["rollout_is_std"] = _clamped_std(w, mask, rows, seg, n, 0.0, upper)
     ess_w = w.clamp(min=0.0, max=upper)
-    ess_norm = ess_w / (step_masked_mean(ess_w, mask, seg, n)[seg].unsqueeze(-1) + MEAN_EPS)
-    m["rollout_is_eff_sample_size"] = 1.0 / step_masked_mean(ess_norm.square(), mask, seg, n)
-    seq_w = _row_mean(w, mask)  # every row, a row without tokens counts as 0
+    ess_norm = ess_w / (rows.expand(step_masked_mean(ess_w, mask, rows, seg, n)[seg]) + MEAN_EPS)
+    m["rollout_is_eff_sample_size"] = 1.0 / step_masked_mean(ess_norm.square(), mask, rows, seg, n)
+    seq_w = _row_mean(w, mask, rows)  # every row, a row without tokens counts as 0
     m["rollout_is_seq_mean"] = seg_mean(seq_w, seg, n)
     m["rollout_is_seq_std"] = _seq_std0(seq_w, seg, n)
     m["rollout_is_seq_max"] = seg_max(seq_w, seg, n)
     m["rollout_is_seq_min"] = seg_min(seq_w, seg, n)
     m["rollout_is_seq_max_deviation"] = seg_max((seq_w - 1.0).abs(), seg, n)
-    raw_seq = _row_mean(raw, mask)
+    raw_seq = _row_mean(raw, mask, rows)
     m["rollout_is_seq_fraction_high"] = seg_mean((raw_seq > upper).float(), seg, n)
     m["rollout_is_seq_fraction_low"] = seg_mean((raw_seq < lo_m).float(), seg, n)
     if lower is not None:
         oob = (raw < lower) | (raw > upper)
-        m["rollout_is_oob_ratio"] = step_masked_mean(oob.float(), mask, seg, n)
+        m["rollout_is_oob_ratio"] = step_masked_mean(oob.float(), mask, rows, seg, n)
     if cfg.batch_normalize:
         if row_log is None:
-            mean_w = step_masked_mean(w, mask, seg, n)
+            mean_w = step_masked_mean(w, mask, rows, seg, n)
         else:
-            valid = (mask.sum(-1) > 0).to(w.dtype)
+            valid = (rows.sum(mask) > 0).to(w.dtype)
             mean_w = seg_sum(seq_w * valid, seg, n) / seg_sum(valid, seg, n).clamp_min(1e-8)
         apply = mean_w > 1e-8
-        w = torch.where(apply[seg].unsqueeze(-1), w / mean_w[seg].unsqueeze(-1), w)
+        w = torch.where(rows.expand(apply[seg]), w / rows.expand(mean_w[seg]), w)
         m["rollout_is_batch_norm_factor"] = torch.where(apply, mean_w, torch.ones_like(mean_w))
     return w, m
 
@@ -285,12 +287,14 @@ def is_weights(
 
 @dataclass
 class RSContext:
-    """Per-token divergence statistics shared by the rejection options ``(rows, tokens)``."""
+    """Per-token divergence statistics shared by the rejection options ``(tokens,)``, and the
+    row layout ``rows`` of the tokens."""
 
     log_ratio: torch.Tensor  # clamped to +-20
     mask: torch.Tensor
     train_log_prob: torch.Tensor
     rollout_log_prob: torch.Tensor
+    rows: Rows
 
     @property
     def k1(self) -> torch.Tensor:
@@ -306,21 +310,19 @@ class RSContext:
 
 
 #: fn(ctx) -> (per-token statistic, None) for token-level options, (None, per-row statistic) for
-#: sequence-level ones; both ``(rows, tokens)`` / ``(rows,)``.
+#: sequence-level ones; ``(tokens,)`` / ``(rows,)``.
 RSFn = Callable[[RSContext], tuple[torch.Tensor | None, torch.Tensor | None]]
 RS_OPTIONS: Registry[RSFn] = Registry("rollout_rs option")
 
 
-def _row_max(v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _row_max(v: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """Max over the row's masked tokens ``(rows,)``; 0 for a row without tokens (verl)."""
-    if v.shape[-1] == 0:
-        return v.sum(-1)
-    best = v.masked_fill(~mask.bool(), float("-inf")).max(dim=-1).values
+    best = rows.amax(v.masked_fill(~mask.bool(), float("-inf")))
     return torch.where(best == float("-inf"), torch.zeros_like(best), best)
 
 
 _ROW_REDUCTIONS = {
-    "sum": lambda v, m: masked_sum_rows(v, m),
+    "sum": masked_sum_rows,
     "mean": _row_mean,
     "max": _row_max,
 }
@@ -334,7 +336,7 @@ def _rs_option(estimator: str, level: str) -> RSFn:
         stat = getattr(ctx, estimator)
         if level == "token":
             return stat, None
-        return None, _ROW_REDUCTIONS[level](stat, ctx.mask)
+        return None, _ROW_REDUCTIONS[level](stat, ctx.mask, ctx.rows)
 
     option.__name__ = f"rs_{level}_{estimator}"
     return option
@@ -365,11 +367,11 @@ def rs_binary_kl(ctx: RSContext) -> tuple[torch.Tensor, torch.Tensor | None]:
 def rejection_mask(
     ctx: RSContext, options: Mapping[str, tuple[float | None, float]], seg: torch.Tensor, n: int
 ) -> tuple[torch.Tensor, Metrics]:
-    """The mask with rejected tokens set to 0 ``(rows, tokens)`` and verl's ``rollout_rs_*``
+    """The mask with rejected tokens set to 0 ``(tokens,)`` and verl's ``rollout_rs_*``
     metrics ``(n,)``, each option judged on the original mask."""
-    mask = ctx.mask
+    mask, rows = ctx.mask, ctx.rows
     mask_b = mask.bool()
-    valid_row = mask.sum(-1) > 0
+    valid_row = rows.sum(mask) > 0
     vseg = seg[valid_row]
     n_valid = seg_count(vseg, n)
     combined = torch.ones_like(mask)
@@ -380,15 +382,15 @@ def rejection_mask(
         hi = math.log(upper) if is_k1 else upper
         lo = math.log(lower) if is_k1 else 0.0
         if row_stat is not None:
-            stat = row_stat.unsqueeze(-1).expand_as(mask)
+            stat = rows.expand(row_stat)
             keep_row = (row_stat >= lo) & (row_stat <= hi) if is_k1 else row_stat <= hi
-            keep = keep_row.unsqueeze(-1).expand_as(mask_b)
+            keep = rows.expand(keep_row)
         else:
             stat = tok_stat
             keep = (stat >= lo) & (stat <= hi) if is_k1 else stat <= hi
         p = f"rollout_rs_{opt}"
-        m[f"{p}_mean"] = step_masked_mean(stat, mask, seg, n)
-        seq_values = row_stat if row_stat is not None else _row_mean(stat, mask)
+        m[f"{p}_mean"] = step_masked_mean(stat, mask, rows, seg, n)
+        seq_values = row_stat if row_stat is not None else _row_mean(stat, mask, rows)
         sv = seq_values[valid_row]
         if row_stat is not None:
             m[f"{p}_max"] = seg_max(sv, vseg, n)
@@ -396,11 +398,11 @@ def rejection_mask(
             m[f"{p}_fraction_high"] = seg_mean((sv > hi).float(), vseg, n)
             m[f"{p}_fraction_low"] = seg_mean((sv < lo).float(), vseg, n) if is_k1 else torch.zeros(n, device=mask.device)
         else:
-            _, m[f"{p}_max"], m[f"{p}_min"] = step_masked_extrema(stat, mask, seg, n)
-            m[f"{p}_fraction_high"] = step_masked_mean((stat > hi).float(), mask, seg, n)
-            low = step_masked_mean((stat < lo).float(), mask, seg, n)
+            _, m[f"{p}_max"], m[f"{p}_min"] = step_masked_extrema(stat, mask, rows, seg, n)
+            m[f"{p}_fraction_high"] = step_masked_mean((stat > hi).float(), mask, rows, seg, n)
+            low = step_masked_mean((stat < lo).float(), mask, rows, seg, n)
             m[f"{p}_fraction_low"] = low if is_k1 else torch.zeros_like(low)
-        m[f"{p}_std"] = _clamped_std(stat, mask, seg, n, lo, hi)
+        m[f"{p}_std"] = _clamped_std(stat, mask, rows, seg, n, lo, hi)
         m[f"{p}_seq_mean"] = seg_mean(sv, vseg, n)
         m[f"{p}_seq_std"] = _seq_std0(sv, vseg, n)
         m[f"{p}_seq_max"] = seg_max(sv, vseg, n)
@@ -411,12 +413,12 @@ def rejection_mask(
             m[f"{p}_seq_fraction_low"] = seg_mean((sv < lo).float(), vseg, n)
         keep_f = keep.to(mask.dtype)
         combined = combined * keep_f
-        m[f"{p}_masked_fraction"] = step_masked_mean(1 - keep_f, mask, seg, n)
-        row_kept = ~((~keep) & mask_b).any(dim=-1)
+        m[f"{p}_masked_fraction"] = step_masked_mean(1 - keep_f, mask, rows, seg, n)
+        row_kept = ~rows.any((~keep) & mask_b)
         dropped = seg_sum((~row_kept[valid_row]).float(), vseg, n)
         m[f"{p}_seq_masked_fraction"] = torch.where(n_valid > 0, dropped / n_valid.clamp_min(1), torch.zeros_like(dropped))
-    m["rollout_rs_masked_fraction"] = step_masked_mean(1 - combined, mask, seg, n)
-    row_hit = ((~((combined > 0.5) & mask_b)) & mask_b).any(dim=-1)
+    m["rollout_rs_masked_fraction"] = step_masked_mean(1 - combined, mask, rows, seg, n)
+    row_hit = rows.any((~((combined > 0.5) & mask_b)) & mask_b)
     m["rollout_rs_seq_masked_fraction"] = seg_mean(row_hit.float(), seg, n)
     return (mask * combined).to(mask.dtype), m
 
@@ -425,8 +427,8 @@ def rejection_mask(
 
 
 def offpolicy_metrics(
-    train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor, seg: torch.Tensor, n: int,
-    log_ratio: torch.Tensor | None = None,
+    train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor, rows: Rows, seg: torch.Tensor,
+    n: int, log_ratio: torch.Tensor | None = None,
 ) -> Metrics:
     """KL(pi_rollout || pi_train) (k1 and k3), perplexities and their log differences (per-row
     means, then the mean over every row), chi-squared of token and sequence ratios ``(n,)``.
@@ -434,16 +436,16 @@ def offpolicy_metrics(
     m: Metrics = {}
     if log_ratio is None:
         log_ratio = train_log_prob - rollout_log_prob
-    count = row_mask_count(mask) + MEAN_EPS
-    lp_train = masked_sum_rows(train_log_prob, mask) / count
-    lp_roll = masked_sum_rows(rollout_log_prob, mask) / count
+    count = row_mask_count(mask, rows) + MEAN_EPS
+    lp_train = masked_sum_rows(train_log_prob, mask, rows) / count
+    lp_roll = masked_sum_rows(rollout_log_prob, mask, rows) / count
     m["training_ppl"] = seg_mean(torch.exp(-lp_train), seg, n)
     m["training_log_ppl"] = seg_mean(-lp_train, seg, n)
     # rollout - train is exactly -(train - rollout), and so are their sums
-    row_sum = masked_sum_rows(log_ratio, mask)
-    m["kl"] = seg_sum(-row_sum, seg, n) / (step_mask_count(mask, seg, n) + MEAN_EPS)
+    row_sum = masked_sum_rows(log_ratio, mask, rows)
+    m["kl"] = seg_sum(-row_sum, seg, n) / (step_mask_count(mask, rows, seg, n) + MEAN_EPS)
     ratio = torch.exp(log_ratio)
-    m["k3_kl"] = step_masked_mean(torch.sub(ratio, log_ratio).sub_(1.0), mask, seg, n)
+    m["k3_kl"] = step_masked_mean(torch.sub(ratio, log_ratio).sub_(1.0), mask, rows, seg, n)
     m["rollout_ppl"] = seg_mean(torch.exp(-lp_roll), seg, n)
     m["rollout_log_ppl"] = seg_mean(-lp_roll, seg, n)
     diff = lp_roll - lp_train
@@ -454,7 +456,7 @@ def offpolicy_metrics(
     m["ppl_ratio"] = seg_mean(torch.exp(diff), seg, n)
     # exp(clamp(x, -b, b)) as clamp(exp(x), exp(-b), exp(b)): exp is monotone, one exp serves both
     rho = ratio.clamp_(min=_EXP_LO, max=_EXP_HI)
-    m["chi2_token"] = seg_sum(masked_square_sum_rows(rho, mask), seg, n) / (step_mask_count(mask, seg, n) + MEAN_EPS) - 1.0
+    m["chi2_token"] = seg_sum(masked_square_sum_rows(rho, mask, rows), seg, n) / (step_mask_count(mask, rows, seg, n) + MEAN_EPS) - 1.0
     row_sum = torch.clamp(row_sum, -SAFETY_BOUND, SAFETY_BOUND)
     m["chi2_seq"] = seg_mean(torch.exp(2.0 * row_sum), seg, n) - 1.0
     return m
@@ -467,8 +469,8 @@ def offpolicy_metrics(
 class CorrectionResult:
     """What :func:`correct` produced for a packed batch."""
 
-    weights: torch.Tensor | None  # (rows, tokens) IS weights, None when rollout_is is off
-    mask: torch.Tensor  # (rows, tokens) response_mask after rejection
+    weights: torch.Tensor | None  # (tokens,) IS weights, None when rollout_is is off
+    mask: torch.Tensor  # (tokens,) response_mask after rejection
     metrics: Metrics  # "rollout_corr/<name>" -> (n,)
     empty: torch.Tensor  # (n,) bool: segments without a single masked token (verl raises)
     failed: dict[str, torch.Tensor] = field(default_factory=dict)  # message -> (n,) bool, verl raises
@@ -480,25 +482,27 @@ def correct(
     rollout_log_prob: torch.Tensor,
     mask: torch.Tensor,
     cfg: CorrectionConfig,
+    rows: Rows,
     seg: torch.Tensor,
     n: int,
 ) -> CorrectionResult:
     """verl's ``compute_rollout_correction_and_rejection_mask`` on each segment of ``seg``:
     IS weights (if ``rollout_is``), rejection (if ``rollout_rs``), off-policy diagnostics always.
-    Inputs ``(rows, tokens)``; metric values for segments in ``empty`` are not meaningful."""
+    Inputs ``(tokens,)`` in the layout ``rows``; ``seg`` ``(rows,)`` the segment of each row; metric values for segments in ``empty`` are not meaningful."""
     log_ratio = train_log_prob - rollout_log_prob
     metrics: Metrics = {}
     weights = None
     if cfg.rollout_is is not None:
-        weights, im = is_weights(log_ratio, mask, cfg, seg, n)
+        weights, im = is_weights(log_ratio, mask, cfg, rows, seg, n)
         metrics.update(im)
     new_mask = mask
     if cfg.rs:
-        ctx = RSContext(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND), mask, train_log_prob, rollout_log_prob)
+        ctx = RSContext(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND), mask, train_log_prob, rollout_log_prob,
+                        rows)
         new_mask, rm = rejection_mask(ctx, cfg.rs, seg, n)
         metrics.update(rm)
-    metrics.update(offpolicy_metrics(train_log_prob, rollout_log_prob, mask, seg, n, log_ratio))
-    empty = step_mask_count(mask, seg, n) == 0
+    metrics.update(offpolicy_metrics(train_log_prob, rollout_log_prob, mask, rows, seg, n, log_ratio))
+    empty = step_mask_count(mask, rows, seg, n) == 0
     failed = {EMPTY_MESSAGE: empty}
     if weights is not None:
         failed[ZERO_WEIGHTS_MESSAGE] = torch.isinf(metrics["rollout_is_eff_sample_size"]) & ~empty

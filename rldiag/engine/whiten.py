@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine.errors import StepErrors
+from rldiag.engine.layout import Rows
 from rldiag.engine.segments import MEAN_EPS, masked_square_sum_rows, seg_sum, step_mask_count, step_masked_sum
 
 WHITEN_EPS = 1e-8
@@ -19,20 +20,22 @@ WHITEN_EPS = 1e-8
 def step_whiten(
     values: torch.Tensor,
     mask: torch.Tensor,
+    rows: Rows,
     step_ids: torch.Tensor,
     n_steps: int,
     errors: StepErrors | None = None,
     what: str = "whitening",
 ) -> torch.Tensor:
-    """Whiten ``values`` ``(rows, tokens)`` over the masked tokens of each step.
+    """Whiten ``values`` ``(tokens,)`` over the masked tokens of each step (``step_ids``: the
+    step of each row of ``rows``).
 
-    Returns ``(rows, tokens)``; positions outside the mask are shifted and scaled too (as in
+    Returns ``(tokens,)``; positions outside the mask are shifted and scaled too (as in
     verl), callers multiply by the mask where verl does.
     """
-    n = step_mask_count(mask, step_ids, n_steps)
-    mean = step_masked_sum(values, mask, step_ids, n_steps) / (n + MEAN_EPS)
-    centered = values - mean[step_ids].unsqueeze(-1)
-    var = seg_sum(masked_square_sum_rows(centered, mask), step_ids, n_steps) / (n + MEAN_EPS)
+    n = step_mask_count(mask, rows, step_ids, n_steps)
+    mean = step_masked_sum(values, mask, rows, step_ids, n_steps) / (n + MEAN_EPS)
+    centered = values - rows.expand(mean[step_ids])
+    var = seg_sum(masked_square_sum_rows(centered, mask, rows), step_ids, n_steps) / (n + MEAN_EPS)
     bad = n <= 1
     if errors is not None and bool(bad.any()):
         errors.flag(
@@ -45,4 +48,4 @@ def step_whiten(
             "divides by zero (verl's masked_var raises ValueError)",
         )
     var = var * n / (n - 1).clamp_min(1)
-    return centered.mul_(torch.rsqrt(var + WHITEN_EPS)[step_ids].unsqueeze(-1))
+    return centered.mul_(rows.expand(torch.rsqrt(var + WHITEN_EPS)[step_ids]))

@@ -70,7 +70,7 @@ def replay_statistic(sf: StepFile, settings: Settings) -> tuple[torch.Tensor, to
         return None
     m = b.response_mask
     kld = kl_estimate(settings["algorithm.kl_penalty"], b.old_log_probs, b.ref_log_prob) * m
-    row_kl = (kld * m).sum(-1) / (m.sum(-1) + MEAN_EPS)
+    row_kl = b.rows.sum(kld * m) / (b.rows.sum(m) + MEAN_EPS)
     return row_kl.mean().reshape(1), torch.tensor([float(b.n_rows)])
 
 

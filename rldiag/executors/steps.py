@@ -4,9 +4,10 @@ and therefore write bit-identical results.
 1. :func:`fetch` one step: stat and hash its file (or keep the previous hash, see
    :func:`_known_hash`), decide whether the previous result can be reused, else load it.
 2. :func:`packs` groups loaded steps: consecutive steps of one *chunk* up to a budget of
-   ``rows x width`` slots; a failed or reused step ends the pack before it. Packing changes
-   float32 rounding (reductions over a wider padded batch), so pack boundaries must not depend on
-   the executor: chunks are fixed runs of steps, the unit a distributed executor hands to a worker.
+   tokens; a failed or reused step ends the pack before it. Packing can change float rounding
+   (the scans cut the packed tokens into fixed chunks, so where a row starts matters in the last
+   bit), so pack boundaries must not depend on the executor: chunks are fixed runs of steps, the
+   unit a distributed executor hands to a worker.
 3. :func:`compute_pack` runs the engine on a pack and returns one :class:`StepOutcome` per step:
    a metrics row and, with ``save_tokens``, an Arrow table of per-token results. No tensor leaves.
 """
@@ -40,7 +41,7 @@ from rldiag.io.rundir import StepFile
 #: Steps read ahead on the loader thread (bounded: memory stays flat as the run grows).
 PREFETCH = 2
 
-#: Pack steps together until this many (rows x width) token slots; one step may exceed it alone.
+#: Pack steps together until this many tokens; one step may exceed it alone.
 DEFAULT_PACK_TOKENS = 1 << 19
 
 #: Steps per chunk: a pack never spans two chunks; a Ray task computes one chunk.
@@ -265,7 +266,7 @@ def packs(fetched: Iterable[Fetched], pack_tokens: int) -> Iterator[Fetched | li
                 pending, slots = [], 0
             yield f
             continue
-        size = f.data.n_rows * f.data.batch.width
+        size = f.data.n_tokens
         if pending and (slots + size > pack_tokens or f.task.chunk != pending[0].task.chunk):
             yield pending
             pending, slots = [], 0
@@ -301,18 +302,17 @@ def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
     failed = {s: f"ComputeError: {m}" for s, m in result.failed.items()}
     rows = _metric_rows(result, {f.task.step for f in pack} - set(failed))
     out = []
-    row0 = 0
+    tok0 = 0
     for f in pack:
         d = f.data
-        sel = slice(row0, row0 + d.n_rows)
-        row0 += d.n_rows
+        sel = slice(tok0, tok0 + d.n_tokens)  # the step's tokens in the packed layout
+        tok0 += d.n_tokens
         if d.step in failed:
             out.append(StepOutcome(d.step, f.record(), "failed", error=failed[d.step]))
             continue
         tokens = None
         if job.save_tokens:
-            width = int(d.batch.lengths.max()) if d.n_rows else 0
-            tokens = tokens_table({k: v[sel, : max(width, 1)] for k, v in result.tokens.items()}, d.batch.lengths)
+            tokens = tokens_table({k: v[sel] for k, v in result.tokens.items()}, d.batch.lengths)
         out.append(StepOutcome(d.step, f.record(), "done", metrics=rows[d.step], tokens=tokens,
                                rows=d.n_rows, n_tokens=d.n_tokens))
     return out

@@ -1,9 +1,11 @@
-"""Batch files (Parquet or Arrow IPC) -> padded ``(rows, tokens)`` tensors.
+"""Batch files (Parquet or Arrow IPC) -> the engine's packed token layout.
 
-Everything is done on Arrow's flat values and offsets, never with a Python loop per row:
-lengths come from ``list_value_length``, values from ``list_flatten``, and padding is one
-scatter of the flat values into a ``(rows, width)`` tensor. Only the columns a recompute can use
-are read, and one step is loaded at a time so memory does not grow with the run.
+Arrow's list layout is the engine's: a list column is its flat values and its row offsets, so a
+token column becomes a flat ``(tokens,)`` tensor sharing Arrow's buffer (zero-copy when the
+file holds float32 values and one chunk; a cast or a concatenation otherwise), never padded to
+the longest row. Everything is done on Arrow's flat values and offsets, never with a Python loop
+per row. Only the columns a recompute can use are read, and one step is loaded at a time so
+memory does not grow with the run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import TOKEN_FIELDS, Batch
+from rldiag.engine.layout import Rows, row_ids_of
 from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.arrays import parquet_file, to_numpy
 from rldiag.io.fs import arrow_source, open_input_file
@@ -236,18 +239,12 @@ def validate_table(table: pa.Table, sf: StepFile) -> dict[str, Ragged]:
     return ragged
 
 
-def _pad(r: Ragged, valid: torch.Tensor | None, rows: int, width: int) -> torch.Tensor:
-    """The flat values as a zero-padded ``(rows, width)`` float32 tensor.
-
-    ``valid`` is the ``(rows, width)`` in-row mask; the flat values are in row-major order, so one
-    ``masked_scatter`` places them. ``valid=None`` means every row has the full width (a reshape).
-    """
-    with warnings.catch_warnings():  # Arrow's buffers are read-only; they are only read here
+def _flat(r: Ragged) -> torch.Tensor:
+    """The flat values as a float32 ``(tokens,)`` tensor, sharing Arrow's buffer when they are
+    float32 already. The engine never writes into its inputs (tests/engine/test_inputs_read_only.py)."""
+    with warnings.catch_warnings():  # Arrow's buffers are read-only; the engine only reads them
         warnings.simplefilter("ignore", UserWarning)
-        src = torch.from_numpy(r.values.astype(np.float32, copy=False))
-    if valid is None:
-        return src.reshape(rows, width).clone()
-    return torch.zeros((rows, width), dtype=torch.float32).masked_scatter_(valid, src)
+        return torch.from_numpy(r.values.astype(np.float32, copy=False))
 
 
 def _extra_column(col: pa.ChunkedArray, name: str, where: dict) -> torch.Tensor:
@@ -294,19 +291,16 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
     ragged = validate_table(table, sf)
     rows = table.num_rows
     lengths = ragged["response_mask"].lengths
-    width = max(1, int(lengths.max()) if rows else 1)
     total = int(lengths.sum())
-    lengths_t = torch.from_numpy(lengths)
-    full = bool((lengths == width).all())
-    valid = None if full else torch.arange(width).unsqueeze(0) < lengths_t.unsqueeze(1)
-    tensors = {name: _pad(r, valid, rows, width) for name, r in ragged.items()}
+    offsets = torch.from_numpy(ragged["response_mask"].offsets)
+    layout = Rows(offsets, row_ids_of(offsets))
+    tensors = {name: _flat(r) for name, r in ragged.items()}
     where = {"file": str(sf.path), "step": sf.step}
     if "token_level_scores" not in tensors:
         score = torch.from_numpy(_scalar(table["score"], "score", "float", where).astype(np.float32))
-        scores = torch.zeros((rows, width), dtype=torch.float32)
+        scores = torch.zeros(total, dtype=torch.float32)
         live = torch.from_numpy(lengths > 0)
-        last = torch.from_numpy(np.maximum(lengths - 1, 0))
-        scores[torch.arange(rows)[live], last[live]] = score[live]
+        scores[layout.offsets[1:][live] - 1] = score[live]  # the row's last token
         tensors["token_level_scores"] = scores
     uids = pc.cast(table["uid"].combine_chunks(), pa.string())
     groups = pc.dictionary_encode(uids)
@@ -323,6 +317,7 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
             _scalar(table["reward_baselines"], "reward_baselines", "float", where).astype(np.float32)
         )
     extra = {name: tensors.pop(name) for name in list(tensors) if name not in BATCH_COLUMNS}
+    token_extra = tuple(extra)
     for name in table.column_names:
         if name not in BATCH_COLUMNS and name not in extra:
             extra[name] = _extra_column(table[name], name, where)
@@ -338,5 +333,7 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
         **{k: v for k, v in tensors.items() if k in TOKEN_FIELDS},
         **kwargs,
         extra=extra,
+        token_extra=token_extra,
+        rows=layout,
     )
     return StepData(step=sf.step, file=sf.path, batch=batch, uids=uids, n_rows=rows, n_tokens=total)

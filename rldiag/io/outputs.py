@@ -46,26 +46,30 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def tokens_table(tokens: dict[str, torch.Tensor], lengths: torch.Tensor, row_offset: int = 0) -> pa.Table:
-    """Unpad ``(rows, tokens)`` tensors into list columns of length T_i (no per-row loop)."""
+    """Flat ``(tokens,)`` tensors of rows of ``lengths`` ``(rows,)`` (the packed layout) as list
+    columns of length T_i: the values wrapped with the row offsets, nothing re-padded."""
     import torch  # here, not at the top: readers of scenarios (the app) never load torch
 
     lengths_np = lengths.cpu().numpy().astype(np.int64)
-    offsets = np.zeros(len(lengths_np) + 1, dtype=np.int32)
+    total = int(lengths_np.sum())
+    large = total >= 2**31
+    offsets = np.zeros(len(lengths_np) + 1, dtype=np.int64 if large else np.int32)
     np.cumsum(lengths_np, out=offsets[1:])
-    width = int(next(iter(tokens.values())).shape[1]) if tokens else 0
-    valid = torch.arange(width).unsqueeze(0) < lengths.cpu().unsqueeze(1)
     cols: dict[str, pa.Array] = {"row": from_numpy(np.arange(len(lengths_np), dtype=np.int64) + row_offset)}
     off = from_numpy(offsets)
+    list_type = pa.LargeListArray if large else pa.ListArray
     for name in TOKEN_OUTPUTS:
         t = tokens.get(name)
         if t is None:
             continue
-        flat = t.detach().cpu()[valid]
+        flat = t.detach().cpu()
+        if flat.shape != (total,):
+            raise ValueError(f"token output {name!r} has shape {tuple(flat.shape)}, expected ({total},)")
         if name == "response_mask":
             values = from_numpy(flat.to(torch.int8).numpy())
         else:
             values = from_numpy(flat.to(torch.float32).numpy())
-        cols[name] = pa.ListArray.from_arrays(off, values)
+        cols[name] = list_type.from_arrays(off, values)
     return pa.table(cols)
 
 

@@ -17,6 +17,7 @@ from rldiag.config.settings import resolve_settings
 from rldiag.errors import BatchError, CaptureError, MissingInputError
 from rldiag.io.loader import load_step, read_table
 from rldiag.io.rundir import RunDir, iter_metrics_lines
+from tests.engine.packing import to_packed
 
 # Two prompts left-padded to width 3, responses right-padded to width 6.
 # Row 0: a, CALL, obs, obs, b, EOS  (tool tokens at 2, 3), full width.
@@ -79,8 +80,10 @@ def test_dataproto_roundtrip_through_the_loader(tmp_path):
         np.testing.assert_allclose(np.concatenate(table[col]), np.concatenate(_unpadded(batch.batch[src])), rtol=0)
     step = load_step(sf, resolve_settings(tmp_path))
     assert step.batch.lengths.tolist() == LENGTHS
-    assert torch.equal(step.batch.response_mask, MASK.float())
-    assert torch.equal(step.batch.old_log_probs, torch.where(ATTN[:, 3:].bool(), batch.batch["old_log_probs"], 0.0))
+    # the loader's packed layout: each row's first LENGTHS[i] tokens, one row after another
+    assert torch.equal(step.batch.response_mask, to_packed(MASK.float(), LENGTHS)[0])
+    want_old = torch.where(ATTN[:, 3:].bool(), batch.batch["old_log_probs"], 0.0)
+    assert torch.equal(step.batch.old_log_probs, to_packed(want_old, LENGTHS)[0])
 
 
 def test_plain_mapping_with_response_attention_and_lists(tmp_path):

@@ -20,6 +20,7 @@ from rldiag.config.settings import resolve_settings
 from rldiag.engine.advantage import ESTIMATORS, AdvInput
 from rldiag.engine.batch import Batch, pack
 from rldiag.engine.errors import StepErrors
+from tests.engine.packing import to_packed, to_padded
 
 HS = hsettings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DYADIC = np.array([0.0, 0.5, 1.0, 1.5, 2.0, -1.0])
@@ -140,34 +141,36 @@ def _codes(keys: list) -> torch.Tensor:
     return torch.tensor([index[k] for k in keys], dtype=torch.long)
 
 
-def to_batch(c: Case, step: int = 1, width: int | None = None) -> Batch:
-    """One-step engine batch of a case (optionally padded wider), with every extra column."""
-    w = width or c.mask.shape[1]
+def to_batch(c: Case, step: int = 1) -> Batch:
+    """One-step engine batch of a case (the packed layout of its padded tensors), with every
+    extra column."""
+    lengths = torch.tensor(c.lengths, dtype=torch.long)
 
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, w - t.shape[1]))
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return to_packed(t, lengths)[0]
 
     g = _codes(c.uids)
     return Batch(
-        response_mask=pad(c.mask),
-        token_level_scores=pad(c.rewards),
-        lengths=torch.tensor(c.lengths, dtype=torch.long),
+        response_mask=flat(c.mask),
+        token_level_scores=flat(c.rewards),
+        lengths=lengths,
         step_ids=torch.zeros(c.rows, dtype=torch.long),
         group_ids=g,
         steps=[step],
         n_groups=int(g.max()) + 1,
         max_response_length=torch.tensor([max(c.lengths)]),
-        values=pad(c.values),
-        old_log_probs=pad(c.old_lp),
+        values=flat(c.values),
+        old_log_probs=flat(c.old_lp),
         reward_baselines=c.baselines.clone(),
         extra={
-            "sum_pi_squared": pad(c.spp),
+            "sum_pi_squared": flat(c.spp),
             "traj_uid": _codes(c.traj),
             "step_index": torch.tensor(c.step_idx, dtype=torch.long),
             "session_id": _codes(c.sessions),
             "output_index": torch.tensor(c.out_idx, dtype=torch.long),
             **{k: v.clone() for k, v in c.comps.items()},
         },
+        token_extra=("sum_pi_squared",),
     )
 
 
@@ -186,13 +189,14 @@ def settings_for(name: str, gamma: float = 1.0, lam: float = 1.0, norm: bool = T
 
 
 def run(name: str, batch: Batch, s=None, drop_extra: tuple[str, ...] = ()):
-    """``(advantages, returns, failed)`` of one estimator on ``batch``."""
+    """``(advantages, returns, failed)`` of one estimator on ``batch``; the token outputs back as
+    padded ``(rows, longest row)`` matrices for the row-wise checks."""
     s = s or settings_for(name)
     if drop_extra:
         batch = replace(batch, extra={k: v for k, v in batch.extra.items() if k not in drop_extra})
     errors = StepErrors(batch.steps)
     adv, ret = ESTIMATORS.get(name)(AdvInput(batch, batch.token_level_scores, batch.response_mask, s, errors))
-    return adv, ret, errors.failed()
+    return to_padded(adv, batch.rows), to_padded(ret, batch.rows), errors.failed()
 
 
 def run_packed(name: str, cs: list[Case], s=None, drop_extra: tuple[str, ...] = ()):

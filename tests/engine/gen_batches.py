@@ -1,6 +1,8 @@
 """Hypothesis strategies for random steps with everything a loss or a rollout correction reads:
 tool gaps, fully masked rows, singleton and all-equal groups (row-constant advantages repeated),
-long rows, a log-ratio beyond the +-20 clamp now and then; and helpers to pad them to tensors."""
+long rows, a log-ratio beyond the +-20 clamp now and then; and helpers to turn them into the
+engine's packed token layout (flat ``(tokens,)`` tensors, :class:`rldiag.engine.layout.Rows`)
+and engine outputs back into padded ``(rows, width)`` matrices for the row-wise assertions."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from rldiag.engine.aggregation import AggNorm
 from rldiag.engine.batch import Batch
+from rldiag.engine.layout import Rows
 
 
 @st.composite
@@ -67,10 +70,24 @@ def pad(lists, width=None):
     return t
 
 
-def packed(steps, key, width=None):
-    """Concatenate ``key`` of several steps, padded to one width ``(rows, tokens)``."""
-    lists = [x for d in steps for x in d[key]]
-    return pad(lists, width)
+def flat(lists):
+    """Rows of values, one after the other: a flat ``(tokens,)`` float32 tensor."""
+    return torch.tensor([float(v) for x in lists for v in x], dtype=torch.float32)
+
+
+def packed(steps, key):
+    """``key`` of several steps in the packed layout ``(tokens,)`` (rows in step order)."""
+    return flat([x for d in steps for x in d[key]])
+
+
+def layout(steps) -> Rows:
+    """The row layout of :func:`packed` tensors of ``steps``."""
+    return Rows.from_lengths(torch.tensor([L for d in steps for L in d["lengths"]], dtype=torch.long))
+
+
+def padded(t, steps, width=None):
+    """A packed engine output of ``steps`` back as a right-padded ``(rows, width)`` matrix."""
+    return layout(steps).pad(t, width)
 
 
 def step_ids(steps):
@@ -81,22 +98,22 @@ def unpad(t, lengths):
     return [t[i, :L].tolist() for i, L in enumerate(lengths)]
 
 
-def batch_of(steps, width=None, **extra) -> Batch:
+def batch_of(steps, **extra) -> Batch:
     """A Batch of the steps (one packed step each), uid = row (singleton groups)."""
     lengths = [L for d in steps for L in d["lengths"]]
     sid = step_ids(steps)
     return Batch(
-        response_mask=packed(steps, "mask", width),
-        token_level_scores=torch.zeros_like(packed(steps, "mask", width)),
+        response_mask=packed(steps, "mask"),
+        token_level_scores=torch.zeros_like(packed(steps, "mask")),
         lengths=torch.tensor(lengths, dtype=torch.long),
         step_ids=sid,
         group_ids=torch.arange(len(lengths)),
         steps=list(range(1, len(steps) + 1)),
         n_groups=len(lengths),
         max_response_length=torch.tensor([max(d["lengths"]) for d in steps]),
-        old_log_probs=packed(steps, "old", width),
-        log_probs=packed(steps, "new", width),
-        rollout_log_probs=packed(steps, "rollout", width),
+        old_log_probs=packed(steps, "old"),
+        log_probs=packed(steps, "new"),
+        rollout_log_probs=packed(steps, "rollout"),
         **extra,
     )
 
@@ -109,6 +126,7 @@ def step_norm(steps, sid, *, given_tokens=None, given_rows=True, scale=None) -> 
         step_ids=sid,
         n_steps=len(steps),
         horizon=torch.tensor([max(d["lengths"]) for d in steps]),
+        rows=layout(steps),
         batch_num_tokens=None if given_tokens is None else torch.tensor([c + given_tokens for c in counts]),
         global_batch_size=torch.tensor([float(len(d["lengths"])) for d in steps]) if given_rows else None,
         loss_scale_factor=scale,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+import torch
+
 
 def masked_whiten_ref(values, mask):
     flat = [v for row, mrow in zip(values, mask) for v, m in zip(row, mrow) if m]
@@ -87,3 +89,44 @@ def vanilla_token_losses_ref(old, new, adv, clip_low, clip_high, clip_c):
         clipped.append(crow)
         lower.append(lwrow)
     return out, clipped, lower
+
+
+# ---- verl's one-position-at-a-time recursions on padded (rows, T) tensors: the references of
+# the engine's segmented scans (rldiag.engine.scan)
+
+
+def reverse_linear_scan_loop(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The same recurrence, one vectorised step per position (the reference; verl's form)."""
+    out = torch.empty_like(b)
+    x = torch.zeros_like(b[..., 0])
+    for t in range(b.shape[-1] - 1, -1, -1):
+        x = a[..., t] * x + b[..., t]
+        out[..., t] = x
+    return out
+
+
+def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """verl's GAE recursion one position at a time, vectorised over rows (the reference form)."""
+    r, v, m = rewards.T.contiguous(), values.T.contiguous(), mask.T.contiguous()
+    out = torch.empty_like(r)
+    nextvalues = torch.zeros(r.shape[1], dtype=r.dtype, device=r.device)
+    lastgaelam = torch.zeros(r.shape[1], dtype=r.dtype, device=r.device)
+    for t in range(r.shape[0] - 1, -1, -1):
+        delta = r[t] + gamma * nextvalues - v[t]
+        candidate = delta + gamma * lam * lastgaelam
+        nextvalues = v[t] * m[t] + (1 - m[t]) * nextvalues
+        lastgaelam = candidate * m[t] + (1 - m[t]) * lastgaelam
+        out[t] = lastgaelam
+    return out.T
+
+
+def reward_to_go_loop(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """REINFORCE++'s resetting reward-to-go one position at a time on padded ``(rows, T)``."""
+    r, m = rewards.T.contiguous(), mask.T.contiguous()
+    out = torch.empty_like(r)
+    running = torch.zeros(r.shape[1], dtype=r.dtype, device=r.device)
+    for t in range(r.shape[0] - 1, -1, -1):
+        running = r[t] + gamma * running
+        out[t] = running
+        running = running * m[t]
+    return out.T

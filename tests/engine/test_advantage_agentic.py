@@ -14,6 +14,7 @@ from rldiag.errors import MissingInputError
 from tests.conftest import make_batch
 from tests.engine import reference_estimators as ref
 from tests.engine.advantage_cases import HS, cases, check_against, run, settings_for
+from tests.engine.packing import to_padded
 
 H = 0.5 / (math.sqrt(0.5) + 1e-6)
 
@@ -71,7 +72,7 @@ def test_token_gae_crosses_steps_and_skips_tool_tokens():
     assert ret[1].tolist() == pytest.approx([1.0, 0.0, 1.0], abs=1e-6)
     assert ret[0].tolist() == pytest.approx([1.0, 0.0, 0.0], abs=1e-6)
     raw = torch.tensor([[0.6, 0, 0], [0.9, 0, 0.8]])
-    m = b.response_mask
+    m = to_padded(b.response_mask, b.rows)
     mean = (raw * m).sum() / 3
     var = (((raw - mean) ** 2) * m).sum() / 3 * 1.5
     torch.testing.assert_close(adv, (raw - mean) * torch.rsqrt(var + 1e-8), rtol=1e-5, atol=1e-6)
@@ -81,7 +82,8 @@ def test_token_gae_crosses_steps_and_skips_tool_tokens():
     solo = _agent_batch(scores=[[0, 5.0, 1.0]], mask=[[1, 0, 1]], values=[[0.2, 9.0, 0.4]], traj=[0], steps_in_traj=[0])
     g, _, _ = run("gae", solo)
     t, _, _ = run("token_gae_cross_step", solo)
-    torch.testing.assert_close(t * solo.response_mask, g * solo.response_mask)
+    m = to_padded(solo.response_mask, solo.rows)
+    torch.testing.assert_close(t * m, g * m)
 
 
 def test_traj_grpo_sums_steps_per_trajectory():

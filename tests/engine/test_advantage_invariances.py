@@ -1,6 +1,6 @@
-"""For every registered estimator: packing several steps gives the same as one step at a time
-(also with extra right padding), permuting rows within a step permutes the results, and the
-same steps fail. Plus the registry metadata and Batch packing of extra columns."""
+"""For every registered estimator: packing several steps gives the same as one step at a time,
+permuting rows within a step permutes the results, and the same steps fail. Plus the registry
+metadata and Batch packing of extra columns."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ HS15 = hsettings(max_examples=10, deadline=None, suppress_health_check=[HealthCh
 
 @pytest.mark.parametrize("name", ESTIMATORS.names())
 @HS15
-@given(cs=st.lists(cases(max_rows=7), min_size=1, max_size=3), seed=st.integers(0, 10**6), extra=st.integers(0, 4))
-def test_packing_padding_and_permutation(name, cs, seed, extra):
+@given(cs=st.lists(cases(max_rows=7), min_size=1, max_size=3), seed=st.integers(0, 10**6))
+def test_packing_and_permutation(name, cs, seed):
     s = settings_for(name, gamma=0.9, lam=0.95)
     packed = pack([to_batch(c, step=i + 1) for i, c in enumerate(cs)])
     adv_p, ret_p, failed_p = run(name, packed, s)
@@ -37,7 +37,7 @@ def test_packing_padding_and_permutation(name, cs, seed, extra):
         rows = slice(row0, row0 + c.rows)
         blocks.append(torch.from_numpy(rng.permutation(c.rows) + row0))
         row0 += c.rows
-        a1, r1, f1 = run(name, to_batch(c, step=i + 1, width=c.mask.shape[1] + extra), s)
+        a1, r1, f1 = run(name, to_batch(c, step=i + 1), s)
         failed_1.update(f1)
         if not f1:
             tol[i] = noise_tolerance(name, a1, c.mask, 1e-5)
@@ -85,7 +85,7 @@ def test_every_estimator_declares_its_needs_and_source():
     assert "algorithm.gdpo_reward_keys" in estimator_need("gdpo", resolve_settings()).all_of[0]
 
 
-def test_pack_keeps_id_codes_distinct_and_repads_token_extras():
+def test_pack_keeps_id_codes_distinct_and_concatenates_token_extras():
     c1 = to_batch(_tiny(3, 2), step=1)
     c2 = to_batch(_tiny(2, 5), step=2)
     p = pack([c1, c2])
@@ -94,11 +94,15 @@ def test_pack_keeps_id_codes_distinct_and_repads_token_extras():
     s1 = c1.extra["session_id"]
     assert p.extra["session_id"][3:].min() > s1.max()
     assert p.extra["step_index"].tolist() == c1.extra["step_index"].tolist() + c2.extra["step_index"].tolist()
-    w = max(c1.width, c2.width)
-    assert p.extra["sum_pi_squared"].shape == (5, w)
-    assert p.extra["sum_pi_squared"][:3, c1.width:].abs().sum() == 0
-    torch.testing.assert_close(p.extra["sum_pi_squared"][:3, : c1.width], c1.extra["sum_pi_squared"])
-    torch.testing.assert_close(p.extra["sum_pi_squared"][3:, : c2.width], c2.extra["sum_pi_squared"])
+    n1 = c1.n_tokens
+    assert p.token_extra == ("sum_pi_squared",)
+    assert p.extra["sum_pi_squared"].shape == (n1 + c2.n_tokens,)
+    torch.testing.assert_close(p.extra["sum_pi_squared"][:n1], c1.extra["sum_pi_squared"])
+    torch.testing.assert_close(p.extra["sum_pi_squared"][n1:], c2.extra["sum_pi_squared"])
+    # selecting rows selects their tokens of the token extras too
+    sel = p.select_rows(torch.tensor([4, 0]))
+    want = torch.cat([p.extra["sum_pi_squared"][n1 + c2.rows.offsets[1]:], p.extra["sum_pi_squared"][: c1.rows.offsets[1]]])
+    torch.testing.assert_close(sel.extra["sum_pi_squared"], want)
 
 
 def _tiny(rows, width):

@@ -17,6 +17,7 @@ from rldiag.errors import MissingInputError
 from tests.conftest import make_batch
 from tests.engine import reference_estimators as ref
 from tests.engine.advantage_cases import HS, cases, check_against, run, settings_for
+from tests.engine.packing import to_packed, to_padded
 
 LOG_HALF = math.log(0.5)
 
@@ -29,6 +30,7 @@ def _otb_batch(scores, mask, lengths=None):
     b = make_batch(scores=scores, mask=mask, uids=["g"] * len(mask), lengths=lengths,
                    old_log_probs=[[LOG_HALF] * len(mask[0])] * len(mask))
     b.extra["sum_pi_squared"] = torch.full_like(b.response_mask, 0.5)
+    b.token_extra = ("sum_pi_squared",)
     return b
 
 
@@ -69,10 +71,11 @@ def test_otb_singleton_group_has_no_baseline():
 
 def test_otb_rollout_is_weights_scale_w_by_their_square():
     b = _otb_batch([[0, 1.0], [0, 0.0]], [[1, 1], [1, 1]])
-    isw = torch.tensor([[2.0, 2.0], [1.0, 1.0]])
+    isw = to_packed(torch.tensor([[2.0, 2.0], [1.0, 1.0]]), b.lengths)[0]
     inp = AdvInput(b, b.token_level_scores, b.response_mask, settings_for("optimal_token_baseline"),
                    StepErrors(b.steps), rollout_is_weights=isw)
     adv, _ = ESTIMATORS.get("optimal_token_baseline")(inp)
+    adv = to_padded(adv, b.rows)
     # W row0 = [2, 4], row1 = [0.5, 1] -> B = [2/2.5, 4/5] = 0.8
     _eq(adv, [[0.2, 0.2], [-0.8, -0.8]])
 
@@ -84,7 +87,7 @@ def test_otb_names_the_missing_column():
         with pytest.raises(MissingInputError, match="'sum_pi_squared'.*calculate_sum_pi_squared"):
             run(name, b)
     b2 = make_batch(scores=[[0, 1.0]], mask=[[1, 1]])
-    b2.extra["sum_pi_squared"] = torch.ones(1, 2)
+    b2.extra["sum_pi_squared"] = torch.ones(2)
     with pytest.raises(MissingInputError, match="'old_log_probs'"):
         run("optimal_token_baseline", b2)
     assert ESTIMATORS.meta("tir_optimal_token_baseline")["needs"] == ("old_log_probs", "sum_pi_squared")

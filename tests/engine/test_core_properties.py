@@ -12,6 +12,7 @@ from rldiag.engine.batch import Batch, pack
 from rldiag.engine.pipeline import recompute_batch
 from tests.conftest import settings
 from tests.engine import reference_core as ref
+from tests.engine.gen_batches import flat
 
 HS = hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -46,35 +47,28 @@ def step_data(draw, min_rows=2, max_rows=9, max_len=12):
     return dict(lengths=lengths, uids=uids, mask=mask, scores=scores, values=values, old=old, new=new)
 
 
-def to_batch(d, step=1, width=None) -> Batch:
+def to_batch(d, step=1) -> Batch:
     lengths = d["lengths"]
-    W = width or int(max(lengths))
     rows = len(lengths)
-
-    def pad(lists):
-        t = torch.zeros(rows, W)
-        for i, l in enumerate(lists):
-            t[i, : len(l)] = torch.tensor(l, dtype=torch.float32)
-        return t
-
     codes = {u: i for i, u in enumerate(dict.fromkeys(d["uids"]))}
     return Batch(
-        response_mask=pad(d["mask"]),
-        token_level_scores=pad(d["scores"]),
+        response_mask=flat(d["mask"]),
+        token_level_scores=flat(d["scores"]),
         lengths=torch.tensor(lengths, dtype=torch.long),
         step_ids=torch.zeros(rows, dtype=torch.long),
         group_ids=torch.tensor([codes[u] for u in d["uids"]]),
         steps=[step],
         n_groups=len(codes),
         max_response_length=torch.tensor([int(max(lengths))]),
-        values=pad(d["values"]),
-        old_log_probs=pad(d["old"]),
-        log_probs=pad(d["new"]),
+        values=flat(d["values"]),
+        old_log_probs=flat(d["old"]),
+        log_probs=flat(d["new"]),
     )
 
 
 def unpad(t: torch.Tensor, lengths):
-    return [t[i, :L].tolist() for i, L in enumerate(lengths)]
+    """A packed ``(tokens,)`` output as one list per row."""
+    return [x.tolist() for x in torch.split(t, list(lengths))]
 
 
 def assert_close(got, want, tol=2e-5):
@@ -125,13 +119,13 @@ def test_vanilla_matches_reference(d, clips):
     assert r.metrics["actor/pg_clipfrac_lower"].item() == pytest.approx(lowfrac, rel=1e-5, abs=1e-6)
 
 
-def _compare(r1, r2, perm=None):
+def _compare(r1, r2, tok=None):
+    """Token results equal (``tok``: the token order of ``r2`` in ``r1``'s layout), metrics equal."""
     for k in ("advantages", "returns", "pg_losses"):
         a, b = r1.tokens[k], r2.tokens[k]
-        if perm is not None:
-            a = a[perm]
-        w = min(a.shape[1], b.shape[1])
-        torch.testing.assert_close(a[:, :w], b[:, :w], rtol=1e-4, atol=1e-5)
+        if tok is not None:
+            a = a[tok]
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     for k, v in r1.metrics.items():
         torch.testing.assert_close(v, r2.metrics[k], rtol=1e-4, atol=1e-5, equal_nan=True)
 
@@ -142,17 +136,25 @@ def test_row_permutation_permutes_results_and_keeps_metrics(d, est, seed):
     b = to_batch(d)
     perm = torch.from_numpy(np.random.default_rng(seed).permutation(b.n_rows))
     s = settings(estimator=est)
-    _compare(recompute_batch(b, s), recompute_batch(b.select_rows(perm), s), perm=perm)
+    _compare(recompute_batch(b, s), recompute_batch(b.select_rows(perm), s), tok=b.rows.take(perm)[1])
 
 
 @HS
 @given(step_data(), st.sampled_from(["gae", "grpo", "rloo"]), st.integers(1, 7),
        st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum"]))
-def test_extra_padding_changes_nothing(d, est, extra, agg):
+def test_where_the_step_sits_in_a_pack_changes_nothing(d, est, extra, agg):
+    """A step after ``extra`` one-token rows of another step (its tokens start elsewhere in the
+    packed layout, so the scans' chunks fall elsewhere) gives what it gives alone."""
     s = settings(estimator=est, agg=agg)
-    b1 = to_batch(d)
-    b2 = to_batch(d, width=b1.width + extra)
-    _compare(recompute_batch(b1, s), recompute_batch(b2, s))
+    alone = to_batch(d, step=2)
+    lead = to_batch(dict(lengths=[1] * extra, uids=list(range(extra)), mask=[[1]] * extra, scores=[[0.5]] * extra,
+                         values=[[0.1]] * extra, old=[[-1.0]] * extra, new=[[-0.9]] * extra), step=1)
+    both = recompute_batch(pack([lead, alone]), s)
+    one = recompute_batch(alone, s)
+    for k in ("advantages", "returns", "pg_losses"):
+        torch.testing.assert_close(both.tokens[k][extra:], one.tokens[k], rtol=1e-4, atol=1e-5)
+    for k, v in one.metrics.items():
+        torch.testing.assert_close(both.metrics[k][1:], v, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
 @HS
@@ -162,12 +164,12 @@ def test_packing_steps_equals_one_at_a_time(ds, est, agg):
     s = settings(estimator=est, agg=agg)
     singles = [to_batch(d, step=i + 1) for i, d in enumerate(ds)]
     packed = recompute_batch(pack(singles), s)
-    row0 = 0
+    tok0 = 0
     for i, b in enumerate(singles):
         one = recompute_batch(b, s)
-        rows = slice(row0, row0 + b.n_rows)
-        row0 += b.n_rows
+        toks = slice(tok0, tok0 + b.n_tokens)
+        tok0 += b.n_tokens
         for k in ("advantages", "returns", "pg_losses", "ratio"):
-            torch.testing.assert_close(packed.tokens[k][rows, : b.width], one.tokens[k], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(packed.tokens[k][toks], one.tokens[k], rtol=1e-4, atol=1e-5)
         for k, v in one.metrics.items():
             torch.testing.assert_close(packed.metrics[k][i : i + 1], v, rtol=1e-4, atol=1e-5, equal_nan=True)

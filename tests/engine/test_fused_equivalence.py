@@ -1,5 +1,6 @@
 """Fused / rewritten fast paths give verl's numbers: PPO's dual clip, the k3 estimator and the
-per-row KL sums, the clipped value loss, the credit-cut signal, and GAE with gamma * lam = 1."""
+per-row KL sums, the clipped value loss, the credit-cut signal, and GAE with gamma * lam = 1.
+Engine inputs go through the packed layout (tests.engine.packing); references stay padded."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from rldiag.engine.critic import value_loss
 from rldiag.engine.kl import k3_from_diff, kl_estimate, kl_k3, kl_row_sums
 from rldiag.engine.metrics import signal_metrics
 from rldiag.engine.policy_loss.clip import ppo_terms
-from rldiag.engine.scan import _gather_or_zero, gae_blocked, gae_loop
+from rldiag.engine.advantage import _gae_scan
 from tests.conftest import make_batch
+from tests.engine.packing import to_packed, to_padded
+from tests.engine.reference_core import gae_loop
 
 HS = hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -149,9 +152,10 @@ def test_kl_row_sums_match_masked_estimates(rows, T, seed, scale, p):
     lp, ref = _logprobs(rows, T, seed, scale)
     g = torch.Generator().manual_seed(seed + 1)
     mask = (torch.rand(rows, T, generator=g) < p).float()
-    sums, d = kl_row_sums(lp, ref, mask)
+    (lpf, layout), (reff, _), (mf, _) = (to_packed(t, [T] * rows) for t in (lp, ref, mask))
+    sums, d = kl_row_sums(lpf, reff, mf, layout)
     assert set(sums) == {"k1", "k2", "k3"}
-    assert torch.equal(d, lp - ref)
+    assert torch.equal(to_padded(d, layout, T), lp - ref)
     for name in ("k1", "k2", "k3"):
         est = kl_estimate(name, lp, ref).double() * mask.double()
         want = est.sum(-1)
@@ -165,7 +169,8 @@ def test_kl_row_sums_nonfinite_outside_mask():
     lp = torch.tensor([[float("-inf"), -1.0, -2.0], [-0.5, float("nan"), -0.1]])
     ref = torch.tensor([[-1.0, -1.5, -1.0], [-0.4, -0.3, -0.2]])
     mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]])
-    sums, _ = kl_row_sums(lp, ref, mask)
+    (lpf, layout), (reff, _), (mf, _) = (to_packed(t, [3, 3]) for t in (lp, ref, mask))
+    sums, _ = kl_row_sums(lpf, reff, mf, layout)
     for name in ("k1", "k2", "k3"):
         est = kl_estimate(name, lp, ref)
         want = torch.where(mask.bool(), est, 0.0).double().sum(-1)
@@ -202,8 +207,19 @@ def _critic_inputs(rows, T, seed, n_steps):
     mask = (torch.rand(rows, T, generator=g) < 0.7).float()
     mask[:, 0] = 1.0
     step_ids = torch.arange(rows) % n_steps
-    norm = AggNorm(step_ids=step_ids, n_steps=n_steps, horizon=torch.full((n_steps,), T))
-    return vpreds, values, returns, mask, norm
+    return vpreds, values, returns, mask, _norm(step_ids, n_steps, T, rows)
+
+
+def _norm(step_ids, n_steps, T, rows):
+    layout = to_packed(torch.zeros(rows, T), [T] * rows)[1]
+    return AggNorm(step_ids=step_ids, n_steps=n_steps, horizon=torch.full((n_steps,), T), rows=layout)
+
+
+def _value_loss_packed(vpreds, values, returns, mask, c, norm):
+    """The engine's value loss on the packed form of padded full-width inputs."""
+    T = vpreds.shape[1]
+    flat = [to_packed(t, [T] * t.shape[0])[0] for t in (vpreds, values, returns, mask)]
+    return value_loss(*flat, c, "token-mean", norm)
 
 
 @HS
@@ -213,7 +229,7 @@ def test_value_loss_equals_verl(rows, T, seed, n_steps, c):
     assume(rows >= n_steps)
     vpreds, values, returns, mask, norm = _critic_inputs(rows, T, seed, n_steps)
     before = [t.clone() for t in (vpreds, values, returns, mask)]
-    got = value_loss(vpreds, values, returns, mask, c, "token-mean", norm)
+    got = _value_loss_packed(vpreds, values, returns, mask, c, norm)
     for t, b in zip((vpreds, values, returns, mask), before):
         assert torch.equal(t, b)  # inputs untouched
     want = verl_value_loss(vpreds, values, returns, mask, c, norm.step_ids, n_steps)
@@ -228,8 +244,8 @@ def test_value_loss_examples(c):
     values = torch.tensor([[0.5, 0.1, 2.0, 0.0]])
     returns = torch.tensor([[0.0, 1.0, 2.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    norm = AggNorm(step_ids=torch.zeros(1, dtype=torch.long), n_steps=1, horizon=torch.tensor([4]))
-    got = value_loss(vpreds, values, returns, mask, c, "token-mean", norm)
+    norm = _norm(torch.zeros(1, dtype=torch.long), 1, 4, 1)
+    got = _value_loss_packed(vpreds, values, returns, mask, c, norm)
     want = verl_value_loss(vpreds, values, returns, mask, c, norm.step_ids, 1)
     for k, v in want.items():
         torch.testing.assert_close(got[k].double(), v, rtol=1e-6, atol=1e-7, msg=k)
@@ -307,10 +323,16 @@ def test_credit_cut_fraction_matches_loop(data):
 # ---- GAE with gamma * lam = 1 --------------------------------------------------------------
 
 
+def _gae_packed(r, v, m, gamma, lam):
+    T = r.shape[1]
+    (rf, layout), (vf, _), (mf, _) = (to_packed(t, [T] * t.shape[0]) for t in (r, v, m))
+    return to_padded(_gae_scan(rf, vf, mf, gamma, lam, layout), layout, T)
+
+
 @HS
 @given(st.integers(1, 6), st.integers(1, 70), st.integers(0, 10_000),
        st.sampled_from([(1.0, 1.0), (0.5, 2.0), (2.0, 0.5), (0.8, 1.25)]), st.sampled_from([0.0, 0.3, 0.7]))
-def test_gae_blocked_unit_gamma_lam_equals_loop(rows, T, seed, gl, p_gap):
+def test_gae_unit_gamma_lam_equals_loop(rows, T, seed, gl, p_gap):
     gamma, lam = gl
     assert gamma * lam == 1.0
     g = torch.Generator().manual_seed(seed)
@@ -321,13 +343,12 @@ def test_gae_blocked_unit_gamma_lam_equals_loop(rows, T, seed, gl, p_gap):
     lengths = torch.randint(0, T + 1, (rows,), generator=g)
     m = m * (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1))
     want = gae_loop(r, v, m, gamma, lam)
-    for block in (128, 4, 1):
-        got = gae_blocked(r, v, m, gamma, lam, block=block)
-        assert got.shape == (rows, T) and got.dtype == r.dtype
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    got = _gae_packed(r, v, m, gamma, lam)
+    assert got.shape == (rows, T) and got.dtype == r.dtype
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_gae_blocked_unit_gamma_lam_example():
+def test_gae_unit_gamma_lam_example():
     # one row, positions 1 and 3 masked out: A_t = sum over masked k >= t of
     # r_k + NV_{k+1} - v_k, NV = value at the next mask-1 position (0 past the end)
     r = torch.tensor([[1.0, 0.0, 0.0, 0.0, 2.0]])
@@ -337,29 +358,12 @@ def test_gae_blocked_unit_gamma_lam_example():
     d2 = 0.0 + 1.0 - 0.25
     d4 = 2.0 + 0.0 - 1.0
     want = torch.tensor([[d0 + d2 + d4, d2 + d4, d2 + d4, d4, d4]])
-    torch.testing.assert_close(gae_blocked(r, v, m, 1.0, 1.0), want)
+    torch.testing.assert_close(_gae_packed(r, v, m, 1.0, 1.0), want)
     torch.testing.assert_close(gae_loop(r, v, m, 1.0, 1.0), want)
 
 
-@HS
-@given(st.integers(1, 5), st.integers(1, 30), st.integers(0, 10_000))
-def test_gather_or_zero(rows, T, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, T, generator=g)
-    idx = torch.randint(0, T + 1, (rows, T), generator=g)
-    idx[:, -1] = T
-    got = _gather_or_zero(x, idx)
-    assert got.shape == (rows, T)
-    for i in range(rows):
-        for j in range(T):
-            k = int(idx[i, j])
-            assert got[i, j].item() == (0.0 if k == T else x[i, k].item())
-    assert (got[:, -1] == 0).all()
-    assert torch.equal(_gather_or_zero(x, torch.full((rows, T), T)), torch.zeros(rows, T))
-
-
-def test_gae_blocked_long_row_unit_gamma_lam():
-    # more positions than one block, and a long tail of mask 0
+def test_gae_long_row_unit_gamma_lam():
+    # more positions than one scan chunk, and a long tail of mask 0
     g = torch.Generator().manual_seed(3)
     T = 300
     r = torch.randn(2, T, generator=g)
@@ -367,5 +371,5 @@ def test_gae_blocked_long_row_unit_gamma_lam():
     m = torch.ones(2, T)
     m[0, 100:140] = 0.0
     m[1, 250:] = 0.0
-    torch.testing.assert_close(gae_blocked(r, v, m, 1.0, 1.0), gae_loop(r, v, m, 1.0, 1.0), rtol=1e-5, atol=1e-4)
-    assert not math.isnan(float(gae_blocked(r, v, m, 1.0, 1.0).sum()))
+    torch.testing.assert_close(_gae_packed(r, v, m, 1.0, 1.0), gae_loop(r, v, m, 1.0, 1.0), rtol=1e-5, atol=1e-4)
+    assert not math.isnan(float(_gae_packed(r, v, m, 1.0, 1.0).sum()))

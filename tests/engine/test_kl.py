@@ -18,6 +18,7 @@ from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate
 from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
 from rldiag.errors import ConfigError, UnknownKeyError
 from tests.engine.advantage_cases import HS
+from tests.engine.packing import recompute_padded, to_packed
 
 BASES = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
 
@@ -99,7 +100,8 @@ def _batch(steps, first=1) -> Batch:
     parts = []
     for i, d in enumerate(steps):
         rows = len(d["lengths"])
-        t = {k: torch.from_numpy(d[k]) for k in ("mask", "scores", "old", "ref", "new")}
+        lengths = torch.from_numpy(d["lengths"].astype(np.int64))
+        t = {k: to_packed(torch.from_numpy(d[k]), lengths)[0] for k in ("mask", "scores", "old", "ref", "new")}
         parts.append(Batch(
             response_mask=t["mask"], token_level_scores=t["scores"],
             lengths=torch.from_numpy(d["lengths"].astype(np.int64)), step_ids=torch.zeros(rows, dtype=torch.long),
@@ -151,7 +153,7 @@ def test_kl_in_reward_and_controller_match_verl_across_steps_and_packs(seed, kin
     state = initial_kl_state(s)
     for start in range(0, len(steps), per_pack):  # packs of per_pack steps, in step order
         chunk = steps[start : start + per_pack]
-        res = recompute_batch(_batch(chunk, first=start + 1), s, state)
+        res = recompute_padded(_batch(chunk, first=start + 1), s, state, width=max(d["mask"].shape[1] for d in chunk))
         row0 = 0
         for j, d in enumerate(chunk):
             rewards, current, beta = want[start + j]

@@ -6,18 +6,16 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings as hsettings, strategies as st
 
-from rldiag.engine import advantage
 from rldiag.engine.layout import Rows
 from rldiag.engine.scan import (
     cumsum_segmented,
-    gae_loop,
     gae_segmented,
     reverse_cumsum_segmented,
-    reverse_linear_scan_loop,
     reward_to_go_segmented,
     segmented_reverse_linear_scan,
 )
 from tests.engine.packing import to_packed, to_padded
+from tests.engine.reference_core import gae_loop, reverse_linear_scan_loop, reward_to_go_loop
 
 GL = [(1.0, 1.0), (1.0, 0.95), (0.99, 0.0), (0.5, 0.7), (0.3, 0.01)]
 
@@ -112,9 +110,9 @@ def test_gae_and_reward_to_go_equal_the_padded_loops(case, gl):
                                gae_loop(r, v, m, gamma, lam) * _valid(lengths, width),
                                rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(to_padded(reward_to_go_segmented(rf, mf, last, gamma), rows, width),
-                               advantage._reward_to_go_resetting(r, m, gamma), rtol=1e-4, atol=1e-4)
+                               reward_to_go_loop(r, m, gamma) * _valid(lengths, width), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(to_padded(reverse_cumsum_segmented(rf, rows), rows, width),
-                               advantage._reverse_cumsum(r), rtol=1e-5, atol=1e-5)
+                               r.flip(-1).cumsum(-1).flip(-1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(to_padded(cumsum_segmented(rf, rows), rows, width),
                                r.cumsum(-1) * _valid(lengths, width), rtol=1e-5, atol=1e-5)
 

@@ -16,7 +16,7 @@ from rldiag.errors import ConfigError
 from rldiag.recompute import check_settings
 from tests.conftest import make_batch, settings
 from tests.engine import reference_losses as ref
-from tests.engine.gen_batches import batch_of, loss_step, pad, unpad
+from tests.engine.gen_batches import batch_of, flat, loss_step, padded, unpad
 
 MB = "rldiag.micro_batch_size"
 DP = "rldiag.dp_size"
@@ -99,14 +99,15 @@ def micro_case(draw):
 def test_micro_batch_metrics_match_per_micro_batch_reference(c):
     steps, mbs, dp, loss, agg = c
     b = batch_of(steps, values=None)
-    b.values = pad([x for d in steps for x in d["values"]], b.width)
-    b.vpreds = pad([x for d in steps for x in d["vpreds"]], b.width)
-    b.token_level_scores = pad([x for d in steps for x in d["scores"]], b.width)
+    b.values = flat([x for d in steps for x in d["values"]])
+    b.vpreds = flat([x for d in steps for x in d["vpreds"]])
+    b.token_level_scores = flat([x for d in steps for x in d["scores"]])
     s = settings(estimator="gae", agg=agg, **{
         MB: mbs, DP: dp, "actor_rollout_ref.actor.policy_loss.loss_mode": loss,
         "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.3,
     })
     r = recompute_batch(b, s)
+    r.tokens = {k: padded(v, steps) for k, v in r.tokens.items()}  # (rows, width) for the row-wise checks
     row0 = 0
     for i, d in enumerate(steps):
         n = len(d["lengths"])

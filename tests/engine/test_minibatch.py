@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rldiag.engine.microbatch import segment_rows
-from rldiag.engine.pipeline import recompute_batch
 from tests.conftest import make_batch, settings
+from tests.engine.packing import recompute_padded
 
 
 def _batch():
@@ -25,8 +25,8 @@ def _batch():
 
 def test_entropy_loss_is_the_mean_of_per_mini_batch_token_means():
     b = _batch()
-    whole = recompute_batch(b, settings(estimator="grpo")).metrics["actor/entropy_loss"].item()
-    mini = recompute_batch(b, settings(estimator="grpo", **{"rldiag.mini_batch_size": 2})).metrics
+    whole = recompute_padded(b, settings(estimator="grpo")).metrics["actor/entropy_loss"].item()
+    mini = recompute_padded(b, settings(estimator="grpo", **{"rldiag.mini_batch_size": 2})).metrics
     assert whole == pytest.approx((1 + 2 + 3 + 4 + 5 + 6 + 7 + 8 + 9) / 9)
     # mini-batch 0: tokens 1,2,3,4 -> 2.5; mini-batch 1: 5,6,7,8,9 -> 7.0
     assert mini["actor/entropy_loss"].item() == pytest.approx((2.5 + 7.0) / 2)
@@ -35,7 +35,7 @@ def test_entropy_loss_is_the_mean_of_per_mini_batch_token_means():
 def test_pg_loss_with_mini_batches_matches_a_hand_computation():
     b = _batch()
     s = settings(estimator="grpo", **{"rldiag.mini_batch_size": 2})
-    r = recompute_batch(b, s)
+    r = recompute_padded(b, s)
     pg = r.tokens["pg_losses"]
     m = r.tokens["response_mask"]
     per_mini = [(pg[i:i + 2] * m[i:i + 2]).sum() / m[i:i + 2].sum() for i in (0, 2)]
@@ -55,8 +55,8 @@ def test_segments_nest_mini_rank_micro():
 
 def test_whole_step_mini_batch_changes_nothing():
     b = _batch()
-    a = recompute_batch(b, settings(estimator="grpo")).metrics
-    c = recompute_batch(b, settings(estimator="grpo", **{"rldiag.mini_batch_size": 4})).metrics
+    a = recompute_padded(b, settings(estimator="grpo")).metrics
+    c = recompute_padded(b, settings(estimator="grpo", **{"rldiag.mini_batch_size": 4})).metrics
     for k in ("actor/pg_loss", "actor/entropy_loss", "actor/pg_clipfrac", "actor/ppo_kl"):
         assert c[k].item() == pytest.approx(a[k].item(), rel=1e-6), k
 

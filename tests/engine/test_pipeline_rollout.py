@@ -10,12 +10,12 @@ import torch
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from rldiag.engine.batch import pack
-from rldiag.engine.pipeline import recompute_batch
 from rldiag.engine.rollout_correction import parse_rs
 from rldiag.errors import MissingInputError
 from tests.conftest import make_batch, settings
 from tests.engine import reference_core, reference_losses as ref
-from tests.engine.gen_batches import batch_of, loss_step, unpad
+from tests.engine.gen_batches import batch_of, flat, loss_step, unpad
+from tests.engine.packing import recompute_padded
 
 RC = "algorithm.rollout_correction."
 
@@ -35,7 +35,7 @@ def test_kl_shaping_then_rejection_then_estimator():
         "algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.kl_coef": 0.1,
         RC + "rollout_rs": "token_k1", RC + "rollout_rs_threshold": 2.0,
     })
-    r = recompute_batch(b, s)
+    r = recompute_padded(b, s)
     assert r.tokens["response_mask"].tolist() == [[1, 0, 1], [1, 1, 1]]
     # kld = old - ref = [0, 2, 0]: shaped on the ORIGINAL mask -> reward -0.2 at the rejected token
     assert r.tokens["token_level_rewards"][0].tolist() == pytest.approx([0.0, -0.2, 1.0], abs=1e-7)
@@ -59,19 +59,19 @@ def test_token_mean_counts_the_original_mask_after_rejection():
     # grpo singleton: advantage 1/(1+1e-6) on kept tokens; ratio 1 -> loss -A per kept token.
     # log r = old - rollout = [0.2, 0, -1, 0]: token 2 rejected by token_k1 at 2.
     s = settings(estimator="grpo", **{RC + "rollout_rs": "token_k1", RC + "rollout_rs_threshold": 2.0})
-    r = recompute_batch(_loss_batch(), s)
+    r = recompute_padded(_loss_batch(), s)
     a = 1 / (1 + 1e-6)
     assert r.tokens["response_mask"][0].tolist() == [1, 1, 0, 1]
     assert r.metrics["actor/pg_loss"].item() == pytest.approx(-3 * a / 4, rel=1e-6)  # / 4, not / 3
     # a loss_mask column gives the denominator when present
-    r = recompute_batch(_loss_batch(loss_mask=[[1, 1, 1, 1]]), s)
+    r = recompute_padded(_loss_batch(loss_mask=[[1, 1, 1, 1]]), s)
     assert r.metrics["actor/pg_loss"].item() == pytest.approx(-3 * a / 4, rel=1e-6)
 
 
 def test_is_weights_reach_the_policy_loss_and_the_tokens():
     # token IS, TIS 2: w = [e^0.2, 1, e^-1, 1]; loss -A w (ratio 1, A = 1/(1+1e-6))
     s = settings(estimator="grpo", **{RC + "rollout_is": "token"})
-    r = recompute_batch(_loss_batch(), s)
+    r = recompute_padded(_loss_batch(), s)
     w = [math.exp(0.2), 1.0, math.exp(-1.0), 1.0]
     assert r.tokens["rollout_is_weights"][0].tolist() == pytest.approx(w, rel=1e-6)
     a = 1 / (1 + 1e-6)
@@ -81,11 +81,11 @@ def test_is_weights_reach_the_policy_loss_and_the_tokens():
 
 
 def test_offpolicy_diagnostics_without_is_or_rejection():
-    r = recompute_batch(_loss_batch(), settings(estimator="grpo"))
+    r = recompute_padded(_loss_batch(), settings(estimator="grpo"))
     assert r.metrics["rollout_corr/kl"].item() == pytest.approx((-0.2 + 1.0) / 4, rel=1e-5)
     assert "rollout_is_weights" not in r.tokens
     assert not any(k.startswith(("rollout_corr/rollout_is", "rollout_corr/rollout_rs")) for k in r.metrics)
-    none = recompute_batch(make_batch(scores=[[1.0]], mask=[[1]], old_log_probs=[[-1.0]], log_probs=[[-1.0]]),
+    none = recompute_padded(make_batch(scores=[[1.0]], mask=[[1]], old_log_probs=[[-1.0]], log_probs=[[-1.0]]),
                            settings(estimator="grpo"))
     assert not any(k.startswith("rollout_corr/") for k in none.metrics)
 
@@ -95,14 +95,14 @@ def test_bypass_mode_swaps_old_for_rollout_and_skips_correction():
         RC + "bypass_mode": True, RC + "rollout_is": "token", RC + "rollout_rs": "token_k1",
         RC + "rollout_rs_threshold": 2.0,
     })
-    r = recompute_batch(_loss_batch(), s)
+    r = recompute_padded(_loss_batch(), s)
     assert not any(k.startswith("rollout_corr/") for k in r.metrics)  # verl skips it in bypass mode
     assert r.tokens["response_mask"][0].tolist() == [1, 1, 1, 1]
     # ratio = pi_theta / pi_rollout = exp(-1 - [-1.2, -1, 0, -1]) = [e^0.2, 1, e^-1, 1]
     assert r.tokens["ratio"][0].tolist() == pytest.approx([math.exp(0.2), 1.0, math.exp(-1.0), 1.0], rel=1e-6)
     assert r.metrics["actor/ppo_kl"].item() == pytest.approx((-0.2 + 1.0) / 4, rel=1e-5)
     with pytest.raises(MissingInputError, match="rollout_log_probs"):
-        recompute_batch(make_batch(scores=[[1.0]], mask=[[1]], old_log_probs=[[-1.0]], log_probs=[[-1.0]]), s)
+        recompute_padded(make_batch(scores=[[1.0]], mask=[[1]], old_log_probs=[[-1.0]], log_probs=[[-1.0]]), s)
 
 
 def test_bypass_mode_feeds_kl_shaping_with_the_rollout_policy():
@@ -110,7 +110,7 @@ def test_bypass_mode_feeds_kl_shaping_with_the_rollout_policy():
                    ref_log_prob=[[-1.5, -1.5]])
     s = settings(estimator="grpo", **{"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.kl_coef": 1.0,
                                       RC + "bypass_mode": True})
-    r = recompute_batch(b, s)
+    r = recompute_padded(b, s)
     assert r.tokens["token_level_rewards"][0].tolist() == pytest.approx([-0.5, 1.5], rel=1e-6)
 
 
@@ -118,7 +118,7 @@ def test_empty_step_fails_only_itself_when_rollout_correction_runs():
     good = make_batch(scores=[[1.0]], mask=[[1]], old_log_probs=[[-1.0]], log_probs=[[-1.0]], rollout_log_probs=[[-1.0]])
     empty = make_batch(scores=[[1.0]], mask=[[0]], old_log_probs=[[-1.0]], log_probs=[[-1.0]],
                        rollout_log_probs=[[-1.0]], steps=[2])
-    r = recompute_batch(pack([good, empty]), settings(estimator="grpo"))
+    r = recompute_padded(pack([good, empty]), settings(estimator="grpo"))
     assert list(r.failed) == [2] and "at least one valid token" in r.failed[2]
 
 
@@ -130,7 +130,7 @@ def test_critic_loss_is_micro_batch_local_and_ignores_loss_scale_factor():
     s = settings(estimator="gae", **{"critic.loss_agg_mode": "seq-mean-token-sum-norm",
                                      "critic.loss_scale_factor": 100.0,
                                      "actor_rollout_ref.actor.loss_scale_factor": 50.0})
-    r = recompute_batch(b, s)
+    r = recompute_padded(b, s)
     ret = r.tokens["returns"][0].tolist()  # gamma = lam = 1, V = 0: returns [1, 1, 1]
     assert ret == pytest.approx([1.0, 1.0, 1.0])
     errs = [(0.1 - 1) ** 2, (0.2 - 1) ** 2, (0.3 - 1) ** 2]  # vpreds inside the clip range 0.5
@@ -155,12 +155,10 @@ def test_pipeline_with_correction_matches_references(c):
     for d in steps:
         d["scores"] = [[0.0] * (L - 1) + [float(i % 3)] for i, L in enumerate(d["lengths"])]
     b = batch_of(steps)
-    b.token_level_scores = torch.zeros_like(b.response_mask)
-    for i, sc in enumerate(x for d in steps for x in d["scores"]):
-        b.token_level_scores[i, : len(sc)] = torch.tensor(sc)
+    b.token_level_scores = flat([x for d in steps for x in d["scores"]])
     s = settings(estimator="grpo", **{RC + "rollout_is": level, RC + "rollout_rs": rs and rs[0],
                                       RC + "rollout_rs_threshold": rs and rs[1]})
-    r = recompute_batch(b, s)
+    r = recompute_padded(b, s)
     row0 = 0
     for i, d in enumerate(steps):
         rows = slice(row0, row0 + len(d["lengths"]))

@@ -12,6 +12,7 @@ from rldiag.engine.aggregation import AggNorm
 from rldiag.engine.policy_loss import POLICY_LOSSES, PolicyLossInput, policy_loss
 from rldiag.errors import ConfigError, UnknownKeyError
 from tests.conftest import settings
+from tests.engine.packing import full_rows, to_padded
 
 LOG = math.log
 
@@ -19,17 +20,20 @@ LOG = math.log
 def run(loss, old, new, adv, mask=None, agg="token-mean", w=None, n_tokens=None, **kw):
     old_t, new_t, adv_t = (torch.tensor(x, dtype=torch.float32) for x in (old, new, adv))
     mask_t = torch.ones_like(old_t) if mask is None else torch.tensor(mask, dtype=torch.float32)
-    rows = old_t.shape[0]
+    n_rows, width = old_t.shape
+    w_t = None if w is None else torch.tensor(w, dtype=torch.float32)
+    (old_t, new_t, adv_t, mask_t, w_t), layout = full_rows(old_t, new_t, adv_t, mask_t, w_t)
     norm = AggNorm(
-        step_ids=torch.zeros(rows, dtype=torch.long), n_steps=1, horizon=torch.tensor([old_t.shape[1]]),
+        step_ids=torch.zeros(n_rows, dtype=torch.long), n_steps=1, horizon=torch.tensor([width]), rows=layout,
         batch_num_tokens=None if n_tokens is None else torch.tensor([float(n_tokens)]),
     )
     s = settings(agg=agg, **kw)
     inp = PolicyLossInput(
         old_log_prob=old_t, log_prob=new_t, advantages=adv_t, mask=mask_t, agg_mode=agg, norm=norm, settings=s,
-        rollout_is_weights=None if w is None else torch.tensor(w, dtype=torch.float32),
+        rollout_is_weights=w_t,
     )
     out = policy_loss(loss, inp)
+    out.pg_losses, out.ratio = to_padded(out.pg_losses, layout), to_padded(out.ratio, layout)
     return out, {k: v.item() for k, v in out.metrics.items()}
 
 

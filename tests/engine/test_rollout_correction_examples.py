@@ -17,6 +17,7 @@ from rldiag.engine.rollout_correction import (
 )
 from rldiag.errors import ConfigError, UnknownKeyError
 from tests.conftest import settings
+from tests.engine.packing import full_rows, to_padded
 
 E = math.exp
 
@@ -28,7 +29,11 @@ def run(train, rollout, mask=None, **kw):
     cfg = CorrectionConfig.from_settings(
         settings(**{f"algorithm.rollout_correction.{k}": v for k, v in kw.items()}), "algorithm.rollout_correction"
     )
-    res = correct(t, r, m, cfg, torch.zeros(t.shape[0], dtype=torch.long), 1)
+    (tf, rf, mf), layout = full_rows(t, r, m)
+    res = correct(tf, rf, mf, cfg, layout, torch.zeros(t.shape[0], dtype=torch.long), 1)
+    res.mask = to_padded(res.mask, layout)  # (rows, width) for the row-wise checks
+    if res.weights is not None:
+        res.weights = to_padded(res.weights, layout)
     return res, {k.removeprefix("rollout_corr/"): v.item() for k, v in res.metrics.items()}
 
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from rldiag.engine.rollout_correction import ZERO_WEIGHTS_MESSAGE, CorrectionConfig, correct, parse_rs
 from tests.engine import reference_losses as ref
-from tests.engine.gen_batches import loss_step, packed, step_ids, unpad
+from tests.engine.gen_batches import layout, loss_step, packed, padded, step_ids, unpad
 
 HS = hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -46,7 +46,12 @@ def rc_case(draw):
 
 def engine(steps, cfg):
     c = CorrectionConfig.from_settings({f"x.{k}": v for k, v in cfg.items()}, "x")
-    return correct(packed(steps, "old"), packed(steps, "rollout"), packed(steps, "mask"), c, step_ids(steps), len(steps))
+    res = correct(packed(steps, "old"), packed(steps, "rollout"), packed(steps, "mask"), c, layout(steps),
+                  step_ids(steps), len(steps))
+    res.mask = padded(res.mask, steps)  # token outputs back as (rows, width) for the row-wise checks
+    if res.weights is not None:
+        res.weights = padded(res.weights, steps)
+    return res
 
 
 def reference(d, cfg):

@@ -9,19 +9,21 @@ import torch
 
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.critic import value_loss
-from rldiag.engine.pipeline import recompute_batch
 from rldiag.engine.policy_loss import PolicyLossInput, policy_loss
 from tests.conftest import make_batch, settings
+from tests.engine.packing import full_rows, recompute_padded
 
 
 def test_gae_worked_example_raw_advantages_and_returns():
     # seed 002 section 6.2: r=[0,0,1], V=[0.2,0.3,0.4], gamma 1, lambda 0.95
     from rldiag.engine.advantage import _gae_scan
+    from rldiag.engine.layout import Rows
 
-    raw = _gae_scan(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.2, 0.3, 0.4]]), torch.ones(1, 3), 1.0, 0.95)
-    assert raw[0].tolist() == pytest.approx([0.7365, 0.67, 0.6], abs=1e-6)
+    raw = _gae_scan(torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.2, 0.3, 0.4]), torch.ones(3), 1.0, 0.95,
+                    Rows.from_lengths(torch.tensor([3])))
+    assert raw.tolist() == pytest.approx([0.7365, 0.67, 0.6], abs=1e-6)
     b = make_batch(scores=[[0, 0, 1.0]], mask=[[1, 1, 1]], values=[[0.2, 0.3, 0.4]])
-    r = recompute_batch(b, settings(estimator="gae", lam=0.95))
+    r = recompute_padded(b, settings(estimator="gae", lam=0.95))
     assert r.tokens["returns"][0].tolist() == pytest.approx([0.9365, 0.97, 1.0], abs=1e-6)
     # whitened over the 3 tokens: mean 0, Bessel variance 1 (up to the 1e-8 inside the sqrt)
     adv = r.tokens["advantages"][0]
@@ -36,10 +38,12 @@ def test_gae_worked_example_raw_advantages_and_returns():
 def test_gae_skips_tool_tokens():
     # seed 002 section 6.4: position 1 is a tool observation; position 0 still sees position 2
     from rldiag.engine.advantage import _gae_scan
+    from rldiag.engine.layout import Rows
 
     raw = _gae_scan(
-        torch.tensor([[0.0, 5.0, 1.0]]), torch.tensor([[0.2, 9.0, 0.4]]), torch.tensor([[1.0, 0.0, 1.0]]), 1.0, 1.0
-    )
+        torch.tensor([0.0, 5.0, 1.0]), torch.tensor([0.2, 9.0, 0.4]), torch.tensor([1.0, 0.0, 1.0]), 1.0, 1.0,
+        Rows.from_lengths(torch.tensor([3])),
+    ).unsqueeze(0)
     # A2 = 1 - 0.4 = 0.6; A0 = 0 + 0.4 - 0.2 + 0.6 = 0.8 (tool reward 5 and value 9 ignored)
     assert raw[0, 2].item() == pytest.approx(0.6)
     assert raw[0, 0].item() == pytest.approx(0.8)
@@ -53,7 +57,7 @@ def test_grpo_example_and_masked_broadcast():
         mask=[[1, 1, 0, 0, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1]],
         uids=["A", "A", "A"],
     )
-    r = recompute_batch(b, settings(estimator="grpo"))
+    r = recompute_padded(b, settings(estimator="grpo"))
     adv = r.tokens["advantages"]
     a = 0.5 / (0.5 + 1e-6)
     assert adv[0].tolist() == pytest.approx([a, a, 0, 0, a], abs=1e-7)
@@ -68,31 +72,33 @@ def test_grpo_two_groups_and_dr_grpo():
     b = make_batch(
         scores=[[1.0], [0.0], [0.5], [0.0], [0.0], [0.0]], mask=[[1]] * 6, uids=["A"] * 3 + ["B"] * 3
     )
-    r = recompute_batch(b, settings(estimator="grpo"))
+    r = recompute_padded(b, settings(estimator="grpo"))
     assert r.tokens["advantages"][3:].abs().max().item() == 0.0
     assert r.metrics["rldiag/groups/no_signal_fraction"].item() == pytest.approx(0.5)
-    r2 = recompute_batch(b, settings(estimator="grpo", norm_by_std=False))
+    r2 = recompute_padded(b, settings(estimator="grpo", norm_by_std=False))
     assert r2.tokens["advantages"][:3, 0].tolist() == pytest.approx([0.5, -0.5, 0.0])
 
 
 def test_grpo_singleton_group_keeps_score():
     # seed 002 section 7.4: a group of one uses mean 0, std 1 -> score / (1 + 1e-6)
     b = make_batch(scores=[[0.0, 2.0]], mask=[[1, 1]], uids=["solo"])
-    r = recompute_batch(b, settings(estimator="grpo"))
+    r = recompute_padded(b, settings(estimator="grpo"))
     assert r.tokens["advantages"][0].tolist() == pytest.approx([2.0 / (1 + 1e-6)] * 2)
 
 
 def test_rloo_example_and_singleton():
     # seed 002 section 8: R = [1, 0, 0.5] -> [0.75, -0.75, 0]; singleton keeps raw score
     b = make_batch(scores=[[1.0], [0.0], [0.5], [3.0]], mask=[[1]] * 4, uids=["A", "A", "A", "S"])
-    r = recompute_batch(b, settings(estimator="rloo"))
+    r = recompute_padded(b, settings(estimator="rloo"))
     assert r.tokens["advantages"][:, 0].tolist() == pytest.approx([0.75, -0.75, 0.0, 3.0], abs=1e-6)
 
 
 def _vanilla(old, new, adv, mask=None, **kw):
     old_t, new_t, adv_t = (torch.tensor([x], dtype=torch.float32) for x in (old, new, adv))
     mask_t = torch.ones_like(old_t) if mask is None else torch.tensor([mask], dtype=torch.float32)
-    norm = AggNorm(step_ids=torch.zeros(1, dtype=torch.long), n_steps=1, horizon=torch.tensor([old_t.shape[1]]))
+    width = old_t.shape[1]
+    (old_t, new_t, adv_t, mask_t), layout = full_rows(old_t, new_t, adv_t, mask_t)
+    norm = AggNorm(step_ids=torch.zeros(1, dtype=torch.long), n_steps=1, horizon=torch.tensor([width]), rows=layout)
     return policy_loss(
         "vanilla",
         PolicyLossInput(old_log_prob=old_t, log_prob=new_t, advantages=adv_t, mask=mask_t,
@@ -146,25 +152,26 @@ def test_log_ratio_clamp_at_20():
 )
 def test_aggregation_example(mode, expected):
     # seed 003 section 6.6: A has 8 tokens of loss 1, B 2 tokens of loss 5; horizon 8
-    loss = torch.tensor([[1.0] * 8, [5.0, 5.0] + [0.0] * 6])
-    mask = torch.tensor([[1.0] * 8, [1.0, 1.0] + [0.0] * 6])
-    norm = AggNorm(step_ids=torch.zeros(2, dtype=torch.long), n_steps=1, horizon=torch.tensor([8]))
+    (loss, mask), layout = full_rows(torch.tensor([[1.0] * 8, [5.0, 5.0] + [0.0] * 6]),
+                                     torch.tensor([[1.0] * 8, [1.0, 1.0] + [0.0] * 6]))
+    norm = AggNorm(step_ids=torch.zeros(2, dtype=torch.long), n_steps=1, horizon=torch.tensor([8]), rows=layout)
     assert aggregate(mode, loss, mask, norm).item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_seq_mean_excludes_fully_masked_rows_in_fallback_denominator():
-    loss = torch.tensor([[2.0, 2.0], [7.0, 7.0]])
-    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
-    norm = AggNorm(step_ids=torch.zeros(2, dtype=torch.long), n_steps=1, horizon=torch.tensor([2]))
+    (loss, mask), layout = full_rows(torch.tensor([[2.0, 2.0], [7.0, 7.0]]), torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    norm = AggNorm(step_ids=torch.zeros(2, dtype=torch.long), n_steps=1, horizon=torch.tensor([2]), rows=layout)
     assert aggregate("seq-mean-token-mean", loss, mask, norm).item() == pytest.approx(2.0)
-    with_b = AggNorm(step_ids=norm.step_ids, n_steps=1, horizon=norm.horizon, global_batch_size=torch.tensor([2.0]))
+    with_b = AggNorm(step_ids=norm.step_ids, n_steps=1, horizon=norm.horizon, rows=layout,
+                     global_batch_size=torch.tensor([2.0]))
     assert aggregate("seq-mean-token-mean", loss, mask, with_b).item() == pytest.approx(1.0)
 
 
 def test_value_loss_example():
     # seed 001 section 8.1: old 0.4, new 0.9, return 1.0, cliprange 0.2 -> 0.5 * max(0.01, 0.16) = 0.08
-    t = lambda x: torch.tensor([[x]])  # noqa: E731
-    norm = AggNorm(step_ids=torch.zeros(1, dtype=torch.long), n_steps=1, horizon=torch.tensor([1]))
+    t = lambda x: torch.tensor([x])  # noqa: E731
+    layout = full_rows(torch.zeros(1, 1))[1]
+    norm = AggNorm(step_ids=torch.zeros(1, dtype=torch.long), n_steps=1, horizon=torch.tensor([1]), rows=layout)
     out = value_loss(t(0.9), t(0.4), t(1.0), t(1.0), 0.2, "token-mean", norm)
     assert out["critic/vf_loss"].item() == pytest.approx(0.08, rel=1e-6)
     assert out["critic/vf_clipfrac"].item() == pytest.approx(1.0, abs=1e-7)
@@ -178,7 +185,7 @@ def test_kl_reward_shaping_example():
         old_log_probs=[[0.1, 0.2, 0.3]], ref_log_prob=[[0.0, 0.0, 0.0]],
     )
     s = settings(estimator="grpo", **{"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.kl_coef": 0.01})
-    r = recompute_batch(b, s)
+    r = recompute_padded(b, s)
     assert r.tokens["token_level_rewards"][0].tolist() == pytest.approx([-0.001, -0.002, 0.997], abs=1e-7)
     assert r.metrics["actor/reward_kl_penalty"].item() == pytest.approx(0.2, rel=1e-6)
     assert r.metrics["actor/reward_kl_penalty_coeff"].item() == pytest.approx(0.01)
@@ -192,6 +199,6 @@ def test_kl_shaping_ignores_tool_tokens():
         old_log_probs=[[0.1, 5.0, 0.3]], ref_log_prob=[[0.0, 0.0, 0.0]],
     )
     s = settings(estimator="grpo", **{"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.kl_coef": 0.01})
-    r = recompute_batch(b, s)
+    r = recompute_padded(b, s)
     assert r.tokens["token_level_rewards"][0].tolist() == pytest.approx([-0.001, 0.0, 0.997], abs=1e-7)
     assert r.metrics["actor/reward_kl_penalty"].item() == pytest.approx(0.2, rel=1e-5)

@@ -1,28 +1,66 @@
-"""The fast per-row reductions of rldiag.engine.segments against plain references, and the
-per-mask memo: never a stale value after an in-place change, the right value for other keys,
-and no entry left once the mask is freed."""
+"""The per-row reductions of rldiag.engine.segments against plain references: NaN / inf outside
+the mask never leaks in, extrema ignore whatever lies outside the mask, and nothing is
+remembered between calls (no module-global memo: an in-place change of a mask is always seen).
+
+The tests keep their padded ``(rows, T)`` inputs; the wrappers below hand the engine their packed
+form (every row full width, tests.engine.packing) and return its per-row / per-step results."""
 
 from __future__ import annotations
-
-import gc
 
 import pytest
 import torch
 from hypothesis import given, settings as hsettings, strategies as st
 
-from rldiag.engine import segments
-from rldiag.engine.segments import (
-    _MEMO,
-    _masked_row_extrema,
-    _memo,
-    masked_count_rows,
-    masked_square_sum_rows,
-    masked_sum_rows,
-    row_mask_count,
-    step_mask_count,
-    step_masked_extrema,
-    step_masked_mean,
-)
+from rldiag.engine import kernels, segments
+from tests.engine.packing import to_packed
+
+
+def _packed(*tensors):
+    """Flat forms of full-width padded tensors, and their layout."""
+    T = tensors[0].shape[1]
+    flat = [to_packed(t, [T] * t.shape[0]) for t in tensors]
+    return [f for f, _ in flat], flat[0][1]
+
+
+def masked_square_sum_rows(v, m):
+    (vf, mf), rows = _packed(v, m)
+    return segments.masked_square_sum_rows(vf, mf, rows)
+
+
+def masked_sum_rows(v, m):
+    (vf, mf), rows = _packed(v, m)
+    return segments.masked_sum_rows(vf, mf, rows)
+
+
+def masked_count_rows(cond, m):
+    (cf, mf), rows = _packed(cond, m)
+    return segments.masked_count_rows(cf, mf, rows)
+
+
+def row_mask_count(m):
+    (mf,), rows = _packed(m)
+    return segments.row_mask_count(mf, rows)
+
+
+def step_mask_count(m, sid, n):
+    (mf,), rows = _packed(m)
+    return segments.step_mask_count(mf, rows, sid, n)
+
+
+def step_masked_mean(v, m, sid, n):
+    (vf, mf), rows = _packed(v, m)
+    return segments.step_masked_mean(vf, mf, rows, sid, n)
+
+
+def step_masked_extrema(v, m, sid, n):
+    (vf, mf), rows = _packed(v, m)
+    return segments.step_masked_extrema(vf, mf, rows, sid, n)
+
+
+def _masked_row_extrema(v, m):
+    (vf, mf), rows = _packed(v, m)
+    return kernels.masked_row_extrema(vf, mf, rows)
+
 
 HS = hsettings(max_examples=40, deadline=None)
 
@@ -160,7 +198,6 @@ def test_row_mask_count_not_stale_after_in_place_change():
     m = torch.ones(3, 5)
     first = row_mask_count(m)
     assert first.tolist() == [5.0, 5.0, 5.0]
-    assert row_mask_count(m) is first  # remembered
     m[0, 0] = 0.0
     assert row_mask_count(m).tolist() == [4.0, 5.0, 5.0]
     m.mul_(0)
@@ -212,88 +249,6 @@ def test_step_masked_mean_after_in_place_mask_change():
     torch.testing.assert_close(step_masked_mean(v, m, sid, 2), torch.tensor([2.0, 5.0]))
     m[1, 2] = 0.0
     torch.testing.assert_close(step_masked_mean(v, m, sid, 2), torch.tensor([2.0, 4.5]))
-
-
-def _dead_entries() -> list:
-    return [slot for slot, entry in list(_MEMO.items()) if entry[0]() is None]
-
-
-def test_memo_entries_removed_when_mask_freed():
-    gc.collect()
-    m = torch.ones(4, 8)
-    m[0, 3:] = 0.0
-    sid = torch.tensor([0, 0, 1, 1])
-    row_mask_count(m)
-    step_mask_count(m, sid, 2)
-    masked_count_rows(torch.ones(4, 8, dtype=torch.bool), m)
-    _masked_row_extrema(torch.randn(4, 8), m)
-    mid = id(m)
-    kinds = {k for (k, i) in _MEMO if i == mid}
-    assert {"rows", "steps", "bool", "offset"} <= kinds
-    del m
-    gc.collect()
-    assert not [slot for slot in _MEMO if slot[1] == mid]
-    assert _dead_entries() == []
-
-
-def test_memo_holds_no_reference_to_its_tensor():
-    # the cached value of "rows" is a new tensor, not the mask; the memo must not keep the mask
-    # alive (else the weakref callback never fires and _MEMO grows with every step)
-    import weakref
-
-    m = torch.ones(3, 3)
-    row_mask_count(m)
-    step_mask_count(m, torch.zeros(3, dtype=torch.long), 1)
-    r = weakref.ref(m)
-    del m
-    gc.collect()
-    assert r() is None
-    assert _dead_entries() == []
-
-
-def test_memo_many_masks_do_not_accumulate():
-    gc.collect()
-    before = len(_MEMO)
-    for i in range(50):
-        m = torch.ones(2, 3 + i % 4)
-        row_mask_count(m)
-        step_mask_count(m, torch.zeros(2, dtype=torch.long), 1)
-    del m
-    gc.collect()
-    assert len(_MEMO) <= before
-    assert _dead_entries() == []
-
-
-def test_memo_reused_id_after_free_is_not_a_hit():
-    # a new tensor may get the id of a freed one: the memo must compute it afresh
-    calls = []
-    for i in range(20):
-        t = torch.full((2, 2), float(i))
-        out = _memo("test-kind", t, (), lambda t=t: (calls.append(1), t.sum().item())[1])
-        assert out == 4.0 * i
-        del t
-    assert len(calls) == 20
-    gc.collect()
-    assert not [slot for slot in _MEMO if slot[0] == "test-kind"]
-
-
-def test_memo_key_compares_tensors_by_identity_and_others_by_value():
-    t = torch.ones(2)
-    k1 = torch.tensor([0, 1])
-    calls = []
-
-    def fn():
-        calls.append(1)
-        return len(calls)
-
-    assert _memo("test-key", t, (k1, 2), fn) == 1
-    assert _memo("test-key", t, (k1, 2), fn) == 1  # hit
-    assert _memo("test-key", t, (k1.clone(), 2), fn) == 2  # other tensor object
-    assert _memo("test-key", t, (k1, 3), fn) == 3  # other scalar
-    assert _memo("test-key", t, (k1, 3, 4), fn) == 4  # other length
-    del t
-    gc.collect()
-    assert not [slot for slot in _MEMO if slot[0] == "test-key"]
 
 
 # ---- extrema -------------------------------------------------------------------------------
@@ -397,5 +352,8 @@ def test_masked_row_extrema_nan_inside_mask_propagates():
     assert (mx[1].item(), mn[1].item()) == (3.0, 2.0)
 
 
-def test_memo_module_dict_is_the_one_used():
-    assert segments._MEMO is _MEMO
+def test_no_module_global_memo():
+    """Nothing in the engine's reduction modules remembers tensors between calls."""
+    for mod in (segments, kernels):
+        held = [k for k, v in vars(mod).items() if not k.startswith("__") and isinstance(v, (dict, list, set))]
+        assert not held, f"{mod.__name__} holds module-global containers {held}"

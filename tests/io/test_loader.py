@@ -13,6 +13,7 @@ from rldiag.config.settings import resolve_settings
 from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir, StepFile
+from tests.engine.packing import to_padded
 
 
 def write(tmp_path, step, cols, fmt="parquet", name=None):
@@ -39,12 +40,13 @@ S = resolve_settings(overrides={"algorithm.adv_estimator": "grpo"})
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
-def test_pads_rows_and_groups(tmp_path, fmt):
+def test_packs_rows_and_groups(tmp_path, fmt):
     sd = load_step(write(tmp_path, 3, base_cols(), fmt), S)
     b = sd.batch
-    assert b.width == 4 and b.lengths.tolist() == [4, 1, 2]
-    assert b.response_mask.tolist() == [[1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
-    assert b.token_level_scores[2].tolist() == [0, 2.0, 0, 0]
+    assert b.lengths.tolist() == [4, 1, 2] and b.rows.offsets.tolist() == [0, 4, 5, 7]
+    assert b.response_mask.tolist() == [1, 1, 0, 1, 1, 1, 1]  # flat, rows one after another
+    assert to_padded(b.response_mask, b.rows).tolist() == [[1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
+    assert to_padded(b.token_level_scores, b.rows)[2].tolist() == [0, 2.0, 0, 0]
     assert b.group_ids.tolist() == [0, 0, 1] and b.n_groups == 2
     assert b.steps == [3] and sd.n_tokens == 7
     assert b.max_response_length.tolist() == [4]
@@ -55,13 +57,14 @@ def test_scalar_score_goes_to_the_last_position(tmp_path):
     del cols["token_level_scores"]
     cols["score"] = [1.0, 0.25, -1.0]
     b = load_step(write(tmp_path, 1, cols), S).batch
-    assert b.token_level_scores.tolist() == [[0, 0, 0, 1.0], [0.25, 0, 0, 0], [0, -1.0, 0, 0]]
+    assert to_padded(b.token_level_scores, b.rows).tolist() == [[0, 0, 0, 1.0], [0.25, 0, 0, 0], [0, -1.0, 0, 0]]
 
 
 def test_bool_masks_are_accepted(tmp_path):
     cols = base_cols()
     cols["response_mask"] = pa.array([[True, True, False, True], [True], [True, True]], pa.list_(pa.bool_()))
-    assert load_step(write(tmp_path, 1, cols), S).batch.response_mask[0].tolist() == [1, 1, 0, 1]
+    b = load_step(write(tmp_path, 1, cols), S).batch
+    assert to_padded(b.response_mask, b.rows)[0].tolist() == [1, 1, 0, 1]
 
 
 def test_length_mismatch_names_row_and_column(tmp_path):
@@ -144,9 +147,12 @@ def test_large_random_step_roundtrip(tmp_path):
     mask = pa.ListArray.from_arrays(pa.array(offs), pa.array(np.ones(len(flat), np.int8)))
     sf = write(tmp_path, 1, {"uid": [str(i % 7) for i in range(300)], "response_mask": mask, "token_level_scores": lst})
     b = load_step(sf, S).batch
+    assert b.token_level_scores.shape == (int(lengths.sum()),)  # as many values as tokens: no padding
+    assert b.rows.offsets.tolist() == offs.tolist()
+    scores = to_padded(b.token_level_scores, b.rows)
     for i in (0, 17, 299):
-        assert b.token_level_scores[i, : lengths[i]].tolist() == pytest.approx(flat[offs[i]:offs[i + 1]].tolist())
-        assert b.token_level_scores[i, lengths[i]:].abs().sum().item() == 0
+        assert scores[i, : lengths[i]].tolist() == pytest.approx(flat[offs[i]:offs[i + 1]].tolist())
+        assert scores[i, lengths[i]:].abs().sum().item() == 0
 
 
 def test_duplicate_step_files(tmp_path):

@@ -15,6 +15,7 @@ from rldiag.engine.batch import pack
 from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.loader import columns_to_read, load_step
 from rldiag.io.rundir import StepFile
+from tests.engine.packing import to_padded
 
 
 def _cols():
@@ -66,7 +67,8 @@ def test_extra_columns_land_in_batch_extra(tmp_path):
     b = load_step(sf, _settings("grpo")).batch
     assert b.extra["session_id"].tolist() == [0, 0, 1] and b.extra["output_index"].tolist() == [0, 1, 0]
     b = load_step(sf, _settings("optimal_token_baseline")).batch
-    spp = b.extra["sum_pi_squared"]
+    assert b.token_extra == ("sum_pi_squared",)
+    spp = to_padded(b.extra["sum_pi_squared"], b.rows)
     assert spp.shape == (3, 4) and spp[1].tolist() == pytest.approx([0.9, 0, 0, 0])
     b = load_step(sf, _settings("gdpo", **{"algorithm.gdpo_reward_keys": "acc,fmt"})).batch
     assert b.extra["acc"].tolist() == [1.0, 0.0, 1.0] and b.extra["acc"].dtype == torch.float32

@@ -1,7 +1,7 @@
 """Types, registry and shared helpers of the policy losses.
 
-One signature: ``fn(inp: PolicyLossInput) -> PolicyLossOutput``. Token tensors are
-``(rows, tokens)``. Every reduction "over the batch" is a segment reduction keyed by
+One signature: ``fn(inp: PolicyLossInput) -> PolicyLossOutput``. Token tensors are flat
+``(tokens,)`` in the packed layout ``inp.norm.rows`` (:mod:`rldiag.engine.layout`). Every reduction "over the batch" is a segment reduction keyed by
 ``inp.norm.step_ids``: a segment is a step, or one emulated micro-batch of one data-parallel
 rank of a step (:mod:`rldiag.engine.microbatch`), exactly the unit verl computes a policy loss on.
 """
@@ -26,20 +26,25 @@ LOG_RATIO_CLAMP = 20.0
 class PolicyLossInput:
     """What a policy loss reads.
 
-    ``norm.step_ids`` ``(rows,)`` are segment ids in ``[0, norm.n_steps)``; the normalisers of
+    ``norm.rows`` is the layout of the token tensors; ``norm.step_ids`` ``(rows,)`` are segment ids in ``[0, norm.n_steps)``; the normalisers of
     ``norm`` are per segment (the step's global token count and batch size, verl's
     ``global_batch_info``). ``dp_size``: emulated data-parallel ranks (verl's ``dp_size``).
     """
 
-    old_log_prob: torch.Tensor  # (rows, tokens) pi_old (pi_rollout in bypass mode)
-    log_prob: torch.Tensor  # (rows, tokens) pi_theta
-    advantages: torch.Tensor  # (rows, tokens)
-    mask: torch.Tensor  # (rows, tokens) post-correction response_mask
+    old_log_prob: torch.Tensor  # (tokens,) pi_old (pi_rollout in bypass mode)
+    log_prob: torch.Tensor  # (tokens,) pi_theta
+    advantages: torch.Tensor  # (tokens,)
+    mask: torch.Tensor  # (tokens,) post-correction response_mask
     agg_mode: str
     norm: AggNorm
     settings: Settings
-    rollout_is_weights: torch.Tensor | None = None  # (rows, tokens)
+    rollout_is_weights: torch.Tensor | None = None  # (tokens,)
     dp_size: int = 1
+
+    @property
+    def rows(self):
+        """The row layout of the token tensors (``norm.rows``)."""
+        return self.norm.rows
 
 
 @dataclass
@@ -54,8 +59,8 @@ class PolicyLossOutput:
     """
 
     pg_loss: torch.Tensor
-    pg_losses: torch.Tensor  # (rows, tokens), IS weights applied
-    ratio: torch.Tensor  # (rows, tokens), the importance ratio the loss uses
+    pg_losses: torch.Tensor  # (tokens,), IS weights applied
+    ratio: torch.Tensor  # (tokens,), the importance ratio the loss uses
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
     failed: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -75,7 +80,7 @@ def clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> tor
 
 def seg_masked_mean(values: torch.Tensor, inp: PolicyLossInput, mask: torch.Tensor | None = None) -> torch.Tensor:
     """verl's ``masked_mean(values, mask)`` over each segment: ``sum / (count + 1e-8)`` ``(n_seg,)``."""
-    return step_masked_mean(values, inp.mask if mask is None else mask, inp.norm.step_ids, inp.norm.n_steps)
+    return step_masked_mean(values, inp.mask if mask is None else mask, inp.rows, inp.norm.step_ids, inp.norm.n_steps)
 
 
 def weighted(losses: torch.Tensor, inp: PolicyLossInput) -> torch.Tensor:

@@ -50,7 +50,7 @@ def bypass_mode(inp: PolicyLossInput) -> PolicyLossOutput:
     loss_fn, cfg = bypass_config(inp.settings)
     seg, n = inp.norm.step_ids, inp.norm.n_steps
     rollout = inp.old_log_prob
-    res = correct(inp.log_prob, rollout, inp.mask, cfg, seg, n)
+    res = correct(inp.log_prob, rollout, inp.mask, cfg, inp.rows, seg, n)
     out = loss_fn(inp, rollout, res.mask, res.weights)
     out.metrics.update({f"actor/{k}": v for k, v in res.metrics.items()})
     for message, bad in res.failed.items():

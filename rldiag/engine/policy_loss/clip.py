@@ -22,27 +22,24 @@ from rldiag.engine.policy_loss.base import (
     weighted,
     zeros,
 )
-from rldiag.engine.segments import MEAN_EPS, masked_positive_rows, masked_sum_rows, seg_mean, seg_sum, step_mask_count
+from rldiag.engine import kernels
+from rldiag.engine.segments import MEAN_EPS, masked_sum_rows, seg_mean, seg_sum, step_mask_count
 
 
 def ppo_terms(adv: torch.Tensor, ratio: torch.Tensor, clip_low: float, clip_high: float, clip_c: float):
-    """PPO's clipped surrogate with dual clip, per token ``(rows, tokens)``.
+    """PPO's clipped surrogate with dual clip, per token ``(tokens,)``.
 
     Returns ``(l1, l2, clipped1, l3, losses)``: ``l1 = -A r``, ``l2 = -A clip(r, 1 - lo, 1 + hi)``
     (arXiv:1707.06347 eq. 7), ``clipped1 = max(l1, l2)``, ``l3 = |A| c`` (the dual-clip bound
     ``-A c`` where ``A < 0``, the only tokens it applies to) and the loss ``min(l3, clipped1)``
-    where ``A < 0`` (dual clip, arXiv:1912.09729), else ``clipped1``.
-
-    No `where` on the sign of A (a slow pass on the CPU): where ``A >= 0``,
-    ``clipped1 = -A min(r, clip(r)) <= 0 <= |A| c`` since ``r > 0``, so the minimum is clipped1
-    already; at ``A = +0`` the two are zeros of opposite sign and ``copysign`` restores verl's -0.
+    where ``A < 0`` (dual clip, arXiv:1912.09729), else ``clipped1``
+    (:func:`rldiag.engine.kernels.dual_clip`).
     """
-    neg_adv = torch.neg(adv)
-    l1 = neg_adv * ratio
-    l2 = neg_adv.mul_(torch.clamp(ratio, 1 - clip_low, 1 + clip_high))
+    l1 = -adv * ratio
+    l2 = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     clipped1 = torch.maximum(l1, l2)
-    l3 = torch.abs(adv).mul_(clip_c)
-    losses = torch.minimum(clipped1, l3).copysign_(clipped1)
+    l3 = torch.abs(adv) * clip_c
+    losses = kernels.dual_clip(adv, clipped1, l3)
     return l1, l2, clipped1, l3, losses
 
 
@@ -56,22 +53,23 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
     l1, l2, clipped1, l3, losses = ppo_terms(adv, ratio, s.clip_low, s.clip_high, clip_c)
     if weights is not None:
         losses = losses * weights
-    norm = inp.norm
-    count = step_mask_count(mask, norm.step_ids, norm.n_steps) + MEAN_EPS
+    norm, rows = inp.norm, inp.rows
+    count = step_mask_count(mask, rows, norm.step_ids, norm.n_steps) + MEAN_EPS
 
-    def frac(x: torch.Tensor) -> torch.Tensor:  # masked mean of the indicator x > 0
-        return seg_sum(masked_positive_rows(x, mask), norm.step_ids, norm.n_steps) / count
+    def masked_mean_greater(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # masked_mean(a > b)
+        return seg_sum(kernels.count_greater_masked(a, b, mask, rows), norm.step_ids, norm.n_steps) / count
 
     return PolicyLossOutput(
         pg_loss=agg(losses, inp, mask=mask),
         pg_losses=losses,
         ratio=ratio,
         metrics={
-            "actor/pg_clipfrac": frac(l2 - l1),
+            "actor/pg_clipfrac": masked_mean_greater(l2, l1),
             # the sum of -x is exactly minus the sum of x
-            "actor/ppo_kl": -seg_sum(masked_sum_rows(log_ratio, mask), norm.step_ids, norm.n_steps) / count,
-            # clipped1 > l3 = |A| c happens only where A < 0 (elsewhere clipped1 <= 0 <= l3)
-            "actor/pg_clipfrac_lower": frac(clipped1 - l3),
+            "actor/ppo_kl": -seg_sum(masked_sum_rows(log_ratio, mask, rows), norm.step_ids, norm.n_steps) / count,
+            # verl: masked_mean(clipped1 > l3 and A < 0); clipped1 > l3 = |A| c happens only
+            # where A < 0 (elsewhere clipped1 <= 0 <= l3)
+            "actor/pg_clipfrac_lower": masked_mean_greater(clipped1, l3),
         },
     )
 
@@ -118,9 +116,10 @@ def gspo(inp: PolicyLossInput) -> PolicyLossOutput:
     s = inp.settings
     adv, mask = inp.advantages, inp.mask
     log_ratio = inp.log_prob - inp.old_log_prob
-    seq_len = mask.sum(-1).clamp(min=1)
-    seq_log = (log_ratio * mask).sum(-1) / seq_len
-    ratio = torch.exp(torch.clamp(seq_log, max=10.0)).unsqueeze(-1).expand_as(log_ratio)
+    rows = inp.rows
+    seq_len = rows.sum(mask).clamp(min=1)
+    seq_log = rows.sum(log_ratio * mask) / seq_len
+    ratio = rows.expand(torch.exp(torch.clamp(seq_log, max=10.0)))
     l1 = -adv * ratio
     l2 = -adv * torch.clamp(ratio, 1 - s.clip_low, 1 + s.clip_high)
     losses = weighted(torch.maximum(l1, l2), inp)
@@ -242,18 +241,19 @@ def geo_mean(inp: PolicyLossInput) -> PolicyLossOutput:
     sgn = torch.sign(adv)
     clamped = torch.clamp(log_ratio, -s.clip_low, s.clip_high)
     chosen = sgn * torch.minimum(sgn * log_ratio, sgn * clamped)
-    count = mask.sum(-1) + 1e-8
-    row_ratio = torch.exp((chosen * mask).sum(-1) / count)
-    row_adv = (adv * mask).sum(-1) / count
+    rows = inp.rows
+    count = rows.sum(mask) + 1e-8
+    row_ratio = torch.exp(rows.sum(chosen * mask) / count)
+    row_adv = rows.sum(adv * mask) / count
     row_loss = -row_adv * row_ratio
     if inp.rollout_is_weights is not None:
-        row_loss = row_loss * torch.exp((torch.log(inp.rollout_is_weights + 1e-10) * mask).sum(-1) / count)
+        row_loss = row_loss * torch.exp(rows.sum(torch.log(inp.rollout_is_weights + 1e-10) * mask) / count)
     clipped = torch.ne(log_ratio, clamped)
     seg, n = inp.norm.step_ids, inp.norm.n_steps
     return PolicyLossOutput(
         pg_loss=seg_mean(row_loss, seg, n) / inp.dp_size,
-        pg_losses=row_loss.unsqueeze(-1) * mask,
-        ratio=row_ratio.unsqueeze(-1).expand_as(log_ratio),
+        pg_losses=rows.expand(row_loss) * mask,
+        ratio=rows.expand(row_ratio),
         metrics={
             "actor/pg_clipfrac": seg_masked_mean((clipped & (adv > 0)).float(), inp),
             "actor/ppo_kl": seg_masked_mean(-log_ratio, inp),

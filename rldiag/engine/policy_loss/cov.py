@@ -23,9 +23,9 @@ from rldiag.engine.policy_loss.base import (
 from rldiag.engine.segments import seg_count, seg_sum
 
 
-def _covariance(adv: torch.Tensor, lp: torch.Tensor, mask: torch.Tensor, seg: torch.Tensor, n: int,
+def _covariance(adv: torch.Tensor, lp: torch.Tensor, mask: torch.Tensor, rows, seg: torch.Tensor, n: int,
                 eps: float) -> torch.Tensor:
-    """``(A - mean A)(log pi - mean log pi)`` ``(rows, tokens)`` about each segment's masked means
+    """``(A - mean A)(log pi - mean log pi)`` ``(tokens,)`` about each segment's masked means
     (``sum / (count + eps)``), in float64. Sums of float32 values in float64 are (nearly always)
     exact, so the ranking does not depend on padding or on which steps are packed together, and
     equal advantages give exactly equal covariances (ties then go by position)."""
@@ -33,10 +33,10 @@ def _covariance(adv: torch.Tensor, lp: torch.Tensor, mask: torch.Tensor, seg: to
 
     m = mask.to(torch.float64)
     a, l = adv.to(torch.float64), lp.to(torch.float64)
-    cnt = seg_sum(m.sum(-1), seg, n) + eps
-    mean_a = seg_sum(masked_sum_rows(a, m), seg, n) / cnt
-    mean_l = seg_sum(masked_sum_rows(l, m), seg, n) / cnt
-    return (a - mean_a[seg].unsqueeze(-1)) * (l - mean_l[seg].unsqueeze(-1))
+    cnt = seg_sum(rows.sum(m), seg, n) + eps
+    mean_a = seg_sum(masked_sum_rows(a, m, rows), seg, n) / cnt
+    mean_l = seg_sum(masked_sum_rows(l, m, rows), seg, n) / cnt
+    return (a - rows.expand(mean_a[seg])) * (l - rows.expand(mean_l[seg]))
 
 
 def _or(value, default: float) -> float:
@@ -69,14 +69,15 @@ def clip_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     l2 = -adv * torch.clamp(ratio, 1 - s.clip_low, 1 + s.clip_high)
     valid = mask > 0
     clipped_by_origin = (l2 > l1) & valid
-    cov = _covariance(adv, lp, mask, seg, n, eps=1e-8)  # verl's masked_mean: sum / (count + 1e-8)
+    rows = inp.rows
+    cov = _covariance(adv, lp, mask, rows, seg, n, eps=1e-8)  # verl's masked_mean: sum / (count + 1e-8)
     cand = valid & ~clipped_by_origin & (cov < ub) & (cov > lb)
-    n_tok = seg_sum(mask.sum(-1).to(torch.float64), seg, n)
+    n_tok = seg_sum(rows.sum(mask).to(torch.float64), seg, n)
     k = torch.floor(n_tok * ratio_cfg).clamp_min(1.0)  # max(int(ratio * N), 1)
-    n_cand = seg_sum(cand.sum(-1).to(torch.float64), seg, n)
+    n_cand = seg_sum(rows.count(cand).to(torch.float64), seg, n)
     chosen = torch.minimum(k, n_cand)
     p_cut = torch.where(n_cand > 0, chosen / n_cand.clamp_min(1.0), torch.zeros_like(n_cand)).to(adv.dtype)
-    corr = torch.where(cand, 1.0 - p_cut[seg].unsqueeze(-1), torch.ones_like(adv))
+    corr = torch.where(cand, 1.0 - rows.expand(p_cut[seg]), torch.ones_like(adv))
     losses = weighted(torch.maximum(l1, l2) * corr, inp)
     clipfrac = chosen.to(torch.float32) / (n_tok.to(torch.float32) + 1e-8)
     return PolicyLossOutput(
@@ -88,13 +89,13 @@ def clip_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     )
 
 
-def top_share(key: torch.Tensor, valid: torch.Tensor, seg: torch.Tensor, n: int, ratio: float) -> torch.Tensor:
+def top_share(key: torch.Tensor, valid: torch.Tensor, rows, seg: torch.Tensor, n: int, ratio: float) -> torch.Tensor:
     """Tokens with the ``max(1, int(n_s ratio))`` largest ``key`` among the ``n_s`` valid tokens of
-    each segment ``(rows, tokens)`` bool. Ties go to the earlier token in row-major order."""
-    flat_valid = valid.reshape(-1)
+    each segment ``(tokens,)`` bool. Ties go to the earlier token (row by row, in row order)."""
+    flat_valid = valid
     idx = torch.nonzero(flat_valid).flatten()
-    tok_seg = seg.unsqueeze(-1).expand_as(valid).reshape(-1)[idx]
-    tok_key = key.reshape(-1)[idx]
+    tok_seg = rows.expand(seg)[idx]
+    tok_key = key[idx]
     order = torch.sort(tok_key, descending=True, stable=True).indices
     order = order[torch.sort(tok_seg[order], stable=True).indices]  # (segment, key desc, index)
     cnt = seg_count(tok_seg, n, torch.long)
@@ -104,7 +105,7 @@ def top_share(key: torch.Tensor, valid: torch.Tensor, seg: torch.Tensor, n: int,
     picked = idx[order[rank < k[tok_seg[order]]]]
     out = torch.zeros_like(flat_valid)
     out[picked] = True
-    return out.reshape(valid.shape)
+    return out
 
 
 @POLICY_LOSSES.register("kl_cov", source="KL-Cov arXiv:2505.22617 s4.2")
@@ -122,8 +123,9 @@ def kl_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     log_ratio = lp - inp.old_log_prob
     ratio = torch.exp(log_ratio)
     valid = mask > 0
-    cov = _covariance(adv, lp, mask, seg, n, eps=0.0)  # plain means
-    top = top_share(cov, valid, seg, n, ratio_cfg)
+    rows = inp.rows
+    cov = _covariance(adv, lp, mask, rows, seg, n, eps=0.0)  # plain means
+    top = top_share(cov, valid, rows, seg, n, ratio_cfg)
     base = -adv * ratio
     losses = weighted(torch.where(top, base + coef * log_ratio.abs(), base), inp)
     return PolicyLossOutput(
@@ -131,5 +133,5 @@ def kl_cov(inp: PolicyLossInput) -> PolicyLossOutput:
         pg_losses=losses,
         ratio=ratio,
         metrics={"actor/ppo_kl": seg_masked_mean(log_ratio.abs(), inp)},
-        sums={"rldiag/kl_cov/selected": seg_sum(top.sum(-1).to(torch.float32), seg, n)},
+        sums={"rldiag/kl_cov/selected": seg_sum(rows.count(top), seg, n)},
     )

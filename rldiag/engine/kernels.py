@@ -1,0 +1,118 @@
+"""Faster forms of a few plain formulas, each named for what it computes.
+
+The registered functions of the engine read as verl's formulas; where a plain form costs extra
+passes over the tokens on the CPU (a ``where`` on a bool mask, a comparison into a bool tensor, a
+``where`` on the sign of the advantage), the engine calls one of these instead. Each kernel has
+its plain form next to it (``*_plain``), and tests/engine/test_kernels.py pins the two together
+(equal values, NaN / inf and signed zeros included) on random inputs.
+
+Token tensors are flat ``(tokens,)`` with a :class:`rldiag.engine.layout.Rows` layout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rldiag.engine.layout import Rows
+
+
+def _as(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return mask if mask.dtype == dtype else mask.to(dtype)
+
+
+# ---- masked per-row sums ----------------------------------------------------------------------
+
+
+def masked_row_sums(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """``sum_t mask_t values_t`` per row ``(rows,)``, a NaN or inf outside the mask kept out (as
+    verl's ``masked_sum``: a ``where``). Multiplies by the 0/1 mask (one fused pass); only when
+    a row sum comes out non-finite is it redone as the plain form."""
+    out = rows.sum(values * _as(mask, values.dtype))
+    if not bool(torch.isfinite(out).all()):
+        out = masked_row_sums_plain(values, mask, rows)
+    return out
+
+
+def masked_row_sums_plain(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    return rows.sum(torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device)))
+
+
+def masked_row_square_sums(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """``sum_t mask_t values_t^2`` per row ``(rows,)``, with :func:`masked_row_sums`' rule."""
+    out = rows.sum(values * values * _as(mask, values.dtype))
+    if not bool(torch.isfinite(out).all()):
+        out = masked_row_square_sums_plain(values, mask, rows)
+    return out
+
+
+def masked_row_square_sums_plain(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    return rows.sum(torch.where(mask.bool(), values.square(), torch.zeros((), dtype=values.dtype, device=values.device)))
+
+
+# ---- masked counts of a comparison ------------------------------------------------------------
+
+
+def count_positive_masked(x: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """Per row, the masked tokens where ``x > 0`` ``(rows,)`` float32, counted as
+    ``max(sign(x), 0)`` against the 0/1 mask (float arithmetic: no bool tensor); a NaN in ``x``
+    falls back to the plain comparison."""
+    out = rows.sum(torch.sign(x).clamp_(min=0.0).mul_(_as(mask, x.dtype)))
+    if not bool(torch.isfinite(out).all()):
+        out = count_positive_masked_plain(x, mask, rows)
+    return out.to(torch.float32)
+
+
+def count_positive_masked_plain(x: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    return rows.count((x > 0) & (mask > 0))
+
+
+def count_greater_masked(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """Per row, the masked tokens where ``a > b`` ``(rows,)`` float32, counted as ``a - b > 0``:
+    exact for floats (the difference of two distinct floats is never 0 with gradual underflow;
+    ``inf - inf`` is NaN, which takes the plain comparison)."""
+    d = a - b
+    out = rows.sum(torch.sign(d).clamp_(min=0.0).mul_(_as(mask, d.dtype)))
+    if not bool(torch.isfinite(out).all()):
+        out = count_greater_masked_plain(a, b, mask, rows)
+    return out.to(torch.float32)
+
+
+def count_greater_masked_plain(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    return rows.count((a > b) & (mask > 0))
+
+
+# ---- masked per-row extrema -------------------------------------------------------------------
+
+_BIG = 3.0e38  # pushes masked-out tokens out of a max / min without a `where`
+
+
+def masked_row_extrema(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (max, min) over the masked tokens ``(rows,)`` each; a row without a masked token
+    gives ``-inf`` / ``+inf`` or about ``-3e38`` / ``+3e38`` (callers drop such rows).
+
+    Masked-out tokens are shifted by -/+3e38, which takes them out of the max / min when every
+    value is within a quarter of that; otherwise (or with a non-finite value) the plain form."""
+    if values.numel() and max(abs(float(values.amax())), abs(float(values.amin()))) < _BIG / 4:
+        off = (1.0 - _as(mask, values.dtype)) * _BIG
+        return rows.amax(values - off), rows.amin(values + off)
+    return masked_row_extrema_plain(values, mask, rows)
+
+
+def masked_row_extrema_plain(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    mb = mask.bool()
+    return rows.amax(torch.where(mb, values, float("-inf"))), rows.amin(torch.where(mb, values, float("inf")))
+
+
+# ---- PPO's dual clip ------------------------------------------------------------------------
+
+
+def dual_clip(adv: torch.Tensor, clipped1: torch.Tensor, l3: torch.Tensor) -> torch.Tensor:
+    """verl's dual clip ``where(A < 0, min(clipped1, l3), clipped1)`` with ``l3 = |A| c`` and
+    ``clipped1 = max(-A r, -A clip(r))`` (``r > 0``), without the ``where`` on the sign of A:
+    where ``A >= 0``, ``clipped1 <= 0 <= l3``, so the minimum is clipped1 already; at ``A = +0``
+    the two are zeros of opposite sign and ``copysign`` restores clipped1's sign."""
+    return torch.minimum(clipped1, l3).copysign_(clipped1)
+
+
+def dual_clip_plain(adv: torch.Tensor, clipped1: torch.Tensor, l3: torch.Tensor) -> torch.Tensor:
+    return torch.where(adv < 0, torch.minimum(clipped1, l3), clipped1)
