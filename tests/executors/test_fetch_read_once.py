@@ -206,30 +206,30 @@ def test_fetch_hashes_the_bytes_it_loads(run):
     data = path.read_bytes()
     f = fetch(_task(run, 2), _job(run))
     assert f.data is not None and f.error is None
-    assert f.info["sha256"] == hashlib.sha256(data).hexdigest()
-    assert f.info["size"] == len(data)
-    assert f.info["step"] == 2 and f.info["file"] == str(path.relative_to(run))
-    assert "hashed_ns" not in f.info  # local files: mtime is precise enough
+    assert f.record()["sha256"] == hashlib.sha256(data).hexdigest()
+    assert f.record()["size"] == len(data)
+    assert f.record()["step"] == 2 and f.record()["file"] == str(path.relative_to(run))
+    assert "hashed_ns" not in f.record()  # local files: mtime is precise enough
 
 
 def test_fetch_reusable_with_matching_record_skips_load(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 1), job).info
+    rec = fetch(_task(run, 1), job).record()  # the record waits for the hash thread
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1, previous=dict(rec), reusable=True), job)
     assert f.data is None and f.error is None
     assert f.outcome().status == "reused"
-    assert f.info["sha256"] == rec["sha256"]
+    assert f.record()["sha256"] == rec["sha256"]
     assert spy.reads == [] and spy.loads == [] and spy.hashes == 0
 
 
 def test_fetch_not_reusable_loads_even_with_known_hash(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 1), job).info
+    rec = fetch(_task(run, 1), job).record()  # the record waits for the hash thread
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1, previous=dict(rec), reusable=False), job)
     assert f.data is not None
-    assert f.info["sha256"] == rec["sha256"]
+    assert f.record()["sha256"] == rec["sha256"]
     assert spy.reads == [] and spy.hashes == 0  # hash kept from the record
     assert spy.loads == [(1, False)]  # the loader reads the file itself
 
@@ -238,21 +238,21 @@ def test_fetch_stale_record_same_stat_different_hash_is_loaded(run):
     # a record whose size and mtime match but whose hash is another file's: the hash is trusted
     # (stat decides), so the previous hash is kept; reuse follows that hash
     job = _job(run)
-    rec = fetch(_task(run, 1), job).info
+    rec = fetch(_task(run, 1), job).record()  # the record waits for the hash thread
     prev = dict(rec, sha256="0" * 64)
     f = fetch(_task(run, 1, previous=prev, reusable=True), job)
-    assert f.info["sha256"] == "0" * 64
+    assert f.record()["sha256"] == "0" * 64
     assert f.data is None  # reused: same stat, same (recorded) hash
 
 
 def test_fetch_changed_size_record_is_rehashed_and_loaded(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 2), job).info
+    rec = fetch(_task(run, 2), job).record()  # the record waits for the hash thread
     prev = dict(rec, size=rec["size"] + 1)
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 2, previous=prev, reusable=True), job)
     assert f.data is not None
-    assert f.info["sha256"] == rec["sha256"] and f.info["size"] == rec["size"]
+    assert f.record()["sha256"] == rec["sha256"] and f.record()["size"] == rec["size"]
     assert len(spy.reads) == 1 and spy.loads == [(2, True)] and spy.hashes == 1
 
 
@@ -262,8 +262,8 @@ def test_fetch_unreadable_file_fails_with_hash(run, tmp_path):
     f = fetch(_task(run, 3), _job(run))
     assert f.data is None and f.error
     assert f.outcome().status == "failed"
-    assert f.info["sha256"] == hashlib.sha256(b"not a parquet file").hexdigest()
-    assert f.info["size"] == len(b"not a parquet file")
+    assert f.record()["sha256"] == hashlib.sha256(b"not a parquet file").hexdigest()
+    assert f.record()["size"] == len(b"not a parquet file")
 
 
 # ---- _known_hash / _hashed -----------------------------------------------------------------
