@@ -131,7 +131,7 @@ def main() -> None:
         floor = moved / bw
         tokens = int(batch.lengths.sum())
         cells = [est, f"{wall * 1e3:.2f}", f"{kern * 1e3:.2f}", str(n), f"{floor * 1e3:.3f}",
-                 f"{kern / floor:.1f}", f"{moved / 1e6:.1f}", f"{tokens / wall / 1e6:.1f}"]
+                 f"{kern / floor:.1f}", f"{moved / 1e6:.1f}", f"{tokens / wall / 1e6:.3g}"]
         print(" ".join(format(c, spec) for c, (_, spec) in zip(cells, cols)))
 
 

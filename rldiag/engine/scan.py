@@ -37,13 +37,8 @@ def segmented_reverse_linear_scan(a: torch.Tensor, b: torch.Tensor, block: int =
 
 def _blocked_scan(A: torch.Tensor, B: torch.Tensor, C: int) -> torch.Tensor:
     n = int(B.numel())
-    if n <= C:  # one chunk: the plain recursion
-        out = torch.empty_like(B)
-        x = torch.zeros((), dtype=B.dtype, device=B.device)
-        for t in range(n - 1, -1, -1):
-            x = A[t] * x + B[t]
-            out[t] = x
-        return out
+    if n <= SMALL:  # a short recurrence: ceil(log2 n) whole-array doubling passes
+        return _doubling_scan(A, B)
     nb = -(-n // C)
     pad = nb * C - n
     # (C, nb): position inside the chunk first, so each step reads one contiguous row
@@ -63,6 +58,27 @@ def _blocked_scan(A: torch.Tensor, B: torch.Tensor, C: int) -> torch.Tensor:
     nxt = torch.nn.functional.pad(first[1:], (0, 1))
     full = torch.addcmul(loc, prod, nxt.unsqueeze(0))
     return full.T.reshape(-1)[:n]
+
+
+#: recurrences up to this length are solved by doubling (a few whole-array passes) rather than
+#: by chunks (``block`` steps per level): fewer, larger operations for small inputs
+SMALL = 4096
+
+
+def _doubling_scan(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``x_t = A_t x_{t+1} + B_t`` by recursive doubling (Hillis & Steele 1986): after the pass
+    with offset ``d``, element t maps ``x_{t+2d}`` to ``x_t``; composing two maps gives
+    ``(A_1 A_2, A_1 B_2 + B_1)``."""
+    A, B = A.clone(), B.clone()
+    n = int(B.numel())
+    d = 1
+    while d < n:
+        B[: n - d] = torch.addcmul(B[: n - d], A[: n - d], B[d:])
+        A_next = torch.zeros_like(A)
+        A_next[: n - d] = A[: n - d] * A[d:]
+        A = A_next
+        d *= 2
+    return B
 
 
 def _not_last(last: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

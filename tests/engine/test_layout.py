@@ -3,9 +3,12 @@ and no result depends on how rows are packed (their order, which rows share a ca
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import torch
 from hypothesis import given, settings as hsettings, strategies as st
 
+from rldiag.engine import scan
 from rldiag.engine.layout import Rows
 from rldiag.engine.scan import (
     cumsum_segmented,
@@ -79,8 +82,8 @@ def test_take_and_cat(case, rnd):
 
 
 @hsettings(max_examples=40, deadline=None)
-@given(ragged(max_len=300), st.sampled_from([2, 3, 8, 64]))
-def test_segmented_scan_equals_the_loop_on_each_row(case, block):
+@given(ragged(max_len=300), st.sampled_from([2, 3, 8, 64]), st.booleans())
+def test_segmented_scan_equals_the_loop_on_each_row(case, block, small_off):
     lengths, seed = case
     g = torch.Generator().manual_seed(seed)
     rows, width = len(lengths), max(max(lengths), 1)
@@ -89,7 +92,8 @@ def test_segmented_scan_equals_the_loop_on_each_row(case, block):
     af, layout = to_packed(a, lengths)
     bf, _ = to_packed(b, lengths)
     af = af * (~layout.last()).float()  # restart at each row's end
-    got = to_padded(segmented_reverse_linear_scan(af, bf, block=block), layout, width)
+    with patch.object(scan, "SMALL", 2 if small_off else scan.SMALL):  # the chunked path, or doubling
+        got = to_padded(segmented_reverse_linear_scan(af, bf, block=block), layout, width)
     valid = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
     want = reverse_linear_scan_loop(a * valid, b * valid) * valid
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -157,5 +161,6 @@ def test_scan_does_not_depend_on_the_block(case, block):
     a, rows = to_packed(m * 0.9, lengths)
     b, _ = to_packed(r, lengths)
     a = a * (~rows.last()).float()
-    torch.testing.assert_close(segmented_reverse_linear_scan(a, b, block=block),
-                               segmented_reverse_linear_scan(a, b, block=64), rtol=1e-6, atol=1e-6)
+    with patch.object(scan, "SMALL", 2):  # chunks of `block` at every level
+        chunked = segmented_reverse_linear_scan(a, b, block=block)
+    torch.testing.assert_close(chunked, segmented_reverse_linear_scan(a, b, block=64), rtol=1e-6, atol=1e-6)
