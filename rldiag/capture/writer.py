@@ -30,6 +30,7 @@ from rldiag.capture.config import write_config
 from rldiag.capture.table import write_step_file
 from rldiag.capture.unpad import unpad_batch
 from rldiag.errors import CaptureError
+from rldiag.io.atomic import remove_stale
 
 _STOP = object()
 #: Writers not closed yet; at interpreter exit they are closed (queued steps written, errors
@@ -103,6 +104,9 @@ class RunWriter:
     ):
         self.path = Path(path)
         self.batches_dir.mkdir(parents=True, exist_ok=True)
+        # temporary files of a writer killed mid-write (never those of one still running)
+        remove_stale(self.batches_dir)
+        remove_stale(self.path)
         self.compression = compression
         self.extra_columns = tuple(extra_columns)
         self.stats = CaptureStats()

@@ -24,7 +24,7 @@ from rldiag.engine.batch import TOKEN_FIELDS, Batch
 from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.arrays import parquet_file, to_numpy
 from rldiag.io.fs import arrow_source, open_input_file
-from rldiag.io.rundir import StepFile
+from rldiag.io.rundir import StepFile, step_number_problem
 from rldiag.io.schema import (
     BASE_NEED,
     BATCH_COLUMNS,
@@ -35,6 +35,7 @@ from rldiag.io.schema import (
     SCALAR_COLUMNS,
     estimator_need,
     estimator_optional,
+    id_type_problem,
 )
 
 
@@ -184,6 +185,8 @@ def _scalar(col: pa.ChunkedArray, name: str, kind: str, where: dict) -> np.ndarr
         row = _first_true(to_numpy(arr.is_null()))
         raise BatchError("value is null", row=row, column=name, **where)
     if kind == "string":
+        if (problem := id_type_problem(arr.type)) is not None:
+            raise BatchError(problem, column=name, **where)
         return arr
     if not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type)):
         raise BatchError(f"expected a number, found type {arr.type}", column=name, **where)
@@ -202,6 +205,8 @@ def validate_table(table: pa.Table, sf: StepFile) -> dict[str, Ragged]:
     Raises :class:`BatchError` naming file, step, row and column for the first problem.
     """
     where = {"file": str(sf.path), "step": sf.step}
+    if (problem := step_number_problem(sf.step)) is not None:
+        raise BatchError(problem, **where)
     if table.num_rows == 0:
         raise BatchError("the step has no rows (an empty batch)", **where)
     names = set(table.column_names)

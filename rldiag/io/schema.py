@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 #: list<float> columns, one value per token of the row.
 FLOAT_LIST_COLUMNS = (
     "token_level_scores",
@@ -34,6 +36,19 @@ SCALAR_COLUMNS = {
     "output_index": "int",
     "step": "int",
 }
+
+
+def id_type_problem(t: pa.DataType) -> str | None:
+    """Why a column of type ``t`` cannot hold ids (``uid``, ``traj_uid``, ``session_id``); None
+    when it can: text or integers, dictionary-encoded too, never a list or a struct."""
+    v = t.value_type if pa.types.is_dictionary(t) else t
+    view = getattr(pa.types, "is_string_view", lambda _t: False)
+    if (pa.types.is_string(v) or pa.types.is_large_string(v) or view(v) or pa.types.is_binary(v)
+            or pa.types.is_large_binary(v) or pa.types.is_integer(v)):
+        return None
+    return f"expected string or integer ids, found type {t}"
+
+
 #: columns the engine may read (the logged token_level_rewards/advantages/returns are only for
 #: verification and are not loaded by a recompute).
 ENGINE_TOKEN_COLUMNS = (
