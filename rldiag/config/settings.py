@@ -159,7 +159,7 @@ def _resolve_interpolations(flat: dict[str, Any]) -> dict[str, Any]:
             if target in out and not (isinstance(out[target], str) and out[target].startswith("${")):
                 out[key] = out[target]
             elif default is not None:
-                out[key] = load_yaml(default, f"the default of {key}") if default.strip() else None
+                out[key] = load_yaml(default, f"the default of {key}", invalid=default) if default.strip() else None
             else:
                 del out[key]
             changed = True

@@ -43,8 +43,7 @@ def id_type_problem(t: pa.DataType) -> str | None:
     when it can: text or integers, dictionary-encoded too, never a list or a struct."""
     v = t.value_type if pa.types.is_dictionary(t) else t
     view = getattr(pa.types, "is_string_view", lambda _t: False)
-    if (pa.types.is_string(v) or pa.types.is_large_string(v) or view(v) or pa.types.is_binary(v)
-            or pa.types.is_large_binary(v) or pa.types.is_integer(v)):
+    if pa.types.is_string(v) or pa.types.is_large_string(v) or view(v) or pa.types.is_integer(v):
         return None
     return f"expected string or integer ids, found type {t}"
 
