@@ -4,7 +4,7 @@ Order, later wins: verl's defaults, the run's config file (``run.yaml``, else ``
 else ``.hydra/config.yaml``), then command-line overrides ``KEY=VALUE``. Keys are verl's own
 dotted config keys. YAML is read with the safe loader only, bounded in size, alias expansion
 and depth (:mod:`rldiag.config.yaml_bounded`). Every numeric setting is checked against its
-valid range (:data:`RANGES`) wherever it comes from.
+valid range (:data:`rldiag.config.ranges.RANGES`) wherever it comes from.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
 
 from rldiag.config.ranges import check_range
 from rldiag.config.yaml_bounded import load_yaml, read_text_bounded
@@ -224,19 +223,18 @@ def _number(value: Any) -> float:
 
 
 def _integer(value: Any) -> int:
-    """An integer setting's value: an int, integral float or integer text (``1e3`` too)."""
+    """An integer setting's value: an int, an integral float or integer text (``1e3`` too)."""
     if isinstance(value, bool):
         raise ValueError(f"expected an integer, got {value!r}")
     if isinstance(value, int):
         return value
-    try:
-        return int(str(value).strip()) if isinstance(value, str) else _integral(float(value), value)
-    except ValueError:
-        return _integral(float(value), value)
-
-
-def _integral(x: float, value: Any) -> int:
-    if not math.isfinite(x) or x != int(x):
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    x = float(value)
+    if not math.isfinite(x) or not x.is_integer():
         raise ValueError(f"expected an integer, got {value!r}")
     return int(x)
 
