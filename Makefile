@@ -1,12 +1,13 @@
 # Two commands for a fresh machine (see README):
 #   make sample   set up, then recompute the bundled sample run under RLOO
-#   make test     set up, then run the test suite
+#   make test     set up, then run the test suite (everything; CI runs this)
+#   make test-fast  the same without the tests marked slow (browser, Ray, subprocesses, benchmarks)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SAMPLE ?= samples/grpo-tool
 
-.PHONY: setup sample test bench clean
+.PHONY: setup sample test test-fast bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +26,10 @@ sample: setup
 
 test: setup
 	@rc=0; $(BIN)/python -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+test-fast: setup
+	@rc=0; $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 bench: setup

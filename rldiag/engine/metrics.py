@@ -17,6 +17,10 @@ from rldiag.engine.segments import (
     step_masked_extrema,
 )
 
+#: ``rldiag/advantages/centre_offset``: a std at most this share of the mean's magnitude is a
+#: constant advantage (float32 keeps about 7 digits; its rounding alone gives a std near 1e-7).
+CONSTANT_REL_STD = 1e-5
+
 
 def _row_stats(prefix: str, x: torch.Tensor, seg: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
     return {
@@ -87,7 +91,8 @@ def signal_metrics(
       later in their row: under REINFORCE++'s mask-resetting reward-to-go (seed 002 section 9.1)
       such a token gets none of the outcome reward.
     - ``rldiag/advantages/centre_offset``: masked mean of the advantages over their masked
-      population std (0 when every advantage is 0; +-inf for a constant nonzero advantage).
+      population std (0 when every advantage is 0; +-inf for a constant nonzero advantage, which
+      is one whose std is at most ``CONSTANT_REL_STD`` of its mean: float32 rounding).
     - ``rldiag/rewards/kl_sign_flip_fraction`` (with KL in reward): among non-aborted rows with a
       nonzero summed score, the share whose summed reward has the opposite sign.
     """
@@ -114,7 +119,10 @@ def signal_metrics(
     mean = seg_sum(masked_sum_rows(advantages, mask).to(torch.float64), sid, n) / cnt
     dev = advantages - mean.to(advantages.dtype)[sid].unsqueeze(-1)
     std = (seg_sum(masked_square_sum_rows(dev, mask).to(torch.float64), sid, n) / cnt).sqrt()
-    offset = torch.where(std > 0, mean / std, torch.where(mean == 0, torch.zeros_like(mean), mean.sign() * float("inf")))
+    # A std within float32 rounding of the mean (the deviations are taken in float32) is a constant
+    # advantage: its ratio would be rounding noise (1e7 in one row order, inf in another).
+    spread = std > CONSTANT_REL_STD * mean.abs()
+    offset = torch.where(spread, mean / std, torch.where(mean == 0, torch.zeros_like(mean), mean.sign() * float("inf")))
     out["rldiag/advantages/centre_offset"] = offset.to(torch.float32)
     if kl_in_reward:
         rows_live = batch.lengths > 0

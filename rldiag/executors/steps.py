@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,19 +91,30 @@ class StepOutcome:
     n_tokens: int = 0
 
 
-@dataclass
 class Fetched:
-    task: StepTask
-    info: dict
-    data: StepData | None = None
-    error: str | None = None
-    pending: Callable[[], dict] | None = None  # finishes ``info`` (the file's hash)
+    """One fetched step: its data (or the error that kept it from loading) and its input record.
+
+    The record for scenario.json may still be waiting for the file's SHA-256, which a background
+    thread computes into an object of its own (a future); nothing is written into a shared dict.
+    :meth:`record` is the one way to read the record: it waits for the hash, once, under a lock,
+    and returns a copy, so any thread may call it at any time.
+    """
+
+    def __init__(self, task: StepTask, record: dict | None = None, *, pending: Future | None = None,
+                 data: StepData | None = None, error: str | None = None):
+        self.task = task
+        self.data = data
+        self.error = error
+        self._record = dict(record or {})
+        self._pending = pending
+        self._lock = threading.Lock()
 
     def record(self) -> dict:
-        """The input record for scenario.json, its hash finished."""
-        if self.pending is not None:
-            self.info, self.pending = self.pending(), None
-        return self.info
+        """The input record for scenario.json, its hash finished (a copy)."""
+        with self._lock:
+            if self._pending is not None:
+                self._record, self._pending = self._pending.result(), None
+            return dict(self._record)
 
     def outcome(self) -> StepOutcome:
         """The outcome of a step that was not loaded: failed, or reused."""
@@ -139,12 +150,14 @@ def _known_hash(info: dict, remote: bool, previous: dict | None) -> bool:
 
 
 def _hashed(info: dict, remote: bool, content: bytes) -> dict:
-    """``info`` with the SHA-256 (and size) of the bytes read."""
+    """A new record: ``info`` with the SHA-256 (and size) of the bytes read (``info`` is left
+    as it is, so that a thread may compute it while another holds ``info``)."""
+    out = dict(info)
     if remote:
-        info["hashed_ns"] = time.time_ns()
-    info["size"] = len(content)
-    info["sha256"] = hashlib.sha256(content).hexdigest()
-    return info
+        out["hashed_ns"] = time.time_ns()
+    out["size"] = len(content)
+    out["sha256"] = hashlib.sha256(content).hexdigest()
+    return out
 
 
 _HASH_POOL: ThreadPoolExecutor | None = None
@@ -193,7 +206,7 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -
             if task.reusable and old:  # the hash decides whether the file is parsed at all
                 info = _hashed(info, remote, content)
             else:
-                pending = _hash_pool().submit(_hashed, info, remote, content).result
+                pending = _hash_pool().submit(_hashed, dict(info), remote, content)
         if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
             return Fetched(task, info)
     try:

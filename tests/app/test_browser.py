@@ -20,7 +20,7 @@ from rldiag.synth import SynthSpec, write_synth_run
 from rldiag.viz.runs import default_run
 from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHART = ".js-plotly-plot .main-svg"
 TIMEOUT_MS = 45_000

@@ -190,7 +190,7 @@ def _job(run) -> Job:
 def test_fetch_without_hash_returns_empty_info_and_data(run, monkeypatch):
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1), _job(run), hash_file=False)
-    assert f.info == {}
+    assert f.record() == {}
     assert f.error is None and f.data is not None
     assert f.data.step == 1 and f.data.n_rows == SPEC["prompts"] * SPEC["n"]
     assert spy.reads == [] and spy.hashes == 0
@@ -206,30 +206,30 @@ def test_fetch_hashes_the_bytes_it_loads(run):
     data = path.read_bytes()
     f = fetch(_task(run, 2), _job(run))
     assert f.data is not None and f.error is None
-    assert f.info["sha256"] == hashlib.sha256(data).hexdigest()
-    assert f.info["size"] == len(data)
-    assert f.info["step"] == 2 and f.info["file"] == str(path.relative_to(run))
-    assert "hashed_ns" not in f.info  # local files: mtime is precise enough
+    assert f.record()["sha256"] == hashlib.sha256(data).hexdigest()
+    assert f.record()["size"] == len(data)
+    assert f.record()["step"] == 2 and f.record()["file"] == str(path.relative_to(run))
+    assert "hashed_ns" not in f.record()  # local files: mtime is precise enough
 
 
 def test_fetch_reusable_with_matching_record_skips_load(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 1), job).info
+    rec = fetch(_task(run, 1), job).record()
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1, previous=dict(rec), reusable=True), job)
     assert f.data is None and f.error is None
     assert f.outcome().status == "reused"
-    assert f.info["sha256"] == rec["sha256"]
+    assert f.record()["sha256"] == rec["sha256"]
     assert spy.reads == [] and spy.loads == [] and spy.hashes == 0
 
 
 def test_fetch_not_reusable_loads_even_with_known_hash(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 1), job).info
+    rec = fetch(_task(run, 1), job).record()
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1, previous=dict(rec), reusable=False), job)
     assert f.data is not None
-    assert f.info["sha256"] == rec["sha256"]
+    assert f.record()["sha256"] == rec["sha256"]
     assert spy.reads == [] and spy.hashes == 0  # hash kept from the record
     assert spy.loads == [(1, False)]  # the loader reads the file itself
 
@@ -238,21 +238,21 @@ def test_fetch_stale_record_same_stat_different_hash_is_loaded(run):
     # a record whose size and mtime match but whose hash is another file's: the hash is trusted
     # (stat decides), so the previous hash is kept; reuse follows that hash
     job = _job(run)
-    rec = fetch(_task(run, 1), job).info
+    rec = fetch(_task(run, 1), job).record()
     prev = dict(rec, sha256="0" * 64)
     f = fetch(_task(run, 1, previous=prev, reusable=True), job)
-    assert f.info["sha256"] == "0" * 64
+    assert f.record()["sha256"] == "0" * 64
     assert f.data is None  # reused: same stat, same (recorded) hash
 
 
 def test_fetch_changed_size_record_is_rehashed_and_loaded(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 2), job).info
+    rec = fetch(_task(run, 2), job).record()
     prev = dict(rec, size=rec["size"] + 1)
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 2, previous=prev, reusable=True), job)
     assert f.data is not None
-    assert f.info["sha256"] == rec["sha256"] and f.info["size"] == rec["size"]
+    assert f.record()["sha256"] == rec["sha256"] and f.record()["size"] == rec["size"]
     assert len(spy.reads) == 1 and spy.loads == [(2, True)] and spy.hashes == 1
 
 
@@ -262,8 +262,8 @@ def test_fetch_unreadable_file_fails_with_hash(run, tmp_path):
     f = fetch(_task(run, 3), _job(run))
     assert f.data is None and f.error
     assert f.outcome().status == "failed"
-    assert f.info["sha256"] == hashlib.sha256(b"not a parquet file").hexdigest()
-    assert f.info["size"] == len(b"not a parquet file")
+    assert f.record()["sha256"] == hashlib.sha256(b"not a parquet file").hexdigest()
+    assert f.record()["size"] == len(b"not a parquet file")
 
 
 # ---- _known_hash / _hashed -----------------------------------------------------------------
@@ -308,3 +308,32 @@ def test_hashed_records_size_and_digest():
     assert "hashed_ns" not in info
     info = _hashed(_info(size=0), True, content)
     assert info["hashed_ns"] > 0 and info["sha256"] == hashlib.sha256(content).hexdigest()
+
+
+def test_the_record_is_read_only_through_its_accessor_which_waits_for_the_hash(run, monkeypatch):
+    """The hash runs on a background thread into an object of its own: a record read at any time,
+    from any thread, has the file's hash, and the fetch exposes no dict the thread writes into."""
+    release = threading.Event()
+    order = []
+    real = steps_mod._hashed
+
+    def held(info, remote, content):
+        release.wait()
+        out = real(info, remote, content)
+        order.append("hashed")
+        return out
+
+    monkeypatch.setattr(steps_mod, "_hashed", held)
+    path = _batch_files(run)[1]
+    f = fetch(_task(run, 1), _job(run))
+    assert not hasattr(f, "info")
+    got = []
+    reader = threading.Thread(target=lambda: (got.append(f.record()), order.append("read")))
+    reader.start()
+    release.set()
+    reader.join()
+    assert order == ["hashed", "read"]
+    assert got[0]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    rec = f.record()
+    rec["sha256"] = "changed by the caller"
+    assert f.record()["sha256"] == got[0]["sha256"]  # each reader gets a copy

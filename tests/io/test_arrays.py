@@ -76,6 +76,7 @@ def test_read_parquet_reads_columns_from_a_path_or_a_buffer(tmp_path):
     assert read_parquet(pa.BufferReader(path.read_bytes()), columns=["b"], threads=False).equals(table.select(["b"]))
 
 
+@pytest.mark.slow
 def test_recompute_does_not_import_pandas(tmp_path):
     """pandas costs 0.2 s to import; nothing on the recompute path needs it."""
     from rldiag.synth import SynthSpec, write_synth_run
