@@ -136,6 +136,7 @@ MEMORY_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_every_config_case_stays_under_500_mb(tmp_path):
     """All the hostile files, and the largest file within the bounds, read in one fresh process:
     its peak resident memory (imports included) stays under 500 MB."""

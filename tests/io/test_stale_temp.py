@@ -75,6 +75,7 @@ def run(tmp_path):
     return write_synth_run(tmp_path / "run", SynthSpec(steps=3, prompts=2, n=3, seed=2))
 
 
+@pytest.mark.slow
 def test_kill_9_of_recompute_leaves_a_stage_the_next_recompute_removes(run):
     scenarios = run / "rldiag" / "scenarios"
     seen: list[str] = []
@@ -89,6 +90,7 @@ def test_kill_9_of_recompute_leaves_a_stage_the_next_recompute_removes(run):
     assert read_scenario(run, "baseline")[0]["steps_done"] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_the_stage_of_a_running_recompute_is_left_alone(run):
     scenarios = run / "rldiag" / "scenarios"
     proc = _start(HELD_RECOMPUTE, run)
@@ -106,6 +108,7 @@ def test_the_stage_of_a_running_recompute_is_left_alone(run):
     assert read_scenario(run, "baseline")[0]["steps_done"] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_killed_capture_writer_leaves_a_temp_file_the_next_writer_removes(tmp_path):
     batches = tmp_path / "run" / "batches"
     batches.mkdir(parents=True)
@@ -117,6 +120,7 @@ def test_a_killed_capture_writer_leaves_a_temp_file_the_next_writer_removes(tmp_
     assert _hidden(batches) == [] and not target.exists()
 
 
+@pytest.mark.slow
 def test_the_temp_file_of_a_running_writer_is_left_alone(tmp_path):
     batches = tmp_path / "run" / "batches"
     batches.mkdir(parents=True)
@@ -175,6 +179,7 @@ def test_a_zombie_owner_counts_as_gone(tmp_path):
     child.wait()
 
 
+@pytest.mark.slow
 def test_a_kept_tokens_file_of_a_stale_stage_does_not_break_the_scenario(run):
     """The stale stage holds hard links to the scenario's token files (reused steps); removing
     it leaves the scenario's own files intact."""
