@@ -213,6 +213,9 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -
         data = load_step(sf, job.settings, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES)
     except RldiagError as exc:
         return Fetched(task, info, error=f"{type(exc).__name__}: {exc}", pending=pending)
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed file provokes fails its step alone
+        return Fetched(task, info, error=f"BatchError: {sf.path} (step {sf.step}): cannot load: "
+                                         f"{type(exc).__name__}: {exc}", pending=pending)
     finally:
         content = None
     if pin:
@@ -310,6 +313,12 @@ def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
         result = recompute_batch(batch, job.settings, kl_state)
     except RldiagError as exc:
         msg = f"{type(exc).__name__}: {exc}"
+        return [StepOutcome(f.task.step, f.record(), "failed", error=msg) for f in pack]
+    except (RuntimeError, ValueError, IndexError, TypeError, ArithmeticError) as exc:
+        # the engine's own failure on these inputs (a bug or an input it does not foresee): the
+        # pack's steps fail with it, and every other step is still computed and written
+        steps = ", ".join(str(f.task.step) for f in pack)
+        msg = f"ComputeError: steps {steps}: {type(exc).__name__}: {exc}"
         return [StepOutcome(f.task.step, f.record(), "failed", error=msg) for f in pack]
     failed = {s: f"ComputeError: {m}" for s, m in result.failed.items()}
     rows = _metric_rows(result, {f.task.step for f in pack} - set(failed))
