@@ -11,6 +11,7 @@ metrics as ``PPOTrainer._compute_metrics`` does.
 from __future__ import annotations
 
 import sys
+import threading
 import types
 
 import numpy as np
@@ -57,8 +58,10 @@ def dataproto(step: int, rows: int, n: int, fields: tuple[str, ...]):
     return DataProto.from_dict(tensors={k: t[k] for k in fields}, non_tensors={"uid": t["uid"]})
 
 
-def legacy_fit(n_steps: int, rows: int):
-    """A ``RayPPOTrainer.fit`` body: the advantage block of each step, then ``Tracking.log``."""
+def legacy_fit(n_steps: int, rows: int, hang_at: int | None = None, marker: str | None = None):
+    """A ``RayPPOTrainer.fit`` body: the advantage block of each step, then ``Tracking.log``.
+    ``hang_at``: at that step, after the advantage block, create ``marker`` and wait forever
+    (the step in flight when the test kills the process)."""
     import verl.trainer.ppo.ray_trainer as rt
     from verl.trainer.ppo.metric_utils import compute_data_metrics
 
@@ -86,6 +89,9 @@ def legacy_fit(n_steps: int, rows: int):
                                          norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
                                          config=algo)
             metrics.update(compute_data_metrics(batch=batch, use_critic=self.use_critic))
+            if step == hang_at:
+                open(marker, "w").close()
+                threading.Event().wait()
             metrics["training/global_step"] = step
             self.logger.log(data=metrics, step=step)
 
