@@ -218,4 +218,9 @@ def import_v1(monkeypatch):
         monkeypatch.setitem(sys.modules, "transfer_queue", stub_transfer_queue())
     import importlib
 
-    return importlib.import_module("verl.trainer.ppo.v1.trainer_base")
+    import pytest
+
+    try:
+        return importlib.import_module("verl.trainer.ppo.v1.trainer_base")
+    except ModuleNotFoundError as exc:  # one of the V1 trainer's own imports is not installed
+        pytest.skip(f"verl's V1 trainer module does not import here: {exc}")
