@@ -103,7 +103,7 @@ def signal_metrics(
     # the T_i - (z_i + 1) after its last zero z_i (none cut when the row has no zero: z_i + 1 = 0).
     # Float arithmetic only (bool comparisons are slow passes on the CPU): 1 inside the row is
     # clamp(T_i - t, 0, 1) for integer positions t; minus the 0/1 mask, 1 at the row's zeros.
-    m0 = batch.response_mask
+    m0 = batch.loss_mask if batch.loss_mask is not None else batch.response_mask  # before rejection
     f32 = torch.float32
     pos0 = torch.arange(mask.shape[1], device=mask.device, dtype=f32)
     if mask.shape[1]:

@@ -2,6 +2,10 @@
 
 0. ``algorithm.rollout_correction.bypass_mode``: ``old_log_probs := rollout_log_probs``
    (``_compute_old_log_prob``; seed 001 section 2.2). Nothing else changes (the loss_mode stays).
+The *original* mask is ``loss_mask`` when the batch has one (the rollout's mask, captured after
+rejection rewrote ``response_mask``: verl's V1 trainer keeps it so), else ``response_mask``;
+every step below starts from it, as verl does.
+
 1. token_level_scores -> token_level_rewards: optional KL shaping on the *original*
    response_mask (``algorithm.use_kl_in_reward``; seed 002 section 4).
 2. Rollout correction when the batch has ``rollout_log_probs`` and bypass mode is off
@@ -114,6 +118,12 @@ def anchor_log_probs(batch: Batch, settings: Settings) -> torch.Tensor | None:
     return batch.old_log_probs
 
 
+def original_mask(batch: Batch) -> torch.Tensor:
+    """The mask before rollout correction ``(rows, tokens)``: ``loss_mask`` if the batch has it
+    (then ``response_mask`` is the trainer's post-rejection mask), else ``response_mask``."""
+    return batch.loss_mask if batch.loss_mask is not None else batch.response_mask
+
+
 def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1's KL: the per-token estimate on the original mask ``(rows, tokens)`` and each step's
     mean over rows of the row's masked mean, ``current_kl`` ``(n_steps,)``, which is what the
@@ -121,7 +131,7 @@ def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: Settings) -> 
     if old_lp is None:
         _require(batch, "old_log_probs", "algorithm.use_kl_in_reward")
     ref = _require(batch, "ref_log_prob", "algorithm.use_kl_in_reward")
-    mask0 = batch.response_mask
+    mask0 = original_mask(batch)
     kld = kl_estimate(settings["algorithm.kl_penalty"], old_lp, ref) * mask0
     row_kl = (kld * mask0).sum(-1) / (mask0.sum(-1) + MEAN_EPS)
     return kld, seg_mean(row_kl, batch.step_ids, batch.n_steps)
@@ -147,7 +157,7 @@ def recompute_batch(
     n, sid = batch.n_steps, batch.step_ids
     metrics: dict[str, torch.Tensor] = {}
     tokens: dict[str, torch.Tensor] = {}
-    mask0 = batch.response_mask
+    mask0 = original_mask(batch)
     scores = batch.token_level_scores
     rows_per_step = seg_count(sid, n)
 
@@ -193,7 +203,7 @@ def recompute_batch(
     segs = segmentation_for(sid, n, settings)
     fixed_width = settings["data.max_response_length"] is not None
     horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
-    count_mask = batch.loss_mask if batch.loss_mask is not None else mask0
+    count_mask = mask0
     token_count = step_mask_count(count_mask, sid, n)
     actor_norm = AggNorm(
         step_ids=segs.seg_ids,

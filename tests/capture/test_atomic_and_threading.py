@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -52,12 +51,13 @@ def test_no_partial_file_is_ever_visible(tmp_path, monkeypatch):
     assert RunDir(tmp_path).step_files() == []
 
 
-def test_a_rewritten_step_replaces_the_file_whole(tmp_path):
+def test_a_step_written_twice_keeps_both_parts_in_one_file(tmp_path):
     with RunWriter(tmp_path) as run:
-        run.write_batch(1, _batch(rows=4, seed=1))
+        assert run.write_batch(1, _batch(rows=4, seed=1)) == 0
         run.flush()
-        run.write_batch(1, _batch(rows=6, seed=2))
-    assert pq.read_table(tmp_path / "batches" / "step_000001.parquet").num_rows == 6
+        assert run.write_batch(1, _batch(rows=6, seed=2)) == 1
+    table = pq.read_table(tmp_path / "batches" / "step_000001.parquet")
+    assert table.num_rows == 10 and table["part"].to_pylist() == [0] * 4 + [1] * 6
     assert [p.name for p in (tmp_path / "batches").iterdir()] == ["step_000001.parquet"]
 
 
@@ -65,10 +65,10 @@ def test_files_are_written_on_the_writer_thread_in_call_order(tmp_path, monkeypa
     threads, order = [], []
     real = writer_mod.write_step_file
 
-    def record(payload, compression):
+    def record(payload, compression, token_text=None):
         threads.append(threading.current_thread().name)
         order.append(payload.step)
-        return real(payload, compression)
+        return real(payload, compression, token_text)
 
     monkeypatch.setattr(writer_mod, "write_step_file", record)
     with RunWriter(tmp_path) as run:
@@ -89,11 +89,11 @@ def test_the_queue_is_bounded_and_the_trainer_waits_for_a_slow_disk(tmp_path, mo
     returned: list[int] = []
     seen_when_released: list[list[int]] = []
 
-    def slow(payload, compression):
+    def slow(payload, compression, token_text=None):
         if payload.step == 1:
             about_to_write_4.wait()
             seen_when_released.append(list(returned))
-        return real(payload, compression)
+        return real(payload, compression, token_text)
 
     monkeypatch.setattr(writer_mod, "write_step_file", slow)
     run = RunWriter(tmp_path, queue_size=2)
@@ -117,10 +117,10 @@ def test_the_queue_is_bounded_and_the_trainer_waits_for_a_slow_disk(tmp_path, mo
 def test_a_writer_failure_is_reported_once_then_writing_goes_on(tmp_path, monkeypatch):
     real = writer_mod.write_step_file
 
-    def flaky(payload, compression):
+    def flaky(payload, compression, token_text=None):
         if payload.step == 2:
             raise OSError("no space left on device")
-        return real(payload, compression)
+        return real(payload, compression, token_text)
 
     monkeypatch.setattr(writer_mod, "write_step_file", flaky)
     run = RunWriter(tmp_path)

@@ -178,3 +178,25 @@ def test_pipeline_with_correction_matches_references(c):
         assert r.metrics["actor/pg_loss"][i].item() == pytest.approx(pg_loss, rel=1e-4, abs=1e-5)
         for k, v in metrics.items():
             assert r.metrics[k][i].item() == pytest.approx(v, rel=1e-4, abs=1e-5)
+
+
+def test_a_capture_after_rejection_starts_from_loss_mask():
+    """Captured after verl's rejection rewrote response_mask, with the rollout's mask kept as
+    loss_mask: the recompute starts from loss_mask, so it rejects the same tokens once (not
+    again on the already-rejected mask) and every metric equals the pre-rejection capture's."""
+    s = settings(estimator="grpo", **{RC + "rollout_rs": "token_k1", RC + "rollout_rs_threshold": 2.0,
+                                      "algorithm.use_kl_in_reward": True})
+    common = dict(scores=[[0.0, 0.0, 1.0], [0.0, 0.0, 0.5]], uids=["g", "g"],
+                  old_log_probs=[[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]],
+                  ref_log_prob=[[-1.0, -3.0, -1.0], [-1.0, -1.2, -1.0]],
+                  rollout_log_probs=[[-1.0, -2.0, -1.0], [-1.0, -1.0, -1.0]])
+    before = recompute_batch(make_batch(mask=[[1, 1, 1], [1, 1, 1]], **common), s)
+    rejected = before.tokens["response_mask"]
+    assert rejected.tolist() == [[1, 0, 1], [1, 1, 1]]  # log r = 1 at row 0, token 1
+    after = recompute_batch(make_batch(mask=rejected.tolist(), loss_mask=[[1, 1, 1], [1, 1, 1]], **common), s)
+    assert torch.equal(after.tokens["response_mask"], rejected)
+    for name in ("advantages", "token_level_rewards"):
+        assert torch.equal(after.tokens[name], before.tokens[name]), name
+    assert set(after.metrics) == set(before.metrics)
+    for name, value in before.metrics.items():
+        assert torch.allclose(after.metrics[name], value, equal_nan=True), name

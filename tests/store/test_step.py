@@ -74,10 +74,12 @@ def test_step_rows_and_facts_on_a_planted_batch(planted):
     assert (f.tool_rows, f.tool_tokens, f.actor_tokens) == (2, 3, 20)
     assert f.loss_mask_mismatch == 1
     assert f.score_zero_rows == 2 and f.score_max == 1.0
-    assert f.rejected_tokens == 0 and f.unmasked_tokens == 0
+    # the recompute starts from loss_mask (the mask before rollout correction): row c's last
+    # token, 0 there, stays 0, against 1 in the batch's response_mask
+    assert f.rejected_tokens == 1 and f.unmasked_tokens == 0
     assert f.rewards_sign_flips == 0 and f.rewards_max_abs_change == 0.0
-    assert f.adv_tokens == 20 and f.adv_nonfinite == 0
-    assert f.ratio_tokens == 20 and f.ratio_min == pytest.approx(np.exp(0.01), rel=1e-4)
+    assert f.adv_tokens == 19 and f.adv_nonfinite == 0
+    assert f.ratio_tokens == 19 and f.ratio_min == pytest.approx(np.exp(0.01), rel=1e-4)
 
 
 def test_rejection_and_kl_shaping_show_in_the_facts(planted):
@@ -132,10 +134,10 @@ def test_is_weights_of_a_scenario(planted):
     store = Store(planted)
     assert store.scenarios_with_token_column("rollout_is_weights") == ["is"]
     w = store.is_weights("is", 1)
-    assert w.height == 20  # one weight per actor token
+    assert w.height == 19  # one weight per actor token of loss_mask (the mask before correction)
     # old - rollout = -0.05 on every token: w = exp(-0.05) (float32 inputs)
-    assert w["weight"].to_list() == pytest.approx([np.exp(-0.05)] * 20, rel=1e-4)
+    assert w["weight"].to_list() == pytest.approx([np.exp(-0.05)] * 19, rel=1e-4)
     q = store.is_quantiles("is")
-    assert q["step"].to_list() == [1] and q["tokens"].to_list() == [20]
+    assert q["step"].to_list() == [1] and q["tokens"].to_list() == [19]
     assert q["q50"][0] == pytest.approx(np.exp(-0.05), rel=1e-4)
     assert store.is_weights("baseline", 1).height == 0
