@@ -2,7 +2,7 @@
 side by side, with the compare command's agreement of the advantages."""
 
 import streamlit as st
-from rlapp import session
+from rldiag.app import session
 
 from rldiag.config.settings import resolve_settings
 from rldiag.recompute import recompute
@@ -141,6 +141,10 @@ with session.guard():
     ovr = whatif.overrides(base, chosen)
     name = whatif.scenario_name(ovr)
     st.markdown(f"**Scenario:** `{name}`" + (f" — overrides: `{ovr}`" if ovr else " (the run's own settings)"))
-    if st.button("Recompute", type="primary", key="wi_run"):
+    has_batches = bool(store.steps())
+    if not has_batches:
+        st.caption(f"{store.run} has no batch files (batches/step_<N>.parquet): there is nothing to recompute.")
+    allowed = has_batches and session.can_write(store)
+    if st.button("Recompute", type="primary", key="wi_run", disabled=not allowed):
         run_scenarios(name, ovr)
     results(name)

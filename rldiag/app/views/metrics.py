@@ -3,7 +3,7 @@
 import time
 
 import streamlit as st
-from rlapp import session
+from rldiag.app import session
 
 from rldiag.viz.charts import metric_grid
 from rldiag.viz.metric_groups import default_selection, filter_names, follow_range, group_by_prefix

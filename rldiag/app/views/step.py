@@ -1,8 +1,8 @@
 """Step: one step's groups under two scenarios, one row's tokens as a heat strip, and the
-debugging checklist of seed 002 section 13 evaluated on the step."""
+debugging checklist (scores, rewards, masks, groups, advantages, then ratios) evaluated on the step."""
 
 import streamlit as st
-from rlapp import session
+from rldiag.app import session
 
 from rldiag.config.settings import resolve_settings
 from rldiag.recompute import recompute
@@ -31,7 +31,7 @@ def pick_scenarios(step: int) -> tuple[str | None, str | None]:
     if not have:
         st.info("No scenario saved per-token outputs for this step, so advantages, ratios and IS weights are "
                 "not available. Recompute the run's own settings with tokens (or use the What-if page).")
-        if st.button("Recompute baseline with tokens", key="st_recompute"):
+        if st.button("Recompute baseline with tokens", key="st_recompute", disabled=not session.can_write(store)):
             bar = st.progress(0.0)
             recompute(store.run, {}, name="baseline", save_tokens=True,
                       progress=session.progress_callback(bar, "baseline"))
@@ -65,7 +65,7 @@ def page() -> None:
     tokens = store.row_tokens(step, row, a)
     st.plotly_chart(heat_strip(tokens), key="st_strip")
 
-    st.subheader("Checklist (seed 002 §13)")
+    st.subheader("Debugging checklist")
     settings = scenario_settings(store.scenario_meta(a) if a else None, resolve_settings(store.run).values)
     facts = store.step_facts(step, a)
     at_step = {}
