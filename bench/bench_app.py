@@ -102,6 +102,18 @@ def bench_store(run: Path, names: list[str]) -> list[tuple[str, float, str]]:
     return rows
 
 
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process, in MB (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+LOGGED_X = ("() => Array.from(document.querySelectorAll('.js-plotly-plot')[0]._fullData"
+            ".filter(t => t.name === 'logged')[0].x)")
+
+
 def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tuple[str, float, str]]:
     from playwright.sync_api import sync_playwright
 
@@ -111,6 +123,7 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
     if exe is None:
         return [("browser", float("nan"), "skipped: no chromium (apt-get install chromium)")]
     rows = []
+    chart = ".js-plotly-plot .main-svg"
     with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
                                                    viewport={"width": 1400, "height": 1000})
@@ -119,14 +132,18 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
         for label, target in (("sample", sample), ("big run", run)):
             if target is None:
                 continue
-            with AppServer(target, timeout=120) as srv:
-                pg.goto(srv.url)
-                pg.wait_for_selector(".js-plotly-plot .main-svg")
-                t = time.perf_counter() - srv.started_at
-                rows.append((f"browser: streamlit run -> first chart ({label})", t,
-                             f"server up after {srv.ready_after:.1f} s"))
+            with AppServer(target, timeout=180) as srv:
+                pg.goto(srv.url, wait_until="load")
+                t_load = time.perf_counter()
+                pg.wait_for_selector(chart)
+                t = time.perf_counter()
+                rows.append((f"browser: page loaded -> first chart ({label})", t - t_load,
+                             f"rldiag app -> first chart {t - srv.started_at:.1f} s (server up after "
+                             f"{srv.ready_after:.1f} s)"))
                 if target != run:
                     continue
+                n_points = pg.evaluate("() => document.querySelectorAll('.js-plotly-plot')[0]._fullData"
+                                       ".reduce((a, t) => a + t.x.length, 0)")
                 times = []
                 for metric in names[10:13]:
                     box = pg.get_by_role("combobox", name="Metrics", exact=False)
@@ -140,7 +157,27 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
                     times.append(time.perf_counter() - t0)
                     pg.keyboard.press("Escape")
                 rows.append(("browser: add a metric -> its panel drawn", statistics.median(times),
-                             f"median of {len(times)}; {len(times) + 4} panels of up to {10_000} points"))
+                             f"median of {len(times)}; first panel sent {n_points} points for 10,000 steps"))
+                last = max(pg.evaluate(LOGGED_X))
+                with (run / "metrics.jsonl").open("a") as fh:
+                    t0 = time.perf_counter()
+                    fh.write(json.dumps({"step": last + 1, "data": {n: 0.5 for n in names}}) + "\n")
+                pg.wait_for_function(f"() => ({LOGGED_X})().includes({last + 1})")
+                rows.append(("browser: line appended -> visible", time.perf_counter() - t0,
+                             "the page re-reads metrics.jsonl every 2 s"))
+                tab = ctx.new_page()
+                t0 = time.perf_counter()
+                tab.goto(srv.url, wait_until="load")
+                tab.wait_for_selector(chart)
+                rows.append(("browser: a second tab -> first chart", time.perf_counter() - t0, ""))
+                tab.close()
+                t0 = time.perf_counter()
+                pg.get_by_role("link", name="What-if").click()
+                pg.get_by_role("heading", name="What-if").wait_for()
+                pg.wait_for_selector(chart)
+                rows.append(("browser: first switch to What-if -> chart", time.perf_counter() - t0, ""))
+                rows.append(("server memory (RSS, MB) after all of the above", rss_mb(srv.proc.pid),
+                             "MB, not seconds"))
         ctx.close()
     return rows
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from rldiag.app import preloaded_db, preloaded_store
 from rldiag.errors import RldiagError
 from rldiag.store import Db, Store
 from rldiag.viz import runs
@@ -22,13 +23,13 @@ RUN_SCOPED_PREFIXES = ("m_", "wi_", "st_", "op_", "he_")
 
 @st.cache_resource(show_spinner=False)
 def _db() -> Db:
-    """The app's one DuckDB connection."""
-    return Db()
+    """The app's one DuckDB connection (``rldiag app``'s, opened before the server started)."""
+    return preloaded_db() or Db()
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _store(path: str) -> Store:
-    return Store(path, db=_db())
+    return preloaded_store(path) or Store(path, db=_db())
 
 
 def _run_changed() -> None:

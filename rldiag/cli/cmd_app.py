@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shlex
-import subprocess
 from pathlib import Path
 
 from rldiag.cli.common import console
@@ -30,8 +29,8 @@ def add_parser(sub) -> None:
     sp.set_defaults(func=run)
 
 
-def app_command(args: argparse.Namespace) -> list[str]:
-    from rldiag.app import APP_SCRIPT, streamlit_command
+def _runs(args: argparse.Namespace) -> list[Path]:
+    from rldiag.app import APP_SCRIPT
 
     if not APP_SCRIPT.is_file():
         raise ConfigError(f"the app's script {APP_SCRIPT} is missing from this install of rldiag; reinstall it")
@@ -41,17 +40,28 @@ def app_command(args: argparse.Namespace) -> list[str]:
         if not p.is_dir():
             raise RunDirError(f"{r}: no such run directory")
         runs.append(p.resolve())
-    return streamlit_command(runs, port=args.port, address=args.address, headless=args.headless)
+    return runs
+
+
+def app_command(args: argparse.Namespace) -> list[str]:
+    """The ``streamlit run`` command equivalent to ``rldiag app`` (without its preloading)."""
+    from rldiag.app import streamlit_command
+
+    return streamlit_command(_runs(args), port=args.port, address=args.address, headless=args.headless)
 
 
 def run(args: argparse.Namespace) -> int:
-    cmd = app_command(args)
     if args.print_command:
-        console.print(shlex.join(cmd), markup=False)
+        console.print(shlex.join(app_command(args)), markup=False)
         return 0
+    runs = _runs(args)
     if importlib.util.find_spec("streamlit") is None or importlib.util.find_spec("plotly") is None:
         raise ConfigError("the app needs streamlit and plotly: pip install 'rldiag[app]'")
+    from rldiag.app import serve
+
+    if runs:
+        console.print(f"reading {', '.join(str(r) for r in runs)}", markup=False)
     try:
-        return subprocess.call(cmd)
+        return serve(runs, port=args.port, address=args.address, headless=args.headless)
     except KeyboardInterrupt:
         return 0

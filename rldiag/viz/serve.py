@@ -1,6 +1,6 @@
 """Serve the app on a local port, and find a local chromium to look at it (tests, bench).
 
-``AppServer`` runs the app (``rldiag app RUN``'s command) as a subprocess bound to 127.0.0.1 on a
+``AppServer`` runs ``rldiag app RUN`` as a subprocess bound to 127.0.0.1 on a
 free port, waits until Streamlit's health endpoint answers, and stops it (its whole process
 group) on exit. ``chromium_path`` finds Debian's chromium; ``CHROMIUM_ARGS`` are the flags a
 headless chromium needs in a container.
@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -63,11 +64,9 @@ class AppServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        from rldiag.app import streamlit_command
-
         runs = [] if self.run is None else ([self.run] if isinstance(self.run, (str, Path)) else list(self.run))
-        return streamlit_command(runs, port=self.port, address="127.0.0.1", headless=True,
-                                 extra=["--server.fileWatcherType", "none"])
+        return [sys.executable, "-m", "rldiag.cli.main", "app", *map(str, runs), "--port", str(self.port),
+                "--address", "127.0.0.1", "--headless"]
 
     def __enter__(self) -> AppServer:
         env = dict(os.environ, **self.extra_env)
