@@ -102,6 +102,27 @@ def bench_store(run: Path, names: list[str]) -> list[tuple[str, float, str]]:
     return rows
 
 
+def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[str, float, str]]:
+    """What the What-if page does on Recompute (the baseline already there): the scenario's
+    recompute with tokens, then the compare of the baseline with it (steps streamed, with progress)."""
+    from rldiag.recompute import recompute
+    from rldiag.synth import SynthSpec, write_synth_run
+    from rldiag.viz.comparison import run_compare
+
+    run = write_synth_run(root / "whatif", SynthSpec(steps=steps, prompts=max(1, rows // 8), n=8,
+                                                     min_len=max(1, length // 2), max_len=length, seed=3))
+    recompute(run, {}, name="baseline", save_tokens=True)
+    t_re, _ = timed(lambda: recompute(run, {"algorithm.adv_estimator": "rloo"}, name="rloo", save_tokens=True))
+    seen = []
+    t_cmp, _ = timed(lambda: run_compare(run, "baseline", "rloo", progress=lambda i, n, s: seen.append(time.perf_counter())))
+    size = f"{steps} steps x {rows} rows x up to {length} tokens"
+    return [
+        ("what-if: recompute alone (scenario, with tokens)", t_re, size),
+        ("what-if: the compare after it", t_cmp, f"{len(seen)} progress updates, one per step"),
+        ("what-if: whole / recompute alone", (t_re + t_cmp) / t_re, "ratio, not seconds"),
+    ]
+
+
 def rss_mb(pid: int) -> float:
     """Resident memory of a process, in MB (Linux)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -187,6 +208,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--metrics", type=int, default=200)
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--whatif", default="100x256x512", help="what-if run STEPSxROWSxTOKENS ('' to skip)")
     ap.add_argument("--dir", type=Path, help="where to write the run (default: a temporary directory)")
     args = ap.parse_args()
 
@@ -200,6 +222,8 @@ def main() -> None:
         t, (run, names) = timed(lambda: make_run(root / "bigrun", args.steps, args.metrics))
         print(f"generated {run} ({args.steps} steps x {args.metrics} metrics) in {t:.1f} s", file=sys.stderr)
         rows = bench_store(run, names)
+        if args.whatif:
+            rows += bench_whatif(root, *(int(v) for v in args.whatif.lower().split("x")))
         if not args.no_browser:
             rows += bench_browser(run, names, default_run())
     table = Table(title=f"rldiag app: {args.steps:,} steps x {args.metrics} metrics")

@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from rldiag.io.rundir import RunDir
-from rldiag.store import offpolicy, stepview
+from rldiag.store import offpolicy, stepview, tokentext
 from rldiag.store.batches import Batches
 from rldiag.store.cache import FileSig, SigCache, file_sig
 from rldiag.store.comparisons import SavedComparison, saved_comparison
@@ -258,6 +258,22 @@ class Store:
         sigs = (file_sig(src.path), file_sig(tokens[0]) if tokens else None)
         return self.cache.get(("row-tokens", step, row, scenario), sigs,
                               lambda: stepview.row_tokens(self.db, src, row, tokens))
+
+    def row_text(self, step: int, row: int) -> list[str] | None:
+        """One row's response tokens as text (the batch's ``response_tokens``; None without it)."""
+        src = self.batches.source(step)
+        return self.cache.get(("row-text", step, row), file_sig(src.path), lambda: tokentext.row_text(self.db, src, row))
+
+    def top_tokens(self, step: int, scenario: str | None, kind: str, k: int = 10) -> pl.DataFrame | None:
+        """The step's top-``k`` tokens by ``kind`` (|log ratio|, ref KL, IS weight) with their
+        context (:func:`rldiag.store.tokentext.top_tokens`); None without the scenario's tokens."""
+        src = self.batches.source(step)
+        tokens = self._tokens(scenario, step)
+        if tokens is None:
+            return None
+        sigs = (file_sig(src.path), file_sig(tokens[0]))
+        return self.cache.get(("top-tokens", step, scenario, kind, k), sigs,
+                              lambda: tokentext.top_tokens(self.db, src, tokens, kind, k))
 
     def metrics_at(self, step: int, metrics: list[str], scenarios: list[str] = ()) -> pl.DataFrame:
         """``metric, logged, <scenario>...`` at one step."""

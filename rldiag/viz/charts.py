@@ -156,7 +156,7 @@ STRIPS = {
     "ratio": ("ratio π/π_old", "PiYG", 1.0),
     "rollout_is_weights": ("IS weight", "PuOr", 1.0),
     "token_level_rewards": ("reward", "RdBu", 0.0),
-    "ref_kl": ("ref KL", "Viridis", None),
+    "ref_kl": ("ref KL", "RdBu_r", 0.0),  # per-token KL can be negative (k1); the span comes from the row
 }
 
 
