@@ -21,28 +21,32 @@ DEFAULT_POINTS = 800
 
 def m4_sql(inner: str, columns: Sequence[str], points: int) -> str:
     """SQL selecting the M4 rows of ``inner`` (a query with ``step, metric`` and ``columns``),
-    sorted by metric and step. ``points`` is inlined (an integer, never user text)."""
+    sorted by metric and step. ``points`` is inlined (an integer, never user text).
+
+    One ``GROUP BY metric, bucket`` names the steps to keep (first, last, arg-min, arg-max and
+    the first NaN of each column); a semi-join then takes those rows whole."""
     n = max(1, int(points))
-    keep = []
+    picks = []
     for c in columns:
         q = quote_ident(c)
         finite = f"CASE WHEN isnan({q}) THEN NULL ELSE {q} END"  # NaN sorts above every number
-        keep += [
-            f"step = min(CASE WHEN {q} IS NOT NULL THEN step END) OVER w",
-            f"step = max(CASE WHEN {q} IS NOT NULL THEN step END) OVER w",
-            f"step = arg_min(step, {finite}) OVER w",  # one row per extreme, even on a flat line
-            f"step = arg_max(step, {finite}) OVER w",
-            f"step = min(CASE WHEN isnan({q}) THEN step END) OVER w",  # a NaN stays a gap in the line
+        picks += [
+            f"min(step) FILTER (WHERE {q} IS NOT NULL)",
+            f"max(step) FILTER (WHERE {q} IS NOT NULL)",
+            f"arg_min(step, {finite})",  # one row per extreme, even on a flat line
+            f"arg_max(step, {finite})",
+            f"min(step) FILTER (WHERE isnan({q}))",  # a NaN stays a gap in the line
         ]
-    if not keep:
-        keep = ["step = min(step) OVER w", "step = max(step) OVER w"]
-    span = "(max(step) OVER m - min(step) OVER m + 1)"
+    if not picks:
+        picks = ["min(step)", "max(step)"]
     return f"""
-        WITH _src AS ({inner}),
-        _b AS (SELECT *, floor((step - min(step) OVER m) * {n} / {span})::BIGINT AS _bucket
-               FROM _src WINDOW m AS (PARTITION BY metric))
-        SELECT * EXCLUDE (_bucket) FROM _b
-        WINDOW w AS (PARTITION BY metric, _bucket)
-        QUALIFY {' OR '.join(keep)}
+        WITH _src AS MATERIALIZED ({inner}),
+        _r AS (SELECT metric, min(step) AS _lo, max(step) - min(step) + 1 AS _span FROM _src GROUP BY metric),
+        _keep AS (
+            SELECT DISTINCT metric, unnest([{', '.join(picks)}]) AS step
+            FROM (SELECT _src.*, floor((step - _lo) * {n} / _span)::BIGINT AS _bucket FROM _src JOIN _r USING (metric))
+            GROUP BY metric, _bucket
+        )
+        SELECT _src.* FROM _src SEMI JOIN _keep USING (metric, step)
         ORDER BY metric, step
     """

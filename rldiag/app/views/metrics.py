@@ -3,6 +3,7 @@ same axes; downsampled in DuckDB to what the panels can draw."""
 
 import time
 
+import polars as pl
 import streamlit as st
 
 from rldiag.app import session
@@ -83,14 +84,47 @@ def controls():
 
 
 def _frames(s, metrics, overlay, lo, hi, smoothing):
-    """(raw, smoothed or None, legend) of one run, downsampled in DuckDB to the panels' width."""
+    """Per metric (raw, smoothed or None) of one run, downsampled in DuckDB to the panels' width,
+    and the legend. Each metric is its own (cached) query: adding a metric queries only that one."""
     overlay = [o for o in overlay if o in s.scenario_names()]
     columns = s.source_columns(overlay)
-    if smoothing <= 0:
-        return s.joined(metrics, overlay, lo, hi, points=DEFAULT_POINTS), None, columns
-    full = s.joined(metrics, overlay, lo, hi)  # EMA runs over every step, then both lines are downsampled
     cols = list(columns.values())
-    return s.downsample(full, cols), s.downsample(ema(full, cols, smoothing), cols), columns
+    out = {}
+    for m in metrics:
+        if smoothing <= 0:
+            out[m] = (s.joined([m], overlay, lo, hi, points=DEFAULT_POINTS), None)
+            continue
+        full = s.joined([m], overlay, lo, hi)  # EMA runs over every step, then both lines are downsampled
+        out[m] = (s.downsample(full, cols), s.downsample(ema(full, cols, smoothing), cols))
+    return out, columns
+
+
+def _concat(frames) -> pl.DataFrame:
+    frames = [f for f in frames if f is not None]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame(schema={"step": pl.Int64,
+                                                                                        "metric": pl.String})
+
+
+def _split(frame: pl.DataFrame | None) -> dict:
+    return {} if frame is None else {m: f for (m,), f in frame.partition_by("metric", as_dict=True).items()}
+
+
+def _figure(metric: str, raw: pl.DataFrame, smooth, columns: dict, options: tuple, cache: bool):
+    """The panel's figure; while its frames are the store's cached ones (same objects) and the
+    options the same, the figure built last time (the live refresh redraws nothing new)."""
+    log_y, y_range, x = options
+    build = lambda: metric_grid(raw, [metric], columns, smooth, log_y=log_y,  # noqa: E731
+                                y_ranges={metric: y_range} if y_range else None, x=x, row_height=300)
+    if not cache:
+        return build()
+    figs = st.session_state.setdefault("m_figs", {})
+    key = (metric, id(raw), id(smooth), tuple(columns.items()), options)
+    got = figs.get(metric)
+    if got is None or got[0] != key:
+        figs[metric] = got = (key, build(), raw, smooth)  # the frames are kept: their ids stay theirs
+        for old in [m for m in figs if m not in st.session_state.get("m_metrics", [])][:-8]:
+            del figs[old]
+    return got[1]
 
 
 def _on_select(metric: str, event) -> None:
@@ -117,37 +151,42 @@ def live(view: dict) -> None:
             st.info("Pick metrics above (search by name or choose a group).")
             return
         lo, hi, smoothing = view["lo"], view["hi"], view["smoothing"]
-        joined, smoothed, columns = _frames(store, selected, overlay, lo, hi, smoothing)
+        frames, columns = _frames(store, selected, overlay, lo, hi, smoothing)
         others = session.other_stores()
-        if others:
-            labels = run_labels([str(store.run), *others])
-            rest = {labels[p]: _frames(s, selected, overlay, lo, hi, smoothing) for p, s in others.items()}
-            main_label = labels[str(store.run)]
-            columns = {f"{main_label} · {n}": c for n, c in columns.items()}
-            joined, columns_all = merge_runs(joined, columns, {k: (v[0], v[2]) for k, v in rest.items()})
-            if smoothed is not None:
-                smoothed, _ = merge_runs(smoothed, columns, {k: (v[1], v[2]) for k, v in rest.items()})
-            columns = columns_all
         x = view["x"] if not others else "step"
-        if x != "step":
-            joined = store.with_wall_time(joined)
-            smoothed = store.with_wall_time(smoothed) if smoothed is not None else None
-        ranges = store.clip_bounds(selected, overlay, lo, hi) if view["clip"] else None
-        by_metric = {m: f for (m,), f in joined.partition_by("metric", as_dict=True).items()}
-        sm_by = ({m: f for (m,), f in smoothed.partition_by("metric", as_dict=True).items()}
-                 if smoothed is not None else {})
+        cache = not others and x == "step"
+        if others or x != "step":
+            joined = _concat(f for f, _ in frames.values())
+            smoothed = _concat(f for _, f in frames.values()) if smoothing > 0 else None
+            if others:
+                labels = run_labels([str(store.run), *others])
+                rest = {labels[p]: _frames(s, selected, overlay, lo, hi, smoothing) for p, s in others.items()}
+                main = {f"{labels[str(store.run)]} · {n}": c for n, c in columns.items()}
+                legends = {k: v[1] for k, v in rest.items()}
+                joined, all_columns = merge_runs(joined, main, {
+                    k: (_concat(f for f, _ in v[0].values()), legends[k]) for k, v in rest.items()})
+                if smoothed is not None:
+                    smoothed, _ = merge_runs(smoothed, main, {
+                        k: (_concat(f for _, f in v[0].values()), legends[k]) for k, v in rest.items()})
+                columns = all_columns
+            if x != "step":
+                joined = store.with_wall_time(joined)
+                smoothed = store.with_wall_time(smoothed) if smoothed is not None else None
+            raw_by, sm_by = _split(joined), _split(smoothed)
+            frames = {m: (raw_by.get(m, joined.clear()), sm_by.get(m)) for m in selected}
+        ranges = store.clip_bounds(selected, overlay, lo, hi) if view["clip"] else {}
         grid = []
         for k, metric in enumerate(selected):
             if k % 2 == 0:
                 grid = st.columns(2)  # row by row: a new metric adds a panel after the others
             # one chart per panel: adding a metric draws one new panel, the others stay as they are
-            f = by_metric.get(metric, joined.clear())
-            fig = metric_grid(f, [metric], columns, sm_by.get(metric), log_y=view["log_y"], y_ranges=ranges, x=x,
-                              row_height=300)
+            raw, smooth = frames[metric]
+            fig = _figure(metric, raw, smooth, columns, (view["log_y"], ranges.get(metric), x), cache)
             with grid[k % 2]:
                 event = st.plotly_chart(fig, key=f"m_chart:{metric}", config={"displaylogo": False},
                                         on_select="rerun", selection_mode=("points", "box"))
             _on_select(metric, event)
+        joined = _concat(f for f, _ in frames.values())
         note = overlap_note(identical_sources(joined, columns))
         if note:
             st.caption(note)
