@@ -40,8 +40,10 @@ def test_the_wheel_holds_the_app_and_the_sample(wheel):
     assert "rldiag = rldiag.cli.main:main" in entry
 
 
-def test_rldiag_app_from_a_wheel_install_on_the_bundled_sample(wheel, tmp_path):
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> tuple[Path, Path]:
+    """(python, site-packages) of a throwaway venv holding the wheel (``--no-deps``)."""
+    venv = tmp_path_factory.mktemp("venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -51,6 +53,11 @@ def test_rldiag_app_from_a_wheel_install_on_the_bundled_sample(wheel, tmp_path):
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True)
+    return py, site
+
+
+def test_rldiag_app_from_a_wheel_install_on_the_bundled_sample(installed, tmp_path):
+    py, site = installed
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = dict(os.environ, RLDIAG_HOME=str(tmp_path / "home"), PYTHONPATH="")
@@ -79,7 +86,7 @@ print(json.dumps(dict(rldiag=rldiag.__file__, script=cmd[4], sample=str(sample),
     assert info["copy"].startswith(str(tmp_path / "home")) and info["writable"]
     assert info["errors"] == [] and info["charts"] >= 1
     # the console script resolves the packaged script too
-    script = venv / "bin" / "rldiag"
+    script = py.parent / "rldiag"
     if not script.exists():  # pip --target writes no scripts: call the entry point
         out = subprocess.run([str(py), "-m", "rldiag.cli.main", "app", "--print-command"], check=True,
                              capture_output=True, text=True, cwd=elsewhere, env=env).stdout
@@ -87,3 +94,37 @@ print(json.dumps(dict(rldiag=rldiag.__file__, script=cmd[4], sample=str(sample),
         out = subprocess.run([str(script), "app", "--print-command"], check=True, capture_output=True, text=True,
                              cwd=elsewhere, env=env).stdout
     assert str(site / "rldiag" / "app" / "main.py") in out
+
+
+def test_rldiag_app_serves_from_a_wheel_install(installed, tmp_path):
+    """``rldiag app`` (in its own process, the app preloaded) answers on its port from any directory."""
+    import time
+    import urllib.request
+
+    from rldiag.viz.serve import free_port
+
+    py, site = installed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    port = free_port()
+    sample = site / "rldiag" / "app" / "samples" / "grpo-tool"
+    env = dict(os.environ, RLDIAG_HOME=str(tmp_path / "home"), PYTHONPATH="")
+    proc = subprocess.Popen([str(py), "-m", "rldiag.cli.main", "app", str(sample), "--headless", "--port", str(port),
+                             "--address", "127.0.0.1"], cwd=elsewhere, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "rldiag app did not answer"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=20)
+    assert not (sample / "rldiag").exists()  # nothing written into the install
