@@ -8,13 +8,19 @@ names with '/', grouped by prefix) and a few small batches, then measures:
     names          the metric catalogue (cached afterwards)
     interaction    a new selection of 4 metrics: joined query + EMA + plotly figure
     append         10 lines appended while "training": incremental read + the same query
-  browser (streamlit run + Debian's chromium; skipped without chromium):
-    first chart    from starting `streamlit run` to the first rendered plotly chart
-                   (on the bundled sample, then on the big run)
+  what-if (in process, what the What-if page runs on Recompute; --whatif STEPSxROWSxTOKENS):
+    the scenario's recompute with tokens, then the compare of the baseline with it
+  browser (`rldiag app RUN` + Debian's chromium; skipped without chromium):
+    first chart    from the page's load event to the first rendered plotly chart
+                   (on the bundled sample, then on the big run); launch to chart in the notes
     interaction    adding a metric to the multiselect until its panel is drawn
+    append         a line appended to metrics.jsonl until the first panel shows its step
+    second tab     a new tab on the same server until its first chart
+    What-if        the first switch to the What-if page until its chart
+    memory         the server's resident memory after all of the above
 
 Usage:
-  .venv/bin/python bench/bench_app.py                      # 10,000 steps x 200 metrics
+  .venv/bin/python bench/bench_app.py                      # 10,000 steps x 150 metrics
   .venv/bin/python bench/bench_app.py --steps 2000 --metrics 50 --no-browser
 """
 
@@ -185,7 +191,7 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
                     fh.write(json.dumps({"step": last + 1, "data": {n: 0.5 for n in names}}) + "\n")
                 pg.wait_for_function(f"() => ({LOGGED_X})().includes({last + 1})")
                 rows.append(("browser: line appended -> visible", time.perf_counter() - t0,
-                             "the page re-reads metrics.jsonl every 2 s"))
+                             "the page re-reads metrics.jsonl every second"))
                 tab = ctx.new_page()
                 t0 = time.perf_counter()
                 tab.goto(srv.url, wait_until="load")
@@ -206,7 +212,7 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10_000)
-    ap.add_argument("--metrics", type=int, default=200)
+    ap.add_argument("--metrics", type=int, default=150)
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--whatif", default="100x256x512", help="what-if run STEPSxROWSxTOKENS ('' to skip)")
     ap.add_argument("--dir", type=Path, help="where to write the run (default: a temporary directory)")

@@ -16,7 +16,7 @@ from rldiag.viz.smoothing import ema
 from rldiag.viz.timefmt import live_line
 
 #: seconds between two looks at metrics.jsonl
-REFRESH_S = 2.0
+REFRESH_S = 1.0
 X_AXES = {"step": "step", "wall_time": "wall time"}
 
 st.title("Training metrics")

@@ -6,6 +6,7 @@ from rldiag.app import session
 
 from rldiag.config.settings import resolve_settings
 from rldiag.errors import RldiagError
+from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.recompute import recompute
 from rldiag.viz import comparison, whatif
 from rldiag.viz.charts import agreement_figure, metric_grid
@@ -189,7 +190,7 @@ def results(name: str) -> None:
     metrics = st.multiselect("Metrics", names, key="wi_metrics")
     if not metrics:
         return
-    joined = store.joined(metrics, shown)
+    joined = store.joined(metrics, shown, points=DEFAULT_POINTS)
     st.plotly_chart(metric_grid(joined, metrics, store.source_columns(shown)), key="wi_chart")
     st.caption("Mean over steps of each source; the last columns give the scenario minus the baseline.")
     st.dataframe(store.summary(metrics, shown), hide_index=True)
