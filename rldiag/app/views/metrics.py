@@ -122,8 +122,8 @@ def _figure(metric: str, raw: pl.DataFrame, smooth, columns: dict, options: tupl
     got = figs.get(metric)
     if got is None or got[0] != key:
         figs[metric] = got = (key, build(), raw, smooth)  # the frames are kept: their ids stay theirs
-        for old in [m for m in figs if m not in st.session_state.get("m_metrics", [])][:-8]:
-            del figs[old]
+    for gone in [m for m in figs if m not in st.session_state.get("m_metrics", [])]:
+        del figs[gone]  # only the panels on the page are kept
     return got[1]
 
 
