@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -115,6 +116,8 @@ def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[s
     from rldiag.synth import SynthSpec, write_synth_run
     from rldiag.viz.comparison import run_compare
 
+    if (root / "whatif").exists():  # a fresh run: a scenario left by an earlier bench would be reused
+        shutil.rmtree(root / "whatif")
     run = write_synth_run(root / "whatif", SynthSpec(steps=steps, prompts=max(1, rows // 8), n=8,
                                                      min_len=max(1, length // 2), max_len=length, seed=3))
     recompute(run, {}, name="baseline", save_tokens=True)
