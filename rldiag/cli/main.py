@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "rldiag.cli.cmd_doctor",
     "rldiag.cli.cmd_import_wandb",
     "rldiag.cli.cmd_demo",
+    "rldiag.cli.cmd_app",
 ]
 
 

@@ -83,7 +83,7 @@ def step_rows(db: Db, src: BatchSource, tokens: dict[str, tuple[Path, list[str]]
 
 @dataclass
 class StepFacts:
-    """The numbers seed 002 section 13's checklist judges, for one step (and one scenario)."""
+    """The numbers the step checklist judges, for one step (and one scenario)."""
 
     step: int
     rows: int
