@@ -98,14 +98,16 @@ def check_masks(f: StepFacts) -> Check:
     if f.unmasked_tokens:
         return Check(3, t, FAIL, f"{f.unmasked_tokens} tokens with response_mask 0 in the batch are 1 after "
                                  f"rollout correction (scenario {f.scenario}); correction may only zero tokens.")
-    if f.loss_mask_mismatch:
-        return Check(3, t, FAIL, f"{f.loss_mask_mismatch} rows: loss_mask does not keep the original "
-                                 "assistant-token count.")
+    if f.rows_outside_loss_mask:
+        return Check(3, t, FAIL, f"{f.rows_outside_loss_mask} rows have response_mask tokens that loss_mask (the "
+                                 "mask before rollout correction) leaves out; correction may only drop tokens.")
     parts = [f"{f.actor_tokens} actor tokens; tool spans in {f.tool_rows} of {f.rows} rows ({f.tool_tokens} tokens)"]
+    if f.rejected_before_capture:
+        parts.append(f"{f.rejected_before_capture} tokens of loss_mask were rejected before the capture")
     if f.rejected_tokens is not None:
         parts.append(f"rollout correction zeroed {f.rejected_tokens} assistant tokens")
-    if f.loss_mask_mismatch == 0:
-        parts.append("loss_mask keeps the original counts")
+    if f.rows_outside_loss_mask == 0:
+        parts.append("response_mask lies within loss_mask")
     if f.rows_without_actor:
         return Check(3, t, WARN, f"{f.rows_without_actor} rows have no actor token at all. " + "; ".join(parts) + ".")
     return Check(3, t, OK, "; ".join(parts) + ".")

@@ -142,7 +142,7 @@ def test_checklist_healthy_step_passes():
         (dict(rewards_max_abs_change=0.8), 2, "warn", "80%"),
         (dict(scenario=None, rewards_compared=None), 2, "n/a", "saved tokens"),
         (dict(unmasked_tokens=5), 3, "fail", "5 tokens"),
-        (dict(loss_mask_mismatch=2), 3, "fail", "loss_mask"),
+        (dict(rows_outside_loss_mask=2), 3, "fail", "loss_mask"),
         (dict(rows_without_actor=1), 3, "warn", "no actor token"),
         (dict(group_sizes={1: 1, 4: 2}, groups=3), 4, "warn", "single row"),
         (dict(group_sizes={3: 2}), 4, "warn", "rollout.n = 4"),
