@@ -80,6 +80,9 @@ DEFAULTS: dict[str, Any] = {
     "rldiag.micro_batch_size": None,
     "rldiag.dp_size": 1,
     "rldiag.mini_batch_size": None,
+    # rldiag's own: the verl release whose numbers to reproduce (rldiag/config/verl_versions.py);
+    # None: the run's recorded ``verl_version``, else the reference snapshot.
+    "rldiag.verl_version": None,
 }
 
 _BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)}
