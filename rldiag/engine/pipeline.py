@@ -16,11 +16,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from rldiag.config.settings import Settings
+from rldiag.config.verl_versions import has as has_change
 from rldiag.engine.advantage import AdvInput, estimate
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.batch import Batch
@@ -228,14 +229,21 @@ def recompute_batch(
         metrics["actor/kl_loss"] = segs.loss(aggregate(agg_mode, kld, mask, actor_norm))
         metrics["actor/kl_coef"] = torch.full((n,), float(settings["actor_rollout_ref.actor.kl_loss_coef"]))
     if batch.vpreds is not None and batch.values is not None:
-        # verl's value_loss passes no global batch info (not even loss_scale_factor): every
-        # normaliser is the micro-batch's own, and the three metrics are micro-batch means.
-        critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon)
+        global_norm = has_change(settings, "critic_global_norm")
+        if global_norm:
+            # verl >= 0.9.0 (commit 2eb020aa9): the actor's global normalisers (original-mask token
+            # count, batch size) with the critic's own loss_scale_factor; vf_loss is a SUM metric
+            critic_norm = replace(actor_norm, loss_scale_factor=settings.critic_loss_scale_factor)
+        else:
+            # verl 0.8.0: every normaliser is the micro-batch's own; the metrics are micro-batch means
+            critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon)
         vf = value_loss(
             batch.vpreds, batch.values, ret, mask, float(settings["critic.cliprange_value"]),
             settings.critic_agg_mode, critic_norm,
         )
         metrics.update({k: segs.mean(v) for k, v in vf.items()})
+        if global_norm:
+            metrics["critic/vf_loss"] = segs.loss(vf["critic/vf_loss"])
 
     # rldiag's own: reference KL of the old and current policy side by side, group signal
     if batch.ref_log_prob is not None:

@@ -95,16 +95,17 @@ def micro_case(draw):
 
 
 @hsettings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(micro_case())
-def test_micro_batch_metrics_match_per_micro_batch_reference(c):
+@given(micro_case(), st.sampled_from(["0.8.0", "0.10.0.dev"]))
+def test_micro_batch_metrics_match_per_micro_batch_reference(c, version):
     steps, mbs, dp, loss, agg = c
+    critic_global = version != "0.8.0"  # verl commit 2eb020aa9
     b = batch_of(steps, values=None)
     b.values = pad([x for d in steps for x in d["values"]], b.width)
     b.vpreds = pad([x for d in steps for x in d["vpreds"]], b.width)
     b.token_level_scores = pad([x for d in steps for x in d["scores"]], b.width)
     s = settings(estimator="gae", agg=agg, **{
         MB: mbs, DP: dp, "actor_rollout_ref.actor.policy_loss.loss_mode": loss,
-        "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.3,
+        "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.3, "rldiag.verl_version": version,
     })
     r = recompute_batch(b, s)
     row0 = 0
@@ -127,7 +128,8 @@ def test_micro_batch_metrics_match_per_micro_batch_reference(c):
             pg_sum += pg / dp if loss == "geo_mean" else pg  # geo_mean: per-micro mean, SUM, mean over ranks
             for k, v in met.items():
                 metric_lists.setdefault(k, []).append(v)
-            # critic: micro-batch-local normalisation (no global info), 0.5 * agg(max(l1, l2))
+            # critic: 0.5 * agg(max(l1, l2)), normalised like the actor (a SUM over micro-batches),
+            # in verl 0.8.0 within the micro-batch (a MEAN)
             l_mat, clip_mat = [], []
             for vp_row, v_row, g_row in zip(sub["vpreds"], sub["values"], [ret[j] for j in part]):
                 lr, cr = [], []
@@ -138,10 +140,14 @@ def test_micro_batch_metrics_match_per_micro_batch_reference(c):
                     cr.append(1.0 if l2 > l1 else 0.0)
                 l_mat.append(lr)
                 clip_mat.append(cr)
-            critic["critic/vf_loss"].append(0.5 * ref.agg_ref(l_mat, sub["mask"], agg, ref.Norm(horizon=horizon)))
+            critic_norm = cfg.norm if critic_global else ref.Norm(horizon=horizon)
+            critic["critic/vf_loss"].append(0.5 * ref.agg_ref(l_mat, sub["mask"], agg, critic_norm))
             critic["critic/vf_clipfrac"].append(ref.masked_mean(clip_mat, sub["mask"]))
             critic["critic/vpred_mean"].append(ref.masked_mean(sub["vpreds"], sub["mask"]))
         assert r.metrics["actor/pg_loss"][i].item() == pytest.approx(pg_sum, rel=2e-4, abs=2e-5)
+        if critic_global:
+            vf = critic.pop("critic/vf_loss")
+            assert r.metrics["critic/vf_loss"][i].item() == pytest.approx(sum(vf), rel=2e-4, abs=2e-5, nan_ok=True)
         for k, vals in {**metric_lists, **critic}.items():
             # a micro-batch without a single actor token gives the critic 0/0 = NaN, in verl too
             assert r.metrics[k][i].item() == pytest.approx(sum(vals) / len(vals), rel=2e-4, abs=2e-5, nan_ok=True), k
