@@ -83,6 +83,8 @@ DEFAULTS: dict[str, Any] = {
     # rldiag's own: the verl release whose numbers to reproduce (rldiag/config/verl_versions.py);
     # None: the run's recorded ``verl_version``, else the reference snapshot.
     "rldiag.verl_version": None,
+    # verl's: reorder each step's rows so that DP ranks get similar workloads (rldiag/engine/balance.py)
+    "trainer.balance_batch": True,
 }
 
 _BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)}

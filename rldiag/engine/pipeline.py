@@ -191,7 +191,8 @@ def recompute_batch(
 
     # 4. metrics
     metrics.update(data_metrics(batch, rewards, adv, ret, mask))
-    segs = segmentation_for(sid, n, settings)
+    seq_len = batch.lengths if batch.prompt_length is None else batch.lengths + batch.prompt_length.to(batch.lengths.dtype)
+    segs = segmentation_for(sid, n, settings, seq_len)
     fixed_width = settings["data.max_response_length"] is not None
     horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
     count_mask = batch.loss_mask if batch.loss_mask is not None else mask0

@@ -106,6 +106,7 @@ def test_micro_batch_metrics_match_per_micro_batch_reference(c, version):
     s = settings(estimator="gae", agg=agg, **{
         MB: mbs, DP: dp, "actor_rollout_ref.actor.policy_loss.loss_mode": loss,
         "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.3, "rldiag.verl_version": version,
+        "trainer.balance_batch": False,  # the reference deals rows in batch order (balancing: tests/engine/test_balance.py)
     })
     r = recompute_batch(b, s)
     row0 = 0
@@ -161,3 +162,4 @@ def test_micro_batch_covering_the_step_equals_the_default():
     big = recompute_batch(b, settings(estimator="grpo", **{MB: 64}))
     for k, v in base.metrics.items():
         torch.testing.assert_close(big.metrics[k], v, equal_nan=True)
+
