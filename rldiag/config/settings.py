@@ -85,9 +85,11 @@ DEFAULTS: dict[str, Any] = {
     "rldiag.verl_version": None,
     # verl's: reorder each step's rows so that DP ranks get similar workloads (rldiag/engine/balance.py)
     "trainer.balance_batch": True,
+    # verl's: the V1 trainer (None: the chosen release's default, true from 0.9.0 on)
+    "trainer.use_v1": None,
 }
 
-_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)}
+_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"trainer.use_v1"}
 _FLOAT_KEYS = {
     "algorithm.gamma",
     "algorithm.lam",

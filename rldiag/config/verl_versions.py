@@ -43,6 +43,15 @@ class Change:
 
 CHANGES: tuple[Change, ...] = (
     Change(
+        key="v1_trainer",
+        new="the V1 trainer by default (trainer.use_v1: true): nested tensors padded per micro-batch, so "
+        "seq-mean-token-sum-norm without loss_scale_factor divides by the micro-batch's longest row",
+        old="only the legacy trainer: responses padded to data.max_response_length, the divisor of "
+        "seq-mean-token-sum-norm without loss_scale_factor",
+        commit="release v0.9.0 (2026-08-14), trainer/ppo/v1 and trainer.use_v1",
+        versions=frozenset({"0.9.0", "0.9.1", SNAPSHOT}),
+    ),
+    Change(
         key="reinforce_pp_carry",
         new="REINFORCE++ carries the running return unchanged through mask-0 tokens; returns are 0 there",
         old="REINFORCE++ keeps a mask-0 token's own reward-to-go, then resets the running return to 0",

@@ -193,7 +193,10 @@ def recompute_batch(
     metrics.update(data_metrics(batch, rewards, adv, ret, mask))
     seq_len = batch.lengths if batch.prompt_length is None else batch.lengths + batch.prompt_length.to(batch.lengths.dtype)
     segs = segmentation_for(sid, n, settings, seq_len)
-    fixed_width = settings["data.max_response_length"] is not None
+    # seq-mean-token-sum-norm's fallback divisor: the V1 trainer pads per micro-batch (its longest
+    # row); the legacy one to data.max_response_length (else the step's longest row)
+    use_v1 = settings["trainer.use_v1"]
+    fixed_width = not (has_change(settings, "v1_trainer") if use_v1 is None else use_v1)
     horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
     count_mask = batch.loss_mask if batch.loss_mask is not None else mask0
     token_count = step_mask_count(count_mask, sid, n)

@@ -36,9 +36,9 @@ def test_the_table_per_release():
     table = {v: {c.key for c in CHANGES if has({"rldiag.verl_version": v}, c.key)} for v in RELEASES}
     assert table == {
         "0.8.0": set(),
-        "0.9.0": {"reinforce_pp_carry", "critic_global_norm"},
-        "0.9.1": {"reinforce_pp_carry", "critic_global_norm", "gspo_agg_mode"},
-        SNAPSHOT: {"reinforce_pp_carry", "critic_global_norm"},
+        "0.9.0": {"v1_trainer", "reinforce_pp_carry", "critic_global_norm"},
+        "0.9.1": {"v1_trainer", "reinforce_pp_carry", "critic_global_norm", "gspo_agg_mode"},
+        SNAPSHOT: {"v1_trainer", "reinforce_pp_carry", "critic_global_norm"},
     }
     assert all(c.commit and c.new and c.old and c.versions <= set(RELEASES) for c in CHANGES)
 

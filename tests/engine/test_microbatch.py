@@ -122,7 +122,8 @@ def test_micro_batch_metrics_match_per_micro_batch_reference(c, version):
             sub = {k: [d[k][j] for j in part] for k in ("old", "new", "mask", "values", "vpreds")}
             if loss == "kl_cov":  # a top-k cut between equal covariances is rounding noise
                 assume(not ref.kl_cov_cut_is_ambiguous(sub["new"], [adv[j] for j in part], sub["mask"], 0.3))
-            horizon = max(d["lengths"][j] for j in part)
+            # the padded width: the micro-batch's longest row (V1), the step's (legacy trainer, 0.8.0)
+            horizon = max(d["lengths"][j] for j in (part if version != "0.8.0" else range(n)))
             cfg = ref.Cfg(agg=agg, kl_cov_ratio=0.3,
                           norm=ref.Norm(batch_num_tokens=n_tok, global_batch_size=float(n), horizon=horizon))
             _, pg, met = ref.REFERENCES[loss](sub["old"], sub["new"], [adv[j] for j in part], sub["mask"], cfg)
@@ -163,3 +164,19 @@ def test_micro_batch_covering_the_step_equals_the_default():
     for k, v in base.metrics.items():
         torch.testing.assert_close(big.metrics[k], v, equal_nan=True)
 
+
+def test_seq_mean_token_sum_norm_divides_by_the_micro_batch_width_in_v1_and_the_max_length_in_legacy():
+    # rows of width 1 and 3 (2 tokens around a tool token), micro-batches of one row,
+    # data.max_response_length 8; ratio 1, A = +-0.707 (grpo); loss per row = -A * tokens;
+    # seq-mean over the step's 2 rows
+    b = make_batch(scores=[[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]], mask=[[1, 0, 0], [1, 0, 1]], lengths=[1, 3], uids=["g", "g"],
+                   old_log_probs=[[-1.0, 0, 0], [-1.0] * 3], log_probs=[[-1.0, 0, 0], [-1.0] * 3])
+    b.max_response_length = torch.tensor([8])  # what the loader puts there from data.max_response_length
+    base = {MB: 1, "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm", "data.max_response_length": 8}
+    a = 1 / math.sqrt(2) / (1 + 1e-6 * math.sqrt(2))  # (1 - 0.5) / (std 0.7071 + 1e-6)
+    v1 = recompute_batch(b, settings(estimator="grpo", **base)).metrics["actor/pg_loss"].item()
+    assert v1 == pytest.approx(-a * 1 / 2 / 1 + a * 2 / 2 / 3, rel=1e-5)  # widths 1 and 3
+    legacy = recompute_batch(b, settings(estimator="grpo", **base, **{"trainer.use_v1": False})).metrics["actor/pg_loss"].item()
+    assert legacy == pytest.approx((-a * 1 + a * 2) / 2 / 8, rel=1e-5)
+    old = recompute_batch(b, settings(estimator="grpo", **base, **{"rldiag.verl_version": "0.8.0"})).metrics["actor/pg_loss"].item()
+    assert old == pytest.approx(legacy, rel=1e-6)  # verl 0.8.0 has only the legacy trainer
