@@ -77,9 +77,11 @@ DEFAULTS: dict[str, Any] = {
     "data.max_prompt_length": None,
     # rldiag's own: emulate verl's per-micro-batch metric averaging (None = the whole step is one
     # micro-batch); rows per micro-batch per data-parallel rank, and the number of DP ranks.
-    "rldiag.micro_batch_size": None,
+    # "run" (the default): verl's own batch keys when the run's config has them ("auto"), else
+    # None; "auto" insists on them.
+    "rldiag.micro_batch_size": "run",
     "rldiag.dp_size": 1,
-    "rldiag.mini_batch_size": None,
+    "rldiag.mini_batch_size": "run",
     # rldiag's own: the verl release whose numbers to reproduce (rldiag/config/verl_versions.py);
     # None: the run's recorded ``verl_version``, else the reference snapshot.
     "rldiag.verl_version": None,
@@ -259,7 +261,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if key in _LIST_KEYS:
             return _coerce_list(value, _LIST_KEYS[key])
         if key in _INT_KEYS:
-            if key in _AUTO_KEYS and value == "auto":
+            if key in _AUTO_KEYS and value in ("auto", "run"):
                 return value
             if isinstance(value, bool) or float(value) != int(float(value)):
                 raise ValueError(f"expected an integer, got {value!r}")

@@ -188,12 +188,15 @@ def _segment_mini(
 
 def resolve_auto(settings: Settings, key: str) -> int | None:
     """``rldiag.mini_batch_size`` / ``rldiag.micro_batch_size`` with ``auto`` read from verl's
-    keys in the run's config: mini = ``actor.ppo_mini_batch_size * rollout.n`` (as verl's trainer
+    keys in the run's config (``run``, the default: the same when the config has them, else the
+    whole step): mini = ``actor.ppo_mini_batch_size * rollout.n`` (as verl's trainer
     multiplies it, seed 001 section 11.2), micro = ``actor.ppo_micro_batch_size_per_gpu``."""
     value = settings.get(key)
+    actor = "actor_rollout_ref.actor."
+    if value == "run":  # the default: the run's own batching when its config says what it was
+        value = "auto" if _run_has_batch_keys(settings, key) else None
     if value != "auto":
         return None if value is None else int(value)
-    actor = "actor_rollout_ref.actor."
     if key == "rldiag.mini_batch_size":
         mini, n = settings.get(actor + "ppo_mini_batch_size"), settings.get("actor_rollout_ref.rollout.n", 1)
         if mini is None:
@@ -203,6 +206,15 @@ def resolve_auto(settings: Settings, key: str) -> int | None:
     if micro is None:
         raise ConfigError(f"{key}=auto needs {actor}ppo_micro_batch_size_per_gpu in the run's config")
     return int(micro)
+
+
+def _run_has_batch_keys(settings: Settings, key: str) -> bool:
+    """Whether the run's config holds the verl keys ``auto`` reads for ``key`` (micro-batches of
+    a fixed row count only: with ``use_dynamic_bsz`` verl packs them by tokens, not emulated)."""
+    actor = "actor_rollout_ref.actor."
+    if key == "rldiag.mini_batch_size":
+        return settings.get(actor + "ppo_mini_batch_size") is not None
+    return settings.get(actor + "ppo_micro_batch_size_per_gpu") is not None and not settings.get(actor + "use_dynamic_bsz")
 
 
 def check_microbatch_settings(settings: Settings) -> None:
