@@ -28,11 +28,13 @@ from rldiag.engine.batch import Batch
 from rldiag.engine.critic import value_loss
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_row_sums
-from rldiag.engine.metrics import data_metrics, signal_metrics
+from rldiag.engine.metrics import data_metrics, rollout_probs_metrics, signal_metrics
 from rldiag.engine.microbatch import Segmentation, segmentation_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
-from rldiag.engine.segments import MEAN_EPS, masked_positive_rows, seg_count, seg_mean, seg_std, seg_sum, step_mask_count
+from rldiag.engine.segments import (
+    MEAN_EPS, masked_positive_rows, seg_count, seg_max, seg_mean, seg_std, seg_sum, step_mask_count,
+)
 from rldiag.errors import MissingInputError
 
 
@@ -248,6 +250,26 @@ def recompute_batch(
         metrics.update({k: segs.mean(v) for k, v in vf.items()})
         if global_norm:
             metrics["critic/vf_loss"] = segs.loss(vf["critic/vf_loss"])
+
+    if "actor/pg_loss" in metrics:
+        # the update's total loss (verl's actor/loss, summed over micro-batches like its parts)
+        total = metrics["actor/pg_loss"]
+        if "actor/entropy_loss" in metrics:
+            total = total - float(settings["actor_rollout_ref.actor.entropy_coeff"]) * metrics["actor/entropy_loss"]
+        if "actor/kl_loss" in metrics:
+            total = total + metrics["actor/kl_coef"] * metrics["actor/kl_loss"]
+        metrics["actor/loss"] = total
+    if not bypass:
+        # logged where verl recomputes pi_old (_compute_old_log_prob; skipped in bypass mode), on
+        # the original mask: the old policy's entropy aggregated over the whole step, and the
+        # rollout engine's probabilities against the trainer's
+        if batch.entropy is not None:
+            step_norm = AggNorm(step_ids=sid, n_steps=n, horizon=batch.max_response_length if fixed_width else
+                                seg_max(batch.lengths.to(torch.float32), sid, n),
+                                loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"])
+            metrics["actor/entropy"] = aggregate(agg_mode, batch.entropy, mask0, step_norm)
+        if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
+            metrics.update(rollout_probs_metrics(batch.old_log_probs, batch.rollout_log_probs, mask0, sid, n))
 
     # rldiag's own: reference KL of the old and current policy side by side, group signal
     if batch.ref_log_prob is not None:

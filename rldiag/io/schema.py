@@ -33,7 +33,12 @@ SCALAR_COLUMNS = {
     "session_id": "string",
     "output_index": "int",
     "step": "int",
+    # the agent loop's per-row counts (verl's __num_turns__ and tool_call_counts): num_turns/*, tool_call_counts/*
+    "num_turns": "int",
+    "tool_call_counts": "int",
 }
+#: scalar columns read when present, for metrics only (they land in ``Batch.extra``)
+METRIC_ROW_COLUMNS = ("num_turns", "tool_call_counts")
 #: columns the engine may read (the logged token_level_rewards/advantages/returns are only for
 #: verification and are not loaded by a recompute).
 ENGINE_TOKEN_COLUMNS = (
@@ -108,6 +113,8 @@ METRIC_NEEDS = {
         all_of=("rollout_log_probs", "log_probs")
     ),
     "prompt_length/*": Need(all_of=("prompt_length",)),
+    "num_turns/*": Need(all_of=("num_turns",)),
+    "tool_call_counts/*": Need(all_of=("tool_call_counts",)),
 }
 
 

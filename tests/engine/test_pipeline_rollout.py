@@ -204,3 +204,26 @@ def test_pipeline_with_correction_matches_references(c):
         assert r.metrics["actor/pg_loss"][i].item() == pytest.approx(pg_loss, rel=1e-4, abs=1e-5)
         for k, v in metrics.items():
             assert r.metrics[k][i].item() == pytest.approx(v, rel=1e-4, abs=1e-5)
+
+
+def test_rollout_probs_metrics_and_actor_entropy_where_verl_logs_them():
+    import math as m
+
+    from rldiag.engine.metrics import rollout_probs_metrics
+
+    # p_old = e^-1 on both tokens, p_rollout = [e^-1.2, e^-1]: |diff| = [e^-1 - e^-1.2, 0]
+    old = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    roll = torch.tensor([[-1.2, -1.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    out = rollout_probs_metrics(old, roll, mask, torch.tensor([0, 1]), 2)
+    d = m.exp(-1) - m.exp(-1.2)
+    assert out["training/rollout_probs_diff_max"][0].item() == pytest.approx(d, rel=1e-6)
+    assert out["training/rollout_probs_diff_mean"][0].item() == pytest.approx(d / 2, rel=1e-6)
+    assert out["training/rollout_probs_diff_std"][0].item() == pytest.approx(d / m.sqrt(2), rel=1e-5)
+    assert out["training/rollout_probs_diff_valid"].tolist() == [1.0, 0.0]  # step 1 has no token
+    assert m.isnan(out["training/rollout_actor_probs_pearson_corr"][1].item())
+    # bypass mode skips verl's old-log-prob pass, and with it actor/entropy and training/rollout_*
+    b = _loss_batch(entropy=[[1.0, 2.0, 3.0, 4.0]])
+    assert recompute_batch(b, settings(estimator="grpo")).metrics["actor/entropy"].item() == pytest.approx(2.5)
+    r = recompute_batch(b, settings(estimator="grpo", **{RC + "bypass_mode": True}))
+    assert "actor/entropy" not in r.metrics and "training/rollout_probs_diff_mean" not in r.metrics

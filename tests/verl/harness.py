@@ -80,6 +80,9 @@ def long_tail_table(
         "accuracy_reward": pa.array((rng.random(rows) < p).astype(np.float32)),
         "reward_baselines": pa.array(rng.uniform(0, 1, rows).astype(np.float32)),
         "prompt_length": pa.array(rng.integers(4, 40, rows).astype(np.int64)),
+        # the agent loop's per-row counts (verl's __num_turns__, tool_call_counts)
+        "num_turns": pa.array((2 + 2 * has_tool).astype(np.int64)),
+        "tool_call_counts": pa.array(has_tool.astype(np.int64) * rng.integers(1, 4, rows)),
     })
     return pa.table(cols)
 
