@@ -206,15 +206,16 @@ def test_fetch_hashes_the_bytes_it_loads(run):
     data = path.read_bytes()
     f = fetch(_task(run, 2), _job(run))
     assert f.data is not None and f.error is None
-    assert f.info["sha256"] == hashlib.sha256(data).hexdigest()
-    assert f.info["size"] == len(data)
-    assert f.info["step"] == 2 and f.info["file"] == str(path.relative_to(run))
-    assert "hashed_ns" not in f.info  # local files: mtime is precise enough
+    info = f.record()
+    assert info["sha256"] == hashlib.sha256(data).hexdigest()
+    assert info["size"] == len(data)
+    assert info["step"] == 2 and info["file"] == str(path.relative_to(run))
+    assert "hashed_ns" not in info  # local files: mtime is precise enough
 
 
 def test_fetch_reusable_with_matching_record_skips_load(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 1), job).info
+    rec = fetch(_task(run, 1), job).record()  # the hash finished (it runs on a thread)
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1, previous=dict(rec), reusable=True), job)
     assert f.data is None and f.error is None
@@ -225,7 +226,7 @@ def test_fetch_reusable_with_matching_record_skips_load(run, monkeypatch):
 
 def test_fetch_not_reusable_loads_even_with_known_hash(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 1), job).info
+    rec = fetch(_task(run, 1), job).record()  # the hash finished (it runs on a thread)
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1, previous=dict(rec), reusable=False), job)
     assert f.data is not None
@@ -238,7 +239,7 @@ def test_fetch_stale_record_same_stat_different_hash_is_loaded(run):
     # a record whose size and mtime match but whose hash is another file's: the hash is trusted
     # (stat decides), so the previous hash is kept; reuse follows that hash
     job = _job(run)
-    rec = fetch(_task(run, 1), job).info
+    rec = fetch(_task(run, 1), job).record()  # the hash finished (it runs on a thread)
     prev = dict(rec, sha256="0" * 64)
     f = fetch(_task(run, 1, previous=prev, reusable=True), job)
     assert f.info["sha256"] == "0" * 64
@@ -247,12 +248,13 @@ def test_fetch_stale_record_same_stat_different_hash_is_loaded(run):
 
 def test_fetch_changed_size_record_is_rehashed_and_loaded(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 2), job).info
+    rec = fetch(_task(run, 2), job).record()  # the hash finished (it runs on a thread)
     prev = dict(rec, size=rec["size"] + 1)
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 2, previous=prev, reusable=True), job)
     assert f.data is not None
-    assert f.info["sha256"] == rec["sha256"] and f.info["size"] == rec["size"]
+    info = f.record()
+    assert info["sha256"] == rec["sha256"] and info["size"] == rec["size"]
     assert len(spy.reads) == 1 and spy.loads == [(2, True)] and spy.hashes == 1
 
 
