@@ -14,6 +14,10 @@ $(BIN)/.installed: pyproject.toml
 	# torch first, from the local CPU wheel: left to itself pip would fetch a CUDA build
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[app,wandb,dev]'
+	# verl itself, for the tests against it: without its dependencies (they pull a CUDA stack), then
+	# what its tested modules import (the `verl` extra), torch named again so pip keeps the CPU wheel
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1
+	$(BIN)/python -m pip install -q -e '.[verl]' torch==2.13.0
 	# bytecode for the editable sources, as a regular install has it (PYTHONDONTWRITEBYTECODE
 	# would otherwise have every command compile them again)
 	$(BIN)/python -m compileall -q rldiag app >/dev/null

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from rldiag import __version__
 from rldiag.config.settings import Settings, resolve_settings, scenario_slug
+from rldiag.config.verl_versions import version_of
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.engine.aggregation import AGG_MODES
 from rldiag.engine.kl import KL_ESTIMATORS
@@ -71,6 +72,7 @@ def check_settings(settings: Settings) -> None:
     check_policy_loss_settings(settings)
     CorrectionConfig.from_settings(settings, "algorithm.rollout_correction")
     check_microbatch_settings(settings)
+    version_of(settings)
 
 
 @dataclass

@@ -156,7 +156,8 @@ class VerlCapture:
         data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id, select_fields=list(V1_FIELDS))
         lengths = data["responses"].offsets().diff()
         prompt_length = data["prompts"].offsets().diff()
-        uid = np.asarray(list(data["uid"].tolist()), dtype=object)
+        uids = data["uid"]  # a NonTensorStack (tolist) or, in older tensordict releases, a plain sequence
+        uid = np.asarray(list(uids.tolist() if hasattr(uids, "tolist") else uids), dtype=object)
         padded = data.exclude("uid", "prompts").to_padded_tensor()
         width = padded["responses"].shape[1]
         tags = list(getattr(meta, "tags", None) or [{}] * len(uid))

@@ -79,12 +79,21 @@ DEFAULTS: dict[str, Any] = {
     "data.max_prompt_length": None,
     # rldiag's own: emulate verl's per-micro-batch metric averaging (None = the whole step is one
     # micro-batch); rows per micro-batch per data-parallel rank, and the number of DP ranks.
-    "rldiag.micro_batch_size": None,
+    # "run" (the default): verl's own batch keys when the run's config has them ("auto"), else
+    # None; "auto" insists on them.
+    "rldiag.micro_batch_size": "run",
     "rldiag.dp_size": 1,
-    "rldiag.mini_batch_size": None,
+    "rldiag.mini_batch_size": "run",
+    # rldiag's own: the verl release whose numbers to reproduce (rldiag/config/verl_versions.py);
+    # None: the run's recorded ``verl_version``, else the reference snapshot.
+    "rldiag.verl_version": None,
+    # verl's: reorder each step's rows so that DP ranks get similar workloads (rldiag/engine/balance.py)
+    "trainer.balance_batch": True,
+    # verl's: the V1 trainer (None: the chosen release's default, true from 0.9.0 on)
+    "trainer.use_v1": None,
 }
 
-_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)}
+_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"trainer.use_v1"}
 _FLOAT_KEYS = {
     "algorithm.gamma",
     "algorithm.lam",
@@ -272,7 +281,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if key in _LIST_KEYS:
             return _coerce_list(key, value, _LIST_KEYS[key])
         if key in _INT_KEYS:
-            if key in _AUTO_KEYS and value == "auto":
+            if key in _AUTO_KEYS and value in ("auto", "run"):
                 return value
             out = _integer(value)
             check_range(key, out, integer=True)

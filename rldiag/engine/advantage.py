@@ -25,7 +25,8 @@ from rldiag.config.settings import Settings
 from rldiag.engine.batch import Batch
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.segments import seg_count, seg_max, seg_std, seg_sum
-from rldiag.engine.scan import gae_blocked, gae_scan, reward_to_go_scan, use_scan
+from rldiag.config.verl_versions import has as has_change
+from rldiag.engine.scan import gae_blocked, gae_scan, reward_to_go_carry_scan, reward_to_go_scan, use_scan
 from rldiag.engine.whiten import step_whiten
 from rldiag.errors import ConfigError, MissingInputError
 from rldiag.registry import Registry
@@ -137,9 +138,9 @@ def _gae_scan(
 
 
 def _reward_to_go_resetting(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """REINFORCE++ reward-to-go ``(rows, tokens)``: ``G_t = r_t + gamma * G_{t+1}``, where the
-    running return is zeroed *after* position t when ``mask[t] == 0`` (seed 002 section 9.1), so a
-    mask-0 token keeps its own future but cuts it off from every earlier token."""
+    """REINFORCE++ reward-to-go of verl 0.8.0 ``(rows, tokens)``: ``G_t = r_t + gamma * G_{t+1}``,
+    where the running return is zeroed *after* position t when ``mask[t] == 0``, so a mask-0 token
+    keeps its own future but cuts it off from every earlier token."""
     if use_scan(rewards):
         return reward_to_go_scan(rewards, mask, gamma)
     r, m = rewards.T.contiguous(), mask.T.contiguous()
@@ -149,6 +150,23 @@ def _reward_to_go_resetting(rewards: torch.Tensor, mask: torch.Tensor, gamma: fl
         running = r[t] + gamma * running  # Williams 1992 REINFORCE return; Hu 2025 (arXiv:2501.03262)
         out[t] = running
         running = running * m[t]
+    return out.T
+
+
+def _reward_to_go_carrying(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """REINFORCE++ reward-to-go since verl commit 8a1bf6d5b ``(rows, tokens)``: a mask-0 token
+    neither adds its reward nor resets; the running return passes it unchanged and its return is
+    0 (verl's ``compute_reinforce_plus_plus_outcome_advantage``). Mask [1, 0, 1], rewards
+    [0, 0, 1]: returns [1, 0, 1]."""
+    if use_scan(rewards):
+        return reward_to_go_carry_scan(rewards, mask, gamma)
+    r, m = rewards.T.contiguous(), mask.T.to(rewards.dtype).contiguous()
+    out = torch.empty_like(r)
+    running = torch.zeros(r.shape[1], dtype=r.dtype, device=r.device)
+    for t in range(r.shape[0] - 1, -1, -1):
+        step = r[t] + gamma * running  # Williams 1992 REINFORCE return; Hu 2025 (arXiv:2501.03262)
+        out[t] = step * m[t]
+        running = torch.where(m[t] > 0, step, running)
     return out.T
 
 
@@ -387,11 +405,16 @@ def gpg(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 
 @ESTIMATORS.register("reinforce_plus_plus", needs=(), source="seed 002 s9, s9.1; arXiv:2501.03262")
 def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted reward-to-go that resets at every mask-0 token (tool observations and
-    rejected tokens cut credit off), whitened over each step's mask and masked. returns = the raw
-    reward-to-go (also at mask-0 positions)."""
+    """REINFORCE++: discounted reward-to-go over the mask, whitened over each step's mask and
+    masked. At a mask-0 token (tool observation, rejected token) the running return is carried
+    through and the return is 0 (verl >= 0.9.0, commit 8a1bf6d5b); verl 0.8.0 resets it there
+    instead, keeping the token's own reward-to-go (``rldiag.verl_version``)."""
     b = inp.batch
-    returns = _reward_to_go_resetting(inp.rewards, inp.mask, float(inp.settings["algorithm.gamma"]))
+    gamma = float(inp.settings["algorithm.gamma"])
+    if has_change(inp.settings, "reinforce_pp_carry"):
+        returns = _reward_to_go_carrying(inp.rewards, inp.mask, gamma)
+    else:
+        returns = _reward_to_go_resetting(inp.rewards, inp.mask, gamma)
     adv = step_whiten(returns, inp.mask, b.step_ids, b.n_steps, inp.errors, "reinforce_plus_plus whitening")
     return adv * inp.mask, returns
 

@@ -14,7 +14,9 @@ from rldiag.engine.segments import (
     seg_mean,
     seg_min,
     seg_sum,
+    step_mask_count,
     step_masked_extrema,
+    step_masked_var,
 )
 
 #: ``rldiag/advantages/centre_offset``: a std at most this share of the mean's magnitude is a
@@ -75,7 +77,47 @@ def data_metrics(
         out["prompt_length/clip_ratio"] = seg_mean(
             (pl == batch.max_prompt_length.to(torch.float32)[sid]).float(), sid, n
         )
+    # multi-turn rows: the agent loop's per-row counts, when the batch carries them
+    # (verl's compute_data_metrics; the V1 trainer logs num_turns/* under training/ as well)
+    for column, prefixes in (("num_turns", ("num_turns", "training/num_turns")), ("tool_call_counts", ("tool_call_counts",))):
+        if column in batch.extra:
+            counts = batch.extra[column].to(torch.float32)
+            for prefix in prefixes:
+                out.update(_row_stats(prefix, counts, sid, n))
     return out
+
+
+def rollout_probs_metrics(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor, step_ids: torch.Tensor, n_steps: int
+) -> dict[str, torch.Tensor]:
+    """``training/rollout_probs_diff_{valid,max,mean,std}`` and
+    ``training/rollout_actor_probs_pearson_corr``: the trainer's and the rollout engine's token
+    probabilities ``p = exp(log p)`` compared over each step's masked tokens (verl's
+    ``calculate_debug_metrics``): ``|p_old - p_rollout|`` max, mean, unbiased std, and the
+    Pearson correlation of the two (arXiv:2506.13585). A step without tokens: valid 0, NaN.
+    Inputs ``(rows, tokens)``; outputs ``(n_steps,)``."""
+    p_old = torch.exp(old_log_probs.to(torch.float64))
+    p_roll = torch.exp(rollout_log_probs.to(torch.float64))
+    m = mask.to(torch.float64)
+    diff = (p_old - p_roll).abs()
+    count = step_mask_count(mask, step_ids, n_steps).to(torch.float64)
+    mean, mx, _ = step_masked_extrema(diff, mask, step_ids, n_steps)
+
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return seg_sum(masked_sum_rows(x, m), step_ids, n_steps)
+
+    mo, mr = total(p_old) / count, total(p_roll) / count
+    do, dr = p_old - mo[step_ids].unsqueeze(-1), p_roll - mr[step_ids].unsqueeze(-1)
+    corr = total(do * dr) / torch.sqrt(total(do * do) * total(dr * dr))
+    valid = count > 0
+    nan = torch.full_like(count, float("nan"))
+    return {
+        "training/rollout_probs_diff_valid": valid.to(torch.float32),
+        "training/rollout_probs_diff_max": torch.where(valid, mx.to(torch.float64), nan).to(torch.float32),
+        "training/rollout_probs_diff_mean": torch.where(valid, mean.to(torch.float64), nan).to(torch.float32),
+        "training/rollout_probs_diff_std": torch.sqrt(step_masked_var(diff, m, step_ids, n_steps)).to(torch.float32),
+        "training/rollout_actor_probs_pearson_corr": torch.where(valid, corr.clamp(-1.0, 1.0), nan).to(torch.float32),
+    }
 
 
 def signal_metrics(

@@ -20,22 +20,25 @@ every step below starts from it, as verl does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from rldiag.config.settings import Settings
+from rldiag.config.verl_versions import has as has_change
 from rldiag.engine.advantage import AdvInput, estimate
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import value_loss
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_row_sums
-from rldiag.engine.metrics import data_metrics, signal_metrics
+from rldiag.engine.metrics import data_metrics, rollout_probs_metrics, signal_metrics
 from rldiag.engine.microbatch import Segmentation, segmentation_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
-from rldiag.engine.segments import MEAN_EPS, masked_positive_rows, seg_count, seg_mean, seg_std, seg_sum, step_mask_count
+from rldiag.engine.segments import (
+    MEAN_EPS, masked_positive_rows, seg_count, seg_max, seg_mean, seg_std, seg_sum, step_mask_count,
+)
 from rldiag.errors import MissingInputError
 
 
@@ -200,8 +203,12 @@ def recompute_batch(
 
     # 4. metrics
     metrics.update(data_metrics(batch, rewards, adv, ret, mask))
-    segs = segmentation_for(sid, n, settings)
-    fixed_width = settings["data.max_response_length"] is not None
+    seq_len = batch.lengths if batch.prompt_length is None else batch.lengths + batch.prompt_length.to(batch.lengths.dtype)
+    segs = segmentation_for(sid, n, settings, seq_len)
+    # seq-mean-token-sum-norm's fallback divisor: the V1 trainer pads per micro-batch (its longest
+    # row); the legacy one to data.max_response_length (else the step's longest row)
+    use_v1 = settings["trainer.use_v1"]
+    fixed_width = not (has_change(settings, "v1_trainer") if use_v1 is None else use_v1)
     horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
     count_mask = mask0
     token_count = step_mask_count(count_mask, sid, n)
@@ -238,14 +245,41 @@ def recompute_batch(
         metrics["actor/kl_loss"] = segs.loss(aggregate(agg_mode, kld, mask, actor_norm))
         metrics["actor/kl_coef"] = torch.full((n,), float(settings["actor_rollout_ref.actor.kl_loss_coef"]))
     if batch.vpreds is not None and batch.values is not None:
-        # verl's value_loss passes no global batch info (not even loss_scale_factor): every
-        # normaliser is the micro-batch's own, and the three metrics are micro-batch means.
-        critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon)
+        global_norm = has_change(settings, "critic_global_norm")
+        if global_norm:
+            # verl >= 0.9.0 (commit 2eb020aa9): the actor's global normalisers (original-mask token
+            # count, batch size) with the critic's own loss_scale_factor; vf_loss is a SUM metric
+            critic_norm = replace(actor_norm, loss_scale_factor=settings.critic_loss_scale_factor)
+        else:
+            # verl 0.8.0: every normaliser is the micro-batch's own; the metrics are micro-batch means
+            critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon)
         vf = value_loss(
             batch.vpreds, batch.values, ret, mask, float(settings["critic.cliprange_value"]),
             settings.critic_agg_mode, critic_norm,
         )
         metrics.update({k: segs.mean(v) for k, v in vf.items()})
+        if global_norm:
+            metrics["critic/vf_loss"] = segs.loss(vf["critic/vf_loss"])
+
+    if "actor/pg_loss" in metrics:
+        # the update's total loss (verl's actor/loss, summed over micro-batches like its parts)
+        total = metrics["actor/pg_loss"]
+        if "actor/entropy_loss" in metrics:
+            total = total - float(settings["actor_rollout_ref.actor.entropy_coeff"]) * metrics["actor/entropy_loss"]
+        if "actor/kl_loss" in metrics:
+            total = total + metrics["actor/kl_coef"] * metrics["actor/kl_loss"]
+        metrics["actor/loss"] = total
+    if not bypass:
+        # logged where verl recomputes pi_old (_compute_old_log_prob; skipped in bypass mode), on
+        # the original mask: the old policy's entropy aggregated over the whole step, and the
+        # rollout engine's probabilities against the trainer's
+        if batch.entropy is not None:
+            step_norm = AggNorm(step_ids=sid, n_steps=n, horizon=batch.max_response_length if fixed_width else
+                                seg_max(batch.lengths.to(torch.float32), sid, n),
+                                loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"])
+            metrics["actor/entropy"] = aggregate(agg_mode, batch.entropy, mask0, step_norm)
+        if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
+            metrics.update(rollout_probs_metrics(batch.old_log_probs, batch.rollout_log_probs, mask0, sid, n))
 
     # rldiag's own: reference KL of the old and current policy side by side, group signal
     if batch.ref_log_prob is not None:

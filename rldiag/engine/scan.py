@@ -73,6 +73,14 @@ def reward_to_go_scan(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -
     return reverse_linear_scan(gamma * m_next, rewards)
 
 
+def reward_to_go_carry_scan(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """REINFORCE++'s carrying reward-to-go as one scan: the running return passes mask-0 tokens
+    unchanged (their reward is not added), ``x_t = (m_t gamma + 1 - m_t) x_{t+1} + m_t r_t``;
+    the return is ``m_t x_t`` (0 at mask 0). ``(rows, tokens)``"""
+    m = mask.to(rewards.dtype)
+    return reverse_linear_scan(m * gamma + (1.0 - m), m * rewards) * m
+
+
 def _next_masked_index(mask: torch.Tensor) -> torch.Tensor:
     """For each position t, the first position >= t with mask 1 (``T`` when none). ``(rows, T)``"""
     T = mask.shape[-1]

@@ -32,6 +32,7 @@ from rldiag.io.schema import (
     ENGINE_TOKEN_COLUMNS,
     LIST_COLUMNS,
     MASK_LIST_COLUMNS,
+    METRIC_ROW_COLUMNS,
     SCALAR_COLUMNS,
     estimator_need,
     estimator_optional,
@@ -115,6 +116,7 @@ def columns_to_read(settings: Settings, names: list[str], sf: StepFile | None = 
     cols += [c for c in ENGINE_TOKEN_COLUMNS + ENGINE_ROW_COLUMNS if c in present]
     # estimator-specific columns (traj_uid, session_id, sum_pi_squared, reward components, ...)
     cols += [c for c in need.all_of + estimator_optional(settings.estimator) if c in present and c not in cols]
+    cols += [c for c in METRIC_ROW_COLUMNS if c in present and c not in cols]
     if "step" in present:
         cols.append("step")
     return cols

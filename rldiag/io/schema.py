@@ -35,7 +35,12 @@ SCALAR_COLUMNS = {
     "session_id": "string",
     "output_index": "int",
     "step": "int",
+    # the agent loop's per-row counts (verl's __num_turns__ and tool_call_counts): num_turns/*, tool_call_counts/*
+    "num_turns": "int",
+    "tool_call_counts": "int",
 }
+#: scalar columns read when present, for metrics only (they land in ``Batch.extra``)
+METRIC_ROW_COLUMNS = ("num_turns", "tool_call_counts")
 
 
 def id_type_problem(t: pa.DataType) -> str | None:
@@ -122,6 +127,8 @@ METRIC_NEEDS = {
         all_of=("rollout_log_probs", "log_probs")
     ),
     "prompt_length/*": Need(all_of=("prompt_length",)),
+    "num_turns/*": Need(all_of=("num_turns",)),
+    "tool_call_counts/*": Need(all_of=("tool_call_counts",)),
 }
 
 

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings as hsettings, strategies as st
 
 from rldiag.engine import advantage
-from rldiag.engine.scan import gae_blocked, gae_loop, gae_scan, reverse_linear_scan, reverse_linear_scan_loop, reward_to_go_scan
+from rldiag.engine.scan import gae_blocked, gae_loop, gae_scan, reverse_linear_scan, reverse_linear_scan_loop, reward_to_go_carry_scan, reward_to_go_scan
 
 
 @hsettings(max_examples=25, deadline=None)
@@ -31,3 +31,4 @@ def test_gae_and_reward_to_go_scans_equal_the_loops(rows, T, seed, gl):
     torch.testing.assert_close(gae_blocked(r, v, m, gamma, lam, block=16), ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(advantage._gae_scan(r, v, m, gamma, lam), ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(reward_to_go_scan(r, m, gamma), advantage._reward_to_go_resetting(r, m, gamma), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(reward_to_go_carry_scan(r, m, gamma), advantage._reward_to_go_carrying(r, m, gamma), rtol=1e-4, atol=1e-4)
