@@ -1,18 +1,23 @@
 # Two commands for a fresh machine (see README):
 #   make sample   set up, then recompute the bundled sample run under RLOO
-#   make test     set up, then run the test suite
+#   make test     set up, then run the test suite (everything; CI runs this)
+#   make test-fast  the same without the tests marked slow (browser, Ray, subprocesses, benchmarks)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SAMPLE ?= samples/grpo-tool
 
-.PHONY: setup sample test bench clean
+.PHONY: setup sample test test-fast bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, from the local CPU wheel: left to itself pip would fetch a CUDA build
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[app,wandb,dev]'
+	# verl itself, for the tests against it: without its dependencies (they pull a CUDA stack), then
+	# what its tested modules import (the `verl` extra), torch named again so pip keeps the CPU wheel
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1
+	$(BIN)/python -m pip install -q -e '.[verl]' torch==2.13.0
 	# bytecode for the editable sources, as a regular install has it (PYTHONDONTWRITEBYTECODE
 	# would otherwise have every command compile them again)
 	$(BIN)/python -m compileall -q rldiag app >/dev/null
@@ -25,6 +30,10 @@ sample: setup
 
 test: setup
 	@rc=0; $(BIN)/python -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+test-fast: setup
+	@rc=0; $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 bench: setup

@@ -8,13 +8,19 @@ names with '/', grouped by prefix) and a few small batches, then measures:
     names          the metric catalogue (cached afterwards)
     interaction    a new selection of 4 metrics: joined query + EMA + plotly figure
     append         10 lines appended while "training": incremental read + the same query
-  browser (streamlit run + Debian's chromium; skipped without chromium):
-    first chart    from starting `streamlit run` to the first rendered plotly chart
-                   (on the bundled sample, then on the big run)
+  what-if (in process, what the What-if page runs on Recompute; --whatif STEPSxROWSxTOKENS):
+    the scenario's recompute with tokens, then the compare of the baseline with it
+  browser (`rldiag app RUN` + Debian's chromium; skipped without chromium):
+    first chart    from the page's load event to the first rendered plotly chart
+                   (on the bundled sample, then on the big run); launch to chart in the notes
     interaction    adding a metric to the multiselect until its panel is drawn
+    append         a line appended to metrics.jsonl until the first panel shows its step
+    second tab     a new tab on the same server until its first chart
+    What-if        the first switch to the What-if page until its chart
+    memory         the server's resident memory after all of the above
 
 Usage:
-  .venv/bin/python bench/bench_app.py                      # 10,000 steps x 200 metrics
+  .venv/bin/python bench/bench_app.py                      # 10,000 steps x 150 metrics
   .venv/bin/python bench/bench_app.py --steps 2000 --metrics 50 --no-browser
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -102,6 +109,41 @@ def bench_store(run: Path, names: list[str]) -> list[tuple[str, float, str]]:
     return rows
 
 
+def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[str, float, str]]:
+    """What the What-if page does on Recompute (the baseline already there): the scenario's
+    recompute with tokens, then the compare of the baseline with it (steps streamed, with progress)."""
+    from rldiag.recompute import recompute
+    from rldiag.synth import SynthSpec, write_synth_run
+    from rldiag.viz.comparison import run_compare
+
+    if (root / "whatif").exists():  # a fresh run: a scenario left by an earlier bench would be reused
+        shutil.rmtree(root / "whatif")
+    run = write_synth_run(root / "whatif", SynthSpec(steps=steps, prompts=max(1, rows // 8), n=8,
+                                                     min_len=max(1, length // 2), max_len=length, seed=3))
+    recompute(run, {}, name="baseline", save_tokens=True)
+    t_re, _ = timed(lambda: recompute(run, {"algorithm.adv_estimator": "rloo"}, name="rloo", save_tokens=True))
+    seen = []
+    t_cmp, _ = timed(lambda: run_compare(run, "baseline", "rloo", progress=lambda i, n, s: seen.append(time.perf_counter())))
+    size = f"{steps} steps x {rows} rows x up to {length} tokens"
+    return [
+        ("what-if: recompute alone (scenario, with tokens)", t_re, size),
+        ("what-if: the compare after it", t_cmp, f"{len(seen)} progress updates, one per step"),
+        ("what-if: whole / recompute alone", (t_re + t_cmp) / t_re, "ratio, not seconds"),
+    ]
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process, in MB (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+LOGGED_X = ("() => Array.from(document.querySelectorAll('.js-plotly-plot')[0]._fullData"
+            ".filter(t => t.name === 'logged')[0].x)")
+
+
 def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tuple[str, float, str]]:
     from playwright.sync_api import sync_playwright
 
@@ -111,6 +153,7 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
     if exe is None:
         return [("browser", float("nan"), "skipped: no chromium (apt-get install chromium)")]
     rows = []
+    chart = ".js-plotly-plot .main-svg"
     with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
                                                    viewport={"width": 1400, "height": 1000})
@@ -119,14 +162,18 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
         for label, target in (("sample", sample), ("big run", run)):
             if target is None:
                 continue
-            with AppServer(target, timeout=120) as srv:
-                pg.goto(srv.url)
-                pg.wait_for_selector(".js-plotly-plot .main-svg")
-                t = time.perf_counter() - srv.started_at
-                rows.append((f"browser: streamlit run -> first chart ({label})", t,
-                             f"server up after {srv.ready_after:.1f} s"))
+            with AppServer(target, timeout=180) as srv:
+                pg.goto(srv.url, wait_until="load")
+                t_load = time.perf_counter()
+                pg.wait_for_selector(chart)
+                t = time.perf_counter()
+                rows.append((f"browser: page loaded -> first chart ({label})", t - t_load,
+                             f"rldiag app -> first chart {t - srv.started_at:.1f} s (server up after "
+                             f"{srv.ready_after:.1f} s)"))
                 if target != run:
                     continue
+                n_points = pg.evaluate("() => document.querySelectorAll('.js-plotly-plot')[0]._fullData"
+                                       ".reduce((a, t) => a + t.x.length, 0)")
                 times = []
                 for metric in names[10:13]:
                     box = pg.get_by_role("combobox", name="Metrics", exact=False)
@@ -140,7 +187,27 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
                     times.append(time.perf_counter() - t0)
                     pg.keyboard.press("Escape")
                 rows.append(("browser: add a metric -> its panel drawn", statistics.median(times),
-                             f"median of {len(times)}; {len(times) + 4} panels of up to {10_000} points"))
+                             f"median of {len(times)}; first panel sent {n_points} points for 10,000 steps"))
+                last = max(pg.evaluate(LOGGED_X))
+                with (run / "metrics.jsonl").open("a") as fh:
+                    t0 = time.perf_counter()
+                    fh.write(json.dumps({"step": last + 1, "data": {n: 0.5 for n in names}}) + "\n")
+                pg.wait_for_function(f"() => ({LOGGED_X})().includes({last + 1})")
+                rows.append(("browser: line appended -> visible", time.perf_counter() - t0,
+                             "the page re-reads metrics.jsonl every second"))
+                tab = ctx.new_page()
+                t0 = time.perf_counter()
+                tab.goto(srv.url, wait_until="load")
+                tab.wait_for_selector(chart)
+                rows.append(("browser: a second tab -> first chart", time.perf_counter() - t0, ""))
+                tab.close()
+                t0 = time.perf_counter()
+                pg.get_by_role("link", name="What-if").click()
+                pg.get_by_role("heading", name="What-if").wait_for()
+                pg.wait_for_selector(chart)
+                rows.append(("browser: first switch to What-if -> chart", time.perf_counter() - t0, ""))
+                rows.append(("server memory (RSS, MB) after all of the above", rss_mb(srv.proc.pid),
+                             "MB, not seconds"))
         ctx.close()
     return rows
 
@@ -148,8 +215,9 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10_000)
-    ap.add_argument("--metrics", type=int, default=200)
+    ap.add_argument("--metrics", type=int, default=150)
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--whatif", default="100x256x512", help="what-if run STEPSxROWSxTOKENS ('' to skip)")
     ap.add_argument("--dir", type=Path, help="where to write the run (default: a temporary directory)")
     args = ap.parse_args()
 
@@ -163,6 +231,8 @@ def main() -> None:
         t, (run, names) = timed(lambda: make_run(root / "bigrun", args.steps, args.metrics))
         print(f"generated {run} ({args.steps} steps x {args.metrics} metrics) in {t:.1f} s", file=sys.stderr)
         rows = bench_store(run, names)
+        if args.whatif:
+            rows += bench_whatif(root, *(int(v) for v in args.whatif.lower().split("x")))
         if not args.no_browser:
             rows += bench_browser(run, names, default_run())
     table = Table(title=f"rldiag app: {args.steps:,} steps x {args.metrics} metrics")

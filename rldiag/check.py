@@ -38,6 +38,8 @@ class CheckReport:
     columns: list[str]
     algorithms: dict[str, list[str]]  # name -> missing columns ([] = ready)
     metric_families: dict[str, list[str]]
+    #: ``metrics.jsonl`` lines every reader skips: ``(line number, why)``
+    metrics_skipped: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def problems(self) -> list[str]:
@@ -81,7 +83,8 @@ def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None 
     families = {name: need.missing(common) for name, need in {**METRIC_NEEDS, **policy_loss_needs()}.items()}
     names: set[str] = set()
     lines = 0
-    for _, values in iter_metrics_lines(rd.metrics_file):
+    skipped: list[tuple[int, str]] = []
+    for _, values in iter_metrics_lines(rd.metrics_file, skipped):
         lines += 1
         names.update(values)
     known = [c for c in (*LIST_COLUMNS, *SCALAR_COLUMNS) if c in seen]
@@ -96,4 +99,5 @@ def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None 
         columns=known + other,
         algorithms=algorithms,
         metric_families=families,
+        metrics_skipped=skipped,
     )

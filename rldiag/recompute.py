@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from rldiag import __version__
 from rldiag.config.settings import Settings, resolve_settings, scenario_slug
+from rldiag.config.verl_versions import version_of
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.engine.aggregation import AGG_MODES
 from rldiag.engine.kl import KL_ESTIMATORS
@@ -71,6 +72,7 @@ def check_settings(settings: Settings) -> None:
     check_policy_loss_settings(settings)
     CorrectionConfig.from_settings(settings, "algorithm.rollout_correction")
     check_microbatch_settings(settings)
+    version_of(settings)
 
 
 @dataclass
@@ -327,11 +329,12 @@ def _follow(run, overrides, name, poll_seconds, idle_timeout, on_update, ex: Exe
         # a file that could not be read yet changes (size or mtime) when its writer finishes,
         # so looking at the listing is enough: no re-run while nothing changed
         if state and state != seen:
-            last_change = time.monotonic()
             report = recompute(run, overrides, name=name, executor=ex, **kwargs)
             seen = state
             if on_update:
                 on_update(report)
+            # idle from here: the time the re-run (and the caller) took is not time without news
+            last_change = time.monotonic()
         if idle_timeout is not None and time.monotonic() - last_change >= idle_timeout:
             if report is None:
                 raise RunDirError(f"no batch file appeared in {rd.batches_dir} within {idle_timeout:g} s")

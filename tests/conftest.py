@@ -6,13 +6,17 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
 # CI runs the property tests with a fixed derivation of examples (reproducible builds); locally
 # each run explores new examples.
-hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    hypothesis_settings.load_profile("ci")
+# Neither profile has a deadline or the too-slow health check: both time the examples, and a
+# loaded machine would turn a correct example into a failure.
+_untimed = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True, **_untimed)
+hypothesis_settings.register_profile("dev", **_untimed)
+hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.batch import Batch

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs a subprocess / a cluster: `make test-fast` leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -4,8 +4,6 @@ up with a run that is still writing batches."""
 from __future__ import annotations
 
 import shutil
-import threading
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -34,7 +32,6 @@ def test_changed_input_or_settings_are_recomputed(synth_run):
     recompute(synth_run, name="s")
     p = synth_run / "batches" / "step_2.parquet"
     t = pq.read_table(p)
-    time.sleep(0.01)
     pq.write_table(t.slice(0, t.num_rows - 1), p)  # one row fewer
     rep = recompute(synth_run, name="s")
     assert rep.steps_reused == [1, 3, 4, 5]
@@ -45,25 +42,25 @@ def test_changed_input_or_settings_are_recomputed(synth_run):
 
 
 def test_follow_picks_up_new_batches(tmp_path):
+    """A batch written while follow runs (here: as it reports its first update, so no timing is
+    involved) is recomputed, and the earlier steps are reused."""
+    import numpy as np
+
     run = write_synth_run(tmp_path / "r", SynthSpec(steps=2, seed=1))
     spec = SynthSpec(steps=1, seed=9)
     updates = []
 
-    def writer():
-        import numpy as np
+    def on_update(rep):
+        updates.append(rep)
+        if len(updates) == 1:  # the trainer writes its next step, atomically
+            t = synth_step_table(spec, 3, np.random.default_rng(0))
+            tmp = run / "batches" / ".step_3.parquet.tmp"
+            pq.write_table(t, tmp)
+            tmp.rename(run / "batches" / "step_3.parquet")
 
-        time.sleep(0.5)
-        t = synth_step_table(spec, 3, np.random.default_rng(0))
-        tmp = run / "batches" / ".step_3.parquet.tmp"
-        pq.write_table(t, tmp)
-        tmp.rename(run / "batches" / "step_3.parquet")
-
-    th = threading.Thread(target=writer)
-    th.start()
-    rep = follow(run, name="live", poll_seconds=0.1, idle_timeout=1.5, on_update=updates.append)
-    th.join()
+    rep = follow(run, name="live", poll_seconds=0.05, idle_timeout=0.5, on_update=on_update)
+    assert [u.steps_done for u in updates] == [[1, 2], [1, 2, 3]]
     assert rep.steps_done == [1, 2, 3]
-    assert len(updates) >= 2 and updates[0].steps_done == [1, 2]
     assert rep.steps_reused == [1, 2]
 
 

@@ -5,8 +5,9 @@ The list is small and depends on which fields mismatch: an advantage mismatch tr
 estimators, ``norm_adv_by_std_in_grpo`` and gamma/lam; a loss mismatch tries the aggregation
 modes; a clip-fraction mismatch the clip ratios and verl's micro-batch averaging (when the
 settings ``rldiag.micro_batch_size`` / ``rldiag.dp_size`` exist); a reward mismatch the KL-in-
-reward settings. Each candidate is one override on top of the run's settings; keys that the
-settings do not define (an emulation not available) are skipped.
+reward settings; any mismatch the other verl releases (``rldiag.verl_version``). Each candidate
+is one override on top of the run's settings; keys that the settings do not define (an
+emulation not available) are skipped.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from rldiag.config.settings import DEFAULTS, Settings
+from rldiag.config.verl_versions import RELEASES, version_of
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.engine.aggregation import AGG_MODES
+from rldiag.engine.microbatch import resolve_auto
 from rldiag.io.schema import estimator_need
 
 #: Distinct KL estimators (one name per formula).
@@ -61,6 +64,13 @@ def candidate_overrides(settings: Settings, fields: set[str], columns: set[str],
         if cand not in out:
             out.append(cand)
 
+    # the other verl releases first: what differs between them is listed in one table
+    # (rldiag/config/verl_versions.py) and a run recorded under the wrong version moves many fields
+    if fields:
+        current = version_of(settings)
+        for release in RELEASES:
+            if release != current:
+                add("rldiag.verl_version", release)
     est = settings.estimator
     if _hits(fields, _ADV_PREFIXES + _REWARD_PREFIXES):
         add("algorithm.norm_adv_by_std_in_grpo", not settings["algorithm.norm_adv_by_std_in_grpo"])
@@ -105,10 +115,16 @@ def candidate_overrides(settings: Settings, fields: set[str], columns: set[str],
         # first the batching the run's own config describes (verl's ppo_mini_batch_size x
         # rollout.n and ppo_micro_batch_size_per_gpu), as one candidate
         actor = "actor_rollout_ref.actor."
+        keys = ("rldiag.mini_batch_size", "rldiag.micro_batch_size")
         if settings.get(actor + "ppo_mini_batch_size") is not None and settings.get(actor + "ppo_micro_batch_size_per_gpu") is not None:
-            cand = {"rldiag.mini_batch_size": "auto", "rldiag.micro_batch_size": "auto"}
-            if cand not in out:
+            cand = dict.fromkeys(keys, "auto")
+            if cand not in out and any(settings.get(k) not in ("run", "auto") for k in keys):
                 out.insert(0, cand)
+        # the whole step as one batch, when the settings batch it otherwise
+        if any(resolve_auto(settings, k) is not None for k in keys):
+            out.append(dict.fromkeys(keys))
+        if int(settings.get("rldiag.dp_size", 1)) > 1:
+            add("trainer.balance_batch", not settings.get("trainer.balance_batch", True))
         # verl averages these over micro-batches (and DP ranks) with equal weights (seed 001 s15)
         for size in MICRO_SIZES:
             if size < rows and rows % size == 0:

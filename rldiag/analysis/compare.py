@@ -46,6 +46,7 @@ from rldiag.io.atomic import replace_dir, staging_dir, write_bytes_atomic
 from rldiag.io.loader import read_schema, read_table
 from rldiag.io.outputs import json_safe, read_scenario, scenario_dir, write_parquet
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
+from rldiag.io.schema import id_type_problem
 
 LOGGED = "logged"
 ProgressFn = Callable[[int, int, int], None]
@@ -167,7 +168,10 @@ def _step_frame(sf: StepFile) -> tuple[np.ndarray, np.ndarray, int, pa.Array, fl
     cols = ["uid", "response_mask"] + (["loss_mask"] if "loss_mask" in names else [])
     t = read_table(sf, cols)
     lengths = pc.list_value_length(t["response_mask"].combine_chunks()).to_numpy(zero_copy_only=False).astype(np.int64)
-    enc = pc.dictionary_encode(pc.cast(t["uid"].combine_chunks(), pa.string()))
+    uid = t["uid"].combine_chunks()
+    if (problem := id_type_problem(uid.type)) is not None:
+        raise BatchError(problem, file=str(sf.path), step=sf.step, column="uid")
+    enc = pc.dictionary_encode(pc.cast(uid, pa.string()))
     row_group = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     norm_col = "loss_mask" if "loss_mask" in names else "response_mask"
     n_norm = float(flat_list_column(t, norm_col, lengths, sf).sum())

@@ -4,15 +4,28 @@ This part runs on the writer thread. List columns are built from the flat values
 offsets (``ListArray.from_arrays``), never row by row; the table is checked with the same
 validation a recompute applies when it loads the file (``rldiag.io.loader.validate_table``), so
 a batch that would not load is reported at capture time, naming step, row and column.
+
+A step written in several parts (the trainer handed over its batch more than once for one step)
+stays one batch file: each later part is appended to the rows already on disk, with an int
+``part`` column (0, 1, ...) saying which write each row came from, and the whole file is
+replaced atomically. A reader therefore sees the parts written so far, never half of one.
+Every file is fsynced before it is renamed into place, and the directory after, so a step whose
+write has returned survives a crash of the machine as well as a kill of the trainer.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rldiag.capture.unpad import StepPayload
+from rldiag.errors import CaptureError
 from rldiag.io.atomic import write_file_atomic
 from rldiag.io.loader import validate_table
 from rldiag.io.rundir import StepFile
@@ -36,8 +49,32 @@ def _row_array(name: str, values: np.ndarray) -> pa.Array:
     return pa.array(values.astype(np.float64), type=pa.float64())
 
 
-def payload_table(p: StepPayload) -> pa.Table:
-    """The CONTRACT table of one step: ``step``, ``uid``, row scalars, then list columns."""
+#: The column that numbers the parts of a step written more than once.
+PART_COLUMN = "part"
+#: The optional list<string> column of each response's token strings.
+TOKENS_COLUMN = "response_tokens"
+
+
+def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """The text of each token id: ``tokenizer.convert_ids_to_tokens`` (one call for the whole
+    step) when the tokenizer has it (Hugging Face tokenizers do), else ``decode([id])`` per token."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    if callable(convert):
+        out = convert(list(ids))
+    elif callable(getattr(tokenizer, "decode", None)):
+        out = [tokenizer.decode([i]) for i in ids]
+    else:
+        raise CaptureError(f"the tokenizer ({type(tokenizer).__name__}) has neither convert_ids_to_tokens nor decode")
+    if len(out) != len(ids):
+        raise CaptureError(f"the tokenizer returned {len(out)} token strings for {len(ids)} ids")
+    return ["" if t is None else str(t) for t in out]
+
+
+def payload_table(p: StepPayload, token_text: Callable[[Sequence[int]], list[str]] | None = None) -> pa.Table:
+    """The CONTRACT table of one step: ``step``, ``uid``, row scalars, then list columns.
+
+    ``token_text``: ids -> strings; with it (and the payload's token ids) the table gets a
+    ``response_tokens`` list<string> column, one string per token of each row."""
     total = int(p.lengths.sum())
     large = total > _INT32_MAX
     offsets = np.zeros(p.n_rows + 1, dtype=np.int64)
@@ -51,21 +88,69 @@ def payload_table(p: StepPayload) -> pa.Table:
         if name in p.tokens:
             dtype = pa.int8() if name in MASK_LIST_COLUMNS else pa.float32()
             cols[name] = _list_array(p.tokens[name], offsets, large, dtype)
+    if token_text is not None and p.token_ids is not None:
+        text = pa.array(token_text(p.token_ids.tolist()), type=pa.string())
+        cols[TOKENS_COLUMN] = (pa.LargeListArray if large else pa.ListArray).from_arrays(
+            pa.array(offsets, type=pa.int64() if large else pa.int32()), text)
     return pa.table(cols)
 
 
-def write_step_file(p: StepPayload, compression: str = "zstd") -> int:
+def _with_part(table: pa.Table, part: int) -> pa.Table:
+    if PART_COLUMN in table.column_names:
+        return table
+    return table.append_column(PART_COLUMN, pa.array(np.full(table.num_rows, part, dtype=np.int64)))
+
+
+def _append_part(p: StepPayload, table: pa.Table) -> pa.Table:
+    """The rows already on disk for ``p.step`` followed by ``table`` (part ``p.part``)."""
+    if not p.path.is_file():
+        raise CaptureError(f"step {p.step}: part {p.part} arrived but the file of its earlier parts, "
+                           f"{p.path}, is missing")
+    old = _with_part(pq.read_table(p.path), 0)
+    new = _with_part(table, p.part)
+    if set(old.column_names) != set(new.column_names):
+        extra = sorted(set(new.column_names) ^ set(old.column_names))
+        raise CaptureError(f"step {p.step}: part {p.part} does not have the columns of the earlier parts "
+                           f"in {p.path} (differing: {', '.join(extra)}); every part of a step must carry the "
+                           "same fields")
+    new = new.select(old.column_names)
+    try:
+        return pa.concat_tables([old, new.cast(old.schema)])
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise CaptureError(f"step {p.step}: part {p.part} does not match the types of the earlier parts "
+                           f"in {p.path}: {exc}") from exc
+
+
+def _fsync(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_step_file(p: StepPayload, compression: str = "zstd",
+                    token_text: Callable[[Sequence[int]], list[str]] | None = None) -> int:
     """Validate and write one step's batch file atomically; returns its size in bytes.
 
     The file is written under a hidden temporary name in ``batches/`` (``.step_<N>.parquet.<id>.tmp``,
-    which no reader picks up) and renamed over the final name, so a reader sees no file or the
-    whole file.
+    which no reader picks up), fsynced, and renamed over the final name, so a reader sees no file
+    or the whole file. A later part (``p.part > 0``) is appended to the parts on disk (see the
+    module docstring).
     """
-    table = payload_table(p)
+    table = payload_table(p, token_text)
+    if p.part > 0:
+        table = _append_part(p, table)
     validate_table(table, StepFile(p.step, p.path))
-    write_file_atomic(
-        p.path,
-        lambda tmp: pq.write_table(table, tmp, compression=compression),
-    )
+
+    def write(tmp: Path) -> None:
+        pq.write_table(table, tmp, compression=compression)
+        _fsync(tmp)
+
+    write_file_atomic(p.path, write)
+    try:
+        _fsync(p.path.parent, directory=True)
+    except OSError:  # pragma: no cover - file systems that cannot fsync a directory
+        pass
     return p.path.stat().st_size
 

@@ -37,6 +37,8 @@ class StepPayload:
         lengths: ``(rows,)`` int64, each row's response length T_i (tool tokens included).
         tokens: column -> flat ``(sum T_i,)`` values (float32, or int8 for masks), rows in order.
         rows: column -> ``(rows,)`` values (numpy; strings as a numpy ``str`` array).
+        part: 0 for the first write of the step, K for its (K+1)-th (see ``RunWriter``).
+        token_ids: flat ``(sum T_i,)`` int64 response token ids, kept when token text is wanted.
     """
 
     step: int
@@ -44,6 +46,8 @@ class StepPayload:
     lengths: np.ndarray
     tokens: dict[str, np.ndarray] = field(default_factory=dict)
     rows: dict[str, np.ndarray] = field(default_factory=dict)
+    part: int = 0
+    token_ids: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
@@ -175,11 +179,13 @@ def _row_columns(tensors: dict, non: dict, rows: int, extra_columns: Sequence[st
     return out
 
 
-def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] = ()) -> StepPayload:
+def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] = (),
+                token_ids: bool = False) -> StepPayload:
     """Unpad one step's batch (see the module docstring) and check its structure.
 
     ``extra_columns`` names further per-row fields to keep (strings allowed); per-row numeric
     fields of the non-tensor batch (e.g. reward components) are kept automatically.
+    ``token_ids``: also keep the response token ids (the ``responses`` tensor), for token text.
     Raises :class:`BatchError` naming step, row and column for a malformed batch.
     """
     where = {"file": str(path), "step": int(step)}
@@ -214,6 +220,11 @@ def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] 
         hit = _first(names, tensors)
         if hit is not None:
             payload.tokens[col] = gather(hit[1], hit[0], torch.float32)
+    if token_ids:
+        if RESPONSES_KEY not in tensors:
+            raise MissingInputError("token text needs the response token ids (a responses tensor (rows, R))",
+                                    column=RESPONSES_KEY, **where)
+        payload.token_ids = gather(tensors[RESPONSES_KEY], RESPONSES_KEY, torch.int64)
     payload.rows = _row_columns(tensors, non, rows, extra_columns, where)
     if "prompt_length" not in payload.rows and prompt_attn is not None:
         payload.rows["prompt_length"] = prompt_attn.sum(-1).to("cpu", torch.int64).numpy()

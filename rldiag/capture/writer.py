@@ -7,19 +7,30 @@ atomically and appends the metrics lines, in call order. When the queue is full 
 thread waits (back-pressure: memory stays bounded when the disk is slower than training).
 
 A failure on the writer thread is never lost: it is raised as :class:`CaptureError` on the
-next call to the writer (``write_batch``, ``log_metrics``, ``flush``) or on ``close()``; the
-writer goes on with the items after it. A writer still open when the interpreter exits is
-closed then (its queued steps written, its errors printed to stderr).
+next call to the writer (``write_batch``, ``log_metrics``, ``flush``, ``sync``) or on
+``close()``; the writer goes on with the items after it. A writer still open when the
+interpreter exits is closed then (its queued steps written, its errors printed to stderr); but
+an exit hook does not run when the process is killed, nor reliably inside a Ray actor, so a
+trainer calls ``sync()`` at the end of each step: everything queued is then on disk, fsynced,
+and a kill loses at most the step in flight.
+
+Writing one step twice (verl's ``separate_async`` trainer hands over a step in
+``parameter_sync_step`` parts) keeps both writes: the second is appended to the first as part 1
+of the step (see :mod:`rldiag.capture.table`). A step file left by an *earlier* writer (a run
+resumed from a checkpoint re-does the steps after it) is replaced by the first write of this
+writer, with a warning.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import os
 import queue
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,11 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from rldiag.capture.config import write_config
-from rldiag.capture.table import write_step_file
+from rldiag.capture.table import token_strings, write_step_file
 from rldiag.capture.unpad import unpad_batch
 from rldiag.errors import CaptureError
+from rldiag.io.atomic import remove_stale
 
 _STOP = object()
+_SYNC = ("sync", None)
 #: Writers not closed yet; at interpreter exit they are closed (queued steps written, errors
 #: printed) rather than lost with their daemon thread.
 _OPEN: weakref.WeakSet = weakref.WeakSet()
@@ -46,11 +59,32 @@ def _close_open_writers() -> None:
             print(f"rldiag.capture: {exc}", file=sys.stderr)
 
 
+def _end_torn_line(path: Path) -> None:
+    """Before appending to ``path``: if its last line has no newline (a writer killed in the
+    middle of a line), end that line, so the torn text stays a line of its own (which readers
+    skip) instead of merging with the next record. Nothing is deleted: a last line that is a
+    whole record missing only its newline stays readable."""
+    try:
+        with path.open("rb+") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() == 0:
+                return
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+    except FileNotFoundError:
+        return
+
+
 @dataclass
 class CaptureStats:
     """What capture cost so far. Seconds on the training thread include waiting on a full queue."""
 
     steps: int = 0
+    parts: int = 0
+    replaced_steps: int = 0
     metric_lines: int = 0
     bytes: int = 0
     train_thread_s: float = 0.0
@@ -90,6 +124,10 @@ class RunWriter:
         queue_size: steps and metric lines that may wait for the writer thread.
         compression: Parquet compression codec.
         extra_columns: further per-row fields to keep in every batch file.
+        tokenizer: with one (anything with ``convert_ids_to_tokens`` or ``decode``, e.g. a Hugging
+            Face tokenizer), each batch file also gets ``response_tokens``, the text of every
+            response token (list<string>, the row's length); the batch must then hold
+            ``responses``. The text is made on the writer thread.
     """
 
     def __init__(
@@ -100,11 +138,18 @@ class RunWriter:
         queue_size: int = 8,
         compression: str = "zstd",
         extra_columns: Sequence[str] = (),
+        tokenizer: Any = None,
     ):
         self.path = Path(path)
         self.batches_dir.mkdir(parents=True, exist_ok=True)
+        # temporary files of a writer killed mid-write (never those of one still running)
+        remove_stale(self.batches_dir)
+        remove_stale(self.path)
         self.compression = compression
         self.extra_columns = tuple(extra_columns)
+        self.tokenizer = tokenizer
+        self._token_text = None if tokenizer is None else (lambda ids: token_strings(tokenizer, ids))
+        self._parts: dict[int, int] = {}  # step -> writes of it by this writer
         self.stats = CaptureStats()
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(queue_size)))
         self._errors: list[tuple[str, BaseException]] = []
@@ -135,14 +180,31 @@ class RunWriter:
         self._check()
         return write_config(self.path, config)
 
-    def write_batch(self, step: int, batch: Any) -> None:
+    def write_batch(self, step: int, batch: Any) -> int:
         """Queue one step's batch: a mapping of padded ``(rows, R)`` tensors (plus ``uid``) or a
-        DataProto-like object. Structural problems raise :class:`~rldiag.errors.BatchError` here."""
+        DataProto-like object. Structural problems raise :class:`~rldiag.errors.BatchError` here.
+
+        Returns the part number: 0 for the first write of ``step`` by this writer, K for the
+        (K+1)-th, whose rows are appended to the step's file (nothing is replaced)."""
         self._check()
         t0 = time.perf_counter()
-        payload = unpad_batch(batch, int(step), self.batch_path(step), self.extra_columns)
+        step = int(step)
+        path = self.batch_path(step)
+        part = self._parts.get(step, 0)
+        payload = unpad_batch(batch, step, path, self.extra_columns, token_ids=self._token_text is not None)
+        payload.part = part
+        if part == 0 and path.exists():
+            self.stats.replaced_steps += 1
+            warnings.warn(f"rldiag.capture: {path} was written by an earlier run; step {step} is written "
+                          "again (a resumed run), so its file is replaced", stacklevel=2)
+        self._parts[step] = part + 1
         self._put(("batch", payload))
         self.stats.train_thread_s += time.perf_counter() - t0
+        return part
+
+    def parts(self, step: int) -> int:
+        """How many times this writer was given ``step`` (0 if never)."""
+        return self._parts.get(int(step), 0)
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Queue one line ``{"step": N, "data": {...}}`` for ``metrics.jsonl`` (verl's file logger)."""
@@ -154,10 +216,18 @@ class RunWriter:
         self.stats.train_thread_s += time.perf_counter() - t0
 
     def flush(self) -> None:
-        """Wait until everything queued so far is on disk; raise what failed meanwhile."""
+        """Wait until everything queued so far is written; raise what failed meanwhile."""
         if not self._closed:
             self._queue.join()
         self._check(closed_ok=True)
+
+    def sync(self) -> None:
+        """The end-of-step barrier: wait until everything queued so far is written and fsynced
+        (batch files are fsynced as they are written, ``metrics.jsonl`` here); raise what failed.
+        After it returns, a kill of the process (or of the machine) loses nothing queued before."""
+        if not self._closed:
+            self._put(_SYNC)
+        self.flush()
 
     def close(self) -> None:
         """Write what is queued, stop the writer thread, raise what failed. Idempotent."""
@@ -210,10 +280,18 @@ class RunWriter:
                 kind, payload = item
                 if kind == "batch":
                     try:
-                        self.stats.bytes += write_step_file(payload, self.compression)
-                        self.stats.steps += 1
+                        self.stats.bytes += write_step_file(payload, self.compression, self._token_text)
+                        self.stats.steps += int(payload.part == 0)
+                        self.stats.parts += 1
                     except BaseException as exc:  # noqa: BLE001 - reported on the training thread
-                        self._record(f"step {payload.step}", exc)
+                        self._record(f"step {payload.step}" + (f" part {payload.part}" if payload.part else ""), exc)
+                elif kind == "sync":
+                    try:
+                        if self._metrics_fh is not None:
+                            self._metrics_fh.flush()
+                            os.fsync(self._metrics_fh.fileno())
+                    except BaseException as exc:  # noqa: BLE001
+                        self._record("metrics.jsonl", exc)
                 else:
                     try:
                         self._append_metrics(payload)
@@ -229,6 +307,7 @@ class RunWriter:
 
     def _append_metrics(self, line: str) -> None:
         if self._metrics_fh is None:
+            _end_torn_line(self.metrics_file)
             self._metrics_fh = self.metrics_file.open("a", encoding="utf-8")
         self._metrics_fh.write(line + "\n")
         self._metrics_fh.flush()

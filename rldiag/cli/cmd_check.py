@@ -9,6 +9,10 @@ from rich.table import Table
 from rldiag.cli.common import add_progress_flags, console, err_console, progress_bar
 
 
+#: skipped metrics.jsonl lines listed one by one
+SHOW_SKIPPED = 5
+
+
 def add_parser(sub) -> None:
     sp = sub.add_parser("check", help="what a run holds, what is wrong with it, what each algorithm needs")
     sp.add_argument("run", help="the run directory")
@@ -25,6 +29,13 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"run {rep.run}")
     console.print(f"  config: {rep.config_file or 'none (verl defaults)'}")
     console.print(f"  metrics.jsonl: {rep.metrics_lines} lines, {rep.metrics_names} metric names")
+    if rep.metrics_skipped:
+        shown = rep.metrics_skipped[:SHOW_SKIPPED]
+        more = len(rep.metrics_skipped) - len(shown)
+        err_console.print(f"  metrics.jsonl: {len(rep.metrics_skipped)} line(s) skipped by every command"
+                          + (f" (the first {len(shown)} below)" if more else ""), markup=False)
+        for number, why in shown:
+            err_console.print(f"    {rep.run}/metrics.jsonl line {number}: {why}", markup=False)
     steps = [s.step for s in rep.steps]
     console.print(f"  steps: {len(steps)} ({min(steps)}..{max(steps)}), readable: {len(ok_steps)}")
     if ok_steps:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from datetime import datetime
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     out = _fresh_dir(args.out).resolve()
     console.print(f"training {args.preset} ({cfg.adv_estimator}, {cfg.steps} steps, {cfg.rows} rows/step) into {out}",
                   soft_wrap=True, markup=False)
-    console.print(f"watch it:  streamlit run app/main.py -- {out}", soft_wrap=True, markup=False)
+    console.print(f"watch it:  rldiag app {shlex.quote(str(out))}", soft_wrap=True, markup=False)
 
     def on_step(step: int, m: dict[str, float]) -> None:
         shown = "  ".join(f"{label} {fmt(m.get(key))}" for key, label in SHOWN)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rldiag.cli.common import add_progress_flags, console, err_console, progress_bar
+from rldiag.cli.common import add_progress_flags, console, defer, err_console, progress_bar
 
 
 def add_parser(sub) -> None:
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         rep = import_wandb(
             args.source, args.out, artifacts=args.artifact, artifact_type=args.artifact_type,
             artifact_dirs=args.artifact_dir, batches=args.batches, nested_sep=args.nested_sep,
-            page_size=args.page_size, timeout=args.timeout, base_url=args.base_url, progress=bar,
+            page_size=args.page_size, timeout=args.timeout, base_url=args.base_url, progress=bar, defer=defer,
         )
     who = rep.run_id or "-"
     if rep.project:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -18,6 +19,25 @@ def _console(stderr: bool) -> Console:
 
 console = _console(False)
 err_console = _console(True)
+
+#: Clean-ups a command hands over to run after its outcome is printed (see :func:`defer`).
+_deferred: list[Callable[[], None]] = []
+
+
+def defer(fn: Callable[[], None]) -> None:
+    """Run ``fn`` once the command's outcome (its result or its error) has been printed: a slow
+    clean-up (the W&B SDK's shutdown) never holds back what the user is told."""
+    _deferred.append(fn)
+
+
+def run_deferred() -> None:
+    """Run and forget the deferred clean-ups, last registered first; their errors are ignored."""
+    while _deferred:
+        fn = _deferred.pop()
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - a clean-up never changes the command's outcome
+            pass
 
 
 class progress_bar:

@@ -2,7 +2,7 @@
 
 Each module ``rldiag.cli.cmd_<name>`` has ``add_parser(subparsers)``, which registers its parser
 and sets ``func``. Every :class:`~rldiag.errors.RldiagError` is printed as ``Type: message`` and
-the command exits 1.
+the command exits 1. Clean-ups a command deferred (``common.defer``) run after that.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from rldiag import __version__
-from rldiag.cli.common import err_console
+from rldiag.cli.common import err_console, run_deferred
 from rldiag.errors import RldiagError
 
 #: Command modules, in the order ``rldiag --help`` lists them.
@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "rldiag.cli.cmd_doctor",
     "rldiag.cli.cmd_import_wandb",
     "rldiag.cli.cmd_demo",
+    "rldiag.cli.cmd_app",
 ]
 
 
@@ -54,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
+    finally:
+        run_deferred()
 
 
 if __name__ == "__main__":

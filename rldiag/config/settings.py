@@ -2,7 +2,9 @@
 
 Order, later wins: verl's defaults, the run's config file (``run.yaml``, else ``config.yaml``,
 else ``.hydra/config.yaml``), then command-line overrides ``KEY=VALUE``. Keys are verl's own
-dotted config keys. YAML is read with ``yaml.safe_load`` only.
+dotted config keys. YAML is read with the safe loader only, bounded in size, alias expansion
+and depth (:mod:`rldiag.config.yaml_bounded`). Every numeric setting is checked against its
+valid range (:data:`rldiag.config.ranges.RANGES`) wherever it comes from.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from rldiag.config.ranges import check_range
+from rldiag.config.yaml_bounded import load_yaml, read_text_bounded
 from rldiag.errors import ConfigError
 from rldiag.io.fs import as_path
 
@@ -77,12 +79,21 @@ DEFAULTS: dict[str, Any] = {
     "data.max_prompt_length": None,
     # rldiag's own: emulate verl's per-micro-batch metric averaging (None = the whole step is one
     # micro-batch); rows per micro-batch per data-parallel rank, and the number of DP ranks.
-    "rldiag.micro_batch_size": None,
+    # "run" (the default): verl's own batch keys when the run's config has them ("auto"), else
+    # None; "auto" insists on them.
+    "rldiag.micro_batch_size": "run",
     "rldiag.dp_size": 1,
-    "rldiag.mini_batch_size": None,
+    "rldiag.mini_batch_size": "run",
+    # rldiag's own: the verl release whose numbers to reproduce (rldiag/config/verl_versions.py);
+    # None: the run's recorded ``verl_version``, else the reference snapshot.
+    "rldiag.verl_version": None,
+    # verl's: reorder each step's rows so that DP ranks get similar workloads (rldiag/engine/balance.py)
+    "trainer.balance_batch": True,
+    # verl's: the V1 trainer (None: the chosen release's default, true from 0.9.0 on)
+    "trainer.use_v1": None,
 }
 
-_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)}
+_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"trainer.use_v1"}
 _FLOAT_KEYS = {
     "algorithm.gamma",
     "algorithm.lam",
@@ -156,7 +167,7 @@ def _resolve_interpolations(flat: dict[str, Any]) -> dict[str, Any]:
             if target in out and not (isinstance(out[target], str) and out[target].startswith("${")):
                 out[key] = out[target]
             elif default is not None:
-                out[key] = yaml.safe_load(default) if default.strip() else None
+                out[key] = load_yaml(default, f"the default of {key}", invalid=default) if default.strip() else None
             else:
                 del out[key]
             changed = True
@@ -168,14 +179,8 @@ def _resolve_interpolations(flat: dict[str, Any]) -> dict[str, Any]:
 def read_yaml(path: Path, what: str, error: type[Exception] = ConfigError) -> Any:
     """A YAML file read with the safe loader (``None`` for an empty file); unreadable or invalid
     files raise ``error`` naming ``what`` and the path."""
-    try:
-        text = path.read_text(encoding="utf-8")  # a Path or an object-store RemotePath
-    except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc}") from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise error(f"{what} {path} is not valid YAML: {exc}") from exc
+    where = f"{what} {path}"
+    return load_yaml(read_text_bounded(path, where, error), where, error)
 
 
 def read_yaml_mapping(path: Path, what: str, error: type[Exception] = ConfigError) -> dict[str, Any]:
@@ -210,16 +215,40 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
+    value = load_yaml(raw, f"override {text!r}", invalid=raw) if raw.strip() else None
     if isinstance(value, (dict, list)):
         raise ConfigError(f"override {text!r}: VALUE must be a scalar, not a {type(value).__name__}")
     return key, value
 
 
-def _coerce_list(value: Any, kind: type) -> list:
+def _number(value: Any) -> float:
+    """A float setting's value: a number or numeric text, never a bool or NaN."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    out = float(value)
+    if math.isnan(out):
+        raise ValueError("NaN is not a valid setting")
+    return out
+
+
+def _integer(value: Any) -> int:
+    """An integer setting's value: an int, an integral float or integer text (``1e3`` too)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    x = float(value)
+    if not math.isfinite(x) or not x.is_integer():
+        raise ValueError(f"expected an integer, got {value!r}")
+    return int(x)
+
+
+def _coerce_list(key: str, value: Any, kind: type) -> list:
     """A YAML list, or a comma list ``a,b`` (brackets optional), as a list of ``kind``."""
     if isinstance(value, str):
         items: list[Any] = [p.strip() for p in value.strip().strip("[]").split(",") if p.strip()]
@@ -227,9 +256,12 @@ def _coerce_list(value: Any, kind: type) -> list:
         items = list(value)
     else:
         items = [value]
-    if kind is float and any(isinstance(v, bool) for v in items):
-        raise ValueError(f"expected numbers, got {value!r}")
-    return [kind(v) for v in items]
+    if kind is not float:
+        return [kind(v) for v in items]
+    out = [_number(v) for v in items]
+    for v in out:
+        check_range(key, v, integer=False)
+    return out
 
 
 def _coerce(key: str, value: Any, source: str) -> Any:
@@ -243,21 +275,18 @@ def _coerce(key: str, value: Any, source: str) -> Any:
                 return value.lower() == "true"
             raise ValueError(f"expected true or false, got {value!r}")
         if key in _FLOAT_KEYS:
-            if isinstance(value, bool):
-                raise ValueError(f"expected a number, got {value!r}")
-            out = float(value)
-            if math.isnan(out):
-                raise ValueError("NaN is not a valid setting")
+            out = _number(value)
+            check_range(key, out, integer=False)
             return out
         if key in _LIST_KEYS:
-            return _coerce_list(value, _LIST_KEYS[key])
+            return _coerce_list(key, value, _LIST_KEYS[key])
         if key in _INT_KEYS:
-            if key in _AUTO_KEYS and value == "auto":
+            if key in _AUTO_KEYS and value in ("auto", "run"):
                 return value
-            if isinstance(value, bool) or float(value) != int(float(value)):
-                raise ValueError(f"expected an integer, got {value!r}")
-            return int(float(value))
-    except (TypeError, ValueError) as exc:
+            out = _integer(value)
+            check_range(key, out, integer=True)
+            return out
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"{key} from {source}: {exc}") from None
     return value
 

@@ -26,7 +26,13 @@ from rldiag.engine.batch import Batch
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.layout import Rows
 from rldiag.engine.segments import seg_count, seg_max, seg_std, seg_sum
-from rldiag.engine.scan import gae_segmented, reverse_cumsum_segmented, reward_to_go_segmented
+from rldiag.config.verl_versions import has as has_change
+from rldiag.engine.scan import (
+    gae_segmented,
+    reverse_cumsum_segmented,
+    reward_to_go_carry_segmented,
+    reward_to_go_segmented,
+)
 from rldiag.engine.whiten import step_whiten
 from rldiag.errors import ConfigError, MissingInputError
 from rldiag.registry import Registry
@@ -140,11 +146,19 @@ def _gae_scan(
 
 
 def _reward_to_go_resetting(rewards: torch.Tensor, mask: torch.Tensor, gamma: float, rows: Rows) -> torch.Tensor:
-    """REINFORCE++ reward-to-go ``(tokens,)``: ``G_t = r_t + gamma * G_{t+1}``, where the
-    running return is zeroed *after* position t when ``mask[t] == 0`` (seed 002 section 9.1), so a
-    mask-0 token keeps its own future but cuts it off from every earlier token (Williams 1992
+    """REINFORCE++ reward-to-go of verl 0.8.0 ``(tokens,)``: ``G_t = r_t + gamma * G_{t+1}``,
+    where the running return is zeroed *after* position t when ``mask[t] == 0``, so a mask-0
+    token keeps its own future but cuts it off from every earlier token (Williams 1992
     REINFORCE return; Hu 2025, arXiv:2501.03262)."""
     return reward_to_go_segmented(rewards, mask, rows.last(), gamma)
+
+
+def _reward_to_go_carrying(rewards: torch.Tensor, mask: torch.Tensor, gamma: float, rows: Rows) -> torch.Tensor:
+    """REINFORCE++ reward-to-go since verl commit 8a1bf6d5b ``(tokens,)``: a mask-0 token neither
+    adds its reward nor resets; the running return passes it unchanged and its return is 0
+    (verl's ``compute_reinforce_plus_plus_outcome_advantage``). Mask [1, 0, 1], rewards [0, 0, 1]:
+    returns [1, 0, 1]."""
+    return reward_to_go_carry_segmented(rewards, mask, rows.last(), gamma)
 
 
 def _reverse_cumsum(x: torch.Tensor, rows: Rows) -> torch.Tensor:
@@ -382,11 +396,14 @@ def gpg(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 
 @ESTIMATORS.register("reinforce_plus_plus", needs=(), source="seed 002 s9, s9.1; arXiv:2501.03262")
 def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted reward-to-go that resets at every mask-0 token (tool observations and
-    rejected tokens cut credit off), whitened over each step's mask and masked. returns = the raw
-    reward-to-go (also at mask-0 positions)."""
+    """REINFORCE++: discounted reward-to-go over the mask, whitened over each step's mask and
+    masked. At a mask-0 token (tool observation, rejected token) the running return is carried
+    through and the return is 0 (verl >= 0.9.0, commit 8a1bf6d5b); verl 0.8.0 resets it there
+    instead, keeping the token's own reward-to-go (``rldiag.verl_version``)."""
     b = inp.batch
-    returns = _reward_to_go_resetting(inp.rewards, inp.mask, float(inp.settings["algorithm.gamma"]), b.rows)
+    gamma = float(inp.settings["algorithm.gamma"])
+    rtg = _reward_to_go_carrying if has_change(inp.settings, "reinforce_pp_carry") else _reward_to_go_resetting
+    returns = rtg(inp.rewards, inp.mask, gamma, b.rows)
     adv = step_whiten(returns, inp.mask, b.rows, b.step_ids, b.n_steps, inp.errors, "reinforce_plus_plus whitening")
     return adv * inp.mask, returns
 

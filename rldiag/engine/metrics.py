@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine.batch import Batch
+from rldiag.engine.layout import Rows
 from rldiag.engine.critic import explained_variance
 from rldiag.engine.segments import (
     masked_square_sum_rows,
@@ -14,8 +15,14 @@ from rldiag.engine.segments import (
     seg_mean,
     seg_min,
     seg_sum,
+    step_mask_count,
     step_masked_extrema,
+    step_masked_var,
 )
+
+#: ``rldiag/advantages/centre_offset``: a std at most this share of the mean's magnitude is a
+#: constant advantage (float32 keeps about 7 digits; its rounding alone gives a std near 1e-7).
+CONSTANT_REL_STD = 1e-5
 
 
 def _row_stats(prefix: str, x: torch.Tensor, seg: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
@@ -71,7 +78,48 @@ def data_metrics(
         out["prompt_length/clip_ratio"] = seg_mean(
             (pl == batch.max_prompt_length.to(torch.float32)[sid]).float(), sid, n
         )
+    # multi-turn rows: the agent loop's per-row counts, when the batch carries them
+    # (verl's compute_data_metrics; the V1 trainer logs num_turns/* under training/ as well)
+    for column, prefixes in (("num_turns", ("num_turns", "training/num_turns")), ("tool_call_counts", ("tool_call_counts",))):
+        if column in batch.extra:
+            counts = batch.extra[column].to(torch.float32)
+            for prefix in prefixes:
+                out.update(_row_stats(prefix, counts, sid, n))
     return out
+
+
+def rollout_probs_metrics(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor, rows: Rows,
+    step_ids: torch.Tensor, n_steps: int,
+) -> dict[str, torch.Tensor]:
+    """``training/rollout_probs_diff_{valid,max,mean,std}`` and
+    ``training/rollout_actor_probs_pearson_corr``: the trainer's and the rollout engine's token
+    probabilities ``p = exp(log p)`` compared over each step's masked tokens (verl's
+    ``calculate_debug_metrics``): ``|p_old - p_rollout|`` max, mean, unbiased std, and the
+    Pearson correlation of the two (arXiv:2506.13585). A step without tokens: valid 0, NaN.
+    Inputs ``(tokens,)``, ``step_ids`` ``(rows,)``; outputs ``(n_steps,)``."""
+    p_old = torch.exp(old_log_probs.to(torch.float64))
+    p_roll = torch.exp(rollout_log_probs.to(torch.float64))
+    m = mask.to(torch.float64)
+    diff = (p_old - p_roll).abs()
+    count = step_mask_count(mask, rows, step_ids, n_steps).to(torch.float64)
+    mean, mx, _ = step_masked_extrema(diff, m, rows, step_ids, n_steps)
+
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return seg_sum(masked_sum_rows(x, m, rows), step_ids, n_steps)
+
+    mo, mr = total(p_old) / count, total(p_roll) / count
+    do, dr = p_old - rows.expand(mo[step_ids]), p_roll - rows.expand(mr[step_ids])
+    corr = total(do * dr) / torch.sqrt(total(do * do) * total(dr * dr))
+    valid = count > 0
+    nan = torch.full_like(count, float("nan"))
+    return {
+        "training/rollout_probs_diff_valid": valid.to(torch.float32),
+        "training/rollout_probs_diff_max": torch.where(valid, mx.to(torch.float64), nan).to(torch.float32),
+        "training/rollout_probs_diff_mean": torch.where(valid, mean.to(torch.float64), nan).to(torch.float32),
+        "training/rollout_probs_diff_std": torch.sqrt(step_masked_var(diff, m, rows, step_ids, n_steps)).to(torch.float32),
+        "training/rollout_actor_probs_pearson_corr": torch.where(valid, corr.clamp(-1.0, 1.0), nan).to(torch.float32),
+    }
 
 
 def signal_metrics(
@@ -87,7 +135,8 @@ def signal_metrics(
       later in their row: under REINFORCE++'s mask-resetting reward-to-go (seed 002 section 9.1)
       such a token gets none of the outcome reward.
     - ``rldiag/advantages/centre_offset``: masked mean of the advantages over their masked
-      population std (0 when every advantage is 0; +-inf for a constant nonzero advantage).
+      population std (0 when every advantage is 0; +-inf for a constant nonzero advantage, which
+      is one whose std is at most ``CONSTANT_REL_STD`` of its mean: float32 rounding).
     - ``rldiag/rewards/kl_sign_flip_fraction`` (with KL in reward): among non-aborted rows with a
       nonzero summed score, the share whose summed reward has the opposite sign.
     """
@@ -95,7 +144,7 @@ def signal_metrics(
     out: dict[str, torch.Tensor] = {}
     # The cut tokens of a row are its actor tokens less those after its last mask-0 token z_i:
     # T_i - (z_i + 1) of them (none cut when the row has no zero: z_i + 1 = 0).
-    m0 = batch.response_mask
+    m0 = batch.loss_mask if batch.loss_mask is not None else batch.response_mask  # before rejection
     pos1 = (rows.positions() + 1).to(torch.float32)
     last1 = rows.amax(torch.where(m0 == 0, pos1, torch.zeros_like(pos1)), empty=0.0)
     actor = row_mask_count(m0, rows)
@@ -106,7 +155,10 @@ def signal_metrics(
     mean = seg_sum(masked_sum_rows(advantages, mask, rows).to(torch.float64), sid, n) / cnt
     dev = advantages - rows.expand(mean.to(advantages.dtype)[sid])
     std = (seg_sum(masked_square_sum_rows(dev, mask, rows).to(torch.float64), sid, n) / cnt).sqrt()
-    offset = torch.where(std > 0, mean / std, torch.where(mean == 0, torch.zeros_like(mean), mean.sign() * float("inf")))
+    # A std within float32 rounding of the mean (the deviations are taken in float32) is a constant
+    # advantage: its ratio would be rounding noise (1e7 in one row order, inf in another).
+    spread = std > CONSTANT_REL_STD * mean.abs()
+    offset = torch.where(spread, mean / std, torch.where(mean == 0, torch.zeros_like(mean), mean.sign() * float("inf")))
     out["rldiag/advantages/centre_offset"] = offset.to(torch.float32)
     if kl_in_reward:
         rows_live = batch.lengths > 0

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rldiag.config.settings import Settings
+from rldiag.engine.balance import balanced_positions
 from rldiag.engine.segments import seg_count, seg_max, seg_mean, seg_sum
 from rldiag.errors import ConfigError
 
@@ -94,9 +95,12 @@ class Segmentation:
 
 
 def segment_rows(
-    step_ids: torch.Tensor, n_steps: int, micro_batch_size: int | None, dp_size: int, mini_batch_size: int | None = None
+    step_ids: torch.Tensor, n_steps: int, micro_batch_size: int | None, dp_size: int, mini_batch_size: int | None = None,
+    positions: torch.Tensor | None = None,
 ) -> Segmentation:
-    """Segments of rows ``step_ids`` ``(rows,)`` for the given micro-batch, DP and mini-batch sizes."""
+    """Segments of rows ``step_ids`` ``(rows,)`` for the given micro-batch, DP and mini-batch sizes.
+    ``positions`` ``(rows,)``: each row's place in its step's order (default: batch order; verl's
+    ``trainer.balance_batch`` reorders, :mod:`rldiag.engine.balance`)."""
     if dp_size < 1:
         raise ConfigError(f"rldiag.dp_size must be >= 1, got {dp_size}")
     if micro_batch_size is not None and micro_batch_size < 1:
@@ -104,29 +108,20 @@ def segment_rows(
     if mini_batch_size is not None and mini_batch_size < 1:
         raise ConfigError(f"rldiag.mini_batch_size must be >= 1 or null, got {mini_batch_size}")
     dev = step_ids.device
-    rows = step_ids.shape[0]
     if mini_batch_size is not None:
-        return _segment_mini(step_ids, n_steps, micro_batch_size, dp_size, mini_batch_size)
+        return _segment_mini(step_ids, n_steps, micro_batch_size, dp_size, mini_batch_size, positions)
     if micro_batch_size is None and dp_size == 1:
         present = seg_count(step_ids, n_steps, torch.long) > 0
         steps = torch.nonzero(present).flatten()
         remap = torch.full((n_steps,), -1, dtype=torch.long, device=dev)
         remap[steps] = torch.arange(steps.numel(), device=dev)
         return Segmentation(remap[step_ids], int(steps.numel()), steps, n_steps, 1)
-    per_step = seg_count(step_ids, n_steps, torch.long)
-    order = torch.sort(step_ids, stable=True).indices
-    start = torch.cumsum(per_step, 0) - per_step
-    pos = torch.empty(rows, dtype=torch.long, device=dev)
-    pos[order] = torch.arange(rows, device=dev) - start[step_ids[order]]
-    chunk = torch.div(per_step + dp_size - 1, dp_size, rounding_mode="floor").clamp_min(1)  # L per step
-    rank = torch.div(pos, chunk[step_ids], rounding_mode="floor")
-    local = pos - rank * chunk[step_ids]
-    if micro_batch_size is None:
-        micro = torch.zeros_like(local)
-        cap = 1
-    else:
-        micro = torch.div(local, micro_batch_size, rounding_mode="floor")
-        cap = int(micro.max()) + 1 if rows else 1
+    pos, per_step = _positions(step_ids, n_steps)
+    if positions is not None:
+        pos = positions
+    rank, local = _ranks(pos, per_step[step_ids], dp_size)
+    micro = torch.zeros_like(local) if micro_batch_size is None else torch.div(local, micro_batch_size, rounding_mode="floor")
+    cap = int(micro.max()) + 1 if micro.numel() else 1
     key = (step_ids * dp_size + rank) * cap + micro
     uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
     seg_step = torch.div(uniq, dp_size * cap, rounding_mode="floor")
@@ -144,18 +139,33 @@ def _positions(step_ids: torch.Tensor, n_steps: int) -> tuple[torch.Tensor, torc
     return pos, per_step
 
 
+def _ranks(pos: torch.Tensor, step_rows: torch.Tensor, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's dispatch: a step's rows in contiguous chunks of ``ceil(R / D)``, one per rank
+    (``DataProto.chunk``). Returns (rank, position within the rank's chunk), each ``(rows,)``."""
+    chunk = torch.div(step_rows + dp_size - 1, dp_size, rounding_mode="floor").clamp_min(1)
+    rank = torch.div(pos, chunk, rounding_mode="floor")
+    return rank, pos - rank * chunk
+
+
 def _segment_mini(
-    step_ids: torch.Tensor, n_steps: int, micro_batch_size: int | None, dp_size: int, mini_batch_size: int
+    step_ids: torch.Tensor, n_steps: int, micro_batch_size: int | None, dp_size: int, mini_batch_size: int,
+    positions: torch.Tensor | None = None,
 ) -> Segmentation:
-    """Step -> mini-batches of ``mini_batch_size`` rows (batch order) -> DP ranks -> micro-batches."""
+    """Step -> one contiguous chunk per DP rank -> each rank's mini-batches of
+    ``mini_batch_size / dp_size`` rows -> micro-batches, as verl's workers cut their own share
+    (``train_mini_batch``); mini-batch ``k`` of a step is the ``k``-th of every rank."""
+    if mini_batch_size % dp_size:
+        raise ConfigError(
+            f"rldiag.mini_batch_size ({mini_batch_size}) must be a multiple of rldiag.dp_size ({dp_size}), as verl asserts"
+        )
     pos, per_step = _positions(step_ids, n_steps)
-    mini = torch.div(pos, mini_batch_size, rounding_mode="floor")
-    in_mini = pos - mini * mini_batch_size
-    mini_rows = torch.clamp(per_step[step_ids] - mini * mini_batch_size, max=mini_batch_size)
-    chunk = torch.div(mini_rows + dp_size - 1, dp_size, rounding_mode="floor").clamp_min(1)
-    rank = torch.div(in_mini, chunk, rounding_mode="floor")
-    local = in_mini - rank * chunk
-    micro = torch.zeros_like(local) if micro_batch_size is None else torch.div(local, micro_batch_size, rounding_mode="floor")
+    if positions is not None:
+        pos = positions
+    rank, local = _ranks(pos, per_step[step_ids], dp_size)
+    per_rank = mini_batch_size // dp_size
+    mini = torch.div(local, per_rank, rounding_mode="floor")
+    in_mini = local - mini * per_rank
+    micro = torch.zeros_like(in_mini) if micro_batch_size is None else torch.div(in_mini, micro_batch_size, rounding_mode="floor")
     n_mini_cap = int(mini.max()) + 1 if pos.numel() else 1
     n_micro_cap = int(micro.max()) + 1 if pos.numel() else 1
     mini_key = step_ids * n_mini_cap + mini
@@ -178,12 +188,15 @@ def _segment_mini(
 
 def resolve_auto(settings: Settings, key: str) -> int | None:
     """``rldiag.mini_batch_size`` / ``rldiag.micro_batch_size`` with ``auto`` read from verl's
-    keys in the run's config: mini = ``actor.ppo_mini_batch_size * rollout.n`` (as verl's trainer
+    keys in the run's config (``run``, the default: the same when the config has them, else the
+    whole step): mini = ``actor.ppo_mini_batch_size * rollout.n`` (as verl's trainer
     multiplies it, seed 001 section 11.2), micro = ``actor.ppo_micro_batch_size_per_gpu``."""
     value = settings.get(key)
+    actor = "actor_rollout_ref.actor."
+    if value == "run":  # the default: the run's own batching when its config says what it was
+        value = "auto" if _run_has_batch_keys(settings, key) else None
     if value != "auto":
         return None if value is None else int(value)
-    actor = "actor_rollout_ref.actor."
     if key == "rldiag.mini_batch_size":
         mini, n = settings.get(actor + "ppo_mini_batch_size"), settings.get("actor_rollout_ref.rollout.n", 1)
         if mini is None:
@@ -193,6 +206,15 @@ def resolve_auto(settings: Settings, key: str) -> int | None:
     if micro is None:
         raise ConfigError(f"{key}=auto needs {actor}ppo_micro_batch_size_per_gpu in the run's config")
     return int(micro)
+
+
+def _run_has_batch_keys(settings: Settings, key: str) -> bool:
+    """Whether the run's config holds the verl keys ``auto`` reads for ``key`` (micro-batches of
+    a fixed row count only: with ``use_dynamic_bsz`` verl packs them by tokens, not emulated)."""
+    actor = "actor_rollout_ref.actor."
+    if key == "rldiag.mini_batch_size":
+        return settings.get(actor + "ppo_mini_batch_size") is not None
+    return settings.get(actor + "ppo_micro_batch_size_per_gpu") is not None and not settings.get(actor + "use_dynamic_bsz")
 
 
 def check_microbatch_settings(settings: Settings) -> None:
@@ -206,12 +228,22 @@ def check_microbatch_settings(settings: Settings) -> None:
     mini = resolve_auto(settings, "rldiag.mini_batch_size")
     if mini is not None and int(mini) < 1:
         raise ConfigError(f"rldiag.mini_batch_size must be >= 1 or null, got {mini!r}")
+    if mini is not None and int(mini) % int(dp):
+        raise ConfigError(f"rldiag.mini_batch_size ({mini}) must be a multiple of rldiag.dp_size ({dp}), as verl asserts")
 
 
-def segmentation_for(step_ids: torch.Tensor, n_steps: int, settings: Settings) -> Segmentation:
+def segmentation_for(
+    step_ids: torch.Tensor, n_steps: int, settings: Settings, seq_len: torch.Tensor | None = None
+) -> Segmentation:
     """:func:`segment_rows` under ``rldiag.micro_batch_size``, ``rldiag.dp_size`` and
-    ``rldiag.mini_batch_size``."""
+    ``rldiag.mini_batch_size``; with ``trainer.balance_batch`` (verl's default) and more than one
+    rank, rows are first reordered by verl's workload balancing of ``seq_len`` ``(rows,)``
+    (prompt + response tokens)."""
+    dp = int(settings.get("rldiag.dp_size", 1))
+    positions = None
+    if dp > 1 and settings.get("trainer.balance_batch", True) and seq_len is not None:
+        positions = balanced_positions(seq_len, step_ids, n_steps, dp)
     return segment_rows(
-        step_ids, n_steps, resolve_auto(settings, "rldiag.micro_batch_size"), int(settings.get("rldiag.dp_size", 1)),
-        resolve_auto(settings, "rldiag.mini_batch_size"),
+        step_ids, n_steps, resolve_auto(settings, "rldiag.micro_batch_size"), dp,
+        resolve_auto(settings, "rldiag.mini_batch_size"), positions,
     )

@@ -2,6 +2,10 @@
 
 0. ``algorithm.rollout_correction.bypass_mode``: ``old_log_probs := rollout_log_probs``
    (``_compute_old_log_prob``; seed 001 section 2.2). Nothing else changes (the loss_mode stays).
+The *original* mask is ``loss_mask`` when the batch has one (the rollout's mask, captured after
+rejection rewrote ``response_mask``: verl's V1 trainer keeps it so), else ``response_mask``;
+every step below starts from it, as verl does.
+
 1. token_level_scores -> token_level_rewards: optional KL shaping on the *original*
    response_mask (``algorithm.use_kl_in_reward``; seed 002 section 4).
 2. Rollout correction when the batch has ``rollout_log_probs`` and bypass mode is off
@@ -16,22 +20,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from rldiag.config.settings import Settings
+from rldiag.config.verl_versions import has as has_change
 from rldiag.engine.advantage import AdvInput, estimate
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import value_loss
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_row_sums
-from rldiag.engine.metrics import data_metrics, signal_metrics
+from rldiag.engine.metrics import data_metrics, rollout_probs_metrics, signal_metrics
 from rldiag.engine.microbatch import Segmentation, segmentation_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
-from rldiag.engine.segments import MEAN_EPS, masked_positive_rows, seg_count, seg_mean, seg_std, seg_sum, step_mask_count
+from rldiag.engine.segments import (
+    MEAN_EPS, masked_positive_rows, seg_count, seg_max, seg_mean, seg_std, seg_sum, step_mask_count,
+)
 from rldiag.errors import MissingInputError
 
 
@@ -114,6 +121,12 @@ def anchor_log_probs(batch: Batch, settings: Settings) -> torch.Tensor | None:
     return batch.old_log_probs
 
 
+def original_mask(batch: Batch) -> torch.Tensor:
+    """The mask before rollout correction ``(tokens,)``: ``loss_mask`` if the batch has it
+    (then ``response_mask`` is the trainer's post-rejection mask), else ``response_mask``."""
+    return batch.loss_mask if batch.loss_mask is not None else batch.response_mask
+
+
 def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1's KL: the per-token estimate on the original mask ``(tokens,)`` and each step's
     mean over rows of the row's masked mean, ``current_kl`` ``(n_steps,)``, which is what the
@@ -121,7 +134,7 @@ def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: Settings) -> 
     if old_lp is None:
         _require(batch, "old_log_probs", "algorithm.use_kl_in_reward")
     ref = _require(batch, "ref_log_prob", "algorithm.use_kl_in_reward")
-    mask0 = batch.response_mask
+    mask0 = original_mask(batch)
     kld = kl_estimate(settings["algorithm.kl_penalty"], old_lp, ref) * mask0
     rows = batch.rows
     row_kl = rows.sum(kld * mask0) / (rows.sum(mask0) + MEAN_EPS)
@@ -148,7 +161,7 @@ def recompute_batch(
     n, sid, rows = batch.n_steps, batch.step_ids, batch.rows
     metrics: dict[str, torch.Tensor] = {}
     tokens: dict[str, torch.Tensor] = {}
-    mask0 = batch.response_mask
+    mask0 = original_mask(batch)
     scores = batch.token_level_scores
     rows_per_step = seg_count(sid, n)
 
@@ -191,10 +204,14 @@ def recompute_batch(
 
     # 4. metrics
     metrics.update(data_metrics(batch, rewards, adv, ret, mask))
-    segs = segmentation_for(sid, n, settings)
-    fixed_width = settings["data.max_response_length"] is not None
+    seq_len = batch.lengths if batch.prompt_length is None else batch.lengths + batch.prompt_length.to(batch.lengths.dtype)
+    segs = segmentation_for(sid, n, settings, seq_len)
+    # seq-mean-token-sum-norm's fallback divisor: the V1 trainer pads per micro-batch (its longest
+    # row); the legacy one to data.max_response_length (else the step's longest row)
+    use_v1 = settings["trainer.use_v1"]
+    fixed_width = not (has_change(settings, "v1_trainer") if use_v1 is None else use_v1)
     horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
-    count_mask = batch.loss_mask if batch.loss_mask is not None else mask0
+    count_mask = mask0
     token_count = step_mask_count(count_mask, rows, sid, n)
     actor_norm = AggNorm(
         step_ids=segs.seg_ids,
@@ -230,14 +247,41 @@ def recompute_batch(
         metrics["actor/kl_loss"] = segs.loss(aggregate(agg_mode, kld, mask, actor_norm))
         metrics["actor/kl_coef"] = torch.full((n,), float(settings["actor_rollout_ref.actor.kl_loss_coef"]))
     if batch.vpreds is not None and batch.values is not None:
-        # verl's value_loss passes no global batch info (not even loss_scale_factor): every
-        # normaliser is the micro-batch's own, and the three metrics are micro-batch means.
-        critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon, rows=rows)
+        global_norm = has_change(settings, "critic_global_norm")
+        if global_norm:
+            # verl >= 0.9.0 (commit 2eb020aa9): the actor's global normalisers (original-mask token
+            # count, batch size) with the critic's own loss_scale_factor; vf_loss is a SUM metric
+            critic_norm = replace(actor_norm, loss_scale_factor=settings.critic_loss_scale_factor)
+        else:
+            # verl 0.8.0: every normaliser is the micro-batch's own; the metrics are micro-batch means
+            critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon, rows=rows)
         vf = value_loss(
             batch.vpreds, batch.values, ret, mask, float(settings["critic.cliprange_value"]),
             settings.critic_agg_mode, critic_norm,
         )
         metrics.update({k: segs.mean(v) for k, v in vf.items()})
+        if global_norm:
+            metrics["critic/vf_loss"] = segs.loss(vf["critic/vf_loss"])
+
+    if "actor/pg_loss" in metrics:
+        # the update's total loss (verl's actor/loss, summed over micro-batches like its parts)
+        total = metrics["actor/pg_loss"]
+        if "actor/entropy_loss" in metrics:
+            total = total - float(settings["actor_rollout_ref.actor.entropy_coeff"]) * metrics["actor/entropy_loss"]
+        if "actor/kl_loss" in metrics:
+            total = total + metrics["actor/kl_coef"] * metrics["actor/kl_loss"]
+        metrics["actor/loss"] = total
+    if not bypass:
+        # logged where verl recomputes pi_old (_compute_old_log_prob; skipped in bypass mode), on
+        # the original mask: the old policy's entropy aggregated over the whole step, and the
+        # rollout engine's probabilities against the trainer's
+        if batch.entropy is not None:
+            step_norm = AggNorm(step_ids=sid, n_steps=n, horizon=batch.max_response_length if fixed_width else
+                                seg_max(batch.lengths.to(torch.float32), sid, n), rows=rows,
+                                loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"])
+            metrics["actor/entropy"] = aggregate(agg_mode, batch.entropy, mask0, step_norm)
+        if batch.rollout_log_probs is not None and batch.old_log_probs is not None:
+            metrics.update(rollout_probs_metrics(batch.old_log_probs, batch.rollout_log_probs, mask0, rows, sid, n))
 
     # rldiag's own: reference KL of the old and current policy side by side, group signal
     if batch.ref_log_prob is not None:

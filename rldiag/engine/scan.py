@@ -118,6 +118,18 @@ def reward_to_go_segmented(rewards: torch.Tensor, mask: torch.Tensor, last: torc
     return segmented_reverse_linear_scan(a, rewards)
 
 
+def reward_to_go_carry_segmented(rewards: torch.Tensor, mask: torch.Tensor, last: torch.Tensor,
+                                 gamma: float) -> torch.Tensor:
+    """REINFORCE++'s carrying reward-to-go over packed rows ``(tokens,)`` (verl commit 8a1bf6d5b):
+    a mask-0 token neither adds its reward nor resets, the running return passes it unchanged,
+    ``x_t = (m_t gamma + 1 - m_t) x_{t+1} + m_t r_t`` inside the row; the return is ``m_t x_t``
+    (0 at mask 0)."""
+    keep = _not_last(last, torch.float64)
+    m = mask.to(torch.float64)
+    x = segmented_reverse_linear_scan((m * gamma + (1.0 - m)) * keep, m * rewards.to(torch.float64))
+    return (x * m).to(rewards.dtype)
+
+
 def reverse_cumsum_segmented(x: torch.Tensor, rows) -> torch.Tensor:
     """Sum of ``x`` from each token to the end of its row ``(tokens,)`` (``rows``: the
     :class:`rldiag.engine.layout.Rows` layout), accumulated in float64."""

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,19 +92,30 @@ class StepOutcome:
     n_tokens: int = 0
 
 
-@dataclass
 class Fetched:
-    task: StepTask
-    info: dict
-    data: StepData | None = None
-    error: str | None = None
-    pending: Callable[[], dict] | None = None  # finishes ``info`` (the file's hash)
+    """One fetched step: its data (or the error that kept it from loading) and its input record.
+
+    The record for scenario.json may still be waiting for the file's SHA-256, which a background
+    thread computes into an object of its own (a future); nothing is written into a shared dict.
+    :meth:`record` is the one way to read the record: it waits for the hash, once, under a lock,
+    and returns a copy, so any thread may call it at any time.
+    """
+
+    def __init__(self, task: StepTask, record: dict | None = None, *, pending: Future | None = None,
+                 data: StepData | None = None, error: str | None = None):
+        self.task = task
+        self.data = data
+        self.error = error
+        self._record = dict(record or {})
+        self._pending = pending
+        self._lock = threading.Lock()
 
     def record(self) -> dict:
-        """The input record for scenario.json, its hash finished."""
-        if self.pending is not None:
-            self.info, self.pending = self.pending(), None
-        return self.info
+        """The input record for scenario.json, its hash finished (a copy)."""
+        with self._lock:
+            if self._pending is not None:
+                self._record, self._pending = self._pending.result(), None
+            return dict(self._record)
 
     def outcome(self) -> StepOutcome:
         """The outcome of a step that was not loaded: failed, or reused."""
@@ -140,12 +151,14 @@ def _known_hash(info: dict, remote: bool, previous: dict | None) -> bool:
 
 
 def _hashed(info: dict, remote: bool, content: bytes) -> dict:
-    """``info`` with the SHA-256 (and size) of the bytes read."""
+    """A new record: ``info`` with the SHA-256 (and size) of the bytes read (``info`` is left
+    as it is, so that a thread may compute it while another holds ``info``)."""
+    out = dict(info)
     if remote:
-        info["hashed_ns"] = time.time_ns()
-    info["size"] = len(content)
-    info["sha256"] = hashlib.sha256(content).hexdigest()
-    return info
+        out["hashed_ns"] = time.time_ns()
+    out["size"] = len(content)
+    out["sha256"] = hashlib.sha256(content).hexdigest()
+    return out
 
 
 _HASH_POOL: ThreadPoolExecutor | None = None
@@ -194,13 +207,16 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -
             if task.reusable and old:  # the hash decides whether the file is parsed at all
                 info = _hashed(info, remote, content)
             else:
-                pending = _hash_pool().submit(_hashed, info, remote, content).result
+                pending = _hash_pool().submit(_hashed, dict(info), remote, content)
         if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
             return Fetched(task, info)
     try:
         data = load_step(sf, job.settings, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES)
     except RldiagError as exc:
         return Fetched(task, info, error=f"{type(exc).__name__}: {exc}", pending=pending)
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed file provokes fails its step alone
+        return Fetched(task, info, error=f"BatchError: {sf.path} (step {sf.step}): cannot load: "
+                                         f"{type(exc).__name__}: {exc}", pending=pending)
     finally:
         content = None
     if pin:
@@ -298,6 +314,12 @@ def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
         result = recompute_batch(batch, job.settings, kl_state)
     except RldiagError as exc:
         msg = f"{type(exc).__name__}: {exc}"
+        return [StepOutcome(f.task.step, f.record(), "failed", error=msg) for f in pack]
+    except (RuntimeError, ValueError, IndexError, TypeError, ArithmeticError) as exc:
+        # the engine's own failure on these inputs (a bug or an input it does not foresee): the
+        # pack's steps fail with it, and every other step is still computed and written
+        steps = ", ".join(str(f.task.step) for f in pack)
+        msg = f"ComputeError: steps {steps}: {type(exc).__name__}: {exc}"
         return [StepOutcome(f.task.step, f.record(), "failed", error=msg) for f in pack]
     failed = {s: f"ComputeError: {m}" for s, m in result.failed.items()}
     rows = _metric_rows(result, {f.task.step for f in pack} - set(failed))

@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rldiag.errors import OutputError
-from rldiag.io.atomic import replace_dir, staging_dir, write_bytes_atomic
+from rldiag.io.atomic import remove_stale, replace_dir, staging_dir, temp_name, write_bytes_atomic
 from rldiag.io.rundir import STEP_FILE
 
 IMPORT_RECORD = Path("rldiag") / "import" / "wandb.json"
@@ -45,6 +44,7 @@ class RunDirWriter:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutputError(f"cannot create {self.out}: {exc}") from exc
+        remove_stale(self.out)  # what an import killed before its commit left behind
         self._spool_path: Path | None = None
         self._spool = None
         self._row_step: int | None = None
@@ -63,7 +63,7 @@ class RunDirWriter:
     # -- history --------------------------------------------------------------------------------
 
     def _open_spool(self) -> None:
-        self._spool_path = self.out / f".metrics.jsonl.{uuid.uuid4().hex[:12]}.tmp"
+        self._spool_path = self.out / temp_name("metrics.jsonl")
         self._spool = self._spool_path.open("w", encoding="utf-8", newline="\n")
 
     def add_row(self, step: int, data: dict[str, Any]) -> None:

@@ -187,12 +187,15 @@ def import_wandb(
     base_url: str | None = None,
     api_factory: ApiFactory | None = None,
     progress: Progress | None = None,
+    defer: Callable[[Callable[[], None]], None] | None = None,
 ) -> ImportReport:
     """Import a W&B run into the run directory ``out`` (created, or updated in place).
 
     ``source`` is an offline run folder / ``.wandb`` file, or ``entity/project/run_id``; it may be
     None when ``artifacts`` name the batches to import. ``api_factory(timeout=, base_url=)``
-    replaces ``wandb.Api`` (tests). Raises :class:`WandbImportError` when the source cannot be
+    replaces ``wandb.Api`` (tests). The wandb SDK is shut down (bounded, see
+    :func:`~rldiag.importers.wandb_sdk.shutdown`) when the import ends, or later by whoever
+    ``defer(fn)`` hands ``fn`` to: the CLI reports the outcome first, then shuts down. Raises :class:`WandbImportError` when the source cannot be
     read at all; partial damage (a torn file, missing artifact files) is in ``report.warnings``.
     """
     t0 = time.perf_counter()
@@ -291,4 +294,8 @@ def import_wandb(
     finally:
         writer.abort()
         if used_sdk_api:
-            shutdown()
+            (defer or _now)(shutdown)
+
+
+def _now(fn: Callable[[], None]) -> None:
+    fn()

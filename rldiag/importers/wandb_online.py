@@ -34,7 +34,7 @@ from rldiag.importers.errors import WandbImportError
 from rldiag.importers.rundir_writer import RunDirWriter
 from rldiag.importers.wandb_artifacts import file_digest, step_of_name
 from rldiag.importers.wandb_records import ArtifactEntry, ArtifactInfo
-from rldiag.importers.wandb_sdk import load_wandb, scrub
+from rldiag.importers.wandb_sdk import load_wandb, scrub, start_service
 from rldiag.importers.wandb_values import flatten_row, step_of, unwrap_config
 
 ApiFactory = Callable[..., Any]
@@ -59,9 +59,10 @@ def default_api_factory(*, timeout: float, base_url: str | None = None):
     wandb = load_wandb()
     url = base_url or os.environ.get("WANDB_BASE_URL") or "the W&B server"
     overrides = {"base_url": base_url} if base_url else {}
+    start_service()
     try:
         return wandb.Api(timeout=int(max(1, round(timeout))), overrides=overrides, api_key=key)
-    except Exception as exc:  # noqa: BLE001 - wandb raises many types (CommError, AuthenticationError, UsageError...)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - wandb raises many types (CommError, UsageError...)
         raise WandbImportError(f"cannot connect to {url} (timeout {timeout:g}s): {scrub(str(exc))}") from exc
 
 
@@ -70,7 +71,7 @@ def _call(what: str, fn: Callable[[], Any]) -> Any:
         return fn()
     except WandbImportError:
         raise
-    except Exception as exc:  # noqa: BLE001 - see default_api_factory
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - see default_api_factory; wandb may sys.exit
         raise WandbImportError(f"{what}: {scrub(str(exc)) or type(exc).__name__}") from exc
 
 

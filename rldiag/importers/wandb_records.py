@@ -191,20 +191,46 @@ def _entry(proto, algorithm: str) -> ArtifactEntry:
     )
 
 
-def _manifest_file_entries(path: str, algorithm: str) -> list[ArtifactEntry]:
-    """A large manifest wandb wrote to a gzipped JSON-lines file instead of the record."""
+def _manifest_entry(d: Any, algorithm: str) -> ArtifactEntry:
+    """One line of a manifest file; ValueError naming what is wrong with it."""
+    if not isinstance(d, dict):
+        raise ValueError(f"not a JSON object but {type(d).__name__}")
+    if not isinstance(d.get("path"), str) or not d["path"]:
+        raise ValueError("no \"path\"")
+    size = d.get("size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise ValueError(f"size {size!r} is not a byte count")
+    extra = d.get("extra")
+    alg = str((extra if isinstance(extra, dict) else {}).get("alg", algorithm)).lower()
+    text = {k: d.get(k) if isinstance(d.get(k), str) else None for k in ("digest", "local_path", "ref")}
+    return ArtifactEntry(
+        path=d["path"], digest=text["digest"] or "", size=size, local_path=text["local_path"], ref=text["ref"],
+        algorithm="xxh128" if "xxh128" in alg else "md5",
+    )
+
+
+def _manifest_file_entries(path: str, algorithm: str, problems: list[str], label: str) -> list[ArtifactEntry]:
+    """A large manifest wandb wrote to a gzipped JSON-lines file instead of the record.
+
+    A line that is not a file entry is reported in ``problems`` (by line number) and left out;
+    a file cut short (a truncated gzip) keeps the entries before the cut.
+    """
     out = []
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            alg = str((d.get("extra") or {}).get("alg", algorithm)).lower()
-            out.append(ArtifactEntry(
-                path=d["path"], digest=d.get("digest", ""), size=d.get("size"),
-                local_path=d.get("local_path"), ref=d.get("ref"),
-                algorithm="xxh128" if "xxh128" in alg else "md5",
-            ))
+    number = 0
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(_manifest_entry(json.loads(line), algorithm))
+                except (ValueError, RecursionError) as exc:
+                    why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                    problems.append(f"artifact {label}: manifest {path} line {number} skipped: {why}")
+    except (OSError, EOFError, ValueError) as exc:  # gzip.BadGzipFile is an OSError; a cut stream EOFError
+        got = f"; the {len(out)} entries before line {number + 1} are kept" if out else ""
+        problems.append(f"artifact {label}: its manifest {path} cannot be read past line {number} "
+                        f"({type(exc).__name__}: {exc}){got}")
     return out
 
 
@@ -215,12 +241,7 @@ def artifact_info(record) -> ArtifactInfo:
     manifest = art.manifest
     info.entries = [_entry(e, algorithm) for e in manifest.contents]
     if manifest.manifest_file_path:
-        try:
-            info.entries += _manifest_file_entries(manifest.manifest_file_path, algorithm)
-        except (OSError, ValueError, KeyError) as exc:
-            info.problems.append(
-                f"artifact {art.name}: its manifest was written to {manifest.manifest_file_path}, which cannot be read ({exc})"
-            )
+        info.entries += _manifest_file_entries(manifest.manifest_file_path, algorithm, info.problems, art.name)
     return info
 
 

@@ -5,14 +5,20 @@ Everything that touches the SDK goes through here so that
 - a missing ``wandb`` gives one clear error (``pip install 'rldiag[wandb]'``);
 - wandb's error reporting (Sentry) is off in the importer's process, so a failed import never
   waits at exit on a report that cannot be sent;
-- the wandb-core service that the public API starts is shut down when the import ends;
+- the wandb-core service the public API talks to is one rldiag starts itself (:func:`start_service`),
+  detached from the caller's stdout and stderr, and :func:`shutdown` ends it within a deadline:
+  wandb's own teardown waits without a limit for a wandb-core that may still be retrying a
+  request rldiag gave up on;
 - no message rldiag shows can carry the API key.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import threading
 
 from rldiag.importers.errors import WandbMissingError
 
@@ -50,18 +56,96 @@ def wandb_version() -> str | None:
     return getattr(mod, "__version__", None) if mod is not None else None
 
 
-def shutdown() -> None:
-    """Stop the wandb-core service this process may have started (no-op when there is none)."""
-    mod = sys.modules.get("wandb")
-    if mod is None:
+#: Seconds :func:`shutdown` gives wandb's teardown, then the wandb-core process, before ending it.
+SHUTDOWN_DEADLINE = 5.0
+
+#: A wandb-core that rldiag started and lost track of (rldiag killed) exits after this idle time.
+SERVICE_IDLE_TIMEOUT = "60s"
+
+_SERVICE_ENV = "WANDB_SERVICE"
+_started: subprocess.Popen | None = None
+_env_before: str | None = None
+
+
+def start_service() -> None:
+    """Start the wandb-core service for this process, detached (its stdin, stdout and stderr on
+    the null device, so a capturing parent never waits on it), unless one is already known through
+    ``WANDB_SERVICE``. wandb's public API then connects to it as to an external service, and
+    wandb's own teardown neither waits for it nor registers an exit-time hook for it.
+
+    Uses wandb's internal ``service_process`` module; where that is missing (another wandb
+    version) nothing is started and wandb starts its own service as usual.
+    """
+    global _started, _env_before
+    if _started is not None or os.environ.get(_SERVICE_ENV):
         return
-    teardown = getattr(mod, "teardown", None)
+    load_wandb()
+    try:
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib.service import service_process
+
+        proc = service_process.start_detached(wandb_setup.singleton().settings, idle_timeout=SERVICE_IDLE_TIMEOUT)
+        popen = proc._process  # the Popen handle: the only way to end it by its PID later
+        _env_before = os.environ.get(_SERVICE_ENV)
+        proc.token.save_to_env()
+    except Exception:  # noqa: BLE001 - another wandb's internals, or wandb-core could not start: then
+        return  # wandb.Api starts (or fails to start) its own service and says so the usual way
+    _started = popen
+
+
+def _teardown_within(deadline: float) -> None:
+    """``wandb.teardown()`` on a daemon thread, waited for at most ``deadline`` seconds. Any
+    exception, ``SystemExit`` (wandb exits with wandb-core's code) included, is swallowed: shutting
+    down never masks the import's own outcome."""
+    mod = sys.modules.get("wandb")
+    teardown = getattr(mod, "teardown", None) if mod is not None else None
     if teardown is None:
         return
-    try:
-        teardown()
-    except Exception:  # noqa: BLE001 - shutting down must never mask the import's own outcome
-        pass
+
+    def run() -> None:
+        try:
+            teardown()
+        except BaseException:  # noqa: BLE001 - SystemExit and KeyboardInterrupt from wandb's teardown too
+            pass
+
+    t = threading.Thread(target=run, name="rldiag-wandb-teardown", daemon=True)
+    t.start()
+    t.join(deadline)
+
+
+def _end(popen: subprocess.Popen, deadline: float) -> None:
+    """End the wandb-core process ``popen`` (and its process group): SIGTERM, then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if popen.poll() is not None:
+            return
+        try:
+            os.killpg(popen.pid, sig)  # started in a session of its own: its group is its PID
+        except (ProcessLookupError, PermissionError, OSError):
+            try:
+                popen.send_signal(sig)
+            except OSError:
+                return
+        try:
+            popen.wait(timeout=deadline if sig == signal.SIGTERM else None)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def shutdown(deadline: float = SHUTDOWN_DEADLINE) -> None:
+    """Stop the wandb SDK in this process within about ``deadline`` seconds: wandb's teardown
+    (bounded), then the wandb-core process :func:`start_service` started, ended by its PID. A
+    no-op when wandb was never imported."""
+    global _started, _env_before
+    _teardown_within(deadline)
+    popen, _started = _started, None
+    if popen is not None:
+        _end(popen, deadline)
+        if _env_before is None:
+            os.environ.pop(_SERVICE_ENV, None)
+        else:
+            os.environ[_SERVICE_ENV] = _env_before
+        _env_before = None
 
 
 def scrub(text: str) -> str:

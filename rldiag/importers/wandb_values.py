@@ -69,9 +69,17 @@ def _parse_int(text: str) -> Any:
 _DECODER = json.JSONDecoder(parse_int=_parse_int)
 
 
+def _decode(text: str) -> Any:
+    try:
+        return _DECODER.decode(text)
+    except RecursionError:  # nested deeper than Python's stack: not a value rldiag can keep
+        raise ValueError("JSON nested too deeply") from None
+
+
 def parse_json(text: str) -> Any:
-    """Decode one ``value_json``; NaN and +-Infinity are accepted as wandb writes them."""
-    return _DECODER.decode(text)
+    """Decode one ``value_json``; NaN and +-Infinity are accepted as wandb writes them.
+    ValueError when it is not JSON (or is nested too deeply to decode)."""
+    return _decode(text)
 
 
 def parse_json_many(texts: list[str]) -> list[Any]:
@@ -79,7 +87,7 @@ def parse_json_many(texts: list[str]) -> list[Any]:
 
     Raises ValueError when any of them is not one JSON value.
     """
-    values = _DECODER.decode("[" + ",".join(texts) + "]")
+    values = _decode("[" + ",".join(texts) + "]")
     if len(values) != len(texts):
         raise ValueError("a value is not one JSON value")
     return values

@@ -1,14 +1,27 @@
-"""Atomic writes: a reader sees the old content or the new, never half of either."""
+"""Atomic writes: a reader sees the old content or the new, never half of either.
+
+Every temporary name here (a file being written, a staging directory, an old directory being
+dropped) is hidden and carries its owner: ``.<name>.<host>-<pid>-<start>-<random>.tmp`` (or
+``.old``), with a hash of the host name, the process id and the process's start time (Linux:
+``/proc/<pid>/stat``; 0 elsewhere). A process killed with ``kill -9`` leaves its temporary files
+behind; :func:`remove_stale` deletes those whose owner is gone (no such process, a zombie, or
+the pid now belongs to a process started at another time) and never those of a process still
+running, nor any made on another host (a shared filesystem) or named another way.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import os
+import re
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 _RENAME_EXCHANGE = 2
@@ -21,10 +34,88 @@ def _umask() -> int:
     return mask
 
 
+_OWNED = re.compile(r"^\.(?P<name>.+)\.(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-z_]+\.(?:tmp|old)$")
+
+
+def _host() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot) from ``/proc``; None where there is none
+    (not Linux, or no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19]) if len(fields) > 19 and fields[0] != b"Z" else None
+
+
+@cache
+def _owner_tag(pid: int) -> str:
+    return f"{_host()}-{pid}-{_start_time(pid) or 0}"
+
+
+def owner_tag() -> str:
+    """``<host>-<pid>-<start>`` of this process (computed again in a forked child)."""
+    return _owner_tag(os.getpid())
+
+
+def temp_name(name: str, suffix: str = "tmp") -> str:
+    """A fresh hidden temporary name for ``name``, carrying this process as its owner."""
+    return f".{name}.{owner_tag()}-{uuid.uuid4().hex[:12]}.{suffix}"
+
+
+def _alive(pid: int, start: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    now = _start_time(pid)
+    if now is None:  # a zombie (killed, not yet reaped), or no /proc: dead only if /proc says so
+        return not os.path.exists(f"/proc/{pid}")
+    return start == 0 or now == start
+
+
+def remove_stale(parent: Path, name: str | None = None) -> list[Path]:
+    """Delete the temporary files and directories in ``parent`` (of ``name`` only, when given)
+    whose owner process is gone; returns what was removed. Those of a live process, of another
+    host, and names this module did not make are left alone."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    host = _host()
+    for entry in entries:
+        m = _OWNED.match(entry.name)
+        if not m or m["host"] != host or (name is not None and m["name"] != name):
+            continue
+        if _alive(int(m["pid"]), int(m["start"])):
+            continue
+        path = Path(entry.path)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except FileNotFoundError:
+            continue  # another cleaner got there first
+        except OSError:
+            continue  # not ours to force (permissions): left as it is
+        removed.append(path)
+    return removed
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file beside ``path``, fsync, then rename over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{owner_tag()}-", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the file a normal mode
         with os.fdopen(fd, "wb") as fh:
@@ -40,7 +131,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 def write_file_atomic(path: Path, writer: Callable[[Path], None]) -> None:
     """``writer(tmp_path)`` writes the file; it is then renamed over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    tmp = path.parent / temp_name(path.name)
     try:
         writer(tmp)
         os.replace(tmp, path)
@@ -65,9 +156,11 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def staging_dir(target: Path) -> Path:
-    """A fresh hidden directory beside ``target`` to build its new content in."""
+    """A fresh hidden directory beside ``target`` to build its new content in. Stale temporary
+    entries beside it (their owner killed) are removed first (:func:`remove_stale`)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    stage = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.tmp"
+    remove_stale(target.parent)
+    stage = target.parent / temp_name(target.name)
     stage.mkdir()
     return stage
 
@@ -85,7 +178,7 @@ def replace_dir(stage: Path, target: Path) -> None:
     if _exchange(stage, target):
         shutil.rmtree(stage, ignore_errors=True)  # stage now holds the old content
         return
-    old = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.old"
+    old = target.parent / temp_name(target.name, "old")
     os.rename(target, old)
     os.rename(stage, target)
     shutil.rmtree(old, ignore_errors=True)

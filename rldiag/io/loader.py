@@ -27,7 +27,7 @@ from rldiag.engine.layout import Rows, row_ids_of
 from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.arrays import parquet_file, to_numpy
 from rldiag.io.fs import arrow_source, open_input_file
-from rldiag.io.rundir import StepFile
+from rldiag.io.rundir import StepFile, step_number_problem
 from rldiag.io.schema import (
     BASE_NEED,
     BATCH_COLUMNS,
@@ -35,9 +35,11 @@ from rldiag.io.schema import (
     ENGINE_TOKEN_COLUMNS,
     LIST_COLUMNS,
     MASK_LIST_COLUMNS,
+    METRIC_ROW_COLUMNS,
     SCALAR_COLUMNS,
     estimator_need,
     estimator_optional,
+    id_type_problem,
 )
 
 
@@ -117,6 +119,7 @@ def columns_to_read(settings: Settings, names: list[str], sf: StepFile | None = 
     cols += [c for c in ENGINE_TOKEN_COLUMNS + ENGINE_ROW_COLUMNS if c in present]
     # estimator-specific columns (traj_uid, session_id, sum_pi_squared, reward components, ...)
     cols += [c for c in need.all_of + estimator_optional(settings.estimator) if c in present and c not in cols]
+    cols += [c for c in METRIC_ROW_COLUMNS if c in present and c not in cols]
     if "step" in present:
         cols.append("step")
     return cols
@@ -187,6 +190,8 @@ def _scalar(col: pa.ChunkedArray, name: str, kind: str, where: dict) -> np.ndarr
         row = _first_true(to_numpy(arr.is_null()))
         raise BatchError("value is null", row=row, column=name, **where)
     if kind == "string":
+        if (problem := id_type_problem(arr.type)) is not None:
+            raise BatchError(problem, column=name, **where)
         return arr
     if not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type)):
         raise BatchError(f"expected a number, found type {arr.type}", column=name, **where)
@@ -205,6 +210,8 @@ def validate_table(table: pa.Table, sf: StepFile) -> dict[str, Ragged]:
     Raises :class:`BatchError` naming file, step, row and column for the first problem.
     """
     where = {"file": str(sf.path), "step": sf.step}
+    if (problem := step_number_problem(sf.step)) is not None:
+        raise BatchError(problem, **where)
     if table.num_rows == 0:
         raise BatchError("the step has no rows (an empty batch)", **where)
     names = set(table.column_names)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,16 @@ from rldiag.errors import ConfigError, RunDirError
 from rldiag.io.fs import RemotePath, as_path
 
 STEP_FILE = re.compile(r"^step_(\d+)\.(parquet|arrow)$")
+
+#: The largest step number: steps are int64 in every output (``metrics.parquet``, the app's store).
+MAX_STEP = 2**63 - 1
+
+
+def step_number_problem(step: int) -> str | None:
+    """Why a step number read from a file name cannot be recorded (None when it can)."""
+    if step > MAX_STEP:
+        return f"the step number in the file name is larger than {MAX_STEP}, the largest step rldiag records"
+    return None
 
 
 @dataclass(frozen=True)
@@ -117,13 +128,36 @@ def parse_steps(spec: str | None, available: list[int]) -> list[int]:
     return sorted(chosen)
 
 
-def iter_metrics_records(path: Path) -> Iterator[tuple[int, dict]]:
+def _line_step(obj: object) -> tuple[int | None, str]:
+    """The step of a decoded ``metrics.jsonl`` line, or ``(None, why not)``."""
+    if not isinstance(obj, dict):
+        return None, f"not a JSON object but {type(obj).__name__}"
+    if "step" not in obj:
+        return None, "no \"step\""
+    v = obj["step"]
+    if isinstance(v, bool):
+        step = None
+    elif isinstance(v, int):
+        step = v
+    elif isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        step = int(v)
+    elif isinstance(v, str) and v.strip().isdigit():
+        step = int(v)
+    else:
+        step = None
+    if step is None or not 0 <= step <= MAX_STEP:
+        return None, f"step {v!r} is not a step number (an integer from 0 to {MAX_STEP})"
+    return step, ""
+
+
+def iter_metrics_records(path: Path, skipped: list[tuple[int, str]] | None = None) -> Iterator[tuple[int, dict]]:
     """Every complete line of ``metrics.jsonl`` as ``(step, payload)``, in file order, with the
     payload as logged (any JSON values).
 
     Accepts verl's file-logger form ``{"step": 12, "data": {...}}`` and the flat form. A last line
     without its newline (still being written) is skipped; a complete line that is not a JSON
-    object with an integer step is skipped too (training logs may hold other noise), never raised.
+    object with an integer step (0 to :data:`MAX_STEP`) is skipped too (training logs may hold
+    other noise), never raised: ``skipped``, when given, gets ``(line number, why)`` for each.
     """
     if not path.is_file():
         return
@@ -132,26 +166,28 @@ def iter_metrics_records(path: Path) -> Iterator[tuple[int, dict]]:
     lines = data.split(b"\n")
     if lines and lines[-1] != b"":
         lines = lines[:-1]  # incomplete last line: picked up once complete
-    for raw in lines:
+    for number, raw in enumerate(lines, 1):
         raw = raw.strip()
         if not raw:
             continue
         try:
             obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than Python's stack
+            if skipped is not None:
+                why = "nested too deeply" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
+                skipped.append((number, why))
             continue
-        if not isinstance(obj, dict) or "step" not in obj:
-            continue
-        try:
-            step = int(obj["step"])
-        except (TypeError, ValueError):
+        step, why = _line_step(obj)
+        if step is None:
+            if skipped is not None:
+                skipped.append((number, why))
             continue
         payload = obj["data"] if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
         yield step, payload
 
 
-def iter_metrics_lines(path: Path) -> Iterator[tuple[int, dict]]:
+def iter_metrics_lines(path: Path, skipped: list[tuple[int, str]] | None = None) -> Iterator[tuple[int, dict]]:
     """Logged metrics as ``(step, {name: number})``, in file order (see
     :func:`iter_metrics_records`); values that are not numbers are left out."""
-    for step, payload in iter_metrics_records(path):
+    for step, payload in iter_metrics_records(path, skipped):
         yield step, {k: v for k, v in payload.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

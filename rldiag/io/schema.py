@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 #: list<float> columns, one value per token of the row.
 FLOAT_LIST_COLUMNS = (
     "token_level_scores",
@@ -33,7 +35,24 @@ SCALAR_COLUMNS = {
     "session_id": "string",
     "output_index": "int",
     "step": "int",
+    # the agent loop's per-row counts (verl's __num_turns__ and tool_call_counts): num_turns/*, tool_call_counts/*
+    "num_turns": "int",
+    "tool_call_counts": "int",
 }
+#: scalar columns read when present, for metrics only (they land in ``Batch.extra``)
+METRIC_ROW_COLUMNS = ("num_turns", "tool_call_counts")
+
+
+def id_type_problem(t: pa.DataType) -> str | None:
+    """Why a column of type ``t`` cannot hold ids (``uid``, ``traj_uid``, ``session_id``); None
+    when it can: text or integers, dictionary-encoded too, never a list or a struct."""
+    v = t.value_type if pa.types.is_dictionary(t) else t
+    view = getattr(pa.types, "is_string_view", lambda _t: False)
+    if pa.types.is_string(v) or pa.types.is_large_string(v) or view(v) or pa.types.is_integer(v):
+        return None
+    return f"expected string or integer ids, found type {t}"
+
+
 #: columns the engine may read (the logged token_level_rewards/advantages/returns are only for
 #: verification and are not loaded by a recompute).
 ENGINE_TOKEN_COLUMNS = (
@@ -108,6 +127,8 @@ METRIC_NEEDS = {
         all_of=("rollout_log_probs", "log_probs")
     ),
     "prompt_length/*": Need(all_of=("prompt_length",)),
+    "num_turns/*": Need(all_of=("num_turns",)),
+    "tool_call_counts/*": Need(all_of=("tool_call_counts",)),
 }
 
 

@@ -1,7 +1,7 @@
 """The run's ``metrics.jsonl`` as a long DuckDB table ``(seq, step, metric, value)``.
 
 DuckDB reads the file with explicit column types and ``ignore_errors`` (a line that is not JSON
-becomes a null row and is skipped), in both of the CONTRACT's forms:
+becomes a null row and is skipped), in both forms of a run's metrics file:
 
 - verl's file logger, ``{"step": 12, "data": {"actor/pg_loss": 0.1, ...}}``: ``read_ndjson``
   with ``data`` typed ``MAP(VARCHAR, JSON)``, so hundreds of metric names (with ``/`` in them)

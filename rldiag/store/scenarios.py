@@ -1,4 +1,4 @@
-"""The run's scenarios (CONTRACT section 4) through DuckDB.
+"""The run's scenarios through DuckDB.
 
 ``metrics.parquet`` (one row per step, one column per metric) is unpivoted to a long table
 ``(step, metric, value)`` per scenario, materialised once per version of the file (a scenario is

@@ -20,7 +20,8 @@ INT_MASK = "list_transform(response_mask, lambda x: x::INTEGER)"
 
 def batch_rows_sql(src: BatchSource) -> str:
     """One row per batch row: ``row, uid, grp, session, length, actor_tokens, tool_tokens,
-    score_total, score_scalar, loss_tokens, mask`` (``mask`` the original response_mask as ints).
+    score_total, score_scalar, loss_tokens, outside_loss, mask`` (``mask`` the batch's response_mask
+    as ints; ``outside_loss`` its tokens that ``loss_mask``, the mask before rollout correction, has 0).
 
     ``tool_tokens`` counts mask-0 tokens before the row's last actor token (tool observations,
     which reach the estimators as interior zeros); ``score_total`` is the row's reward-manager
@@ -32,19 +33,24 @@ def batch_rows_sql(src: BatchSource) -> str:
     else:
         score_total = "score::DOUBLE"
     score_scalar = "score::DOUBLE" if has("score") else "NULL::DOUBLE"
-    loss = "list_sum(list_transform(loss_mask, lambda x: x::INTEGER))" if has("loss_mask") else "NULL::BIGINT"
+    if has("loss_mask"):  # the mask before rollout correction: response_mask may only drop tokens of it
+        loss = "list_sum(list_transform(loss_mask, lambda x: x::INTEGER))"
+        outside = "len(list_filter(mask, lambda x, i: x = 1 AND coalesce(loss_mask[i]::INTEGER, 0) = 0))"
+    else:
+        loss, outside = "NULL::BIGINT", "NULL::BIGINT"
     session = "CAST(session_id AS VARCHAR)" if has("session_id") else "NULL::VARCHAR"
     return f"""
         SELECT row, uid, grp, session, length, actor_tokens,
                len(list_filter(mask, lambda x, i: x = 0 AND i < last1)) AS tool_tokens,
-               score_total, score_scalar, loss_tokens, mask
+               score_total, score_scalar, loss_tokens, outside_loss, mask
         FROM (
             SELECT row, CAST(uid AS VARCHAR) AS uid, CAST(uid AS VARCHAR) AS grp, {session} AS session,
                    len(response_mask) AS length, mask,
                    coalesce(list_sum(mask), 0) AS actor_tokens,
                    CASE WHEN list_contains(mask, 1) THEN len(mask) + 1 - list_position(list_reverse(mask), 1)
                         ELSE 0 END AS last1,
-                   {score_total} AS score_total, {score_scalar} AS score_scalar, {loss} AS loss_tokens
+                   {score_total} AS score_total, {score_scalar} AS score_scalar, {loss} AS loss_tokens,
+                   {outside} AS outside_loss
             FROM (SELECT *, {INT_MASK} AS mask FROM {src.sql})
         )
     """
@@ -83,7 +89,7 @@ def step_rows(db: Db, src: BatchSource, tokens: dict[str, tuple[Path, list[str]]
 
 @dataclass
 class StepFacts:
-    """The numbers seed 002 section 13's checklist judges, for one step (and one scenario)."""
+    """The numbers the step checklist judges, for one step (and one scenario)."""
 
     step: int
     rows: int
@@ -106,7 +112,10 @@ class StepFacts:
     tool_rows: int = 0
     tool_tokens: int = 0
     actor_tokens: int = 0
-    loss_mask_mismatch: int | None = None  # rows where sum(loss_mask) != sum(original response_mask)
+    # with loss_mask (the mask before rollout correction): rows with a response_mask token outside it
+    # (never legitimate), and the tokens rejected before the capture (in loss_mask, not in response_mask)
+    rows_outside_loss_mask: int | None = None
+    rejected_before_capture: int | None = None
     # scenario outputs (None without a scenario's tokens for this step)
     scenario: str | None = None
     rewards_compared: int | None = None
@@ -132,7 +141,7 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
     where = str(src.path)
     arrow = src.arrow
     (rows, groups, score_min, score_max, score_mean, nonfinite, zero_rows, mismatch, no_actor, tool_rows,
-     tool_tokens, actor_tokens, loss_mismatch, sessions) = db.rows(
+     tool_tokens, actor_tokens, outside_rows, pre_rejected, sessions) = db.rows(
         f"""
         WITH b AS ({base})
         SELECT count(*), count(DISTINCT grp),
@@ -145,7 +154,8 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
                count(*) FILTER (WHERE actor_tokens = 0),
                count(*) FILTER (WHERE tool_tokens > 0),
                coalesce(sum(tool_tokens), 0), coalesce(sum(actor_tokens), 0),
-               count(*) FILTER (WHERE loss_tokens IS NOT NULL AND loss_tokens <> actor_tokens),
+               count(*) FILTER (WHERE outside_loss > 0),
+               coalesce(sum(loss_tokens - (actor_tokens - outside_loss)), 0),
                count(DISTINCT (uid, session)) FILTER (WHERE session IS NOT NULL)
         FROM b
         """,
@@ -157,7 +167,9 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
         score_zero_rows=zero_rows,
         score_vs_scalar_mismatch=mismatch if src.has("token_level_scores") and src.has("score") else None,
         rows_without_actor=no_actor, tool_rows=tool_rows, tool_tokens=int(tool_tokens),
-        actor_tokens=int(actor_tokens), loss_mask_mismatch=loss_mismatch if src.has("loss_mask") else None,
+        actor_tokens=int(actor_tokens),
+        rows_outside_loss_mask=outside_rows if src.has("loss_mask") else None,
+        rejected_before_capture=int(pre_rejected) if src.has("loss_mask") else None,
         sessions=sessions if src.has("session_id") else None,
     )
     sizes = db.rows(

@@ -14,15 +14,18 @@ from pathlib import Path
 import polars as pl
 
 from rldiag.io.rundir import RunDir
-from rldiag.store import offpolicy, stepview
+from rldiag.store import offpolicy, stepview, tokentext
 from rldiag.store.batches import Batches
 from rldiag.store.cache import FileSig, SigCache, file_sig
 from rldiag.store.comparisons import SavedComparison, saved_comparison
 from rldiag.store.db import Db, quote_ident
+from rldiag.store.downsample import DEFAULT_POINTS, m4_sql
 from rldiag.store.logged import LoggedMetrics
 from rldiag.store.scenarios import Scenarios
 
 LOGGED = "logged"
+#: logged metrics that hold a step's wall-clock time in seconds since the epoch (W&B's, then others)
+WALL_TIME_METRICS = ("_timestamp", "timestamp", "wall_time", "time/timestamp")
 
 
 @dataclass(frozen=True)
@@ -110,14 +113,57 @@ class Store:
         return self.cache.get(("bounds", tuple(scenarios)), sigs, compute)
 
     def joined(self, metrics: list[str], scenarios: list[str] = (), lo: int | None = None,
-               hi: int | None = None) -> pl.DataFrame:
+               hi: int | None = None, points: int | None = None) -> pl.DataFrame:
         """Logged and recomputed values joined by step and metric name:
-        ``step, metric, logged, <scenario>...`` (null where a source has no value)."""
+        ``step, metric, logged, <scenario>...`` (null where a source has no value).
+
+        With ``points``, each metric is downsampled in DuckDB to the rows that draw the same
+        line at ``points`` buckets across its steps (:mod:`.downsample`); a range of about
+        ``points`` steps or fewer comes back whole."""
         sig = self.refresh()
         scenarios = [s for s in scenarios if self.scenarios.table(s)]
         sigs = (sig,) + tuple(self.scenarios.sig(s) for s in scenarios)
-        key = ("joined", tuple(metrics), tuple(scenarios), lo, hi)
-        return self.cache.get(key, sigs, lambda: self._joined(list(metrics), scenarios, lo, hi))
+        key = ("joined", tuple(metrics), tuple(scenarios), lo, hi, points)
+        return self.cache.get(key, sigs, lambda: self._joined(list(metrics), scenarios, lo, hi, points))
+
+    def downsample(self, frame: pl.DataFrame, columns: list[str], points: int = DEFAULT_POINTS) -> pl.DataFrame:
+        """``frame`` (``step, metric, <columns>``, e.g. after EMA smoothing) downsampled like
+        :meth:`joined` with ``points``."""
+        if frame.is_empty():
+            return frame
+        cols = [c for c in columns if c in frame.columns]
+        return self.db.frame(m4_sql("SELECT * FROM frame", cols, points), arrow={"frame": frame.to_arrow()},
+                             where=str(self.run))
+
+    def clip_bounds(self, metrics: list[str], scenarios: list[str] = (), lo: int | None = None,
+                    hi: int | None = None, q: float = 0.01) -> dict[str, tuple[float, float]]:
+        """Per metric, the ``q`` and ``1 - q`` quantiles of every source's finite values over
+        the steps (at full resolution): the y range that leaves out the outliers."""
+        joined = self.joined(metrics, scenarios, lo, hi)
+        cols = [c for c in self.source_columns(list(scenarios)).values() if c in joined.columns]
+        if joined.is_empty() or not cols:
+            return {}
+        union = " UNION ALL ".join(f"SELECT metric, {quote_ident(c)} AS v FROM joined" for c in cols)
+        rows = self.db.rows(
+            f"SELECT metric, quantile_cont(v, {float(q)}), quantile_cont(v, {1 - float(q)}) FROM ({union}) "
+            f"WHERE v IS NOT NULL AND isfinite(v) GROUP BY metric", arrow={"joined": joined.to_arrow()},
+            where=str(self.run))
+        return {m: (float(a), float(b)) for m, a, b in rows if a is not None}
+
+    def wall_time_metric(self) -> str | None:
+        """The logged metric that holds each step's wall-clock time (seconds since the epoch), if any."""
+        names = set(self.logged_names())
+        return next((m for m in WALL_TIME_METRICS if m in names), None)
+
+    def with_wall_time(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """``frame`` (with a ``step`` column) and a ``wall_time`` column (a datetime; null where
+        the step logged no time)."""
+        metric = self.wall_time_metric()
+        if metric is None or frame.is_empty():
+            return frame.with_columns(pl.lit(None, pl.Datetime("us")).alias("wall_time"))
+        times = self.logged_long([metric]).select("step", (pl.col("value") * 1e6).cast(pl.Int64)
+                                                  .cast(pl.Datetime("us")).alias("wall_time"))
+        return frame.join(times, on="step", how="left").sort("metric", "step")
 
     def source_columns(self, scenarios: list[str]) -> dict[str, str]:
         """Source name -> column of :meth:`joined` (a scenario named ``logged`` gets a suffix)."""
@@ -126,7 +172,7 @@ class Store:
             cols[s] = s if s != LOGGED else f"{s} (scenario)"
         return cols
 
-    def _joined(self, metrics: list[str], scenarios: list[str], lo, hi) -> pl.DataFrame:
+    def _joined(self, metrics: list[str], scenarios: list[str], lo, hi, points: int | None = None) -> pl.DataFrame:
         flt = "list_contains($metrics::VARCHAR[], metric) AND step >= $lo AND step <= $hi"
         ctes = [f"l AS (SELECT step, metric, value FROM {self.logged.table} WHERE {flt})"]
         cols = self.source_columns(scenarios)
@@ -136,7 +182,8 @@ class Store:
             ctes.append(f"s{i} AS (SELECT step, metric, value FROM {self.scenarios.table(s)} WHERE {flt})")
             select.append(f"s{i}.value AS {quote_ident(cols[s])}")
             joins.append(f"FULL JOIN s{i} USING (step, metric)")
-        sql = f"WITH {', '.join(ctes)} SELECT {', '.join(select)} FROM l {' '.join(joins)} ORDER BY metric, step"
+        sql = f"WITH {', '.join(ctes)} SELECT {', '.join(select)} FROM l {' '.join(joins)}"
+        sql = m4_sql(sql, list(cols.values()), points) if points else sql + " ORDER BY metric, step"
         params = {"metrics": metrics, "lo": -(2**62) if lo is None else lo, "hi": 2**62 if hi is None else hi}
         with self.logged.lock:
             return self.db.frame(sql, params, where=str(self.run))
@@ -211,6 +258,22 @@ class Store:
         sigs = (file_sig(src.path), file_sig(tokens[0]) if tokens else None)
         return self.cache.get(("row-tokens", step, row, scenario), sigs,
                               lambda: stepview.row_tokens(self.db, src, row, tokens))
+
+    def row_text(self, step: int, row: int) -> list[str] | None:
+        """One row's response tokens as text (the batch's ``response_tokens``; None without it)."""
+        src = self.batches.source(step)
+        return self.cache.get(("row-text", step, row), file_sig(src.path), lambda: tokentext.row_text(self.db, src, row))
+
+    def top_tokens(self, step: int, scenario: str | None, kind: str, k: int = 10) -> pl.DataFrame | None:
+        """The step's top-``k`` tokens by ``kind`` (|log ratio|, ref KL, IS weight) with their
+        context (:func:`rldiag.store.tokentext.top_tokens`); None without the scenario's tokens."""
+        src = self.batches.source(step)
+        tokens = self._tokens(scenario, step)
+        if tokens is None:
+            return None
+        sigs = (file_sig(src.path), file_sig(tokens[0]))
+        return self.cache.get(("top-tokens", step, scenario, kind, k), sigs,
+                              lambda: tokentext.top_tokens(self.db, src, tokens, kind, k))
 
     def metrics_at(self, step: int, metrics: list[str], scenarios: list[str] = ()) -> pl.DataFrame:
         """``metric, logged, <scenario>...`` at one step."""

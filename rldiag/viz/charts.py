@@ -46,12 +46,18 @@ def metric_grid(
     smoothed: pl.DataFrame | None = None,
     columns: int = 2,
     row_height: int = 260,
+    log_y: bool = False,
+    y_ranges: dict[str, tuple[float, float]] | None = None,
+    x: str = "step",
 ) -> go.Figure:
     """One panel per metric, every source on the same axes: logged solid, scenarios dashed.
 
     ``joined`` is :meth:`Store.joined` (``step, metric, <source columns>``); ``sources`` maps a
     legend name to its column. With ``smoothed`` (the same frame after EMA) the raw values are
-    drawn faint under the smoothed line.
+    drawn faint under the smoothed line. ``log_y``: logarithmic y axes; ``y_ranges``: a y range
+    per metric (outliers clipped: :meth:`Store.clip_bounds`); ``x``: the column on the x axis
+    (``step``, or ``wall_time`` from :meth:`Store.with_wall_time`). Every point carries its step
+    as ``customdata`` (a click opens that step).
     """
     metrics = [m for m in metrics]
     n = max(1, len(metrics))
@@ -72,7 +78,7 @@ def metric_grid(
         for i, (label, col) in enumerate(sources.items()):
             if col not in f.columns:
                 continue
-            part = f.select("step", col).drop_nulls()
+            part = _series(f, col, x)
             if part.is_empty():
                 continue
             colour = source_colour(i)
@@ -80,21 +86,32 @@ def metric_grid(
             trace = _scatter(part.height)
             smooth = sm_by.get(metric)
             if smooth is not None:
-                fig.add_trace(trace(x=part["step"].to_numpy(), y=part[col].to_numpy(), mode="lines", name=label,
+                fig.add_trace(trace(x=part[x].to_numpy(), y=part[col].to_numpy(), mode="lines", name=label,
                                     legendgroup=label, showlegend=False, opacity=0.25,
                                     line=dict(color=colour, width=1, dash=dash), hoverinfo="skip"), row=r, col=c)
-                part = smooth.sort("step").select("step", col).drop_nulls()
-            fig.add_trace(trace(x=part["step"].to_numpy(), y=part[col].to_numpy(),
+                part = _series(smooth.sort("step"), col, x)
+            fig.add_trace(trace(x=part[x].to_numpy(), y=part[col].to_numpy(), customdata=part["step"].to_numpy(),
                                 mode="lines+markers" if part.height <= 60 else "lines",
                                 name=label, legendgroup=label, showlegend=label not in shown,
                                 line=dict(color=colour, width=2, dash=dash), marker=dict(size=4)), row=r, col=c)
             shown.add(label)
+        if y_ranges and metric in y_ranges and not log_y:
+            lo, hi = y_ranges[metric]
+            pad = (hi - lo) * 0.05 or abs(hi) * 0.05 or 1.0
+            fig.update_yaxes(range=[lo - pad, hi + pad], row=r, col=c)
     height = max(300, rows * row_height) + LEGEND_PX
     fig.update_layout(height=height, margin=dict(l=40, r=20, t=40 + LEGEND_PX, b=30),
                       legend=dict(orientation="h", yanchor="bottom", x=0, y=1 + _paper(LEGEND_PX, height, 40 + LEGEND_PX, 30)),
-                      hovermode="x unified")
+                      hovermode="x unified", clickmode="event+select")
     fig.update_xaxes(title_text=None)
+    if log_y:
+        fig.update_yaxes(type="log")
     return fig
+
+
+def _series(f: pl.DataFrame, col: str, x: str) -> pl.DataFrame:
+    cols = ["step", col] if x == "step" else ["step", x, col]
+    return f.select(cols).drop_nulls()
 
 
 def group_figure(rows: pl.DataFrame, scenarios: list[str]) -> go.Figure:
@@ -139,7 +156,7 @@ STRIPS = {
     "ratio": ("ratio π/π_old", "PiYG", 1.0),
     "rollout_is_weights": ("IS weight", "PuOr", 1.0),
     "token_level_rewards": ("reward", "RdBu", 0.0),
-    "ref_kl": ("ref KL", "Viridis", None),
+    "ref_kl": ("ref KL", "RdBu_r", 0.0),  # per-token KL can be negative (k1); the span comes from the row
 }
 
 

@@ -1,7 +1,7 @@
-"""The debugging order of seed 002 section 13 ("reward looks fine but the model does not learn"),
+"""The debugging order for "reward looks fine but the model does not learn",
 evaluated on one step from :class:`rldiag.store.StepFacts`.
 
-Eight checks, in the seed's order: score totals, reward shaping, masks stage by stage, group
+Eight checks, in this order: score totals, reward shaping, masks stage by stage, group
 sizes (single- vs multi-output agent loops), groups without signal, the advantages' spread,
 REINFORCE++ credit cut by mask-0 spans, and only then ratio / clip fraction / loss.
 """
@@ -19,7 +19,7 @@ ICONS = {OK: "✅", WARN: "⚠️", FAIL: "❌", INFO: "ℹ️", NA: "➖"}
 MD_ICONS = {OK: ":green[:material/check_circle:]", WARN: ":orange[:material/warning:]", FAIL: ":red[:material/cancel:]",
             INFO: ":blue[:material/info:]", NA: ":gray[:material/remove_circle_outline:]"}
 
-#: estimators that reset the return at every mask 0 (seed 002 section 9.1)
+#: estimators that reset the return at every mask 0
 RESETTING = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 #: estimators whose baseline is a value function, not the group
 CRITIC_BASED = ("gae",)
@@ -29,7 +29,7 @@ FLAT_WARN = 0.5
 REWARD_CHANGE_WARN = 0.5
 #: share of positive advantages outside [LOW, 1 - LOW] is one-sided
 ONE_SIDED = 0.05
-#: seed 000 section 6: pg_clipfrac usually 0.1-0.3, ppo_kl usually < 0.1
+#: the usual healthy bands: pg_clipfrac usually 0.1-0.3, ppo_kl usually < 0.1
 CLIPFRAC_HIGH = 0.3
 PPO_KL_HIGH = 0.1
 
@@ -98,14 +98,16 @@ def check_masks(f: StepFacts) -> Check:
     if f.unmasked_tokens:
         return Check(3, t, FAIL, f"{f.unmasked_tokens} tokens with response_mask 0 in the batch are 1 after "
                                  f"rollout correction (scenario {f.scenario}); correction may only zero tokens.")
-    if f.loss_mask_mismatch:
-        return Check(3, t, FAIL, f"{f.loss_mask_mismatch} rows: loss_mask does not keep the original "
-                                 "assistant-token count.")
+    if f.rows_outside_loss_mask:
+        return Check(3, t, FAIL, f"{f.rows_outside_loss_mask} rows have response_mask tokens that loss_mask (the "
+                                 "mask before rollout correction) leaves out; correction may only drop tokens.")
     parts = [f"{f.actor_tokens} actor tokens; tool spans in {f.tool_rows} of {f.rows} rows ({f.tool_tokens} tokens)"]
+    if f.rejected_before_capture:
+        parts.append(f"{f.rejected_before_capture} tokens of loss_mask were rejected before the capture")
     if f.rejected_tokens is not None:
         parts.append(f"rollout correction zeroed {f.rejected_tokens} assistant tokens")
-    if f.loss_mask_mismatch == 0:
-        parts.append("loss_mask keeps the original counts")
+    if f.rows_outside_loss_mask == 0:
+        parts.append("response_mask lies within loss_mask")
     if f.rows_without_actor:
         return Check(3, t, WARN, f"{f.rows_without_actor} rows have no actor token at all. " + "; ".join(parts) + ".")
     return Check(3, t, OK, "; ".join(parts) + ".")
@@ -201,7 +203,7 @@ def evaluate(
     rollout_n: int | None = None,
     at_step: dict[str, dict[str, float | None]] | None = None,
 ) -> list[Check]:
-    """The eight checks of seed 002 section 13, in order."""
+    """The eight checks, in order."""
     return [
         check_scores(facts),
         check_rewards(facts),

@@ -27,11 +27,12 @@ def available() -> bool:
     return importlib.util.find_spec("rldiag.analysis.compare") is not None
 
 
-def run_compare(run: str | Path, a: str, b: str, progress: Callable[[int, int, int], None] | None = None):
-    """``rldiag compare RUN A B`` (both scenarios must exist; nothing is recomputed)."""
+def run_compare(run: str | Path, a: str, b: str, steps: str | None = None,
+                progress: Callable[[int, int, int], None] | None = None):
+    """``rldiag compare RUN A B [--steps STEPS]`` (both scenarios must exist; nothing is recomputed)."""
     from rldiag.analysis.compare import compare
 
-    return compare(run, a, b, recompute_missing=False, progress=progress)
+    return compare(run, a, b, steps=steps, recompute_missing=False, progress=progress)
 
 
 def summary_rows(summary: dict) -> list[dict]:

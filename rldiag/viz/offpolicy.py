@@ -1,5 +1,5 @@
 """The off-policy page's panels: ``rollout_corr/*`` metric names sorted by what they measure
-(verl's rollout-correction names; seed 004 section 4.4)."""
+(verl's rollout-correction names)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,34 @@
-"""Which run the app opens: the command line, else the bundled sample, else none."""
+"""Which runs the app opens: the command line, else ``$RLDIAG_RUN``, else none (the picker).
+
+The picker offers a path box, the runs opened recently (kept in a small JSON file of the user's
+rldiag directory) and the bundled sample. The bundled sample lives inside the install, which
+must never be written: it is opened as a copy in the user's rldiag directory, where a
+recompute can write its outputs.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 #: the bundled sample runs, in order of preference
 PREFERRED_SAMPLES = ("grpo-tool", "ppo-gae")
 ENV_VAR = "RLDIAG_RUN"
+#: where rldiag keeps the user's state (recent runs, sample copies); default ~/.cache/rldiag
+HOME_VAR = "RLDIAG_HOME"
+RECENT_FILE = "recent_runs.json"
+RECENT_MAX = 10
+#: what a run directory's copy takes from a sample (never its outputs)
+SAMPLE_FILES = ("run.yaml", "metrics.jsonl", "batches")
 
 
 def samples_dir() -> Path:
-    """``samples/`` of the repository this rldiag is installed from."""
-    return Path(__file__).resolve().parents[2] / "samples"
+    """The sample runs shipped with rldiag (``rldiag/app/samples``)."""
+    return Path(__file__).resolve().parents[1] / "app" / "samples"
 
 
 def has_batches(path: Path) -> bool:
@@ -35,29 +50,133 @@ def default_run(samples: Path | None = None) -> Path | None:
     return None
 
 
-def run_from_argv(argv: Sequence[str]) -> str | None:
-    """``streamlit run app/main.py -- RUN``: Streamlit leaves ``[script, RUN]`` in ``sys.argv``.
-    Anything else (a test runner's argv) gives None."""
+def runs_from_argv(argv: Sequence[str]) -> list[str]:
+    """``streamlit run .../main.py -- RUN [RUN ...]``: Streamlit leaves ``[script, RUN...]`` in
+    ``sys.argv``. Anything else (a test runner's argv) gives no run."""
     if not argv or not str(argv[0]).endswith(".py") or Path(argv[0]).name != "main.py":
-        return None
-    args = [a for a in argv[1:] if not a.startswith("-")]
-    return args[0] if args else None
+        return []
+    return [a for a in argv[1:] if not a.startswith("-")]
+
+
+def run_from_argv(argv: Sequence[str]) -> str | None:
+    """The first run of :func:`runs_from_argv` (None: none)."""
+    runs = runs_from_argv(argv)
+    return runs[0] if runs else None
+
+
+def initial_runs(argv: Sequence[str], env: dict | None = None) -> list[str]:
+    """The runs to open: the command line's, else ``$RLDIAG_RUN`` (``os.pathsep``-separated), else none."""
+    env = os.environ if env is None else env
+    got = runs_from_argv(argv)
+    if not got and env.get(ENV_VAR):
+        got = [p for p in env[ENV_VAR].split(os.pathsep) if p]
+    return [str(g) for g in got]
 
 
 def initial_run(argv: Sequence[str], env: dict | None = None) -> str:
-    """The run to open: command line, then ``$RLDIAG_RUN``, then the default sample ("" if none)."""
-    env = os.environ if env is None else env
-    got = run_from_argv(argv) or env.get(ENV_VAR)
-    if got:
-        return str(got)
-    d = default_run()
-    return str(d) if d else ""
+    """The first of :func:`initial_runs` ("" when none: the app shows its picker)."""
+    runs = initial_runs(argv, env)
+    return runs[0] if runs else ""
 
+
+# -- the user's rldiag directory --------------------------------------------------------------
+
+
+def user_dir(env: dict | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get(HOME_VAR):
+        return Path(env[HOME_VAR])
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rldiag"
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def recent_runs(env: dict | None = None) -> list[str]:
+    """Run directories opened recently, newest first, those that still exist."""
+    try:
+        got = json.loads((user_dir(env) / RECENT_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(got, list):
+        return []
+    return [p for p in got if isinstance(p, str) and Path(p).is_dir()][:RECENT_MAX]
+
+
+def remember_run(path: str | Path, env: dict | None = None) -> None:
+    """Put ``path`` first in the recent runs (best effort: an unwritable home is no error)."""
+    p = str(Path(path).resolve())
+    runs = [p] + [r for r in recent_runs(env) if r != p]
+    try:
+        _write_json_atomic(user_dir(env) / RECENT_FILE, runs[:RECENT_MAX])
+    except OSError:
+        pass
+
+
+def is_bundled(path: str | Path) -> bool:
+    """Whether ``path`` is inside the install's bundled samples (which are never written)."""
+    try:
+        Path(path).resolve().relative_to(samples_dir().resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def sample_copy(env: dict | None = None, sample: Path | None = None) -> Path:
+    """A user-writable copy of the bundled sample (made once, atomically), to open in the app."""
+    src = sample or default_run()
+    if src is None:
+        from rldiag.errors import RunDirError
+
+        raise RunDirError(f"no bundled sample run under {samples_dir()}")
+    dest = user_dir(env) / "samples" / src.name
+    if has_batches(dest):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{src.name}.", dir=dest.parent))
+    try:
+        for name in SAMPLE_FILES:
+            s = src / name
+            if s.is_dir():
+                shutil.copytree(s, stage / name)
+            elif s.is_file():
+                shutil.copy2(s, stage / name)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(stage, dest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return dest
+
+
+def writable(run: str | Path) -> bool:
+    """Whether rldiag may write its outputs (``RUN/rldiag``) in ``run``."""
+    run = Path(run)
+    if is_bundled(run):
+        return False
+    out = run / "rldiag"
+    return os.access(out if out.exists() else run, os.W_OK)
+
+
+READ_ONLY = ("This run is read-only here (the bundled sample inside the install, or a directory you cannot "
+             "write): recomputing is off. Open the sample from the picker (it makes a copy you can write) or a "
+             "run directory of your own.")
 
 HOW_TO = """No run is open. Give one:
 
-- on the command line: `streamlit run app/main.py -- /path/to/RUN`
-- or in the sidebar's *Run directory* box.
+- on the command line: `rldiag app /path/to/RUN` (several runs: `rldiag app RUN_A RUN_B`);
+- or type its path below, pick a recent one, or open the bundled sample.
 
 A run directory holds `batches/step_<N>.parquet` (one file per training step), and optionally
-`metrics.jsonl` and `run.yaml` (see docs/app.md)."""
+`metrics.jsonl` and `run.yaml`."""

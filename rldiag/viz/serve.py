@@ -1,6 +1,6 @@
 """Serve the app on a local port, and find a local chromium to look at it (tests, bench).
 
-``AppServer`` runs ``streamlit run app/main.py -- RUN`` as a subprocess bound to 127.0.0.1 on a
+``AppServer`` runs ``rldiag app RUN`` as a subprocess bound to 127.0.0.1 on a
 free port, waits until Streamlit's health endpoint answers, and stops it (its whole process
 group) on exit. ``chromium_path`` finds Debian's chromium; ``CHROMIUM_ARGS`` are the flags a
 headless chromium needs in a container.
@@ -18,7 +18,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMIUM_ARGS = [
     "--headless",
@@ -65,12 +64,9 @@ class AppServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "streamlit", "run", str(APP),
-               "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(self.port),
-               "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-        if self.run is not None:
-            cmd += ["--", str(self.run)]
-        return cmd
+        runs = [] if self.run is None else ([self.run] if isinstance(self.run, (str, Path)) else list(self.run))
+        return [sys.executable, "-m", "rldiag.cli.main", "app", *map(str, runs), "--port", str(self.port),
+                "--address", "127.0.0.1", "--headless"]
 
     def __enter__(self) -> AppServer:
         env = dict(os.environ, **self.extra_env)

@@ -111,3 +111,28 @@ def parse_value(text: str) -> Any:
     from rldiag.config.settings import parse_override
 
     return parse_override(f"value={text.strip()}")[1]
+
+
+#: estimators whose baseline is the other responses of the same prompt (the uid group)
+GROUP_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "gdpo", "gpg", "opo", "rloo", "rloo_vectorized",
+                    "reinforce_plus_plus_baseline", "optimal_token_baseline", "tir_optimal_token_baseline")
+
+
+def estimator_fit(estimator: str, group_sizes: list[int], step: int) -> str | None:
+    """A warning when ``estimator`` does not fit the run's groups (None: it fits).
+
+    ``group_sizes``: rows per uid group at ``step``. A group estimator on groups of one response
+    has no other response to compare with: its advantages are zero, or the raw score."""
+    if estimator not in GROUP_ESTIMATORS or not group_sizes:
+        return None
+    singles = sum(1 for n in group_sizes if n == 1)
+    if singles == len(group_sizes):
+        return (f"`{estimator}` compares each response with the other responses to its prompt (same `uid`), but at "
+                f"step {step} every prompt has a single response ({len(group_sizes)} groups of 1): there is "
+                f"nothing to compare with, so its advantages are zero or the raw score. It needs "
+                f"`actor_rollout_ref.rollout.n` > 1; an estimator without groups (gae, reinforce_plus_plus, remax) "
+                f"fits this run.")
+    if singles:
+        return (f"`{estimator}` compares responses within a prompt's group; at step {step}, {singles} of "
+                f"{len(group_sizes)} groups have a single response and get no relative signal.")
+    return None

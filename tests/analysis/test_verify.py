@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from rldiag.analysis.tolerance import Tol, Tolerances
 from rldiag.analysis.verify import verify_run
@@ -204,3 +205,30 @@ def test_a_mismatch_wins_over_an_unverifiable_step(tmp_path):
     f.write_bytes(f.read_bytes()[:100])  # truncated file
     rep = verify_run(root)
     assert 2 in rep.steps_unverifiable and rep.exit_code == 1
+
+
+def test_the_verl_release_that_matches_is_named(tmp_path):
+    # REINFORCE++ on tool spans, logged by verl 0.8.0 (the reset at mask 0), the run recording no
+    # version: verify under the snapshot mismatches and names rldiag.verl_version=0.8.0
+    from rldiag.recompute import recompute
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    cfg = {"algorithm": {"adv_estimator": "reinforce_plus_plus", "gamma": 0.9}}
+    root = write_synth_run(tmp_path / "run", SynthSpec(steps=2, seed=5, tool_prob=0.8, config=cfg, write_metrics=False))
+    recompute(root, {"rldiag.verl_version": "0.8.0"}, name="old", save_tokens=True)
+    tokens = {int(p.stem.split("_")[1]): pq.read_table(p) for p in (root / "rldiag/scenarios/old/tokens").glob("*.parquet")}
+    for f in sorted((root / "batches").iterdir()):
+        table = pq.read_table(f)
+        t = tokens[int(f.stem.split("_")[1])]
+        for name in ("advantages", "returns"):
+            table = table.append_column(name, t[name])
+        pq.write_table(table, f)
+    rep = verify_run(root)
+    assert rep.exit_code == 1 and rep.fields["advantages"].mismatches > 0
+    full = [c.overrides for c in rep.candidates if c.matches_all]
+    assert full[0] == {"rldiag.verl_version": "0.8.0"}
+    assert "rldiag.verl_version=0.8.0" in rep.candidates[0].describe()
+    assert verify_run(root, overrides={"rldiag.verl_version": "0.8.0"}).exit_code == 0
+    # a run that records its release (a top-level verl_version in run.yaml) verifies untouched
+    (root / "run.yaml").write_text(yaml.safe_dump({**cfg, "verl_version": "0.8.0"}))
+    assert verify_run(root).exit_code == 0

@@ -9,6 +9,14 @@ from rldiag.synth import SynthSpec, write_synth_run
 from tests.app.helpers import logged_from_scenario
 
 
+@pytest.fixture(autouse=True)
+def rldiag_home(tmp_path, monkeypatch):
+    """The user's rldiag directory (recent runs, sample copies) of each test, never ~/.cache."""
+    home = tmp_path / "rldiag-home"
+    monkeypatch.setenv("RLDIAG_HOME", str(home))
+    return home
+
+
 @pytest.fixture
 def app_run(tmp_path):
     """6 steps, a baseline scenario with tokens, and logged metrics for steps 1-4 (training "ahead")."""

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from streamlit.testing.v1 import AppTest
 
-APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
+APP = Path(__file__).resolve().parents[2] / "rldiag" / "app" / "main.py"
 
 
 def logged_from_scenario(run: Path, scenario: str = "baseline", steps=None, extra: dict | None = None) -> list[str]:

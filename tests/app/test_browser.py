@@ -20,7 +20,7 @@ from rldiag.synth import SynthSpec, write_synth_run
 from rldiag.viz.runs import default_run
 from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHART = ".js-plotly-plot .main-svg"
 TIMEOUT_MS = 45_000
@@ -90,6 +90,17 @@ def _goto(pg, title: str) -> None:
     pg.get_by_role("heading", name=title).wait_for()
 
 
+def _recompute_another_estimator(pg) -> str:
+    """On the What-if page: pick an estimator other than the run's and press Recompute."""
+    box = pg.get_by_role("combobox", name="Advantage estimator")
+    target = "rloo" if box.input_value() != "rloo" else "grpo"
+    box.click()
+    pg.get_by_role("option", name=target, exact=True).click()
+    pg.get_by_text(f"adv_estimator={target}", exact=False).first.wait_for()
+    pg.get_by_role("button", name="Recompute").click()
+    return target
+
+
 def test_pages_in_a_browser(app_page, browser_run, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     pg, shots = app_page, _shots(tmp_path)
@@ -115,12 +126,7 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
     # 3. what-if: another estimator, recomputed; its scenario joins the chart
     _goto(pg, "What-if")
     pg.wait_for_selector(CHART)
-    box = pg.get_by_role("combobox", name="Advantage estimator")
-    target = "rloo" if box.input_value() != "rloo" else "grpo"
-    box.click()
-    pg.get_by_role("option", name=target, exact=True).click()
-    pg.get_by_text(f"adv_estimator={target}", exact=False).first.wait_for()
-    pg.get_by_role("button", name="Recompute").click()
+    target = _recompute_another_estimator(pg)
     pg.wait_for_function(f"() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
                          f".some(p => p.data.some(t => t.name === 'adv_estimator={target}'))", timeout=120_000)
     assert {"baseline", f"adv_estimator={target}"} <= set(_trace_names(pg))
@@ -129,7 +135,7 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
     # 4. the other pages render
     _goto(pg, "Step")
     pg.wait_for_selector(CHART)
-    pg.get_by_text("Checklist", exact=False).first.wait_for()
+    pg.get_by_text("Debugging checklist", exact=False).first.wait_for()
     _shoot(pg, shots / "step.png")
     _goto(pg, "Off-policy")
     pg.wait_for_selector(CHART)
@@ -147,3 +153,53 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
     else:
         _shoot(pg, shots / "health.png")
     assert not pg.locator('[data-testid="stException"]').count()
+
+
+def _browser(tmp_path, sync_api, p):
+    exe = chromium_path()
+    ctx = p.chromium.launch_persistent_context(
+        tempfile.mkdtemp(prefix="chromium-", dir=tmp_path), executable_path=exe, headless=True,
+        args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000},
+    )
+    pg = ctx.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    return ctx, pg
+
+
+@pytest.fixture
+def browser_env(tmp_path):
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium); CI installs it")
+    return pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+def test_picker_sample_click_to_step_and_cancel(browser_env, tmp_path):
+    """No run: the picker opens the bundled sample as a copy; a click on a point opens its step;
+    a recompute cancelled in the middle publishes nothing."""
+    sync_api = browser_env
+    home = tmp_path / "home"
+    with AppServer(None, log=tmp_path / "streamlit.log", extra_env={"RLDIAG_HOME": str(home)}) as srv, \
+            sync_api.sync_playwright() as p:
+        ctx, pg = _browser(tmp_path, sync_api, p)
+        try:
+            pg.goto(srv.url)
+            pg.get_by_text("No run is open", exact=False).wait_for()
+            pg.get_by_role("button", name="Open the bundled sample", exact=False).click()
+            pg.wait_for_selector(CHART)
+            copy = home / "samples" / default_run().name
+            assert (copy / "batches").is_dir()
+            # a click on a panel's line opens that step on the Step page
+            plot = pg.locator(".js-plotly-plot").first
+            box = plot.locator(".nsewdrag").first.bounding_box()
+            pg.mouse.click(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+            pg.get_by_role("heading", name="Step").wait_for()
+            step = pg.get_by_role("combobox", name="Step", exact=True).input_value()
+            assert step.isdigit() and f"step={step}" in pg.url
+            _goto(pg, "What-if")
+            target = _recompute_another_estimator(pg)
+            pg.get_by_role("button", name="Cancel the recompute").click()
+            pg.get_by_text("Cancelled", exact=False).wait_for()
+            assert not (copy / "rldiag" / "scenarios" / f"adv_estimator={target}").exists()
+            assert not pg.locator('[data-testid="stException"]').count()
+        finally:
+            ctx.close()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from rldiag.recompute import recompute
+import pytest
+from pathlib import Path
+
+from rldiag.viz import runs
 from rldiag.viz.runs import default_run
 from tests.app.helpers import charts, open_app, subplot_titles
 
@@ -73,14 +77,46 @@ def test_a_broken_run_is_an_error_in_the_page(tmp_path):
     assert any("RunDirError" in e.value and "does not exist" in e.value for e in at.error)
 
 
-def test_no_run_shows_how_to_pass_one():
+def test_no_run_opens_the_picker():
     at = open_app("")
-    assert any("streamlit run app/main.py -- /path/to/RUN" in i.value for i in at.info)
+    assert any("rldiag app /path/to/RUN" in i.value for i in at.info)
+    assert at.text_input(key="pk_path").value in ("", None)
+    assert not charts(at)
 
 
-def test_opens_on_the_bundled_sample_by_default():
+def test_the_picker_opens_a_typed_path_and_remembers_it(app_run, rldiag_home):
+    at = open_app("")
+    at.text_input(key="pk_path").set_value(str(app_run))
+    at.button(key="pk_open").click().run()
+    assert not at.exception
+    assert at.text_input(key="run_path").value == str(app_run)
+    assert charts(at), "the run's metrics chart"
+    assert at.query_params["run"] == str(app_run)  # the view is in the URL
+    again = open_app("")
+    assert again.button(key="pk_recent_0").label == str(app_run.resolve())
+    again.button(key="pk_recent_0").click().run()
+    assert again.text_input(key="run_path").value == str(app_run.resolve())
+
+
+def test_the_bundled_sample_opens_as_a_writable_copy(rldiag_home):
     sample = default_run()
+    if sample is None:
+        pytest.skip("no bundled sample in this checkout")
+    before = sorted(p.name for p in sample.iterdir())
     at = open_app(None)
-    assert at.text_input(key="run_path").value == (str(sample) if sample else "")
-    if sample is not None:
-        assert charts(at), "the sample's metrics chart"
+    assert not charts(at)  # no run given: the picker, not the sample inside the install
+    at.button(key="pk_sample").click().run()
+    opened = Path(at.text_input(key="run_path").value)
+    assert opened == rldiag_home / "samples" / sample.name and runs.writable(opened)
+    assert charts(at), "the sample's metrics chart"
+    assert sorted(p.name for p in sample.iterdir()) == before  # the install is untouched
+
+
+def test_the_bundled_sample_itself_is_read_only(rldiag_home):
+    sample = default_run()
+    if sample is None:
+        pytest.skip("no bundled sample in this checkout")
+    assert runs.is_bundled(sample) and not runs.writable(sample)
+    at = open_app(sample, "views/whatif.py")
+    assert at.button(key="wi_run").disabled
+    assert any("read-only" in c.value for c in at.caption)

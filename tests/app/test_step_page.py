@@ -1,10 +1,13 @@
-"""The step page: groups under two scenarios, one row's heat strip, the seed 002 §13 checklist."""
+"""The step page: groups under two scenarios, one row's heat strip and text, the debugging checklist."""
 
 from __future__ import annotations
 
 import shutil
 
+import numpy as np
+
 from rldiag.recompute import recompute
+from rldiag.viz.charts import mask_spans
 from tests.app.helpers import charts, open_app, trace_names
 
 PAGE = "views/step.py"
@@ -61,3 +64,47 @@ def test_without_tokens_the_page_offers_to_recompute(app_run):
     assert not at.exception
     assert at.selectbox(key="st_a").value == "baseline"
     assert "advantage · baseline" in trace_names(charts(at)[0])
+
+
+def _add_text(run):
+    """Give every batch file a ``response_tokens`` column, as the capture writes it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for f in sorted((run / "batches").glob("step_*.parquet")):
+        t = pq.read_table(f)
+        texts = [[("<b>&\n" if (r, i) == (0, 1) else f"w{r}_{i} ") for i in range(len(m))]
+                 for r, m in enumerate(t["response_mask"].to_pylist())]
+        pq.write_table(t.append_column("response_tokens", pa.array(texts, pa.list_(pa.string()))), f)
+
+
+def test_response_text_coloured_per_token_and_top_tokens(app_run):
+    from rldiag.store import Store
+
+    _add_text(app_run)
+    recompute(app_run, {"algorithm.rollout_correction.rollout_is": "token"}, name="is", save_tokens=True, device="cpu")
+    at = open_app(app_run, PAGE, st_row=0)
+    at.selectbox(key="st_a").set_value("is").run()
+    html = [el.proto.body for el in at.get("html")]
+    assert len(html) == 1
+    tokens = Store(app_run).row_tokens(1, 0, "is")
+    body = html[0]
+    assert body.count("<span title=\"token ") == len(tokens["mask"])
+    assert "&lt;b&gt;&amp;⏎<br>" in body and "<b>&" not in body  # token text is escaped
+    assert body.count(">tool</span>") == len(mask_spans(tokens["mask"])) > 0  # each tool span marked once
+    assert at.radio(key="st_colour").options[:2] == ["advantage", "ratio π/π_old"]
+    at.radio(key="st_colour").set_value("rollout_is_weights").run()
+    assert "IS weight: blue below 1" in at.get("html")[0].proto.body
+    # the step's top tokens by |log ratio|, with their context, in the order of the ranking
+    top = at.dataframe[0].value
+    assert len(top) == 10 and list(top.columns) == ["row", "position", "token", "value", "in context"]
+    scores = np.abs(np.log(top["value"].to_numpy()))
+    assert (np.diff(scores) <= 1e-12).all()
+    r, p = int(top["row"][0]), int(top["position"][0])
+    assert top["token"][0] == f"w{r}_{p} " and f"[w{r}_{p} ]" in top["in context"][0]
+
+
+def test_without_response_tokens_the_page_says_what_would_show(app_run):
+    at = open_app(app_run, PAGE)
+    assert any("no `response_tokens` column" in c.value for c in at.caption)
+    assert not at.get("html")

@@ -142,7 +142,7 @@ def test_checklist_healthy_step_passes():
         (dict(rewards_max_abs_change=0.8), 2, "warn", "80%"),
         (dict(scenario=None, rewards_compared=None), 2, "n/a", "saved tokens"),
         (dict(unmasked_tokens=5), 3, "fail", "5 tokens"),
-        (dict(loss_mask_mismatch=2), 3, "fail", "loss_mask"),
+        (dict(rows_outside_loss_mask=2), 3, "fail", "loss_mask"),
         (dict(rows_without_actor=1), 3, "warn", "no actor token"),
         (dict(group_sizes={1: 1, 4: 2}, groups=3), 4, "warn", "single row"),
         (dict(group_sizes={3: 2}), 4, "warn", "rollout.n = 4"),
@@ -189,3 +189,46 @@ def test_step_range_follows_growth():
     assert follow_range((2, 8), 10, (1, 12)) == (2, 8)  # narrowed: stays
     assert follow_range((5, 9), 9, (1, 4)) == (1, 4)  # the file was rewritten shorter
     assert follow_range((2, 8), None, (1, 12)) == (2, 8)
+
+
+def test_panels_helpers():
+    import polars as pl
+
+    from rldiag.viz.panels import identical_sources, merge_runs, overlap_note, run_labels, selection_action
+
+    f = pl.DataFrame({"step": [1, 2, 1, 2], "metric": ["a", "a", "b", "b"], "logged": [1.0, float("nan"), 1.0, 2.0],
+                      "s": [1.0, float("nan"), 1.0, 2.5]})
+    pairs = identical_sources(f, {"logged": "logged", "s": "s"})
+    assert pairs == [("logged", "s", ["a"])]
+    assert "**logged** and **s** are identical on `a`" in overlap_note(pairs) and overlap_note([]) is None
+    other = pl.DataFrame({"step": [2, 3], "metric": ["a", "a"], "logged": [5.0, 6.0]})
+    merged, legend = merge_runs(f, {"main · logged": "logged"}, {"r2": (other, {"logged": "logged"})})
+    assert legend == {"main · logged": "logged", "r2 · logged": "r2 · logged"}
+    assert merged.filter(metric="a")["r2 · logged"].to_list() == [None, 5.0, 6.0]
+    assert run_labels(["/x/a/run", "/y/b/run", "/z/c"]) == {"/x/a/run": "a/run", "/y/b/run": "b/run", "/z/c": "c"}
+    assert selection_action({"box": [{"x": [10.2, 40.7]}], "points": []}) == ("zoom", (10, 41))
+    assert selection_action({"points": [{"x": "2024-01-01", "customdata": [7]}]}) == ("step", 7)
+    assert selection_action({"points": [{"x": 3}]}) == ("step", 3)
+    assert selection_action({"points": [], "box": []}) is None and selection_action(None) is None
+
+
+def test_estimator_fit_warns_for_groups_of_one():
+    assert "6 groups of 1" in whatif.estimator_fit("rloo", [1] * 6, 3)
+    assert "2 of 3 groups" in whatif.estimator_fit("grpo", [1, 1, 4], 3)
+    assert whatif.estimator_fit("rloo", [4, 4], 1) is None
+    assert whatif.estimator_fit("gae", [1] * 6, 1) is None and whatif.estimator_fit("reinforce_plus_plus", [1], 1) is None
+
+
+def test_ref_kl_strip_scale_comes_from_the_row():
+    fig = heat_strip({"mask": [1, 1, 1], "ref_kl": [0.002, -0.004, 0.001]})
+    kl = fig.data[0]
+    assert kl.y[0] == "ref KL" and (kl.zmin, kl.zmax) == (-0.004, 0.004)
+
+
+def test_token_html_colours_and_marks_tools():
+    from rldiag.viz.tokentext import context_line, token_html
+
+    body = token_html(["a", "b", "<c>"], [1, 0, 1], [2.0, None, -1.0], "advantages")
+    assert body.count("<span title=") == 3 and ">tool</span>" in body and "&lt;c&gt;" in body
+    assert "rgba(214,39,40,0.850)" in body and "rgba(31,119,180,0.425)" in body  # +2 full red, -1 half blue
+    assert context_line(["x", "y"], "z", ["w"]) == "…xy[z]w…"

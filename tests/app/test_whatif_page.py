@@ -60,3 +60,49 @@ def test_a_bad_setting_is_shown_as_an_error_not_a_traceback(app_run):
     at.button(key="wi_run").click().run()
     assert not at.exception
     assert any("rollout_is_threshold" in e.value for e in at.error)
+
+
+def test_a_truncated_batch_file_leaves_the_rest_of_the_page(app_run):
+    """One truncated batch file: the other steps are recomputed, compared and drawn, the bad step
+    is named, and the progress bars finish."""
+    bad = sorted((app_run / "batches").iterdir())[3]  # step 4
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    at = open_app(app_run, PAGE)
+    at.selectbox(key="wi_estimator").set_value("rloo").run()
+    at.button(key="wi_run").click().run()
+    assert not at.exception
+    warnings = " ".join(w.value for w in at.warning)
+    assert "step 4" in warnings and "left out" in warnings
+    spec = charts(at)[0]
+    assert set(trace_names(spec)) == {"logged", "baseline", RLOO}
+    rloo_x = sorted({x for t in spec["data"] if t["name"] == RLOO for x in t["x"]})
+    assert rloo_x == [1, 2, 3, 5, 6]
+    quantities = at.dataframe[1].value
+    assert quantities.set_index("quantity").loc["steps compared", "value"] == 5
+    assert len(charts(at)) == 2  # the agreement per step
+    bars = [el.proto for el in at.get("progress")]
+    assert bars and all(b.value == 100 for b in bars)
+    assert not at.error
+
+
+def test_rloo_on_one_response_per_prompt_is_warned(tmp_path):
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    run = write_synth_run(tmp_path / "r", SynthSpec(steps=2, prompts=6, n=1))
+    at = open_app(run, PAGE)
+    assert any("`grpo`" in w.value for w in at.warning)  # the run's own setting does not fit either
+    at.selectbox(key="wi_estimator").set_value("rloo").run()
+    msg = next(w.value for w in at.warning if "single response" in w.value)
+    assert "`rloo`" in msg and "6 groups of 1" in msg
+    at.selectbox(key="wi_estimator").set_value("reinforce_plus_plus").run()
+    assert not any("single response" in w.value for w in at.warning)
+
+
+def test_recompute_is_off_without_batches(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "data": {"actor/pg_loss": 0.5}}\n')
+    at = open_app(run, PAGE)
+    assert at.button(key="wi_run").disabled
+    assert any("no batch files" in c.value for c in at.caption)

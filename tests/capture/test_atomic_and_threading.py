@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -52,12 +51,13 @@ def test_no_partial_file_is_ever_visible(tmp_path, monkeypatch):
     assert RunDir(tmp_path).step_files() == []
 
 
-def test_a_rewritten_step_replaces_the_file_whole(tmp_path):
+def test_a_step_written_twice_keeps_both_parts_in_one_file(tmp_path):
     with RunWriter(tmp_path) as run:
-        run.write_batch(1, _batch(rows=4, seed=1))
+        assert run.write_batch(1, _batch(rows=4, seed=1)) == 0
         run.flush()
-        run.write_batch(1, _batch(rows=6, seed=2))
-    assert pq.read_table(tmp_path / "batches" / "step_000001.parquet").num_rows == 6
+        assert run.write_batch(1, _batch(rows=6, seed=2)) == 1
+    table = pq.read_table(tmp_path / "batches" / "step_000001.parquet")
+    assert table.num_rows == 10 and table["part"].to_pylist() == [0] * 4 + [1] * 6
     assert [p.name for p in (tmp_path / "batches").iterdir()] == ["step_000001.parquet"]
 
 
@@ -65,10 +65,10 @@ def test_files_are_written_on_the_writer_thread_in_call_order(tmp_path, monkeypa
     threads, order = [], []
     real = writer_mod.write_step_file
 
-    def record(payload, compression):
+    def record(payload, compression, token_text=None):
         threads.append(threading.current_thread().name)
         order.append(payload.step)
-        return real(payload, compression)
+        return real(payload, compression, token_text)
 
     monkeypatch.setattr(writer_mod, "write_step_file", record)
     with RunWriter(tmp_path) as run:
@@ -81,28 +81,46 @@ def test_files_are_written_on_the_writer_thread_in_call_order(tmp_path, monkeypa
 
 
 def test_the_queue_is_bounded_and_the_trainer_waits_for_a_slow_disk(tmp_path, monkeypatch):
+    """With the writer thread held on step 1 and the queue (2 slots) full, the trainer's next
+    write_batch waits: when the trainer is about to write step 4, exactly steps 1-3 have been
+    handed over, and step 4 is handed over only once the disk moves again."""
     real = writer_mod.write_step_file
+    about_to_write_4 = threading.Event()
+    returned: list[int] = []
+    seen_when_released: list[list[int]] = []
 
-    def slow(payload, compression):
-        time.sleep(0.05)
-        return real(payload, compression)
+    def slow(payload, compression, token_text=None):
+        if payload.step == 1:
+            about_to_write_4.wait()
+            seen_when_released.append(list(returned))
+        return real(payload, compression, token_text)
 
     monkeypatch.setattr(writer_mod, "write_step_file", slow)
-    with RunWriter(tmp_path, queue_size=2) as run:
+    run = RunWriter(tmp_path, queue_size=2)
+
+    def trainer():
         for step in range(1, 9):
+            if step == 4:
+                about_to_write_4.set()
             run.write_batch(step, _batch(seed=step))
-            assert run._queue.qsize() <= 2
+            returned.append(step)
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    t.join()
+    run.close()
+    assert seen_when_released == [[1, 2, 3]]  # 1 on the writer thread, 2 and 3 queued, 4 waiting
     assert run.stats.max_queue <= 2 and run.stats.steps == 8
-    assert run.stats.train_thread_s > 0.1  # the back-pressure shows up as training-thread time
+    assert [sf.step for sf in RunDir(tmp_path).step_files()] == list(range(1, 9))
 
 
 def test_a_writer_failure_is_reported_once_then_writing_goes_on(tmp_path, monkeypatch):
     real = writer_mod.write_step_file
 
-    def flaky(payload, compression):
+    def flaky(payload, compression, token_text=None):
         if payload.step == 2:
             raise OSError("no space left on device")
-        return real(payload, compression)
+        return real(payload, compression, token_text)
 
     monkeypatch.setattr(writer_mod, "write_step_file", flaky)
     run = RunWriter(tmp_path)
@@ -115,9 +133,9 @@ def test_a_writer_failure_is_reported_once_then_writing_goes_on(tmp_path, monkey
     assert [sf.step for sf in RunDir(tmp_path).step_files()] == [1, 3]
 
 
-def test_unpadding_is_vectorised(tmp_path):
-    """Many short rows (100k rows, 12 columns) unpad in a fraction of a second on the training
-    thread: one gather per column; a Python loop over rows would take seconds."""
+def test_unpadding_many_short_rows_keeps_each_rows_tokens(tmp_path):
+    """100k rows, 12 columns: one gather per column (its speed is measured by
+    rldiag/toy/capture_cost.py, not here); every row's tokens come out in order."""
     rows, width = 100_000, 16
     lengths = torch.randint(1, width + 1, (rows,), generator=torch.Generator().manual_seed(0))
     attn = (torch.arange(width)[None, :] < lengths[:, None]).long()
@@ -125,13 +143,16 @@ def test_unpadding_is_vectorised(tmp_path):
     for name in ("token_level_scores", "old_log_probs", "log_probs", "ref_log_prob", "rollout_log_probs", "values",
                  "vpreds", "entropy", "token_level_rewards", "advantages", "returns"):
         batch[name] = torch.randn(rows, width)
-    t0 = time.perf_counter()
     payload = unpad_batch(batch, 1, tmp_path / "step_1.parquet")
-    elapsed = time.perf_counter() - t0
-    assert payload.tokens["old_log_probs"].shape == (int(lengths.sum()),)
-    assert elapsed < 2.0, elapsed
+    flat = payload.tokens["old_log_probs"]
+    assert flat.shape == (int(lengths.sum()),)
+    ends = torch.cumsum(lengths, 0)
+    for r in (0, 1, rows // 2, rows - 1):
+        n = int(lengths[r])
+        assert torch.equal(torch.as_tensor(flat[int(ends[r]) - n:int(ends[r])]), batch["old_log_probs"][r, :n])
 
 
+@pytest.mark.slow
 def test_a_writer_left_open_is_flushed_at_interpreter_exit(tmp_path):
     script = (
         "import sys, torch\n"

@@ -130,3 +130,16 @@ def reward_to_go_loop(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -
         out[t] = running
         running = running * m[t]
     return out.T
+
+
+def reward_to_go_carry_loop(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """REINFORCE++'s carrying reward-to-go (verl >= 0.9.0) one position at a time on padded
+    ``(rows, T)``: a mask-0 token passes the running return on unchanged and returns 0."""
+    r, m = rewards.T.contiguous(), mask.T.to(rewards.dtype).contiguous()
+    out = torch.empty_like(r)
+    running = torch.zeros(r.shape[1], dtype=r.dtype, device=r.device)
+    for t in range(r.shape[0] - 1, -1, -1):
+        step = r[t] + gamma * running
+        out[t] = step * m[t]
+        running = torch.where(m[t] > 0, step, running)
+    return out.T

@@ -182,12 +182,19 @@ def gpg(rewards, mask, uids):
 # ---- reward-to-go estimators ------------------------------------------------------------------
 
 
-def reinforce_plus_plus(rewards, mask, gamma):
+def reinforce_plus_plus(rewards, mask, gamma, carry=True):
+    """``carry``: verl >= 0.9.0 (the running return passes mask-0 tokens, return 0 there); else
+    verl 0.8.0's reset after a mask-0 token."""
     rows, width = rewards.shape
     returns = torch.zeros_like(rewards)
     for i in range(rows):
         running = torch.tensor(0.0)
         for t in reversed(range(width)):
+            if carry:
+                if mask[i, t] != 0:
+                    running = rewards[i, t] + gamma * running
+                    returns[i, t] = running
+                continue
             running = rewards[i, t] + gamma * running
             returns[i, t] = running
             if mask[i, t] == 0:

@@ -261,7 +261,8 @@ def gpg_ref(old, new, adv, mask, cfg: Cfg, w=None):
 
 def dro_ref(old, new, adv, mask, cfg: Cfg, w=None):
     losses = _apply_w(_tok(old, new, adv, mask, lambda o, n, a: -(n * a - 0.5 * cfg.dro_beta * (n - o) ** 2)), w)
-    return losses, agg_ref(losses, mask, cfg.agg, cfg.norm), {}
+    kl = _tok(old, new, adv, mask, lambda o, n, a: o - n)
+    return losses, agg_ref(losses, mask, cfg.agg, cfg.norm), {"actor/ppo_kl": masked_mean(kl, mask)}
 
 
 def clip_cov_ref(old, new, adv, mask, cfg: Cfg, w=None):

@@ -1,4 +1,4 @@
-"""Reward-to-go estimators: reinforce_plus_plus (mask-resetting), reinforce_plus_plus_baseline,
+"""Reward-to-go estimators: reinforce_plus_plus (carrying through mask 0; verl 0.8.0 resetting), reinforce_plus_plus_baseline,
 remax; gae against the shared references too. Worked examples, then property tests."""
 
 from __future__ import annotations
@@ -21,16 +21,32 @@ def _white(xs):
     return ((t - t.mean()) / torch.sqrt(t.var(unbiased=True) + 1e-8)).tolist()
 
 
-def test_reinforce_pp_tool_gap_example_returns_0_1_1():
-    # seed 002 s9.1: assistant / tool observation / final assistant, reward only at the end
+def test_reinforce_pp_tool_gap_example_carries_through_the_tool_span():
+    # assistant / tool observation / final assistant, reward only at the end (verl commit 8a1bf6d5b)
     b = make_batch(scores=[[0, 0, 1.0], [0, 0, 0.0]], mask=[[1, 0, 1], [1, 1, 1]], uids=["a", "b"])
     adv, ret, failed = run("reinforce_plus_plus", b)
-    assert ret[0].tolist() == [0.0, 1.0, 1.0]  # the tool token keeps its future, cuts it off before
+    assert ret[0].tolist() == [1.0, 0.0, 1.0]  # the reward reaches the first turn; 0 at the tool token
     assert ret[1].tolist() == [0.0, 0.0, 0.0]
-    w = _white([0.0, 1.0, 0.0, 0.0, 0.0])  # whitened over the 5 mask-1 tokens
+    w = _white([1.0, 1.0, 0.0, 0.0, 0.0])  # whitened over the 5 mask-1 tokens
     assert adv[0].tolist() == pytest.approx([w[0], 0.0, w[1]], abs=1e-6)
     assert adv[1].tolist() == pytest.approx(w[2:], abs=1e-6)
     assert not failed
+
+
+def test_reinforce_pp_tool_gap_example_resets_under_verl_0_8():
+    b = make_batch(scores=[[0, 0, 1.0], [0, 0, 0.0]], mask=[[1, 0, 1], [1, 1, 1]], uids=["a", "b"])
+    adv, ret, failed = run("reinforce_plus_plus", b, settings_for("reinforce_plus_plus", **{"rldiag.verl_version": "0.8.0"}))
+    assert ret[0].tolist() == [0.0, 1.0, 1.0]  # the tool token keeps its future, cuts it off before
+    w = _white([0.0, 1.0, 0.0, 0.0, 0.0])
+    assert adv[0].tolist() == pytest.approx([w[0], 0.0, w[1]], abs=1e-6)
+    assert not failed
+
+
+def test_reinforce_pp_carry_discounts_past_the_span():
+    # gamma applies once per mask-1 token: the tool tokens are skipped, not counted
+    b = make_batch(scores=[[0, 0, 0, 1.0], [0, 0, 0, 0.0]], mask=[[1, 0, 0, 1], [1, 1, 1, 1]])
+    _, ret, _ = run("reinforce_plus_plus", b, settings_for("reinforce_plus_plus", gamma=0.5))
+    assert ret[0].tolist() == pytest.approx([0.5, 0.0, 0.0, 1.0])
 
 
 def test_reinforce_pp_discounts_with_gamma():
@@ -85,10 +101,11 @@ STEPS = st.lists(cases(), min_size=1, max_size=3)
 
 
 @HS
-@given(STEPS, st.sampled_from([1.0, 0.9, 0.5]))
-def test_reinforce_pp_matches_reference(cs, gamma):
-    check_against("reinforce_plus_plus", cs, lambda c: ref.reinforce_plus_plus(c.rewards, c.mask, gamma),
-                  settings_for("reinforce_plus_plus", gamma=gamma), rtol=1e-4)
+@given(STEPS, st.sampled_from([1.0, 0.9, 0.5]), st.sampled_from(["0.8.0", "0.9.1", "0.10.0.dev"]))
+def test_reinforce_pp_matches_reference(cs, gamma, version):
+    carry = version != "0.8.0"
+    check_against("reinforce_plus_plus", cs, lambda c: ref.reinforce_plus_plus(c.rewards, c.mask, gamma, carry),
+                  settings_for("reinforce_plus_plus", gamma=gamma, **{"rldiag.verl_version": version}), rtol=1e-4)
 
 
 @HS

@@ -84,3 +84,28 @@ def test_unknown_estimator_lists_valid_keys():
     with pytest.raises(UnknownKeyError) as exc:
         recompute_padded(b, settings(estimator="no_such"))
     assert "grpo" in str(exc.value) and "rloo" in str(exc.value)
+
+
+def test_centre_offset_of_a_constant_advantage_is_infinite_in_every_row_order():
+    # the masked row's score moves the group mean; the two live rows then share one nonzero
+    # advantage, whose float32 std is rounding noise (1e7 or inf, by row order, before the fix)
+    import itertools
+
+    scores = [[0.0, 0.0, 2.006856770707084], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+    masks = [[0, 0, 0], [1, 1, 1], [1, 1, 0]]
+    lengths = [3, 3, 2]
+    for order in itertools.permutations(range(3)):
+        b = make_batch(scores=[scores[i] for i in order], mask=[masks[i] for i in order], uids=["g"] * 3,
+                       lengths=[lengths[i] for i in order])
+        off = recompute_padded(b, settings(estimator="grpo")).metrics["rldiag/advantages/centre_offset"]
+        assert off.item() == float("-inf"), order
+
+
+def test_centre_offset_is_mean_over_std():
+    # the masked row's score moves the group mean: the live rows' advantages do not centre on 0
+    b = make_batch(scores=[[3.0], [1.0], [0.0]], mask=[[0], [1], [1]], uids=["g"] * 3)
+    r = recompute_padded(b, settings(estimator="grpo"))
+    adv = r.tokens["advantages"][1:, 0].double()
+    want = adv.mean() / adv.std(unbiased=False)
+    assert want.item() == pytest.approx(-5 / 3, rel=1e-3)
+    assert r.metrics["rldiag/advantages/centre_offset"].item() == pytest.approx(want.item(), rel=1e-5)

@@ -159,11 +159,12 @@ def test_kl_in_reward_and_controller_match_verl_across_steps_and_packs(seed, kin
             rewards, current, beta = want[start + j]
             rows = slice(row0, row0 + len(d["lengths"]))
             row0 += len(d["lengths"])
-            assert res.metrics["actor/reward_kl_penalty_coeff"][j].item() == pytest.approx(beta, rel=1e-6)
+            # rel 1e-5: the controller reads the step's KL in float32, verl's in float64
+            assert res.metrics["actor/reward_kl_penalty_coeff"][j].item() == pytest.approx(beta, rel=1e-5)
             assert res.metrics["actor/reward_kl_penalty"][j].item() == pytest.approx(current, rel=1e-5, abs=1e-7)
             w = rewards.shape[1]
             torch.testing.assert_close(res.tokens["token_level_rewards"][rows, :w], rewards, rtol=1e-5, atol=1e-6)
-    assert state.value == pytest.approx(verl.value, rel=1e-6)
+    assert state.value == pytest.approx(verl.value, rel=1e-5)
     if ctrl_type == "fixed":
         assert state.value == 0.2
 

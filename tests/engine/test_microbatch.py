@@ -95,16 +95,18 @@ def micro_case(draw):
 
 
 @hsettings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(micro_case())
-def test_micro_batch_metrics_match_per_micro_batch_reference(c):
+@given(micro_case(), st.sampled_from(["0.8.0", "0.10.0.dev"]))
+def test_micro_batch_metrics_match_per_micro_batch_reference(c, version):
     steps, mbs, dp, loss, agg = c
+    critic_global = version != "0.8.0"  # verl commit 2eb020aa9
     b = batch_of(steps, values=None)
     b.values = flat([x for d in steps for x in d["values"]])
     b.vpreds = flat([x for d in steps for x in d["vpreds"]])
     b.token_level_scores = flat([x for d in steps for x in d["scores"]])
     s = settings(estimator="gae", agg=agg, **{
         MB: mbs, DP: dp, "actor_rollout_ref.actor.policy_loss.loss_mode": loss,
-        "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.3,
+        "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.3, "rldiag.verl_version": version,
+        "trainer.balance_batch": False,  # the reference deals rows in batch order (balancing: tests/engine/test_balance.py)
     })
     r = recompute_batch(b, s)
     r.tokens = {k: padded(v, steps) for k, v in r.tokens.items()}  # (rows, width) for the row-wise checks
@@ -121,14 +123,16 @@ def test_micro_batch_metrics_match_per_micro_batch_reference(c):
             sub = {k: [d[k][j] for j in part] for k in ("old", "new", "mask", "values", "vpreds")}
             if loss == "kl_cov":  # a top-k cut between equal covariances is rounding noise
                 assume(not ref.kl_cov_cut_is_ambiguous(sub["new"], [adv[j] for j in part], sub["mask"], 0.3))
-            horizon = max(d["lengths"][j] for j in part)
+            # the padded width: the micro-batch's longest row (V1), the step's (legacy trainer, 0.8.0)
+            horizon = max(d["lengths"][j] for j in (part if version != "0.8.0" else range(n)))
             cfg = ref.Cfg(agg=agg, kl_cov_ratio=0.3,
                           norm=ref.Norm(batch_num_tokens=n_tok, global_batch_size=float(n), horizon=horizon))
             _, pg, met = ref.REFERENCES[loss](sub["old"], sub["new"], [adv[j] for j in part], sub["mask"], cfg)
             pg_sum += pg / dp if loss == "geo_mean" else pg  # geo_mean: per-micro mean, SUM, mean over ranks
             for k, v in met.items():
                 metric_lists.setdefault(k, []).append(v)
-            # critic: micro-batch-local normalisation (no global info), 0.5 * agg(max(l1, l2))
+            # critic: 0.5 * agg(max(l1, l2)), normalised like the actor (a SUM over micro-batches),
+            # in verl 0.8.0 within the micro-batch (a MEAN)
             l_mat, clip_mat = [], []
             for vp_row, v_row, g_row in zip(sub["vpreds"], sub["values"], [ret[j] for j in part]):
                 lr, cr = [], []
@@ -139,10 +143,14 @@ def test_micro_batch_metrics_match_per_micro_batch_reference(c):
                     cr.append(1.0 if l2 > l1 else 0.0)
                 l_mat.append(lr)
                 clip_mat.append(cr)
-            critic["critic/vf_loss"].append(0.5 * ref.agg_ref(l_mat, sub["mask"], agg, ref.Norm(horizon=horizon)))
+            critic_norm = cfg.norm if critic_global else ref.Norm(horizon=horizon)
+            critic["critic/vf_loss"].append(0.5 * ref.agg_ref(l_mat, sub["mask"], agg, critic_norm))
             critic["critic/vf_clipfrac"].append(ref.masked_mean(clip_mat, sub["mask"]))
             critic["critic/vpred_mean"].append(ref.masked_mean(sub["vpreds"], sub["mask"]))
         assert r.metrics["actor/pg_loss"][i].item() == pytest.approx(pg_sum, rel=2e-4, abs=2e-5)
+        if critic_global:
+            vf = critic.pop("critic/vf_loss")
+            assert r.metrics["critic/vf_loss"][i].item() == pytest.approx(sum(vf), rel=2e-4, abs=2e-5, nan_ok=True)
         for k, vals in {**metric_lists, **critic}.items():
             # a micro-batch without a single actor token gives the critic 0/0 = NaN, in verl too
             assert r.metrics[k][i].item() == pytest.approx(sum(vals) / len(vals), rel=2e-4, abs=2e-5, nan_ok=True), k
@@ -156,3 +164,20 @@ def test_micro_batch_covering_the_step_equals_the_default():
     big = recompute_batch(b, settings(estimator="grpo", **{MB: 64}))
     for k, v in base.metrics.items():
         torch.testing.assert_close(big.metrics[k], v, equal_nan=True)
+
+
+def test_seq_mean_token_sum_norm_divides_by_the_micro_batch_width_in_v1_and_the_max_length_in_legacy():
+    # rows of width 1 and 3 (2 tokens around a tool token), micro-batches of one row,
+    # data.max_response_length 8; ratio 1, A = +-0.707 (grpo); loss per row = -A * tokens;
+    # seq-mean over the step's 2 rows
+    b = make_batch(scores=[[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]], mask=[[1, 0, 0], [1, 0, 1]], lengths=[1, 3], uids=["g", "g"],
+                   old_log_probs=[[-1.0, 0, 0], [-1.0] * 3], log_probs=[[-1.0, 0, 0], [-1.0] * 3])
+    b.max_response_length = torch.tensor([8])  # what the loader puts there from data.max_response_length
+    base = {MB: 1, "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm", "data.max_response_length": 8}
+    a = 1 / math.sqrt(2) / (1 + 1e-6 * math.sqrt(2))  # (1 - 0.5) / (std 0.7071 + 1e-6)
+    v1 = recompute_batch(b, settings(estimator="grpo", **base)).metrics["actor/pg_loss"].item()
+    assert v1 == pytest.approx(-a * 1 / 2 / 1 + a * 2 / 2 / 3, rel=1e-5)  # widths 1 and 3
+    legacy = recompute_batch(b, settings(estimator="grpo", **base, **{"trainer.use_v1": False})).metrics["actor/pg_loss"].item()
+    assert legacy == pytest.approx((-a * 1 + a * 2) / 2 / 8, rel=1e-5)
+    old = recompute_batch(b, settings(estimator="grpo", **base, **{"rldiag.verl_version": "0.8.0"})).metrics["actor/pg_loss"].item()
+    assert old == pytest.approx(legacy, rel=1e-6)  # verl 0.8.0 has only the legacy trainer

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from rldiag.engine.microbatch import segment_rows
+from rldiag.errors import ConfigError
+from rldiag.engine.pipeline import recompute_batch
 from tests.conftest import make_batch, settings
 from tests.engine.packing import recompute_padded
 
@@ -45,12 +47,15 @@ def test_pg_loss_with_mini_batches_matches_a_hand_computation():
 def test_segments_nest_mini_rank_micro():
     sid = torch.zeros(10, dtype=torch.long)
     seg = segment_rows(sid, 1, micro_batch_size=2, dp_size=2, mini_batch_size=6)
-    # mini 0: rows 0-5 -> ranks of 3 rows -> micro [0,1],[2] | [3,4],[5];
-    # mini 1: rows 6-9 -> ranks of 2 rows -> one micro-batch each
-    assert seg.seg_ids.tolist() == [0, 0, 1, 2, 2, 3, 4, 4, 5, 5]
+    # verl's order: rank 0 takes rows 0-4, rank 1 rows 5-9; each cuts mini-batches of 6 / 2 = 3
+    # rows: mini 0 = rows 0-2 (rank 0) and 5-7 (rank 1), micro [0,1],[2] | [5,6],[7];
+    # mini 1 = rows 3-4 and 8-9, one micro-batch each
+    assert seg.seg_ids.tolist() == [0, 0, 1, 4, 4, 2, 2, 3, 5, 5]
     assert seg.seg_mini.tolist() == [0, 0, 0, 0, 1, 1]
     assert seg.mini_step.tolist() == [0, 0]
-    assert seg.row_mini.tolist() == [0] * 6 + [1] * 4
+    assert seg.row_mini.tolist() == [0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
+    with pytest.raises(ConfigError, match="multiple of rldiag.dp_size"):
+        segment_rows(sid, 1, micro_batch_size=2, dp_size=4, mini_batch_size=6)
 
 
 def test_whole_step_mini_batch_changes_nothing():

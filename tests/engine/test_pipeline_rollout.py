@@ -10,12 +10,13 @@ import torch
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from rldiag.engine.batch import pack
+
 from rldiag.engine.rollout_correction import parse_rs
 from rldiag.errors import MissingInputError
 from tests.conftest import make_batch, settings
 from tests.engine import reference_core, reference_losses as ref
 from tests.engine.gen_batches import batch_of, flat, loss_step, unpad
-from tests.engine.packing import recompute_padded
+from tests.engine.packing import full_rows, recompute_padded
 
 RC = "algorithm.rollout_correction."
 
@@ -66,6 +67,19 @@ def test_token_mean_counts_the_original_mask_after_rejection():
     # a loss_mask column gives the denominator when present
     r = recompute_padded(_loss_batch(loss_mask=[[1, 1, 1, 1]]), s)
     assert r.metrics["actor/pg_loss"].item() == pytest.approx(-3 * a / 4, rel=1e-6)
+
+
+def test_critic_token_mean_counts_the_original_mask_after_rejection():
+    # values 0, vpreds 0.5 (inside the clip range): per kept token 0.5 * (0.5 - G)^2 over 4 tokens,
+    # not 3, from verl 0.9.0 on; verl 0.8.0 divides by the kept tokens of the micro-batch
+    s = {RC + "rollout_rs": "token_k1", RC + "rollout_rs_threshold": 2.0}
+    for version, denom in (("0.9.1", 4), ("0.8.0", 3)):
+        b = _loss_batch(values=[[0.0] * 4], vpreds=[[0.5] * 4])
+        r = recompute_padded(b, settings(estimator="grpo", **s, **{"rldiag.verl_version": version}))
+        ret, kept = r.tokens["returns"][0].tolist(), r.tokens["response_mask"][0].tolist()
+        assert kept == [1, 1, 0, 1]
+        want = 0.5 * sum((0.5 - g) ** 2 for g, k in zip(ret, kept) if k) / denom
+        assert r.metrics["critic/vf_loss"].item() == pytest.approx(want, rel=1e-6), version
 
 
 def test_is_weights_reach_the_policy_loss_and_the_tokens():
@@ -122,21 +136,34 @@ def test_empty_step_fails_only_itself_when_rollout_correction_runs():
     assert list(r.failed) == [2] and "at least one valid token" in r.failed[2]
 
 
-def test_critic_loss_is_micro_batch_local_and_ignores_loss_scale_factor():
-    # verl's value_loss passes no global batch info: seq-mean-token-sum-norm divides by the padded
-    # width (3), not by critic/actor loss_scale_factor; seq-mean divides by rows with tokens (1).
+def _critic_case(version):
     b = make_batch(scores=[[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], mask=[[1, 1, 1], [0, 0, 0]],
                    values=[[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], vpreds=[[0.1, 0.2, 0.3], [5.0, 5.0, 5.0]])
     s = settings(estimator="gae", **{"critic.loss_agg_mode": "seq-mean-token-sum-norm",
                                      "critic.loss_scale_factor": 100.0,
-                                     "actor_rollout_ref.actor.loss_scale_factor": 50.0})
+                                     "actor_rollout_ref.actor.loss_scale_factor": 50.0,
+                                     "rldiag.verl_version": version})
     r = recompute_padded(b, s)
     ret = r.tokens["returns"][0].tolist()  # gamma = lam = 1, V = 0: returns [1, 1, 1]
     assert ret == pytest.approx([1.0, 1.0, 1.0])
-    errs = [(0.1 - 1) ** 2, (0.2 - 1) ** 2, (0.3 - 1) ** 2]  # vpreds inside the clip range 0.5
-    assert r.metrics["critic/vf_loss"].item() == pytest.approx(0.5 * sum(errs) / 1 / 3, rel=1e-6)
     assert r.metrics["critic/vpred_mean"].item() == pytest.approx(0.2, rel=1e-6)
     assert r.metrics["critic/vf_clipfrac"].item() == 0.0
+    return r.metrics["critic/vf_loss"].item()
+
+
+ERRS = [(0.1 - 1) ** 2, (0.2 - 1) ** 2, (0.3 - 1) ** 2]  # vpreds inside the clip range 0.5
+
+
+def test_critic_loss_is_normalised_over_the_global_batch_with_its_own_loss_scale_factor():
+    # verl commit 2eb020aa9: seq-mean over the step's 2 rows (the global batch size), divided by
+    # critic.loss_scale_factor (100), not the actor's (50)
+    assert _critic_case("0.9.0") == pytest.approx(0.5 * sum(ERRS) / 2 / 100, rel=1e-6)
+
+
+def test_critic_loss_of_verl_0_8_is_micro_batch_local_and_ignores_loss_scale_factor():
+    # verl 0.8.0's value_loss passes no global batch info: seq-mean-token-sum-norm divides by the
+    # padded width (3), not by critic/actor loss_scale_factor; seq-mean divides by rows with tokens (1).
+    assert _critic_case("0.8.0") == pytest.approx(0.5 * sum(ERRS) / 1 / 3, rel=1e-6)
 
 
 @st.composite
@@ -176,3 +203,49 @@ def test_pipeline_with_correction_matches_references(c):
         assert r.metrics["actor/pg_loss"][i].item() == pytest.approx(pg_loss, rel=1e-4, abs=1e-5)
         for k, v in metrics.items():
             assert r.metrics[k][i].item() == pytest.approx(v, rel=1e-4, abs=1e-5)
+
+
+def test_a_capture_after_rejection_starts_from_loss_mask():
+    """Captured after verl's rejection rewrote response_mask, with the rollout's mask kept as
+    loss_mask: the recompute starts from loss_mask, so it rejects the same tokens once (not
+    again on the already-rejected mask) and every metric equals the pre-rejection capture's."""
+    s = settings(estimator="grpo", **{RC + "rollout_rs": "token_k1", RC + "rollout_rs_threshold": 2.0,
+                                      "algorithm.use_kl_in_reward": True})
+    common = dict(scores=[[0.0, 0.0, 1.0], [0.0, 0.0, 0.5]], uids=["g", "g"],
+                  old_log_probs=[[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]],
+                  ref_log_prob=[[-1.0, -3.0, -1.0], [-1.0, -1.2, -1.0]],
+                  rollout_log_probs=[[-1.0, -2.0, -1.0], [-1.0, -1.0, -1.0]])
+    before = recompute_padded(make_batch(mask=[[1, 1, 1], [1, 1, 1]], **common), s)
+    rejected = before.tokens["response_mask"]
+    assert rejected.tolist() == [[1, 0, 1], [1, 1, 1]]  # log r = 1 at row 0, token 1
+    after = recompute_padded(make_batch(mask=rejected.tolist(), loss_mask=[[1, 1, 1], [1, 1, 1]], **common), s)
+    assert torch.equal(after.tokens["response_mask"], rejected)
+    for name in ("advantages", "token_level_rewards"):
+        assert torch.equal(after.tokens[name], before.tokens[name]), name
+    assert set(after.metrics) == set(before.metrics)
+    for name, value in before.metrics.items():
+        assert torch.allclose(after.metrics[name], value, equal_nan=True), name
+
+
+def test_rollout_probs_metrics_and_actor_entropy_where_verl_logs_them():
+    import math as m
+
+    from rldiag.engine.metrics import rollout_probs_metrics
+
+    # p_old = e^-1 on both tokens, p_rollout = [e^-1.2, e^-1]: |diff| = [e^-1 - e^-1.2, 0]
+    old = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    roll = torch.tensor([[-1.2, -1.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    (old, roll, mask), rows = full_rows(old, roll, mask)
+    out = rollout_probs_metrics(old, roll, mask, rows, torch.tensor([0, 1]), 2)
+    d = m.exp(-1) - m.exp(-1.2)
+    assert out["training/rollout_probs_diff_max"][0].item() == pytest.approx(d, rel=1e-6)
+    assert out["training/rollout_probs_diff_mean"][0].item() == pytest.approx(d / 2, rel=1e-6)
+    assert out["training/rollout_probs_diff_std"][0].item() == pytest.approx(d / m.sqrt(2), rel=1e-5)
+    assert out["training/rollout_probs_diff_valid"].tolist() == [1.0, 0.0]  # step 1 has no token
+    assert m.isnan(out["training/rollout_actor_probs_pearson_corr"][1].item())
+    # bypass mode skips verl's old-log-prob pass, and with it actor/entropy and training/rollout_*
+    b = _loss_batch(entropy=[[1.0, 2.0, 3.0, 4.0]])
+    assert recompute_padded(b, settings(estimator="grpo")).metrics["actor/entropy"].item() == pytest.approx(2.5)
+    r = recompute_padded(b, settings(estimator="grpo", **{RC + "bypass_mode": True}))
+    assert "actor/entropy" not in r.metrics and "training/rollout_probs_diff_mean" not in r.metrics

@@ -78,6 +78,16 @@ def test_gspo_sequence_ratio_and_forced_seq_mean_token_mean():
     assert m["actor/pg_clipfrac_lower"] == 0.0
 
 
+def test_gspo_follows_loss_agg_mode_in_verl_0_9_1_only():
+    # the rows of the example above under token-sum: 2 * -1.2 - 0.6065 (0.9.1); the other
+    # releases keep seq-mean-token-mean
+    args = ([[0.0, 0.0], [0.0, 0.0]], [[0.1, 0.3], [-0.5, 9.0]], [[1.0, 1.0], [1.0, 1.0]])
+    for version, want in (("0.9.1", 2 * -1.2 - math.exp(-0.5)), ("0.9.0", (-1.2 - math.exp(-0.5)) / 2),
+                          ("0.8.0", (-1.2 - math.exp(-0.5)) / 2), ("main", (-1.2 - math.exp(-0.5)) / 2)):
+        out, _ = run("gspo", *args, mask=[[1, 1], [1, 0]], agg="token-sum", **{"rldiag.verl_version": version})
+        assert out.pg_loss.item() == pytest.approx(want, rel=1e-6), version
+
+
 def test_gspo_sequence_log_ratio_capped_at_10():
     out, _ = run("gspo", [[0.0]], [[15.0]], [[-1.0]])
     assert out.ratio.item() == pytest.approx(math.exp(10.0), rel=1e-5)
@@ -151,8 +161,9 @@ def test_gpg_and_dro():
     out, m = run("gpg", [[0.0, 0.0]], [[-0.5, -2.0]], [[2.0, 1.0]])
     assert out.pg_loss.item() == pytest.approx(1.5, rel=1e-6) and m == {}
     # dro, beta 0.1: -(log pi A - 0.05 (log pi - log pi_old)^2) = -(-1 - 0.05 * 0.25) = 1.0125
+    # actor/ppo_kl = masked mean of -(log pi - log pi_old) = -0.5
     out, m = run("dro", [[-1.5]], [[-1.0]], [[1.0]], **{"actor_rollout_ref.actor.policy_loss.dro_beta": 0.1})
-    assert out.pg_loss.item() == pytest.approx(1.0125, rel=1e-6) and m == {}
+    assert out.pg_loss.item() == pytest.approx(1.0125, rel=1e-6) and m == {"actor/ppo_kl": pytest.approx(-0.5)}
     with pytest.raises(ConfigError, match="dro_beta"):
         run("dro", [[-1.5]], [[-1.0]], [[1.0]])
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings as hsettings, strategies as st
 from rldiag.engine import advantage
 from rldiag.engine.scan import segmented_reverse_linear_scan
 from tests.engine.packing import to_packed, to_padded
-from tests.engine.reference_core import gae_loop, reverse_linear_scan_loop, reward_to_go_loop
+from tests.engine.reference_core import gae_loop, reverse_linear_scan_loop, reward_to_go_carry_loop, reward_to_go_loop
 
 
 @hsettings(max_examples=25, deadline=None)
@@ -37,3 +37,5 @@ def test_gae_and_reward_to_go_equal_the_loops(rows, T, seed, gl):
                                gae_loop(r, v, m, gamma, lam), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(to_padded(advantage._reward_to_go_resetting(rf, mf, gamma, layout), layout, T),
                                reward_to_go_loop(r, m, gamma), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(to_padded(advantage._reward_to_go_carrying(rf, mf, gamma, layout), layout, T),
+                               reward_to_go_carry_loop(r, m, gamma), rtol=1e-4, atol=1e-4)

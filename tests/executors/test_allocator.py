@@ -58,11 +58,13 @@ def test_tune_host_allocator_returns_cached_value(monkeypatch):
     assert tune_host_allocator() is True
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_tune_host_allocator_fresh_process_default_on():
     assert _probe(None) == "True True"
 
 
+@pytest.mark.slow
 def test_tune_host_allocator_fresh_process_opt_out():
     assert _probe("0") == "False False"
 

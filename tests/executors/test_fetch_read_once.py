@@ -190,7 +190,7 @@ def _job(run) -> Job:
 def test_fetch_without_hash_returns_empty_info_and_data(run, monkeypatch):
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1), _job(run), hash_file=False)
-    assert f.info == {}
+    assert f.record() == {}
     assert f.error is None and f.data is not None
     assert f.data.step == 1 and f.data.n_rows == SPEC["prompts"] * SPEC["n"]
     assert spy.reads == [] and spy.hashes == 0
@@ -214,7 +214,7 @@ def test_fetch_hashes_the_bytes_it_loads(run):
 
 def test_fetch_reusable_with_matching_record_skips_load(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 1), job).record()  # the record waits for the hash thread
+    rec = fetch(_task(run, 1), job).record()
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1, previous=dict(rec), reusable=True), job)
     assert f.data is None and f.error is None
@@ -225,7 +225,7 @@ def test_fetch_reusable_with_matching_record_skips_load(run, monkeypatch):
 
 def test_fetch_not_reusable_loads_even_with_known_hash(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 1), job).record()  # the record waits for the hash thread
+    rec = fetch(_task(run, 1), job).record()
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 1, previous=dict(rec), reusable=False), job)
     assert f.data is not None
@@ -238,7 +238,7 @@ def test_fetch_stale_record_same_stat_different_hash_is_loaded(run):
     # a record whose size and mtime match but whose hash is another file's: the hash is trusted
     # (stat decides), so the previous hash is kept; reuse follows that hash
     job = _job(run)
-    rec = fetch(_task(run, 1), job).record()  # the record waits for the hash thread
+    rec = fetch(_task(run, 1), job).record()
     prev = dict(rec, sha256="0" * 64)
     f = fetch(_task(run, 1, previous=prev, reusable=True), job)
     assert f.record()["sha256"] == "0" * 64
@@ -247,7 +247,7 @@ def test_fetch_stale_record_same_stat_different_hash_is_loaded(run):
 
 def test_fetch_changed_size_record_is_rehashed_and_loaded(run, monkeypatch):
     job = _job(run)
-    rec = fetch(_task(run, 2), job).record()  # the record waits for the hash thread
+    rec = fetch(_task(run, 2), job).record()
     prev = dict(rec, size=rec["size"] + 1)
     spy = _Spy(monkeypatch, run)
     f = fetch(_task(run, 2, previous=prev, reusable=True), job)
@@ -308,3 +308,32 @@ def test_hashed_records_size_and_digest():
     assert "hashed_ns" not in info
     info = _hashed(_info(size=0), True, content)
     assert info["hashed_ns"] > 0 and info["sha256"] == hashlib.sha256(content).hexdigest()
+
+
+def test_the_record_is_read_only_through_its_accessor_which_waits_for_the_hash(run, monkeypatch):
+    """The hash runs on a background thread into an object of its own: a record read at any time,
+    from any thread, has the file's hash, and the fetch exposes no dict the thread writes into."""
+    release = threading.Event()
+    order = []
+    real = steps_mod._hashed
+
+    def held(info, remote, content):
+        release.wait()
+        out = real(info, remote, content)
+        order.append("hashed")
+        return out
+
+    monkeypatch.setattr(steps_mod, "_hashed", held)
+    path = _batch_files(run)[1]
+    f = fetch(_task(run, 1), _job(run))
+    assert not hasattr(f, "info")
+    got = []
+    reader = threading.Thread(target=lambda: (got.append(f.record()), order.append("read")))
+    reader.start()
+    release.set()
+    reader.join()
+    assert order == ["hashed", "read"]
+    assert got[0]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    rec = f.record()
+    rec["sha256"] = "changed by the caller"
+    assert f.record()["sha256"] == got[0]["sha256"]  # each reader gets a copy

@@ -27,6 +27,8 @@ from rldiag.recompute import recompute  # noqa: E402
 from rldiag.synth import SynthSpec, write_synth_run  # noqa: E402
 from tests.scenario_utils import assert_same_scenario  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs a subprocess / a cluster: `make test-fast` leaves it out
+
 KL = {
     "algorithm.use_kl_in_reward": True,
     "algorithm.kl_ctrl.type": "adaptive",

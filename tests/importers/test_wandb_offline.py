@@ -22,6 +22,8 @@ pytest.importorskip("wandb")
 
 from .conftest import BASE_CONFIG, BIG_STEP, BIG_VALUE_LEN, CONFIG_UPDATE, STEPS, flat_expected, same_value
 
+pytestmark = pytest.mark.slow  # runs a subprocess / a cluster: `make test-fast` leaves it out
+
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]

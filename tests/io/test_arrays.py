@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -28,6 +29,7 @@ def test_round_trip_keeps_values_and_type(dtype):
     assert back.dtype == values.dtype and np.array_equal(back, values)
 
 
+@hsettings(deadline=None)  # a first call imports pyarrow's compute kernels: no timing assertions
 @given(arrays(np.float32, st.integers(0, 64)), st.integers(0, 10), st.integers(0, 10))
 def test_slices_read_their_own_window(values, start, length):
     arr = pa.array(values, type=pa.float32()).slice(start, length)
@@ -76,6 +78,7 @@ def test_read_parquet_reads_columns_from_a_path_or_a_buffer(tmp_path):
     assert read_parquet(pa.BufferReader(path.read_bytes()), columns=["b"], threads=False).equals(table.select(["b"]))
 
 
+@pytest.mark.slow
 def test_recompute_does_not_import_pandas(tmp_path):
     """pandas costs 0.2 s to import; nothing on the recompute path needs it."""
     from rldiag.synth import SynthSpec, write_synth_run

@@ -42,7 +42,7 @@ PLANTED = [
     # group b: signal
     dict(uid="b", score=1.0, mask=[1, 1, 1]),
     dict(uid="b", score=0.0, mask=[1, 0, 1, 1, 1]),  # a tool span of 1 token
-    # group c: a singleton, whose loss_mask disagrees with its response_mask
+    # group c: a singleton whose response_mask has a token its loss_mask leaves out
     dict(uid="c", score=0.0, mask=[1, 1, 1, 1, 1], loss_mask=[1, 1, 1, 1, 0]),
 ]
 
@@ -72,12 +72,33 @@ def test_step_rows_and_facts_on_a_planted_batch(planted):
     assert (f.rows, f.groups, f.group_sizes) == (5, 3, {1: 1, 2: 2})
     assert (f.multi_groups, f.flat_groups) == (2, 1)
     assert (f.tool_rows, f.tool_tokens, f.actor_tokens) == (2, 3, 20)
-    assert f.loss_mask_mismatch == 1
+    assert f.rows_outside_loss_mask == 1 and f.rejected_before_capture == 0
     assert f.score_zero_rows == 2 and f.score_max == 1.0
-    assert f.rejected_tokens == 0 and f.unmasked_tokens == 0
+    # the recompute starts from loss_mask (the mask before rollout correction): row c's last
+    # token, 0 there, stays 0, against 1 in the batch's response_mask
+    assert f.rejected_tokens == 1 and f.unmasked_tokens == 0
     assert f.rewards_sign_flips == 0 and f.rewards_max_abs_change == 0.0
-    assert f.adv_tokens == 20 and f.adv_nonfinite == 0
-    assert f.ratio_tokens == 20 and f.ratio_min == pytest.approx(np.exp(0.01), rel=1e-4)
+    assert f.adv_tokens == 19 and f.adv_nonfinite == 0
+    assert f.ratio_tokens == 19 and f.ratio_min == pytest.approx(np.exp(0.01), rel=1e-4)
+
+
+def test_a_capture_after_rejection_lies_within_its_loss_mask(tmp_path):
+    """Captured after rollout rejection: response_mask has dropped tokens that loss_mask (the
+    mask before correction) keeps. That is the legitimate direction, and the checklist says so."""
+    from rldiag.viz import checklist
+
+    run = tmp_path / "after-rejection"
+    _write_batch(run, 1, [
+        dict(uid="a", score=1.0, mask=[1, 0, 0, 1], loss_mask=[1, 1, 0, 1]),  # one token rejected
+        dict(uid="a", score=0.0, mask=[0, 0, 0], loss_mask=[1, 1, 1]),  # a whole row rejected
+        dict(uid="b", score=1.0, mask=[1, 1]),
+    ])
+    f = Store(run).step_facts(1, None)
+    assert f.rows_outside_loss_mask == 0 and f.rejected_before_capture == 4
+    c = next(c for c in checklist.evaluate(f, "grpo", 2) if c.order == 3)
+    assert c.status != "fail"
+    assert "4 tokens of loss_mask were rejected before the capture" in c.finding
+    assert "response_mask lies within loss_mask" in c.finding
 
 
 def test_rejection_and_kl_shaping_show_in_the_facts(planted):
@@ -132,10 +153,10 @@ def test_is_weights_of_a_scenario(planted):
     store = Store(planted)
     assert store.scenarios_with_token_column("rollout_is_weights") == ["is"]
     w = store.is_weights("is", 1)
-    assert w.height == 20  # one weight per actor token
+    assert w.height == 19  # one weight per actor token of loss_mask (the mask before correction)
     # old - rollout = -0.05 on every token: w = exp(-0.05) (float32 inputs)
-    assert w["weight"].to_list() == pytest.approx([np.exp(-0.05)] * 20, rel=1e-4)
+    assert w["weight"].to_list() == pytest.approx([np.exp(-0.05)] * 19, rel=1e-4)
     q = store.is_quantiles("is")
-    assert q["step"].to_list() == [1] and q["tokens"].to_list() == [20]
+    assert q["step"].to_list() == [1] and q["tokens"].to_list() == [19]
     assert q["q50"][0] == pytest.approx(np.exp(-0.05), rel=1e-4)
     assert store.is_weights("baseline", 1).height == 0

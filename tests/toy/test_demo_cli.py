@@ -13,7 +13,7 @@ def test_demo_trains_into_a_fresh_directory(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--steps", "2", "--live", "--pace", "0.01"]) == 0
     text = capsys.readouterr().out
-    assert f"streamlit run app/main.py -- {out}" in text
+    assert f"rldiag app {out}" in text  # a command a pip user has (the app ships in the package)
     assert "step   2/2" in text
     assert [sf.step for sf in RunDir(out).step_files()] == [1, 2]
     assert [s for s, _ in iter_metrics_lines(out / "metrics.jsonl")] == [1, 2]

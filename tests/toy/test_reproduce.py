@@ -61,11 +61,18 @@ def test_samples_reproduce_with_mini_and_micro_batch_emulation(sample):
         assert "actor/kl_loss" in compared
 
 
+def test_samples_reproduce_under_the_default_settings(sample):
+    """The run's config has verl's batch keys: the default scenario batches as the run did."""
+    run, _ = sample
+    compared = _assert_all_match(run, {})
+    assert MINIBATCH_SUM_METRICS - {"actor/kl_loss"} <= compared
+
+
 def test_samples_whole_step_losses_differ_without_mini_batches(sample):
     """The toy takes 8 optimizer steps per training step: treated as one mini-batch, the losses
     verl normalises per mini-batch come out different (the data metrics still match)."""
     run, rows = sample
-    scenario = recompute_scenario(run, {"rldiag.micro_batch_size": rows})
+    scenario = recompute_scenario(run, {"rldiag.micro_batch_size": rows, "rldiag.mini_batch_size": None})
     excess, _ = metric_mismatches(run, scenario)
     assert excess["actor/pg_loss"] > ATOL and excess["actor/entropy_loss"] > ATOL
     assert excess["critic/advantages/mean"] <= ATOL and excess["actor/pg_clipfrac"] <= ATOL

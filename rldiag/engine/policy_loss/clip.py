@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from rldiag.config.verl_versions import has as has_change
 from rldiag.engine.policy_loss.base import (
     ACTOR,
     POLICY_LOSSES,
@@ -111,7 +112,8 @@ def up(inp: PolicyLossInput) -> PolicyLossOutput:
 def gspo(inp: PolicyLossInput) -> PolicyLossOutput:
     """Sequence-level ratio ``s_i = exp(min(mean_t m (log pi - log pi_old), 10))`` (length
     normalised, arXiv:2507.18071 eq. 7) clipped like PPO, on every token of the row; aggregated
-    ``seq-mean-token-mean`` whatever ``loss_agg_mode`` says (verl hard-codes it).
+    ``seq-mean-token-mean`` whatever ``loss_agg_mode`` says (verl hard-codes it), except in verl
+    0.9.1, which aggregates by ``loss_agg_mode`` (``rldiag.verl_version``).
     ``actor/ppo_kl`` uses the unclamped token log-ratio; ``actor/pg_clipfrac_lower`` is 0."""
     s = inp.settings
     adv, mask = inp.advantages, inp.mask
@@ -124,7 +126,7 @@ def gspo(inp: PolicyLossInput) -> PolicyLossOutput:
     l2 = -adv * torch.clamp(ratio, 1 - s.clip_low, 1 + s.clip_high)
     losses = weighted(torch.maximum(l1, l2), inp)
     return PolicyLossOutput(
-        pg_loss=agg(losses, inp, mode="seq-mean-token-mean"),
+        pg_loss=agg(losses, inp, mode=None if has_change(s, "gspo_agg_mode") else "seq-mean-token-mean"),
         pg_losses=losses,
         ratio=ratio,
         metrics={

@@ -34,11 +34,17 @@ def gpg(inp: PolicyLossInput) -> PolicyLossOutput:
 def dro(inp: PolicyLossInput) -> PolicyLossOutput:
     """``-(A log pi - beta/2 (log pi - log pi_old)^2)`` with ``beta`` =
     ``policy_loss.dro_beta`` (must be > 0; verl raises otherwise), unclamped log-ratio, aggregated
-    by ``loss_agg_mode``. Only ``actor/pg_loss`` is reported (see docs/algorithms-losses.md)."""
+    by ``loss_agg_mode``. ``actor/ppo_kl`` = masked mean of ``-(log pi - log pi_old)``, as verl's
+    ``compute_policy_loss_dro`` reports it."""
     beta = require_setting(inp, f"{POLICY}.dro_beta", "loss_mode=dro")
     log_ratio = inp.log_prob - inp.old_log_prob
     losses = weighted(-(inp.log_prob * inp.advantages - 0.5 * beta * log_ratio.square()), inp)
-    return PolicyLossOutput(pg_loss=agg(losses, inp), pg_losses=losses, ratio=torch.exp(clamped_log_ratio(inp.log_prob, inp.old_log_prob)))
+    return PolicyLossOutput(
+        pg_loss=agg(losses, inp),
+        pg_losses=losses,
+        ratio=torch.exp(clamped_log_ratio(inp.log_prob, inp.old_log_prob)),
+        metrics={"actor/ppo_kl": seg_masked_mean(-log_ratio, inp)},
+    )
 
 
 def reinforce(

@@ -1,14 +1,19 @@
 """Step: one step's groups under two scenarios, one row's tokens as a heat strip, and the
-debugging checklist of seed 002 section 13 evaluated on the step."""
+debugging checklist (scores, rewards, masks, groups, advantages, then ratios) evaluated on the step."""
 
 import streamlit as st
-from rlapp import session
+from rldiag.app import session
 
 from rldiag.config.settings import resolve_settings
 from rldiag.recompute import recompute
 from rldiag.viz.charts import group_figure, heat_strip
 from rldiag.viz.checklist import RATIO_METRICS, evaluate
+from rldiag.store.tokentext import RANKINGS
 from rldiag.viz.stepview import interesting_row, rollout_n, row_label, scenario_settings
+from rldiag.viz.tokentext import COLOURINGS, token_html, top_rows
+
+#: tokens listed per ranking
+TOP_K = 10
 
 st.title("Step")
 store = session.store_or_stop()
@@ -23,7 +28,10 @@ def pick_step(steps: list[int]) -> int:
             st.session_state["st_step"] = int(wanted)
     if st.session_state.get("st_step") not in steps:
         st.session_state["st_step"] = steps[0]
-    return st.selectbox("Step", steps, key="st_step")
+    step = st.selectbox("Step", steps, key="st_step")
+    st.query_params["step"] = str(step)  # the view is in the URL
+    st.session_state["st_link_seen"] = str(step)
+    return step
 
 
 def pick_scenarios(step: int) -> tuple[str | None, str | None]:
@@ -31,7 +39,7 @@ def pick_scenarios(step: int) -> tuple[str | None, str | None]:
     if not have:
         st.info("No scenario saved per-token outputs for this step, so advantages, ratios and IS weights are "
                 "not available. Recompute the run's own settings with tokens (or use the What-if page).")
-        if st.button("Recompute baseline with tokens", key="st_recompute"):
+        if st.button("Recompute baseline with tokens", key="st_recompute", disabled=not session.can_write(store)):
             bar = st.progress(0.0)
             recompute(store.run, {}, name="baseline", save_tokens=True,
                       progress=session.progress_callback(bar, "baseline"))
@@ -42,6 +50,31 @@ def pick_scenarios(step: int) -> tuple[str | None, str | None]:
     rest = [s for s in have if s != a]
     b = c2.selectbox("Scenario B", ["(none)"] + rest, key="st_b", index=1 if rest else 0)
     return a, (None if b == "(none)" else b)
+
+
+def response_text(step: int, row: int, scenario: str | None, tokens: dict) -> None:
+    """The row's response as text coloured per token, and the step's tokens that stand out."""
+    st.subheader("Response text")
+    text = store.row_text(step, row)
+    if text is None:
+        st.caption("The batch has no `response_tokens` column (one string per response token). With it, the "
+                   "response shows here as text, each token coloured by its advantage, ratio, IS weight or KL.")
+        return
+    have = [k for k in COLOURINGS if tokens.get(k) is not None]
+    kind = st.radio("Colour by", have, key="st_colour", horizontal=True, format_func=lambda k: COLOURINGS[k][0]) if have else None
+    if not have:
+        st.caption("No scenario saved per-token values for this step: the text is shown uncoloured.")
+    st.html(token_html(text, tokens.get("mask", []), tokens.get(kind) if kind else None, kind))
+    if scenario is None:
+        return
+    st.subheader("Tokens that stand out in this step")
+    for tab, k in zip(st.tabs(list(RANKINGS)), RANKINGS):
+        top = store.top_tokens(step, scenario, k, TOP_K)
+        with tab:
+            if top is None or top.is_empty():
+                st.caption(f"Scenario `{scenario}` saved no {k} for this step.")
+            else:
+                st.dataframe(top_rows(top), hide_index=True, key=f"st_top_{k}")
 
 
 def page() -> None:
@@ -64,8 +97,9 @@ def page() -> None:
     row = st.selectbox("Row", list(labels), format_func=labels.get, key="st_row")
     tokens = store.row_tokens(step, row, a)
     st.plotly_chart(heat_strip(tokens), key="st_strip")
+    response_text(step, row, a, tokens)
 
-    st.subheader("Checklist (seed 002 §13)")
+    st.subheader("Debugging checklist")
     settings = scenario_settings(store.scenario_meta(a) if a else None, resolve_settings(store.run).values)
     facts = store.step_facts(step, a)
     at_step = {}

@@ -2,8 +2,9 @@
 and their distribution, effective sample size, KL, chi-squared, PPL gap, rejection fractions."""
 
 import streamlit as st
-from rlapp import session
+from rldiag.app import session
 
+from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.viz.charts import histogram, metric_grid, quantile_band
 from rldiag.viz.offpolicy import baseline_first, panels
 
@@ -23,7 +24,7 @@ def page() -> None:
                 "batches' rollout_log_probs; recompute on the What-if page (rollout_is=token adds IS weights).")
     for title, metrics in groups.items():
         st.subheader(title)
-        joined = store.joined(metrics, overlay)
+        joined = store.joined(metrics, overlay, points=DEFAULT_POINTS)
         st.plotly_chart(metric_grid(joined, metrics, store.source_columns(overlay), columns=3, row_height=230),
                         key=f"op_panel_{title}")
 

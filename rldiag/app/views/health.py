@@ -1,7 +1,8 @@
 """Health: the doctor's findings, each with the steps behind it (links to the Step page)."""
 
 import streamlit as st
-from rlapp import session
+from rldiag.app import session
+from rldiag.app.main import page_path
 
 from rldiag.viz import health
 
@@ -13,7 +14,8 @@ def page() -> None:
     if not health.available():
         st.info("The doctor is not available yet in this build of rldiag.")
         return
-    deep = st.toggle("Recompute the run for the doctor's own signals (slower)", key="he_recompute", value=False)
+    deep = st.toggle("Recompute the run for the doctor's own signals (slower)", key="he_recompute", value=False,
+                     disabled=not session.can_write(store))
     key = (str(store.run), deep, store.status().size, tuple(store.steps()), tuple(store.scenario_names()))
     cached = st.session_state.get("he_report")
     if cached is None or cached[0] != key or st.button("Run the doctor again", key="he_again"):
@@ -37,7 +39,7 @@ def page() -> None:
             if v.steps:
                 cols = st.columns(min(len(v.steps), 6))
                 for i, s in enumerate(v.steps):
-                    cols[i % len(cols)].page_link("views/step.py", label=f"step {s}", query_params={"step": s},
+                    cols[i % len(cols)].page_link(page_path("step.py"), label=f"step {s}", query_params={"step": s},
                                                   icon=":material/biotech:")
                 if v.more_steps:
                     st.caption(f"and {v.more_steps} more steps")

@@ -2,9 +2,11 @@
 side by side, with the compare command's agreement of the advantages."""
 
 import streamlit as st
-from rlapp import session
+from rldiag.app import session
 
 from rldiag.config.settings import resolve_settings
+from rldiag.errors import RldiagError
+from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.recompute import recompute
 from rldiag.viz import comparison, whatif
 from rldiag.viz.charts import agreement_figure, metric_grid
@@ -82,18 +84,96 @@ def _index(options: list, value) -> int:
     return options.index(value) if value in options else 0
 
 
+def _cancel() -> None:
+    st.session_state["wi_cancelled"] = True
+
+
+def cancel_button(what: str) -> None:
+    """A Cancel button shown while ``what`` runs: pressing it makes Streamlit stop this run at its
+    next progress update (nothing half-written is kept: scenarios and comparisons are replaced
+    atomically) and draw the page again."""
+    st.button(f"Cancel the {what}", key=f"wi_cancel_{what}", on_click=_cancel)
+
+
 def run_scenarios(name: str, ovr: dict) -> None:
-    """Recompute the baseline (when missing) and the scenario, then compare them."""
+    """Recompute the baseline (when missing) and the scenario; the steps that failed are kept
+    to leave them out of the compare and to name them."""
     bar = st.progress(0.0, text="starting")
+    cancel_button("recompute")
+    failed: dict[int, str] = {}
     if BASELINE not in store.scenario_names() and name != BASELINE:
-        recompute(store.run, {}, name=BASELINE, save_tokens=True, progress=session.progress_callback(bar, BASELINE))
+        base = recompute(store.run, {}, name=BASELINE, save_tokens=True, progress=session.progress_callback(bar, BASELINE))
+        failed.update(base.steps_failed)
     report = recompute(store.run, ovr, name=name, save_tokens=True, progress=session.progress_callback(bar, name))
-    if report.steps_failed:
-        st.warning(f"{len(report.steps_failed)} steps failed: "
-                   + "; ".join(f"step {s}: {m}" for s, m in sorted(report.steps_failed.items())[:5]))
-    if name != BASELINE and comparison.available():
-        comparison.run_compare(store.run, BASELINE, name, progress=session.progress_callback(bar, "compare"))
-    bar.progress(1.0, text=f"{name}: {len(report.steps_done)} steps in {report.seconds:.1f} s")
+    failed.update(report.steps_failed)
+    st.session_state.setdefault("wi_failed", {})[name] = failed
+    bar.progress(1.0, text=f"{name}: {len(report.steps_done)} steps in {report.seconds:.1f} s"
+                           + (f", {len(failed)} failed" if failed else ""))
+    st.session_state["wi_compare_now"] = name
+
+
+def failed_steps_note(name: str) -> None:
+    failed = st.session_state.get("wi_failed", {}).get(name) or {}
+    problems = store.batches.problems
+    if failed:
+        st.warning(f"{len(failed)} step(s) could not be recomputed and are left out: "
+                   + "; ".join(f"step {s}: {m}" for s, m in sorted(failed.items())[:5])
+                   + (f"; and {len(failed) - 5} more" if len(failed) > 5 else ""))
+    elif problems:
+        st.warning("Batch files skipped: " + "; ".join(f"{k}: {v}" for k, v in problems.items()))
+
+
+def fit_warning(settings_chosen: dict) -> None:
+    steps = store.steps()
+    if not steps:
+        return
+    rows = store.step_rows(steps[0])
+    sizes = rows.group_by("grp").len()["len"].to_list() if not rows.is_empty() else []
+    msg = whatif.estimator_fit(settings_chosen[whatif.ESTIMATOR], sizes, steps[0])
+    if msg:
+        st.warning(msg, icon=":material/warning:")
+
+
+def compare_steps(name: str) -> str | None:
+    """The steps to compare: every batch step but those that failed (None: all)."""
+    failed = set(st.session_state.get("wi_failed", {}).get(name) or {}) | _unreadable()
+    if not failed:
+        return None
+    good = [s for s in store.steps() if s not in failed]
+    return ",".join(map(str, good)) if good else None
+
+
+def _unreadable() -> set[int]:
+    bad = set()
+    for k in store.batches.problems:
+        digits = "".join(ch for ch in str(k).split("step_")[-1] if ch.isdigit())
+        if digits:
+            bad.add(int(digits))
+    return bad
+
+
+def run_compare(name: str) -> bool:
+    """Compare the baseline with ``name`` step by step, with progress and a Cancel button; an
+    error names its step and leaves everything else on the page. True when it finished."""
+    bar = st.progress(0.0, text="compare: starting")
+    cancel_button("compare")
+    done = {"step": None}
+    update = session.progress_callback(bar, "compare")
+
+    def progress(i: int, total: int, step: int) -> None:
+        done["step"] = step
+        update(i, total, step)
+
+    steps = compare_steps(name)
+    try:
+        report = comparison.run_compare(store.run, BASELINE, name, steps=steps, progress=progress)
+    except RldiagError as exc:
+        after = f" after step {done['step']}" if done["step"] is not None else ""
+        bar.progress(1.0, text=f"compare stopped{after}")
+        st.error(f"The compare stopped{after}: {type(exc).__name__}: {exc}. The values above do not depend on it.")
+        return False
+    bar.progress(1.0, text=f"compare: {len(report.token_steps)} steps")
+    return True
 
 
 def results(name: str) -> None:
@@ -110,7 +190,7 @@ def results(name: str) -> None:
     metrics = st.multiselect("Metrics", names, key="wi_metrics")
     if not metrics:
         return
-    joined = store.joined(metrics, shown)
+    joined = store.joined(metrics, shown, points=DEFAULT_POINTS)
     st.plotly_chart(metric_grid(joined, metrics, store.source_columns(shown)), key="wi_chart")
     st.caption("Mean over steps of each source; the last columns give the scenario minus the baseline.")
     st.dataframe(store.summary(metrics, shown), hide_index=True)
@@ -122,9 +202,10 @@ def results(name: str) -> None:
         return
     saved = store.comparison(BASELINE, name)
     if saved is None or saved.stale:
-        if st.button("Compare the advantages", key="wi_compare"):
-            bar = st.progress(0.0)
-            comparison.run_compare(store.run, BASELINE, name, progress=session.progress_callback(bar, "compare"))
+        now = st.session_state.pop("wi_compare_now", None) == name
+        if now or st.button("Compare the advantages", key="wi_compare"):
+            if not run_compare(name):
+                return
             saved = store.comparison(BASELINE, name)
         else:
             return
@@ -141,6 +222,14 @@ with session.guard():
     ovr = whatif.overrides(base, chosen)
     name = whatif.scenario_name(ovr)
     st.markdown(f"**Scenario:** `{name}`" + (f" — overrides: `{ovr}`" if ovr else " (the run's own settings)"))
-    if st.button("Recompute", type="primary", key="wi_run"):
+    fit_warning(chosen)
+    if st.session_state.pop("wi_cancelled", False):
+        st.info("Cancelled: what was running was not written; the page shows what was saved before.")
+    has_batches = bool(store.steps())
+    if not has_batches:
+        st.caption(f"{store.run} has no batch files (batches/step_<N>.parquet): there is nothing to recompute.")
+    allowed = has_batches and session.can_write(store)
+    if st.button("Recompute", type="primary", key="wi_run", disabled=not allowed):
         run_scenarios(name, ovr)
+    failed_steps_note(name)
     results(name)

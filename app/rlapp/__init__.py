@@ -1,1 +1,0 @@
-"""Streamlit glue shared by the pages: the open run, its store, and error display."""

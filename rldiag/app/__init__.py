@@ -1,0 +1,96 @@
+"""rldiag's app (Streamlit), shipped inside the package: ``rldiag app [RUN ...]``.
+
+``main.py`` is the Streamlit script (``streamlit run`` runs it; the checkout's ``app/main.py``
+is a thin entry point to it), ``views/`` the pages, ``session.py`` the glue they share, and
+``samples/`` the bundled sample runs (read-only: the app opens a user-writable copy of them).
+Importing this package does not import Streamlit (the CLI builds the command without it).
+
+``rldiag app`` serves the app in its own process, after :func:`preload`: the runs' logged
+metrics are read into DuckDB and the heavy modules imported before the server answers, so the
+first page shows its chart without waiting for them.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+#: the Streamlit script of the app
+APP_SCRIPT = Path(__file__).resolve().parent / "main.py"
+#: options every serving of the app gets (no usage stats; no watching the installed sources)
+BASE_OPTIONS = ("--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none")
+
+_preloaded: dict[str, object] = {}  # run path -> Store, and "" -> the Db they share
+_lock = threading.Lock()
+
+
+def streamlit_options(port: int | None = None, address: str | None = None, headless: bool = False) -> list[str]:
+    opts = list(BASE_OPTIONS)
+    if headless:
+        opts += ["--server.headless", "true"]
+    if address:
+        opts += ["--server.address", address]
+    if port:
+        opts += ["--server.port", str(int(port))]
+    return opts
+
+
+def streamlit_command(runs: Sequence[str | Path] = (), port: int | None = None, address: str | None = None,
+                      headless: bool = False) -> list[str]:
+    """The ``streamlit run`` command line that serves the app on ``runs``."""
+    cmd = [sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), *streamlit_options(port, address, headless)]
+    if runs:
+        cmd += ["--", *(str(r) for r in runs)]
+    return cmd
+
+
+def preload(runs: Sequence[str | Path]) -> None:
+    """Open the runs' stores (reading their logged metrics) in this process, and import the
+    modules the pages need; the app's session picks them up instead of starting cold."""
+    from rldiag.store import Db, Store
+
+    with _lock:
+        db = _preloaded.setdefault("", Db())
+        for r in runs:
+            key = str(r)
+            if key not in _preloaded:
+                store = Store(r, db=db)
+                store.status()
+                store.logged_names()
+                _preloaded[key] = store
+    # the pages' modules (plotly; torch for What-if, Step and Health), before the server answers:
+    # imported later they would hold the interpreter while the first page is drawn
+    import rldiag.recompute  # noqa: F401
+    import rldiag.viz.charts  # noqa: F401
+    import rldiag.viz.comparison  # noqa: F401
+    import rldiag.viz.health  # noqa: F401
+
+
+def preloaded_db():
+    return _preloaded.get("")
+
+
+def preloaded_store(path: str):
+    return _preloaded.get(str(path))
+
+
+def serve(runs: Sequence[str | Path], port: int | None = None, address: str | None = None,
+          headless: bool = False) -> int:
+    """Serve the app in this process (blocks until the server stops)."""
+    from streamlit.web import cli as stcli
+
+    preload(runs)
+    argv = ["streamlit", "run", str(APP_SCRIPT), *streamlit_options(port, address, headless)]
+    if runs:
+        argv += ["--", *(str(r) for r in runs)]
+    old = sys.argv
+    sys.argv = argv
+    try:
+        stcli.main(prog_name="streamlit")
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        sys.argv = old
+    return 0

@@ -1,0 +1,160 @@
+"""The run the app shows, its :class:`~rldiag.store.Store`, the picker, and errors shown in the page."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+from rldiag.app import preloaded_db, preloaded_store
+from rldiag.errors import RldiagError
+from rldiag.store import Db, Store
+from rldiag.viz import runs
+from rldiag.viz.progress import progress_state
+
+RUN_KEY = "run_path"
+#: the other runs given on the command line (or in the sidebar), overlaid on the metrics page
+OTHER_RUNS_KEY = "other_runs"
+#: widget keys that belong to one run and are dropped when the run changes
+RUN_SCOPED_PREFIXES = ("m_", "wi_", "st_", "op_", "he_")
+
+
+@st.cache_resource(show_spinner=False)
+def _db() -> Db:
+    """The app's one DuckDB connection (``rldiag app``'s, opened before the server started)."""
+    return preloaded_db() or Db()
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _store(path: str) -> Store:
+    return preloaded_store(path) or Store(path, db=_db())
+
+
+def _run_changed() -> None:
+    for k in list(st.session_state):
+        if isinstance(k, str) and k.startswith(RUN_SCOPED_PREFIXES):
+            del st.session_state[k]
+
+
+def open_run(path: str | Path) -> None:
+    """Make ``path`` the open run (a widget callback: it runs before the next rerun)."""
+    st.session_state[RUN_KEY] = str(path)
+    _run_changed()
+
+
+def _open_sample() -> None:
+    try:
+        open_run(runs.sample_copy())
+    except (OSError, RldiagError) as exc:
+        st.session_state["pk_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _open_typed() -> None:
+    typed = str(st.session_state.get("pk_path", "")).strip()
+    if typed:
+        open_run(typed)
+
+
+def sidebar() -> None:
+    """The run box (initially the URL's ``run``, else the command line's, else empty: the picker)."""
+    if RUN_KEY not in st.session_state:
+        first = runs.initial_runs(sys.argv)
+        st.session_state[RUN_KEY] = st.query_params.get("run") or (first[0] if first else "")
+        st.session_state.setdefault(OTHER_RUNS_KEY, "\n".join(first[1:]))
+    st.sidebar.text_input("Run directory", key=RUN_KEY, on_change=_run_changed,
+                          help="A run directory: batches/step_<N>.parquet, metrics.jsonl, run.yaml")
+    st.sidebar.text_area("Other runs to overlay (one per line)", key=OTHER_RUNS_KEY, height=80,
+                         help="Their logged metrics and scenarios are drawn on the Training metrics page.")
+    path = run_path()
+    if path:
+        st.query_params["run"] = path
+    elif "run" in st.query_params:
+        del st.query_params["run"]
+
+
+def run_path() -> str:
+    return str(st.session_state.get(RUN_KEY, "") or "").strip()
+
+
+def other_run_paths() -> list[str]:
+    text = str(st.session_state.get(OTHER_RUNS_KEY, "") or "")
+    main = run_path()
+    return list(dict.fromkeys(p.strip() for p in text.splitlines() if p.strip() and p.strip() != main))
+
+
+def picker() -> None:
+    """No run open: a path box, the recent runs, and the bundled sample (opened as a copy)."""
+    st.info(runs.HOW_TO)
+    c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
+    c1.text_input("Run directory", key="pk_path", placeholder="/path/to/RUN")
+    c2.button("Open", key="pk_open", on_click=_open_typed, type="primary")
+    recent = runs.recent_runs()
+    if recent:
+        st.markdown("**Recent runs**")
+        for i, p in enumerate(recent):
+            st.button(p, key=f"pk_recent_{i}", on_click=open_run, args=(p,))
+    if runs.default_run() is not None:
+        st.button("Open the bundled sample (a copy in your rldiag directory)", key="pk_sample", on_click=_open_sample,
+                  help=f"Copied to {runs.user_dir() / 'samples'}, so that recomputing it writes there, never into the install.")
+    if st.session_state.get("pk_error"):
+        st.error(st.session_state.pop("pk_error"))
+
+
+def store_or_stop() -> Store:
+    """The open run's store; without a run the picker, with a broken one the error; then stop."""
+    path = run_path()
+    if not path:
+        picker()
+        st.stop()
+    try:
+        store = _store(path)
+    except RldiagError as exc:
+        show_error(exc)
+        st.stop()
+    if not runs.is_bundled(store.run):
+        runs.remember_run(store.run)
+    return store
+
+
+def other_stores() -> dict[str, Store]:
+    """The overlaid runs that open (label -> store); a broken one is shown as an error and left out."""
+    out = {}
+    for p in other_run_paths():
+        try:
+            out[p] = _store(p)
+        except RldiagError as exc:
+            show_error(exc)
+    return out
+
+
+def can_write(store: Store) -> bool:
+    """Whether rldiag may write into the run; says why not when it may not."""
+    if runs.writable(store.run):
+        return True
+    st.caption(runs.READ_ONLY)
+    return False
+
+
+def show_error(exc: RldiagError) -> None:
+    st.error(f"{type(exc).__name__}: {exc}")
+
+
+@contextlib.contextmanager
+def guard():
+    """Show an :class:`RldiagError` raised inside as an error box instead of a traceback."""
+    try:
+        yield
+    except RldiagError as exc:
+        show_error(exc)
+
+
+def progress_callback(bar, label: str):
+    """A ``progress(done, total, step)`` for rldiag that moves a ``st.progress`` bar."""
+
+    def update(done: int, total: int, step: int) -> None:
+        frac, text = progress_state(done, total, step, label)
+        bar.progress(frac, text=text)
+
+    return update

@@ -1,0 +1,1 @@
+"""The app's pages, one module each (Streamlit runs them as scripts)."""

@@ -1,0 +1,399 @@
+"""Capture from verl's own trainers (the V1 ``PPOTrainer`` and the legacy ``RayPPOTrainer``)
+with no change to the training code.
+
+Turned on from the environment of the process that runs the trainer (verl runs it in a Ray
+actor, the ``TaskRunner``)::
+
+    export VERL_USE_EXTERNAL_MODULES=rldiag.capture.verl   # verl imports it in every process
+    export RLDIAG_CAPTURE_DIR=/abs/path/runs/exp1          # where the run directory goes
+    python -m verl.trainer.main_ppo ...
+
+``verl/__init__.py`` imports the modules named in ``VERL_USE_EXTERNAL_MODULES`` in every
+process that imports verl, Ray actors included; importing this module with
+``RLDIAG_CAPTURE_DIR`` set calls :func:`install`. Code that builds its own trainer can call
+``install(run_dir)`` itself, in the process that calls ``fit``.
+
+:func:`install` patches, when they are imported (or at once when they already are):
+
+- ``fit`` of both trainers: opens a :class:`~rldiag.capture.RunWriter` with the trainer's
+  config (``run.yaml``, with ``rldiag.capture.verl_version`` = ``verl.__version__``, the trainer
+  kind and V1's ``trainer_mode``) and closes it when ``fit`` returns (V1's ``fit`` returns at
+  the last step without ``on_train_end``);
+- ``compute_rollout_correction_and_add_to_batch`` (``rollout_corr_helper``, and V1's own
+  reference to it): keeps the mask *before* rejection, written as ``loss_mask``;
+- the end of the advantage block: legacy ``ray_trainer.compute_advantage`` (its DataProto),
+  V1 ``PPOTrainer._compute_advantage`` (the fields read back from the TransferQueue after the
+  trainer wrote advantages and returns, its divisibility-padding rows dropped). Each call is one
+  ``write_batch`` of ``trainer.global_steps``; the ``separate_async`` trainer's several calls per
+  step become the parts of that step;
+- ``verl.utils.tracking.Tracking.log``, the trainers' last act of a step: the metrics go to
+  ``metrics.jsonl`` and then ``RunWriter.sync()`` runs, so each step is on disk, fsynced, when
+  it ends (a kill loses at most the step in flight; no exit hook is relied on). A training step
+  (its metrics carry ``training/global_step``) that ends with no batch captured raises
+  :class:`~rldiag.errors.CaptureError`: a capture that silently records nothing is a bug.
+
+``RLDIAG_CAPTURE_TOKENS=1`` also stores each response's token strings (``response_tokens``,
+with the trainer's tokenizer). verl is never imported by rldiag otherwise; its code is only
+wrapped, never copied.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from rldiag.capture.config import plain
+from rldiag.capture.writer import RunWriter
+from rldiag.errors import CaptureError
+
+ENV_DIR = "RLDIAG_CAPTURE_DIR"
+ENV_TOKENS = "RLDIAG_CAPTURE_TOKENS"
+
+LEGACY_MODULE = "verl.trainer.ppo.ray_trainer"
+V1_MODULE = "verl.trainer.ppo.v1.trainer_base"
+CORRECTION_MODULE = "verl.trainer.ppo.rollout_corr_helper"
+TRACKING_MODULE = "verl.utils.tracking"
+_CORRECTION_FN = "compute_rollout_correction_and_add_to_batch"
+
+#: The fields a V1 step's capture reads back from the TransferQueue; the TransferQueue leaves
+#: out the ones a run does not have (no critic: no ``values``, ...), as verl's own reads rely on.
+V1_FIELDS = ("uid", "prompts", "responses", "response_mask", "rm_scores", "token_level_rewards", "old_log_probs",
+             "ref_log_prob", "values", "rollout_log_probs", "advantages", "returns")
+
+_WRAPPED = "__rldiag_capture__"
+
+
+class VerlCapture:
+    """The capture state of one process: the run directory, the writer (open while ``fit``
+    runs), the trainer being captured and the mask kept before rollout rejection."""
+
+    def __init__(self, run_dir: str | Path, tokens: bool = False):
+        self.run_dir = Path(run_dir)
+        self.tokens = tokens
+        self.writer: RunWriter | None = None
+        self.trainer: Any = None
+        self.kind: str | None = None
+        self._pre_mask: torch.Tensor | None = None
+        self._lock = threading.Lock()
+
+    # -- fit ----------------------------------------------------------------------------------
+    def begin(self, trainer: Any, kind: str) -> None:
+        """``fit`` starts: open the writer with the trainer's config."""
+        if self.writer is not None:  # a nested fit (a subclass calling super().fit()): one writer
+            return
+        config = getattr(trainer, "config", None)
+        self._refuse_a_second_metrics_writer(config)
+        tokenizer = getattr(trainer, "tokenizer", None) if self.tokens else None
+        if self.tokens and tokenizer is None:
+            raise CaptureError(f"{ENV_TOKENS} is set but the trainer has no tokenizer")
+        self.trainer, self.kind = trainer, kind
+        self.writer = RunWriter(self.run_dir, config=run_config(config, kind), tokenizer=tokenizer)
+
+    def finish(self) -> None:
+        """``fit`` returned (or raised): write what is queued and close."""
+        writer, self.writer, self.trainer, self._pre_mask = self.writer, None, None, None
+        if writer is not None:
+            writer.close()
+
+    @property
+    def active(self) -> bool:
+        return self.writer is not None
+
+    def _refuse_a_second_metrics_writer(self, config: Any) -> None:
+        target = os.environ.get("VERL_FILE_LOGGER_PATH")
+        loggers = _get(config, "trainer.logger") or []
+        loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+        if target and "file" in loggers and Path(target).resolve() == (self.run_dir / "metrics.jsonl").resolve():
+            raise CaptureError(
+                f"VERL_FILE_LOGGER_PATH={target} is the capture's own metrics.jsonl: verl's file logger "
+                "truncates it when it opens and would interleave lines with the capture; point it elsewhere "
+                "(the capture writes the metrics itself)")
+
+    # -- one step -----------------------------------------------------------------------------
+    def keep_mask_before_correction(self, data: Any) -> None:
+        """Rollout correction is about to rewrite ``response_mask``: keep the rollout's mask."""
+        if self.active:
+            mask = data.batch["response_mask"]
+            self._pre_mask = mask.detach().clone()
+
+    def _take_pre_mask(self, rows: int, width: int) -> torch.Tensor | None:
+        pre, self._pre_mask = self._pre_mask, None
+        if pre is None:
+            return None
+        if pre.shape[0] != rows:
+            raise CaptureError(f"step {self.step}: the mask kept before rollout correction has {pre.shape[0]} rows, "
+                               f"the batch {rows}")
+        if pre.shape[1] >= width:
+            return pre[:, :width]
+        return torch.nn.functional.pad(pre, (0, width - pre.shape[1]))
+
+    @property
+    def step(self) -> int:
+        return int(getattr(self.trainer, "global_steps", 0))
+
+    def capture_dataproto(self, data: Any) -> None:
+        """The legacy trainer's batch after ``compute_advantage`` (a padded DataProto)."""
+        tensors = {str(k): data.batch[k] for k in list(data.batch.keys())}
+        mask = tensors["response_mask"]
+        pre = self._take_pre_mask(mask.shape[0], mask.shape[1])
+        if pre is not None:
+            tensors["loss_mask"] = pre.to(mask.device)
+        self.writer.write_batch(self.step, SimpleNamespace(batch=tensors, non_tensor_batch=dict(data.non_tensor_batch)))
+
+    def capture_v1(self, tq: Any, meta: Any) -> None:
+        """The V1 trainer's batch after ``_compute_advantage``, read back from the TransferQueue
+        (nested, one row per key) and handed over padded."""
+        data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id, select_fields=list(V1_FIELDS))
+        lengths = data["responses"].offsets().diff()
+        prompt_length = data["prompts"].offsets().diff()
+        uids = data["uid"]  # a NonTensorStack (tolist) or, in older tensordict releases, a plain sequence
+        uid = np.asarray(list(uids.tolist() if hasattr(uids, "tolist") else uids), dtype=object)
+        padded = data.exclude("uid", "prompts").to_padded_tensor()
+        width = padded["responses"].shape[1]
+        tags = list(getattr(meta, "tags", None) or [{}] * len(uid))
+        keep = torch.tensor([not (t or {}).get("is_padding", False) for t in tags], dtype=torch.bool)
+        step = {k: padded[k] for k in padded.keys()}
+        if "rm_scores" in step and "token_level_scores" not in step:
+            step["token_level_scores"] = step.pop("rm_scores")
+        pre = self._take_pre_mask(len(uid), width)
+        if pre is not None:
+            step["loss_mask"] = pre
+        step["attention_mask"] = (torch.arange(width) < lengths.unsqueeze(1)).long()
+        step = {k: v[keep] for k, v in step.items()}
+        step["prompt_length"] = prompt_length[keep]
+        step["uid"] = uid[keep.numpy()]
+        self.writer.write_batch(self.step, step)
+
+    def end_step(self, step: int, data: dict) -> None:
+        """``Tracking.log``: the metrics line, then the end-of-step barrier."""
+        writer = self.writer
+        writer.log_metrics(step, data)
+        writer.sync()
+        if "training/global_step" in data and writer.parts(step) == 0:
+            raise CaptureError(
+                f"rldiag capture: training step {step} ended with no batch captured; the {self.kind} trainer's "
+                f"advantage step ({'compute_advantage' if self.kind == 'legacy' else 'PPOTrainer._compute_advantage'}) "
+                "did not run through the capture (a subclass that overrides it without calling super()?)")
+
+
+def _get(config: Any, dotted: str) -> Any:
+    node = config
+    for key in dotted.split("."):
+        if node is None:
+            return None
+        getter = getattr(node, "get", None)
+        node = getter(key, None) if callable(getter) else getattr(node, key, None)
+    return node
+
+
+def run_config(config: Any, kind: str) -> dict:
+    """The trainer's config as ``run.yaml`` holds it, with what the capture knows of verl:
+    ``rldiag.capture.{verl_version, trainer, trainer_mode}``."""
+    tree = plain(config) if config is not None else {}
+    if not isinstance(tree, dict):
+        raise CaptureError(f"the trainer's config must be a mapping at the top, not {type(tree).__name__}")
+    verl = sys.modules.get("verl")
+    info = {"verl_version": str(getattr(verl, "__version__", "unknown")), "trainer": kind}
+    if kind == "v1":
+        info["trainer_mode"] = _get(config, "trainer.v1.trainer_mode")
+    rldiag = dict(tree.get("rldiag") or {})
+    rldiag["capture"] = info
+    return {**tree, "rldiag": rldiag}
+
+
+# ---- patches ------------------------------------------------------------------------------------
+
+_SESSION: VerlCapture | None = None
+_UNDO: list[tuple[Any, str, Any]] = []
+_DONE: set[str] = set()
+
+
+def _set(owner: Any, name: str, value: Callable) -> None:
+    original = getattr(owner, name)
+    if getattr(original, _WRAPPED, False):
+        return
+    setattr(value, _WRAPPED, True)
+    _UNDO.append((owner, name, original))
+    setattr(owner, name, value)
+
+
+def _wrap_fit(kind: str, fit: Callable) -> Callable:
+    @functools.wraps(fit)
+    def fit_and_capture(self, *args, **kwargs):
+        session = _SESSION
+        if session is None or session.active:
+            return fit(self, *args, **kwargs)
+        session.begin(self, kind)
+        try:
+            result = fit(self, *args, **kwargs)
+        except BaseException:
+            try:
+                session.finish()
+            except CaptureError as exc:  # the training error goes on; the capture's is printed
+                print(f"rldiag.capture: {exc}", file=sys.stderr)
+            raise
+        session.finish()
+        return result
+
+    return fit_and_capture
+
+
+def _wrap_correction(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def correct_and_keep_mask(data, *args, **kwargs):
+        if _SESSION is not None:
+            _SESSION.keep_mask_before_correction(data)
+        return fn(data, *args, **kwargs)
+
+    return correct_and_keep_mask
+
+
+def _patch_correction(module: Any) -> None:
+    _set(module, _CORRECTION_FN, _wrap_correction(getattr(module, _CORRECTION_FN)))
+
+
+def _patch_legacy(module: Any) -> None:
+    _set(module.RayPPOTrainer, "fit", _wrap_fit("legacy", module.RayPPOTrainer.fit))
+    compute_advantage = module.compute_advantage
+
+    @functools.wraps(compute_advantage)
+    def compute_advantage_and_capture(data, *args, **kwargs):
+        out = compute_advantage(data, *args, **kwargs)
+        if _SESSION is not None and _SESSION.active and _SESSION.kind == "legacy":
+            _SESSION.capture_dataproto(out)
+        return out
+
+    _set(module, "compute_advantage", compute_advantage_and_capture)
+    if hasattr(module, _CORRECTION_FN):  # a module-level import of it (the V1 base has one)
+        _patch_correction(module)
+
+
+def _patch_v1(module: Any) -> None:
+    cls = module.PPOTrainer
+    _set(cls, "fit", _wrap_fit("v1", cls.fit))
+    compute = cls._compute_advantage
+
+    @functools.wraps(compute)
+    def compute_advantage_and_capture(self, batch, *args, **kwargs):
+        out = compute(self, batch, *args, **kwargs)
+        if _SESSION is not None and _SESSION.active and _SESSION.kind == "v1":
+            _SESSION.capture_v1(module.tq, batch)  # the trainer's own meta: keys and padding tags
+        return out
+
+    _set(cls, "_compute_advantage", compute_advantage_and_capture)
+    if hasattr(module, _CORRECTION_FN):
+        _patch_correction(module)
+
+
+def _patch_tracking(module: Any) -> None:
+    log = module.Tracking.log
+
+    @functools.wraps(log)
+    def log_and_capture(self, data, step, *args, **kwargs):
+        out = log(self, data, step, *args, **kwargs)
+        if _SESSION is not None and _SESSION.active:
+            _SESSION.end_step(int(step), dict(data))
+        return out
+
+    _set(module.Tracking, "log", log_and_capture)
+
+
+PATCHES: dict[str, Callable[[Any], None]] = {
+    CORRECTION_MODULE: _patch_correction,
+    LEGACY_MODULE: _patch_legacy,
+    V1_MODULE: _patch_v1,
+    TRACKING_MODULE: _patch_tracking,
+}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, then patches the module it made."""
+
+    def __init__(self, loader: Any, name: str):
+        self._loader, self._name = loader, name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        _apply(self._name, module)
+
+    def __getattr__(self, attr):  # get_source, get_code, ... of the real loader
+        return getattr(self._loader, attr)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches verl's trainer modules as they are imported (they are imported after
+    ``import verl`` has imported this module)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in PATCHES or name in _DONE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, name)
+                return spec
+        return None
+
+
+_FINDER = _PatchOnImport()
+
+
+def _apply(name: str, module: Any) -> None:
+    if name not in _DONE:
+        _DONE.add(name)
+        PATCHES[name](module)
+
+
+def install(run_dir: str | Path | None = None, *, tokens: bool | None = None) -> VerlCapture:
+    """Capture every ``fit`` of verl's trainers in this process into ``run_dir`` (default:
+    ``$RLDIAG_CAPTURE_DIR``). ``tokens``: also store token text (default: ``$RLDIAG_CAPTURE_TOKENS``).
+    Idempotent; :func:`uninstall` undoes it."""
+    global _SESSION
+    run_dir = run_dir if run_dir is not None else os.environ.get(ENV_DIR)
+    if not run_dir:
+        raise CaptureError(f"rldiag.capture.verl.install needs a run directory (or {ENV_DIR} in the environment)")
+    if tokens is None:
+        tokens = os.environ.get(ENV_TOKENS, "").strip().lower() in ("1", "true", "yes", "on")
+    if _SESSION is not None and _SESSION.active:
+        raise CaptureError(f"a capture into {_SESSION.run_dir} is running in this process")
+    _SESSION = VerlCapture(run_dir, tokens=tokens)
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+    for name in PATCHES:  # CORRECTION_MODULE first: the trainers' own references are patched after
+        if name in sys.modules:
+            _apply(name, sys.modules[name])
+    return _SESSION
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: the original functions back, no import hook, the writer closed."""
+    global _SESSION
+    session, _SESSION = _SESSION, None
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    while _UNDO:
+        owner, name, original = _UNDO.pop()
+        setattr(owner, name, original)
+    _DONE.clear()
+    if session is not None:
+        session.finish()
+
+
+if os.environ.get(ENV_DIR):
+    install()

@@ -1,0 +1,261 @@
+"""Capture from verl's own trainers (``rldiag.capture.verl``), tested with verl's own trainer-side
+functions (advantages, KL in reward, rollout correction, data metrics) on synthetic batches, no
+model and no GPU; then ``rldiag verify`` must find every logged number reproduced."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+pytest.importorskip("verl")
+pytest.importorskip("omegaconf")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+import rldiag.capture.verl as capture  # noqa: E402
+from rldiag.analysis.verify import verify_run  # noqa: E402
+from rldiag.errors import CaptureError  # noqa: E402
+from tests.capture import verl_steps  # noqa: E402
+from tests.capture.verl_steps import P, R  # noqa: E402
+
+RC_RS = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1", "rollout_rs_threshold": 1.5,
+         "bypass_mode": False}
+
+
+def _config(estimator: str, n: int, kl_in_reward: bool = False, rollout_correction: dict | None = None,
+            mode: str = "sync"):
+    return OmegaConf.create({
+        "algorithm": {"adv_estimator": estimator, "gamma": 0.99 if estimator == "gae" else 1.0,
+                      "lam": 0.95 if estimator == "gae" else 1.0, "norm_adv_by_std_in_grpo": True,
+                      "use_kl_in_reward": kl_in_reward, "kl_penalty": "kl",
+                      "kl_ctrl": {"type": "fixed", "kl_coef": 0.05, "horizon": 10000, "target_kl": 0.1},
+                      "rollout_correction": rollout_correction},
+        "actor_rollout_ref": {"rollout": {"n": n, "calculate_log_probs": rollout_correction is not None}},
+        "data": {"max_prompt_length": P, "max_response_length": R},
+        "trainer": {"logger": ["console"], "use_v1": mode != "legacy", "v1": {"trainer_mode": mode}},
+    })
+
+
+@pytest.fixture
+def capture_into(tmp_path):
+    """``install`` into a run directory; always undone."""
+    run = tmp_path / "run"
+
+    def start(**kw):
+        capture.install(run, **kw)
+        return run
+
+    yield start
+    capture.uninstall()
+
+
+def _trainer(cls, config, **attrs):
+    from verl.trainer.ppo import core_algos
+    from verl.utils.tracking import Tracking
+
+    trainer = object.__new__(cls)  # no workers, no Ray: only what the advantage block reads
+    trainer.config = config
+    trainer.global_steps = 0
+    trainer.use_critic = config.algorithm.adv_estimator == "gae"
+    trainer.use_reference_policy = bool(config.algorithm.use_kl_in_reward)
+    trainer.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+    trainer.logger = Tracking(project_name="p", experiment_name="e", default_backend=[])
+    for k, v in attrs.items():
+        setattr(trainer, k, v)
+    return trainer
+
+
+def _assert_match(run, *must_compare):
+    report = verify_run(run, candidates=False)
+    bad = {name: f.mismatches for name, f in report.fields.items() if f.mismatches}
+    assert report.status == "match", bad
+    compared = {name for name, f in report.fields.items() if f.compared}
+    assert set(must_compare) <= compared, set(must_compare) - compared
+    return report
+
+
+# ---- legacy trainer ------------------------------------------------------------------------------
+
+
+def test_legacy_gae_with_kl_in_reward_verifies_as_a_match(capture_into, monkeypatch):
+    rt = pytest.importorskip("verl.trainer.ppo.ray_trainer")
+    monkeypatch.setattr(rt.RayPPOTrainer, "fit", verl_steps.legacy_fit(n_steps=3, rows=8))
+    run = capture_into()
+    cfg = _config("gae", n=2, kl_in_reward=True, mode="legacy")
+    _trainer(rt.RayPPOTrainer, cfg).fit()
+    saved = yaml.safe_load((run / "run.yaml").read_text())
+    import verl
+
+    assert saved["rldiag"]["capture"] == {"verl_version": verl.__version__, "trainer": "legacy"}
+    assert saved["algorithm"]["adv_estimator"] == "gae" and saved["algorithm"]["use_kl_in_reward"] is True
+    table = pq.read_table(run / "batches" / "step_000002.parquet")
+    assert {"values", "ref_log_prob", "token_level_rewards", "advantages", "returns", "prompt_length"} <= set(
+        table.column_names)
+    assert "loss_mask" not in table.column_names  # no rollout correction: response_mask is the rollout's
+    _assert_match(run, "advantages", "returns", "token_level_rewards", "actor/reward_kl_penalty",
+                  "critic/advantages/mean", "critic/returns/mean", "response_length/clip_ratio")
+
+
+def test_legacy_rejection_sampling_keeps_the_rollout_mask_and_verifies(capture_into, monkeypatch):
+    rt = pytest.importorskip("verl.trainer.ppo.ray_trainer")
+    monkeypatch.setattr(rt.RayPPOTrainer, "fit", verl_steps.legacy_fit(n_steps=2, rows=8))
+    run = capture_into()
+    _trainer(rt.RayPPOTrainer, _config("grpo", n=4, rollout_correction=RC_RS, mode="legacy")).fit()
+    table = pq.read_table(run / "batches" / "step_000001.parquet")
+    kept = np.concatenate(table["loss_mask"].to_numpy(zero_copy_only=False))
+    used = np.concatenate(table["response_mask"].to_numpy(zero_copy_only=False))
+    assert kept.all() and not used.all()  # rejection removed tokens; loss_mask is the rollout's
+    _assert_match(run, "response_mask", "advantages", "rollout_corr/rollout_rs_token_k1_masked_fraction",
+                  "rollout_corr/rollout_is_mean")
+
+
+# ---- V1 trainer ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def v1(monkeypatch):
+    tb = verl_steps.import_v1(monkeypatch)
+    tq = verl_steps.FakeTQ()
+    monkeypatch.setattr(tb, "tq", tq)
+
+    class Trainer(tb.PPOTrainer):
+        def on_step_end(self):
+            pass
+
+        def on_sample_end(self):
+            pass
+
+    return tb, tq, Trainer
+
+
+def test_v1_grpo_with_rejection_sampling_verifies_as_a_match(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=3, rows=8))
+    run = capture_into()
+    Trainer_ = _trainer(Trainer, _config("grpo", n=4, rollout_correction=RC_RS))
+    Trainer_.fit()
+    saved = yaml.safe_load((run / "run.yaml").read_text())
+    assert saved["rldiag"]["capture"]["trainer"] == "v1" and saved["rldiag"]["capture"]["trainer_mode"] == "sync"
+    table = pq.read_table(run / "batches" / "step_000003.parquet")
+    assert np.concatenate(table["loss_mask"].to_numpy(zero_copy_only=False)).all()
+    assert not np.concatenate(table["response_mask"].to_numpy(zero_copy_only=False)).all()
+    _assert_match(run, "response_mask", "advantages", "returns", "rollout_corr/rollout_rs_token_k1_masked_fraction",
+                  "rollout_corr/rollout_is_mean", "critic/advantages/mean", "prompt_length/mean")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+
+
+def test_v1_separate_async_parts_are_all_kept(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=2, rows=8, parts=4, padding=1))
+    run = capture_into()
+    _trainer(Trainer, _config("grpo", n=4, rollout_correction=RC_RS, mode="separate_async")).fit()
+    table = pq.read_table(run / "batches" / "step_000002.parquet")
+    # 4 parts of 8 rows, the last row of each a divisibility-padding row (dropped)
+    assert table["part"].to_pylist() == [k for k in range(4) for _ in range(7)]
+    assert table["uid"].to_pylist() == [f"s2-part{k}-p{i // 4}" for k in range(4) for i in range(7)]
+
+
+def test_a_training_step_with_no_batch_captured_fails_loudly(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+
+    class Overriding(Trainer):  # its own advantage step, not calling the base class's
+        def _compute_advantage(self, batch, metrics):
+            zeros = [r.float() * 0 for r in tq.kv_batch_get(keys=batch.keys, partition_id="train",
+                                                           select_fields=["response_mask"])["response_mask"].unbind()]
+            tq.put_rows(batch.keys, {"advantages": zeros, "returns": zeros})
+            return batch
+
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=8))
+    capture_into()
+    with pytest.raises(CaptureError, match="training step 1 ended with no batch captured"):
+        _trainer(Overriding, _config("grpo", n=4)).fit()
+
+
+def test_token_text_comes_from_the_trainers_tokenizer(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+
+    class Vocab:
+        def convert_ids_to_tokens(self, ids):
+            return [f"<{i}>" for i in ids]
+
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=4))
+    run = capture_into(tokens=True)
+    _trainer(Trainer, _config("grpo", n=2), tokenizer=Vocab()).fit()
+    table = pq.read_table(run / "batches" / "step_000001.parquet")
+    keys = list(tq.rows)
+    expected = [[f"<{int(i)}>" for i in tq.rows[k]["responses"]] for k in keys]
+    assert table["response_tokens"].to_pylist() == expected
+
+
+def test_the_file_logger_on_the_capture_metrics_file_is_refused(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=4))
+    run = capture_into()
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run / "metrics.jsonl"))
+    cfg = _config("grpo", n=2)
+    cfg.trainer.logger = ["console", "file"]
+    with pytest.raises(CaptureError, match="VERL_FILE_LOGGER_PATH"):
+        _trainer(Trainer, cfg).fit()
+
+
+def test_uninstall_restores_verls_functions(monkeypatch, tmp_path, v1):
+    tb, _, _ = v1
+    import verl.trainer.ppo.rollout_corr_helper as rch
+    from verl.utils.tracking import Tracking
+
+    before = (tb.PPOTrainer.fit, tb.PPOTrainer._compute_advantage, Tracking.log,
+              rch.compute_rollout_correction_and_add_to_batch)
+    capture.install(tmp_path)
+    assert tb.PPOTrainer._compute_advantage is not before[1] and Tracking.log is not before[2]
+    capture.uninstall()
+    assert (tb.PPOTrainer.fit, tb.PPOTrainer._compute_advantage, Tracking.log,
+            rch.compute_rollout_correction_and_add_to_batch) == before
+
+
+def test_two_environment_variables_turn_it_on_in_any_process_that_imports_verl(tmp_path):
+    """verl imports the modules named in VERL_USE_EXTERNAL_MODULES in every process that imports
+    it (its Ray actors included); with RLDIAG_CAPTURE_DIR set, the trainer modules are patched as
+    they are imported, with no change to the training code."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import verl, sys\n"
+            "assert 'rldiag.capture.verl' in sys.modules\n"
+            "import verl.utils.tracking as t, verl.trainer.ppo.rollout_corr_helper as r\n"
+            "import rldiag.capture.verl as c\n"
+            "print(c._SESSION.run_dir, getattr(t.Tracking.log, '__rldiag_capture__', False),\n"
+            "      getattr(r.compute_rollout_correction_and_add_to_batch, '__rldiag_capture__', False))\n")
+    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="rldiag.capture.verl", RLDIAG_CAPTURE_DIR=str(tmp_path / "run"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(tmp_path / "run"), "True", "True"]
+
+
+@pytest.mark.slow
+def test_in_a_ray_actor_killed_mid_step_the_finished_steps_verify(tmp_path):
+    """verl runs the trainer in a Ray actor: the capture is turned on there by the actor's
+    environment alone, and an actor killed while step 3 is in flight (no exit hook, no close)
+    leaves steps 1 and 2 complete on disk, verifying as a match."""
+    pytest.importorskip("ray")
+    pytest.importorskip("verl.trainer.ppo.ray_trainer")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run, marker = tmp_path / "run", tmp_path / "step3-in-flight"
+    script = Path(__file__).with_name("ray_trainer_actor.py")
+    out = subprocess.run([sys.executable, str(script), str(run), str(marker)], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and "killed" in out.stdout, out.stderr[-3000:]
+    from rldiag.io.rundir import RunDir, iter_metrics_lines
+
+    assert [sf.step for sf in RunDir(run).step_files()][:2] == [1, 2]
+    assert [s for s, _ in iter_metrics_lines(run / "metrics.jsonl")] == [1, 2]
+    report = verify_run(run, steps="1:2", candidates=False)
+    assert report.status == "match", {n: f.mismatches for n, f in report.fields.items() if f.mismatches}

@@ -1,0 +1,105 @@
+"""The wandb SDK's life cycle in the importer: the wandb-core rldiag starts, and a shutdown that
+cannot hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+from rldiag.importers import wandb_sdk
+
+
+@pytest.fixture
+def no_started_service(monkeypatch):
+    monkeypatch.setattr(wandb_sdk, "_started", None)
+    monkeypatch.setattr(wandb_sdk, "_env_before", None)
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+
+
+def _sleeper() -> subprocess.Popen:
+    """A stand-in for wandb-core: a process in a session of its own, as wandb starts it."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_shutdown_returns_although_wandbs_teardown_never_does(monkeypatch, no_started_service):
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck_teardown():
+        entered.set()
+        release.wait()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(teardown=stuck_teardown))
+    core = _sleeper()
+    monkeypatch.setattr(wandb_sdk, "_started", core)
+    try:
+        wandb_sdk.shutdown(deadline=0.2)
+        assert entered.is_set()  # teardown was called ...
+        assert not release.is_set()  # ... and is still waiting: shutdown did not wait for it
+        assert core.poll() is not None  # the service was ended by its PID
+        assert wandb_sdk._started is None
+    finally:
+        release.set()
+        if core.poll() is None:
+            core.kill()
+            core.wait()
+
+
+def test_shutdown_swallows_wandbs_system_exit(monkeypatch, no_started_service):
+    def exits():
+        sys.exit(3)  # wandb's teardown exits with wandb-core's exit code
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(teardown=exits))
+    wandb_sdk.shutdown(deadline=5)  # returns normally
+
+
+def test_shutdown_restores_the_service_variable(monkeypatch, no_started_service):
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(teardown=lambda: None))
+    core = _sleeper()
+    monkeypatch.setattr(wandb_sdk, "_started", core)
+    monkeypatch.setenv("WANDB_SERVICE", "token-of-rldiags-service")
+    wandb_sdk.shutdown()
+    assert "WANDB_SERVICE" not in os.environ
+    assert core.poll() is not None
+
+
+def test_shutdown_without_wandb_is_a_no_op(monkeypatch, no_started_service):
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    wandb_sdk.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads /proc/PID/fd")
+def test_the_real_wandb_core_is_detached_from_our_output_and_ended(tmp_path, monkeypatch, no_started_service):
+    pytest.importorskip("wandb")
+    from .conftest import hermetic_env
+
+    for k, v in hermetic_env(tmp_path).items():
+        if k.startswith("WANDB_") or k == "HOME":
+            monkeypatch.setenv(k, v)
+    wandb_sdk.start_service()
+    core = wandb_sdk._started
+    if core is None:
+        pytest.skip("this wandb has no detached service (another version's internals)")
+    try:
+        assert os.environ.get("WANDB_SERVICE")  # wandb.Api connects to it as an external service
+        for fd in (0, 1, 2):
+            assert os.readlink(f"/proc/{core.pid}/fd/{fd}") == "/dev/null"
+    finally:
+        wandb_sdk.shutdown()
+    assert core.poll() is not None
+    assert "WANDB_SERVICE" not in os.environ
+
+
+def test_a_known_service_is_left_alone(monkeypatch, no_started_service):
+    monkeypatch.setenv("WANDB_SERVICE", "someone-elses")
+    wandb_sdk.start_service()
+    assert wandb_sdk._started is None
+    assert os.environ["WANDB_SERVICE"] == "someone-elses"
