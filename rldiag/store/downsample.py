@@ -33,8 +33,11 @@ def m4_sql(inner: str, columns: Sequence[str], points: int) -> str:
         picks += [
             f"min(step) FILTER (WHERE {q} IS NOT NULL)",
             f"max(step) FILTER (WHERE {q} IS NOT NULL)",
-            f"arg_min(step, {finite})",  # one row per extreme, even on a flat line
-            f"arg_max(step, {finite})",
+            # one row per extreme, the earliest step among ties: without the step in the key,
+            # DuckDB's parallel aggregation returns any of the tied rows (a flat line would keep
+            # a different, and more, rows from one query to the next)
+            f"arg_min(step, CASE WHEN {finite} IS NULL THEN NULL ELSE struct_pack(v := {finite}, s := step) END)",
+            f"arg_max(step, CASE WHEN {finite} IS NULL THEN NULL ELSE struct_pack(v := {finite}, s := -step) END)",
             f"min(step) FILTER (WHERE isnan({q}))",  # a NaN stays a gap in the line
         ]
     if not picks:

@@ -45,6 +45,12 @@ def test_every_bucket_keeps_its_extremes_and_ends(tmp_path):
         s, v = steps[sel], vals[sel]
         assert {s.min(), s.max(), s[v.argmin()], s[v.argmax()]} <= set(kept)
     assert kept[1235] == 1e4 and max(kept.values()) == vals.max() and min(kept.values()) == vals.min()
+    # a flat line: its extremes tie on every step, and the earliest step stands for them, so each
+    # bucket keeps exactly its first and last step (whatever order DuckDB's threads see the rows in)
+    flat = ds.filter(metric="flat")["step"].to_list()
+    want = sorted({int(x) for b in np.unique(_buckets(steps, 100))
+                   for x in (steps[_buckets(steps, 100) == b].min(), steps[_buckets(steps, 100) == b].max())})
+    assert flat == want
 
 
 def test_a_short_range_is_full_resolution(tmp_path):
