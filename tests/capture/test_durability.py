@@ -48,8 +48,8 @@ def test_separate_async_parts_are_all_kept_and_load_as_one_batch_in_order(tmp_pa
     step = load_step(files[0], resolve_settings(overrides={"algorithm.adv_estimator": "grpo"}))
     assert step.n_rows == 16
     expected = torch.cat([b["old_log_probs"] * b["response_mask"] for b in parts])
-    got = step.batch.old_log_probs
-    assert torch.equal(got, expected[:, : got.shape[1]])
+    got = step.batch.rows.pad(step.batch.old_log_probs, expected.shape[1])  # flat (tokens,) -> (rows, R)
+    assert torch.equal(got, expected)
     assert step.uids.to_pylist() == [u for b in parts for u in b["uid"]]
 
 
