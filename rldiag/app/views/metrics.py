@@ -138,7 +138,10 @@ def _on_select(metric: str, event) -> None:
     if kind == "zoom":
         st.session_state["m_zoom"] = arg
         st.rerun()
-    st.switch_page(page_path("step.py"), query_params={"step": arg})
+    # the URL keeps the open run (and the rest of the view) beside the step: switching pages from
+    # the live fragment can leave the run box's widget state behind, and the Step page then
+    # reopens the run from the URL rather than showing the picker
+    st.switch_page(page_path("step.py"), query_params={**st.query_params.to_dict(), "step": arg})
 
 
 @st.fragment(run_every=REFRESH_S)
