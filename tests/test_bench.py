@@ -14,6 +14,16 @@ pytestmark = pytest.mark.slow  # runs a subprocess / a cluster: `make test-fast`
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _ratio_of_printed(ratio: float, num: float, den: float, half_ulp: float = 0.005) -> bool:
+    """Whether a printed `ratio` is num/den for some num and den that print as the given values.
+
+    The table prints seconds with two decimals, so 0.24 stands for anything in [0.235, 0.245):
+    a ratio of about 11 may then differ by 2% from the quotient of the printed cells."""
+    lo = (num - half_ulp) / (den + half_ulp)
+    hi = (num + half_ulp) / max(den - half_ulp, 1e-12)
+    return lo - half_ulp <= ratio <= hi + half_ulp
+
+
 def test_bench_prints_a_row_per_estimator(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_recompute.py"), "--dir", str(tmp_path), "--steps", "2",
@@ -28,7 +38,8 @@ def test_bench_prints_a_row_per_estimator(tmp_path):
     assert set(work) == {"uniform", "tail16k"}
     for name, cells in work.items():
         r_s, d_s, ratio = float(cells[-6]), float(cells[-5]), float(cells[-4])
-        assert r_s > 0 and d_s > 0 and ratio == pytest.approx(r_s / d_s, rel=0.02, abs=0.01), (name, cells)
+        assert r_s > 0 and d_s > 0 and _ratio_of_printed(ratio, r_s, d_s), (name, cells)
+        assert not _ratio_of_printed(ratio * 1.5, r_s, d_s), (name, cells)  # the bound is not vacuous
         assert float(cells[-3]) > 0 and float(cells[-2]) > 0
     assert work["uniform"][5] == "100%" and int(work["tail16k"][5].rstrip("%")) < 100  # rows x longest row filled
     header = next(i for i, line in enumerate(lines) if line.startswith("estimator"))
@@ -38,7 +49,7 @@ def test_bench_prints_a_row_per_estimator(tmp_path):
     for est, cells in rows.items():
         seconds = [float(x) for x in cells[:4]]  # (a), (b), (b'), (c)
         assert all(s > 0 for s in seconds), (est, cells)
-        assert float(cells[8]) > 0  # tokens per second of (b): it recomputed tokens
+        assert float(cells[8]) > 0  # the resident set of (a) was measured (Mtok/s prints 0.00 at this size)
     # (b) is cold: it left its scenario, and (b') a new one next to the scenario it took hashes from
     scen = tmp_path / "run-2-16-32" / "rldiag" / "scenarios"
     assert {"bench-grpo", "bench-known-grpo", "bench-hashes"} <= {p.name for p in scen.iterdir()}
