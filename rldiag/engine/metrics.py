@@ -154,8 +154,10 @@ def signal_metrics(
     # The cut tokens of a row are its actor tokens less those after its last mask-0 token z_i:
     # T_i - (z_i + 1) of them (none cut when the row has no zero: z_i + 1 = 0).
     m0 = batch.loss_mask if batch.loss_mask is not None else batch.response_mask  # before rejection
-    pos1 = (rows.positions() + 1).to(torch.float32)
-    last1 = rows.amax(torch.where(m0 == 0, pos1, torch.zeros_like(pos1)), empty=0.0)
+    # z_i + 1 from the 1-based index of the row's last mask-0 token in the whole batch (0: none)
+    idx1 = torch.arange(1, rows.n_tokens + 1, dtype=torch.float64, device=m0.device)
+    last_zero = rows.amax(torch.where(m0 == 0, idx1, torch.zeros((), dtype=torch.float64, device=m0.device)), empty=0.0)
+    last1 = (last_zero - rows.offsets[:-1].to(torch.float64)).clamp_(min=0.0).to(torch.float32)
     actor = row_mask_count(m0, rows)
     cut = actor - (batch.lengths.to(torch.float32) - last1)
     out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut, sid, n) / seg_sum(actor, sid, n)
