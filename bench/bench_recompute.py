@@ -5,7 +5,10 @@ and long-tailed runs as reasoning training has them (lognormal lengths around 60
 the rows cut at a 16k or 32k cap; and one step of 8,192 rows with a 32k cap). For each,
 `rldiag recompute RUN --no-reuse` (every metric, hashing included) against a process that only
 decodes the Parquet columns that recompute reads, nothing else: wall time and peak RSS of each
-process, and their ratios.
+process, and their ratios; and the same ratios less each process's fixed cost (the two commands
+on a one-step run of 8 rows x 64 tokens: Python, the imports, torch's 2 s and 200 MB among them),
+which is what each further step of a long run costs. Two one-step workloads of 64 rows, alike
+but for one row of 200k tokens in the second, show what a very long row costs.
 
 Then, on the uniform run, generates runs of a given size on disk (steps x rows x tokens, groups,
 tool gaps, all log-prob columns) and reports side by side, each measured in its own subprocess
@@ -259,23 +262,34 @@ def run_shape(run: Path) -> tuple[int, int, int, int]:
     return steps, rows, tokens, slots
 
 
+def _pair(run: Path, repeat: int, rldiag_cli: str) -> tuple[dict, dict]:
+    """(rldiag, decode): the best of ``repeat`` alternating runs of each whole process on ``run``."""
+    from rldiag.config.settings import resolve_settings
+    from rldiag.io.loader import columns_to_read, read_schema
+    from rldiag.io.rundir import RunDir
+
+    files = [str(sf.path) for sf in RunDir(run).require_steps()]
+    columns = columns_to_read(resolve_settings(run), read_schema(RunDir(run).require_steps()[0]).names)
+    r = d = None
+    for _ in range(repeat):  # alternating, best of each: a shared machine's spells weigh on both
+        d = best(d, measure_process([sys.executable, "-c", DECODE, json.dumps(files), json.dumps(columns)]))
+        r = best(r, measure_process([rldiag_cli, "recompute", str(run), "--no-reuse", "--device", "cpu",
+                                     "--name", "bench-process"], fresh=run / "rldiag" / "scenarios" / "bench-process"))
+    return r, d
+
+
 def _less(m: dict, fixed: dict, key: str) -> float:
     return max(m[key] - fixed[key], 0.0)
 
 
 def whole_process_table(runs: dict[str, Path], repeat: int) -> None:
-    from rldiag.config.settings import resolve_settings
-    from rldiag.io.loader import columns_to_read
-    from rldiag.io.rundir import RunDir
-
     rldiag_cli = str(Path(sys.executable).with_name("rldiag"))
-    # the fixed cost of each process before any batch is read: starting Python and importing what
-    # it imports (rldiag's recompute path with torch; pyarrow for the decode)
-    f_r = f_d = None
-    for _ in range(repeat):
-        f_d = best(f_d, measure_process([sys.executable, "-c", "import pyarrow.parquet"]))
-        f_r = best(f_r, measure_process([sys.executable, "-c", "import rldiag.cli.main, rldiag.recompute"]))
-    print(f"fixed cost of a process (start and imports, nothing read): rldiag {f_r['seconds']:.2f} s "
+    # the fixed cost of each process: the same two commands on a run of one step of 8 rows x 64
+    # tokens (starting Python, the imports, torch's included, the first read and the first
+    # operations, writing a scenario), which a run of any size pays once
+    tiny = make_run(Path(next(iter(runs.values()))).parent / "fixed-1-8-64", 1, 8, 64)
+    f_r, f_d = _pair(tiny, repeat, rldiag_cli)
+    print(f"fixed cost of a process (one step of 8 rows x 64 tokens): rldiag {f_r['seconds']:.2f} s "
           f"{f_r['peak_rss_mb']:.0f} MB (torch included), decode {f_d['seconds']:.2f} s {f_d['peak_rss_mb']:.0f} MB")
     cols = [("workload", "<10"), ("steps x rows", ">13"), ("Mtokens", ">8"), ("filled", ">7"), ("rldiag s", ">9"),
             ("decode s", ">9"), ("time x", ">7"), ("rldiag MB", ">10"), ("decode MB", ">10"), ("mem x", ">6"),
@@ -287,15 +301,7 @@ def whole_process_table(runs: dict[str, Path], repeat: int) -> None:
     print("-" * len(hdr))
     for name, run in runs.items():
         steps, rows, tokens, slots = run_shape(run)
-        files = [str(sf.path) for sf in RunDir(run).require_steps()]
-        from rldiag.io.loader import read_schema
-
-        columns = columns_to_read(resolve_settings(run), read_schema(RunDir(run).require_steps()[0]).names)
-        r = d = None
-        for _ in range(repeat):  # alternating, best of each: a shared machine's spells weigh on both
-            d = best(d, measure_process([sys.executable, "-c", DECODE, json.dumps(files), json.dumps(columns)]))
-            r = best(r, measure_process([rldiag_cli, "recompute", str(run), "--no-reuse", "--device", "cpu",
-                                         "--name", "bench-process"], fresh=run / "rldiag" / "scenarios" / "bench-process"))
+        r, d = _pair(run, repeat, rldiag_cli)
         print(f"{name:<10} {f'{steps} x {rows // steps}':>13} {tokens / 1e6:>8.2f} {tokens / slots:>7.0%} "
               f"{r['seconds']:>9.2f} {d['seconds']:>9.2f} {r['seconds'] / d['seconds']:>7.2f} "
               f"{r['peak_rss_mb']:>10.0f} {d['peak_rss_mb']:>10.0f} {r['peak_rss_mb'] / d['peak_rss_mb']:>6.2f} "
