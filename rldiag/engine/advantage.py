@@ -9,9 +9,9 @@ verl). Group statistics are segment reductions over ``batch.group_ids`` and whit
 
 This module holds the outcome and reward-to-go estimators of verl's ``core_algos``; the
 optimal-token-baseline pair lives in :mod:`rldiag.engine.estimators_otb` and the agentic
-(multi-step trajectory) variants of seed 000 in :mod:`rldiag.engine.estimators_agentic`.
-Registration metadata: ``needs`` (columns always needed), ``needs_fn`` (settings -> more needs),
-``optional`` (columns read when present), ``source`` (seed section / paper).
+(multi-step trajectory) variants in :mod:`rldiag.engine.estimators_agentic`.
+Registration metadata: :class:`EstimatorMeta` (the columns an estimator needs and reads, its
+rule on its settings, its source).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from rldiag.engine.scan import (
 )
 from rldiag.engine.whiten import step_whiten
 from rldiag.errors import ConfigError, MissingInputError
-from rldiag.registry import Registry
+from rldiag.registry import Entry, Registry
 
 #: verl's ``epsilon`` default of the outcome estimators (added to the group std).
 GRPO_EPS = 1e-6
@@ -71,7 +71,21 @@ class AdvInput:
 
 
 AdvFn = Callable[[AdvInput], tuple[torch.Tensor, torch.Tensor]]
-ESTIMATORS: Registry[AdvFn] = Registry("advantage estimator")
+@dataclass(frozen=True)
+class EstimatorMeta(Entry):
+    """An estimator's registration: ``needs``, the columns it always reads; ``needs_fn``,
+    settings -> the further columns its settings name (or a description of the setting that
+    would name them); ``optional``, columns it reads when the batch has them; ``check``,
+    settings -> None, raising :class:`~rldiag.errors.ConfigError` before any work where verl
+    would reject the configuration."""
+
+    needs: tuple[str, ...] = ()
+    needs_fn: Callable[[Settings], tuple[str, ...]] | None = None
+    optional: tuple[str, ...] = ()
+    check: Callable[[Settings], None] | None = None
+
+
+ESTIMATORS: Registry[AdvFn] = Registry("advantage estimator", meta=EstimatorMeta)
 
 
 # ---- shared helpers ---------------------------------------------------------------------------
@@ -137,7 +151,7 @@ def _gae_scan(
     """verl's mask-skipping GAE recursion; raw advantages ``(tokens,)``.
 
     At a mask-0 position (tool observation, rejected token) neither the next value nor the
-    running advantage is updated, so credit flows across it (seed 002 section 6.4). The recursion
+    running advantage is updated, so credit flows across it (verl ``compute_gae_advantage_return``). The recursion
     (Schulman et al. 2016, arXiv:1506.02438) is a segmented scan over the packed rows that
     restarts at each row's end (:func:`rldiag.engine.scan.gae_segmented`); verl's
     one-position-at-a-time form is the reference it is tested against.
@@ -169,7 +183,7 @@ def _reverse_cumsum(x: torch.Tensor, rows: Rows) -> torch.Tensor:
 # ---- critic-based -----------------------------------------------------------------------------
 
 
-@ESTIMATORS.register("gae", needs=("values",), source="seed 002 s6; arXiv:1506.02438")
+@ESTIMATORS.register("gae", needs=("values",), source="verl core_algos.compute_gae_advantage_return; arXiv:1506.02438")
 def gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE; returns = raw advantages + values; advantages whitened over each step's mask."""
     b, s = inp.batch, inp.settings
@@ -184,7 +198,7 @@ def gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _session_final_rows(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """V1 multi-output folding (seed 002 section 7.5): per row, the index of its session's final
+    """V1 multi-output folding (verl's V1 trainer, ``compute_grpo_outcome_advantage`` on session ids): per row, the index of its session's final
     output row (the first row with the largest ``output_index`` of its (uid, session_id)), and the
     ``(rows,)`` bool of rows that are final outputs."""
     sess = batch.extra["session_id"].to(torch.long)
@@ -206,7 +220,7 @@ def _session_final_rows(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     "grpo",
     needs=(),
     optional=("session_id", "output_index"),
-    source="seed 002 s7, s7.5; arXiv:2402.03300; Dr. GRPO arXiv:2503.20783",
+    source="verl core_algos.compute_grpo_outcome_advantage; arXiv:2402.03300; Dr. GRPO arXiv:2503.20783",
 )
 def grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Outcome GRPO: row score = sum of token rewards; (score - mean) / (std + 1e-6) within the
@@ -234,7 +248,7 @@ def grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("grpo_vectorized", needs=(), source="seed 002 s7.1, s10; arXiv:2402.03300")
+@ESTIMATORS.register("grpo_vectorized", needs=(), source="verl core_algos.compute_grpo_vectorized_outcome_advantage; arXiv:2402.03300")
 def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's vectorised GRPO. Same formula as ``grpo`` with its one-pass group statistics
     (``var = (sum x^2 - (sum x)^2 / n) / max(n - 1, 1)``, clamped at 0, in float32).
@@ -258,7 +272,7 @@ def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("grpo_passk", needs=(), source="seed 002 s10; Pass@k training arXiv:2503.19595")
+@ESTIMATORS.register("grpo_passk", needs=(), source="verl core_algos.compute_grpo_passk_outcome_advantage; Pass@k training arXiv:2503.19595")
 def grpo_passk(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k GRPO: in each uid group only the best row gets ``max - second_max`` (divided by
     ``std + 1e-6`` of the group when ``norm_adv_by_std_in_grpo``, which verl reads from the config
@@ -287,14 +301,36 @@ def grpo_passk(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-def _gdpo_needs(settings: Settings) -> tuple[str, ...]:
-    keys = settings.get("algorithm.gdpo_reward_keys")
+GDPO_KEYS = "algorithm.gdpo_reward_keys"
+GDPO_WEIGHTS = "algorithm.gdpo_reward_weights"
+
+
+def gdpo_components(settings: Settings) -> tuple[list[str], list[float]]:
+    """gdpo's reward-component columns and their weights (default all 1), or the
+    :class:`~rldiag.errors.ConfigError` verl's ``compute_gdpo_outcome_advantage`` would give:
+    the one place the rule is written (the registration's ``check`` and the estimator use it)."""
+    keys = settings.get(GDPO_KEYS)
     if not keys:
-        return ("the setting algorithm.gdpo_reward_keys (reward-component columns)",)
-    return tuple(keys)
+        raise ConfigError(
+            f"gdpo needs {GDPO_KEYS}: the reward-component columns to normalise, verl asserts it is set "
+            f"(e.g. --set {GDPO_KEYS}=format_reward,accuracy_reward)"
+        )
+    weights = settings.get(GDPO_WEIGHTS)
+    weights = [1.0] * len(keys) if weights is None else list(weights)
+    if len(weights) < len(keys):
+        raise ConfigError(
+            f"{GDPO_WEIGHTS} has {len(weights)} weights for {len(keys)} reward keys (verl raises IndexError)"
+        )
+    return list(keys), [float(w) for w in weights]
 
 
-@ESTIMATORS.register("gdpo", needs=(), needs_fn=_gdpo_needs, source="seed 002 s3.2, s10; GDPO arXiv:2601.05242")
+def _gdpo_needs(settings: Settings) -> tuple[str, ...]:
+    keys = settings.get(GDPO_KEYS)
+    return tuple(keys) if keys else (f"the setting {GDPO_KEYS} (reward-component columns)",)
+
+
+@ESTIMATORS.register("gdpo", needs_fn=_gdpo_needs, check=gdpo_components,
+                     source="verl core_algos.compute_gdpo_outcome_advantage; GDPO arXiv:2601.05242")
 def gdpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GDPO: exact GRPO (std-normalised) on each reward-component column named by
     ``algorithm.gdpo_reward_keys`` separately, weighted sum (``algorithm.gdpo_reward_weights``,
@@ -303,21 +339,8 @@ def gdpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     verl's dispatcher never passes ``norm_adv_by_std_in_grpo`` to gdpo, so each component is always
     divided by its group std (+1e-6).
     """
-    b, s = inp.batch, inp.settings
-    keys = s.get("algorithm.gdpo_reward_keys")
-    if not keys:
-        raise ConfigError(
-            "gdpo needs algorithm.gdpo_reward_keys listing the reward-component columns "
-            "(verl asserts it is set)"
-        )
-    weights = s.get("algorithm.gdpo_reward_weights")
-    if weights is None:
-        weights = [1.0] * len(keys)
-    if len(weights) < len(keys):
-        raise ConfigError(
-            f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(keys)} reward keys "
-            "(verl raises IndexError)"
-        )
+    b = inp.batch
+    keys, weights = gdpo_components(inp.settings)
     w = torch.tensor(list(weights), dtype=torch.float32, device=inp.mask.device)
     total = None
     for i, key in enumerate(keys):
@@ -331,7 +354,7 @@ def gdpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- RLOO family and other group baselines -----------------------------------------------------
 
 
-@ESTIMATORS.register("rloo", needs=(), source="seed 002 s8; arXiv:2402.14740")
+@ESTIMATORS.register("rloo", needs=(), source="verl core_algos.compute_rloo_outcome_advantage; arXiv:2402.14740")
 def rloo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out baseline: ``n/(n-1) * (score - group mean)``; a singleton group keeps its
     raw score (verl's ``rloo``; ``rloo_vectorized`` zeroes it instead)."""
@@ -343,7 +366,7 @@ def rloo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("rloo_vectorized", needs=(), source="seed 002 s8, s10; arXiv:2402.14740")
+@ESTIMATORS.register("rloo_vectorized", needs=(), source="verl core_algos.compute_rloo_vectorized_outcome_advantage; arXiv:2402.14740")
 def rloo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out in verl's vectorised form ``(n * R - sum_g R) / (n - 1)``; a singleton group
     gets 0 (unlike ``rloo``)."""
@@ -361,7 +384,7 @@ def _group_mean_singleton_zero(scores: torch.Tensor, batch: Batch) -> torch.Tens
     return mean
 
 
-@ESTIMATORS.register("opo", needs=(), source="seed 002 s10; OPO arXiv:2505.23585")
+@ESTIMATORS.register("opo", needs=(), source="verl core_algos.compute_opo_outcome_advantage; OPO arXiv:2505.23585")
 def opo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO: baseline = length-weighted group mean ``sum(L_i R_i) / sum(L_i)`` with ``L_i`` the row's
     post-correction action-token count (tool tokens not counted); 0 for a singleton group.
@@ -377,7 +400,7 @@ def opo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("gpg", needs=(), source="seed 002 s10; GPG arXiv:2504.02546")
+@ESTIMATORS.register("gpg", needs=(), source="verl core_algos.compute_gpg_outcome_advantage; GPG arXiv:2504.02546")
 def gpg(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG: ``alpha * (R - group mean) / f_norm`` with ``alpha = rows / max(#rows with R != 0, 1)``
     over the step and verl's ``f_norm = 1``; singleton groups use mean 0."""
@@ -394,7 +417,7 @@ def gpg(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- reward-to-go family ----------------------------------------------------------------------
 
 
-@ESTIMATORS.register("reinforce_plus_plus", needs=(), source="seed 002 s9, s9.1; arXiv:2501.03262")
+@ESTIMATORS.register("reinforce_plus_plus", needs=(), source="verl core_algos.compute_reinforce_plus_plus_outcome_advantage; arXiv:2501.03262")
 def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted reward-to-go over the mask, whitened over each step's mask and
     masked. At a mask-0 token (tool observation, rejected token) the running return is carried
@@ -408,7 +431,7 @@ def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv * inp.mask, returns
 
 
-@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(), source="seed 002 s9.2; arXiv:2501.03262")
+@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(), source="verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage; arXiv:2501.03262")
 def reinforce_plus_plus_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: ``R - group mean`` (mean includes the row; 0 for a singleton group),
     broadcast over the mask, whitened over each step's mask and masked. returns == advantages."""
@@ -420,7 +443,7 @@ def reinforce_plus_plus_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Ten
     return adv, adv
 
 
-@ESTIMATORS.register("remax", needs=("reward_baselines",), source="seed 002 s10; ReMax arXiv:2310.10505")
+@ESTIMATORS.register("remax", needs=("reward_baselines",), source="verl core_algos.compute_remax_outcome_advantage; ReMax arXiv:2310.10505")
 def remax(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax: returns = undiscounted reward-to-go of the masked rewards; advantages = returns minus
     the greedy rollout's reward (``reward_baselines``) on mask-1 tokens (mask-0 tokens keep their

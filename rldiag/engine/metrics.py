@@ -141,7 +141,7 @@ def signal_metrics(
     """rldiag's per-step signals for the health checks, ``(n_steps,)`` each:
 
     - ``rldiag/mask/credit_cut_fraction``: share of actor tokens (mask 1) with a mask-0 position
-      later in their row: under REINFORCE++'s mask-resetting reward-to-go (seed 002 section 9.1)
+      later in their row: under REINFORCE++'s mask-resetting reward-to-go (verl ``compute_reinforce_plus_plus_outcome_advantage``)
       such a token gets none of the outcome reward.
     - ``rldiag/advantages/centre_offset``: masked mean of the advantages over their masked
       population std (0 when every advantage is 0; +-inf for a constant nonzero advantage, which
