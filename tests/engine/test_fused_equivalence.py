@@ -15,7 +15,7 @@ from rldiag.engine.critic import value_loss
 from rldiag.engine.kl import k3_from_diff, kl_estimate, kl_k3, kl_row_sums
 from rldiag.engine.metrics import signal_metrics
 from rldiag.engine.policy_loss.clip import ppo_terms
-from rldiag.engine.advantage import _gae_scan
+from rldiag.engine.advantage import gae_scan
 from tests.conftest import make_batch
 from tests.engine.packing import to_packed, to_padded
 from tests.engine.reference_core import gae_loop
@@ -326,7 +326,7 @@ def test_credit_cut_fraction_matches_loop(data):
 def _gae_packed(r, v, m, gamma, lam):
     T = r.shape[1]
     (rf, layout), (vf, _), (mf, _) = (to_packed(t, [T] * t.shape[0]) for t in (r, v, m))
-    return to_padded(_gae_scan(rf, vf, mf, gamma, lam, layout), layout, T)
+    return to_padded(gae_scan(rf, vf, mf, gamma, lam, layout), layout, T)
 
 
 @HS

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine.advantage import (
+from rldiag.engine.advantage.base import (
     ESTIMATORS,
     AdvInput,
-    _grpo_scalar,
     flag_rows,
+    grpo_scalar,
     require_extra,
     require_field,
 )
@@ -144,6 +144,6 @@ def traj_grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     first = torch.full((n_traj,), tid.numel(), dtype=torch.long, device=m.device)
     first.scatter_reduce_(0, tid, rows, reduce="amin", include_self=True)
     norm = bool(inp.settings["algorithm.norm_adv_by_std_in_grpo"])
-    scalar = _grpo_scalar(total, b.group_ids[first], b.n_groups, norm)
+    scalar = grpo_scalar(total, b.group_ids[first], b.n_groups, norm)
     adv = b.rows.expand(scalar[tid]) * m
     return adv, adv

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine.advantage import (
+from rldiag.engine.advantage.base import (
     ESTIMATORS,
     AdvInput,
-    _reverse_cumsum,
     require_extra,
     require_field,
+    reverse_cumsum,
 )
 from rldiag.engine.batch import Batch
 from rldiag.engine.scan import cumsum_segmented
@@ -41,7 +41,7 @@ def _otb_inputs(inp: AdvInput, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     old = require_field(inp, "old_log_probs", name, "pi_old of the sampled tokens")
     spp = require_extra(inp, "sum_pi_squared", name, _SPP_HINT)
     m = inp.mask
-    returns = _reverse_cumsum(inp.rewards * m, inp.rows)
+    returns = reverse_cumsum(inp.rewards * m, inp.rows)
     w = 1 - 2 * torch.exp(old) + spp  # ||s_t||^2 = 1 - 2 pi_t + sum pi^2, score-function norm proxy
     if inp.rollout_is_weights is not None:
         w = w * (inp.rollout_is_weights**2)  # truncated-IS correction of the MSE-optimal baseline
