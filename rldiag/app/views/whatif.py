@@ -214,7 +214,9 @@ def results(name: str) -> None:
     if saved is None or saved.stale:
         now = st.session_state.pop("wi_compare_now", None) == name
         if now or st.button("Compare the advantages", key="wi_compare"):
-            if not run_compare(name):
+            with session.heavy_work():
+                finished = run_compare(name)
+            if not finished:
                 return
             saved = store.comparison(BASELINE, name)
         else:
@@ -240,6 +242,7 @@ with session.guard():
         st.caption(f"{store.run} has no batch files (batches/step_<N>.parquet): there is nothing to recompute.")
     allowed = has_batches and session.can_write(store)
     if st.button("Recompute", type="primary", key="wi_run", disabled=not allowed):
-        run_scenarios(name, ovr)
+        with session.heavy_work():
+            run_scenarios(name, ovr)
     failed_steps_note(name)
     results(name)
