@@ -19,7 +19,7 @@ names with '/', grouped by prefix) and a few small batches, then measures:
     second tab     a new tab on the same server until its first chart
     What-if        the first switch to the What-if page until its chart
     memory         the server's resident memory after all of the above
-    what-if        on the what-if run (--whatif): two what-ifs from the page, each from
+    what-if        on the what-if run (--whatif): three what-ifs from the page, each from
                    Recompute until the compare's result is drawn, and the server's memory
 
 Usage:
@@ -235,7 +235,7 @@ def bench_browser(run: Path, names: list[str], sample: Path | None,
                              "MB, not seconds"))
         if whatif_run is not None:
             with AppServer(whatif_run, timeout=180) as srv:
-                rows += browser_whatif(pg, srv, whatif_run, ("reinforce_plus_plus", "gpg"))
+                rows += browser_whatif(pg, srv, whatif_run, ("reinforce_plus_plus", "gpg", "opo"))
         ctx.close()
     return rows
 

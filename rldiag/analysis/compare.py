@@ -8,11 +8,11 @@ absolute change of the effective per-token weight
     W_t = A_t * N * w_t * rho_t
 
 where ``w_t`` is the token's weight in the actor loss under the side's ``loss_agg_mode``
-(the derivative of verl's ``agg_loss`` with respect to the token's loss, as the engine computes
-it), ``N`` the step's loss-mask token count (so that ``token-mean`` gives ``w_t * N = 1``), and
-``rho_t`` the rollout IS weight where the scenario has one (else 1).
+(the derivative of verl's ``agg_loss`` with respect to the token's loss, in closed form:
+:mod:`.weights`), ``N`` the step's loss-mask token count (so that ``token-mean`` gives
+``w_t * N = 1``), and ``rho_t`` the rollout IS weight where the scenario has one (else 1).
 
-Steps are streamed; results go to ``RUN/rldiag/comparisons/<A>__vs__<B>/`` (replaced
+Steps are streamed (each step's agreement to ``on_step`` as it is known); results go to ``RUN/rldiag/comparisons/<A>__vs__<B>/`` (replaced
 atomically): ``metrics.parquet``, ``tokens.parquet``, ``groups.parquet``, ``comparison.json``.
 The side name ``logged`` means the values the trainer logged (``metrics.jsonl`` and the batch
 files' ``advantages`` column).

@@ -3,8 +3,9 @@
 A what-if allocates a few hundred MB of short-lived token arrays (Arrow, numpy, torch). Python
 frees them, but glibc's allocator keeps the freed pages in its heaps (one per thread that
 allocated; Streamlit runs each page in a thread of its own), so the server's resident memory
-grows with every what-if and never comes down. :func:`release` collects garbage and asks glibc
-to return its free pages (``malloc_trim``); elsewhere (another C library) it only collects.
+grows with every what-if and never comes down. :func:`release` collects garbage, has Arrow's
+memory pool give back what it no longer uses, and asks glibc to return its free pages
+(``malloc_trim``); elsewhere (another C library) it does the first two only.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def release() -> bool:
     """Collect garbage and return the allocator's free memory to the system; True when glibc's
     ``malloc_trim`` could be called."""
     gc.collect()
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
     trim = _malloc_trim()
     if trim is None:
         return False
