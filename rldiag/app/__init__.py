@@ -82,8 +82,9 @@ def serve(runs: Sequence[str | Path], port: int | None = None, address: str | No
     """Serve the app in this process (blocks until the server stops)."""
     from streamlit.web import cli as stcli
 
-    from rldiag.app import chartjs
+    from rldiag.app import chartjs, memory
 
+    memory.limit_arenas()  # before the server's threads: each could keep an arena of its own
     preload(runs)
     chartjs.install()  # the page loads the plotly component with itself
     argv = ["streamlit", "run", str(APP_SCRIPT), *streamlit_options(port, address, headless)]

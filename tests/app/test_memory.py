@@ -33,3 +33,14 @@ def test_release_returns_freed_heap_pages_to_the_system():
     assert memory.release() is True
     assert memory.rss_mb() < after_free - 150
     assert keep.sum() == 8_000
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_limit_arenas_is_accepted_by_glibc():
+    import subprocess
+    import sys
+
+    # in a child process: the cap stays with the process that sets it
+    code = "from rldiag.app import memory; print(memory.limit_arenas(), memory.limit_arenas(3))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]
