@@ -10,8 +10,8 @@ memory pool give back what it no longer uses, and asks glibc to return its free 
 What is left is held by glibc's arenas, one per thread that allocated, up to 8 per core: every
 new Streamlit script thread could start one more, and each keeps the memory its what-if needed
 at its peak. ``rldiag app`` caps them (:func:`limit_arenas`, before the server starts its
-threads): measured in the browser bench, four what-ifs in a row took the server from 450 to
-559-567 MB and it stayed there, where without the cap it grew by about 60 MB a what-if.
+threads): four what-ifs in a row from the browser took the server from 453 to 513, 550, 558
+and 561 MB, where without the cap it grew by about 60 MB a what-if (docs/app.md, Speed).
 """
 
 from __future__ import annotations
