@@ -12,12 +12,15 @@ names with '/', grouped by prefix) and a few small batches, then measures:
     the scenario's recompute with tokens, then the compare of the baseline with it
   browser (`rldiag app RUN` + Debian's chromium; skipped without chromium):
     first chart    from the page's load event to the first rendered plotly chart
-                   (on the bundled sample, then on the big run); launch to chart in the notes
+                   (on the bundled sample, then on the big run); from the navigation's start
+                   and from launch to chart in the notes
     interaction    adding a metric to the multiselect until its panel is drawn
     append         a line appended to metrics.jsonl until the first panel shows its step
     second tab     a new tab on the same server until its first chart
     What-if        the first switch to the What-if page until its chart
     memory         the server's resident memory after all of the above
+    what-if        on the what-if run (--whatif): three what-ifs from the page, each from
+                   Recompute until the compare's result is drawn, and the server's memory
 
 Usage:
   .venv/bin/python bench/bench_app.py                      # 10,000 steps x 150 metrics
@@ -132,21 +135,42 @@ def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[s
     ]
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process, in MB (Linux)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 LOGGED_X = ("() => Array.from(document.querySelectorAll('.js-plotly-plot')[0]._fullData"
             ".filter(t => t.name === 'logged')[0].x)")
 
 
-def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tuple[str, float, str]]:
+def browser_whatif(pg, srv, run: Path, estimators: tuple[str, ...]) -> list[tuple[str, float, str]]:
+    """On the What-if page of ``srv`` (serving ``run``, whose baseline has tokens): one what-if
+    per estimator, Recompute pressed until the compare's result is drawn, then the server's RSS."""
+    from rldiag.app.memory import rss_mb
+
+    rows = []
+    pg.goto(srv.url + "/whatif", wait_until="load")
+    pg.get_by_role("heading", name="What-if").wait_for()
+    pg.wait_for_selector(".js-plotly-plot .main-svg")
+    rows.append(("server memory (RSS, MB) on the what-if run, before a what-if", rss_mb(srv.proc.pid),
+                 "MB, not seconds"))
+    steps = len(list((run / "batches").glob("step_*.parquet")))
+    for k, est in enumerate(estimators):
+        box = pg.get_by_role("combobox", name="Advantage estimator")
+        box.click()
+        pg.get_by_role("option", name=est, exact=True).click()
+        pg.get_by_text(f"adv_estimator={est}", exact=False).first.wait_for()
+        t0 = time.perf_counter()
+        pg.get_by_role("button", name="Recompute").click()
+        pg.get_by_text(f"compare: {steps} steps", exact=True).wait_for()
+        pg.wait_for_selector(".js-plotly-plot >> nth=1")  # the agreement chart
+        rows.append((f"browser: what-if #{k + 1} ({est}), Recompute -> compare drawn", time.perf_counter() - t0,
+                     f"{steps} steps, the compare's steps drawn as they come"))
+        rows.append((f"server memory (RSS, MB) after what-if #{k + 1}", rss_mb(srv.proc.pid), "MB, not seconds"))
+    return rows
+
+
+def bench_browser(run: Path, names: list[str], sample: Path | None,
+                  whatif_run: Path | None = None) -> list[tuple[str, float, str]]:
     from playwright.sync_api import sync_playwright
 
+    from rldiag.app.memory import rss_mb
     from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
 
     exe = chromium_path()
@@ -167,9 +191,10 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
                 t_load = time.perf_counter()
                 pg.wait_for_selector(chart)
                 t = time.perf_counter()
+                nav = pg.evaluate("() => performance.now()") / 1000  # the page's clock: from navigation
                 rows.append((f"browser: page loaded -> first chart ({label})", t - t_load,
-                             f"rldiag app -> first chart {t - srv.started_at:.1f} s (server up after "
-                             f"{srv.ready_after:.1f} s)"))
+                             f"from navigation {nav:.1f} s; rldiag app -> first chart {t - srv.started_at:.1f} s "
+                             f"(server up after {srv.ready_after:.1f} s)"))
                 if target != run:
                     continue
                 n_points = pg.evaluate("() => document.querySelectorAll('.js-plotly-plot')[0]._fullData"
@@ -208,6 +233,9 @@ def bench_browser(run: Path, names: list[str], sample: Path | None) -> list[tupl
                 rows.append(("browser: first switch to What-if -> chart", time.perf_counter() - t0, ""))
                 rows.append(("server memory (RSS, MB) after all of the above", rss_mb(srv.proc.pid),
                              "MB, not seconds"))
+        if whatif_run is not None:
+            with AppServer(whatif_run, timeout=180) as srv:
+                rows += browser_whatif(pg, srv, whatif_run, ("reinforce_plus_plus", "gpg", "opo"))
         ctx.close()
     return rows
 
@@ -234,7 +262,7 @@ def main() -> None:
         if args.whatif:
             rows += bench_whatif(root, *(int(v) for v in args.whatif.lower().split("x")))
         if not args.no_browser:
-            rows += bench_browser(run, names, default_run())
+            rows += bench_browser(run, names, default_run(), root / "whatif" if args.whatif else None)
     table = Table(title=f"rldiag app: {args.steps:,} steps x {args.metrics} metrics")
     table.add_column("measure")
     table.add_column("seconds", justify="right")

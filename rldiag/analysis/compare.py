@@ -8,11 +8,11 @@ absolute change of the effective per-token weight
     W_t = A_t * N * w_t * rho_t
 
 where ``w_t`` is the token's weight in the actor loss under the side's ``loss_agg_mode``
-(the derivative of verl's ``agg_loss`` with respect to the token's loss, as the engine computes
-it), ``N`` the step's loss-mask token count (so that ``token-mean`` gives ``w_t * N = 1``), and
-``rho_t`` the rollout IS weight where the scenario has one (else 1).
+(the derivative of verl's ``agg_loss`` with respect to the token's loss, in closed form:
+:mod:`.weights`), ``N`` the step's loss-mask token count (so that ``token-mean`` gives
+``w_t * N = 1``), and ``rho_t`` the rollout IS weight where the scenario has one (else 1).
 
-Steps are streamed; results go to ``RUN/rldiag/comparisons/<A>__vs__<B>/`` (replaced
+Steps are streamed (each step's agreement to ``on_step`` as it is known); results go to ``RUN/rldiag/comparisons/<A>__vs__<B>/`` (replaced
 atomically): ``metrics.parquet``, ``tokens.parquet``, ``groups.parquet``, ``comparison.json``.
 The side name ``logged`` means the values the trainer logged (``metrics.jsonl`` and the batch
 files' ``advantages`` column).
@@ -32,15 +32,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
 from rldiag import __version__
 from rldiag.analysis.agreement import TokenAgreement, token_agreement
 from rldiag.analysis.logged import flat_list_column, logged_metrics
 from rldiag.analysis.scenarios import ensure_scenario, read_meta
-from rldiag.config.settings import Settings, resolve_settings
-from rldiag.engine.aggregation import AggNorm, aggregate
-from rldiag.engine.layout import Rows
+from rldiag.analysis.weights import effective_weights
+from rldiag.config.settings import resolve_settings
 from rldiag.errors import BatchError, ConfigError, OutputError, RunDirError
 from rldiag.io.atomic import replace_dir, staging_dir, write_bytes_atomic
 from rldiag.io.loader import read_schema, read_table
@@ -50,6 +48,7 @@ from rldiag.io.schema import id_type_problem
 
 LOGGED = "logged"
 ProgressFn = Callable[[int, int, int], None]
+StepFn = Callable[[TokenAgreement], None]
 
 
 def comparison_dir(run: Path, a: str, b: str) -> Path:
@@ -91,6 +90,10 @@ class CompareReport:
 # ---- the two sides ----------------------------------------------------------------------------
 
 
+#: the columns of a scenario's tokens file the compare reads (the file has more)
+_TOKEN_COLUMNS = ("row", "advantages", "response_mask", "rollout_is_weights")
+
+
 class _Side:
     """Metrics and per-token advantages of one side (a scenario, or the logged values)."""
 
@@ -116,7 +119,10 @@ class _Side:
         p = self.tokens_dir / f"step_{sf.step:06d}.parquet"
         if not p.is_file():
             return None
-        t = pq.read_table(p)
+        names = pq.read_schema(p).names
+        t = pq.read_table(p, columns=[c for c in _TOKEN_COLUMNS if c in names])
+        if "row" not in names:
+            raise OutputError(f"scenario {self.name!r}, step {sf.step}: {p} has no row column; recompute the scenario")
         rows = t["row"].to_numpy()
         if len(rows) != len(lengths) or not np.array_equal(rows, np.arange(len(lengths))):
             raise OutputError(f"scenario {self.name!r}, step {sf.step}: its rows do not match the batch file "
@@ -139,26 +145,6 @@ def _metrics_by_step(table: pa.Table) -> dict[int, dict[str, float]]:
     return out
 
 
-def effective_weights(adv: np.ndarray, mask: np.ndarray, lengths: np.ndarray, settings: Settings, norm_tokens: float,
-                      is_weights: np.ndarray | None = None) -> np.ndarray:
-    """``A_t * N * w_t * rho_t`` per token (flat), ``w_t`` = d agg_loss / d loss_t under the
-    settings' ``loss_agg_mode``, computed by the engine's aggregation on one step."""
-    rows = len(lengths)
-    layout = Rows.from_lengths(torch.from_numpy(lengths.astype(np.int64)))
-    m = torch.from_numpy(mask.astype(np.float32))
-    loss = torch.zeros(layout.n_tokens, dtype=torch.float32, requires_grad=True)
-    horizon = settings["data.max_response_length"] or max(1, int(lengths.max()) if rows else 1)
-    norm = AggNorm(
-        step_ids=torch.zeros(rows, dtype=torch.long), n_steps=1, horizon=torch.tensor([horizon]), rows=layout,
-        batch_num_tokens=torch.tensor([float(norm_tokens)]), global_batch_size=torch.tensor([float(rows)]),
-        loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
-    )
-    aggregate(settings.actor_agg_mode, loss, m, norm).sum().backward()
-    w = loss.grad.to(torch.float64).numpy() * float(norm_tokens)
-    out = adv.astype(np.float64) * w
-    return out * is_weights if is_weights is not None else out
-
-
 # ---- the comparison ---------------------------------------------------------------------------
 
 
@@ -178,7 +164,9 @@ def _step_frame(sf: StepFile) -> tuple[np.ndarray, np.ndarray, int, pa.Array, fl
     return lengths, np.repeat(row_group, lengths), len(enc.dictionary), enc.dictionary, n_norm
 
 
-def _summary(tokens: list[TokenAgreement]) -> dict[str, float]:
+def summarise(tokens: list[TokenAgreement]) -> dict[str, float]:
+    """The comparison's summary over the steps in ``tokens`` (pooled over tokens, or the mean
+    over steps for the correlations); on the steps so far while a compare streams."""
     n = sum(t.n_tokens for t in tokens)
     nw = sum(t.weight_tokens for t in tokens)
 
@@ -222,8 +210,13 @@ def compare(
     recompute_missing: bool = True,
     device: str = "auto",
     progress: ProgressFn | None = None,
+    on_step: StepFn | None = None,
 ) -> CompareReport:
     """Compare side ``a`` with side ``b`` (scenario names, or ``logged``) and write the results.
+
+    Steps are compared one at a time: ``on_step`` gets each step's :class:`TokenAgreement` as
+    soon as it is known (steps where both sides have tokens), then ``progress(done, total,
+    step)`` is called; an exception raised by either stops the compare with nothing written.
 
     A scenario without per-token outputs (or computed from other inputs) is recomputed first with
     ``save_tokens`` and its own overrides, unless ``recompute_missing`` is False. Returns a
@@ -268,6 +261,8 @@ def compare(
             agreement, sig_a, sig_b = token_agreement(step, ta[0], tb[0], ta[1], tb[1], wa, wb, token_group, n_groups)
             report.tokens.append(agreement)
             report.token_steps.append(step)
+            if on_step:
+                on_step(agreement)
             group_rows["step"].extend([step] * n_groups)
             group_rows["uid"].extend(uids.to_pylist())
             group_rows["signal_a"].extend(sig_a.tolist())
@@ -275,7 +270,7 @@ def compare(
         if progress:
             progress(i + 1, len(chosen), step)
     report.metrics = _metric_summary(metric_rows)
-    report.summary = _summary(report.tokens)
+    report.summary = summarise(report.tokens)
     _write(report, metric_rows, group_rows, side_a, side_b)
     return report
 

@@ -7,7 +7,8 @@ Importing this package does not import Streamlit (the CLI builds the command wit
 
 ``rldiag app`` serves the app in its own process, after :func:`preload`: the runs' logged
 metrics are read into DuckDB and the heavy modules imported before the server answers, so the
-first page shows its chart without waiting for them.
+first page shows its chart without waiting for them; the page loads Streamlit's plotly component
+with itself (:mod:`rldiag.app.chartjs`) instead of after the first chart arrives.
 """
 
 from __future__ import annotations
@@ -81,7 +82,11 @@ def serve(runs: Sequence[str | Path], port: int | None = None, address: str | No
     """Serve the app in this process (blocks until the server stops)."""
     from streamlit.web import cli as stcli
 
+    from rldiag.app import chartjs, memory
+
+    memory.limit_arenas()  # before the server's threads: each could keep an arena of its own
     preload(runs)
+    chartjs.install()  # the page loads the plotly component with itself
     argv = ["streamlit", "run", str(APP_SCRIPT), *streamlit_options(port, address, headless)]
     if runs:
         argv += ["--", *(str(r) for r in runs)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from rldiag.app import preloaded_db, preloaded_store
+from rldiag.app import memory, preloaded_db, preloaded_store
 from rldiag.errors import RldiagError
 from rldiag.store import Db, Store
 from rldiag.viz import runs
@@ -148,6 +148,16 @@ def guard():
         yield
     except RldiagError as exc:
         show_error(exc)
+
+
+@contextlib.contextmanager
+def heavy_work():
+    """Around a recompute or a compare: on the way out (finished, failed or cancelled) the memory
+    its arrays took goes back to the system (:func:`rldiag.app.memory.release`)."""
+    try:
+        yield
+    finally:
+        memory.release()
 
 
 def progress_callback(bar, label: str):

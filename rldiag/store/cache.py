@@ -40,13 +40,32 @@ def file_sig(path: str | Path) -> FileSig | None:
     return FileSig(str(path), st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-class SigCache:
-    """A bounded LRU of ``key -> (signatures, value)``."""
+def nbytes(value: Any) -> int:
+    """About how many bytes a cached value holds: a polars frame's or Arrow table's buffers, a
+    numpy array's, the sum over a tuple or list of them; 0 for anything else (small values)."""
+    if isinstance(value, (tuple, list)):
+        return sum(nbytes(v) for v in value)
+    size = getattr(value, "estimated_size", None)  # polars
+    if callable(size):
+        return int(size())
+    size = getattr(value, "nbytes", None)  # numpy, Arrow
+    return int(size) if isinstance(size, int) else 0
 
-    def __init__(self, maxsize: int = 256):
+
+#: the bytes one store's cache keeps at most (its least recently used results are dropped first)
+MAX_BYTES = 128 * 2**20
+
+
+class SigCache:
+    """An LRU of ``key -> (signatures, value)`` bounded in entries and in bytes (:func:`nbytes`);
+    the newest value is always kept, whatever its size."""
+
+    def __init__(self, maxsize: int = 256, max_bytes: int = MAX_BYTES):
         self.maxsize = maxsize
-        self._items: OrderedDict[Hashable, tuple[Hashable, Any]] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[Hashable, tuple[Hashable, Any, int]] = OrderedDict()
         self._lock = threading.Lock()
+        self.bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -58,14 +77,19 @@ class SigCache:
                 self.hits += 1
                 return item[1]
         value = compute()
+        size = nbytes(value)
         with self._lock:
             self.misses += 1
-            self._items[key] = (sigs, value)
-            self._items.move_to_end(key)
-            while len(self._items) > self.maxsize:
-                self._items.popitem(last=False)
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= old[2]
+            self._items[key] = (sigs, value, size)
+            self.bytes += size
+            while len(self._items) > 1 and (len(self._items) > self.maxsize or self.bytes > self.max_bytes):
+                self.bytes -= self._items.popitem(last=False)[1][2]
         return value
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self.bytes = 0

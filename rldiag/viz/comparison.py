@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
+
+import polars as pl
 
 #: the summary keys of a comparison, with the words the app shows for them
 SUMMARY_LABELS = {
@@ -28,11 +31,28 @@ def available() -> bool:
 
 
 def run_compare(run: str | Path, a: str, b: str, steps: str | None = None,
-                progress: Callable[[int, int, int], None] | None = None):
-    """``rldiag compare RUN A B [--steps STEPS]`` (both scenarios must exist; nothing is recomputed)."""
+                progress: Callable[[int, int, int], None] | None = None, on_step: Callable | None = None):
+    """``rldiag compare RUN A B [--steps STEPS]`` (both scenarios must exist; nothing is recomputed);
+    ``on_step`` gets each step's agreement as it is computed."""
     from rldiag.analysis.compare import compare
 
-    return compare(run, a, b, steps=steps, recompute_missing=False, progress=progress)
+    return compare(run, a, b, steps=steps, recompute_missing=False, progress=progress, on_step=on_step)
+
+
+def redraw_due(done: int, total: int, updates: int = 10) -> bool:
+    """Whether the streamed view is redrawn after ``done`` of ``total`` steps: about ``updates``
+    times over the compare (every step of a short one), not after the last (the saved result is
+    drawn then)."""
+    return 0 < done < total and done % max(1, total // updates) == 0
+
+
+def partial_view(agreements: list) -> tuple[list[dict], pl.DataFrame]:
+    """The summary rows and the per-step frame (as :func:`rldiag.viz.charts.agreement_figure`
+    takes it) of the steps compared so far (:class:`rldiag.analysis.agreement.TokenAgreement`)."""
+    from rldiag.analysis.compare import summarise
+
+    frame = pl.DataFrame([asdict(a) for a in agreements]) if agreements else pl.DataFrame()
+    return summary_rows(summarise(agreements)), frame
 
 
 def summary_rows(summary: dict) -> list[dict]:

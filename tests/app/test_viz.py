@@ -232,3 +232,22 @@ def test_token_html_colours_and_marks_tools():
     assert body.count("<span title=") == 3 and ">tool</span>" in body and "&lt;c&gt;" in body
     assert "rgba(214,39,40,0.850)" in body and "rgba(31,119,180,0.425)" in body  # +2 full red, -1 half blue
     assert context_line(["x", "y"], "z", ["w"]) == "…xy[z]w…"
+
+
+def test_streamed_compare_redraws_and_partial_view():
+    from rldiag.analysis.agreement import TokenAgreement
+    from rldiag.viz.comparison import partial_view, redraw_due
+
+    assert [d for d in range(1, 7) if redraw_due(d, 6)] == [1, 2, 3, 4, 5]  # never after the last
+    assert [d for d in range(1, 101) if redraw_due(d, 100)] == list(range(10, 100, 10))
+    steps = [TokenAgreement(step=s, n_tokens=10 * s, sign_agreement=0.5, sign_flip_fraction=0.1, pearson=0.2 * s,
+                            spearman=0.3, adv_mean_abs_change=1.0, weight_mean_abs_change=2.0, groups=4,
+                            groups_signal_a=2, groups_signal_b=3, groups_signal_only_a=0, groups_signal_only_b=1,
+                            weight_tokens=10 * s) for s in (1, 2)]
+    rows, frame = partial_view(steps)
+    values = {r["quantity"]: r["value"] for r in rows}
+    assert values["steps compared"] == 2 and values["tokens compared"] == 30
+    assert values["Pearson (mean over steps)"] == pytest.approx(0.3)
+    assert values["groups with signal only in B"] == 2
+    assert frame["step"].to_list() == [1, 2] and frame["pearson"].to_list() == pytest.approx([0.2, 0.4])
+    assert partial_view([])[1].is_empty()

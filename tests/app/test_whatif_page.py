@@ -106,3 +106,25 @@ def test_recompute_is_off_without_batches(tmp_path):
     at = open_app(run, PAGE)
     assert at.button(key="wi_run").disabled
     assert any("no batch files" in c.value for c in at.caption)
+
+
+def test_the_compare_shows_its_steps_as_they_come_and_keeps_them_on_an_error(app_run):
+    """The compare draws the steps compared so far while it runs; a scenario file that stops it
+    at step 4 leaves steps 1-3 on the page, with the error naming the step before it."""
+    import pyarrow.parquet as pq
+
+    from rldiag.recompute import recompute
+
+    recompute(app_run, {"algorithm.adv_estimator": "rloo"}, name=RLOO, save_tokens=True, device="cpu")
+    bad = app_run / "rldiag" / "scenarios" / RLOO / "tokens" / "step_000004.parquet"
+    pq.write_table(pq.read_table(bad).slice(0, 2), bad)  # fewer rows than the batch
+    at = open_app(app_run, PAGE)
+    at.selectbox(key="wi_estimator").set_value("rloo").run()
+    at.button(key="wi_compare").click().run()
+    assert not at.exception
+    assert any("after step 3" in e.value and "rows do not match" in e.value for e in at.error)
+    assert any(c.value == "So far: 3 of 6 steps compared." for c in at.caption)
+    live = at.dataframe[1].value.set_index("quantity")
+    assert live.loc["steps compared", "value"] == 3
+    agreement = charts(at)[1]
+    assert sorted({x for t in agreement["data"] for x in t["x"]}) == [1, 2, 3]

@@ -41,8 +41,9 @@ def pick_scenarios(step: int) -> tuple[str | None, str | None]:
                 "not available. Recompute the run's own settings with tokens (or use the What-if page).")
         if st.button("Recompute baseline with tokens", key="st_recompute", disabled=not session.can_write(store)):
             bar = st.progress(0.0)
-            recompute(store.run, {}, name="baseline", save_tokens=True,
-                      progress=session.progress_callback(bar, "baseline"))
+            with session.heavy_work():
+                recompute(store.run, {}, name="baseline", save_tokens=True,
+                          progress=session.progress_callback(bar, "baseline"))
             st.rerun()
         return None, None
     c1, c2 = st.columns(2)

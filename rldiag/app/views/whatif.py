@@ -153,25 +153,35 @@ def _unreadable() -> set[int]:
 
 
 def run_compare(name: str) -> bool:
-    """Compare the baseline with ``name`` step by step, with progress and a Cancel button; an
-    error names its step and leaves everything else on the page. True when it finished."""
+    """Compare the baseline with ``name`` step by step, with progress, a Cancel button and the
+    steps compared so far drawn as they come; an error names its step and leaves everything
+    else on the page (the steps compared before it included). True when it finished."""
     bar = st.progress(0.0, text="compare: starting")
     cancel_button("compare")
+    live = st.empty()
+    seen = []
     done = {"step": None}
     update = session.progress_callback(bar, "compare")
 
     def progress(i: int, total: int, step: int) -> None:
         done["step"] = step
         update(i, total, step)
+        if seen and comparison.redraw_due(i, total):
+            rows, frame = comparison.partial_view(seen)
+            with live.container():
+                st.caption(f"So far: {len(seen)} of {total} steps compared.")
+                st.dataframe(rows, hide_index=True, key=f"wi_live_table_{i}")
+                st.plotly_chart(agreement_figure(frame), key=f"wi_live_chart_{i}")
 
     steps = compare_steps(name)
     try:
-        report = comparison.run_compare(store.run, BASELINE, name, steps=steps, progress=progress)
+        report = comparison.run_compare(store.run, BASELINE, name, steps=steps, progress=progress, on_step=seen.append)
     except RldiagError as exc:
         after = f" after step {done['step']}" if done["step"] is not None else ""
         bar.progress(1.0, text=f"compare stopped{after}")
         st.error(f"The compare stopped{after}: {type(exc).__name__}: {exc}. The values above do not depend on it.")
         return False
+    live.empty()
     bar.progress(1.0, text=f"compare: {len(report.token_steps)} steps")
     return True
 
@@ -204,7 +214,9 @@ def results(name: str) -> None:
     if saved is None or saved.stale:
         now = st.session_state.pop("wi_compare_now", None) == name
         if now or st.button("Compare the advantages", key="wi_compare"):
-            if not run_compare(name):
+            with session.heavy_work():
+                finished = run_compare(name)
+            if not finished:
                 return
             saved = store.comparison(BASELINE, name)
         else:
@@ -230,6 +242,7 @@ with session.guard():
         st.caption(f"{store.run} has no batch files (batches/step_<N>.parquet): there is nothing to recompute.")
     allowed = has_batches and session.can_write(store)
     if st.button("Recompute", type="primary", key="wi_run", disabled=not allowed):
-        run_scenarios(name, ovr)
+        with session.heavy_work():
+            run_scenarios(name, ovr)
     failed_steps_note(name)
     results(name)

@@ -1,0 +1,46 @@
+"""The app gives a finished what-if's memory back: ``memory.release`` after the work."""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import platform
+
+import numpy as np
+import pytest
+
+from rldiag.app import memory
+
+
+def test_rss_is_read_for_this_process_and_nan_for_none():
+    assert memory.rss_mb() > 10
+    assert memory.rss_mb(os.getpid()) > 10
+    assert math.isnan(memory.rss_mb(2**30))
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_release_returns_freed_heap_pages_to_the_system():
+    # many mid-sized blocks (under glibc's mmap threshold, so they live in the heap), then freed
+    # except the last: the heap cannot shrink from its top, only malloc_trim returns the pages
+    blocks = [np.ones(8_000) for _ in range(4_000)]  # 64 KB each, 256 MB
+    keep = blocks[-1]
+    before = memory.rss_mb()
+    del blocks
+    gc.collect()
+    after_free = memory.rss_mb()
+    assert after_free > before - 100  # free() kept the pages
+    assert memory.release() is True
+    assert memory.rss_mb() < after_free - 150
+    assert keep.sum() == 8_000
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_limit_arenas_is_accepted_by_glibc():
+    import subprocess
+    import sys
+
+    # in a child process: the cap stays with the process that sets it
+    code = "from rldiag.app import memory; print(memory.limit_arenas(), memory.limit_arenas(3))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]
