@@ -128,3 +128,23 @@ def test_the_compare_shows_its_steps_as_they_come_and_keeps_them_on_an_error(app
     assert live.loc["steps compared", "value"] == 3
     agreement = charts(at)[1]
     assert sorted({x for t in agreement["data"] for x in t["x"]}) == [1, 2, 3]
+
+
+def test_a_cancel_says_what_it_did_as_the_run_directory_shows_it(app_run):
+    """A Cancel pressed after the scenario was written cancelled nothing, and the page says so;
+    one that stopped the work says nothing was written (the two cases a click can land in)."""
+    at = open_app(app_run, PAGE)
+    assert not (app_run / "rldiag" / "scenarios" / RLOO).exists()
+    at.session_state["wi_cancelled"] = ("recompute", RLOO)
+    at.run()
+    assert any(f"Cancelled: the recompute of `{RLOO}` was not written" in i.value for i in at.info)
+    at.selectbox(key="wi_estimator").set_value("rloo").run()
+    at.button(key="wi_run").click().run()
+    assert (app_run / "rldiag" / "scenarios" / RLOO / "scenario.json").is_file()
+    at.session_state["wi_cancelled"] = ("recompute", RLOO)
+    at.run()
+    assert any(f"The recompute of `{RLOO}` had finished before Cancel was pressed" in i.value for i in at.info)
+    assert not any("Cancelled:" in i.value for i in at.info)
+    at.session_state["wi_cancelled"] = ("compare", RLOO)  # the compare ran after the recompute
+    at.run()
+    assert any(f"The compare of `{RLOO}` had finished before Cancel" in i.value for i in at.info)

@@ -84,22 +84,37 @@ def _index(options: list, value) -> int:
     return options.index(value) if value in options else 0
 
 
-def _cancel() -> None:
-    st.session_state["wi_cancelled"] = True
+def _cancel(what: str, name: str) -> None:
+    st.session_state["wi_cancelled"] = (what, name)
 
 
-def cancel_button(what: str) -> None:
-    """A Cancel button shown while ``what`` runs: pressing it makes Streamlit stop this run at its
-    next progress update (nothing half-written is kept: scenarios and comparisons are replaced
-    atomically) and draw the page again."""
-    st.button(f"Cancel the {what}", key=f"wi_cancel_{what}", on_click=_cancel)
+def cancel_button(what: str, name: str) -> None:
+    """A Cancel button shown while ``what`` of scenario ``name`` runs: pressing it makes Streamlit
+    stop this run at its next progress update (nothing half-written is kept: scenarios and
+    comparisons are replaced atomically) and draw the page again."""
+    st.button(f"Cancel the {what}", key=f"wi_cancel_{what}", on_click=_cancel, args=(what, name))
+
+
+def cancelled_note(what: str, name: str) -> None:
+    """What a Cancel did, as the run directory shows it: a press that came after the work had
+    been written (its last step done, the scenario or comparison already in place) cancelled
+    nothing, and the page says so rather than that nothing was written."""
+    if what == "recompute":
+        written = name in store.scenario_names()
+    else:
+        saved = store.comparison(BASELINE, name)
+        written = saved is not None and not saved.stale
+    if written:
+        st.info(f"The {what} of `{name}` had finished before Cancel was pressed: it is saved and shown below.")
+    else:
+        st.info(f"Cancelled: the {what} of `{name}` was not written; the page shows what was saved before.")
 
 
 def run_scenarios(name: str, ovr: dict) -> None:
     """Recompute the baseline (when missing) and the scenario; the steps that failed are kept
     to leave them out of the compare and to name them."""
     bar = st.progress(0.0, text="starting")
-    cancel_button("recompute")
+    cancel_button("recompute", name)
     failed: dict[int, str] = {}
     if BASELINE not in store.scenario_names() and name != BASELINE:
         base = recompute(store.run, {}, name=BASELINE, save_tokens=True, progress=session.progress_callback(bar, BASELINE))
@@ -157,7 +172,7 @@ def run_compare(name: str) -> bool:
     steps compared so far drawn as they come; an error names its step and leaves everything
     else on the page (the steps compared before it included). True when it finished."""
     bar = st.progress(0.0, text="compare: starting")
-    cancel_button("compare")
+    cancel_button("compare", name)
     live = st.empty()
     seen = []
     done = {"step": None}
@@ -235,8 +250,9 @@ with session.guard():
     name = whatif.scenario_name(ovr)
     st.markdown(f"**Scenario:** `{name}`" + (f" — overrides: `{ovr}`" if ovr else " (the run's own settings)"))
     fit_warning(chosen)
-    if st.session_state.pop("wi_cancelled", False):
-        st.info("Cancelled: what was running was not written; the page shows what was saved before.")
+    cancelled = st.session_state.pop("wi_cancelled", None)
+    if cancelled:
+        cancelled_note(*cancelled)
     has_batches = bool(store.steps())
     if not has_batches:
         st.caption(f"{store.run} has no batch files (batches/step_<N>.parquet): there is nothing to recompute.")
