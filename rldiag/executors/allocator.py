@@ -6,9 +6,9 @@ starts at 128 kB and adapts only partly), so every tensor of every step page-fau
 in again: on this project's 2-core machine about 350,000 minor faults and a second of kernel
 time for 20 such steps, about 0.5 s of a 2.2 s recompute. PyTorch's CPU tuning guide recommends a
 caching allocator (jemalloc or TCMalloc) for the same reason; without changing the process's
-allocator, glibc's own ``mallopt`` knobs get most of the way: blocks up to 32 MB (glibc's upper
-limit for the threshold) come from the heap, and freed memory is kept for the next step instead
-of being trimmed back to the system.
+allocator, glibc's own ``mallopt`` knobs get most of the way: every block comes from the heap
+(no ``mmap`` per block, the larger ones of a big step included), and freed memory is kept for the
+next step instead of being trimmed back to the system.
 
 The memory kept is what one step needed at its peak (the process's RSS stays at that level
 rather than dropping between steps); it does not grow with the number of steps. Set
@@ -35,9 +35,15 @@ import torch
 M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 
 #: Blocks up to this size come from the heap (glibc's maximum on 64-bit: 4 MiB * sizeof(long)).
 MMAP_THRESHOLD = 32 << 20
+#: Blocks served by a fresh ``mmap``: none. Blocks above glibc's largest threshold (32 MiB: one
+#: float32 column of 8M tokens, a step of 8,192 rows with a 32k cap) would otherwise be mapped and
+#: page-faulted in again at every allocation: on this project's machine 1.5M faults and 7 s of
+#: kernel time for one such step, 0.5M and 4 s from the heap (bench/bench_recompute.py, step8k32k).
+MMAP_MAX = 0
 #: Free memory at the top of the heap kept for reuse rather than returned to the system.
 TRIM_THRESHOLD = 256 << 20
 #: Extra memory requested each time the heap grows, so that a step grows it a few times at most.
@@ -66,7 +72,8 @@ def tune_host_allocator() -> bool:
     mallopt.restype = ctypes.c_int
     _tuned = all(
         mallopt(param, value) == 1
-        for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD))
+        for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_MMAP_MAX, MMAP_MAX), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                             (M_TOP_PAD, TOP_PAD))
     )
     return _tuned
 
