@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from rldiag.errors import ConfigError
 from rldiag.io.atomic import write_file_atomic
 
 
@@ -49,7 +50,7 @@ def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.nda
     if spec.lengths == "uniform":
         return rng.integers(spec.min_len, spec.max_len + 1, size=rows)
     if spec.lengths != "lognormal":
-        raise ValueError(f"unknown length distribution {spec.lengths!r}; use uniform or lognormal")
+        raise ConfigError(f"SynthSpec.lengths: unknown length distribution {spec.lengths!r}; use uniform or lognormal")
     lengths = np.exp(rng.normal(np.log(spec.median_len), spec.sigma, rows)).astype(np.int64)
     lengths = np.clip(lengths, spec.min_len, spec.max_len)
     lengths[rng.random(rows) < spec.capped] = spec.max_len

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from rldiag.engine.pipeline import PresetKLCoefficients, initial_kl_state
 from rldiag.errors import ComputeError, ConfigError, ExecutorError, RldiagError
+from rldiag.executors.allocator import tune_host_allocator
 from rldiag.executors.base import Plan
 from rldiag.executors.klchain import chain, is_adaptive, pack_statistics, replay_statistic
-from rldiag.executors.allocator import tune_host_allocator
 from rldiag.executors.steps import Job, StepOutcome, StepTask, fetch, prefetched, process
 from rldiag.io.fs import is_uri
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 
-from rldiag.importers.errors import WandbMissingError
+from rldiag.errors import WandbMissingError
 
 INSTALL_HINT = "the W&B importer needs the optional wandb package: pip install 'rldiag[wandb]'"
 

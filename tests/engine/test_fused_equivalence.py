@@ -8,14 +8,16 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, assume, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
+from rldiag.engine.advantage import _gae_scan
 from rldiag.engine.aggregation import AggNorm
 from rldiag.engine.critic import value_loss
 from rldiag.engine.kl import k3_from_diff, kl_estimate, kl_k3, kl_row_sums
 from rldiag.engine.metrics import signal_metrics
 from rldiag.engine.policy_loss.clip import ppo_terms
-from rldiag.engine.advantage import _gae_scan
 from tests.conftest import make_batch
 from tests.engine.packing import to_packed, to_padded
 from tests.engine.reference_core import gae_loop

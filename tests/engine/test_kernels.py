@@ -4,7 +4,9 @@ NaN and inf included, on random packed rows with holes in the mask."""
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine import kernels
 from rldiag.engine.layout import Rows

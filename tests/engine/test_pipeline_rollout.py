@@ -7,14 +7,16 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine.batch import pack
-
 from rldiag.engine.rollout_correction import parse_rs
 from rldiag.errors import MissingInputError
 from tests.conftest import make_batch, settings
-from tests.engine import reference_core, reference_losses as ref
+from tests.engine import reference_core
+from tests.engine import reference_losses as ref
 from tests.engine.gen_batches import batch_of, flat, loss_step, unpad
 from tests.engine.packing import full_rows, recompute_padded
 
