@@ -149,7 +149,7 @@ def effective_weights(adv: np.ndarray, mask: np.ndarray, lengths: np.ndarray, se
     loss = torch.zeros(layout.n_tokens, dtype=torch.float32, requires_grad=True)
     horizon = settings["data.max_response_length"] or max(1, int(lengths.max()) if rows else 1)
     norm = AggNorm(
-        step_ids=torch.zeros(rows, dtype=torch.long), n_steps=1, horizon=torch.tensor([horizon]), rows=layout,
+        seg_ids=torch.zeros(rows, dtype=torch.long), n_seg=1, horizon=torch.tensor([horizon]), rows=layout,
         batch_num_tokens=torch.tensor([float(norm_tokens)]), global_batch_size=torch.tensor([float(rows)]),
         loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
     )

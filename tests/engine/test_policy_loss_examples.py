@@ -24,7 +24,7 @@ def run(loss, old, new, adv, mask=None, agg="token-mean", w=None, n_tokens=None,
     w_t = None if w is None else torch.tensor(w, dtype=torch.float32)
     (old_t, new_t, adv_t, mask_t, w_t), layout = full_rows(old_t, new_t, adv_t, mask_t, w_t)
     norm = AggNorm(
-        step_ids=torch.zeros(n_rows, dtype=torch.long), n_steps=1, horizon=torch.tensor([width]), rows=layout,
+        seg_ids=torch.zeros(n_rows, dtype=torch.long), n_seg=1, horizon=torch.tensor([width]), rows=layout,
         batch_num_tokens=None if n_tokens is None else torch.tensor([float(n_tokens)]),
     )
     s = settings(agg=agg, **kw)

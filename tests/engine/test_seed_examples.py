@@ -98,7 +98,7 @@ def _vanilla(old, new, adv, mask=None, **kw):
     mask_t = torch.ones_like(old_t) if mask is None else torch.tensor([mask], dtype=torch.float32)
     width = old_t.shape[1]
     (old_t, new_t, adv_t, mask_t), layout = full_rows(old_t, new_t, adv_t, mask_t)
-    norm = AggNorm(step_ids=torch.zeros(1, dtype=torch.long), n_steps=1, horizon=torch.tensor([width]), rows=layout)
+    norm = AggNorm(seg_ids=torch.zeros(1, dtype=torch.long), n_seg=1, horizon=torch.tensor([width]), rows=layout)
     return policy_loss(
         "vanilla",
         PolicyLossInput(old_log_prob=old_t, log_prob=new_t, advantages=adv_t, mask=mask_t,
@@ -154,15 +154,15 @@ def test_aggregation_example(mode, expected):
     # seed 003 section 6.6: A has 8 tokens of loss 1, B 2 tokens of loss 5; horizon 8
     (loss, mask), layout = full_rows(torch.tensor([[1.0] * 8, [5.0, 5.0] + [0.0] * 6]),
                                      torch.tensor([[1.0] * 8, [1.0, 1.0] + [0.0] * 6]))
-    norm = AggNorm(step_ids=torch.zeros(2, dtype=torch.long), n_steps=1, horizon=torch.tensor([8]), rows=layout)
+    norm = AggNorm(seg_ids=torch.zeros(2, dtype=torch.long), n_seg=1, horizon=torch.tensor([8]), rows=layout)
     assert aggregate(mode, loss, mask, norm).item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_seq_mean_excludes_fully_masked_rows_in_fallback_denominator():
     (loss, mask), layout = full_rows(torch.tensor([[2.0, 2.0], [7.0, 7.0]]), torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
-    norm = AggNorm(step_ids=torch.zeros(2, dtype=torch.long), n_steps=1, horizon=torch.tensor([2]), rows=layout)
+    norm = AggNorm(seg_ids=torch.zeros(2, dtype=torch.long), n_seg=1, horizon=torch.tensor([2]), rows=layout)
     assert aggregate("seq-mean-token-mean", loss, mask, norm).item() == pytest.approx(2.0)
-    with_b = AggNorm(step_ids=norm.step_ids, n_steps=1, horizon=norm.horizon, rows=layout,
+    with_b = AggNorm(seg_ids=norm.seg_ids, n_seg=1, horizon=norm.horizon, rows=layout,
                      global_batch_size=torch.tensor([2.0]))
     assert aggregate("seq-mean-token-mean", loss, mask, with_b).item() == pytest.approx(1.0)
 
@@ -171,7 +171,7 @@ def test_value_loss_example():
     # seed 001 section 8.1: old 0.4, new 0.9, return 1.0, cliprange 0.2 -> 0.5 * max(0.01, 0.16) = 0.08
     t = lambda x: torch.tensor([x])  # noqa: E731
     layout = full_rows(torch.zeros(1, 1))[1]
-    norm = AggNorm(step_ids=torch.zeros(1, dtype=torch.long), n_steps=1, horizon=torch.tensor([1]), rows=layout)
+    norm = AggNorm(seg_ids=torch.zeros(1, dtype=torch.long), n_seg=1, horizon=torch.tensor([1]), rows=layout)
     out = value_loss(t(0.9), t(0.4), t(1.0), t(1.0), 0.2, "token-mean", norm)
     assert out["critic/vf_loss"].item() == pytest.approx(0.08, rel=1e-6)
     assert out["critic/vf_clipfrac"].item() == pytest.approx(1.0, abs=1e-7)

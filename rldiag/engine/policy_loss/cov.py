@@ -61,7 +61,7 @@ def clip_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     ratio_cfg = require_setting(inp, f"{POLICY}.clip_cov_ratio", "loss_mode=clip_cov", default=0.0002)
     lb = _or(s[f"{POLICY}.clip_cov_lb"], 1.0)
     ub = _or(s[f"{POLICY}.clip_cov_ub"], 5.0)
-    seg, n = inp.norm.step_ids, inp.norm.n_steps
+    seg, n = inp.norm.seg_ids, inp.norm.n_seg
     adv, lp, mask = inp.advantages, inp.log_prob, inp.mask
     log_ratio = lp - inp.old_log_prob
     ratio = torch.exp(log_ratio)
@@ -118,7 +118,7 @@ def kl_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     """
     ratio_cfg = require_setting(inp, f"{POLICY}.kl_cov_ratio", "loss_mode=kl_cov", default=0.0002)
     coef = _or(inp.settings[f"{POLICY}.ppo_kl_coef"], 1.0)  # verl's fallback when the key is null
-    seg, n = inp.norm.step_ids, inp.norm.n_steps
+    seg, n = inp.norm.seg_ids, inp.norm.n_seg
     adv, lp, mask = inp.advantages, inp.log_prob, inp.mask
     log_ratio = lp - inp.old_log_prob
     ratio = torch.exp(log_ratio)
