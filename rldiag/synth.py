@@ -1,4 +1,4 @@
-"""Synthetic run directories: random but well-formed batches in the CONTRACT schema.
+"""Synthetic run directories: random but well-formed batches in the batch schema (``rldiag.io.schema``).
 
 Used by the tests, by ``bench/`` (runs of a given size) and by ``rldiag demo``-style smoke runs.
 The numbers are drawn from simple generative rules (outcome scores per group, tool-observation

@@ -107,7 +107,7 @@ def log_batches(
     art = wandb.Artifact(
         name or artifact_name_for(run_dir), type=type,
         description=f"rldiag run directory batches ({len(files)} steps)",
-        metadata={"steps": [f.step for f in files], "format": "rldiag run directory (CONTRACT section 2)",
+        metadata={"steps": [f.step for f in files], "format": "rldiag run directory (docs/run-directory.md)",
                   "rldiag_version": __version__},
     )
     for f in files:

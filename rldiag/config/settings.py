@@ -1,4 +1,4 @@
-"""Settings resolution (CONTRACT section 3).
+"""Settings resolution (docs/run-directory.md, "Settings").
 
 Order, later wins: verl's defaults, the run's config file (``run.yaml``, else ``config.yaml``,
 else ``.hydra/config.yaml``), then command-line overrides ``KEY=VALUE``. Keys are verl's own
@@ -337,7 +337,7 @@ class Settings:
         return v if v is not None else self.values["actor_rollout_ref.actor.clip_ratio"]
 
     def resolved(self) -> dict[str, Any]:
-        """Every key of section 3 with its resolved value (inherited ones filled in)."""
+        """Every known setting with its resolved value (inherited ones filled in)."""
         out = {k: self.values.get(k) for k in DEFAULTS}
         out["critic.loss_agg_mode"] = self.critic_agg_mode
         out["critic.loss_scale_factor"] = self.critic_loss_scale_factor

@@ -32,7 +32,7 @@ ProgressFn = Callable[[int, int, int], None]
 @dataclass
 class DoctorReport:
     run: str
-    settings: dict[str, Any]  # the resolved settings (CONTRACT section 3)
+    settings: dict[str, Any]  # the resolved settings (every known key, inherited ones filled in)
     steps: list[int]  # batch steps streamed
     logged_steps: int
     recomputed_steps: int

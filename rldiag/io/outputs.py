@@ -1,4 +1,4 @@
-"""Scenario outputs (CONTRACT section 4): ``metrics.parquet``, ``tokens/step_<N>.parquet``,
+"""Scenario outputs (docs/run-directory.md, "A scenario"): ``metrics.parquet``, ``tokens/step_<N>.parquet``,
 ``scenario.json``; and reading them back."""
 
 from __future__ import annotations

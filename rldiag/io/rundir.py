@@ -1,4 +1,4 @@
-"""The run directory (CONTRACT section 1)::
+"""The run directory (docs/run-directory.md)::
 
     RUN/
       run.yaml | config.yaml | .hydra/config.yaml   optional training config

@@ -1,4 +1,4 @@
-"""The V1 order of operations with rollout correction (seed 002 sections 1.1 and 4), bypass mode,
+"""The V1 order of operations with rollout correction (verl v1/trainer_base.py _compute_advantage), bypass mode,
 IS weights in the loss, token-mean denominators, and the critic's micro-batch-local loss."""
 
 from __future__ import annotations
