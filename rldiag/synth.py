@@ -57,7 +57,8 @@ def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.nda
     return lengths
 
 
-def _list_array(values: np.ndarray, lengths: np.ndarray, dtype: pa.DataType) -> pa.ListArray:
+def list_array(values: np.ndarray, lengths: np.ndarray, dtype: pa.DataType) -> pa.ListArray:
+    """A list column of ``dtype`` from flat ``values`` ``(sum(lengths),)`` and per-row ``lengths``."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, type=dtype))
@@ -91,18 +92,18 @@ def synth_step_table(spec: SynthSpec, step: int, rng: np.random.Generator) -> pa
         "step": pa.array(np.full(rows, step, dtype=np.int64)),
         "score": pa.array(score, pa.float32()),
         "prompt_length": pa.array(rng.integers(8, 64, rows).astype(np.int64)),
-        "response_mask": _list_array(mask, lengths, pa.int8()),
-        "old_log_probs": _list_array(old, lengths, pa.float32()),
-        "log_probs": _list_array(cur, lengths, pa.float32()),
-        "ref_log_prob": _list_array(ref, lengths, pa.float32()),
-        "rollout_log_probs": _list_array(rollout, lengths, pa.float32()),
-        "entropy": _list_array(entropy, lengths, pa.float32()),
+        "response_mask": list_array(mask, lengths, pa.int8()),
+        "old_log_probs": list_array(old, lengths, pa.float32()),
+        "log_probs": list_array(cur, lengths, pa.float32()),
+        "ref_log_prob": list_array(ref, lengths, pa.float32()),
+        "rollout_log_probs": list_array(rollout, lengths, pa.float32()),
+        "entropy": list_array(entropy, lengths, pa.float32()),
     }
     if spec.critic:
         values = (score[row_of] * 0.3 + rng.normal(0.3, 0.2, total)).astype(np.float32)
         vpreds = (values + rng.normal(0, 0.1, total)).astype(np.float32)
-        cols["values"] = _list_array(values, lengths, pa.float32())
-        cols["vpreds"] = _list_array(vpreds, lengths, pa.float32())
+        cols["values"] = list_array(values, lengths, pa.float32())
+        cols["vpreds"] = list_array(vpreds, lengths, pa.float32())
     return pa.table(cols)
 
 

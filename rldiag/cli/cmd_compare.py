@@ -51,14 +51,14 @@ def run(args: argparse.Namespace) -> int:
         if args.sides:
             raise ConfigError("give either two sides or --estimators, not both")
         with progress_bar("recompute", enabled=args.progress) as bar:
-            rep = compare_estimators(args.run, args.estimators.split(","), steps=args.steps, device=args.device,
-                                     progress=bar)
+            by_estimator = compare_estimators(args.run, args.estimators.split(","), steps=args.steps,
+                                              device=args.device, progress=bar)
         if args.json:
-            sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
+            sys.stdout.write(json.dumps(by_estimator.to_dict(), indent=2) + "\n")
             return exit_codes.OK
-        if rep.recomputed:
-            console.print(f"recomputed: {', '.join(rep.recomputed)}", markup=False)
-        print_pairs(rep.pairs)
+        if by_estimator.recomputed:
+            console.print(f"recomputed: {', '.join(by_estimator.recomputed)}", markup=False)
+        print_pairs(by_estimator.pairs)
         return exit_codes.OK
     if len(args.sides) != 2:
         raise ConfigError("compare needs two sides (scenario names or `logged`), or --estimators a,b,...")
