@@ -19,6 +19,8 @@ from rldiag.importers import wandb_sdk
 @pytest.fixture
 def no_started_service(monkeypatch):
     """No wandb-core started by rldiag before the test, and none left after it."""
+    if wandb_sdk.started_service() is not None:  # one an earlier test left: ended first
+        wandb_sdk.shutdown(deadline=5)
     monkeypatch.delenv("WANDB_SERVICE", raising=False)
     assert wandb_sdk.started_service() is None
     yield
