@@ -5,7 +5,10 @@ and long-tailed runs as reasoning training has them (lognormal lengths around 60
 the rows cut at a 16k or 32k cap; and one step of 8,192 rows with a 32k cap). For each,
 `rldiag recompute RUN --no-reuse` (every metric, hashing included) against a process that only
 decodes the Parquet columns that recompute reads, nothing else: wall time and peak RSS of each
-process, and their ratios.
+process, and their ratios; and the same ratios less each process's fixed cost (the two commands
+on a one-step run of 8 rows x 64 tokens: Python, the imports, torch's 2 s and 200 MB among them),
+which is what each further step of a long run costs. Two one-step workloads of 64 rows, alike
+but for one row of 200k tokens in the second, show what a very long row costs.
 
 Then, on the uniform run, generates runs of a given size on disk (steps x rows x tokens, groups,
 tool gaps, all log-prob columns) and reports side by side, each measured in its own subprocess
@@ -47,23 +50,32 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-#: the long-tailed workloads of the whole-process table: steps, rows, cap (max_response_length)
+#: the long-tailed workloads of the whole-process table: steps, rows, cap (max_response_length),
+#: rows of each step at the cap besides the capped share; row200k and its twin rows64 are the same
+#: 64 rows but for one, at 200k tokens in row200k (what one very long row costs)
 TAILED = {
-    "tail16k": (10, 512, 16384),
-    "tail32k": (3, 2048, 32768),
-    "step8k32k": (1, 8192, 32768),
+    "tail16k": (10, 512, 16384, 0),
+    "tail32k": (3, 2048, 32768, 0),
+    "step8k32k": (1, 8192, 32768, 0),
+    "rows64": (1, 64, 200_000, 0),
+    "row200k": (1, 64, 200_000, 1),
 }
+#: the capped share of the long-tailed workloads, but for the 64-row pair (no row at the cap by chance)
+CAPPED_SHARE = {"rows64": 0.0, "row200k": 0.0}
 TAIL_MEDIAN, TAIL_SIGMA, TAIL_CAPPED = 600, 0.8, 0.02
 
 
-def make_tailed_run(path: Path, steps: int, rows: int, cap: int, median: int = TAIL_MEDIAN, seed: int = 0) -> Path:
-    """A run with lognormal response lengths (median ``median``) and 2 % of the rows at ``cap``."""
+def make_tailed_run(path: Path, steps: int, rows: int, cap: int, median: int = TAIL_MEDIAN, seed: int = 0,
+                    capped: float = TAIL_CAPPED, capped_rows: int = 0) -> Path:
+    """A run with lognormal response lengths (median ``median``), a share ``capped`` of the rows
+    at ``cap`` and ``capped_rows`` more rows of each step there."""
     from rldiag.synth import SynthSpec, write_synth_run
 
     if (path / "batches").is_dir() and len(list((path / "batches").iterdir())) == steps:
         return path
     spec = SynthSpec(steps=steps, prompts=max(1, rows // 8), n=8, min_len=16, max_len=cap, lengths="lognormal",
-                     median_len=median, sigma=TAIL_SIGMA, capped=TAIL_CAPPED, seed=seed, write_metrics=False)
+                     median_len=median, sigma=TAIL_SIGMA, capped=capped, capped_rows=capped_rows, seed=seed,
+                     write_metrics=False)
     return write_synth_run(path, spec)
 
 
@@ -250,32 +262,51 @@ def run_shape(run: Path) -> tuple[int, int, int, int]:
     return steps, rows, tokens, slots
 
 
-def whole_process_table(runs: dict[str, Path], repeat: int) -> None:
+def _pair(run: Path, repeat: int, rldiag_cli: str) -> tuple[dict, dict]:
+    """(rldiag, decode): the best of ``repeat`` alternating runs of each whole process on ``run``."""
     from rldiag.config.settings import resolve_settings
-    from rldiag.io.loader import columns_to_read
+    from rldiag.io.loader import columns_to_read, read_schema
     from rldiag.io.rundir import RunDir
 
+    files = [str(sf.path) for sf in RunDir(run).require_steps()]
+    columns = columns_to_read(resolve_settings(run), read_schema(RunDir(run).require_steps()[0]).names)
+    r = d = None
+    for _ in range(repeat):  # alternating, best of each: a shared machine's spells weigh on both
+        d = best(d, measure_process([sys.executable, "-c", DECODE, json.dumps(files), json.dumps(columns)]))
+        r = best(r, measure_process([rldiag_cli, "recompute", str(run), "--no-reuse", "--device", "cpu",
+                                     "--name", "bench-process"], fresh=run / "rldiag" / "scenarios" / "bench-process"))
+    return r, d
+
+
+def _less(m: dict, fixed: dict, key: str) -> float:
+    return max(m[key] - fixed[key], 0.0)
+
+
+def whole_process_table(runs: dict[str, Path], repeat: int) -> None:
     rldiag_cli = str(Path(sys.executable).with_name("rldiag"))
+    # the fixed cost of each process: the same two commands on a run of one step of 8 rows x 64
+    # tokens (starting Python, the imports, torch's included, the first read and the first
+    # operations, writing a scenario), which a run of any size pays once
+    tiny = make_run(Path(next(iter(runs.values()))).parent / "fixed-1-8-64", 1, 8, 64)
+    f_r, f_d = _pair(tiny, repeat, rldiag_cli)
+    print(f"fixed cost of a process (one step of 8 rows x 64 tokens): rldiag {f_r['seconds']:.2f} s "
+          f"{f_r['peak_rss_mb']:.0f} MB (torch included), decode {f_d['seconds']:.2f} s {f_d['peak_rss_mb']:.0f} MB")
     cols = [("workload", "<10"), ("steps x rows", ">13"), ("Mtokens", ">8"), ("filled", ">7"), ("rldiag s", ">9"),
-            ("decode s", ">9"), ("time x", ">7"), ("rldiag MB", ">10"), ("decode MB", ">10"), ("mem x", ">6")]
+            ("decode s", ">9"), ("time x", ">7"), ("rldiag MB", ">10"), ("decode MB", ">10"), ("mem x", ">6"),
+            ("work x", ">7"), ("data mem x", ">11")]
     hdr = " ".join(format(name, spec) for name, spec in cols)
-    print("whole processes: `rldiag recompute RUN --no-reuse` (all metrics) vs decoding its Parquet columns only")
+    print("whole processes: `rldiag recompute RUN --no-reuse` (all metrics) vs decoding its Parquet columns only;")
+    print("work x and data mem x: the same ratios less each process's fixed cost (what a longer run pays per step)")
     print(hdr)
     print("-" * len(hdr))
     for name, run in runs.items():
         steps, rows, tokens, slots = run_shape(run)
-        files = [str(sf.path) for sf in RunDir(run).require_steps()]
-        from rldiag.io.loader import read_schema
-
-        columns = columns_to_read(resolve_settings(run), read_schema(RunDir(run).require_steps()[0]).names)
-        r = d = None
-        for _ in range(repeat):  # alternating, best of each: a shared machine's spells weigh on both
-            d = best(d, measure_process([sys.executable, "-c", DECODE, json.dumps(files), json.dumps(columns)]))
-            r = best(r, measure_process([rldiag_cli, "recompute", str(run), "--no-reuse", "--device", "cpu",
-                                         "--name", "bench-process"], fresh=run / "rldiag" / "scenarios" / "bench-process"))
+        r, d = _pair(run, repeat, rldiag_cli)
         print(f"{name:<10} {f'{steps} x {rows // steps}':>13} {tokens / 1e6:>8.2f} {tokens / slots:>7.0%} "
               f"{r['seconds']:>9.2f} {d['seconds']:>9.2f} {r['seconds'] / d['seconds']:>7.2f} "
-              f"{r['peak_rss_mb']:>10.0f} {d['peak_rss_mb']:>10.0f} {r['peak_rss_mb'] / d['peak_rss_mb']:>6.2f}")
+              f"{r['peak_rss_mb']:>10.0f} {d['peak_rss_mb']:>10.0f} {r['peak_rss_mb'] / d['peak_rss_mb']:>6.2f} "
+              f"{_less(r, f_r, 'seconds') / max(_less(d, f_d, 'seconds'), 1e-3):>7.2f} "
+              f"{_less(r, f_r, 'peak_rss_mb') / max(_less(d, f_d, 'peak_rss_mb'), 1.0):>11.2f}")
     print()
 
 
@@ -323,7 +354,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to keep generated runs (default: a temp dir)")
     ap.add_argument("--memory", action="store_true", help="peak memory of recompute at 10 vs 100 steps")
-    ap.add_argument("--workloads", default="uniform,tail16k,tail32k,step8k32k",
+    ap.add_argument("--workloads", default="uniform,tail16k,tail32k,step8k32k,rows64,row200k",
                     help="whole-process workloads: uniform (--steps x --rows x --tokens) and the long-tailed "
                          f"{', '.join(TAILED)}; 'none' skips the table")
     ap.add_argument("--scale", type=float, default=1.0,
@@ -349,10 +380,11 @@ def main() -> None:
         if name == "uniform":
             runs[name] = make_run(base / f"run-{args.steps}-{args.rows}-{args.tokens}", args.steps, args.rows, args.tokens)
         elif name in TAILED:
-            steps, rows, cap = TAILED[name]
+            steps, rows, cap, at_cap = TAILED[name]
             rows, cap = max(8, int(rows * args.scale)), max(64, int(cap * args.scale))
             runs[name] = make_tailed_run(base / f"{name}-{rows}-{cap}", steps, rows, cap,
-                                         median=max(8, int(TAIL_MEDIAN * args.scale)))
+                                         median=max(8, int(TAIL_MEDIAN * args.scale)),
+                                         capped=CAPPED_SHARE.get(name, TAIL_CAPPED), capped_rows=at_cap)
         else:
             raise SystemExit(f"unknown workload {name!r}; choose from uniform, {', '.join(TAILED)}")
     if runs:

@@ -31,7 +31,7 @@ from rldiag.engine.aggregation import AGG_MODES
 from rldiag.engine.kl import KL_ESTIMATORS
 from rldiag.engine.microbatch import check_microbatch_settings
 from rldiag.engine.pipeline import initial_kl_state
-from rldiag.engine.policy_loss import POLICY_LOSSES, check_policy_loss_settings
+from rldiag.engine.policy_loss import POLICY_LOSSES
 from rldiag.engine.rollout_correction import CorrectionConfig
 from rldiag.errors import ConfigError, RldiagError, RunDirError
 from rldiag.executors import Executor, Plan, get_executor
@@ -55,13 +55,11 @@ _TOKENS_FILE = re.compile(r"^step_(\d+)\.parquet$")
 
 def check_settings(settings: Settings) -> None:
     """Fail before any work on a setting whose registry key is unknown."""
-    ESTIMATORS.get(settings.estimator)
-    if settings.estimator == "gdpo" and not settings.get("algorithm.gdpo_reward_keys"):
-        raise ConfigError(
-            "gdpo needs algorithm.gdpo_reward_keys: the reward-component columns to normalise "
-            "(e.g. --set algorithm.gdpo_reward_keys=format_reward,accuracy_reward)"
-        )
-    POLICY_LOSSES.get(settings["actor_rollout_ref.actor.policy_loss.loss_mode"])
+    for registry, key in ((ESTIMATORS, settings.estimator),
+                          (POLICY_LOSSES, settings["actor_rollout_ref.actor.policy_loss.loss_mode"])):
+        check = registry.meta(key).check  # the entry's own rule on its settings, where it has one
+        if check is not None:
+            check(settings)
     AGG_MODES.get(settings.actor_agg_mode)
     AGG_MODES.get(settings.critic_agg_mode)
     if settings["algorithm.use_kl_in_reward"]:
@@ -69,7 +67,6 @@ def check_settings(settings: Settings) -> None:
         initial_kl_state(settings)
     if settings["actor_rollout_ref.actor.use_kl_loss"]:
         KL_ESTIMATORS.get(settings["actor_rollout_ref.actor.kl_loss_type"])
-    check_policy_loss_settings(settings)
     CorrectionConfig.from_settings(settings, "algorithm.rollout_correction")
     check_microbatch_settings(settings)
     version_of(settings)

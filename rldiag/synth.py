@@ -43,6 +43,7 @@ class SynthSpec:
     median_len: int = 600  # lognormal: the median length
     sigma: float = 0.8  # lognormal: the spread of log length
     capped: float = 0.0  # lognormal: share of rows at max_len
+    capped_rows: int = 0  # lognormal: this many rows of each step (drawn at random) at max_len, besides
 
 
 def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.ndarray:
@@ -54,6 +55,8 @@ def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.nda
     lengths = np.exp(rng.normal(np.log(spec.median_len), spec.sigma, rows)).astype(np.int64)
     lengths = np.clip(lengths, spec.min_len, spec.max_len)
     lengths[rng.random(rows) < spec.capped] = spec.max_len
+    if spec.capped_rows:
+        lengths[rng.choice(rows, size=min(spec.capped_rows, rows), replace=False)] = spec.max_len
     return lengths
 
 

@@ -37,10 +37,12 @@ def test_bench_prints_a_row_per_estimator(tmp_path):
     work = {line.split()[0]: line.split() for line in lines[top + 2: top + 4]}
     assert set(work) == {"uniform", "tail16k"}
     for name, cells in work.items():
-        r_s, d_s, ratio = float(cells[-6]), float(cells[-5]), float(cells[-4])
+        r_s, d_s, ratio = float(cells[6]), float(cells[7]), float(cells[8])
         assert r_s > 0 and d_s > 0 and _ratio_of_printed(ratio, r_s, d_s), (name, cells)
         assert not _ratio_of_printed(ratio * 1.5, r_s, d_s), (name, cells)  # the bound is not vacuous
-        assert float(cells[-3]) > 0 and float(cells[-2]) > 0
+        assert float(cells[9]) > 0 and float(cells[10]) > 0  # peak RSS of both processes
+        assert float(cells[12]) >= 0 and float(cells[13]) >= 0  # the ratios less the fixed costs
+    assert any(line.startswith("fixed cost of a process") for line in lines[:top])  # measured first
     assert work["uniform"][5] == "100%" and int(work["tail16k"][5].rstrip("%")) < 100  # rows x longest row filled
     header = next(i for i, line in enumerate(lines) if line.startswith("estimator"))
     assert "(b') known s" in lines[header] and "b/a" in lines[header]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rldiag.doctor.rules import Rule
-from rldiag.registry import Registry
+from rldiag.registry import Entry, Registry
 
 #: At most this many (step, value) pairs are listed in a finding's evidence.
 MAX_EVIDENCE = 20
@@ -82,7 +82,19 @@ class Context:
 
 
 Evaluator = Callable[[Rule, Context], Outcome]
-RULE_KINDS: Registry[Evaluator] = Registry("doctor rule kind")
+@dataclass(frozen=True)
+class RuleKindMeta(Entry):
+    """A rule kind's registration: the keys a rule of this kind ``required`` and may set
+    (``params``); ``check``, rule -> a problem with its parameters or None; ``min_steps``, the
+    steps of data it needs by default."""
+
+    required: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    check: Callable[[Rule], str | None] | None = None
+    min_steps: int = 1
+
+
+RULE_KINDS: Registry[Evaluator] = Registry("doctor rule kind", meta=RuleKindMeta)
 
 
 # ---- helpers ----------------------------------------------------------------------------------

@@ -87,12 +87,12 @@ def _build(raw: dict, origin: str) -> Rule:
     if kind not in RULE_KINDS:
         raise ConfigError(f"{where}: unknown kind {kind!r}; valid: {', '.join(RULE_KINDS.names())}")
     meta = RULE_KINDS.meta(kind)
-    allowed = COMMON_KEYS | set(meta.get("params", ())) | set(meta.get("required", ()))
+    allowed = COMMON_KEYS | set(meta.params) | set(meta.required)
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} for kind {kind}; "
                           f"valid: {', '.join(sorted(allowed))}")
-    for key in meta.get("required", ()):
+    for key in meta.required:
         if raw.get(key) is None:
             raise ConfigError(f"{where}: kind {kind} needs '{key}'")
     severity = raw.get("severity", "warning")
@@ -104,7 +104,7 @@ def _build(raw: dict, origin: str) -> Rule:
     when = raw.get("when") or {}
     if not isinstance(when, Mapping):
         raise ConfigError(f"{where}: 'when' must map settings to values")
-    window, min_steps = raw.get("window"), raw.get("min_steps", meta.get("min_steps", 1))
+    window, min_steps = raw.get("window"), raw.get("min_steps", meta.min_steps)
     for name, v in (("window", window), ("min_steps", min_steps)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"{where}: '{name}' must be a positive integer, got {v!r}")
@@ -112,7 +112,7 @@ def _build(raw: dict, origin: str) -> Rule:
     rule = Rule(id=rid, kind=kind, title=raw["title"].strip(), why=" ".join(raw["why"].split()), severity=severity,
                 metric=raw.get("metric"), source=source, when=dict(when), window=window, min_steps=min_steps,
                 params=params, origin=origin)
-    check = meta.get("check")
+    check = meta.check
     if check is not None:
         problem = check(rule)
         if problem:

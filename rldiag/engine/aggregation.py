@@ -1,6 +1,6 @@
 """``loss_agg_mode``: how a ``(tokens,)`` token loss becomes one number per step.
 
-Semantics of verl's ``agg_loss`` (seed 001 section 10, seed 003 section 6.6) with data-parallel
+Semantics of verl's ``agg_loss`` (``verl/trainer/ppo/core_algos.py``) with data-parallel
 size 1 and each step taken as one global batch:
 
 - ``token-mean``: ``sum(m * l) / N``, N = ``batch_num_tokens`` (the loss-mask token count of the

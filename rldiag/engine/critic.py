@@ -1,4 +1,4 @@
-"""Critic metrics: clipped value loss (seed 001 section 8) and explained variance."""
+"""Critic metrics: clipped value loss (verl ``core_algos.compute_value_loss``) and explained variance."""
 
 from __future__ import annotations
 

@@ -11,13 +11,14 @@ vocabulary distribution and raises NotImplementedError in verl; here it is rejec
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from rldiag.engine.layout import Rows
 from rldiag.engine.segments import masked_square_sum_rows, masked_sum_rows
 from rldiag.errors import ConfigError
-from rldiag.registry import Registry
+from rldiag.registry import Entry, Registry
 
 KLFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -35,7 +36,14 @@ class _KLRegistry(Registry):
         return super().get(name)
 
 
-KL_ESTIMATORS: Registry[KLFn] = _KLRegistry("KL estimator")
+@dataclass(frozen=True)
+class KLMeta(Entry):
+    """A KL estimator's registration: ``formula``, what it computes from ``d = logprob - ref``."""
+
+    formula: str = ""
+
+
+KL_ESTIMATORS: Registry[KLFn] = _KLRegistry("KL estimator", meta=KLMeta)
 
 
 @KL_ESTIMATORS.register("kl", "k1", "kl+", "k1+", formula="d")

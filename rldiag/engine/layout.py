@@ -36,6 +36,28 @@ def row_ids_of(offsets: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class _ChunkPlan:
+    """Each row split into whole chunks of ``PIECE`` tokens and edge fragments (see
+    :meth:`Rows._chunked_sum`).
+
+    Attributes:
+        n_chunks: whole chunks in the tokens (the last ``tokens % PIECE`` are in no chunk).
+        lo, hi: ``(rows,)`` the row's whole chunks are ``[lo, hi)`` (``lo == hi``: none).
+        frag: ``(f,)`` positions of the rows' other tokens, row by row (fewer than ``2 PIECE``
+            per row); ``frag_offsets`` ``(rows + 1,)`` where each row's start.
+        mid: ``(m,)`` the whole chunks, row by row; ``mid_offsets`` ``(rows + 1,)``.
+    """
+
+    n_chunks: int
+    lo: torch.Tensor
+    hi: torch.Tensor
+    frag: torch.Tensor
+    frag_offsets: torch.Tensor
+    mid: torch.Tensor
+    mid_offsets: torch.Tensor
+
+
+@dataclass(frozen=True)
 class Rows:
     """The row layout of flat token tensors.
 
@@ -101,40 +123,55 @@ class Rows:
 
         The tokens are viewed (no copy) as chunks of ``PIECE``, each summed in one vectorised
         pass; a row is the chunks wholly inside it (their sums accumulated in float64, a
-        difference of prefix sums) plus the fragments of its first and last chunk, summed from
-        one gather of ``2 PIECE`` tokens per row. One pass over the tokens plus ``2 PIECE`` tokens
-        per row; no float64 copy of the tokens."""
+        difference of prefix sums over chunks) plus its edge fragments (the tokens of the chunks
+        it shares with its neighbours: fewer than ``2 PIECE``), gathered once and summed per row
+        in float64. One pass over the tokens plus a gather of the fragments; no float64 copy of
+        the tokens, and no token of a neighbouring row enters a row's sum."""
         n = x.numel()
         if n == 0:
             return torch.zeros(self.n_rows, dtype=torch.float64, device=x.device)
-        nf = n // PIECE
-        chunk = x[: nf * PIECE].view(nf, PIECE).sum(-1).to(torch.float64)
-        before = torch.nn.functional.pad(torch.cumsum(chunk, 0), (1, 0))  # (nf + 1,)
-        pos, keep, lo, hi, inner = self._chunk_plan
-        edges = torch.where(keep, x[pos], torch.zeros((), dtype=x.dtype, device=x.device)).sum(-1, dtype=torch.float64)
-        middle = torch.where(inner, before[hi] - before[lo], torch.zeros((), dtype=torch.float64, device=x.device))
-        return edges + middle
+        plan = self._chunk_plan
+        chunk = x[: plan.n_chunks * PIECE].view(plan.n_chunks, PIECE).sum(-1).to(torch.float64)
+        before = torch.nn.functional.pad(torch.cumsum(chunk, 0), (1, 0))  # (chunks + 1,)
+        middle = before.index_select(0, plan.hi) - before.index_select(0, plan.lo)
+        edges = torch.segment_reduce(x.index_select(0, plan.frag).to(torch.float64), "sum",
+                                     offsets=plan.frag_offsets, initial=0.0)
+        return middle + edges
+
+    def _chunked_extreme(self, x: torch.Tensor, reduce: str, empty: float) -> torch.Tensor:
+        """Per-row max or min ``(rows,)`` as :meth:`_chunked_sum` splits a row: the extreme of
+        each whole chunk (one vectorised pass), reduced over the row's whole chunks, and its edge
+        fragments reduced directly; ``torch.segment_reduce`` alone is sequential over a row."""
+        plan = self._chunk_plan
+        view = x[: plan.n_chunks * PIECE].view(plan.n_chunks, PIECE)
+        chunk = view.amax(-1) if reduce == "max" else view.amin(-1)
+        inner = torch.segment_reduce(chunk.index_select(0, plan.mid), reduce, offsets=plan.mid_offsets, initial=empty)
+        edges = torch.segment_reduce(x.index_select(0, plan.frag), reduce, offsets=plan.frag_offsets, initial=empty)
+        return torch.maximum(inner, edges) if reduce == "max" else torch.minimum(inner, edges)
 
     @cached_property
-    def _chunk_plan(self):
-        """What :meth:`_chunked_sum` gathers, fixed by the layout (computed once per layout):
-        the ``(rows, 2 PIECE)`` token positions of each row's first and last chunk and which of
-        them are the row's, and the range of whole chunks ``[lo, hi)`` strictly inside it."""
+    def _chunk_plan(self) -> _ChunkPlan:
+        """How :meth:`_chunked_sum` splits each row, fixed by the layout (computed once per
+        layout): its whole chunks ``[lo, hi)`` and the positions of its other tokens."""
         n = self.n_tokens
         nf = n // PIECE
         start, end = self.offsets[:-1], self.offsets[1:]
-        cs = torch.div(start, PIECE, rounding_mode="floor")
-        ce = torch.div(end, PIECE, rounding_mode="floor")
-        lane = torch.arange(PIECE, device=self.device)
-        first = (cs * PIECE).unsqueeze(1) + lane
-        last = (ce * PIECE).unsqueeze(1) + lane
-        first_end = torch.minimum(end, (cs + 1) * PIECE)
-        keep_first = (first >= start.unsqueeze(1)) & (first < first_end.unsqueeze(1))
-        keep_last = (ce > cs).unsqueeze(1) & (last < end.unsqueeze(1))
-        pos = torch.cat([first, last], 1).clamp_(max=max(n - 1, 0))
-        keep = torch.cat([keep_first, keep_last], 1)
-        inner = ce > cs + 1
-        return pos, keep, (cs + 1).clamp(max=nf), ce.clamp(max=nf), inner
+        lo = torch.div(start + (PIECE - 1), PIECE, rounding_mode="floor").clamp_(max=nf)
+        hi = torch.div(end, PIECE, rounding_mode="floor")
+        whole = hi > lo
+        hi = torch.where(whole, hi, lo)
+        # the fragments: [start, lo PIECE) then [hi PIECE, end) where the row has whole chunks,
+        # all of [start, end) where it has none
+        head = torch.where(whole, lo * PIECE - start, end - start)
+        tail = torch.where(whole, end - hi * PIECE, torch.zeros_like(end))
+        frag_rows = Rows.from_lengths(head + tail)
+        k = frag_rows.positions()
+        r = frag_rows.row_ids
+        head_r = head.index_select(0, r)
+        frag = torch.where(k < head_r, start.index_select(0, r) + k, (hi * PIECE).index_select(0, r) + (k - head_r))
+        mid_rows = Rows.from_lengths(hi - lo)
+        mid = lo.index_select(0, mid_rows.row_ids) + mid_rows.positions()
+        return _ChunkPlan(nf, lo, hi, frag, frag_rows.offsets, mid, mid_rows.offsets)
 
     def count(self, cond: torch.Tensor) -> torch.Tensor:
         """Tokens per row where ``cond`` (bool or 0/1) is true, float32 ``(rows,)``."""
@@ -143,10 +180,14 @@ class Rows:
     def amax(self, x: torch.Tensor, empty: float = float("-inf")) -> torch.Tensor:
         """Max over each row's tokens ``(rows,)``; ``empty`` for a row without tokens; NaN
         propagates as in ``torch.amax``."""
-        return torch.segment_reduce(x, "max", offsets=self.offsets, initial=empty)
+        if x.numel() == 0:
+            return torch.full((self.n_rows,), empty, dtype=x.dtype, device=x.device)
+        return self._chunked_extreme(x, "max", empty)
 
     def amin(self, x: torch.Tensor, empty: float = float("inf")) -> torch.Tensor:
-        return torch.segment_reduce(x, "min", offsets=self.offsets, initial=empty)
+        if x.numel() == 0:
+            return torch.full((self.n_rows,), empty, dtype=x.dtype, device=x.device)
+        return self._chunked_extreme(x, "min", empty)
 
     def any(self, cond: torch.Tensor) -> torch.Tensor:
         """``(rows,)`` bool: the row has a token where ``cond`` holds."""

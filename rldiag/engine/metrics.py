@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rldiag.engine import kernels
 from rldiag.engine.batch import Batch
 from rldiag.engine.layout import Rows
 from rldiag.engine.critic import explained_variance
@@ -98,26 +99,34 @@ def rollout_probs_metrics(
     ``calculate_debug_metrics``): ``|p_old - p_rollout|`` max, mean, unbiased std, and the
     Pearson correlation of the two (arXiv:2506.13585). A step without tokens: valid 0, NaN.
     Inputs ``(tokens,)``, ``step_ids`` ``(rows,)``; outputs ``(n_steps,)``."""
-    p_old = torch.exp(old_log_probs.to(torch.float64))
-    p_roll = torch.exp(rollout_log_probs.to(torch.float64))
-    m = mask.to(torch.float64)
+    p_old, p_roll = torch.exp(old_log_probs), torch.exp(rollout_log_probs)  # in the inputs' dtype, as verl
+    m = mask if mask.dtype == p_old.dtype else mask.to(p_old.dtype)
     diff = (p_old - p_roll).abs()
-    count = step_mask_count(mask, rows, step_ids, n_steps).to(torch.float64)
-    mean, mx, _ = step_masked_extrema(diff, m, rows, step_ids, n_steps)
 
-    def total(x: torch.Tensor) -> torch.Tensor:
-        return seg_sum(masked_sum_rows(x, m, rows), step_ids, n_steps)
+    def total(x: torch.Tensor) -> torch.Tensor:  # (n_steps,) float64: per-row sums in float64
+        return seg_sum(masked_sum_rows(x, m, rows).to(torch.float64), step_ids, n_steps)
 
-    mo, mr = total(p_old) / count, total(p_roll) / count
-    do, dr = p_old - rows.expand(mo[step_ids]), p_roll - rows.expand(mr[step_ids])
-    corr = total(do * dr) / torch.sqrt(total(do * do) * total(dr * dr))
+    row_count = row_mask_count(m, rows)
+    count = seg_sum(row_count.to(torch.float64), step_ids, n_steps)
     valid = count > 0
+
+    def centred(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # mean (n_steps,), x - mean
+        mean = total(x) / count
+        return mean, x - rows.expand(mean.to(x.dtype)[step_ids])
+
+    mean, dd = centred(diff)
+    var = total(dd * dd) / (count - 1)  # unbiased, as torch.std
+    has = row_count > 0
+    mx = seg_max(kernels.masked_row_max(diff, m, rows)[has], step_ids[has], n_steps)
+    _, do = centred(p_old)
+    _, dr = centred(p_roll)
+    corr = total(do * dr) / torch.sqrt(total(do * do) * total(dr * dr))  # Pearson (arXiv:2506.13585)
     nan = torch.full_like(count, float("nan"))
     return {
         "training/rollout_probs_diff_valid": valid.to(torch.float32),
         "training/rollout_probs_diff_max": torch.where(valid, mx.to(torch.float64), nan).to(torch.float32),
-        "training/rollout_probs_diff_mean": torch.where(valid, mean.to(torch.float64), nan).to(torch.float32),
-        "training/rollout_probs_diff_std": torch.sqrt(step_masked_var(diff, m, rows, step_ids, n_steps)).to(torch.float32),
+        "training/rollout_probs_diff_mean": torch.where(valid, mean, nan).to(torch.float32),
+        "training/rollout_probs_diff_std": torch.sqrt(var).to(torch.float32),
         "training/rollout_actor_probs_pearson_corr": torch.where(valid, corr.clamp(-1.0, 1.0), nan).to(torch.float32),
     }
 
@@ -132,7 +141,7 @@ def signal_metrics(
     """rldiag's per-step signals for the health checks, ``(n_steps,)`` each:
 
     - ``rldiag/mask/credit_cut_fraction``: share of actor tokens (mask 1) with a mask-0 position
-      later in their row: under REINFORCE++'s mask-resetting reward-to-go (seed 002 section 9.1)
+      later in their row: under REINFORCE++'s mask-resetting reward-to-go (verl ``compute_reinforce_plus_plus_outcome_advantage``)
       such a token gets none of the outcome reward.
     - ``rldiag/advantages/centre_offset``: masked mean of the advantages over their masked
       population std (0 when every advantage is 0; +-inf for a constant nonzero advantage, which
@@ -145,8 +154,10 @@ def signal_metrics(
     # The cut tokens of a row are its actor tokens less those after its last mask-0 token z_i:
     # T_i - (z_i + 1) of them (none cut when the row has no zero: z_i + 1 = 0).
     m0 = batch.loss_mask if batch.loss_mask is not None else batch.response_mask  # before rejection
-    pos1 = (rows.positions() + 1).to(torch.float32)
-    last1 = rows.amax(torch.where(m0 == 0, pos1, torch.zeros_like(pos1)), empty=0.0)
+    # z_i + 1 from the 1-based index of the row's last mask-0 token in the whole batch (0: none)
+    idx1 = torch.arange(1, rows.n_tokens + 1, dtype=torch.float64, device=m0.device)
+    last_zero = rows.amax(torch.where(m0 == 0, idx1, torch.zeros((), dtype=torch.float64, device=m0.device)), empty=0.0)
+    last1 = (last_zero - rows.offsets[:-1].to(torch.float64)).clamp_(min=0.0).to(torch.float32)
     actor = row_mask_count(m0, rows)
     cut = actor - (batch.lengths.to(torch.float32) - last1)
     out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut, sid, n) / seg_sum(actor, sid, n)

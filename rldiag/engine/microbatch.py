@@ -3,7 +3,7 @@
 verl computes the actor's policy-loss metrics (``actor/pg_clipfrac``, ``actor/ppo_kl``,
 ``actor/pg_clipfrac_lower``, ...) and the critic's (``critic/vf_loss``, ``critic/vf_clipfrac``,
 ``critic/vpred_mean``) on each micro-batch, then logs the equal-weight mean over micro-batches
-and DP ranks (``verl.utils.metric.Metric`` with ``AggregationType.MEAN``, seed 001 section 15).
+and DP ranks (``verl.utils.metric.Metric`` with ``AggregationType.MEAN``).
 Losses normalised by global batch information (``actor/pg_loss``, ``actor/entropy_loss``,
 ``actor/kl_loss``: ``AggregationType.SUM``) add up over micro-batches to the whole-step value.
 
@@ -190,7 +190,7 @@ def resolve_auto(settings: Settings, key: str) -> int | None:
     """``rldiag.mini_batch_size`` / ``rldiag.micro_batch_size`` with ``auto`` read from verl's
     keys in the run's config (``run``, the default: the same when the config has them, else the
     whole step): mini = ``actor.ppo_mini_batch_size * rollout.n`` (as verl's trainer
-    multiplies it, seed 001 section 11.2), micro = ``actor.ppo_micro_batch_size_per_gpu``."""
+    multiplies it), micro = ``actor.ppo_micro_batch_size_per_gpu``."""
     value = settings.get(key)
     actor = "actor_rollout_ref.actor."
     if value == "run":  # the default: the run's own batching when its config says what it was

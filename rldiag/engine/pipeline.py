@@ -1,16 +1,16 @@
 """One recompute over a packed batch: the order of operations of verl's V1 trainer.
 
 0. ``algorithm.rollout_correction.bypass_mode``: ``old_log_probs := rollout_log_probs``
-   (``_compute_old_log_prob``; seed 001 section 2.2). Nothing else changes (the loss_mode stays).
+   (``_compute_old_log_prob`` in verl's ``ray_trainer.py``). Nothing else changes (the loss_mode stays).
 The *original* mask is ``loss_mask`` when the batch has one (the rollout's mask, captured after
 rejection rewrote ``response_mask``: verl's V1 trainer keeps it so), else ``response_mask``;
 every step below starts from it, as verl does.
 
 1. token_level_scores -> token_level_rewards: optional KL shaping on the *original*
-   response_mask (``algorithm.use_kl_in_reward``; seed 002 section 4).
+   response_mask (``algorithm.use_kl_in_reward``; verl ``ray_trainer.apply_kl_penalty``).
 2. Rollout correction when the batch has ``rollout_log_probs`` and bypass mode is off
    (:mod:`rldiag.engine.rollout_correction`): IS weights, rejection rewrites response_mask
-   (rewards at rejected tokens stay), ``rollout_corr/*`` metrics (seed 002 sections 1.1, 4).
+   (rewards at rejected tokens stay), ``rollout_corr/*`` metrics (verl ``rollout_corr_helper``).
 3. The advantage estimator reads the rewritten mask.
 4. Actor metrics (policy loss with the IS weights, entropy, KL loss), critic metrics, data
    metrics. Token-mean denominators count the original mask (``loss_mask`` if given). Actor and

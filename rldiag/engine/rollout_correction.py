@@ -1,8 +1,8 @@
 """Rollout correction: IS weights, rejection sampling and off-policy diagnostics.
 
-verl's ``algorithm.rollout_correction`` (``verl/trainer/ppo/rollout_corr_helper.py``; seed 004
-section 4). ``log r = log pi_train - log pi_rollout`` per token, where pi_train is
-``old_log_probs`` at the trainer (and the *current* policy inside ``loss_mode=bypass_mode``).
+verl's ``algorithm.rollout_correction`` (``verl/trainer/ppo/rollout_corr_helper.py``).
+``log r = log pi_train - log pi_rollout`` per token, where pi_train is ``old_log_probs`` at the
+trainer (and the *current* policy inside ``loss_mode=bypass_mode``).
 
 - IS weights (:data:`IS_LEVELS`, keyed by ``rollout_is``): ``token`` ``w = exp(clamp(log r,
   +-20))``; ``sequence`` ``w = exp(clamp(sum_t log r, +-20))`` on every token of the row.
@@ -212,13 +212,13 @@ ISLevelFn = Callable[[torch.Tensor, torch.Tensor, Rows], tuple[torch.Tensor, tor
 IS_LEVELS: Registry[ISLevelFn] = Registry("rollout_is level")
 
 
-@IS_LEVELS.register("token", source="seed 004 s4.3; verl rollout_corr_helper")
+@IS_LEVELS.register("token", source="verl rollout_corr_helper.compute_rollout_correction_weights (token level)")
 def is_token(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Raw masked weights ``exp(clamp(log r, +-20)) * m`` ``(tokens,)``; no row statistic."""
     return torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)) * mask, None
 
 
-@IS_LEVELS.register("sequence", source="seed 004 s4.3; verl rollout_corr_helper")
+@IS_LEVELS.register("sequence", source="verl rollout_corr_helper.compute_rollout_correction_weights (sequence level)")
 def is_sequence(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Raw weights ``exp(clamp(sum_t m log r, +-20))`` on every masked token of the row, and the
     unclamped row sums ``(rows,)`` verl's metrics read."""

@@ -46,13 +46,11 @@ def _blocked_scan(A: torch.Tensor, B: torch.Tensor, C: int) -> torch.Tensor:
     Bc = torch.nn.functional.pad(B, (0, pad)).view(nb, C).T.contiguous()
     loc = torch.empty_like(Bc)  # the chunk's own solution, nothing entering from the next chunk
     prod = torch.empty_like(Ac)  # a_t ... a_{C-1}: how the next chunk's first value enters
-    x = torch.zeros(nb, dtype=B.dtype, device=B.device)
-    p = torch.ones(nb, dtype=A.dtype, device=A.device)
-    for j in range(C - 1, -1, -1):
-        x = torch.addcmul(Bc[j], Ac[j], x)
-        p = Ac[j] * p
-        loc[j] = x
-        prod[j] = p
+    loc[C - 1] = Bc[C - 1]
+    prod[C - 1] = Ac[C - 1]
+    for j in range(C - 2, -1, -1):  # each step written in place into its row of loc and prod
+        torch.addcmul(Bc[j], Ac[j], loc[j + 1], out=loc[j])
+        torch.mul(Ac[j], prod[j + 1], out=prod[j])
     # the chunks' first values: X_i = loc_0(i) + prod_0(i) X_{i+1}, the same recurrence
     first = _blocked_scan(prod[0].contiguous(), loc[0].contiguous(), C)
     nxt = torch.nn.functional.pad(first[1:], (0, 1))

@@ -33,16 +33,12 @@ class LocalExecutor:
                 kl_state.advance(settings, *stat)
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))
-        every = torch.get_num_threads()
+        # the engine keeps one core fewer than the process may use for the whole run, the last
+        # packs included: torch's intra-op threads wait for each other at every operation, and
+        # where a core is busy (the loader, the writer, another process) each wait lasts a time
+        # slice of the scheduler, far longer than the operation (bench/bench_recompute.py --threads)
         with engine_threads(job.device):
-
-            def widen() -> None:
-                # the last packs: nothing is left to read, so the engine takes every core (its
-                # results do not depend on its thread count: tests/engine/test_thread_count.py)
-                if torch.get_num_threads() < every and fetched.idle:
-                    torch.set_num_threads(every)
-
-            yield from process(fetched, job, lambda steps: kl_state, before_compute=widen)
+            yield from process(fetched, job, lambda steps: kl_state)
 
     def close(self) -> None:
         """Nothing to release: the executor holds no resources between runs."""

@@ -97,8 +97,8 @@ def estimator_need(name: str, settings=None) -> Need:
     from rldiag.engine.advantage import ESTIMATORS
 
     meta = ESTIMATORS.meta(name)
-    cols = tuple(meta.get("needs", ()))
-    needs_fn = meta.get("needs_fn")
+    cols = tuple(meta.needs)
+    needs_fn = meta.needs_fn
     if needs_fn is not None and settings is not None:
         cols += tuple(c for c in needs_fn(settings) if c not in cols)
     return Need(all_of=cols)
@@ -108,7 +108,7 @@ def estimator_optional(name: str) -> tuple[str, ...]:
     """Columns an advantage estimator reads when the batch has them (e.g. grpo's session folding)."""
     from rldiag.engine.advantage import ESTIMATORS
 
-    return tuple(ESTIMATORS.meta(name).get("optional", ()))
+    return tuple(ESTIMATORS.meta(name).optional)
 
 
 #: What each optional metric family needs (docs/run-directory.md, "Metric names").
@@ -138,6 +138,6 @@ def policy_loss_needs() -> dict[str, Need]:
     from rldiag.engine.policy_loss import POLICY_LOSSES
 
     return {
-        f"loss_mode={name} (actor/*)": Need(all_of=tuple(POLICY_LOSSES.meta(name).get("needs", ("old_log_probs", "log_probs"))))
+        f"loss_mode={name} (actor/*)": Need(all_of=tuple(POLICY_LOSSES.meta(name).needs))
         for name in POLICY_LOSSES.names()
     }

@@ -77,7 +77,7 @@ def test_every_estimator_declares_its_needs_and_source():
     assert verl_keys | set(expected) <= set(ESTIMATORS.names())
     for name in ESTIMATORS.names():
         meta = ESTIMATORS.meta(name)
-        assert meta["source"]
+        assert meta.source
         assert estimator_need(name).all_of == expected.get(name, ())
     assert estimator_optional("grpo") == ("session_id", "output_index")
     gd = resolve_settings(overrides={"algorithm.gdpo_reward_keys": "acc,fmt"})

@@ -90,7 +90,7 @@ def test_otb_names_the_missing_column():
     b2.extra["sum_pi_squared"] = torch.ones(2)
     with pytest.raises(MissingInputError, match="'old_log_probs'"):
         run("optimal_token_baseline", b2)
-    assert ESTIMATORS.meta("tir_optimal_token_baseline")["needs"] == ("old_log_probs", "sum_pi_squared")
+    assert ESTIMATORS.meta("tir_optimal_token_baseline").needs == ("old_log_probs", "sum_pi_squared")
 
 
 STEPS = st.lists(cases(max_rows=6), min_size=1, max_size=3)

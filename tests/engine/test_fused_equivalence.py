@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from rldiag.engine.advantage import _gae_scan
+from rldiag.engine.advantage import gae_scan
 from rldiag.engine.aggregation import AggNorm
 from rldiag.engine.critic import value_loss
 from rldiag.engine.kl import k3_from_diff, kl_estimate, kl_k3, kl_row_sums
@@ -328,7 +328,7 @@ def test_credit_cut_fraction_matches_loop(data):
 def _gae_packed(r, v, m, gamma, lam):
     T = r.shape[1]
     (rf, layout), (vf, _), (mf, _) = (to_packed(t, [T] * t.shape[0]) for t in (r, v, m))
-    return to_padded(_gae_scan(rf, vf, mf, gamma, lam, layout), layout, T)
+    return to_padded(gae_scan(rf, vf, mf, gamma, lam, layout), layout, T)
 
 
 @HS

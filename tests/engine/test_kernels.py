@@ -58,6 +58,7 @@ def test_masked_row_extrema_equal_plain_on_rows_with_tokens(case):
     has = rows.count(mask) > 0  # rows without a masked token: callers drop them
     for fast, plain in zip(kernels.masked_row_extrema(x, mask, rows), kernels.masked_row_extrema_plain(x, mask, rows)):
         _same(fast[has], plain[has])
+    _same(kernels.masked_row_max(x, mask, rows)[has], kernels.masked_row_max_plain(x, mask, rows)[has])
 
 
 def dual_clip_plain(adv: torch.Tensor, clipped1: torch.Tensor, l3: torch.Tensor) -> torch.Tensor:

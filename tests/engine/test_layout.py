@@ -166,3 +166,45 @@ def test_scan_does_not_depend_on_the_block(case, block):
     with patch.object(scan, "SMALL", 2):  # chunks of `block` at every level
         chunked = segmented_reverse_linear_scan(a, b, block=block)
     torch.testing.assert_close(chunked, segmented_reverse_linear_scan(a, b, block=64), rtol=1e-6, atol=1e-6)
+
+
+@st.composite
+def long_ragged(draw):
+    """Rows over many chunks of the chunked reductions (PIECE = 64), short and empty rows between."""
+    lengths = draw(st.lists(st.one_of(st.integers(0, 70), st.integers(60, 700)), min_size=1, max_size=12))
+    return lengths, draw(st.integers(0, 10_000))
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(long_ragged(), st.floats(1e-3, 1e6))
+def test_chunked_row_reductions_equal_float64_per_row(case, scale):
+    """Rows spanning many chunks: each row's sum, max and min equal a float64 reduction of that
+    row alone, however large its neighbours (no token of another row enters it)."""
+    lengths, seed = case
+    g = torch.Generator().manual_seed(seed)
+    flat = torch.randn(sum(lengths), generator=g) * torch.rand(sum(lengths), generator=g).pow(8) * scale
+    rows = Rows.from_lengths(torch.tensor(lengths))
+    pieces = torch.split(flat, lengths)
+    want = torch.tensor([float(p.double().sum()) for p in pieces], dtype=torch.float64)
+    got = rows.sum(flat).double()
+    tol = 1e-6 * torch.tensor([float(p.double().abs().sum()) for p in pieces]) + 1e-30
+    assert bool(((got - want).abs() <= tol).all()), (got - want).abs().max()
+    inf = float("inf")
+    assert rows.amax(flat).tolist() == [float(p.max()) if len(p) else -inf for p in pieces]
+    assert rows.amin(flat).tolist() == [float(p.min()) if len(p) else inf for p in pieces]
+
+
+def test_nan_and_inf_stay_in_their_own_row():
+    lengths = [300, 5, 700, 0, 130]
+    flat = torch.arange(float(sum(lengths))) / 100
+    flat[400] = float("nan")  # in row 2 (tokens 305..1004), in a whole chunk inside it (320..1023)
+    flat[1006] = float("inf")  # in row 4, an edge fragment
+    rows = Rows.from_lengths(torch.tensor(lengths))
+    s, mx, mn = rows.sum(flat), rows.amax(flat), rows.amin(flat)
+    assert torch.isnan(s[2]) and torch.isnan(mx[2]) and torch.isnan(mn[2])
+    assert s[4] == float("inf") and mx[4] == float("inf") and torch.isfinite(mn[4])
+    for i in (0, 1):
+        p = flat[int(rows.offsets[i]): int(rows.offsets[i + 1])]
+        assert float(mx[i]) == float(p.max()) and float(mn[i]) == float(p.min())
+        assert abs(float(s[i]) - float(p.double().sum())) < 1e-3
+    assert s[3] == 0 and mx[3] == float("-inf") and mn[3] == float("inf")

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from rldiag.engine import advantage
+from rldiag.engine.advantage import base as advantage
 from rldiag.engine.scan import segmented_reverse_linear_scan
 from tests.engine.packing import to_packed, to_padded
 from tests.engine.reference_core import gae_loop, reverse_linear_scan_loop, reward_to_go_carry_loop, reward_to_go_loop
@@ -36,9 +36,9 @@ def test_gae_and_reward_to_go_equal_the_loops(rows, T, seed, gl):
     m = (torch.rand(rows, T, generator=g) > 0.3).float()
     gamma, lam = gl
     (rf, layout), (vf, _), (mf, _) = (to_packed(t, [T] * rows) for t in (r, v, m))
-    torch.testing.assert_close(to_padded(advantage._gae_scan(rf, vf, mf, gamma, lam, layout), layout, T),
+    torch.testing.assert_close(to_padded(advantage.gae_scan(rf, vf, mf, gamma, lam, layout), layout, T),
                                gae_loop(r, v, m, gamma, lam), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(to_padded(advantage._reward_to_go_resetting(rf, mf, gamma, layout), layout, T),
+    torch.testing.assert_close(to_padded(advantage.reward_to_go_resetting(rf, mf, gamma, layout), layout, T),
                                reward_to_go_loop(r, m, gamma), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(to_padded(advantage._reward_to_go_carrying(rf, mf, gamma, layout), layout, T),
+    torch.testing.assert_close(to_padded(advantage.reward_to_go_carrying(rf, mf, gamma, layout), layout, T),
                                reward_to_go_carry_loop(r, m, gamma), rtol=1e-4, atol=1e-4)

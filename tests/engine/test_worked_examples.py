@@ -18,10 +18,10 @@ from tests.engine.packing import full_rows, recompute_padded
 
 def test_gae_worked_example_raw_advantages_and_returns():
     # verl compute_gae_advantage_return: r=[0,0,1], V=[0.2,0.3,0.4], gamma 1, lambda 0.95
-    from rldiag.engine.advantage import _gae_scan
+    from rldiag.engine.advantage import gae_scan
     from rldiag.engine.layout import Rows
 
-    raw = _gae_scan(torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.2, 0.3, 0.4]), torch.ones(3), 1.0, 0.95,
+    raw = gae_scan(torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.2, 0.3, 0.4]), torch.ones(3), 1.0, 0.95,
                     Rows.from_lengths(torch.tensor([3])))
     assert raw.tolist() == pytest.approx([0.7365, 0.67, 0.6], abs=1e-6)
     b = make_batch(scores=[[0, 0, 1.0]], mask=[[1, 1, 1]], values=[[0.2, 0.3, 0.4]])
@@ -39,10 +39,10 @@ def test_gae_worked_example_raw_advantages_and_returns():
 
 def test_gae_skips_tool_tokens():
     # GAE skips mask-0 positions: position 1 is a tool observation; position 0 still sees position 2
-    from rldiag.engine.advantage import _gae_scan
+    from rldiag.engine.advantage import gae_scan
     from rldiag.engine.layout import Rows
 
-    raw = _gae_scan(
+    raw = gae_scan(
         torch.tensor([0.0, 5.0, 1.0]), torch.tensor([0.2, 9.0, 0.4]), torch.tensor([1.0, 0.0, 1.0]), 1.0, 1.0,
         Rows.from_lengths(torch.tensor([3])),
     ).unsqueeze(0)

@@ -17,7 +17,7 @@ from rldiag.config.settings import Settings
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.segments import step_masked_mean
 from rldiag.errors import ConfigError
-from rldiag.registry import Registry
+from rldiag.registry import Entry, Registry
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -67,7 +67,19 @@ class PolicyLossOutput:
 
 
 PolicyLossFn = Callable[[PolicyLossInput], PolicyLossOutput]
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss mode")
+
+
+@dataclass(frozen=True)
+class LossMeta(Entry):
+    """A policy loss's registration: ``needs``, the columns its ``actor/*`` metrics read;
+    ``check``, settings -> None, raising :class:`~rldiag.errors.ConfigError` before any work
+    where verl would reject the loss's configuration."""
+
+    needs: tuple[str, ...] = ("old_log_probs", "log_probs")
+    check: Callable[[Settings], None] | None = None
+
+
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss mode", meta=LossMeta)
 
 ACTOR = "actor_rollout_ref.actor"
 POLICY = "actor_rollout_ref.actor.policy_loss"
@@ -99,18 +111,19 @@ def zeros(inp: PolicyLossInput) -> torch.Tensor:
     return torch.zeros(inp.norm.n_seg, dtype=torch.float32, device=inp.mask.device)
 
 
-def dual_clip_c(inp: PolicyLossInput) -> float:
-    clip_c = float(inp.settings[f"{ACTOR}.clip_ratio_c"])
+def dual_clip_c(settings: Settings) -> float:
+    """``clip_ratio_c``, which verl's dual clip asserts is above 1."""
+    clip_c = float(settings[f"{ACTOR}.clip_ratio_c"])
     if not clip_c > 1.0:
         raise ConfigError(f"{ACTOR}.clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_c}")
     return clip_c
 
 
-def require_setting(inp: PolicyLossInput, key: str, why: str, default: float | None = None) -> float:
+def positive_setting(settings: Settings, key: str, why: str, default: float | None = None) -> float:
     """A setting that must be > 0 (verl asserts it); ``None`` takes ``default`` when given."""
-    value = inp.settings[key]
+    value = settings[key]
     if value is None:
         value = default
     if value is None or not float(value) > 0:
-        raise ConfigError(f"{why} needs {key} > 0, got {inp.settings[key]!r}")
+        raise ConfigError(f"{why} needs {key} > 0, got {settings[key]!r}")
     return float(value)

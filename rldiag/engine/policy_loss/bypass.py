@@ -8,7 +8,7 @@ then dispatches on ``loss_type`` (:data:`BYPASS_LOSS_TYPES`) with the rejection-
 
 - ``ppo_clip``: the PPO clipped loss (``vanilla``) against pi_rollout, no IS weights (the PPO
   ratio already is pi_theta / pi_rollout);
-- ``reinforce``: ``-w A log pi`` with the IS weights ``w`` (seed 001 s5.1).
+- ``reinforce``: ``-w A log pi`` with the IS weights ``w`` (verl ``compute_policy_loss_bypass_mode``, ``loss_type=reinforce``).
 
 The correction's metrics come back as ``actor/rollout_corr/*`` (verl prefixes the actor's
 metrics with ``actor/``), averaged over micro-batches like the other actor metrics. Rollout IS
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from rldiag.engine.policy_loss.base import POLICY, POLICY_LOSSES, PolicyLossInput, PolicyLossOutput
+from rldiag.engine.policy_loss.base import POLICY, POLICY_LOSSES, PolicyLossInput, PolicyLossOutput, dual_clip_c
 from rldiag.engine.policy_loss.clip import ppo_clip
 from rldiag.engine.policy_loss.pg import reinforce
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
@@ -32,10 +32,10 @@ PREFIX = f"{POLICY}.rollout_correction"
 #: fn(inp, rollout_log_prob, mask after rejection, IS weights or None) -> output
 BypassFn = Callable[[PolicyLossInput, torch.Tensor, torch.Tensor, "torch.Tensor | None"], PolicyLossOutput]
 BYPASS_LOSS_TYPES: Registry[BypassFn] = Registry("bypass_mode loss_type")
-BYPASS_LOSS_TYPES.register("ppo_clip", source="seed 001 s2.2")(
+BYPASS_LOSS_TYPES.register("ppo_clip", source="verl core_algos.compute_policy_loss_bypass_mode (loss_type=ppo_clip)")(
     lambda inp, rollout, mask, weights: ppo_clip(inp, rollout, mask, None)
 )
-BYPASS_LOSS_TYPES.register("reinforce", source="seed 001 s5.1")(reinforce)
+BYPASS_LOSS_TYPES.register("reinforce", source="verl core_algos.compute_policy_loss_bypass_mode (loss_type=reinforce)")(reinforce)
 
 
 def bypass_config(settings) -> tuple[BypassFn, CorrectionConfig]:
@@ -43,7 +43,16 @@ def bypass_config(settings) -> tuple[BypassFn, CorrectionConfig]:
     return BYPASS_LOSS_TYPES.get(settings[f"{PREFIX}.loss_type"]), CorrectionConfig.from_settings(settings, PREFIX)
 
 
-@POLICY_LOSSES.register("bypass_mode", source="seed 001 s2.2, s5.1; seed 004 s4.2; verl core_algos")
+def check_bypass(settings) -> None:
+    """The loss type and correction block must resolve; the PPO-clip loss type asserts the dual
+    clip's ``clip_ratio_c`` above 1, as ``vanilla`` does."""
+    bypass_config(settings)
+    if settings[f"{PREFIX}.loss_type"] == "ppo_clip":
+        dual_clip_c(settings)
+
+
+@POLICY_LOSSES.register("bypass_mode", check=check_bypass,
+                        source="verl core_algos.compute_policy_loss_bypass_mode, rollout_corr_helper")
 def bypass_mode(inp: PolicyLossInput) -> PolicyLossOutput:
     """Rollout correction of the current policy against ``old_log_prob`` (= pi_rollout), then
     the ``loss_type`` loss on the surviving tokens."""

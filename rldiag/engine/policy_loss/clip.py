@@ -47,7 +47,7 @@ def ppo_terms(adv: torch.Tensor, ratio: torch.Tensor, clip_low: float, clip_high
 def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor | None) -> PolicyLossOutput:
     """verl's ``compute_policy_loss_vanilla`` against ``old`` on ``mask`` with IS ``weights``."""
     s = inp.settings
-    clip_c = dual_clip_c(inp)
+    clip_c = dual_clip_c(inp.settings)
     adv = inp.advantages
     log_ratio = clamped_log_ratio(inp.log_prob, old)
     ratio = torch.exp(log_ratio)
@@ -75,7 +75,8 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
     )
 
 
-@POLICY_LOSSES.register("vanilla", source="seed 001 s4, seed 003 s6; arXiv:1707.06347; dual clip arXiv:1912.09729")
+@POLICY_LOSSES.register("vanilla", check=dual_clip_c,
+                        source="verl core_algos.compute_policy_loss_vanilla; arXiv:1707.06347; dual clip arXiv:1912.09729")
 def vanilla(inp: PolicyLossInput) -> PolicyLossOutput:
     """PPO clipped surrogate, asymmetric clip (clip_ratio_low/high), dual clip (clip_ratio_c).
 
@@ -85,7 +86,7 @@ def vanilla(inp: PolicyLossInput) -> PolicyLossOutput:
     return ppo_clip(inp, inp.old_log_prob, inp.mask, inp.rollout_is_weights)
 
 
-@POLICY_LOSSES.register("up", source="UP-GRPO arXiv:2607.06987 eq. 15")
+@POLICY_LOSSES.register("up", check=dual_clip_c, source="verl core_algos.compute_policy_loss_up; UP-GRPO arXiv:2607.06987 eq. 15")
 def up(inp: PolicyLossInput) -> PolicyLossOutput:
     """Unbounded positive: ``-A`` (self-anchored ratio, value 1) where ``A > 0``; PPO clip with
     dual clip elsewhere. ``actor/pg_clipfrac`` is over the ``A <= 0`` tokens only."""
@@ -93,7 +94,7 @@ def up(inp: PolicyLossInput) -> PolicyLossOutput:
     adv = inp.advantages
     log_ratio = clamped_log_ratio(inp.log_prob, inp.old_log_prob)
     ratio = torch.exp(log_ratio)
-    l1, l2, clipped1, l3, neg = ppo_terms(adv, ratio, s.clip_low, s.clip_high, dual_clip_c(inp))
+    l1, l2, clipped1, l3, neg = ppo_terms(adv, ratio, s.clip_low, s.clip_high, dual_clip_c(inp.settings))
     losses = weighted(torch.where(adv > 0, -adv, neg), inp)
     non_pos = inp.mask * (adv <= 0).float()
     return PolicyLossOutput(
@@ -108,7 +109,7 @@ def up(inp: PolicyLossInput) -> PolicyLossOutput:
     )
 
 
-@POLICY_LOSSES.register("gspo", source="GSPO arXiv:2507.18071; seed 004 s1.1")
+@POLICY_LOSSES.register("gspo", source="verl core_algos.compute_policy_loss_gspo; GSPO arXiv:2507.18071")
 def gspo(inp: PolicyLossInput) -> PolicyLossOutput:
     """Sequence-level ratio ``s_i = exp(min(mean_t m (log pi - log pi_old), 10))`` (length
     normalised, arXiv:2507.18071 eq. 7) clipped like PPO, on every token of the row; aggregated

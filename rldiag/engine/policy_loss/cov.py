@@ -16,7 +16,7 @@ from rldiag.engine.policy_loss.base import (
     PolicyLossInput,
     PolicyLossOutput,
     agg,
-    require_setting,
+    positive_setting,
     seg_masked_mean,
     weighted,
 )
@@ -44,7 +44,18 @@ def _or(value, default: float) -> float:
     return float(default if value is None else value)
 
 
-@POLICY_LOSSES.register("clip_cov", source="Clip-Cov arXiv:2505.22617 s4.2")
+def clip_cov_ratio(settings) -> float:
+    """``policy_loss.clip_cov_ratio`` (verl's default 0.0002 when unset), which must be above 0."""
+    return positive_setting(settings, f"{POLICY}.clip_cov_ratio", "loss_mode=clip_cov", default=0.0002)
+
+
+def kl_cov_ratio(settings) -> float:
+    """``policy_loss.kl_cov_ratio`` (verl's default 0.0002 when unset), which must be above 0."""
+    return positive_setting(settings, f"{POLICY}.kl_cov_ratio", "loss_mode=kl_cov", default=0.0002)
+
+
+@POLICY_LOSSES.register("clip_cov", check=clip_cov_ratio,
+                        source="verl core_algos.compute_policy_loss_clip_cov; Clip-Cov arXiv:2505.22617 s4.2")
 def clip_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     """PPO clip (no dual clip, unclamped ratio) with the gradient of some high-covariance tokens
     cut: candidates are unclipped masked tokens with ``clip_cov_lb < cov < clip_cov_ub``
@@ -58,7 +69,7 @@ def clip_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     ``rldiag/clip_cov/candidates`` and ``rldiag/clip_cov/clipped`` count tokens per step.
     """
     s = inp.settings
-    ratio_cfg = require_setting(inp, f"{POLICY}.clip_cov_ratio", "loss_mode=clip_cov", default=0.0002)
+    ratio_cfg = clip_cov_ratio(inp.settings)
     lb = _or(s[f"{POLICY}.clip_cov_lb"], 1.0)
     ub = _or(s[f"{POLICY}.clip_cov_ub"], 5.0)
     seg, n = inp.norm.seg_ids, inp.norm.n_seg
@@ -108,7 +119,8 @@ def top_share(key: torch.Tensor, valid: torch.Tensor, rows, seg: torch.Tensor, n
     return out
 
 
-@POLICY_LOSSES.register("kl_cov", source="KL-Cov arXiv:2505.22617 s4.2")
+@POLICY_LOSSES.register("kl_cov", check=kl_cov_ratio,
+                        source="verl core_algos.compute_policy_loss_kl_cov; KL-Cov arXiv:2505.22617 s4.2")
 def kl_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     """Unclipped ``-A r`` plus ``ppo_kl_coef |log r|`` on the top ``max(1, int(kl_cov_ratio N))``
     tokens by ``cov`` (plain means over the segment's masked tokens; N = masked tokens).
@@ -116,7 +128,7 @@ def kl_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     clip fraction for this loss). verl takes ``torch.topk``; among exactly tied covariances at the
     cut its pick is unspecified, rldiag takes the earlier token.
     """
-    ratio_cfg = require_setting(inp, f"{POLICY}.kl_cov_ratio", "loss_mode=kl_cov", default=0.0002)
+    ratio_cfg = kl_cov_ratio(inp.settings)
     coef = _or(inp.settings[f"{POLICY}.ppo_kl_coef"], 1.0)  # verl's fallback when the key is null
     seg, n = inp.norm.seg_ids, inp.norm.n_seg
     adv, lp, mask = inp.advantages, inp.log_prob, inp.mask

@@ -11,13 +11,13 @@ from rldiag.engine.policy_loss.base import (
     PolicyLossOutput,
     agg,
     clamped_log_ratio,
-    require_setting,
+    positive_setting,
     seg_masked_mean,
     weighted,
 )
 
 
-@POLICY_LOSSES.register("gpg", source="GPG arXiv:2504.02546; seed 001 s5.2")
+@POLICY_LOSSES.register("gpg", source="verl core_algos.compute_policy_loss_gpg; GPG arXiv:2504.02546")
 def gpg(inp: PolicyLossInput) -> PolicyLossOutput:
     """``-A log pi`` aggregated by ``loss_agg_mode``. verl reports no metric for it (only
     ``actor/pg_loss``). ``ratio`` is the PPO ratio ``exp(clamp(log pi - log pi_old, +-20))``, a
@@ -30,13 +30,18 @@ def gpg(inp: PolicyLossInput) -> PolicyLossOutput:
     )
 
 
-@POLICY_LOSSES.register("dro", source="verl docs/algo/dro.md (PR 7245); quadratic proximal penalty")
+def dro_beta(settings) -> float:
+    """``policy_loss.dro_beta``, which verl asserts is above 0."""
+    return positive_setting(settings, f"{POLICY}.dro_beta", "loss_mode=dro")
+
+
+@POLICY_LOSSES.register("dro", check=dro_beta, source="verl docs/algo/dro.md (PR 7245); quadratic proximal penalty")
 def dro(inp: PolicyLossInput) -> PolicyLossOutput:
     """``-(A log pi - beta/2 (log pi - log pi_old)^2)`` with ``beta`` =
     ``policy_loss.dro_beta`` (must be > 0; verl raises otherwise), unclamped log-ratio, aggregated
     by ``loss_agg_mode``. ``actor/ppo_kl`` = masked mean of ``-(log pi - log pi_old)``, as verl's
     ``compute_policy_loss_dro`` reports it."""
-    beta = require_setting(inp, f"{POLICY}.dro_beta", "loss_mode=dro")
+    beta = dro_beta(inp.settings)
     log_ratio = inp.log_prob - inp.old_log_prob
     losses = weighted(-(inp.log_prob * inp.advantages - 0.5 * beta * log_ratio.square()), inp)
     return PolicyLossOutput(

@@ -1,4 +1,4 @@
-"""Agentic (multi-step trajectory) estimators of seed 000 (Claw-R1 / Agent-R1 lineage).
+"""Agentic (multi-step trajectory) estimators of the Claw-R1 / Agent-R1 lineage of agent trainers built on verl.
 
 A row is one agent step: one generated response of a trajectory. ``traj_uid`` names the
 trajectory and ``step_index`` (0, 1, ...) orders its steps; ``uid`` is still the prompt group.
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine.advantage import (
+from rldiag.engine.advantage.base import (
     ESTIMATORS,
     AdvInput,
-    _grpo_scalar,
     flag_rows,
+    grpo_scalar,
     require_extra,
     require_field,
 )
@@ -63,7 +63,7 @@ def _trajectories(inp: AdvInput, name: str, with_steps: bool) -> tuple[torch.Ten
 
 
 @ESTIMATORS.register(
-    "step_gae", needs=("values", "traj_uid", "step_index"), source="seed 000 s4.1, s7.3 (Claw-R1 step-level GAE)"
+    "step_gae", needs=("values", "traj_uid", "step_index"), source="Claw-R1 step-level GAE (one response = one action); arXiv:1506.02438"
 )
 def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Step-level GAE over trajectories; see the module docstring."""
@@ -105,7 +105,7 @@ def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 @ESTIMATORS.register(
     "token_gae_cross_step",
     needs=("values", "traj_uid", "step_index"),
-    source="seed 000 s4.1 (Claw-R1 token-level cross-step GAE)",
+    source="Claw-R1 token-level cross-step GAE; arXiv:1506.02438",
 )
 def token_gae_cross_step(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level GAE across a trajectory's steps; see the module docstring."""
@@ -133,7 +133,7 @@ def token_gae_cross_step(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, returns
 
 
-@ESTIMATORS.register("traj_grpo", needs=("traj_uid",), source="seed 000 s4.2, s7.4 (Claw-R1 trajectory-level GRPO)")
+@ESTIMATORS.register("traj_grpo", needs=("traj_uid",), source="Claw-R1 trajectory-level GRPO; arXiv:2402.03300")
 def traj_grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Trajectory-level GRPO; see the module docstring. Honours ``norm_adv_by_std_in_grpo``."""
     b, m = inp.batch, inp.mask
@@ -144,6 +144,6 @@ def traj_grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     first = torch.full((n_traj,), tid.numel(), dtype=torch.long, device=m.device)
     first.scatter_reduce_(0, tid, rows, reduce="amin", include_self=True)
     norm = bool(inp.settings["algorithm.norm_adv_by_std_in_grpo"])
-    scalar = _grpo_scalar(total, b.group_ids[first], b.n_groups, norm)
+    scalar = grpo_scalar(total, b.group_ids[first], b.n_groups, norm)
     adv = b.rows.expand(scalar[tid]) * m
     return adv, adv

@@ -1,5 +1,5 @@
 """Optimal token baseline estimators (verl's ``optimal_token_baseline`` and
-``tir_optimal_token_baseline``; seed 002 section 10).
+``tir_optimal_token_baseline`` in ``verl/trainer/ppo/core_algos.py``).
 
 Per prompt group and per timestep, the baseline is ``B_t = sum_i G_it W_it / (sum_i W_it + 1e-8)``
 with ``G`` the undiscounted reward-to-go of the masked rewards and ``W_t = sum_{j<=t} m_j w_j`` the
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine.advantage import (
+from rldiag.engine.advantage.base import (
     ESTIMATORS,
     AdvInput,
-    _reverse_cumsum,
     require_extra,
     require_field,
+    reverse_cumsum,
 )
 from rldiag.engine.batch import Batch
 from rldiag.engine.scan import cumsum_segmented
@@ -41,7 +41,7 @@ def _otb_inputs(inp: AdvInput, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     old = require_field(inp, "old_log_probs", name, "pi_old of the sampled tokens")
     spp = require_extra(inp, "sum_pi_squared", name, _SPP_HINT)
     m = inp.mask
-    returns = _reverse_cumsum(inp.rewards * m, inp.rows)
+    returns = reverse_cumsum(inp.rewards * m, inp.rows)
     w = 1 - 2 * torch.exp(old) + spp  # ||s_t||^2 = 1 - 2 pi_t + sum pi^2, score-function norm proxy
     if inp.rollout_is_weights is not None:
         w = w * (inp.rollout_is_weights**2)  # truncated-IS correction of the MSE-optimal baseline
@@ -67,7 +67,7 @@ def _zero_tail_rows(length: torch.Tensor, member: torch.Tensor, batch: Batch) ->
 @ESTIMATORS.register(
     "optimal_token_baseline",
     needs=("old_log_probs", "sum_pi_squared"),
-    source="seed 002 s10; verl core_algos (optimal token baseline)",
+    source="verl core_algos, optimal_token_baseline",
 )
 def optimal_token_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position baseline over each uid group (raw token positions). returns = reward-to-go;
@@ -104,7 +104,7 @@ def _group_slots(extent: torch.Tensor, index: torch.Tensor, row_ids: torch.Tenso
 @ESTIMATORS.register(
     "tir_optimal_token_baseline",
     needs=("old_log_probs", "sum_pi_squared"),
-    source="seed 002 s10; verl core_algos (multi-turn optimal token baseline)",
+    source="verl core_algos, tir_optimal_token_baseline (multi-turn)",
 )
 def tir_optimal_token_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Multi-turn variant: timesteps are action-token ranks (tool tokens skipped); rows without
