@@ -309,6 +309,13 @@ class Settings:
         return self.values.get(key, default)
 
     # Convenience accessors for the keys the engine reads most.
+    def has(self, change: str) -> bool:
+        """Whether the verl release these settings reproduce has the new behaviour of ``change``
+        (:mod:`rldiag.config.verl_versions`)."""
+        from rldiag.config.verl_versions import has
+
+        return has(self, change)
+
     @property
     def estimator(self) -> str:
         return self.values["algorithm.adv_estimator"]

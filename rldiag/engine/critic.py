@@ -7,7 +7,13 @@ import torch
 from rldiag.engine import kernels
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.layout import Rows
-from rldiag.engine.segments import MEAN_EPS, seg_sum, step_mask_count, step_masked_mean, step_masked_var
+from rldiag.engine.segments import (
+    MEAN_EPS,
+    seg_sum,
+    step_mask_count,
+    step_masked_mean,
+    step_masked_var,
+)
 
 EXPLAINED_VAR_EPS = 1e-5
 

@@ -6,8 +6,8 @@ import torch
 
 from rldiag.engine import kernels
 from rldiag.engine.batch import Batch
-from rldiag.engine.layout import Rows
 from rldiag.engine.critic import explained_variance
+from rldiag.engine.layout import Rows
 from rldiag.engine.segments import (
     masked_square_sum_rows,
     masked_sum_rows,
@@ -16,9 +16,7 @@ from rldiag.engine.segments import (
     seg_mean,
     seg_min,
     seg_sum,
-    step_mask_count,
     step_masked_extrema,
-    step_masked_var,
 )
 
 #: ``rldiag/advantages/centre_offset``: a std at most this share of the mean's magnitude is a

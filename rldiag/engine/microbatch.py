@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rldiag.config.settings import Settings
 from rldiag.engine.balance import balanced_positions
 from rldiag.engine.segments import seg_count, seg_max, seg_mean, seg_sum
+from rldiag.engine.settings import EngineSettings
 from rldiag.errors import ConfigError
 
 
@@ -186,7 +186,7 @@ def _segment_mini(
     )
 
 
-def resolve_auto(settings: Settings, key: str) -> int | None:
+def resolve_auto(settings: EngineSettings, key: str) -> int | None:
     """``rldiag.mini_batch_size`` / ``rldiag.micro_batch_size`` with ``auto`` read from verl's
     keys in the run's config (``run``, the default: the same when the config has them, else the
     whole step): mini = ``actor.ppo_mini_batch_size * rollout.n`` (as verl's trainer
@@ -208,7 +208,7 @@ def resolve_auto(settings: Settings, key: str) -> int | None:
     return int(micro)
 
 
-def _run_has_batch_keys(settings: Settings, key: str) -> bool:
+def _run_has_batch_keys(settings: EngineSettings, key: str) -> bool:
     """Whether the run's config holds the verl keys ``auto`` reads for ``key`` (micro-batches of
     a fixed row count only: with ``use_dynamic_bsz`` verl packs them by tokens, not emulated)."""
     actor = "actor_rollout_ref.actor."
@@ -217,7 +217,7 @@ def _run_has_batch_keys(settings: Settings, key: str) -> bool:
     return settings.get(actor + "ppo_micro_batch_size_per_gpu") is not None and not settings.get(actor + "use_dynamic_bsz")
 
 
-def check_microbatch_settings(settings: Settings) -> None:
+def check_microbatch_settings(settings: EngineSettings) -> None:
     """Fail early on a micro-batch size or DP size that cannot be emulated."""
     dp = settings.get("rldiag.dp_size", 1)
     if dp is None or int(dp) < 1:
@@ -233,7 +233,7 @@ def check_microbatch_settings(settings: Settings) -> None:
 
 
 def segmentation_for(
-    step_ids: torch.Tensor, n_steps: int, settings: Settings, seq_len: torch.Tensor | None = None
+    step_ids: torch.Tensor, n_steps: int, settings: EngineSettings, seq_len: torch.Tensor | None = None
 ) -> Segmentation:
     """:func:`segment_rows` under ``rldiag.micro_batch_size``, ``rldiag.dp_size`` and
     ``rldiag.mini_batch_size``; with ``trainer.balance_batch`` (verl's default) and more than one

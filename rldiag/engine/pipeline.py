@@ -24,8 +24,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from rldiag.config.settings import Settings
-from rldiag.config.verl_versions import has as has_change
 from rldiag.engine.advantage import AdvInput, estimate
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.batch import Batch
@@ -37,8 +35,16 @@ from rldiag.engine.microbatch import Segmentation, segmentation_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
 from rldiag.engine.segments import (
-    MEAN_EPS, masked_positive_rows, seg_count, seg_max, seg_mean, seg_std, seg_sum, step_mask_count,
+    MEAN_EPS,
+    masked_positive_rows,
+    seg_count,
+    seg_max,
+    seg_mean,
+    seg_std,
+    seg_sum,
+    step_mask_count,
 )
+from rldiag.engine.settings import EngineSettings
 from rldiag.errors import MissingInputError
 
 
@@ -49,7 +55,7 @@ class KLControllerState:
 
     value: float
 
-    def advance(self, settings: Settings, current_kl: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def advance(self, settings: EngineSettings, current_kl: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Coefficients used by each step ``(n_steps,)`` in order; updates ``self.value`` past them.
 
         ``current_kl`` and ``rows`` are ``(n_steps,)``; the update of step s uses its own KL and
@@ -77,7 +83,7 @@ class PresetKLCoefficients:
 
     values: list[float]
 
-    def advance(self, settings: Settings, current_kl: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def advance(self, settings: EngineSettings, current_kl: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         if len(self.values) != current_kl.numel():
             raise ValueError(f"{len(self.values)} preset KL coefficients for {current_kl.numel()} steps")
         return torch.tensor(self.values, dtype=current_kl.dtype, device=current_kl.device)
@@ -100,7 +106,7 @@ def _require(batch: Batch, name: str, why: str) -> torch.Tensor:
     return t
 
 
-def initial_kl_state(settings: Settings) -> KLControllerState:
+def initial_kl_state(settings: EngineSettings) -> KLControllerState:
     kind = settings["algorithm.kl_ctrl.type"]
     if kind not in ("fixed", "adaptive"):
         from rldiag.errors import UnknownKeyError
@@ -113,7 +119,7 @@ def initial_kl_state(settings: Settings) -> KLControllerState:
     return KLControllerState(float(settings["algorithm.kl_ctrl.kl_coef"]))
 
 
-def anchor_log_probs(batch: Batch, settings: Settings) -> torch.Tensor | None:
+def anchor_log_probs(batch: Batch, settings: EngineSettings) -> torch.Tensor | None:
     """π_old as the update uses it: ``rollout_log_probs`` in bypass mode (step 0), else
     ``old_log_probs`` (None when the batch has neither)."""
     if settings["algorithm.rollout_correction.bypass_mode"]:
@@ -127,7 +133,7 @@ def original_mask(batch: Batch) -> torch.Tensor:
     return batch.loss_mask if batch.loss_mask is not None else batch.response_mask
 
 
-def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: EngineSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1's KL: the per-token estimate on the original mask ``(tokens,)`` and each step's
     mean over rows of the row's masked mean, ``current_kl`` ``(n_steps,)``, which is what the
     adaptive controller reads (it does not depend on the coefficient)."""
@@ -154,7 +160,7 @@ def _combine_policy_loss(out: PolicyLossOutput, segs: Segmentation, errors: Step
 
 
 def recompute_batch(
-    batch: Batch, settings: Settings, kl_state: KLControllerState | PresetKLCoefficients | None = None
+    batch: Batch, settings: EngineSettings, kl_state: KLControllerState | PresetKLCoefficients | None = None
 ) -> Result:
     """Recompute everything rldiag derives for the steps packed in ``batch``."""
     errors = StepErrors(batch.steps)
@@ -209,7 +215,7 @@ def recompute_batch(
     # seq-mean-token-sum-norm's fallback divisor: the V1 trainer pads per micro-batch (its longest
     # row); the legacy one to data.max_response_length (else the step's longest row)
     use_v1 = settings["trainer.use_v1"]
-    fixed_width = not (has_change(settings, "v1_trainer") if use_v1 is None else use_v1)
+    fixed_width = not (settings.has("v1_trainer") if use_v1 is None else use_v1)
     horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
     count_mask = mask0
     token_count = step_mask_count(count_mask, rows, sid, n)
@@ -247,7 +253,7 @@ def recompute_batch(
         metrics["actor/kl_loss"] = segs.loss(aggregate(agg_mode, kld, mask, actor_norm))
         metrics["actor/kl_coef"] = torch.full((n,), float(settings["actor_rollout_ref.actor.kl_loss_coef"]))
     if batch.vpreds is not None and batch.values is not None:
-        global_norm = has_change(settings, "critic_global_norm")
+        global_norm = settings.has("critic_global_norm")
         if global_norm:
             # verl >= 0.9.0 (commit 2eb020aa9): the actor's global normalisers (original-mask token
             # count, batch size) with the critic's own loss_scale_factor; vf_loss is a SUM metric

@@ -12,7 +12,13 @@ import torch
 
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.layout import Rows
-from rldiag.engine.segments import MEAN_EPS, masked_square_sum_rows, seg_sum, step_mask_count, step_masked_sum
+from rldiag.engine.segments import (
+    MEAN_EPS,
+    masked_square_sum_rows,
+    seg_sum,
+    step_mask_count,
+    step_masked_sum,
+)
 
 WHITEN_EPS = 1e-8
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -68,7 +70,9 @@ def test_every_core_estimator_is_covered():
 @pytest.mark.parametrize("norm_by_std", [True, False])
 @pytest.mark.parametrize("name", _names())
 def test_estimator_matches_verl(tmp_path, name, norm_by_std):
-    rng = np.random.default_rng(abs(hash((name, norm_by_std))) % 2**32)
+    # a seed of the case that every process agrees on (hash() of a str changes per process:
+    # the data, and the float32 rounding of verl's own row sums, would change from run to run)
+    rng = np.random.default_rng(zlib.crc32(f"{name}/{norm_by_std}".encode()))
     tables = [long_tail_table(rng, step, dense=True) for step in (1, 2)]
     algorithm = {"gamma": GAMMA, "lam": LAM, "gdpo_reward_keys": GDPO_KEYS, "gdpo_reward_weights": GDPO_WEIGHTS}
     run = write_run(tmp_path / "run", tables, {"algorithm": algorithm})

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rldiag.config.settings import Settings
 from rldiag.engine.batch import Batch
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.layout import Rows
@@ -22,6 +21,7 @@ from rldiag.engine.scan import (
     reward_to_go_segmented,
 )
 from rldiag.engine.segments import seg_std, seg_sum
+from rldiag.engine.settings import EngineSettings
 from rldiag.errors import MissingInputError
 from rldiag.registry import Entry, Registry
 
@@ -47,7 +47,7 @@ class AdvInput:
     batch: Batch
     rewards: torch.Tensor
     mask: torch.Tensor
-    settings: Settings
+    settings: EngineSettings
     errors: StepErrors
     rollout_is_weights: torch.Tensor | None = None
 
@@ -67,9 +67,9 @@ class EstimatorMeta(Entry):
     would reject the configuration."""
 
     needs: tuple[str, ...] = ()
-    needs_fn: Callable[[Settings], tuple[str, ...]] | None = None
+    needs_fn: Callable[[EngineSettings], tuple[str, ...]] | None = None
     optional: tuple[str, ...] = ()
-    check: Callable[[Settings], None] | None = None
+    check: Callable[[EngineSettings], None] | None = None
 
 
 ESTIMATORS: Registry[AdvFn] = Registry("advantage estimator", meta=EstimatorMeta)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.config.settings import Settings
 from rldiag.engine.advantage.base import (
     ESTIMATORS,
     GPG_F_NORM,
@@ -20,6 +19,7 @@ from rldiag.engine.advantage.base import (
 )
 from rldiag.engine.batch import Batch
 from rldiag.engine.segments import seg_count, seg_max, seg_std, seg_sum
+from rldiag.engine.settings import EngineSettings
 from rldiag.engine.whiten import step_whiten
 from rldiag.errors import ConfigError
 
@@ -135,7 +135,7 @@ GDPO_KEYS = "algorithm.gdpo_reward_keys"
 GDPO_WEIGHTS = "algorithm.gdpo_reward_weights"
 
 
-def gdpo_components(settings: Settings) -> tuple[list[str], list[float]]:
+def gdpo_components(settings: EngineSettings) -> tuple[list[str], list[float]]:
     """gdpo's reward-component columns and their weights (default all 1), or the
     :class:`~rldiag.errors.ConfigError` verl's ``compute_gdpo_outcome_advantage`` would give:
     the one place the rule is written (the registration's ``check`` and the estimator use it)."""
@@ -154,7 +154,7 @@ def gdpo_components(settings: Settings) -> tuple[list[str], list[float]]:
     return list(keys), [float(w) for w in weights]
 
 
-def _gdpo_needs(settings: Settings) -> tuple[str, ...]:
+def _gdpo_needs(settings: EngineSettings) -> tuple[str, ...]:
     keys = settings.get(GDPO_KEYS)
     return tuple(keys) if keys else (f"the setting {GDPO_KEYS} (reward-component columns)",)
 

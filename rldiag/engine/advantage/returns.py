@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.config.verl_versions import has as has_change
 from rldiag.engine.advantage.base import (
     ESTIMATORS,
     AdvInput,
@@ -43,7 +42,7 @@ def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     instead, keeping the token's own reward-to-go (``rldiag.verl_version``)."""
     b = inp.batch
     gamma = float(inp.settings["algorithm.gamma"])
-    rtg = reward_to_go_carrying if has_change(inp.settings, "reinforce_pp_carry") else reward_to_go_resetting
+    rtg = reward_to_go_carrying if inp.settings.has("reinforce_pp_carry") else reward_to_go_resetting
     returns = rtg(inp.rewards, inp.mask, gamma, b.rows)
     adv = step_whiten(returns, inp.mask, b.rows, b.step_ids, b.n_steps, inp.errors, "reinforce_plus_plus whitening")
     return adv * inp.mask, returns

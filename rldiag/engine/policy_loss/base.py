@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rldiag.config.settings import Settings
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.segments import step_masked_mean
+from rldiag.engine.settings import EngineSettings
 from rldiag.errors import ConfigError
 from rldiag.registry import Entry, Registry
 
@@ -37,7 +37,7 @@ class PolicyLossInput:
     mask: torch.Tensor  # (tokens,) post-correction response_mask
     agg_mode: str
     norm: AggNorm
-    settings: Settings
+    settings: EngineSettings
     rollout_is_weights: torch.Tensor | None = None  # (tokens,)
     dp_size: int = 1
 
@@ -76,7 +76,7 @@ class LossMeta(Entry):
     where verl would reject the loss's configuration."""
 
     needs: tuple[str, ...] = ("old_log_probs", "log_probs")
-    check: Callable[[Settings], None] | None = None
+    check: Callable[[EngineSettings], None] | None = None
 
 
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss mode", meta=LossMeta)
@@ -111,7 +111,7 @@ def zeros(inp: PolicyLossInput) -> torch.Tensor:
     return torch.zeros(inp.norm.n_seg, dtype=torch.float32, device=inp.mask.device)
 
 
-def dual_clip_c(settings: Settings) -> float:
+def dual_clip_c(settings: EngineSettings) -> float:
     """``clip_ratio_c``, which verl's dual clip asserts is above 1."""
     clip_c = float(settings[f"{ACTOR}.clip_ratio_c"])
     if not clip_c > 1.0:
@@ -119,7 +119,7 @@ def dual_clip_c(settings: Settings) -> float:
     return clip_c
 
 
-def positive_setting(settings: Settings, key: str, why: str, default: float | None = None) -> float:
+def positive_setting(settings: EngineSettings, key: str, why: str, default: float | None = None) -> float:
     """A setting that must be > 0 (verl asserts it); ``None`` takes ``default`` when given."""
     value = settings[key]
     if value is None:

@@ -21,7 +21,13 @@ from collections.abc import Callable
 
 import torch
 
-from rldiag.engine.policy_loss.base import POLICY, POLICY_LOSSES, PolicyLossInput, PolicyLossOutput, dual_clip_c
+from rldiag.engine.policy_loss.base import (
+    POLICY,
+    POLICY_LOSSES,
+    PolicyLossInput,
+    PolicyLossOutput,
+    dual_clip_c,
+)
 from rldiag.engine.policy_loss.clip import ppo_clip
 from rldiag.engine.policy_loss.pg import reinforce
 from rldiag.engine.rollout_correction import CorrectionConfig, correct

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.config.verl_versions import has as has_change
+from rldiag.engine import kernels
 from rldiag.engine.policy_loss.base import (
     ACTOR,
     POLICY_LOSSES,
@@ -23,8 +23,13 @@ from rldiag.engine.policy_loss.base import (
     weighted,
     zeros,
 )
-from rldiag.engine import kernels
-from rldiag.engine.segments import MEAN_EPS, masked_sum_rows, seg_mean, seg_sum, step_mask_count
+from rldiag.engine.segments import (
+    MEAN_EPS,
+    masked_sum_rows,
+    seg_mean,
+    seg_sum,
+    step_mask_count,
+)
 
 
 def ppo_terms(adv: torch.Tensor, ratio: torch.Tensor, clip_low: float, clip_high: float, clip_c: float):
@@ -127,7 +132,7 @@ def gspo(inp: PolicyLossInput) -> PolicyLossOutput:
     l2 = -adv * torch.clamp(ratio, 1 - s.clip_low, 1 + s.clip_high)
     losses = weighted(torch.maximum(l1, l2), inp)
     return PolicyLossOutput(
-        pg_loss=agg(losses, inp, mode=None if has_change(s, "gspo_agg_mode") else "seq-mean-token-mean"),
+        pg_loss=agg(losses, inp, mode=None if s.has("gspo_agg_mode") else "seq-mean-token-mean"),
         pg_losses=losses,
         ratio=ratio,
         metrics={
