@@ -2,12 +2,13 @@
 #   make sample   set up, then recompute the bundled sample run under RLOO
 #   make test     set up, then run the test suite (everything; CI runs this)
 #   make test-fast  the same without the tests marked slow (browser, Ray, subprocesses, benchmarks)
+#   make lint     ruff over the tree (rules in pyproject.toml); make typecheck: mypy over engine, io, config, cli
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SAMPLE ?= samples/grpo-tool
 
-.PHONY: setup sample test test-fast bench clean
+.PHONY: setup sample test test-fast lint typecheck bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,12 @@ test: setup
 test-fast: setup
 	@rc=0; $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+lint: setup
+	$(BIN)/ruff check .
+
+typecheck: setup
+	$(BIN)/mypy
 
 bench: setup
 	$(BIN)/python bench/bench_recompute.py

@@ -127,7 +127,7 @@ def main() -> None:
             recompute_batch(batch, settings, None)
             sync(device)
             wall = min(wall, time.perf_counter() - t)
-        kern, n = kernel_time(lambda: recompute_batch(batch, settings, None), device)
+        kern, n = kernel_time(lambda b=batch, s=settings: recompute_batch(b, s, None), device)
         floor = moved / bw
         tokens = int(batch.lengths.sum())
         cells = [est, f"{wall * 1e3:.2f}", f"{kern * 1e3:.2f}", str(n), f"{floor * 1e3:.3f}",

@@ -419,7 +419,8 @@ def main() -> None:
         c = measure("ref", run, est, args.device, args.repeat)
         print(f"{est:<10} {a['seconds']:>10.2f} {b['seconds']:>12.2f} {k['seconds']:>13.2f} {c['seconds']:>10.2f} "
               f"{b['seconds'] / a['seconds']:>6.2f} {k['seconds'] / a['seconds']:>6.2f} {c['seconds'] / b['seconds']:>6.2f} "
-              f"{b['tokens'] / b['seconds'] / 1e6:>9.2f} {a['peak_rss_mb']:>9.0f} {b['peak_rss_mb']:>9.0f} {c['peak_rss_mb']:>9.0f}")
+              f"{b['tokens'] / b['seconds'] / 1e6:>9.2f} "
+              f"{a['peak_rss_mb']:>9.0f} {b['peak_rss_mb']:>9.0f} {c['peak_rss_mb']:>9.0f}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,26 @@
-"""One error hierarchy for rldiag.
+"""One error hierarchy for rldiag: every error class is defined here.
 
-Every error rldiag raises on purpose derives from :class:`RldiagError`; the CLI catches it once
-and prints ``Type: message``. Errors about input data carry where the problem is (file, step,
-row, column) so that the message can point at it.
+Every error rldiag raises on purpose derives from :class:`RldiagError`; the CLI catches it once,
+prints ``Type: message`` and exits with the command's code (:mod:`rldiag.cli.exit_codes`). Errors
+about input data carry where the problem is (file, step, row, column) so that the message can
+point at it. The tree::
+
+    RldiagError                  anything rldiag reports to a user
+    +-- ConfigError              a setting is unknown or malformed; a config file cannot be read
+    |   +-- UnknownKeyError      a registry key (estimator, loss mode, ...) rldiag does not know
+    +-- RunDirError              the run directory is missing or has no usable batches
+    +-- BatchError               a batch file is malformed (file, step, row, column)
+    |   +-- MissingInputError    the settings need a column the batch does not have
+    +-- ComputeError             verl would raise on this input; the step fails
+    +-- OutputError              writing results failed
+    +-- StorageError             an object store (s3://...) cannot be reached or refused a request
+    +-- ExecutorError            a distributed executor cannot start, or lost work
+    +-- CaptureError             writing a run directory from a trainer failed (rldiag.capture)
+    +-- StoreError               a run's file cannot be queried (rldiag.store, the app)
+    +-- WandbImportError         a W&B source cannot be imported (rldiag.importers)
+        +-- WandbMissingError    the optional wandb package is not installed
+
+``rldiag.store.errors`` and ``rldiag.importers`` re-export their classes from here.
 """
 
 from __future__ import annotations
@@ -85,3 +103,15 @@ class CaptureError(RldiagError):
     def __init__(self, message: str, errors: list[tuple[str, BaseException]] | None = None):
         self.errors = list(errors or [])
         super().__init__(message)
+
+
+class StoreError(RldiagError):
+    """A file of the run cannot be queried (unreadable, malformed, or still being written)."""
+
+
+class WandbImportError(RldiagError):
+    """A W&B source cannot be imported: unreadable file, unknown run, no network, no key, ..."""
+
+
+class WandbMissingError(WandbImportError):
+    """The optional ``wandb`` package is not installed."""

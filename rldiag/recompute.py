@@ -29,8 +29,8 @@ from rldiag.config.verl_versions import version_of
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.engine.aggregation import AGG_MODES
 from rldiag.engine.kl import KL_ESTIMATORS
-from rldiag.engine.pipeline import initial_kl_state
 from rldiag.engine.microbatch import check_microbatch_settings
+from rldiag.engine.pipeline import initial_kl_state
 from rldiag.engine.policy_loss import POLICY_LOSSES
 from rldiag.engine.rollout_correction import CorrectionConfig
 from rldiag.errors import ConfigError, RldiagError, RunDirError

@@ -1,4 +1,4 @@
-"""Synthetic run directories: random but well-formed batches in the CONTRACT schema.
+"""Synthetic run directories: random but well-formed batches in the batch schema (``rldiag.io.schema``).
 
 Used by the tests, by ``bench/`` (runs of a given size) and by ``rldiag demo``-style smoke runs.
 The numbers are drawn from simple generative rules (outcome scores per group, tool-observation
@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from rldiag.errors import ConfigError
 from rldiag.io.atomic import write_file_atomic
 
 
@@ -50,7 +51,7 @@ def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.nda
     if spec.lengths == "uniform":
         return rng.integers(spec.min_len, spec.max_len + 1, size=rows)
     if spec.lengths != "lognormal":
-        raise ValueError(f"unknown length distribution {spec.lengths!r}; use uniform or lognormal")
+        raise ConfigError(f"SynthSpec.lengths: unknown length distribution {spec.lengths!r}; use uniform or lognormal")
     lengths = np.exp(rng.normal(np.log(spec.median_len), spec.sigma, rows)).astype(np.int64)
     lengths = np.clip(lengths, spec.min_len, spec.max_len)
     lengths[rng.random(rows) < spec.capped] = spec.max_len
@@ -59,7 +60,8 @@ def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.nda
     return lengths
 
 
-def _list_array(values: np.ndarray, lengths: np.ndarray, dtype: pa.DataType) -> pa.ListArray:
+def list_array(values: np.ndarray, lengths: np.ndarray, dtype: pa.DataType) -> pa.ListArray:
+    """A list column of ``dtype`` from flat ``values`` ``(sum(lengths),)`` and per-row ``lengths``."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, type=dtype))
@@ -93,18 +95,18 @@ def synth_step_table(spec: SynthSpec, step: int, rng: np.random.Generator) -> pa
         "step": pa.array(np.full(rows, step, dtype=np.int64)),
         "score": pa.array(score, pa.float32()),
         "prompt_length": pa.array(rng.integers(8, 64, rows).astype(np.int64)),
-        "response_mask": _list_array(mask, lengths, pa.int8()),
-        "old_log_probs": _list_array(old, lengths, pa.float32()),
-        "log_probs": _list_array(cur, lengths, pa.float32()),
-        "ref_log_prob": _list_array(ref, lengths, pa.float32()),
-        "rollout_log_probs": _list_array(rollout, lengths, pa.float32()),
-        "entropy": _list_array(entropy, lengths, pa.float32()),
+        "response_mask": list_array(mask, lengths, pa.int8()),
+        "old_log_probs": list_array(old, lengths, pa.float32()),
+        "log_probs": list_array(cur, lengths, pa.float32()),
+        "ref_log_prob": list_array(ref, lengths, pa.float32()),
+        "rollout_log_probs": list_array(rollout, lengths, pa.float32()),
+        "entropy": list_array(entropy, lengths, pa.float32()),
     }
     if spec.critic:
         values = (score[row_of] * 0.3 + rng.normal(0.3, 0.2, total)).astype(np.float32)
         vpreds = (values + rng.normal(0, 0.1, total)).astype(np.float32)
-        cols["values"] = _list_array(values, lengths, pa.float32())
-        cols["vpreds"] = _list_array(vpreds, lengths, pa.float32())
+        cols["values"] = list_array(values, lengths, pa.float32())
+        cols["vpreds"] = list_array(vpreds, lengths, pa.float32())
     return pa.table(cols)
 
 

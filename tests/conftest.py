@@ -18,9 +18,9 @@ hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True, **
 hypothesis_settings.register_profile("dev", **_untimed)
 hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
-from rldiag.config.settings import resolve_settings
-from rldiag.engine.batch import Batch
-from rldiag.synth import SynthSpec, write_synth_run
+from rldiag.config.settings import resolve_settings  # noqa: E402 - the profiles first
+from rldiag.engine.batch import Batch  # noqa: E402
+from rldiag.synth import SynthSpec, write_synth_run  # noqa: E402
 
 
 def make_batch(

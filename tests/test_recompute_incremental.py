@@ -3,8 +3,6 @@ up with a run that is still writing batches."""
 
 from __future__ import annotations
 
-import shutil
-
 import pyarrow.parquet as pq
 import pytest
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rldiag.errors import ConfigError
 from rldiag.synth import SynthSpec, draw_lengths
 
 
@@ -24,5 +25,5 @@ def test_capped_rows_puts_exactly_that_many_rows_at_the_cap():
 
 
 def test_unknown_distribution_is_refused():
-    with pytest.raises(ValueError, match="uniform or lognormal"):
+    with pytest.raises(ConfigError, match="SynthSpec.lengths: unknown length distribution .zipf.; use uniform or lognormal"):
         draw_lengths(SynthSpec(lengths="zipf"), 4, np.random.default_rng(0))

@@ -116,7 +116,8 @@ def candidate_overrides(settings: Settings, fields: set[str], columns: set[str],
         # rollout.n and ppo_micro_batch_size_per_gpu), as one candidate
         actor = "actor_rollout_ref.actor."
         keys = ("rldiag.mini_batch_size", "rldiag.micro_batch_size")
-        if settings.get(actor + "ppo_mini_batch_size") is not None and settings.get(actor + "ppo_micro_batch_size_per_gpu") is not None:
+        configured = (settings.get(actor + "ppo_mini_batch_size"), settings.get(actor + "ppo_micro_batch_size_per_gpu"))
+        if None not in configured:
             cand = dict.fromkeys(keys, "auto")
             if cand not in out and any(settings.get(k) not in ("run", "auto") for k in keys):
                 out.insert(0, cand)

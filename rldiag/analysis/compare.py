@@ -12,10 +12,10 @@ where ``w_t`` is the token's weight in the actor loss under the side's ``loss_ag
 :mod:`.weights`), ``N`` the step's loss-mask token count (so that ``token-mean`` gives
 ``w_t * N = 1``), and ``rho_t`` the rollout IS weight where the scenario has one (else 1).
 
-Steps are streamed (each step's agreement to ``on_step`` as it is known); results go to ``RUN/rldiag/comparisons/<A>__vs__<B>/`` (replaced
-atomically): ``metrics.parquet``, ``tokens.parquet``, ``groups.parquet``, ``comparison.json``.
-The side name ``logged`` means the values the trainer logged (``metrics.jsonl`` and the batch
-files' ``advantages`` column).
+Steps are streamed (each step's agreement to ``on_step`` as it is known); results go to
+``RUN/rldiag/comparisons/<A>__vs__<B>/`` (replaced atomically): ``metrics.parquet``,
+``tokens.parquet``, ``groups.parquet``, ``comparison.json``. The side name ``logged`` means the
+values the trainer logged (``metrics.jsonl`` and the batch files' ``advantages`` column).
 """
 
 from __future__ import annotations
@@ -284,8 +284,9 @@ def _metric_summary(rows: list[tuple[int, str, float, float]]) -> list[MetricDel
         arr = np.array(pairs, dtype=np.float64)
         d = arr[:, 1] - arr[:, 0]
         fin = np.isfinite(d)
-        out.append(MetricDelta(metric=name, steps=len(pairs), mean_a=float(np.nanmean(arr[:, 0])) if np.isfinite(arr[:, 0]).any() else math.nan,
-                               mean_b=float(np.nanmean(arr[:, 1])) if np.isfinite(arr[:, 1]).any() else math.nan,
+        mean_a = float(np.nanmean(arr[:, 0])) if np.isfinite(arr[:, 0]).any() else math.nan
+        mean_b = float(np.nanmean(arr[:, 1])) if np.isfinite(arr[:, 1]).any() else math.nan
+        out.append(MetricDelta(metric=name, steps=len(pairs), mean_a=mean_a, mean_b=mean_b,
                                mean_delta=float(d[fin].mean()) if fin.any() else math.nan,
                                max_abs_delta=float(np.abs(d[fin]).max()) if fin.any() else math.nan))
     return out

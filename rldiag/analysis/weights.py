@@ -112,7 +112,7 @@ def weights_by_autograd(adv: np.ndarray, mask: np.ndarray, lengths: np.ndarray, 
     m = torch.from_numpy(np.asarray(mask).astype(np.float32))
     loss = torch.zeros(layout.n_tokens, dtype=torch.float32, requires_grad=True)
     norm = AggNorm(
-        step_ids=torch.zeros(rows, dtype=torch.long), n_steps=1, horizon=torch.tensor([_horizon(lengths, settings)]),
+        seg_ids=torch.zeros(rows, dtype=torch.long), n_seg=1, horizon=torch.tensor([_horizon(lengths, settings)]),
         rows=layout, batch_num_tokens=torch.tensor([float(norm_tokens)]), global_batch_size=torch.tensor([float(rows)]),
         loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
     )

@@ -21,7 +21,6 @@ import ctypes.util
 import gc
 from functools import lru_cache
 
-
 #: glibc's mallopt parameter (malloc.h) and the arenas ``rldiag app`` allows
 M_ARENA_MAX = -8
 ARENAS = 2

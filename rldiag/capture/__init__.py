@@ -1,11 +1,11 @@
-"""Capture: write a run directory (CONTRACT sections 1-2) from a trainer while it trains.
+"""Capture: write a run directory (docs/run-directory.md) from a trainer while it trains.
 
 >>> from rldiag.capture import RunWriter                        # doctest: +SKIP
 >>> with RunWriter("runs/exp1", config=cfg) as run:
 ...     run.write_batch(step, batch)      # padded tensors or a verl DataProto, after compute_advantage
 ...     run.log_metrics(step, metrics)    # one {"step": N, "data": {...}} line of metrics.jsonl
 
-Modules: ``fields`` (verl field names -> CONTRACT columns), ``unpad`` (padded tensors -> flat
+Modules: ``fields`` (verl field names -> batch columns), ``unpad`` (padded tensors -> flat
 columns, on the training thread), ``table`` (Arrow table, validation, atomic Parquet write),
 ``config`` (run.yaml), ``writer`` (the background writer). See docs/capture.md.
 """

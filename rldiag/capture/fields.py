@@ -1,7 +1,7 @@
-"""Which trainer field becomes which CONTRACT column.
+"""Which trainer field becomes which batch column.
 
 verl's names at the point where a step's batch is complete (after ``compute_advantage``) are
-the keys; the CONTRACT column (``rldiag/io/schema.py``) is the value. For each column the first
+the keys; the batch column (``rldiag/io/schema.py``, docs/run-directory.md) is the value. For each column the first
 name present in the batch wins.
 """
 

@@ -71,7 +71,7 @@ def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
 
 
 def payload_table(p: StepPayload, token_text: Callable[[Sequence[int]], list[str]] | None = None) -> pa.Table:
-    """The CONTRACT table of one step: ``step``, ``uid``, row scalars, then list columns.
+    """The batch table of one step (docs/run-directory.md): ``step``, ``uid``, row scalars, then list columns.
 
     ``token_text``: ids -> strings; with it (and the payload's token ids) the table gets a
     ``response_tokens`` list<string> column, one string per token of each row."""

@@ -157,7 +157,7 @@ class _Gather:
 
 
 def _row_columns(tensors: dict, non: dict, rows: int, extra_columns: Sequence[str], where: dict) -> dict:
-    """Per-row columns: the CONTRACT's, the requested extras, numeric non-tensor fields."""
+    """Per-row columns: the schema's (``rldiag.io.schema``), the requested extras, numeric non-tensor fields."""
     out: dict[str, np.ndarray] = {}
     for col, (names, kind) in ROW_SOURCES.items():
         hit = _first(names, tensors, non)

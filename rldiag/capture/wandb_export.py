@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from rldiag import __version__
-from rldiag.io.rundir import iter_metrics_records
 from rldiag.errors import CaptureError, RldiagError
-from rldiag.io.rundir import RunDir
+from rldiag.io.rundir import RunDir, iter_metrics_records
 
 BATCH_ARTIFACT_TYPE = "rl-batches"
 #: keys of a metrics line that wandb computes itself and must not be logged back
@@ -109,7 +107,7 @@ def log_batches(
     art = wandb.Artifact(
         name or artifact_name_for(run_dir), type=type,
         description=f"rldiag run directory batches ({len(files)} steps)",
-        metadata={"steps": [f.step for f in files], "format": "rldiag run directory (CONTRACT section 2)",
+        metadata={"steps": [f.step for f in files], "format": "rldiag run directory (docs/run-directory.md)",
                   "rldiag_version": __version__},
     )
     for f in files:

@@ -1,4 +1,4 @@
-"""``RunWriter``: a trainer writes a run directory (CONTRACT section 1) while it trains.
+"""``RunWriter``: a trainer writes a run directory (docs/run-directory.md) while it trains.
 
 On the training thread, ``write_batch`` only unpads the step (one gather per column, copied to
 the CPU) and puts it on a bounded queue; ``log_metrics`` only turns the values into plain

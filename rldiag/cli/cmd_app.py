@@ -11,6 +11,7 @@ import importlib.util
 import shlex
 from pathlib import Path
 
+from rldiag.cli import exit_codes
 from rldiag.cli.common import console
 from rldiag.errors import ConfigError, RunDirError
 
@@ -53,7 +54,7 @@ def app_command(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.print_command:
         console.print(shlex.join(app_command(args)), markup=False)
-        return 0
+        return exit_codes.OK
     runs = _runs(args)
     if importlib.util.find_spec("streamlit") is None or importlib.util.find_spec("plotly") is None:
         raise ConfigError("the app needs streamlit and plotly: pip install 'rldiag[app]'")
@@ -64,4 +65,4 @@ def run(args: argparse.Namespace) -> int:
     try:
         return serve(runs, port=args.port, address=args.address, headless=args.headless)
     except KeyboardInterrupt:
-        return 0
+        return exit_codes.OK

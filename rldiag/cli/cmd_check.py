@@ -6,8 +6,8 @@ import argparse
 
 from rich.table import Table
 
+from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, console, err_console, progress_bar
-
 
 #: skipped metrics.jsonl lines listed one by one
 SHOW_SKIPPED = 5
@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(f"[red]{len(rep.problems)} problem(s):[/red]")
         for p in rep.problems:
             err_console.print(f"  {p}", markup=False)
-        return 1
+        return exit_codes.FAILED
     console.print("no problems found")
-    return 0
+    return exit_codes.OK
 
 
 def _needs_table(title: str, what: str, ok: str, needs: dict[str, list[str]]) -> Table:

@@ -9,6 +9,7 @@ import sys
 
 from rich.table import Table
 
+from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, console, fmt, progress_bar
 from rldiag.errors import ConfigError
 
@@ -50,15 +51,15 @@ def run(args: argparse.Namespace) -> int:
         if args.sides:
             raise ConfigError("give either two sides or --estimators, not both")
         with progress_bar("recompute", enabled=args.progress) as bar:
-            rep = compare_estimators(args.run, args.estimators.split(","), steps=args.steps, device=args.device,
-                                     progress=bar)
+            by_estimator = compare_estimators(args.run, args.estimators.split(","), steps=args.steps,
+                                              device=args.device, progress=bar)
         if args.json:
-            sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
-            return 0
-        if rep.recomputed:
-            console.print(f"recomputed: {', '.join(rep.recomputed)}", markup=False)
-        print_pairs(rep.pairs)
-        return 0
+            sys.stdout.write(json.dumps(by_estimator.to_dict(), indent=2) + "\n")
+            return exit_codes.OK
+        if by_estimator.recomputed:
+            console.print(f"recomputed: {', '.join(by_estimator.recomputed)}", markup=False)
+        print_pairs(by_estimator.pairs)
+        return exit_codes.OK
     if len(args.sides) != 2:
         raise ConfigError("compare needs two sides (scenario names or `logged`), or --estimators a,b,...")
     with progress_bar("compare", enabled=args.progress) as bar:
@@ -66,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
                       recompute_missing=not args.no_recompute, device=args.device, progress=bar)
     if args.json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
-        return 0
+        return exit_codes.OK
     print_report(rep, args.metrics)
-    return 0
+    return exit_codes.OK
 
 
 def print_pairs(pairs) -> None:
@@ -80,7 +81,8 @@ def print_pairs(pairs) -> None:
     t.add_column("signal only A/B", justify="right")
     for p in pairs:
         s = p.summary
-        t.add_row(p.a.removeprefix("adv_estimator="), p.b.removeprefix("adv_estimator="), *(fmt(s.get(k)) for _, k in SUMMARY_ROWS[1:7]),
+        t.add_row(p.a.removeprefix("adv_estimator="), p.b.removeprefix("adv_estimator="),
+                  *(fmt(s.get(k)) for _, k in SUMMARY_ROWS[1:7]),
                   f"{s.get('groups_signal_only_a', 0)}/{s.get('groups_signal_only_b', 0)}")
     console.print(t)
     for p in pairs:

@@ -7,6 +7,7 @@ import shlex
 from datetime import datetime
 from pathlib import Path
 
+from rldiag.cli import exit_codes
 from rldiag.cli.common import console, fmt
 from rldiag.errors import ConfigError
 
@@ -65,4 +66,4 @@ def run(args: argparse.Namespace) -> int:
     rows = cfg.mini_batch_rows  # one micro-batch per mini-batch
     console.print(f"next:  rldiag verify {out} --set rldiag.mini_batch_size={rows} "
                   f"--set rldiag.micro_batch_size={rows}", soft_wrap=True, markup=False)
-    return 0
+    return exit_codes.OK

@@ -1,6 +1,7 @@
 """``rldiag doctor RUN``: health checks over the logged and recomputed metrics.
 
-Exit 0: no finding; 1: at least one finding; 2: the run or a rules file cannot be read.
+Exit 0: no finding; 1: at least one finding; 2: the run or a rules file cannot be read (see
+:mod:`rldiag.cli.exit_codes`).
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import argparse
 import json
 import sys
 
+from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
-from rldiag.errors import RldiagError
 
 
 def add_parser(sub) -> None:
@@ -30,18 +31,14 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from rldiag.doctor import diagnose
 
-    try:
-        with progress_bar("doctor", enabled=args.progress) as bar:
-            rep = diagnose(args.run, rules_files=args.rules or (), overrides=overrides_from_args(args), steps=args.steps,
-                           recompute=not args.logged_only, device=args.device, progress=bar)
-    except RldiagError as exc:
-        err_console.print(f"{type(exc).__name__}: {exc}", markup=False, highlight=False)
-        return 2
+    with progress_bar("doctor", enabled=args.progress) as bar:
+        rep = diagnose(args.run, rules_files=args.rules or (), overrides=overrides_from_args(args), steps=args.steps,
+                       recompute=not args.logged_only, device=args.device, progress=bar)
     if args.json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
-        return rep.exit_code
-    print_report(rep, args.verbose)
-    return rep.exit_code
+    else:
+        print_report(rep, args.verbose)
+    return exit_codes.OK if rep.healthy else exit_codes.FAILED
 
 
 def print_report(rep, verbose: bool = False) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, console, defer, err_console, progress_bar
 
 
@@ -38,9 +39,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rldiag.importers.wandb_import import import_wandb
-
     from pathlib import Path
+
+    from rldiag.importers.wandb_import import import_wandb
 
     label = "reading kB" if args.source and Path(args.source).expanduser().exists() else "importing"
     with progress_bar(label, enabled=args.progress) as bar:
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  note: {note}", markup=False)
     for w in rep.warnings:
         err_console.print(f"[yellow]warning:[/yellow] {_escape(w)}")
-    return 0
+    return exit_codes.OK
 
 
 def _escape(text: str) -> str:

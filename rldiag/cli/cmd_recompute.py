@@ -6,6 +6,7 @@ import argparse
 
 from rich.table import Table
 
+from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
 
 SUMMARY_METRICS = (
@@ -93,7 +94,7 @@ def _follow(args: argparse.Namespace, executor) -> int:
                         device=args.device, save_tokens=args.save_tokens, executor=executor)
     except KeyboardInterrupt:
         console.print("stopped following")
-        return 0
+        return exit_codes.OK
     return _summary(report)
 
 
@@ -118,5 +119,5 @@ def _summary(report) -> int:
                           + ", ".join(str(s) for s in sorted(report.steps_failed)))
         for step, msg in sorted(report.steps_failed.items()):
             err_console.print(f"  step {step}: {msg}", markup=False)
-        return 1
-    return 0
+        return exit_codes.FAILED
+    return exit_codes.OK

@@ -1,8 +1,7 @@
 """``rldiag verify RUN``: recompute with the run's own settings and compare with what it logged.
 
 Exit 0: every compared value matches; 1: a mismatch; 2: the run cannot be verified (missing
-columns, unreadable input, nothing logged to compare). Errors are mapped to 2 here, not left to
-the generic handler (which exits 1, the code of a mismatch).
+columns, unreadable input, nothing logged to compare); see :mod:`rldiag.cli.exit_codes`.
 """
 
 from __future__ import annotations
@@ -13,10 +12,9 @@ import sys
 
 from rich.table import Table
 
+from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
 from rldiag.errors import RldiagError
-
-EXIT_UNVERIFIABLE = 2
 
 
 def add_parser(sub) -> None:
@@ -38,7 +36,7 @@ def add_parser(sub) -> None:
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
     sp.add_argument("-v", "--verbose", action="store_true", help="list every compared metric, not only mismatching ones")
     add_progress_flags(sp)
-    sp.set_defaults(func=run)
+    sp.set_defaults(func=run, on_error=on_error)
 
 
 def tolerances_from_args(args: argparse.Namespace):
@@ -56,25 +54,25 @@ def tolerances_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from rldiag.analysis.verify import verify_run
 
-    try:
-        with progress_bar("verify", enabled=args.progress) as bar:
-            report = verify_run(
-                args.run, overrides_from_args(args), steps=args.steps, tolerances=tolerances_from_args(args),
-                masked_only=args.masked_only, candidates=not args.no_candidates,
-                candidate_steps=max(1, args.candidate_steps), device=args.device, progress=bar,
-            )
-    except RldiagError as exc:
-        if args.json:
-            sys.stdout.write(json.dumps({"status": "unverifiable", "exit_code": EXIT_UNVERIFIABLE,
-                                         "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
-        err_console.print(f"{type(exc).__name__}: {exc}", markup=False, highlight=False)
-        err_console.print("verify: the run cannot be verified")
-        return EXIT_UNVERIFIABLE
+    with progress_bar("verify", enabled=args.progress) as bar:
+        report = verify_run(
+            args.run, overrides_from_args(args), steps=args.steps, tolerances=tolerances_from_args(args),
+            masked_only=args.masked_only, candidates=not args.no_candidates,
+            candidate_steps=max(1, args.candidate_steps), device=args.device, progress=bar,
+        )
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
-        return report.exit_code
-    print_report(report, args.verbose)
-    return report.exit_code
+    else:
+        print_report(report, args.verbose)
+    return exit_codes.VERIFY_STATUS_EXIT[report.status]
+
+
+def on_error(args: argparse.Namespace, exc: RldiagError, code: int) -> None:
+    """After an error (printed by the CLI): the JSON report of an unverifiable run, or the verdict."""
+    if args.json:
+        sys.stdout.write(json.dumps({"status": "unverifiable", "exit_code": code,
+                                     "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
+    err_console.print("verify: the run cannot be verified")
 
 
 def print_report(report, verbose: bool = False) -> None:

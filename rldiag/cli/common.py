@@ -8,6 +8,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+
 def _console(stderr: bool) -> Console:
     # Lines are never wrapped (messages name files and must stay greppable); off a terminal,
     # tables get room instead of rich's default 80 columns.
@@ -40,7 +41,7 @@ def run_deferred() -> None:
             pass
 
 
-class progress_bar:
+class progress_bar:  # noqa: N801 - called like a function, as the engine's progress callbacks are
     """A rich progress bar on stderr, shown on a terminal (or when forced with --progress).
 
     Call it as ``bar(done, total, step)``; it matches the engine's progress callbacks.

@@ -1,8 +1,10 @@
 """``rldiag`` command line: one module per command, errors caught once here.
 
 Each module ``rldiag.cli.cmd_<name>`` has ``add_parser(subparsers)``, which registers its parser
-and sets ``func``. Every :class:`~rldiag.errors.RldiagError` is printed as ``Type: message`` and
-the command exits 1. Clean-ups a command deferred (``common.defer``) run after that.
+and sets ``func`` (and optionally ``on_error(args, exc)``, for what a command adds to an error's
+report, e.g. ``verify --json``). Every :class:`~rldiag.errors.RldiagError` is printed here as
+``Type: message`` and the command exits with the code :mod:`rldiag.cli.exit_codes` gives it (1, or
+2 for ``verify`` and ``doctor``). Clean-ups a command deferred (``common.defer``) run after that.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from rldiag import __version__
+from rldiag.cli import exit_codes
 from rldiag.cli.common import err_console, run_deferred
 from rldiag.errors import RldiagError
 
@@ -46,15 +49,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return exit_codes.CANNOT_CHECK
     try:
-        return int(args.func(args) or 0)
+        return int(args.func(args) or exit_codes.OK)
     except RldiagError as exc:
         err_console.print(f"{type(exc).__name__}: {exc}", markup=False, highlight=False)
-        return 1
+        code = exit_codes.error_exit(args.command)
+        if (on_error := getattr(args, "on_error", None)) is not None:
+            on_error(args, exc, code)
+        return code
     except KeyboardInterrupt:
         err_console.print("interrupted")
-        return 130
+        return exit_codes.INTERRUPTED
     finally:
         run_deferred()
 

@@ -1,4 +1,4 @@
-"""Settings resolution (CONTRACT section 3).
+"""Settings resolution (docs/run-directory.md, "Settings").
 
 Order, later wins: verl's defaults, the run's config file (``run.yaml``, else ``config.yaml``,
 else ``.hydra/config.yaml``), then command-line overrides ``KEY=VALUE``. Keys are verl's own
@@ -19,7 +19,7 @@ from typing import Any
 from rldiag.config.ranges import check_range
 from rldiag.config.yaml_bounded import load_yaml, read_text_bounded
 from rldiag.errors import ConfigError
-from rldiag.io.fs import as_path
+from rldiag.io.fs import RemotePath, as_path
 
 #: verl's defaults for every key rldiag reads. ``None`` means "null" in verl's YAML.
 DEFAULTS: dict[str, Any] = {
@@ -176,14 +176,14 @@ def _resolve_interpolations(flat: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if not (isinstance(v, str) and v.strip().startswith("${"))}
 
 
-def read_yaml(path: Path, what: str, error: type[Exception] = ConfigError) -> Any:
+def read_yaml(path: Path | RemotePath, what: str, error: type[Exception] = ConfigError) -> Any:
     """A YAML file read with the safe loader (``None`` for an empty file); unreadable or invalid
     files raise ``error`` naming ``what`` and the path."""
     where = f"{what} {path}"
     return load_yaml(read_text_bounded(path, where, error), where, error)
 
 
-def read_yaml_mapping(path: Path, what: str, error: type[Exception] = ConfigError) -> dict[str, Any]:
+def read_yaml_mapping(path: Path | RemotePath, what: str, error: type[Exception] = ConfigError) -> dict[str, Any]:
     """:func:`read_yaml` that must hold a mapping at the top (an empty file gives ``{}``)."""
     tree = read_yaml(path, what, error)
     if tree is None:
@@ -193,13 +193,13 @@ def read_yaml_mapping(path: Path, what: str, error: type[Exception] = ConfigErro
     return dict(tree)
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
+def load_config_file(path: Path | RemotePath) -> dict[str, Any]:
     """Read a YAML config file safely and flatten it to dotted keys."""
     tree = read_yaml_mapping(path, "config file")
     return _resolve_interpolations(flatten(tree))
 
 
-def find_config_file(run_dir: Path) -> Path | None:
+def find_config_file(run_dir: Path | RemotePath) -> Path | RemotePath | None:
     for name in CONFIG_FILES:
         p = run_dir / name
         if p.is_file():
@@ -344,7 +344,7 @@ class Settings:
         return v if v is not None else self.values["actor_rollout_ref.actor.clip_ratio"]
 
     def resolved(self) -> dict[str, Any]:
-        """Every key of section 3 with its resolved value (inherited ones filled in)."""
+        """Every known setting with its resolved value (inherited ones filled in)."""
         out = {k: self.values.get(k) for k in DEFAULTS}
         out["critic.loss_agg_mode"] = self.critic_agg_mode
         out["critic.loss_scale_factor"] = self.critic_loss_scale_factor

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import cast
 
 from rldiag.errors import ConfigError
 
@@ -83,6 +84,11 @@ def _numbers(text: str) -> tuple[int, ...] | None:
     return None if m is None else tuple(int(g or 0) for g in m.groups())
 
 
+def _release_numbers(release: str) -> tuple[int, ...]:
+    """The numbers of one of :data:`RELEASES` (each is readable: tests/config pins them)."""
+    return cast(tuple[int, ...], _numbers(release))
+
+
 def canonical(version: str) -> str:
     """The release of :data:`RELEASES` whose behaviour ``version`` has: itself, an alias of the
     snapshot, or the newest release at or below it (``0.9.2`` -> ``0.9.1``; a ``.dev`` of the
@@ -92,13 +98,13 @@ def canonical(version: str) -> str:
     if text in RELEASES:
         return text
     nums = _numbers(text)
-    if nums is None or nums < _numbers(RELEASES[0]):
+    if nums is None or nums < _release_numbers(RELEASES[0]):
         raise ConfigError(
             f"rldiag.verl_version {version!r}: rldiag reproduces verl {', '.join(RELEASES)} (or main); not this one"
         )
-    if nums >= _numbers(SNAPSHOT):
+    if nums >= _release_numbers(SNAPSHOT):
         return SNAPSHOT
-    return [r for r in RELEASES if _numbers(r) <= nums][-1]
+    return [r for r in RELEASES if _release_numbers(r) <= nums][-1]
 
 
 def version_of(settings) -> str:
@@ -114,7 +120,7 @@ def version_of(settings) -> str:
     nums = _numbers(str(recorded)) if recorded not in (None, "") else None
     if nums is None:
         return canonical(recorded) if str(recorded).strip().lower() in ALIASES else SNAPSHOT
-    if nums < _numbers(RELEASES[0]):
+    if nums < _release_numbers(RELEASES[0]):
         return RELEASES[0]
     return canonical(recorded)
 

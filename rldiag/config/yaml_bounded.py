@@ -19,11 +19,14 @@ Only then is the document built, with the safe loader (no Python objects from ta
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rldiag.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rldiag.io.fs import RemotePath
 
 #: Largest YAML file read (bytes). A 2 MiB file loads in about a second, within 100 MB.
 MAX_BYTES = 2 << 20
@@ -97,7 +100,7 @@ def _one_line(exc: yaml.YAMLError) -> str:
     return text
 
 
-def read_text_bounded(path: Path, where: str, error: type[Exception] = ConfigError, limit: int = MAX_BYTES) -> str:
+def read_text_bounded(path: Path | RemotePath, where: str, error: type[Exception] = ConfigError, limit: int = MAX_BYTES) -> str:
     """The UTF-8 text of ``path`` (a Path or an object-store path), at most ``limit`` bytes;
     an unreadable, larger or non-UTF-8 file raises ``error`` naming ``where``."""
     try:

@@ -2,8 +2,8 @@
 
 The run is recomputed under its own settings (unless ``recompute`` is False; the scenario is
 written like ``rldiag recompute`` writes it, so unchanged steps are reused next time), giving each
-step's metrics and the engine's ``rldiag/...`` health signals; together with ``metrics.jsonl`` they feed the rules (:mod:`.rules`), each
-evaluated by its kind (:mod:`.evaluators`). A rule is *not applicable* when its ``when``
+step's metrics and the engine's ``rldiag/...`` health signals; together with ``metrics.jsonl``
+they feed the rules (:mod:`.rules`), each evaluated by its kind (:mod:`.evaluators`). A rule is *not applicable* when its ``when``
 settings do not hold, *not evaluated* when its metric is missing or has too few steps, and
 otherwise passes or gives a finding with its evidence and the reason it matters.
 """
@@ -32,7 +32,7 @@ ProgressFn = Callable[[int, int, int], None]
 @dataclass
 class DoctorReport:
     run: str
-    settings: dict[str, Any]  # the resolved settings (CONTRACT section 3)
+    settings: dict[str, Any]  # the resolved settings (every known key, inherited ones filled in)
     steps: list[int]  # batch steps streamed
     logged_steps: int
     recomputed_steps: int
@@ -47,10 +47,6 @@ class DoctorReport:
     @property
     def healthy(self) -> bool:
         return not self.findings
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.healthy else 1
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from rldiag.config.settings import read_yaml
 from rldiag.errors import ConfigError
 

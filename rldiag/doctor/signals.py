@@ -3,8 +3,9 @@ metrics of a recompute under the run's settings, among them the engine's health 
 (:func:`rldiag.engine.metrics.signal_metrics`):
 
 - ``rldiag/mask/credit_cut_fraction``: share of actor tokens (mask 1) followed, later in their
-  row, by a mask-0 position (a tool observation): under verl's REINFORCE++ (mask-resetting
-  reward-to-go, seed 002 section 9.1) such a token receives none of the outcome reward.
+  row, by a mask-0 position (a tool observation): under verl 0.8.0's REINFORCE++ (a reward-to-go
+  that resets at mask 0, ``compute_reinforce_plus_plus_outcome_advantage``) such a token receives
+  none of the outcome reward.
 - ``rldiag/advantages/centre_offset``: masked mean of the advantages over their masked
   (population) standard deviation; 0 when every advantage is 0.
 - ``rldiag/rewards/kl_sign_flip_fraction``: among non-aborted rows with a nonzero score, the

@@ -30,12 +30,13 @@ from rldiag.registry import Registry
 
 @dataclass(frozen=True)
 class AggNorm:
-    """Normalisers of one packed batch, each ``(n_steps,)`` or ``None`` for verl's fallback.
+    """Normalisers of one packed batch, each ``(n_seg,)`` or ``None`` for verl's fallback.
 
-    ``rows``: the layout of the token tensors; ``step_ids`` ``(rows,)``: each row's segment."""
+    ``rows``: the layout of the token tensors; ``seg_ids`` ``(rows,)``: each row's segment (a step,
+    or one emulated micro-batch of one DP rank of a step) in ``[0, n_seg)``."""
 
-    step_ids: torch.Tensor
-    n_steps: int
+    seg_ids: torch.Tensor
+    n_seg: int
     horizon: torch.Tensor
     rows: Rows
     batch_num_tokens: torch.Tensor | None = None
@@ -55,28 +56,28 @@ def _seq_denominator(mask: torch.Tensor, norm: AggNorm) -> tuple[torch.Tensor, t
     q = (norm.rows.sum(mask) > 0).to(torch.float32)
     if norm.global_batch_size is not None:
         return q, norm.global_batch_size.to(torch.float32)
-    return q, seg_sum(q, norm.step_ids, norm.n_steps)
+    return q, seg_sum(q, norm.seg_ids, norm.n_seg)
 
 
 @AGG_MODES.register("token-mean")
 def agg_token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
-    total = seg_sum(_row_sums(loss, mask, norm), norm.step_ids, norm.n_steps)
+    total = seg_sum(_row_sums(loss, mask, norm), norm.seg_ids, norm.n_seg)
     if norm.batch_num_tokens is not None:
         denom = norm.batch_num_tokens.to(total.dtype)
     else:
-        denom = seg_sum(norm.rows.sum(mask).to(total.dtype), norm.step_ids, norm.n_steps)
+        denom = seg_sum(norm.rows.sum(mask).to(total.dtype), norm.seg_ids, norm.n_seg)
     return total / denom
 
 
 @AGG_MODES.register("token-sum")
 def agg_token_sum(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
-    return seg_sum(_row_sums(loss, mask, norm), norm.step_ids, norm.n_steps)
+    return seg_sum(_row_sums(loss, mask, norm), norm.seg_ids, norm.n_seg)
 
 
 @AGG_MODES.register("seq-mean-token-sum")
 def agg_seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
     q, denom = _seq_denominator(mask, norm)
-    return seg_sum(_row_sums(loss, mask, norm) * q, norm.step_ids, norm.n_steps) / denom
+    return seg_sum(_row_sums(loss, mask, norm) * q, norm.seg_ids, norm.n_seg) / denom
 
 
 @AGG_MODES.register("seq-mean-token-sum-norm")
@@ -89,9 +90,9 @@ def agg_seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, norm: Ag
 def agg_seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
     q, denom = _seq_denominator(mask, norm)
     per_row = _row_sums(loss, mask, norm) / (norm.rows.sum(mask).to(loss.dtype) + 1e-8)
-    return seg_sum(per_row * q, norm.step_ids, norm.n_steps) / denom
+    return seg_sum(per_row * q, norm.seg_ids, norm.n_seg) / denom
 
 
 def aggregate(mode: str, loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
-    """One value per step ``(n_steps,)`` of ``loss`` ``(tokens,)`` under ``mode``."""
+    """One value per segment ``(n_seg,)`` of ``loss`` ``(tokens,)`` under ``mode``."""
     return AGG_MODES.get(mode)(loss, mask, norm)

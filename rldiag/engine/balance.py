@@ -88,7 +88,7 @@ def balanced_positions(seq_len: torch.Tensor, step_ids: torch.Tensor, n_steps: i
         return pos
     loads = workload(seq_len).cpu()
     members = order.cpu()
-    for s, (a, count) in enumerate(zip(start.tolist(), per_step.tolist())):
+    for a, count in zip(start.tolist(), per_step.tolist()):
         if count == 0 or count % dp_size:
             continue
         idx = members[a : a + count]  # batch rows of step s, in batch order

@@ -30,7 +30,7 @@ def value_loss(
     """``critic/vf_loss = 0.5 * agg(max((v' - G)^2, (clip(v', v - e, v + e) - G)^2))``.
 
     ``vpreds``, ``values`` (before the update), ``returns``, ``mask``: ``(tokens,)``.
-    Returns metrics ``(n_steps,)``: vf_loss, vf_clipfrac, vpred_mean.
+    Returns metrics ``(norm.n_seg,)``, one per segment: vf_loss, vf_clipfrac, vpred_mean.
     """
     if cliprange_value >= 0:  # clamp(x, lo, hi) is max(min(x, hi), lo) whenever lo <= hi
         clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
@@ -40,12 +40,12 @@ def value_loss(
     l2 = clipped.sub_(returns).square_()
     loss = 0.5 * aggregate(agg_mode, torch.max(l1, l2), mask, norm)
     rows = norm.rows
-    count = step_mask_count(mask, rows, norm.step_ids, norm.n_steps) + MEAN_EPS
+    count = step_mask_count(mask, rows, norm.seg_ids, norm.n_seg) + MEAN_EPS
     clipped_more = kernels.count_greater_masked(l2, l1, mask, rows)  # verl: masked_mean(l2 > l1)
     return {
         "critic/vf_loss": loss,
-        "critic/vf_clipfrac": seg_sum(clipped_more, norm.step_ids, norm.n_steps) / count,
-        "critic/vpred_mean": step_masked_mean(vpreds, mask, rows, norm.step_ids, norm.n_steps),
+        "critic/vf_clipfrac": seg_sum(clipped_more, norm.seg_ids, norm.n_seg) / count,
+        "critic/vpred_mean": step_masked_mean(vpreds, mask, rows, norm.seg_ids, norm.n_seg),
     }
 
 

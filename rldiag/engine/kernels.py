@@ -2,9 +2,10 @@
 
 The registered functions of the engine read as verl's formulas; where a plain form costs extra
 passes over the tokens on the CPU (a ``where`` on a bool mask, a comparison into a bool tensor, a
-``where`` on the sign of the advantage), the engine calls one of these instead. Each kernel has
-its plain form next to it (``*_plain``), and tests/engine/test_kernels.py pins the two together
-(equal values, NaN / inf and signed zeros included) on random inputs.
+``where`` on the sign of the advantage), the engine calls one of these instead. Each kernel but
+:func:`dual_clip` has its plain form next to it (``*_plain``, its fallback on non-finite values;
+dual_clip's, used by no code path, is in the test), and tests/engine/test_kernels.py pins the two
+together (equal values, NaN / inf and signed zeros included) on random inputs.
 
 Token tensors are flat ``(tokens,)`` with a :class:`rldiag.engine.layout.Rows` layout.
 """
@@ -131,7 +132,3 @@ def dual_clip(adv: torch.Tensor, clipped1: torch.Tensor, l3: torch.Tensor) -> to
     where ``A >= 0``, ``clipped1 <= 0 <= l3``, so the minimum is clipped1 already; at ``A = +0``
     the two are zeros of opposite sign and ``copysign`` restores clipped1's sign."""
     return torch.minimum(clipped1, l3).copysign_(clipped1)
-
-
-def dual_clip_plain(adv: torch.Tensor, clipped1: torch.Tensor, l3: torch.Tensor) -> torch.Tensor:
-    return torch.where(adv < 0, torch.minimum(clipped1, l3), clipped1)

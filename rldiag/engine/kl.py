@@ -62,7 +62,8 @@ def kl_k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     return 0.5 * (logprob - ref_logprob).square()
 
 
-@KL_ESTIMATORS.register("low_var_kl", "k3", "low_var_kl+", "k3+", formula="clip(exp(-d~) + d~ - 1, -10, 10), d~ = clip(d, -20, 20)")
+@KL_ESTIMATORS.register("low_var_kl", "k3", "low_var_kl+", "k3+",
+                        formula="clip(exp(-d~) + d~ - 1, -10, 10), d~ = clip(d, -20, 20)")
 def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     """k3 (low variance): with ``x = clamp(ref - logprob, -20, 20)``, ``clamp(e^x - x - 1, -10, 10)``."""
     return k3_from_diff(logprob - ref_logprob)

@@ -220,8 +220,8 @@ def recompute_batch(
     count_mask = mask0
     token_count = step_mask_count(count_mask, rows, sid, n)
     actor_norm = AggNorm(
-        step_ids=segs.seg_ids,
-        n_steps=segs.n_seg,
+        seg_ids=segs.seg_ids,
+        n_seg=segs.n_seg,
         horizon=horizon,
         rows=rows,
         batch_num_tokens=segs.normaliser(rows.sum(count_mask.to(torch.float32)), token_count),
@@ -260,7 +260,7 @@ def recompute_batch(
             critic_norm = replace(actor_norm, loss_scale_factor=settings.critic_loss_scale_factor)
         else:
             # verl 0.8.0: every normaliser is the micro-batch's own; the metrics are micro-batch means
-            critic_norm = AggNorm(step_ids=segs.seg_ids, n_steps=segs.n_seg, horizon=horizon, rows=rows)
+            critic_norm = AggNorm(seg_ids=segs.seg_ids, n_seg=segs.n_seg, horizon=horizon, rows=rows)
         vf = value_loss(
             batch.vpreds, batch.values, ret, mask, float(settings["critic.cliprange_value"]),
             settings.critic_agg_mode, critic_norm,
@@ -282,7 +282,7 @@ def recompute_batch(
         # the original mask: the old policy's entropy aggregated over the whole step, and the
         # rollout engine's probabilities against the trainer's
         if batch.entropy is not None:
-            step_norm = AggNorm(step_ids=sid, n_steps=n, horizon=batch.max_response_length if fixed_width else
+            step_norm = AggNorm(seg_ids=sid, n_seg=n, horizon=batch.max_response_length if fixed_width else
                                 seg_max(batch.lengths.to(torch.float32), sid, n), rows=rows,
                                 loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"])
             metrics["actor/entropy"] = aggregate(agg_mode, batch.entropy, mask0, step_norm)

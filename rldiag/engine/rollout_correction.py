@@ -456,7 +456,8 @@ def offpolicy_metrics(
     m["ppl_ratio"] = seg_mean(torch.exp(diff), seg, n)
     # exp(clamp(x, -b, b)) as clamp(exp(x), exp(-b), exp(b)): exp is monotone, one exp serves both
     rho = ratio.clamp_(min=_EXP_LO, max=_EXP_HI)
-    m["chi2_token"] = seg_sum(masked_square_sum_rows(rho, mask, rows), seg, n) / (step_mask_count(mask, rows, seg, n) + MEAN_EPS) - 1.0
+    count = step_mask_count(mask, rows, seg, n) + MEAN_EPS
+    m["chi2_token"] = seg_sum(masked_square_sum_rows(rho, mask, rows), seg, n) / count - 1.0
     row_sum = torch.clamp(row_sum, -SAFETY_BOUND, SAFETY_BOUND)
     m["chi2_seq"] = seg_mean(torch.exp(2.0 * row_sum), seg, n) - 1.0
     return m
@@ -488,7 +489,8 @@ def correct(
 ) -> CorrectionResult:
     """verl's ``compute_rollout_correction_and_rejection_mask`` on each segment of ``seg``:
     IS weights (if ``rollout_is``), rejection (if ``rollout_rs``), off-policy diagnostics always.
-    Inputs ``(tokens,)`` in the layout ``rows``; ``seg`` ``(rows,)`` the segment of each row; metric values for segments in ``empty`` are not meaningful."""
+    Inputs ``(tokens,)`` in the layout ``rows``; ``seg`` ``(rows,)`` the segment of each row;
+    metric values for segments in ``empty`` are not meaningful."""
     log_ratio = train_log_prob - rollout_log_prob
     metrics: Metrics = {}
     weights = None

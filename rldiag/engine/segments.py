@@ -1,11 +1,15 @@
 """Segment reductions: sums, counts, means, extrema and variances keyed by an index.
 
-The ``seg_*`` functions take a flat tensor ``x`` of shape ``(n,)``, an int64 index ``seg`` of
-shape ``(n,)`` with values in ``[0, num)``, and return ``(num,)``. No Python loop over segments.
+Three kinds of function, by what they take (no Python loop over segments in any):
 
-The ``step_*`` functions reduce flat token tensors ``(tokens,)`` of the packed layout
-(:class:`rldiag.engine.layout.Rows`) over each step (or micro-batch segment): first per row
-(one segment reduction over the row offsets), then per step keyed by the rows' ``step_ids``.
+- ``seg_*``: a flat tensor ``x`` of shape ``(n,)`` (tokens, rows or anything else), an int64
+  index ``seg`` of shape ``(n,)`` with values in ``[0, num)``; they return ``(num,)``.
+- ``row_mask_count`` and ``masked_*_rows``: flat token tensors ``(tokens,)`` of the packed layout
+  (:class:`rldiag.engine.layout.Rows`) and that layout; they return one value per row ``(rows,)``
+  (a segment reduction over the row offsets).
+- ``step_*``: flat token tensors ``(tokens,)``, their layout, and each row's step (or micro-batch
+  segment) ``step_ids`` ``(rows,)`` in ``[0, n_steps)``; they reduce per row first, then per
+  step, and return ``(n_steps,)``.
 """
 
 from __future__ import annotations

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -49,17 +50,19 @@ TRIM_THRESHOLD = 256 << 20
 #: Extra memory requested each time the heap grows, so that a step grows it a few times at most.
 TOP_PAD = 64 << 20
 
-_tuned: bool | None = None
 
 
+def tuning_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``RLDIAG_MALLOC_TUNING`` allows the tuning (unset: yes; 0, false, no, off: no)."""
+    return environ.get("RLDIAG_MALLOC_TUNING", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@functools.cache
 def tune_host_allocator() -> bool:
     """Apply the settings above once per process (glibc only). Returns whether they are in
-    effect: False on other C libraries or with ``RLDIAG_MALLOC_TUNING=0``."""
-    global _tuned
-    if _tuned is not None:
-        return _tuned
-    _tuned = False
-    if os.environ.get("RLDIAG_MALLOC_TUNING", "1").strip().lower() in ("0", "false", "no", "off"):
+    effect: False on other C libraries or with ``RLDIAG_MALLOC_TUNING=0``. The answer is kept:
+    the environment is read by the first call (``tune_host_allocator.cache_clear()`` forgets it)."""
+    if not tuning_enabled():
         return False
     if not sys.platform.startswith("linux"):
         return False
@@ -70,12 +73,11 @@ def tune_host_allocator() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    _tuned = all(
+    return all(
         mallopt(param, value) == 1
         for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_MMAP_MAX, MMAP_MAX), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
                              (M_TOP_PAD, TOP_PAD))
     )
-    return _tuned
 
 
 def usable_cores() -> int:

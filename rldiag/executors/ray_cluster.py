@@ -29,9 +29,9 @@ from pathlib import Path
 
 from rldiag.engine.pipeline import PresetKLCoefficients, initial_kl_state
 from rldiag.errors import ComputeError, ConfigError, ExecutorError, RldiagError
+from rldiag.executors.allocator import tune_host_allocator
 from rldiag.executors.base import Plan
 from rldiag.executors.klchain import chain, is_adaptive, pack_statistics, replay_statistic
-from rldiag.executors.allocator import tune_host_allocator
 from rldiag.executors.steps import Job, StepOutcome, StepTask, fetch, prefetched, process
 from rldiag.io.fs import is_uri
 
@@ -130,6 +130,11 @@ def _chunks(tasks: list[StepTask]) -> list[list[StepTask]]:
     return out
 
 
+def task_options(device: str, cpus_per_task: float, gpus_per_task: float) -> dict:
+    """Ray resources of one task: its CPUs, and its share of a GPU when it runs on CUDA."""
+    return {"num_cpus": cpus_per_task, "num_gpus": gpus_per_task if device.startswith("cuda") else 0}
+
+
 class RayExecutor:
     """Steps as Ray tasks, one chunk each.
 
@@ -180,9 +185,9 @@ class RayExecutor:
             import_ray().shutdown()
             self._owned = False
 
-    def _options(self) -> dict:
-        gpus = self.gpus_per_task if self._device.startswith("cuda") else 0
-        return {"num_cpus": self.cpus_per_task, "num_gpus": gpus}
+    def task_options(self) -> dict:
+        """The Ray resources each task asks for, on the device :meth:`start` picked."""
+        return task_options(self._device, self.cpus_per_task, self.gpus_per_task)
 
     def _window(self, ray) -> int:
         if self.max_in_flight:
@@ -197,7 +202,7 @@ class RayExecutor:
     def run(self, plan: Plan) -> Iterator[StepOutcome]:
         ray = import_ray()
         job = plan.job
-        opts = self._options()
+        opts = self.task_options()
         chunks = _chunks([_absolute(t) for t in plan.tasks])
         coefs = self._chain(ray, plan, chunks, opts) if is_adaptive(job.settings) else None
         remote = ray.remote(run_chunk).options(**opts)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rldiag.importers.errors import WandbImportError, WandbMissingError
+from rldiag.errors import WandbImportError, WandbMissingError
 
 if TYPE_CHECKING:
     from rldiag.importers.wandb_import import ImportReport, import_wandb

@@ -27,7 +27,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from rldiag.importers.errors import WandbImportError
+from rldiag.errors import WandbImportError
 from rldiag.importers.wandb_records import ArtifactEntry
 from rldiag.io.rundir import STEP_FILE
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rldiag import __version__
-from rldiag.importers.errors import WandbImportError
+from rldiag.errors import WandbImportError
 from rldiag.importers.rundir_writer import RunDirWriter
 from rldiag.importers.wandb_artifacts import FileFinder, step_of_name, wandb_default_dirs
 from rldiag.importers.wandb_log import LogStats
@@ -108,8 +108,8 @@ def resolve_offline_file(source: Path) -> Path:
     runs = sorted(p.name for p in source.iterdir() if p.is_dir() and (p.name.startswith(("offline-run-", "run-"))))
     if runs:
         shown = ", ".join(runs[-5:])
-        raise WandbImportError(f"{source} is a wandb folder with {len(runs)} runs; pass one run folder (e.g. {source / runs[-1]}; "
-                               f"latest: {shown})")
+        raise WandbImportError(f"{source} is a wandb folder with {len(runs)} runs; pass one run folder "
+                               f"(e.g. {source / runs[-1]}; latest: {shown})")
     raise WandbImportError(f"{source} holds no run-*.wandb file: pass a wandb/offline-run-* folder or its .wandb file")
 
 
@@ -195,8 +195,9 @@ def import_wandb(
     None when ``artifacts`` name the batches to import. ``api_factory(timeout=, base_url=)``
     replaces ``wandb.Api`` (tests). The wandb SDK is shut down (bounded, see
     :func:`~rldiag.importers.wandb_sdk.shutdown`) when the import ends, or later by whoever
-    ``defer(fn)`` hands ``fn`` to: the CLI reports the outcome first, then shuts down. Raises :class:`WandbImportError` when the source cannot be
-    read at all; partial damage (a torn file, missing artifact files) is in ``report.warnings``.
+    ``defer(fn)`` hands ``fn`` to: the CLI reports the outcome first, then shuts down. Raises
+    :class:`WandbImportError` when the source cannot be read at all; partial damage (a torn file,
+    missing artifact files) is in ``report.warnings``.
     """
     t0 = time.perf_counter()
     quiet_environment()

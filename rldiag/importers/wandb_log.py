@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rldiag.importers.errors import WandbImportError
+from rldiag.errors import WandbImportError
 
 WANDB_IDENT = b":W&B"
 WANDB_MAGIC = 0xBEE1

@@ -16,7 +16,7 @@ shown); tests pass a factory returning plain fake objects with the few attribute
   ``download(root=DIR)`` -> the downloaded file's path.
 
 Every failure of the API (no network, unknown run, bad key, timeout) becomes a
-:class:`~rldiag.importers.errors.WandbImportError` naming what was asked for; the key never
+:class:`~rldiag.errors.WandbImportError` naming what was asked for; the key never
 appears in a message.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rldiag.importers.errors import WandbImportError
+from rldiag.errors import WandbImportError
 from rldiag.importers.rundir_writer import RunDirWriter
 from rldiag.importers.wandb_artifacts import file_digest, step_of_name
 from rldiag.importers.wandb_records import ArtifactEntry, ArtifactInfo

@@ -19,8 +19,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
-from rldiag.importers.errors import WandbMissingError
+from rldiag.errors import RldiagError, WandbMissingError
 
 INSTALL_HINT = "the W&B importer needs the optional wandb package: pip install 'rldiag[wandb]'"
 
@@ -67,30 +68,46 @@ _started: subprocess.Popen | None = None
 _env_before: str | None = None
 
 
-def start_service() -> None:
+def started_service() -> subprocess.Popen | None:
+    """The wandb-core process :func:`start_service` started and :func:`shutdown` has not ended."""
+    return _started
+
+
+def _start_detached() -> subprocess.Popen:
+    """Start wandb-core detached through wandb's internal ``service_process`` module and put its
+    token in ``WANDB_SERVICE``. :class:`WandbMissingError` without wandb; any other exception
+    when that module is missing or the start fails."""
+    load_wandb()
+    from wandb.sdk import wandb_setup
+    from wandb.sdk.lib.service import service_process
+
+    proc = service_process.start_detached(wandb_setup.singleton().settings, idle_timeout=SERVICE_IDLE_TIMEOUT)
+    popen = proc._process  # the Popen handle: the only way to end it by its PID later
+    proc.token.save_to_env()
+    return popen
+
+
+def start_service(start: Callable[[], subprocess.Popen] = _start_detached) -> None:
     """Start the wandb-core service for this process, detached (its stdin, stdout and stderr on
     the null device, so a capturing parent never waits on it), unless one is already known through
     ``WANDB_SERVICE``. wandb's public API then connects to it as to an external service, and
     wandb's own teardown neither waits for it nor registers an exit-time hook for it.
 
-    Uses wandb's internal ``service_process`` module; where that is missing (another wandb
-    version) nothing is started and wandb starts its own service as usual.
+    ``start`` starts it and sets ``WANDB_SERVICE`` (tests pass a stand-in). The default uses
+    wandb's internal ``service_process`` module; where that is missing (another wandb version)
+    nothing is started and wandb starts its own service as usual.
     """
     global _started, _env_before
     if _started is not None or os.environ.get(_SERVICE_ENV):
         return
-    load_wandb()
+    env_before = os.environ.get(_SERVICE_ENV)
     try:
-        from wandb.sdk import wandb_setup
-        from wandb.sdk.lib.service import service_process
-
-        proc = service_process.start_detached(wandb_setup.singleton().settings, idle_timeout=SERVICE_IDLE_TIMEOUT)
-        popen = proc._process  # the Popen handle: the only way to end it by its PID later
-        _env_before = os.environ.get(_SERVICE_ENV)
-        proc.token.save_to_env()
+        popen = start()
+    except RldiagError:  # wandb is not installed: said as such
+        raise
     except Exception:  # noqa: BLE001 - another wandb's internals, or wandb-core could not start: then
         return  # wandb.Api starts (or fails to start) its own service and says so the usual way
-    _started = popen
+    _started, _env_before = popen, env_before
 
 
 def _teardown_within(deadline: float) -> None:

@@ -41,7 +41,7 @@ def _host() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
-def _start_time(pid: int) -> int | None:
+def process_start_time(pid: int) -> int | None:
     """The process's start time (clock ticks since boot) from ``/proc``; None where there is none
     (not Linux, or no such process)."""
     try:
@@ -54,7 +54,7 @@ def _start_time(pid: int) -> int | None:
 
 @cache
 def _owner_tag(pid: int) -> str:
-    return f"{_host()}-{pid}-{_start_time(pid) or 0}"
+    return f"{_host()}-{pid}-{process_start_time(pid) or 0}"
 
 
 def owner_tag() -> str:
@@ -76,7 +76,7 @@ def _alive(pid: int, start: int) -> bool:
         return False
     except PermissionError:
         pass  # another user's process: it exists
-    now = _start_time(pid)
+    now = process_start_time(pid)
     if now is None:  # a zombie (killed, not yet reaped), or no /proc: dead only if /proc says so
         return not os.path.exists(f"/proc/{pid}")
     return start == 0 or now == start

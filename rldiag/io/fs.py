@@ -23,6 +23,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TypeGuard
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -38,10 +39,10 @@ def is_uri(p: object) -> bool:
     if not isinstance(p, str):
         return False
     m = _URI.match(p)
-    return bool(m) and m.group(1).lower() != "file"
+    return m is not None and m.group(1).lower() != "file"
 
 
-def is_remote(p: object) -> bool:
+def is_remote(p: object) -> TypeGuard[RemotePath]:
     return isinstance(p, RemotePath)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,7 @@ from rldiag.engine.batch import TOKEN_FIELDS, Batch
 from rldiag.engine.layout import Rows, row_ids_of
 from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.arrays import parquet_file, to_numpy
-from rldiag.io.fs import arrow_source, open_input_file
+from rldiag.io.fs import RemotePath, arrow_source, open_input_file
 from rldiag.io.rundir import StepFile, step_number_problem
 from rldiag.io.schema import (
     BASE_NEED,
@@ -110,7 +111,7 @@ def columns_to_read(settings: Settings, names: list[str], sf: StepFile | None = 
     need = estimator_need(settings.estimator, settings)
     missing = BASE_NEED.missing(present) + need.missing(present)
     if missing:
-        where = {"file": str(sf.path), "step": sf.step} if sf is not None else {}
+        where: dict[str, Any] = {"file": str(sf.path), "step": sf.step} if sf is not None else {}
         raise MissingInputError(
             f"{settings.estimator} needs {', '.join(missing)}, missing", column=missing[0], **where
         )
@@ -150,8 +151,7 @@ def _ragged(col: pa.ChunkedArray | pa.Array, name: str, where: dict) -> Ragged:
     flat = pc.list_flatten(arr)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    if flat.null_count:
-        idx = _first_true(to_numpy(flat.is_null()))
+    if flat.null_count and (idx := _first_true(to_numpy(flat.is_null()))) is not None:
         row = int(np.searchsorted(offsets, idx, side="right") - 1)
         raise BatchError(f"token {idx - offsets[row]} is null", row=row, column=name, **where)
     if name in MASK_LIST_COLUMNS:
@@ -209,7 +209,7 @@ def validate_table(table: pa.Table, sf: StepFile) -> dict[str, Ragged]:
 
     Raises :class:`BatchError` naming file, step, row and column for the first problem.
     """
-    where = {"file": str(sf.path), "step": sf.step}
+    where: dict[str, Any] = {"file": str(sf.path), "step": sf.step}
     if (problem := step_number_problem(sf.step)) is not None:
         raise BatchError(problem, **where)
     if table.num_rows == 0:
@@ -281,7 +281,7 @@ class StepData:
     """One loaded step: the engine batch and what the outputs need to name rows."""
 
     step: int
-    file: Path
+    file: Path | RemotePath
     batch: Batch
     uids: pa.Array
     n_rows: int
@@ -302,7 +302,7 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
     offsets = torch.from_numpy(ragged["response_mask"].offsets)
     layout = Rows(offsets, row_ids_of(offsets))
     tensors = {name: _flat(r) for name, r in ragged.items()}
-    where = {"file": str(sf.path), "step": sf.step}
+    where: dict[str, Any] = {"file": str(sf.path), "step": sf.step}
     if "token_level_scores" not in tensors:
         score = torch.from_numpy(_scalar(table["score"], "score", "float", where).astype(np.float32))
         scores = torch.zeros(total, dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""Scenario outputs (CONTRACT section 4): ``metrics.parquet``, ``tokens/step_<N>.parquet``,
+"""Scenario outputs (docs/run-directory.md, "A scenario"): ``metrics.parquet``, ``tokens/step_<N>.parquet``,
 ``scenario.json``; and reading them back."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from typing import TYPE_CHECKING
 
 from rldiag.errors import OutputError, RunDirError
 from rldiag.io.arrays import floats_or_null, from_numpy, read_parquet
@@ -64,7 +63,7 @@ def tokens_table(tokens: dict[str, torch.Tensor], lengths: torch.Tensor, row_off
             continue
         flat = t.detach().cpu()
         if flat.shape != (total,):
-            raise ValueError(f"token output {name!r} has shape {tuple(flat.shape)}, expected ({total},)")
+            raise OutputError(f"token output {name!r} has shape {tuple(flat.shape)}, expected ({total},)")
         if name == "response_mask":
             values = from_numpy(flat.to(torch.int8).numpy())
         else:
@@ -121,7 +120,10 @@ def read_scenario(run_path: Path, name: str) -> tuple[dict, pa.Table]:
     if is_remote(d):
         return _read_remote_scenario(d)
     meta = json.loads((d / "scenario.json").read_text())
-    table = read_parquet(str(d / "metrics.parquet")) if (d / "metrics.parquet").is_file() else pa.table({"step": from_numpy(np.zeros(0, dtype=np.int64))})
+    if (d / "metrics.parquet").is_file():
+        table = read_parquet(str(d / "metrics.parquet"))
+    else:
+        table = pa.table({"step": from_numpy(np.zeros(0, dtype=np.int64))})
     return meta, table
 
 

@@ -1,4 +1,4 @@
-"""The run directory (CONTRACT section 1)::
+"""The run directory (docs/run-directory.md)::
 
     RUN/
       run.yaml | config.yaml | .hydra/config.yaml   optional training config
@@ -54,23 +54,24 @@ class RunDir:
             raise RunDirError(f"{self.path} is not a directory")
 
     @property
-    def batches_dir(self) -> Path:
+    def batches_dir(self) -> Path | RemotePath:
         return self.path / "batches"
 
     @property
-    def output_dir(self) -> Path:
+    def output_dir(self) -> Path | RemotePath:
         return self.path / "rldiag"
 
     @property
-    def metrics_file(self) -> Path:
+    def metrics_file(self) -> Path | RemotePath:
         return self.path / "metrics.jsonl"
 
     def step_files(self) -> list[StepFile]:
         """Every batch file, sorted by step. Two files for one step is an error naming both."""
         if not self.batches_dir.is_dir():
             return []
-        by_step: dict[int, Path] = {}
-        for p in sorted(self.batches_dir.iterdir()):
+        by_step: dict[int, Path | RemotePath] = {}
+        entries: list[Path | RemotePath] = list(self.batches_dir.iterdir())
+        for p in sorted(entries, key=lambda e: e.name):
             m = STEP_FILE.match(p.name)
             if not m or not p.is_file():
                 continue

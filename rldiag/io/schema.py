@@ -1,4 +1,4 @@
-"""The batch schema (CONTRACT section 2) and what each algorithm needs from it."""
+"""The batch schema (docs/run-directory.md, "One batch file") and what each algorithm needs from it."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def estimator_optional(name: str) -> tuple[str, ...]:
     return tuple(ESTIMATORS.meta(name).optional)
 
 
-#: What each optional metric family needs (CONTRACT section 5).
+#: What each optional metric family needs (docs/run-directory.md, "Metric names").
 METRIC_NEEDS = {
     "actor/* (pg_loss, pg_clipfrac, ppo_kl)": Need(all_of=("old_log_probs", "log_probs")),
     "actor/entropy_loss": Need(all_of=("entropy",)),

@@ -81,7 +81,8 @@ class Batches:
     def _open(self, sf: StepFile) -> BatchSource:
         if sf.format == "parquet":
             cols = self.db.rows(
-                "SELECT column_name FROM (DESCRIBE SELECT * FROM read_parquet(?, hive_partitioning = false))", [str(sf.path)], where=str(sf.path)
+                "SELECT column_name FROM (DESCRIBE SELECT * FROM read_parquet(?, hive_partitioning = false))",
+                [str(sf.path)], where=str(sf.path),
             )
             return BatchSource(
                 step=sf.step,

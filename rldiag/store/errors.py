@@ -1,9 +1,7 @@
-"""The store's error: a query over the run's files that cannot be answered."""
+"""The store's error, defined with the others in :mod:`rldiag.errors` (re-exported here)."""
 
 from __future__ import annotations
 
-from rldiag.errors import RldiagError
+from rldiag.errors import StoreError
 
-
-class StoreError(RldiagError):
-    """A file of the run cannot be queried (unreadable, malformed, or still being written)."""
+__all__ = ["StoreError"]

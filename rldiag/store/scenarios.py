@@ -124,7 +124,8 @@ class Scenarios:
 def typed_columns_of(db: Db, path: Path) -> list[tuple[str, str]]:
     """Top-level ``(name, DuckDB type)`` of a Parquet file's columns."""
     return [tuple(r) for r in db.rows(
-        "SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM read_parquet(?, hive_partitioning = false))", [str(path)], where=str(path)
+        "SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM read_parquet(?, hive_partitioning = false))",
+        [str(path)], where=str(path),
     )]
 
 

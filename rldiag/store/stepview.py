@@ -150,7 +150,8 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
                avg(score_total) FILTER (WHERE isfinite(score_total)),
                count(*) FILTER (WHERE NOT isfinite(score_total) OR score_total IS NULL),
                count(*) FILTER (WHERE score_total = 0),
-               count(*) FILTER (WHERE score_scalar IS NOT NULL AND abs(score_total - score_scalar) > 1e-6 * (1 + abs(score_scalar))),
+               count(*) FILTER (WHERE score_scalar IS NOT NULL
+                                AND abs(score_total - score_scalar) > 1e-6 * (1 + abs(score_scalar))),
                count(*) FILTER (WHERE actor_tokens = 0),
                count(*) FILTER (WHERE tool_tokens > 0),
                coalesce(sum(tool_tokens), 0), coalesce(sum(actor_tokens), 0),
@@ -208,7 +209,8 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
             f"""
             SELECT count(*), avg(a) FILTER (WHERE isfinite(a)), stddev_samp(a) FILTER (WHERE isfinite(a)),
                    avg((a > 0)::INTEGER), count(*) FILTER (WHERE NOT isfinite(a))
-            FROM (SELECT unnest(advantages) AS a, unnest({INT_MASK}) AS m FROM read_parquet(?, hive_partitioning = false)) WHERE m = 1
+            FROM (SELECT unnest(advantages) AS a, unnest({INT_MASK}) AS m
+                  FROM read_parquet(?, hive_partitioning = false)) WHERE m = 1
             """,
             [str(path)], where=str(path),
         )[0]
@@ -244,7 +246,8 @@ def row_tokens(db: Db, src: BatchSource, row: int, tokens: tuple[Path, list[str]
     path, cols = tokens
     have = [c for c in TOKEN_STRIPS if c in cols]
     sel = ", ".join([f"{INT_MASK} AS post_mask"] + [quote_ident(c) for c in have])
-    got = db.rows(f"SELECT {sel} FROM read_parquet(?, hive_partitioning = false) WHERE row = ?", [str(path), row], where=str(path))
+    got = db.rows(f"SELECT {sel} FROM read_parquet(?, hive_partitioning = false) WHERE row = ?", [str(path), row],
+                  where=str(path))
     if got:
         out["post_mask"] = list(got[0][0])
         for c, v in zip(have, got[0][1:]):

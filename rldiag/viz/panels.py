@@ -64,7 +64,8 @@ def overlap_note(pairs: list[tuple[str, str, list[str]]], limit: int = 3) -> str
         return None
     parts = []
     for a, b, metrics in pairs:
-        shown = ", ".join(f"`{m}`" for m in metrics[:limit]) + (f" and {len(metrics) - limit} more" if len(metrics) > limit else "")
+        more = f" and {len(metrics) - limit} more" if len(metrics) > limit else ""
+        shown = ", ".join(f"`{m}`" for m in metrics[:limit]) + more
         parts.append(f"**{a}** and **{b}** are identical on {shown}")
     return "; ".join(parts) + ": one line lies exactly on the other."
 

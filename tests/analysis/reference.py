@@ -51,13 +51,13 @@ def outcome_advantages(rows: list[dict], estimator: str, norm_by_std: bool) -> l
 
 def _agg(losses: list[list[float]], masks: list[list[int]], mode: str) -> float:
     if mode == "token-mean":
-        num = sum(l * m for row, mrow in zip(losses, masks) for l, m in zip(row, mrow))
+        num = sum(x * m for row, mrow in zip(losses, masks) for x, m in zip(row, mrow))
         return num / sum(sum(m) for m in masks)
     if mode == "seq-mean-token-mean":
         per = []
         for row, mrow in zip(losses, masks):
             cnt = sum(mrow)
-            per.append(sum(l * m for l, m in zip(row, mrow)) / cnt if cnt else 0.0)
+            per.append(sum(x * m for x, m in zip(row, mrow)) / cnt if cnt else 0.0)
         return sum(per) / len(per)
     raise ValueError(mode)
 

@@ -84,7 +84,8 @@ def test_estimator_pairs_match_numpy(tmp_path, capsys):
     deltas = pq.read_table(out / "metrics.parquet").to_pylist()
     d = {(r["step"], r["metric"]): r["delta"] for r in deltas}
     for ra, rb in zip(ma, mb):
-        assert d[(ra["step"], "critic/advantages/mean")] == pytest.approx(rb["critic/advantages/mean"] - ra["critic/advantages/mean"])
+        want = rb["critic/advantages/mean"] - ra["critic/advantages/mean"]
+        assert d[(ra["step"], "critic/advantages/mean")] == pytest.approx(want)
     meta = json.loads((out / "comparison.json").read_text())
     assert meta["settings_b"]["algorithm.adv_estimator"] == "gae" and meta["token_steps"] == [1, 2, 3]
 

@@ -13,7 +13,6 @@ import yaml
 from rldiag.analysis.tolerance import Tol, Tolerances
 from rldiag.analysis.verify import verify_run
 from rldiag.cli.main import main
-from rldiag.config.settings import DEFAULTS
 from tests.analysis.reference import logged_step, rewrite_column, write_logged_run
 
 TOKEN_FIELDS = {"token_level_rewards", "advantages", "returns"}
@@ -83,7 +82,6 @@ def test_overrides_confirm_a_candidate(tmp_path):
     assert main(["verify", str(root), "--set", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]) == 0
 
 
-@pytest.mark.skipif("rldiag.micro_batch_size" not in DEFAULTS, reason="micro-batch emulation not available")
 def test_micro_batch_averaged_clipfrac_is_named(tmp_path):
     root = write_logged_run(tmp_path / "run", steps=2, seed=7, drift=0.3)
     lines = []

@@ -6,9 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from rldiag.analysis import agreement, compare as compare_mod
+from rldiag.analysis import agreement
+from rldiag.analysis import compare as compare_mod
 from rldiag.analysis.compare import compare, comparison_dir
 from rldiag.analysis.weights import ROW_FACTORS, effective_weights, weights_by_autograd
 from rldiag.config.settings import resolve_settings

@@ -115,7 +115,7 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
     m = browser_run / "metrics.jsonl"
     with m.open("a") as fh:
         fh.write(json.dumps({"step": latest + 1, "data": {"critic/score/mean": 0.5, "actor/pg_clipfrac": 0.1}}) + "\n")
-        fh.write('{"step": %d, "data": {"critic/score/mean": 0.' % (latest + 2))
+        fh.write(f'{{"step": {latest + 2}, "data": {{"critic/score/mean": 0.')
     pg.get_by_text(f"Latest logged step {latest + 1}", exact=False).wait_for()
     pg.wait_for_function(f"() => {LOGGED_X}.includes({latest + 1})")
     assert latest + 2 not in _logged_x(pg)

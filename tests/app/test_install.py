@@ -61,7 +61,7 @@ def test_rldiag_app_from_a_wheel_install_on_the_bundled_sample(installed, tmp_pa
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = dict(os.environ, RLDIAG_HOME=str(tmp_path / "home"), PYTHONPATH="")
-    probe = f"""
+    probe = """
 import json, shlex, subprocess, sys
 import rldiag, rldiag.app
 from rldiag.viz import runs

@@ -92,7 +92,7 @@ def test_lines_appended_to_metrics_jsonl_appear(app_run):
     at.run()
     assert not at.exception
     assert "Latest logged step **5** (5 steps)" in _status(at)
-    spec = charts(at)[0]
+    assert charts(at)
     score_panel = [t for t in _panels(at)["critic/score/mean"]["data"] if t["name"] == "logged"][0]
     assert score_panel["x"][-1] == 5 and score_panel["y"][-1] == 0.77
     with m.open("a") as fh:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from rldiag.recompute import recompute
-import pytest
 from pathlib import Path
 
+import pytest
+
+from rldiag.recompute import recompute
 from rldiag.viz import runs
 from rldiag.viz.runs import default_run
 from tests.app.helpers import charts, open_app, subplot_titles

@@ -56,3 +56,9 @@ def test_the_table_per_release():
 def test_unknown_change_key_is_an_error():
     with pytest.raises(KeyError, match="known"):
         has({}, "nope")
+
+
+def test_every_release_is_its_own_canonical_form():
+    # each release's numbers are readable, so that every comparison between versions is defined
+    assert [canonical(r) for r in RELEASES] == list(RELEASES)
+    assert canonical("0.9.2") == "0.9.1" and canonical("0.10.3") == SNAPSHOT

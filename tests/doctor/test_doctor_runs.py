@@ -10,7 +10,6 @@ import pytest
 
 from rldiag.cli.main import main
 from rldiag.doctor import diagnose
-from rldiag.engine.advantage import ESTIMATORS
 from tests.doctor.runs import MAX_LEN, healthy_logs, write_run
 
 
@@ -137,7 +136,6 @@ def test_planted_problem_gives_its_alarm(tmp_path, name, kwargs, expected, exact
             assert f.evidence.trend["steps"] >= 1
 
 
-@pytest.mark.skipif("reinforce_plus_plus" not in ESTIMATORS, reason="reinforce_plus_plus not registered")
 def test_reinforce_pp_credit_cut(tmp_path):
     cfg = {"algorithm": {"adv_estimator": "reinforce_plus_plus"}}
     cut = diagnose(write_run(tmp_path / "cut", config=cfg, tool_prob=0.8, steps=3))

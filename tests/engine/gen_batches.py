@@ -123,8 +123,8 @@ def step_norm(steps, sid, *, given_tokens=None, given_rows=True, scale=None) -> 
     loss_mask larger than the mask), ``global_batch_size`` = rows (or None), horizon = longest row."""
     counts = [float(sum(map(sum, d["mask"]))) for d in steps]
     return AggNorm(
-        step_ids=sid,
-        n_steps=len(steps),
+        seg_ids=sid,
+        n_seg=len(steps),
         horizon=torch.tensor([max(d["lengths"]) for d in steps]),
         rows=layout(steps),
         batch_num_tokens=None if given_tokens is None else torch.tensor([c + given_tokens for c in counts]),

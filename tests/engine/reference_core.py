@@ -1,5 +1,6 @@
 """Straightforward reference implementations (Python loops over rows and time, one step),
-written from the formulas of the seeds, to check the vectorised engine against."""
+written from the formulas of verl/trainer/ppo/core_algos.py and the papers, to check the vectorised
+engine against."""
 
 from __future__ import annotations
 

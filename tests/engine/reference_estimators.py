@@ -1,8 +1,8 @@
-"""Straightforward reference implementations of verl's (and seed 000's) advantage estimators,
+"""Straightforward reference implementations of verl's (and Claw-R1's agentic) advantage estimators,
 one training step at a time, the way the trainer code does it: Python loops over groups, rows,
 trajectories and token positions, group statistics with ``torch.mean`` / ``torch.std`` of the
-stacked group, float32 tensors. Written from the formulas of the seeds and verl's documented
-behaviour, to check the vectorised engine against.
+stacked group, float32 tensors. Written from the formulas of verl's core_algos.py, the papers and
+verl's documented behaviour, to check the vectorised engine against.
 
 Every function takes the step's padded ``(rows, W)`` float32 tensors and per-row Python lists and
 returns ``(advantages, returns)``; where the trainer raises, these raise ``ValueError``.
@@ -304,7 +304,7 @@ def tir_optimal_token_baseline(rewards, mask, uids, old_lp, spp):
     return adv * mask, returns
 
 
-# ---- agentic estimators (seed 000) -----------------------------------------------------------
+# ---- agentic estimators (Claw-R1) ------------------------------------------------------------
 
 
 def step_gae(rewards, mask, values, traj, step_idx, gamma, lam):

@@ -55,7 +55,7 @@ def _div(a, b):
 
 def agg_ref(loss, mask, mode, norm: Norm):
     """verl's agg_loss with dp_size 1."""
-    row_sums = [sum(l for l, m in zip(lr, mr) if m) for lr, mr in zip(loss, mask)]
+    row_sums = [sum(x for x, m in zip(lr, mr) if m) for lr, mr in zip(loss, mask)]
     counts = [sum(mr) for mr in mask]
     if mode == "token-mean":
         n = norm.batch_num_tokens if norm.batch_num_tokens is not None else sum(counts)
@@ -97,7 +97,7 @@ def _tok(old, new, adv, mask, fn):
 def _apply_w(losses, w):
     if w is None:
         return losses
-    return [[l * x for l, x in zip(lr, wr)] for lr, wr in zip(losses, w)]
+    return [[v * x for v, x in zip(lr, wr)] for lr, wr in zip(losses, w)]
 
 
 def vanilla_ref(old, new, adv, mask, cfg: Cfg, w=None):
@@ -247,7 +247,7 @@ def geo_mean_ref(old, new, adv, mask, cfg: Cfg, w=None):
         clip_hi.append(chr_)
         clip_lo.append(clr)
     kl = _tok(old, new, adv, mask, lambda o, n, a: o - n)
-    losses = [[l * m for m in mrow] for l, mrow in zip(row_losses, mask)]
+    losses = [[v * m for m in mrow] for v, mrow in zip(row_losses, mask)]
     return losses, sum(row_losses) / len(row_losses), {
         "actor/pg_clipfrac": masked_mean(clip_hi, mask), "actor/ppo_kl": masked_mean(kl, mask),
         "actor/pg_clipfrac_lower": masked_mean(clip_lo, mask),

@@ -1,4 +1,4 @@
-"""The agentic estimators of seed 000 (Claw-R1): step_gae, token_gae_cross_step, traj_grpo.
+"""The agentic estimators of Claw-R1 (claw_r1/core_algos.py): step_gae, token_gae_cross_step, traj_grpo.
 Worked examples, input errors, and property tests against per-trajectory reference loops."""
 
 from __future__ import annotations

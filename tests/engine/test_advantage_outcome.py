@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rldiag.errors import ConfigError, MissingInputError
+from tests.conftest import make_batch
 from tests.engine import reference_estimators as ref
 from tests.engine.advantage_cases import HS, cases, check_against, run, settings_for
-from tests.conftest import make_batch
 
-A = 0.5 / (0.5 + 1e-6)  # seed 002 s7.2: (1 - 0.5) / (0.5 + 1e-6)
+A = 0.5 / (0.5 + 1e-6)  # GRPO of {1, 0, 0.5}: (1 - 0.5) / (0.5 + 1e-6)
 H = 0.5 / (math.sqrt(0.5) + 1e-6)  # a group of two scores {1, 0}: (1 - 0.5) / (0.7071 + 1e-6)
 
 

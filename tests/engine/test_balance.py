@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine.balance import balanced_partitions, balanced_positions, workload
 from rldiag.engine.microbatch import segmentation_for
@@ -20,7 +22,8 @@ def test_four_rows_over_two_ranks():
 
 
 @hsettings(max_examples=60, deadline=None)
-@given(st.integers(1, 4).flatmap(lambda k: st.tuples(st.just(k), st.lists(st.integers(1, 5000), min_size=1, max_size=10).map(lambda xs: xs * k))))
+@given(st.integers(1, 4).flatmap(
+    lambda k: st.tuples(st.just(k), st.lists(st.integers(1, 5000), min_size=1, max_size=10).map(lambda xs: xs * k))))
 def test_partitions_are_equal_size_and_cover_every_row(case):
     k, loads = case
     parts = balanced_partitions(loads, k)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine.batch import Batch, pack
 from rldiag.engine.pipeline import recompute_batch
@@ -35,7 +37,7 @@ def step_data(draw, min_rows=2, max_rows=9, max_len=12):
         mask[-2] = [1] * lengths[-2]
     equal = draw(st.booleans())
     scores = []
-    for L, u in zip(lengths, uids):
+    for L in lengths:
         s = [0.0] * L
         s[-1] = 1.0 if equal else float(rng.integers(0, 3))
         if rng.random() < 0.3:
@@ -111,7 +113,7 @@ def test_vanilla_matches_reference(d, clips):
     m = [x for row in d["mask"] for x in row]
     flat_l = [x for row in losses for x in row]
     n = sum(m)
-    token_mean = sum(l * k for l, k in zip(flat_l, m)) / n
+    token_mean = sum(v * k for v, k in zip(flat_l, m)) / n
     assert r.metrics["actor/pg_loss"].item() == pytest.approx(token_mean, rel=1e-4, abs=1e-5)
     clipfrac = sum(c_ * k for c_, k in zip((x for row in clipped for x in row), m)) / (n + 1e-8)
     assert r.metrics["actor/pg_clipfrac"].item() == pytest.approx(clipfrac, rel=1e-5, abs=1e-6)

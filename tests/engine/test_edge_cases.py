@@ -19,7 +19,7 @@ def test_all_equal_group_gives_zero_advantage_and_no_nan():
 
 
 def test_fully_masked_row_gets_zero_grpo_advantage_but_its_score_counts():
-    # the masked row's reward still enters the group mean (seed 002 section 7.3)
+    # the masked row's reward still enters the group mean (compute_grpo_outcome_advantage sums scores unmasked)
     b = make_batch(scores=[[1.0, 0], [0.0, 0], [0, 0.0]], mask=[[1, 1], [1, 1], [0, 0]], uids=["g"] * 3)
     r = recompute_padded(b, settings(estimator="rloo"))
     adv = r.tokens["advantages"]

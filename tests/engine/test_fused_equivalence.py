@@ -8,14 +8,16 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, assume, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
+from rldiag.engine.advantage import gae_scan
 from rldiag.engine.aggregation import AggNorm
 from rldiag.engine.critic import value_loss
 from rldiag.engine.kl import k3_from_diff, kl_estimate, kl_k3, kl_row_sums
 from rldiag.engine.metrics import signal_metrics
 from rldiag.engine.policy_loss.clip import ppo_terms
-from rldiag.engine.advantage import gae_scan
 from tests.conftest import make_batch
 from tests.engine.packing import to_packed, to_padded
 from tests.engine.reference_core import gae_loop
@@ -212,7 +214,7 @@ def _critic_inputs(rows, T, seed, n_steps):
 
 def _norm(step_ids, n_steps, T, rows):
     layout = to_packed(torch.zeros(rows, T), [T] * rows)[1]
-    return AggNorm(step_ids=step_ids, n_steps=n_steps, horizon=torch.full((n_steps,), T), rows=layout)
+    return AggNorm(seg_ids=step_ids, n_seg=n_steps, horizon=torch.full((n_steps,), T), rows=layout)
 
 
 def _value_loss_packed(vpreds, values, returns, mask, c, norm):
@@ -232,7 +234,7 @@ def test_value_loss_equals_verl(rows, T, seed, n_steps, c):
     got = _value_loss_packed(vpreds, values, returns, mask, c, norm)
     for t, b in zip((vpreds, values, returns, mask), before):
         assert torch.equal(t, b)  # inputs untouched
-    want = verl_value_loss(vpreds, values, returns, mask, c, norm.step_ids, n_steps)
+    want = verl_value_loss(vpreds, values, returns, mask, c, norm.seg_ids, n_steps)
     for k, v in want.items():
         assert got[k].shape == (n_steps,)
         torch.testing.assert_close(got[k].double(), v, rtol=1e-5, atol=1e-6, msg=k)
@@ -246,7 +248,7 @@ def test_value_loss_examples(c):
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     norm = _norm(torch.zeros(1, dtype=torch.long), 1, 4, 1)
     got = _value_loss_packed(vpreds, values, returns, mask, c, norm)
-    want = verl_value_loss(vpreds, values, returns, mask, c, norm.step_ids, 1)
+    want = verl_value_loss(vpreds, values, returns, mask, c, norm.seg_ids, 1)
     for k, v in want.items():
         torch.testing.assert_close(got[k].double(), v, rtol=1e-6, atol=1e-7, msg=k)
     if c == 0.2:

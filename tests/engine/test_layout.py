@@ -6,7 +6,9 @@ from __future__ import annotations
 from unittest.mock import patch
 
 import torch
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine import scan
 from rldiag.engine.layout import Rows

@@ -8,7 +8,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, assume, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine.microbatch import segment_rows
 from rldiag.engine.pipeline import recompute_batch
@@ -179,5 +181,6 @@ def test_seq_mean_token_sum_norm_divides_by_the_micro_batch_width_in_v1_and_the_
     assert v1 == pytest.approx(-a * 1 / 2 / 1 + a * 2 / 2 / 3, rel=1e-5)  # widths 1 and 3
     legacy = recompute_batch(b, settings(estimator="grpo", **base, **{"trainer.use_v1": False})).metrics["actor/pg_loss"].item()
     assert legacy == pytest.approx((-a * 1 + a * 2) / 2 / 8, rel=1e-5)
-    old = recompute_batch(b, settings(estimator="grpo", **base, **{"rldiag.verl_version": "0.8.0"})).metrics["actor/pg_loss"].item()
+    old_settings = settings(estimator="grpo", **base, **{"rldiag.verl_version": "0.8.0"})
+    old = recompute_batch(b, old_settings).metrics["actor/pg_loss"].item()
     assert old == pytest.approx(legacy, rel=1e-6)  # verl 0.8.0 has only the legacy trainer

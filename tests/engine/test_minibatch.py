@@ -8,7 +8,6 @@ import torch
 
 from rldiag.engine.microbatch import segment_rows
 from rldiag.errors import ConfigError
-from rldiag.engine.pipeline import recompute_batch
 from tests.conftest import make_batch, settings
 from tests.engine.packing import recompute_padded
 

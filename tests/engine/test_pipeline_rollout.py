@@ -1,4 +1,4 @@
-"""The V1 order of operations with rollout correction (seed 002 sections 1.1 and 4), bypass mode,
+"""The V1 order of operations with rollout correction (verl v1/trainer_base.py _compute_advantage), bypass mode,
 IS weights in the loss, token-mean denominators, and the critic's micro-batch-local loss."""
 
 from __future__ import annotations
@@ -7,14 +7,16 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine.batch import pack
-
 from rldiag.engine.rollout_correction import parse_rs
 from rldiag.errors import MissingInputError
 from tests.conftest import make_batch, settings
-from tests.engine import reference_core, reference_losses as ref
+from tests.engine import reference_core
+from tests.engine import reference_losses as ref
 from tests.engine.gen_batches import batch_of, flat, loss_step, unpad
 from tests.engine.packing import full_rows, recompute_padded
 

@@ -24,7 +24,7 @@ def run(loss, old, new, adv, mask=None, agg="token-mean", w=None, n_tokens=None,
     w_t = None if w is None else torch.tensor(w, dtype=torch.float32)
     (old_t, new_t, adv_t, mask_t, w_t), layout = full_rows(old_t, new_t, adv_t, mask_t, w_t)
     norm = AggNorm(
-        step_ids=torch.zeros(n_rows, dtype=torch.long), n_steps=1, horizon=torch.tensor([width]), rows=layout,
+        seg_ids=torch.zeros(n_rows, dtype=torch.long), n_seg=1, horizon=torch.tensor([width]), rows=layout,
         batch_num_tokens=None if n_tokens is None else torch.tensor([float(n_tokens)]),
     )
     s = settings(agg=agg, **kw)
@@ -47,7 +47,7 @@ def test_every_loss_mode_is_registered():
 
 
 def test_vanilla_is_weights_multiply_the_clipped_loss():
-    # seed 001 s3.1: ratio e^0.2 = 1.221, A = +1 -> clipped loss -1.2; IS weight 0.5 -> -0.6
+    # compute_policy_loss_vanilla: ratio e^0.2 = 1.221, A = +1 -> clipped loss -1.2; IS weight 0.5 -> -0.6
     out, m = run("vanilla", [[-1.2]], [[-1.0]], [[1.0]], w=[[0.5]])
     assert out.pg_loss.item() == pytest.approx(-0.6, rel=1e-6)
     assert m["actor/pg_clipfrac"] == pytest.approx(1.0, abs=1e-7)  # metrics ignore the weights

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, assume, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine.policy_loss import PolicyLossInput, policy_loss
 from tests.conftest import settings

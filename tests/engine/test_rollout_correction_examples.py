@@ -1,4 +1,4 @@
-"""Hand-checkable rollout-correction examples (seed 004 section 4; verl's rollout_corr_helper)."""
+"""Hand-checkable rollout-correction examples (verl's verl/trainer/ppo/rollout_corr_helper.py)."""
 
 from __future__ import annotations
 

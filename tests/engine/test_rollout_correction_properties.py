@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine.rollout_correction import ZERO_WEIGHTS_MESSAGE, CorrectionConfig, correct, parse_rs
 from tests.engine import reference_losses as ref

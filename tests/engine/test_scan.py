@@ -4,7 +4,9 @@ loops' numbers on padded rows, through the packed layout."""
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine.advantage import base as advantage
 from rldiag.engine.scan import segmented_reverse_linear_scan
@@ -25,7 +27,8 @@ def test_scan_equals_loop(rows, T, seed):
 
 
 @hsettings(max_examples=25, deadline=None)
-@given(st.integers(1, 6), st.integers(1, 70), st.integers(0, 10_000), st.sampled_from([(1.0, 1.0), (1.0, 0.95), (0.99, 0.0), (0.5, 0.7), (0.3, 0.01)]))
+@given(st.integers(1, 6), st.integers(1, 70), st.integers(0, 10_000),
+       st.sampled_from([(1.0, 1.0), (1.0, 0.95), (0.99, 0.0), (0.5, 0.7), (0.3, 0.01)]))
 def test_gae_and_reward_to_go_equal_the_loops(rows, T, seed, gl):
     g = torch.Generator().manual_seed(seed)
     r = torch.randn(rows, T, generator=g)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from rldiag.engine import kernels, segments
 from tests.engine.packing import to_packed

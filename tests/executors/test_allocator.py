@@ -12,11 +12,22 @@ import pytest
 import torch
 
 from rldiag.executors import allocator
-from rldiag.executors.allocator import engine_threads, tune_host_allocator, usable_cores
+from rldiag.executors.allocator import engine_threads, tune_host_allocator, tuning_enabled, usable_cores
 
 ROOT = Path(__file__).resolve().parents[2]
 
 _PROBE = "from rldiag.executors.allocator import tune_host_allocator as t; a = t(); b = t(); print(a, b)"
+_OFF = ["0", "false", "OFF", " no ", "Off "]
+
+
+@pytest.fixture
+def fresh_tuning(monkeypatch):
+    """tune_host_allocator as in a new process: its kept answer forgotten before and after (the
+    next caller then applies the settings again: mallopt with the same values changes nothing)."""
+    monkeypatch.delenv("RLDIAG_MALLOC_TUNING", raising=False)
+    tune_host_allocator.cache_clear()
+    yield monkeypatch
+    tune_host_allocator.cache_clear()
 
 
 @pytest.fixture
@@ -38,24 +49,18 @@ def _probe(env_value: str | None) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_tune_host_allocator_applies_once_and_caches():
-    if os.environ.get("RLDIAG_MALLOC_TUNING", "1").strip().lower() in ("0", "false", "no", "off"):
-        pytest.skip("tuning disabled in this environment")
-    first = tune_host_allocator()
-    assert first is True
-    assert allocator._tuned is True
+def test_tune_host_allocator_applies_on_glibc_and_keeps_its_answer(fresh_tuning):
     assert tune_host_allocator() is True
-    assert allocator._tuned is True
+    # the environment is read by the first call only: an opt-out afterwards changes nothing
+    fresh_tuning.setenv("RLDIAG_MALLOC_TUNING", "0")
+    assert tune_host_allocator() is True
 
 
-def test_tune_host_allocator_returns_cached_value(monkeypatch):
-    # the cache decides, not the environment: a cached False stays False even if tuning is allowed
-    monkeypatch.setattr(allocator, "_tuned", False)
-    monkeypatch.delenv("RLDIAG_MALLOC_TUNING", raising=False)
+def test_an_opt_out_read_first_is_kept(fresh_tuning):
+    fresh_tuning.setenv("RLDIAG_MALLOC_TUNING", "0")
     assert tune_host_allocator() is False
-    monkeypatch.setattr(allocator, "_tuned", True)
-    monkeypatch.setenv("RLDIAG_MALLOC_TUNING", "0")
-    assert tune_host_allocator() is True
+    fresh_tuning.delenv("RLDIAG_MALLOC_TUNING")
+    assert tune_host_allocator() is False
 
 
 @pytest.mark.slow
@@ -69,15 +74,16 @@ def test_tune_host_allocator_fresh_process_opt_out():
     assert _probe("0") == "False False"
 
 
-@pytest.mark.parametrize("off", ["0", "false", "OFF", " no ", "Off "])
-def test_tune_host_allocator_opt_out_spellings(monkeypatch, off):
-    # in this process, with the cache cleared (monkeypatch restores it afterwards)
-    monkeypatch.setattr(allocator, "_tuned", None)
-    monkeypatch.setenv("RLDIAG_MALLOC_TUNING", off)
+@pytest.mark.parametrize("off", _OFF)
+def test_tune_host_allocator_opt_out_spellings(fresh_tuning, off):
+    assert tuning_enabled({"RLDIAG_MALLOC_TUNING": off}) is False
+    fresh_tuning.setenv("RLDIAG_MALLOC_TUNING", off)
     assert tune_host_allocator() is False
-    assert allocator._tuned is False
-    monkeypatch.setenv("RLDIAG_MALLOC_TUNING", "1")
-    assert tune_host_allocator() is False  # cached: the environment is read once
+
+
+@pytest.mark.parametrize("on", [None, "1", "true", "yes", "", "on"])
+def test_tuning_enabled_unless_opted_out(on):
+    assert tuning_enabled({} if on is None else {"RLDIAG_MALLOC_TUNING": on}) is True
 
 
 def test_engine_threads_cpu_leaves_one_core(torch_threads):

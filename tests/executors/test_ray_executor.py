@@ -20,7 +20,7 @@ from rldiag.cli.main import main  # noqa: E402
 from rldiag.config.settings import resolve_settings  # noqa: E402
 from rldiag.errors import ConfigError, ExecutorError, StorageError  # noqa: E402
 from rldiag.executors import Plan  # noqa: E402
-from rldiag.executors.ray_cluster import RayExecutor  # noqa: E402
+from rldiag.executors.ray_cluster import RayExecutor, task_options  # noqa: E402
 from rldiag.executors.steps import Job, StepTask  # noqa: E402
 from rldiag.io.outputs import read_scenario  # noqa: E402
 from rldiag.recompute import recompute  # noqa: E402
@@ -139,9 +139,9 @@ def test_cuda_on_a_cluster_without_gpus_is_a_config_error(cluster, run):
     with pytest.raises(ConfigError, match="no GPU"):
         recompute(run, name="g", executor="ray", device="cuda")
     ex = RayExecutor(gpus_per_task=0.5)
-    assert ex.start("auto") == "cpu" and ex._options() == {"num_cpus": 1.0, "num_gpus": 0}
-    ex._device = "cuda"  # what start() picks on a cluster with GPUs
-    assert ex._options() == {"num_cpus": 1.0, "num_gpus": 0.5}
+    assert ex.start("auto") == "cpu" and ex.task_options() == {"num_cpus": 1.0, "num_gpus": 0}
+    # what start() picks on a cluster with GPUs
+    assert task_options("cuda", 1.0, 0.5) == {"num_cpus": 1.0, "num_gpus": 0.5}
 
 
 def test_task_errors_reach_the_driver(cluster, run):

@@ -131,7 +131,8 @@ def test_header_checks(tmp_path):
 
 
 def test_values():
-    assert flatten_row({"_step": 3, "a/b": 1, "val": {"acc": 0.5, "r": {"m": 2}}, "img": {"_type": "image-file", "path": "x"}}) == {
+    row = {"_step": 3, "a/b": 1, "val": {"acc": 0.5, "r": {"m": 2}}, "img": {"_type": "image-file", "path": "x"}}
+    assert flatten_row(row) == {
         "_step": 3, "a/b": 1, "val.acc": 0.5, "val.r.m": 2, "img": {"_type": "image-file", "path": "x"}}
     assert flatten_row({"val": {"acc": 1}}, sep="/") == {"val/acc": 1}
     raw = {"_wandb": {"value": {"cli_version": "0.31"}}, "algorithm": {"value": {"gamma": 1.0}, "desc": None},

@@ -118,7 +118,8 @@ def test_batches_from_the_artifact_and_recompute(wandb_runs, tmp_path):
     assert all(f["how"] == "recorded path" for f in art["found"])
     for sf in RunDir(wandb_runs.synth).step_files():
         assert (out / "batches" / sf.path.name).read_bytes() == sf.path.read_bytes()
-    assert pq.read_table(out / "batches" / "step_1.parquet").equals(pq.read_table(wandb_runs.synth / "batches" / "step_1.parquet"))
+    first = pq.read_table(wandb_runs.synth / "batches" / "step_1.parquet")
+    assert pq.read_table(out / "batches" / "step_1.parquet").equals(first)
 
     from rldiag.recompute import recompute
 

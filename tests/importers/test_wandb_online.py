@@ -109,7 +109,8 @@ ROWS = [
      "val": {"acc": 0.5}, "actor/grad_norm": math.nan},
     {"_step": 2, "_runtime": 7.0, "_timestamp": 1.7e9 + 4, "actor/pg_clipfrac": 0.25, "actor/grad_norm": math.inf,
      "global_seqlen/sum": 2**53 + 1},
-    {"_step": 3, "_runtime": 9.0, "_timestamp": 1.7e9 + 8, "actor/pg_clipfrac": 0.0, "media": {"_type": "table-file", "path": "t.json"}},
+    {"_step": 3, "_runtime": 9.0, "_timestamp": 1.7e9 + 8, "actor/pg_clipfrac": 0.0,
+     "media": {"_type": "table-file", "path": "t.json"}},
 ]
 CONFIG = {
     "_wandb": {"value": {"cli_version": "0.31.0"}},

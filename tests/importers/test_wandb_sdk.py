@@ -12,20 +12,33 @@ from pathlib import Path
 
 import pytest
 
+from rldiag.errors import WandbMissingError
 from rldiag.importers import wandb_sdk
 
 
 @pytest.fixture
 def no_started_service(monkeypatch):
-    monkeypatch.setattr(wandb_sdk, "_started", None)
-    monkeypatch.setattr(wandb_sdk, "_env_before", None)
+    """No wandb-core started by rldiag before the test, and none left after it."""
+    if wandb_sdk.started_service() is not None:  # one an earlier test left: ended first
+        wandb_sdk.shutdown(deadline=5)
     monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    assert wandb_sdk.started_service() is None
+    yield
+    if wandb_sdk.started_service() is not None:
+        monkeypatch.delitem(sys.modules, "wandb", raising=False)  # no teardown of a stand-in
+        wandb_sdk.shutdown(deadline=1)
 
 
 def _sleeper() -> subprocess.Popen:
     """A stand-in for wandb-core: a process in a session of its own, as wandb starts it."""
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _start_sleeper() -> subprocess.Popen:
+    """start_service's stand-in starter: the sleeper, its token in WANDB_SERVICE as wandb saves it."""
+    os.environ["WANDB_SERVICE"] = "token-of-rldiags-service"
+    return _sleeper()
 
 
 def test_shutdown_returns_although_wandbs_teardown_never_does(monkeypatch, no_started_service):
@@ -37,14 +50,15 @@ def test_shutdown_returns_although_wandbs_teardown_never_does(monkeypatch, no_st
         release.wait()
 
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(teardown=stuck_teardown))
-    core = _sleeper()
-    monkeypatch.setattr(wandb_sdk, "_started", core)
+    wandb_sdk.start_service(_start_sleeper)
+    core = wandb_sdk.started_service()
+    assert core is not None and core.poll() is None
     try:
         wandb_sdk.shutdown(deadline=0.2)
         assert entered.is_set()  # teardown was called ...
         assert not release.is_set()  # ... and is still waiting: shutdown did not wait for it
         assert core.poll() is not None  # the service was ended by its PID
-        assert wandb_sdk._started is None
+        assert wandb_sdk.started_service() is None
     finally:
         release.set()
         if core.poll() is None:
@@ -62,12 +76,31 @@ def test_shutdown_swallows_wandbs_system_exit(monkeypatch, no_started_service):
 
 def test_shutdown_restores_the_service_variable(monkeypatch, no_started_service):
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(teardown=lambda: None))
-    core = _sleeper()
-    monkeypatch.setattr(wandb_sdk, "_started", core)
-    monkeypatch.setenv("WANDB_SERVICE", "token-of-rldiags-service")
+    wandb_sdk.start_service(_start_sleeper)
+    core = wandb_sdk.started_service()
+    assert os.environ["WANDB_SERVICE"] == "token-of-rldiags-service"
+    wandb_sdk.start_service(_start_sleeper)  # once per process: the started one is kept
+    assert wandb_sdk.started_service() is core
     wandb_sdk.shutdown()
     assert "WANDB_SERVICE" not in os.environ
     assert core.poll() is not None
+
+
+def test_a_service_that_cannot_start_leaves_wandb_to_start_its_own(no_started_service):
+    def fails():
+        raise RuntimeError("wandb-core could not start")
+
+    wandb_sdk.start_service(fails)
+    assert wandb_sdk.started_service() is None and "WANDB_SERVICE" not in os.environ
+
+
+def test_wandb_missing_is_said_when_starting_the_service(no_started_service):
+    def missing():
+        raise WandbMissingError("install wandb")
+
+    with pytest.raises(WandbMissingError, match="install wandb"):
+        wandb_sdk.start_service(missing)
+    assert wandb_sdk.started_service() is None
 
 
 def test_shutdown_without_wandb_is_a_no_op(monkeypatch, no_started_service):
@@ -85,7 +118,7 @@ def test_the_real_wandb_core_is_detached_from_our_output_and_ended(tmp_path, mon
         if k.startswith("WANDB_") or k == "HOME":
             monkeypatch.setenv(k, v)
     wandb_sdk.start_service()
-    core = wandb_sdk._started
+    core = wandb_sdk.started_service()
     if core is None:
         pytest.skip("this wandb has no detached service (another version's internals)")
     try:
@@ -101,5 +134,5 @@ def test_the_real_wandb_core_is_detached_from_our_output_and_ended(tmp_path, mon
 def test_a_known_service_is_left_alone(monkeypatch, no_started_service):
     monkeypatch.setenv("WANDB_SERVICE", "someone-elses")
     wandb_sdk.start_service()
-    assert wandb_sdk._started is None
+    assert wandb_sdk.started_service() is None
     assert os.environ["WANDB_SERVICE"] == "someone-elses"

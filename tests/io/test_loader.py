@@ -7,7 +7,6 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from rldiag.config.settings import resolve_settings
 from rldiag.errors import BatchError, MissingInputError

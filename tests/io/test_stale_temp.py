@@ -155,7 +155,7 @@ def test_remove_stale_judges_owners_by_pid_start_time_and_host(tmp_path, monkeyp
     for key, name in names.items():
         (tmp_path / name).mkdir() if key == "old-dir" else (tmp_path / name).write_text(key)
     (tmp_path / names["old-dir"] / "metrics.parquet").write_text("old")
-    if atomic._start_time(os.getppid()) is None:  # no /proc: the start time cannot be checked
+    if atomic.process_start_time(os.getppid()) is None:  # no /proc: the start time cannot be checked
         names.pop("reused")
         (tmp_path / f".x.{host}-{os.getppid()}-1-abc.tmp").unlink()
     removed = remove_stale(tmp_path)
@@ -163,11 +163,11 @@ def test_remove_stale_judges_owners_by_pid_start_time_and_host(tmp_path, monkeyp
     assert sorted(p.name for p in removed) == sorted(names[k] for k in gone)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[k] for k in names if k not in gone)
     assert remove_stale(tmp_path, "step_2.parquet") == []  # a name filter, and still alive
-    assert pid == str(os.getpid()) and start == str(atomic._start_time(os.getpid()) or 0)
+    assert pid == str(os.getpid()) and start == str(atomic.process_start_time(os.getpid()) or 0)
 
 
 def test_a_zombie_owner_counts_as_gone(tmp_path):
-    if atomic._start_time(os.getpid()) is None:
+    if atomic.process_start_time(os.getpid()) is None:
         pytest.skip("no /proc: zombies cannot be told apart")
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     # not reaped yet: a zombie once it has exited; waitid(WNOWAIT) waits for that without reaping

@@ -1,4 +1,4 @@
-"""The toy trainer trains for real and writes what the CONTRACT asks for."""
+"""The toy trainer trains for real and writes a run directory as docs/run-directory.md describes it."""
 
 from __future__ import annotations
 

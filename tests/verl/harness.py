@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from rldiag.recompute import recompute
-from rldiag.synth import _list_array as _list
+from rldiag.synth import list_array as _list
 
 verl = pytest.importorskip("verl")
 

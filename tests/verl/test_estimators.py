@@ -45,7 +45,8 @@ def verl_estimate(name: str, table, norm_by_std: bool = True):
     if name == "gdpo":
         rows = mask.shape[0]
         # the response length verl reads is attention_mask's count after the prompt, minus one
-        kwargs["batch"] = {"prompts": torch.zeros(rows, 1), "attention_mask": torch.cat([torch.ones(rows, 1), in_rows(table).float()], 1).long()}
+        attention = torch.cat([torch.ones(rows, 1), in_rows(table).float()], 1).long()
+        kwargs["batch"] = {"prompts": torch.zeros(rows, 1), "attention_mask": attention}
         kwargs["non_tensor_batch"] = {k: scalar(table, k) for k in GDPO_KEYS}
     if name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
         kwargs.update(sum_pi_squared=padded(table, "sum_pi_squared"), old_log_probs=padded(table, "old_log_probs"),

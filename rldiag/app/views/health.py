@@ -1,9 +1,9 @@
 """Health: the doctor's findings, each with the steps behind it (links to the Step page)."""
 
 import streamlit as st
+
 from rldiag.app import session
 from rldiag.app.main import page_path
-
 from rldiag.viz import health
 
 st.title("Health")

@@ -2,8 +2,8 @@
 and their distribution, effective sample size, KL, chi-squared, PPL gap, rejection fractions."""
 
 import streamlit as st
-from rldiag.app import session
 
+from rldiag.app import session
 from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.viz.charts import histogram, metric_grid, quantile_band
 from rldiag.viz.offpolicy import baseline_first, panels

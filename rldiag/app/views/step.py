@@ -2,13 +2,13 @@
 debugging checklist (scores, rewards, masks, groups, advantages, then ratios) evaluated on the step."""
 
 import streamlit as st
-from rldiag.app import session
 
+from rldiag.app import session
 from rldiag.config.settings import resolve_settings
 from rldiag.recompute import recompute
+from rldiag.store.tokentext import RANKINGS
 from rldiag.viz.charts import group_figure, heat_strip
 from rldiag.viz.checklist import RATIO_METRICS, evaluate
-from rldiag.store.tokentext import RANKINGS
 from rldiag.viz.stepview import interesting_row, rollout_n, row_label, scenario_settings
 from rldiag.viz.tokentext import COLOURINGS, token_html, top_rows
 

@@ -2,12 +2,12 @@
 side by side, with the compare command's agreement of the advantages."""
 
 import streamlit as st
-from rldiag.app import session
 
+from rldiag.app import session
 from rldiag.config.settings import resolve_settings
 from rldiag.errors import RldiagError
-from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.recompute import recompute
+from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.viz import comparison, whatif
 from rldiag.viz.charts import agreement_figure, metric_grid
 from rldiag.viz.metric_groups import default_selection

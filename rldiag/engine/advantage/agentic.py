@@ -63,7 +63,8 @@ def _trajectories(inp: AdvInput, name: str, with_steps: bool) -> tuple[torch.Ten
 
 
 @ESTIMATORS.register(
-    "step_gae", needs=("values", "traj_uid", "step_index"), source="Claw-R1 step-level GAE (one response = one action); arXiv:1506.02438"
+    "step_gae", needs=("values", "traj_uid", "step_index"),
+    source="Claw-R1 step-level GAE (one response = one action); arXiv:1506.02438",
 )
 def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Step-level GAE over trajectories; see the module docstring."""

@@ -78,7 +78,8 @@ def grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("grpo_vectorized", needs=(), source="verl core_algos.compute_grpo_vectorized_outcome_advantage; arXiv:2402.03300")
+@ESTIMATORS.register("grpo_vectorized", needs=(),
+                     source="verl core_algos.compute_grpo_vectorized_outcome_advantage; arXiv:2402.03300")
 def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's vectorised GRPO. Same formula as ``grpo`` with its one-pass group statistics
     (``var = (sum x^2 - (sum x)^2 / n) / max(n - 1, 1)``, clamped at 0, in float32).
@@ -102,7 +103,8 @@ def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("grpo_passk", needs=(), source="verl core_algos.compute_grpo_passk_outcome_advantage; Pass@k training arXiv:2503.19595")
+@ESTIMATORS.register("grpo_passk", needs=(),
+                     source="verl core_algos.compute_grpo_passk_outcome_advantage; Pass@k training arXiv:2503.19595")
 def grpo_passk(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k GRPO: in each uid group only the best row gets ``max - second_max`` (divided by
     ``std + 1e-6`` of the group when ``norm_adv_by_std_in_grpo``, which verl reads from the config
@@ -196,7 +198,8 @@ def rloo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("rloo_vectorized", needs=(), source="verl core_algos.compute_rloo_vectorized_outcome_advantage; arXiv:2402.14740")
+@ESTIMATORS.register("rloo_vectorized", needs=(),
+                     source="verl core_algos.compute_rloo_vectorized_outcome_advantage; arXiv:2402.14740")
 def rloo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out in verl's vectorised form ``(n * R - sum_g R) / (n - 1)``; a singleton group
     gets 0 (unlike ``rloo``)."""

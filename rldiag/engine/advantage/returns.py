@@ -34,7 +34,8 @@ def gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- reward-to-go family ----------------------------------------------------------------------
 
 
-@ESTIMATORS.register("reinforce_plus_plus", needs=(), source="verl core_algos.compute_reinforce_plus_plus_outcome_advantage; arXiv:2501.03262")
+@ESTIMATORS.register("reinforce_plus_plus", needs=(),
+                     source="verl core_algos.compute_reinforce_plus_plus_outcome_advantage; arXiv:2501.03262")
 def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted reward-to-go over the mask, whitened over each step's mask and
     masked. At a mask-0 token (tool observation, rejected token) the running return is carried
@@ -48,7 +49,8 @@ def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv * inp.mask, returns
 
 
-@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(), source="verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage; arXiv:2501.03262")
+@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(),
+                     source="verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage; arXiv:2501.03262")
 def reinforce_plus_plus_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: ``R - group mean`` (mean includes the row; 0 for a singleton group),
     broadcast over the mask, whitened over each step's mask and masked. returns == advantages."""
@@ -60,7 +62,8 @@ def reinforce_plus_plus_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Ten
     return adv, adv
 
 
-@ESTIMATORS.register("remax", needs=("reward_baselines",), source="verl core_algos.compute_remax_outcome_advantage; ReMax arXiv:2310.10505")
+@ESTIMATORS.register("remax", needs=("reward_baselines",),
+                     source="verl core_algos.compute_remax_outcome_advantage; ReMax arXiv:2310.10505")
 def remax(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax: returns = undiscounted reward-to-go of the masked rewards; advantages = returns minus
     the greedy rollout's reward (``reward_baselines``) on mask-1 tokens (mask-0 tokens keep their

@@ -1,9 +1,10 @@
 """Types, registry and shared helpers of the policy losses.
 
 One signature: ``fn(inp: PolicyLossInput) -> PolicyLossOutput``. Token tensors are flat
-``(tokens,)`` in the packed layout ``inp.norm.rows`` (:mod:`rldiag.engine.layout`). Every reduction "over the batch" is a segment reduction keyed by
-``inp.norm.step_ids``: a segment is a step, or one emulated micro-batch of one data-parallel
-rank of a step (:mod:`rldiag.engine.microbatch`), exactly the unit verl computes a policy loss on.
+``(tokens,)`` in the packed layout ``inp.norm.rows`` (:mod:`rldiag.engine.layout`). Every
+reduction "over the batch" is a segment reduction keyed by ``inp.norm.seg_ids``: a segment is a
+step, or one emulated micro-batch of one data-parallel rank of a step
+(:mod:`rldiag.engine.microbatch`), exactly the unit verl computes a policy loss on.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ LOG_RATIO_CLAMP = 20.0
 class PolicyLossInput:
     """What a policy loss reads.
 
-    ``norm.rows`` is the layout of the token tensors; ``norm.step_ids`` ``(rows,)`` are segment ids in ``[0, norm.n_steps)``; the normalisers of
-    ``norm`` are per segment (the step's global token count and batch size, verl's
+    ``norm.rows`` is the layout of the token tensors; ``norm.seg_ids`` ``(rows,)`` are segment ids
+    in ``[0, norm.n_seg)``; the normalisers of ``norm`` are per segment (the step's global token count and batch size, verl's
     ``global_batch_info``). ``dp_size``: emulated data-parallel ranks (verl's ``dp_size``).
     """
 
@@ -92,7 +93,7 @@ def clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> tor
 
 def seg_masked_mean(values: torch.Tensor, inp: PolicyLossInput, mask: torch.Tensor | None = None) -> torch.Tensor:
     """verl's ``masked_mean(values, mask)`` over each segment: ``sum / (count + 1e-8)`` ``(n_seg,)``."""
-    return step_masked_mean(values, inp.mask if mask is None else mask, inp.rows, inp.norm.step_ids, inp.norm.n_steps)
+    return step_masked_mean(values, inp.mask if mask is None else mask, inp.rows, inp.norm.seg_ids, inp.norm.n_seg)
 
 
 def weighted(losses: torch.Tensor, inp: PolicyLossInput) -> torch.Tensor:
@@ -108,7 +109,7 @@ def agg(losses: torch.Tensor, inp: PolicyLossInput, mode: str | None = None, mas
 
 def zeros(inp: PolicyLossInput) -> torch.Tensor:
     """A constant-0 metric ``(n_seg,)`` (verl's "for compatibility" zeros)."""
-    return torch.zeros(inp.norm.n_steps, dtype=torch.float32, device=inp.mask.device)
+    return torch.zeros(inp.norm.n_seg, dtype=torch.float32, device=inp.mask.device)
 
 
 def dual_clip_c(settings: EngineSettings) -> float:

@@ -63,7 +63,7 @@ def bypass_mode(inp: PolicyLossInput) -> PolicyLossOutput:
     """Rollout correction of the current policy against ``old_log_prob`` (= pi_rollout), then
     the ``loss_type`` loss on the surviving tokens."""
     loss_fn, cfg = bypass_config(inp.settings)
-    seg, n = inp.norm.step_ids, inp.norm.n_steps
+    seg, n = inp.norm.seg_ids, inp.norm.n_seg
     rollout = inp.old_log_prob
     res = correct(inp.log_prob, rollout, inp.mask, cfg, inp.rows, seg, n)
     out = loss_fn(inp, rollout, res.mask, res.weights)

@@ -60,10 +60,10 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
     if weights is not None:
         losses = losses * weights
     norm, rows = inp.norm, inp.rows
-    count = step_mask_count(mask, rows, norm.step_ids, norm.n_steps) + MEAN_EPS
+    count = step_mask_count(mask, rows, norm.seg_ids, norm.n_seg) + MEAN_EPS
 
     def masked_mean_greater(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # masked_mean(a > b)
-        return seg_sum(kernels.count_greater_masked(a, b, mask, rows), norm.step_ids, norm.n_steps) / count
+        return seg_sum(kernels.count_greater_masked(a, b, mask, rows), norm.seg_ids, norm.n_seg) / count
 
     return PolicyLossOutput(
         pg_loss=agg(losses, inp, mask=mask),
@@ -72,7 +72,7 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
         metrics={
             "actor/pg_clipfrac": masked_mean_greater(l2, l1),
             # the sum of -x is exactly minus the sum of x
-            "actor/ppo_kl": -seg_sum(masked_sum_rows(log_ratio, mask, rows), norm.step_ids, norm.n_steps) / count,
+            "actor/ppo_kl": -seg_sum(masked_sum_rows(log_ratio, mask, rows), norm.seg_ids, norm.n_seg) / count,
             # verl: masked_mean(clipped1 > l3 and A < 0); clipped1 > l3 = |A| c happens only
             # where A < 0 (elsewhere clipped1 <= 0 <= l3)
             "actor/pg_clipfrac_lower": masked_mean_greater(clipped1, l3),
@@ -257,7 +257,7 @@ def geo_mean(inp: PolicyLossInput) -> PolicyLossOutput:
     if inp.rollout_is_weights is not None:
         row_loss = row_loss * torch.exp(rows.sum(torch.log(inp.rollout_is_weights + 1e-10) * mask) / count)
     clipped = torch.ne(log_ratio, clamped)
-    seg, n = inp.norm.step_ids, inp.norm.n_steps
+    seg, n = inp.norm.seg_ids, inp.norm.n_seg
     return PolicyLossOutput(
         pg_loss=seg_mean(row_loss, seg, n) / inp.dp_size,
         pg_losses=rows.expand(row_loss) * mask,

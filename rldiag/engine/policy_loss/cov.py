@@ -32,11 +32,11 @@ def _covariance(adv: torch.Tensor, lp: torch.Tensor, mask: torch.Tensor, rows, s
     from rldiag.engine.segments import masked_sum_rows
 
     m = mask.to(torch.float64)
-    a, l = adv.to(torch.float64), lp.to(torch.float64)
+    a, lg = adv.to(torch.float64), lp.to(torch.float64)
     cnt = seg_sum(rows.sum(m), seg, n) + eps
     mean_a = seg_sum(masked_sum_rows(a, m, rows), seg, n) / cnt
-    mean_l = seg_sum(masked_sum_rows(l, m, rows), seg, n) / cnt
-    return (a - rows.expand(mean_a[seg])) * (l - rows.expand(mean_l[seg]))
+    mean_l = seg_sum(masked_sum_rows(lg, m, rows), seg, n) / cnt
+    return (a - rows.expand(mean_a[seg])) * (lg - rows.expand(mean_l[seg]))
 
 
 def _or(value, default: float) -> float:
@@ -72,7 +72,7 @@ def clip_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     ratio_cfg = clip_cov_ratio(inp.settings)
     lb = _or(s[f"{POLICY}.clip_cov_lb"], 1.0)
     ub = _or(s[f"{POLICY}.clip_cov_ub"], 5.0)
-    seg, n = inp.norm.step_ids, inp.norm.n_steps
+    seg, n = inp.norm.seg_ids, inp.norm.n_seg
     adv, lp, mask = inp.advantages, inp.log_prob, inp.mask
     log_ratio = lp - inp.old_log_prob
     ratio = torch.exp(log_ratio)
@@ -130,7 +130,7 @@ def kl_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     """
     ratio_cfg = kl_cov_ratio(inp.settings)
     coef = _or(inp.settings[f"{POLICY}.ppo_kl_coef"], 1.0)  # verl's fallback when the key is null
-    seg, n = inp.norm.step_ids, inp.norm.n_steps
+    seg, n = inp.norm.seg_ids, inp.norm.n_seg
     adv, lp, mask = inp.advantages, inp.log_prob, inp.mask
     log_ratio = lp - inp.old_log_prob
     ratio = torch.exp(log_ratio)

@@ -1,4 +1,6 @@
-"""The worked examples of the seeds, exactly (seed 001, 002, 003)."""
+"""Small worked examples, computed by hand, reproduced exactly: GAE, GRPO, RLOO, the PPO loss and
+its dual clip, the aggregation modes, the clipped value loss and KL reward shaping (the verl
+functions each follows are named in the tests)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from tests.engine.packing import full_rows, recompute_padded
 
 
 def test_gae_worked_example_raw_advantages_and_returns():
-    # seed 002 section 6.2: r=[0,0,1], V=[0.2,0.3,0.4], gamma 1, lambda 0.95
+    # verl compute_gae_advantage_return: r=[0,0,1], V=[0.2,0.3,0.4], gamma 1, lambda 0.95
     from rldiag.engine.advantage import gae_scan
     from rldiag.engine.layout import Rows
 
@@ -36,7 +38,7 @@ def test_gae_worked_example_raw_advantages_and_returns():
 
 
 def test_gae_skips_tool_tokens():
-    # seed 002 section 6.4: position 1 is a tool observation; position 0 still sees position 2
+    # GAE skips mask-0 positions: position 1 is a tool observation; position 0 still sees position 2
     from rldiag.engine.advantage import gae_scan
     from rldiag.engine.layout import Rows
 
@@ -51,7 +53,7 @@ def test_gae_skips_tool_tokens():
 
 
 def test_grpo_example_and_masked_broadcast():
-    # seed 002 section 7.2: R = [1, 0, 0.5] -> ~[0.999998, -0.999998, 0]; row 0 mask [1,1,0,0,1]
+    # verl compute_grpo_outcome_advantage: R = [1, 0, 0.5] -> ~[0.999998, -0.999998, 0]; row 0 mask [1,1,0,0,1]
     b = make_batch(
         scores=[[0, 0, 0, 0, 1.0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0.5]],
         mask=[[1, 1, 0, 0, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1]],
@@ -68,7 +70,7 @@ def test_grpo_example_and_masked_broadcast():
 
 
 def test_grpo_two_groups_and_dr_grpo():
-    # seed 002 section 12: A [1, 0, 0.5], B all zero -> B gets no signal
+    # two GRPO groups: A [1, 0, 0.5], B all zero -> B gets no signal
     b = make_batch(
         scores=[[1.0], [0.0], [0.5], [0.0], [0.0], [0.0]], mask=[[1]] * 6, uids=["A"] * 3 + ["B"] * 3
     )
@@ -80,14 +82,14 @@ def test_grpo_two_groups_and_dr_grpo():
 
 
 def test_grpo_singleton_group_keeps_score():
-    # seed 002 section 7.4: a group of one uses mean 0, std 1 -> score / (1 + 1e-6)
+    # compute_grpo_outcome_advantage: a group of one uses mean 0, std 1 -> score / (1 + 1e-6)
     b = make_batch(scores=[[0.0, 2.0]], mask=[[1, 1]], uids=["solo"])
     r = recompute_padded(b, settings(estimator="grpo"))
     assert r.tokens["advantages"][0].tolist() == pytest.approx([2.0 / (1 + 1e-6)] * 2)
 
 
 def test_rloo_example_and_singleton():
-    # seed 002 section 8: R = [1, 0, 0.5] -> [0.75, -0.75, 0]; singleton keeps raw score
+    # verl compute_rloo_outcome_advantage: R = [1, 0, 0.5] -> [0.75, -0.75, 0]; singleton keeps raw score
     b = make_batch(scores=[[1.0], [0.0], [0.5], [3.0]], mask=[[1]] * 4, uids=["A", "A", "A", "S"])
     r = recompute_padded(b, settings(estimator="rloo"))
     assert r.tokens["advantages"][:, 0].tolist() == pytest.approx([0.75, -0.75, 0.0, 3.0], abs=1e-6)
@@ -98,7 +100,7 @@ def _vanilla(old, new, adv, mask=None, **kw):
     mask_t = torch.ones_like(old_t) if mask is None else torch.tensor([mask], dtype=torch.float32)
     width = old_t.shape[1]
     (old_t, new_t, adv_t, mask_t), layout = full_rows(old_t, new_t, adv_t, mask_t)
-    norm = AggNorm(step_ids=torch.zeros(1, dtype=torch.long), n_steps=1, horizon=torch.tensor([width]), rows=layout)
+    norm = AggNorm(seg_ids=torch.zeros(1, dtype=torch.long), n_seg=1, horizon=torch.tensor([width]), rows=layout)
     return policy_loss(
         "vanilla",
         PolicyLossInput(old_log_prob=old_t, log_prob=new_t, advantages=adv_t, mask=mask_t,
@@ -107,7 +109,7 @@ def _vanilla(old, new, adv, mask=None, **kw):
 
 
 def test_ratio_example_positive_and_negative_advantage():
-    # seed 001 section 3.1/4.2/4.3: old -1.2, new -1.0 -> ratio e^0.2 = 1.2214
+    # verl compute_policy_loss_vanilla: old -1.2, new -1.0 -> ratio e^0.2 = 1.2214
     pos = _vanilla([-1.2], [-1.0], [1.0])
     assert pos.ratio.item() == pytest.approx(math.exp(0.2), rel=1e-6)
     assert pos.ratio.item() == pytest.approx(1.221, abs=5e-4)
@@ -120,7 +122,7 @@ def test_ratio_example_positive_and_negative_advantage():
 
 
 def test_dual_clip_example():
-    # seed 003 section 6.3: A = -2, ratio 5 -> loss 10 capped at 3 * 2 = 6
+    # dual clip (compute_policy_loss_vanilla, arXiv:1912.09729): A = -2, ratio 5 -> loss 10 capped at 3 * 2 = 6
     out = _vanilla([0.0], [math.log(5.0)], [-2.0])
     assert out.pg_loss.item() == pytest.approx(6.0, rel=1e-6)
     assert out.metrics["actor/pg_clipfrac_lower"].item() == pytest.approx(1.0, abs=1e-7)
@@ -151,27 +153,27 @@ def test_log_ratio_clamp_at_20():
     ],
 )
 def test_aggregation_example(mode, expected):
-    # seed 003 section 6.6: A has 8 tokens of loss 1, B 2 tokens of loss 5; horizon 8
+    # verl agg_loss, the four modes: A has 8 tokens of loss 1, B 2 tokens of loss 5; horizon 8
     (loss, mask), layout = full_rows(torch.tensor([[1.0] * 8, [5.0, 5.0] + [0.0] * 6]),
                                      torch.tensor([[1.0] * 8, [1.0, 1.0] + [0.0] * 6]))
-    norm = AggNorm(step_ids=torch.zeros(2, dtype=torch.long), n_steps=1, horizon=torch.tensor([8]), rows=layout)
+    norm = AggNorm(seg_ids=torch.zeros(2, dtype=torch.long), n_seg=1, horizon=torch.tensor([8]), rows=layout)
     assert aggregate(mode, loss, mask, norm).item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_seq_mean_excludes_fully_masked_rows_in_fallback_denominator():
     (loss, mask), layout = full_rows(torch.tensor([[2.0, 2.0], [7.0, 7.0]]), torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
-    norm = AggNorm(step_ids=torch.zeros(2, dtype=torch.long), n_steps=1, horizon=torch.tensor([2]), rows=layout)
+    norm = AggNorm(seg_ids=torch.zeros(2, dtype=torch.long), n_seg=1, horizon=torch.tensor([2]), rows=layout)
     assert aggregate("seq-mean-token-mean", loss, mask, norm).item() == pytest.approx(2.0)
-    with_b = AggNorm(step_ids=norm.step_ids, n_steps=1, horizon=norm.horizon, rows=layout,
+    with_b = AggNorm(seg_ids=norm.seg_ids, n_seg=1, horizon=norm.horizon, rows=layout,
                      global_batch_size=torch.tensor([2.0]))
     assert aggregate("seq-mean-token-mean", loss, mask, with_b).item() == pytest.approx(1.0)
 
 
 def test_value_loss_example():
-    # seed 001 section 8.1: old 0.4, new 0.9, return 1.0, cliprange 0.2 -> 0.5 * max(0.01, 0.16) = 0.08
+    # verl compute_value_loss: old 0.4, new 0.9, return 1.0, cliprange 0.2 -> 0.5 * max(0.01, 0.16) = 0.08
     t = lambda x: torch.tensor([x])  # noqa: E731
     layout = full_rows(torch.zeros(1, 1))[1]
-    norm = AggNorm(step_ids=torch.zeros(1, dtype=torch.long), n_steps=1, horizon=torch.tensor([1]), rows=layout)
+    norm = AggNorm(seg_ids=torch.zeros(1, dtype=torch.long), n_seg=1, horizon=torch.tensor([1]), rows=layout)
     out = value_loss(t(0.9), t(0.4), t(1.0), t(1.0), 0.2, "token-mean", norm)
     assert out["critic/vf_loss"].item() == pytest.approx(0.08, rel=1e-6)
     assert out["critic/vf_clipfrac"].item() == pytest.approx(1.0, abs=1e-7)
@@ -179,7 +181,7 @@ def test_value_loss_example():
 
 
 def test_kl_reward_shaping_example():
-    # seed 002 section 4: scores [0,0,1], kld [0.1,0.2,0.3], beta 0.01 -> [-0.001,-0.002,0.997]
+    # verl apply_kl_penalty (ray_trainer.py): scores [0,0,1], kld [0.1,0.2,0.3], beta 0.01 -> [-0.001,-0.002,0.997]
     b = make_batch(
         scores=[[0, 0, 1.0]], mask=[[1, 1, 1]],
         old_log_probs=[[0.1, 0.2, 0.3]], ref_log_prob=[[0.0, 0.0, 0.0]],
