@@ -88,6 +88,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def idle_cores() -> float:
+    """Cores the machine left idle over the last minute: the usable cores less the 1-minute load
+    average (this process's own threads included); the usable cores where the platform keeps no
+    load average."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return float(usable_cores())
+    return usable_cores() - load
+
+
 @contextmanager
 def engine_threads(device: str) -> Iterator[int]:
     """torch's intra-op threads for a CPU recompute: one fewer than the usable cores (at least

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from rldiag.engine.pipeline import initial_kl_state
+from rldiag.executors import allocator
 from rldiag.executors.allocator import engine_threads, tune_host_allocator
 from rldiag.executors.base import Plan
 from rldiag.executors.device import resolve_device
@@ -33,12 +34,19 @@ class LocalExecutor:
                 kl_state.advance(settings, *stat)
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))
-        # the engine keeps one core fewer than the process may use for the whole run, the last
-        # packs included: torch's intra-op threads wait for each other at every operation, and
-        # where a core is busy (the loader, the writer, another process) each wait lasts a time
-        # slice of the scheduler, far longer than the operation (bench/bench_recompute.py --threads)
+        every = torch.get_num_threads()
         with engine_threads(job.device):
-            yield from process(fetched, job, lambda steps: kl_state)
+
+            def widen() -> None:
+                # the last packs, nothing left to read: the engine takes every core, but only where
+                # the machine has a core to spare. torch's intra-op threads wait for each other at
+                # every operation, and where another process holds a core each wait lasts a time
+                # slice of the scheduler (docs/performance.md, "Threads"); the results do not
+                # depend on the thread count (tests/engine/test_thread_count.py)
+                if torch.get_num_threads() < every and fetched.idle and allocator.idle_cores() >= 0.5:
+                    torch.set_num_threads(every)
+
+            yield from process(fetched, job, lambda steps: kl_state, before_compute=widen)
 
     def close(self) -> None:
         """Nothing to release: the executor holds no resources between runs."""

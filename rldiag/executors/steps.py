@@ -340,11 +340,15 @@ def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
     return out
 
 
-def process(fetched: Iterable[Fetched], job: Job, kl_for: Callable[[list[int]], Any]) -> Iterator[StepOutcome]:
+def process(fetched: Iterable[Fetched], job: Job, kl_for: Callable[[list[int]], Any],
+            before_compute: Callable[[], None] | None = None) -> Iterator[StepOutcome]:
     """Outcomes of fetched steps, in step order. ``kl_for(steps)`` gives the KL controller state
-    (or preset coefficients) a pack of those steps is computed with."""
+    (or preset coefficients) a pack of those steps is computed with; ``before_compute()`` is
+    called before each pack is computed."""
     for unit in packs(fetched, job.pack_tokens):
         if isinstance(unit, Fetched):
             yield unit.outcome()
         else:
+            if before_compute is not None:
+                before_compute()
             yield from compute_pack(unit, job, kl_for([f.task.step for f in unit]))

@@ -143,3 +143,15 @@ def test_engine_threads_cpu_index_string(torch_threads, monkeypatch):
 
 def test_usable_cores_is_positive():
     assert 1 <= usable_cores() <= (os.cpu_count() or 1)
+
+
+def test_idle_cores_are_the_usable_ones_less_the_load(monkeypatch):
+    monkeypatch.setattr(allocator.os, "getloadavg", lambda: (1.25, 0.0, 0.0))
+    monkeypatch.setattr(allocator, "usable_cores", lambda: 4)
+    assert allocator.idle_cores() == 2.75
+
+    def no_load():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(allocator.os, "getloadavg", no_load)
+    assert allocator.idle_cores() == 4.0

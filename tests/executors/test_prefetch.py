@@ -72,10 +72,11 @@ def test_abandoned_iteration_stops_the_thread():
     assert not any(t.name.startswith("rldiag-load") and t.is_alive() for t in threading.enumerate())
 
 
-def test_local_executor_keeps_a_core_for_the_loader_to_the_end(synth_run, monkeypatch):
-    """The engine has one core fewer than the process for every pack, the last ones included
-    (intra-op threads that wait for a busy core cost more than they give), and the caller's
-    thread count is back afterwards."""
+@pytest.mark.parametrize("spare, last", [(1.0, 3), (0.2, 2)])
+def test_local_executor_widens_for_the_last_packs_only_with_a_core_to_spare(synth_run, monkeypatch, spare, last):
+    """While steps remain to be read the engine has one core fewer; once the loader is done it
+    gets them all where the machine has a core to spare, and keeps one fewer where it is busy;
+    the caller's thread count is back afterwards."""
     seen: list[int] = []
     real = steps_mod.recompute_batch
 
@@ -85,12 +86,14 @@ def test_local_executor_keeps_a_core_for_the_loader_to_the_end(synth_run, monkey
 
     monkeypatch.setattr(steps_mod, "recompute_batch", spy)
     monkeypatch.setattr(allocator, "usable_cores", lambda: 3)
+    monkeypatch.setattr(allocator, "idle_cores", lambda: spare)
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
         rep = recompute(synth_run, name="t", pack_tokens=1)  # one step per pack
         assert rep.ok and len(seen) == 5
-        assert seen == [2] * 5
+        assert seen[0] == 2 and seen[-1] == last  # the first with the loader busy, the last alone
+        assert sorted(seen) == seen  # never narrowed again
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
