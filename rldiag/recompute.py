@@ -108,7 +108,7 @@ def _known_inputs(run: Path | RemotePath, exclude: str) -> dict[str, dict]:
     """Input records of the run's other complete scenarios, by file (the newest hash first).
 
     A file whose size and modification time still match such a record keeps its SHA-256
-    without being hashed again (:func:`rldiag.executors.steps._known_hash`): a second scenario
+    without being hashed again (:func:`rldiag.executors.steps.known_hash`): a second scenario
     of the same run (another estimator, say) reads its files but does not hash them. Local runs
     only: on an object store each scenario's record is one more request.
     """

@@ -23,13 +23,13 @@ def _inputs(run, name) -> dict[str, dict]:
 def hashed(monkeypatch):
     """The files hashed during the test (by the relative name their record gets)."""
     seen: list[str] = []
-    real = steps_mod._hashed
+    real = steps_mod.hashed_record
 
     def spy(info, remote, content):
         seen.append(info["file"])
         return real(info, remote, content)
 
-    monkeypatch.setattr(steps_mod, "_hashed", spy)
+    monkeypatch.setattr(steps_mod, "hashed_record", spy)
     return seen
 
 

@@ -126,7 +126,7 @@ def candidate_overrides(settings: Settings, fields: set[str], columns: set[str],
             out.append(dict.fromkeys(keys))
         if int(settings.get("rldiag.dp_size", 1)) > 1:
             add("trainer.balance_batch", not settings.get("trainer.balance_batch", True))
-        # verl averages these over micro-batches (and DP ranks) with equal weights (seed 001 s15)
+        # verl averages these over micro-batches (and DP ranks) with equal weights (verl.utils.metric, AggregationType.MEAN)
         for size in MICRO_SIZES:
             if size < rows and rows % size == 0:
                 add("rldiag.micro_batch_size", size)

@@ -1,5 +1,5 @@
 """What the trainer logged: ``metrics.jsonl`` per step, and the per-token columns
-``token_level_rewards`` / ``advantages`` / ``returns`` of the batch files (CONTRACT section 2),
+``token_level_rewards`` / ``advantages`` / ``returns`` of the batch files (docs/run-directory.md),
 which the engine loader does not read."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and therefore write bit-identical results.
 
 1. :func:`fetch` one step: stat and hash its file (or keep the previous hash, see
-   :func:`_known_hash`), decide whether the previous result can be reused, else load it.
+   :func:`known_hash`), decide whether the previous result can be reused, else load it.
 2. :func:`packs` groups loaded steps: consecutive steps of one *chunk* up to a budget of
    tokens; a failed or reused step ends the pack before it. Packing can change float rounding
    (the scans cut the packed tokens into fixed chunks, so where a row starts matters in the last
@@ -129,7 +129,7 @@ def _stat_record(sf: StepFile, rel: str) -> tuple[dict, bool]:
     return {"step": sf.step, "file": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}, is_remote(sf.path)
 
 
-def _known_hash(info: dict, remote: bool, previous: dict | None) -> bool:
+def known_hash(info: dict, remote: bool, previous: dict | None) -> bool:
     """Put the previous record's hash into ``info`` when the file's size and mtime still match.
 
     Object stores give modification times to the second, so there the previous hash is kept only
@@ -150,7 +150,7 @@ def _known_hash(info: dict, remote: bool, previous: dict | None) -> bool:
     return bool(same)
 
 
-def _hashed(info: dict, remote: bool, content: bytes) -> dict:
+def hashed_record(info: dict, remote: bool, content: bytes) -> dict:
     """A new record: ``info`` with the SHA-256 (and size) of the bytes read (``info`` is left
     as it is, so that a thread may compute it while another holds ``info``)."""
     out = dict(info)
@@ -202,12 +202,12 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -
     info: dict = {}
     if hash_file:
         info, remote = _stat_record(sf, task.rel)
-        if not _known_hash(info, remote, old):
+        if not known_hash(info, remote, old):
             content = sf.path.read_bytes()
             if task.reusable and old:  # the hash decides whether the file is parsed at all
-                info = _hashed(info, remote, content)
+                info = hashed_record(info, remote, content)
             else:
-                pending = _hash_pool().submit(_hashed, dict(info), remote, content)
+                pending = _hash_pool().submit(hashed_record, dict(info), remote, content)
         if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
             return Fetched(task, info)
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -23,11 +22,6 @@ SUMMARY_LABELS = {
     "groups_signal_only_a": "groups with signal only in A",
     "groups_signal_only_b": "groups with signal only in B",
 }
-
-
-def available() -> bool:
-    """Whether this rldiag has the compare command."""
-    return importlib.util.find_spec("rldiag.analysis.compare") is not None
 
 
 def run_compare(run: str | Path, a: str, b: str, steps: str | None = None,

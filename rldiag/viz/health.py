@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,10 +9,6 @@ from pathlib import Path
 SEVERITY_ICONS = {"critical": ":red[:material/report:]", "warning": ":orange[:material/warning:]"}
 #: at most this many steps of a finding get a link
 MAX_LINKS = 12
-
-
-def available() -> bool:
-    return importlib.util.find_spec("rldiag.doctor") is not None
 
 
 def run_doctor(run: str | Path, recompute: bool, progress: Callable[[int, int, int], None] | None = None):

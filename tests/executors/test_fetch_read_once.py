@@ -14,7 +14,7 @@ import pytest
 
 from rldiag.config.settings import resolve_settings
 from rldiag.executors import steps as steps_mod
-from rldiag.executors.steps import Job, StepTask, _hashed, _known_hash, fetch
+from rldiag.executors.steps import Job, StepTask, fetch, hashed_record, known_hash
 from rldiag.io.rundir import RunDir
 from rldiag.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
@@ -223,7 +223,7 @@ def test_fetch_reusable_with_matching_record_skips_load(run, monkeypatch):
     assert spy.reads == [] and spy.loads == [] and spy.hashes == 0
 
 
-def test_fetch_not_reusable_loads_even_with_known_hash(run, monkeypatch):
+def test_fetch_not_reusable_loads_even_with_a_known_hash(run, monkeypatch):
     job = _job(run)
     rec = fetch(_task(run, 1), job).record()
     spy = _Spy(monkeypatch, run)
@@ -266,7 +266,7 @@ def test_fetch_unreadable_file_fails_with_hash(run, tmp_path):
     assert f.record()["size"] == len(b"not a parquet file")
 
 
-# ---- _known_hash / _hashed -----------------------------------------------------------------
+# ---- known_hash / hashed_record -----------------------------------------------------------------
 
 
 def _info(size=10, mtime=5_000_000_000):
@@ -276,12 +276,12 @@ def _info(size=10, mtime=5_000_000_000):
 def test_known_hash_local():
     prev = dict(_info(), sha256="ab" * 32)
     info = _info()
-    assert _known_hash(info, False, prev) is True and info["sha256"] == "ab" * 32
+    assert known_hash(info, False, prev) is True and info["sha256"] == "ab" * 32
     assert "hashed_ns" not in info
     for bad in (None, {}, dict(prev, size=11), dict(prev, mtime_ns=5_000_000_001), dict(prev, sha256=None),
                 {k: v for k, v in prev.items() if k != "sha256"}):
         info = _info()
-        assert _known_hash(info, False, bad) is False
+        assert known_hash(info, False, bad) is False
         assert "sha256" not in info
 
 
@@ -293,7 +293,7 @@ def test_known_hash_remote_needs_hash_a_second_after_mtime():
         if hashed is not None:
             prev["hashed_ns"] = hashed
         info = _info(mtime=mtime)
-        assert _known_hash(info, True, prev) is ok, hashed
+        assert known_hash(info, True, prev) is ok, hashed
         if ok:
             assert info["sha256"] == "cd" * 32 and info["hashed_ns"] == hashed
         else:
@@ -302,11 +302,11 @@ def test_known_hash_remote_needs_hash_a_second_after_mtime():
 
 def test_hashed_records_size_and_digest():
     content = b"hello world" * 7
-    info = _hashed(_info(size=0), False, content)
+    info = hashed_record(_info(size=0), False, content)
     assert info["sha256"] == hashlib.sha256(content).hexdigest()
     assert info["size"] == len(content)
     assert "hashed_ns" not in info
-    info = _hashed(_info(size=0), True, content)
+    info = hashed_record(_info(size=0), True, content)
     assert info["hashed_ns"] > 0 and info["sha256"] == hashlib.sha256(content).hexdigest()
 
 
@@ -315,7 +315,7 @@ def test_the_record_is_read_only_through_its_accessor_which_waits_for_the_hash(r
     from any thread, has the file's hash, and the fetch exposes no dict the thread writes into."""
     release = threading.Event()
     order = []
-    real = steps_mod._hashed
+    real = steps_mod.hashed_record
 
     def held(info, remote, content):
         release.wait()
@@ -323,7 +323,7 @@ def test_the_record_is_read_only_through_its_accessor_which_waits_for_the_hash(r
         order.append("hashed")
         return out
 
-    monkeypatch.setattr(steps_mod, "_hashed", held)
+    monkeypatch.setattr(steps_mod, "hashed_record", held)
     path = _batch_files(run)[1]
     f = fetch(_task(run, 1), _job(run))
     assert not hasattr(f, "info")

@@ -11,9 +11,6 @@ store = session.store_or_stop()
 
 
 def page() -> None:
-    if not health.available():
-        st.info("The doctor is not available yet in this build of rldiag.")
-        return
     deep = st.toggle("Recompute the run for the doctor's own signals (slower)", key="he_recompute", value=False,
                      disabled=not session.can_write(store))
     key = (str(store.run), deep, store.status().size, tuple(store.steps()), tuple(store.scenario_names()))

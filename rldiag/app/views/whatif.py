@@ -222,9 +222,6 @@ def results(name: str) -> None:
     if name == BASELINE or name not in scenarios:
         return
     st.subheader(f"Compare `{BASELINE}` → `{name}`")
-    if not comparison.available():
-        st.caption("The compare command is not in this build of rldiag yet.")
-        return
     saved = store.comparison(BASELINE, name)
     if saved is None or saved.stale:
         now = st.session_state.pop("wi_compare_now", None) == name
