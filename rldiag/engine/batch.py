@@ -9,6 +9,7 @@ included) says where each row starts. Nothing is padded: memory is in proportion
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 
@@ -73,7 +74,7 @@ class Batch:
     reward_baselines: torch.Tensor | None = None
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     token_extra: tuple[str, ...] = ()
-    rows: Rows | None = None
+    rows: Rows = None  # type: ignore[assignment]  # built from lengths in __post_init__ when not given
 
     def __post_init__(self) -> None:
         if self.rows is None:
@@ -120,7 +121,7 @@ class Batch:
     def select_rows(self, index: torch.Tensor) -> Batch:
         """A batch of the given rows (same steps; group ids kept)."""
         sub, tok = self.rows.take(index)
-        changes = {}
+        changes: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
             if not isinstance(v, torch.Tensor) or f.name in ("max_response_length", "max_prompt_length"):
@@ -158,7 +159,7 @@ def pack(batches: list[Batch]) -> Batch:
         step_off += b.n_steps
         group_off += b.n_groups
         steps.extend(b.steps)
-    out = {}
+    out: dict[str, torch.Tensor | None] = {}
     for name, parts in cols.items():
         if any(p is None for p in parts):
             out[name] = None
@@ -185,4 +186,5 @@ def pack(batches: list[Batch]) -> Batch:
                 parts.append(codes)
         extra[k] = torch.cat(parts)
     rows = Rows.cat([b.rows for b in batches])
-    return Batch(steps=steps, n_groups=group_off, extra=extra, token_extra=token_extra, rows=rows, **out)
+    return Batch(steps=steps, n_groups=group_off, extra=extra, token_extra=token_extra, rows=rows,
+                 **out)  # type: ignore[arg-type]  # the required columns are in every batch, so never None

@@ -73,6 +73,7 @@ def data_metrics(
     out["response/aborted_ratio"] = seg_mean((~live).float(), sid, n)
     if batch.prompt_length is not None:
         pl = batch.prompt_length.to(torch.float32)
+        assert batch.max_prompt_length is not None  # the loader gives both or neither
         out.update(_row_stats("prompt_length", pl, sid, n))
         out["prompt_length/clip_ratio"] = seg_mean(
             (pl == batch.max_prompt_length.to(torch.float32)[sid]).float(), sid, n

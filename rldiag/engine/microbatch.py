@@ -61,6 +61,7 @@ class Segmentation:
         mini-batches ``(n_seg,) -> (n_steps,)``."""
         if self.seg_mini is None:
             return seg_mean(x, self.seg_step, self.n_steps)
+        assert self.mini_step is not None  # set with seg_mini
         return seg_mean(seg_mean(x, self.seg_mini, self.n_mini), self.mini_step, self.n_steps)
 
     def loss(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,6 +69,7 @@ class Segmentation:
         normalised within the mini-batch), then the mean over the step's mini-batches."""
         if self.seg_mini is None:
             return seg_sum(x, self.seg_step, self.n_steps)
+        assert self.mini_step is not None  # set with seg_mini
         return seg_mean(seg_sum(x, self.seg_mini, self.n_mini), self.mini_step, self.n_steps)
 
     def total(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,6 +81,7 @@ class Segmentation:
         with mini-batches the sum of ``per_row`` ``(rows,)`` over the segment's mini-batch."""
         if self.seg_mini is None:
             return per_step[self.seg_step]
+        assert self.row_mini is not None  # set with seg_mini
         return seg_sum(per_row, self.row_mini, self.n_mini)[self.seg_mini]
 
     def per_segment(self, x: torch.Tensor) -> torch.Tensor:

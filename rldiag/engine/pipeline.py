@@ -138,7 +138,7 @@ def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: EngineSetting
     mean over rows of the row's masked mean, ``current_kl`` ``(n_steps,)``, which is what the
     adaptive controller reads (it does not depend on the coefficient)."""
     if old_lp is None:
-        _require(batch, "old_log_probs", "algorithm.use_kl_in_reward")
+        old_lp = _require(batch, "old_log_probs", "algorithm.use_kl_in_reward")
     ref = _require(batch, "ref_log_prob", "algorithm.use_kl_in_reward")
     mask0 = original_mask(batch)
     kld = kl_estimate(settings["algorithm.kl_penalty"], old_lp, ref) * mask0
@@ -301,7 +301,7 @@ def recompute_batch(
             if who == "old":
                 penalty = settings["algorithm.kl_penalty"]
                 same = KL_ESTIMATORS.get(penalty) is kl_k1
-                tokens["ref_kl"] = d if same else kl_estimate(penalty, old_lp, batch.ref_log_prob)
+                tokens["ref_kl"] = d if same else kl_estimate(penalty, lp, batch.ref_log_prob)
     seq_scores = rows.sum(rewards)
     _, gstd, gcnt = seg_std(seq_scores, batch.group_ids, batch.n_groups)
     group_step = torch.zeros(batch.n_groups, dtype=torch.long, device=sid.device).index_copy_(0, batch.group_ids, sid)

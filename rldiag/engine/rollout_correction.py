@@ -233,6 +233,7 @@ def is_weights(
     """IS weights ``(tokens,)`` (TIS / IcePop, optionally batch-normalised per segment) and
     verl's ``rollout_is_*`` metrics ``(n,)`` (computed before the batch normalisation)."""
     level = cfg.rollout_is
+    assert level is not None, "IS weights asked for without rollout_is"
     raw, row_log = IS_LEVELS.get(level)(log_ratio, mask, rows)
     upper, lower = cfg.is_upper, cfg.is_lower
     if lower is None:
@@ -379,13 +380,15 @@ def rejection_mask(
     for opt, (lower, upper) in options.items():
         tok_stat, row_stat = RS_OPTIONS.get(opt)(ctx)
         is_k1 = opt.endswith("k1")
+        assert upper is not None and (lower is not None or not is_k1), "thresholds resolved by CorrectionConfig"
         hi = math.log(upper) if is_k1 else upper
-        lo = math.log(lower) if is_k1 else 0.0
+        lo = math.log(lower) if is_k1 and lower is not None else 0.0
         if row_stat is not None:
             stat = rows.expand(row_stat)
             keep_row = (row_stat >= lo) & (row_stat <= hi) if is_k1 else row_stat <= hi
             keep = rows.expand(keep_row)
         else:
+            assert tok_stat is not None, "an RS option gives a token or a row statistic"
             stat = tok_stat
             keep = (stat >= lo) & (stat <= hi) if is_k1 else stat <= hi
         p = f"rollout_rs_{opt}"

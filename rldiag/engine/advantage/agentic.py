@@ -72,6 +72,7 @@ def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     values = require_field(inp, "values", "step_gae")
     gamma, lam = float(s["algorithm.gamma"]), float(s["algorithm.lam"])
     tid, n_traj, step = _trajectories(inp, "step_gae", with_steps=True)
+    assert step is not None
     layout = b.rows
     reward = layout.sum(inp.rewards * m)  # step reward: the response is one action
     # V(S_t): the value before the first response token (0 for an empty row)
@@ -113,6 +114,7 @@ def token_gae_cross_step(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     b, s, m = inp.batch, inp.settings, inp.mask
     values = require_field(inp, "values", "token_gae_cross_step")
     tid, n_traj, step = _trajectories(inp, "token_gae_cross_step", with_steps=True)
+    assert step is not None
     rows = b.rows
     n_idx = int(step.max()) + 1 if step.numel() else 1
     # the action tokens of each trajectory, its rows in step order, one trajectory after another

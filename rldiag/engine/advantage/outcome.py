@@ -179,6 +179,7 @@ def gdpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
         comp = require_extra(inp, key, "gdpo", "a reward component listed in algorithm.gdpo_reward_keys")
         part = w[i] * broadcast(grpo_scalar(comp.to(torch.float32), b.group_ids, b.n_groups, True), inp.mask, b.rows)
         total = part if total is None else total + part
+    assert total is not None  # gdpo_components gives at least one key
     adv = step_whiten(total, inp.mask, b.rows, b.step_ids, b.n_steps, inp.errors, "gdpo advantage whitening") * inp.mask
     return adv, adv
 
