@@ -136,12 +136,15 @@ def signal_metrics(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     kl_in_reward: bool,
+    mask_resets_return: bool = True,
 ) -> dict[str, torch.Tensor]:
     """rldiag's per-step signals for the health checks, ``(n_steps,)`` each:
 
     - ``rldiag/mask/credit_cut_fraction``: share of actor tokens (mask 1) with a mask-0 position
-      later in their row: under REINFORCE++'s mask-resetting reward-to-go (verl ``compute_reinforce_plus_plus_outcome_advantage``)
-      such a token gets none of the outcome reward.
+      later in their row: under REINFORCE++'s mask-resetting reward-to-go (verl 0.8.0's
+      ``compute_reinforce_plus_plus_outcome_advantage``) such a token gets none of the outcome
+      reward. 0 where the release reproduced carries the return through mask-0 tokens (0.9.0
+      on: ``mask_resets_return`` False), which cuts no credit.
     - ``rldiag/advantages/centre_offset``: masked mean of the advantages over their masked
       population std (0 when every advantage is 0; +-inf for a constant nonzero advantage, which
       is one whose std is at most ``CONSTANT_REL_STD`` of its mean: float32 rounding).
@@ -159,6 +162,8 @@ def signal_metrics(
     last1 = (last_zero - rows.offsets[:-1].to(torch.float64)).clamp_(min=0.0).to(torch.float32)
     actor = row_mask_count(m0, rows)
     cut = actor - (batch.lengths.to(torch.float32) - last1)
+    if not mask_resets_return:  # the release carries the return through mask-0 tokens: none is cut
+        cut = torch.zeros_like(cut)
     out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut, sid, n) / seg_sum(actor, sid, n)
     # two passes in float32 (centred before squaring), row sums accumulated per step in float64
     cnt = seg_sum(row_mask_count(mask, rows).to(torch.float64), sid, n)

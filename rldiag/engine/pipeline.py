@@ -313,5 +313,6 @@ def recompute_batch(
     metrics["rldiag/advantages/positive_fraction"] = seg_sum(masked_positive_rows(adv, mask, rows), sid, n) / (
         step_mask_count(mask, rows, sid, n) + MEAN_EPS
     )
-    metrics.update(signal_metrics(batch, rewards, adv, mask, bool(settings["algorithm.use_kl_in_reward"])))
+    metrics.update(signal_metrics(batch, rewards, adv, mask, bool(settings["algorithm.use_kl_in_reward"]),
+                                  mask_resets_return=not settings.has("reinforce_pp_carry")))
     return Result(steps=list(batch.steps), metrics=metrics, tokens=tokens, failed=errors.failed())

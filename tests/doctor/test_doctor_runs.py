@@ -137,13 +137,19 @@ def test_planted_problem_gives_its_alarm(tmp_path, name, kwargs, expected, exact
 
 
 def test_reinforce_pp_credit_cut(tmp_path):
-    cfg = {"algorithm": {"adv_estimator": "reinforce_plus_plus"}}
-    cut = diagnose(write_run(tmp_path / "cut", config=cfg, tool_prob=0.8, steps=3))
+    """verl 0.8.0's REINFORCE++ resets the return at mask-0 tokens: a run with tool spans is
+    warned; the same run reproduced as a release that carries the return through (0.9.0 on, the
+    default snapshot) cuts no credit and passes."""
+    old = {"algorithm": {"adv_estimator": "reinforce_plus_plus"}, "rldiag": {"verl_version": "0.8.0"}}
+    cut = diagnose(write_run(tmp_path / "cut", config=old, tool_prob=0.8, steps=3))
     assert ids(cut) == {"reinforce_pp_credit_cut"}, [f.message for f in cut.findings]
     f = cut.findings[0]
     assert f.evidence.metric == "rldiag/mask/credit_cut_fraction" and 0.05 < np.mean(f.evidence.values) < 1
-    clean = diagnose(write_run(tmp_path / "clean", config=cfg, tool_prob=0.0, steps=3))
+    clean = diagnose(write_run(tmp_path / "clean", config=old, tool_prob=0.0, steps=3))
     assert "reinforce_pp_credit_cut" in clean.passed
+    new = {"algorithm": {"adv_estimator": "reinforce_plus_plus"}}
+    carried = diagnose(write_run(tmp_path / "carried", config=new, tool_prob=0.8, steps=3))
+    assert "reinforce_pp_credit_cut" in carried.passed, [f.message for f in carried.findings]
 
 
 def test_evidence_of_a_threshold_finding(tmp_path):

@@ -280,10 +280,11 @@ def credit_cut_reference(mask_rows, lengths, steps):
     return [cut.get(s, 0) / actor[s] if actor.get(s) else float("nan") for s in order]
 
 
-def _credit_cut(mask_rows, lengths, steps):
+def _credit_cut(mask_rows, lengths, steps, resets=True):
     batch = make_batch(mask=mask_rows, lengths=lengths, steps=steps)
     adv = torch.randn(batch.response_mask.shape) * batch.response_mask
-    out = signal_metrics(batch, batch.token_level_scores, adv, batch.response_mask, kl_in_reward=False)
+    out = signal_metrics(batch, batch.token_level_scores, adv, batch.response_mask, kl_in_reward=False,
+                         mask_resets_return=resets)
     return out["rldiag/mask/credit_cut_fraction"]
 
 
@@ -302,6 +303,8 @@ def test_credit_cut_fraction_examples():
     want = credit_cut_reference(rows, lengths, steps)
     assert want == [5 / 13, 4 / 9]
     torch.testing.assert_close(got, torch.tensor(want), rtol=1e-6, atol=1e-7)
+    # a release that carries the return through mask-0 tokens cuts no credit
+    assert _credit_cut(rows, lengths, steps, resets=False).tolist() == [0.0, 0.0]
 
 
 @HS
