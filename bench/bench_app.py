@@ -6,12 +6,12 @@ names with '/', grouped by prefix) and a few small batches, then measures:
   store (in process, what one Streamlit rerun of the metrics page does):
     cold load      metrics.jsonl -> DuckDB long table (first Store.status())
     names          the metric catalogue (cached afterwards)
-    interaction    a new selection of 4 metrics: joined query + EMA + plotly figure
+    interaction    a new selection of 4 metrics: joined query + EMA + the 4 ECharts panels
     append         10 lines appended while "training": incremental read + the same query
   what-if (in process, what the What-if page runs on Recompute; --whatif STEPSxROWSxTOKENS):
     the scenario's recompute with tokens, then the compare of the baseline with it
   browser (`rldiag app RUN` + Debian's chromium; skipped without chromium):
-    first chart    from the page's load event to the first rendered plotly chart
+    first chart    from the page's load event to the first panel's logged line drawn
                    (on the bundled sample, then on the big run); from the navigation's start
                    and from launch to chart in the notes
     interaction    adding a metric to the multiselect until its panel is drawn
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -81,7 +82,8 @@ def timed(fn, repeat: int = 1) -> tuple[float, object]:
 
 def bench_store(run: Path, names: list[str]) -> list[tuple[str, float, str]]:
     from rldiag.store import Store
-    from rldiag.viz.charts import metric_grid
+    from rldiag.store.downsample import DEFAULT_POINTS
+    from rldiag.viz.echarts import metric_panel
     from rldiag.viz.smoothing import ema
 
     rows = []
@@ -91,16 +93,23 @@ def bench_store(run: Path, names: list[str]) -> list[tuple[str, float, str]]:
     t, all_names = timed(store.logged_names)
     rows.append(("store: metric catalogue", t, f"{len(all_names)} names"))
 
-    def interact(pick):
-        joined = store.joined(pick, [])
+    def interact(pick):  # as the page does with smoothing on: EMA over every step, both lines downsampled
         cols = store.source_columns([])
-        fig = metric_grid(joined, pick, cols, ema(joined, list(cols.values()), 0.6))
-        return joined, fig
+        out = []
+        for m in pick:
+            full = store.joined([m], [])
+            raw, smooth = store.downsample(full, list(cols.values())), store.downsample(ema(full, list(cols.values()), 0.6),
+                                                                                      list(cols.values()))
+            out.append(metric_panel(raw, m, cols, smooth))
+        return out
 
     picks = [names[i:i + 4] for i in range(4, 4 + 4 * 5, 4)]
     times = [timed(lambda p=p: interact(p))[0] for p in picks]
-    rows.append(("store: interaction (4 new metrics, EMA, figure)", statistics.median(times),
-                 f"median of {len(times)}, {4 * store.status().steps} points"))
+    shown = interact(picks[0])
+    points = sum(len(s["data"]) for p in shown for s in p.spec["series"]) // len(shown)
+    rows.append(("store: interaction (4 new metrics, EMA, panels)", statistics.median(times),
+                 f"median of {len(times)}, {store.status().steps} steps a metric, {points} points a panel "
+                 f"(downsampled to {DEFAULT_POINTS} columns)"))
     m = run / "metrics.jsonl"
     last = store.status().latest_step
     with m.open("a") as fh:
@@ -135,8 +144,9 @@ def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[s
     ]
 
 
-LOGGED_X = ("() => Array.from(document.querySelectorAll('.js-plotly-plot')[0]._fullData"
-            ".filter(t => t.name === 'logged')[0].x)")
+#: the metrics panels' descriptions ("<metric>: logged steps a-b; ..."), in page order
+PANEL_LABELS = ("Array.from(document.querySelectorAll('[data-testid=\"stEChartsChart\"]'))"
+                ".map(c => c.getAttribute('aria-label') || '')")
 
 
 def browser_whatif(pg, srv, run: Path, estimators: tuple[str, ...]) -> list[tuple[str, float, str]]:
@@ -171,13 +181,15 @@ def bench_browser(run: Path, names: list[str], sample: Path | None,
     from playwright.sync_api import sync_playwright
 
     from rldiag.app.memory import rss_mb
+    from rldiag.viz.charts import LOGGED_COLOUR
     from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
 
     exe = chromium_path()
     if exe is None:
         return [("browser", float("nan"), "skipped: no chromium (apt-get install chromium)")]
     rows = []
-    chart = ".js-plotly-plot .main-svg"
+    chart = ".js-plotly-plot .main-svg"  # the What-if page's plotly charts
+    panel = f'[data-testid="stEChartsChart"] svg path[stroke="{LOGGED_COLOUR}"]'  # a metrics panel's logged line
     with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
                                                    viewport={"width": 1400, "height": 1000})
@@ -189,7 +201,7 @@ def bench_browser(run: Path, names: list[str], sample: Path | None,
             with AppServer(target, timeout=180) as srv:
                 pg.goto(srv.url, wait_until="load")
                 t_load = time.perf_counter()
-                pg.wait_for_selector(chart)
+                pg.wait_for_selector(panel)
                 t = time.perf_counter()
                 nav = pg.evaluate("() => performance.now()") / 1000  # the page's clock: from navigation
                 rows.append((f"browser: page loaded -> first chart ({label})", t - t_load,
@@ -197,8 +209,6 @@ def bench_browser(run: Path, names: list[str], sample: Path | None,
                              f"(server up after {srv.ready_after:.1f} s)"))
                 if target != run:
                     continue
-                n_points = pg.evaluate("() => document.querySelectorAll('.js-plotly-plot')[0]._fullData"
-                                       ".reduce((a, t) => a + t.x.length, 0)")
                 times = []
                 for metric in names[10:13]:
                     box = pg.get_by_role("combobox", name="Metrics", exact=False)
@@ -206,24 +216,23 @@ def bench_browser(run: Path, names: list[str], sample: Path | None,
                     box.fill(metric)
                     t0 = time.perf_counter()
                     box.press("Enter")
-                    pg.wait_for_function(
-                        "(m) => Array.from(document.querySelectorAll('.js-plotly-plot .annotation-text'))"
-                        ".some(a => a.textContent === m)", arg=metric)
+                    pg.wait_for_function(f"(m) => {PANEL_LABELS}.some(l => l.startsWith(m + ': logged steps'))",
+                                         arg=metric)
                     times.append(time.perf_counter() - t0)
                     pg.keyboard.press("Escape")
                 rows.append(("browser: add a metric -> its panel drawn", statistics.median(times),
-                             f"median of {len(times)}; first panel sent {n_points} points for 10,000 steps"))
-                last = max(pg.evaluate(LOGGED_X))
+                             f"median of {len(times)}"))
+                last = int(re.search(r"logged steps \d+-(\d+)", pg.evaluate(f"() => {PANEL_LABELS}")[0]).group(1))
                 with (run / "metrics.jsonl").open("a") as fh:
                     t0 = time.perf_counter()
                     fh.write(json.dumps({"step": last + 1, "data": {n: 0.5 for n in names}}) + "\n")
-                pg.wait_for_function(f"() => ({LOGGED_X})().includes({last + 1})")
+                pg.wait_for_function(f"() => {PANEL_LABELS}.some(l => /logged steps \\d+-{last + 1}(;|$)/.test(l))")
                 rows.append(("browser: line appended -> visible", time.perf_counter() - t0,
                              "the page re-reads metrics.jsonl every second"))
                 tab = ctx.new_page()
                 t0 = time.perf_counter()
                 tab.goto(srv.url, wait_until="load")
-                tab.wait_for_selector(chart)
+                tab.wait_for_selector(panel)
                 rows.append(("browser: a second tab -> first chart", time.perf_counter() - t0, ""))
                 tab.close()
                 t0 = time.perf_counter()

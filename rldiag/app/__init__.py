@@ -7,8 +7,9 @@ Importing this package does not import Streamlit (the CLI builds the command wit
 
 ``rldiag app`` serves the app in its own process, after :func:`preload`: the runs' logged
 metrics are read into DuckDB and the heavy modules imported before the server answers, so the
-first page shows its chart without waiting for them; the page loads Streamlit's plotly component
-with itself (:mod:`rldiag.app.chartjs`) instead of after the first chart arrives.
+first page shows its chart without waiting for them. The first page draws with ECharts
+(:mod:`rldiag.viz.echarts`); the browser loads Streamlit's much larger plotly component only when
+a page with a plotly chart is opened.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def preload(runs: Sequence[str | Path]) -> None:
     import rldiag.recompute  # noqa: F401
     import rldiag.viz.charts  # noqa: F401
     import rldiag.viz.comparison  # noqa: F401
+    import rldiag.viz.echarts  # noqa: F401
     import rldiag.viz.health  # noqa: F401
 
 
@@ -82,11 +84,10 @@ def serve(runs: Sequence[str | Path], port: int | None = None, address: str | No
     """Serve the app in this process (blocks until the server stops)."""
     from streamlit.web import cli as stcli
 
-    from rldiag.app import chartjs, memory
+    from rldiag.app import memory
 
     memory.limit_arenas()  # before the server's threads: each could keep an arena of its own
     preload(runs)
-    chartjs.install()  # the page loads the plotly component with itself
     argv = ["streamlit", "run", str(APP_SCRIPT), *streamlit_options(port, address, headless)]
     if runs:
         argv += ["--", *(str(r) for r in runs)]

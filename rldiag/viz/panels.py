@@ -76,20 +76,3 @@ def panel_csv(joined: pl.DataFrame, metric: str, sources: dict[str, str]) -> byt
     cols = {c: n for n, c in sources.items() if c in f.columns}
     extra = [c for c in ("wall_time",) if c in f.columns]
     return f.select("step", *extra, *cols).rename(cols).sort("step").write_csv().encode()
-
-
-def selection_action(selection: Mapping | None) -> tuple[str, object] | None:
-    """What a selection on the panels asks for: ``("zoom", (first, last))`` for a box drawn
-    over steps, ``("step", n)`` for a clicked point (its ``customdata`` is its step), else None."""
-    sel = selection or {}
-    for box in sel.get("box") or []:
-        xs = [v for v in box.get("x") or [] if isinstance(v, (int, float))]
-        if len(xs) == 2 and round(xs[0]) != round(xs[1]):
-            return "zoom", (int(round(min(xs))), int(round(max(xs))))
-    for p in sel.get("points") or []:
-        step = p.get("customdata", p.get("x"))
-        if isinstance(step, list) and step:
-            step = step[0]
-        if isinstance(step, (int, float)) and not isinstance(step, bool):
-            return "step", int(step)
-    return None

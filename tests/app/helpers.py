@@ -1,5 +1,5 @@
-"""Helpers of the app tests: open a page in Streamlit's AppTest, read its plotly figures, and
-write logged metrics as a trainer would."""
+"""Helpers of the app tests: open a page in Streamlit's AppTest, read its plotly figures and
+ECharts panels, and write logged metrics as a trainer would."""
 
 from __future__ import annotations
 
@@ -66,3 +66,32 @@ def trace_names(spec: dict) -> list[str]:
 
 def subplot_titles(spec: dict) -> list[str]:
     return [a["text"] for a in spec["layout"].get("annotations", [])]
+
+
+def panels(at: AppTest) -> dict[str, dict]:
+    """The page's ECharts panels by metric (their title): each the option sent to the browser,
+    with the chart's screen-reader description under ``"alt"``."""
+    out = {}
+    for el in at.get("echarts_chart"):
+        spec = json.loads(el.proto.spec)
+        spec["alt"] = el.proto.alt
+        out[spec["title"]["text"]] = spec
+    return out
+
+
+def series_names(spec: dict) -> list[str]:
+    return [s["name"] for s in spec["series"]]
+
+
+def series(spec: dict, name: str) -> dict:
+    """The one series of the panel named ``name``."""
+    (found,) = [s for s in spec["series"] if s["name"] == name]
+    return found
+
+
+def xs(spec: dict, name: str) -> list:
+    return [p[0] for p in series(spec, name)["data"]]
+
+
+def ys(spec: dict, name: str) -> list:
+    return [p[1] for p in series(spec, name)["data"]]

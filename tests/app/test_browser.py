@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,12 +18,19 @@ from pathlib import Path
 import pytest
 
 from rldiag.synth import SynthSpec, write_synth_run
+from rldiag.viz.charts import LOGGED_COLOUR
+from rldiag.viz.echarts import GRID_TOP
 from rldiag.viz.runs import default_run
 from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHART = ".js-plotly-plot .main-svg"
+CHART = ".js-plotly-plot .main-svg"  # the other pages' plotly charts
+#: a metrics panel (ECharts, SVG) with its logged line drawn
+PANEL = f'[data-testid="stEChartsChart"] svg path[stroke="{LOGGED_COLOUR}"]'
+#: each metrics panel's description: "<metric>: logged steps a-b; <scenario> steps c-d"
+PANEL_LABELS = ("Array.from(document.querySelectorAll('[data-testid=\"stEChartsChart\"]'))"
+                ".map(c => c.getAttribute('aria-label') || '')")
 TIMEOUT_MS = 45_000
 
 
@@ -77,12 +85,50 @@ def _trace_names(pg, i: int = 0) -> list[str]:
     return pg.evaluate(f"() => Array.from(document.querySelectorAll('.js-plotly-plot')[{i}].data).map(t => t.name)")
 
 
-# plotly keeps the arrays it was sent as typed binary; _fullData holds them decoded
-LOGGED_X = "Array.from(document.querySelectorAll('.js-plotly-plot')[0]._fullData.filter(t => t.name === 'logged')[0].x)"
+def _panel_labels(pg) -> list[str]:
+    return pg.evaluate(f"() => {PANEL_LABELS}")
 
 
-def _logged_x(pg) -> list[int]:
-    return pg.evaluate(f"() => {LOGGED_X}")
+def _logged_to(step: int) -> str:
+    """JS: some panel draws logged values up to ``step``."""
+    return f"() => {PANEL_LABELS}.some(l => /logged steps \\d+-{step}(;|$)/.test(l))"
+
+
+def _click_a_point(pg) -> int:
+    """Click the middle point of the first panel's logged line (its symbols are 6 px paths);
+    the step it stands for, from the panel's description (the sample logs every step)."""
+    # below the legend (whose icon is such a symbol too): inside the plotting area
+    boxes = pg.evaluate(f"""() => {{ const svg = document.querySelector('[data-testid="stEChartsChart"] svg');
+        const top = svg.getBoundingClientRect().y + {GRID_TOP - 8};
+        return Array.from(svg.querySelectorAll('path[stroke="{LOGGED_COLOUR}"]')).map(p => p.getBoundingClientRect())
+        .filter(r => r.width > 3 && r.width < 12 && r.height > 3 && r.height < 12 && r.y > top)
+        .map(r => [r.x, r.y, r.width, r.height]); }}""")
+    assert len(boxes) > 2, boxes
+    first, last = (int(v) for v in re.search(r"logged steps (\d+)-(\d+)", _panel_labels(pg)[0]).groups())
+    assert len(boxes) == last - first + 1, (boxes, first, last)
+    x, y, w, h = sorted(boxes)[len(boxes) // 2]
+    pg.mouse.move(x + w / 2, y + h / 2)
+    pg.mouse.click(x + w / 2, y + h / 2)
+    return first + len(boxes) // 2
+
+
+def _brush(pg, start: float, end: float) -> None:
+    """On the first panel: pick the toolbox's x-range brush (its first icon, top right) and drag
+    over ``start``-``end`` of the panel's width."""
+    icons = pg.evaluate("""() => { const svg = document.querySelector('[data-testid="stEChartsChart"] svg');
+        const b = svg.getBoundingClientRect();
+        return Array.from(svg.querySelectorAll('path')).map(p => p.getBoundingClientRect())
+            .filter(r => r.width > 4 && r.width < 30 && r.y < b.y + 40 && r.x > b.x + b.width - 120)
+            .map(r => [r.x, r.y, r.width, r.height]); }""")
+    assert icons, "no toolbox icon"
+    x, y, w, h = sorted(icons)[0]
+    pg.mouse.click(x + w / 2, y + h / 2)
+    box = pg.locator('[data-testid="stEChartsChart"] svg').first.bounding_box()
+    mid = box["y"] + GRID_TOP + (box["height"] - GRID_TOP) / 2
+    pg.mouse.move(box["x"] + box["width"] * start, mid)
+    pg.mouse.down()
+    pg.mouse.move(box["x"] + box["width"] * end, mid, steps=8)
+    pg.mouse.up()
 
 
 def _goto(pg, title: str) -> None:
@@ -104,11 +150,11 @@ def _recompute_another_estimator(pg) -> str:
 def test_pages_in_a_browser(app_page, browser_run, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     pg, shots = app_page, _shots(tmp_path)
-    # 1. the sample loads and the metrics chart renders
-    pg.wait_for_selector(CHART)
+    # 1. the sample loads and the metrics panels render
+    pg.wait_for_selector(PANEL)
     latest = max(json.loads(line)["step"] for line in (browser_run / "metrics.jsonl").read_text().splitlines() if line)
     pg.get_by_text(f"Latest logged step {latest}", exact=False).wait_for()
-    assert "logged" in _trace_names(pg)
+    pg.wait_for_function(_logged_to(latest))
     _shoot(pg, shots / "metrics.png")
 
     # 2. lines appended while training runs appear without a reload; a half-written one waits
@@ -117,13 +163,21 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
         fh.write(json.dumps({"step": latest + 1, "data": {"critic/score/mean": 0.5, "actor/pg_clipfrac": 0.1}}) + "\n")
         fh.write(f'{{"step": {latest + 2}, "data": {{"critic/score/mean": 0.')
     pg.get_by_text(f"Latest logged step {latest + 1}", exact=False).wait_for()
-    pg.wait_for_function(f"() => {LOGGED_X}.includes({latest + 1})")
-    assert latest + 2 not in _logged_x(pg)
+    pg.wait_for_function(_logged_to(latest + 1))
+    assert not any(f"-{latest + 2}" in label for label in _panel_labels(pg))
     with m.open("a") as fh:
         fh.write('25}}\n')
     pg.get_by_text(f"Latest logged step {latest + 2}", exact=False).wait_for()
 
-    # 3. what-if: another estimator, recomputed; its scenario joins the chart
+    # 3. an x range brushed on a panel zooms every panel to those steps
+    pg.wait_for_function(_logged_to(latest + 2))
+    _brush(pg, 0.35, 0.65)
+    pg.wait_for_function(f"() => {PANEL_LABELS}.every(l => l && !/logged steps \\d+-{latest + 2}(;|$)/.test(l))")
+    first, last = (int(v) for v in re.search(r"logged steps (\d+)-(\d+)", _panel_labels(pg)[0]).groups())
+    assert 1 < first < last < latest + 2, (first, last)
+    sync_api.expect(pg.get_by_text(f"Latest logged step {latest + 2}", exact=False)).to_be_visible()
+
+    # 4. what-if: another estimator, recomputed; its scenario joins the chart
     _goto(pg, "What-if")
     pg.wait_for_selector(CHART)
     target = _recompute_another_estimator(pg)
@@ -132,7 +186,7 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
     assert {"baseline", f"adv_estimator={target}"} <= set(_trace_names(pg))
     _shoot(pg, shots / "whatif.png")
 
-    # 4. the other pages render
+    # 5. the other pages render
     _goto(pg, "Step")
     pg.wait_for_selector(CHART)
     pg.get_by_text("Debugging checklist", exact=False).first.wait_for()
@@ -185,16 +239,14 @@ def test_picker_sample_click_to_step_and_cancel(browser_env, tmp_path):
             pg.goto(srv.url)
             pg.get_by_text("No run is open", exact=False).wait_for()
             pg.get_by_role("button", name="Open the bundled sample", exact=False).click()
-            pg.wait_for_selector(CHART)
+            pg.wait_for_selector(PANEL)
             copy = home / "samples" / default_run().name
             assert (copy / "batches").is_dir()
-            # a click on a panel's line opens that step on the Step page
-            plot = pg.locator(".js-plotly-plot").first
-            box = plot.locator(".nsewdrag").first.bounding_box()
-            pg.mouse.click(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+            # a click on a point of a panel's line opens that step on the Step page
+            clicked = _click_a_point(pg)
             pg.get_by_role("heading", name="Step").wait_for()
             step = pg.get_by_role("combobox", name="Step", exact=True).input_value()
-            assert step.isdigit() and f"step={step}" in pg.url
+            assert step == str(clicked) and f"step={step}" in pg.url
             _goto(pg, "What-if")
             target = _recompute_another_estimator(pg)
             pg.get_by_role("button", name="Cancel the recompute").click()

@@ -37,4 +37,4 @@ def test_the_checkout_entry_point_still_runs_the_app(app_run):
     at.session_state["run_path"] = str(app_run)
     at.run()
     assert not at.exception
-    assert [t.value for t in at.title] == ["Training metrics"] and at.get("plotly_chart")
+    assert [t.value for t in at.title] == ["Training metrics"] and at.get("echarts_chart")

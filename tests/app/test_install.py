@@ -76,7 +76,7 @@ at.session_state["run_path"] = str(copy)
 at.run()
 print(json.dumps(dict(rldiag=rldiag.__file__, script=cmd[4], sample=str(sample), copy=str(copy),
                       bundled=runs.is_bundled(sample), writable=runs.writable(copy),
-                      errors=[str(e.value) for e in at.exception], charts=len(at.get("plotly_chart")))))
+                      errors=[str(e.value) for e in at.exception], charts=len(at.get("echarts_chart")))))
 """
     got = subprocess.run([str(py), "-c", probe], check=True, capture_output=True, text=True, cwd=elsewhere, env=env)
     info = json.loads(got.stdout.strip().splitlines()[-1])

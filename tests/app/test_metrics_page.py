@@ -1,4 +1,5 @@
-"""The training-metrics page in Streamlit's AppTest: widgets change the chart; growth shows up."""
+"""The training-metrics page in Streamlit's AppTest: widgets change the panels (ECharts options);
+growth shows up."""
 
 from __future__ import annotations
 
@@ -9,43 +10,36 @@ from streamlit.testing.v1 import AppTest
 from rldiag.recompute import recompute
 from rldiag.store import Store
 from rldiag.viz.panels import panel_csv
-from tests.app.helpers import APP, charts, open_app, subplot_titles, trace_names
+from tests.app.helpers import APP, open_app, panels, series, series_names, xs, ys
 
 
 def _status(at) -> str:
     return next(m.value for m in at.markdown if m.value.startswith("Latest logged step") or m.value.startswith("No logged"))
 
 
-def _xs(spec, name):
-    return sorted({x for t in spec["data"] if t.get("name") == name for x in t["x"]})
-
-
-def _panels(at) -> dict[str, dict]:
-    """The page's panels (one chart each), by metric."""
-    return {subplot_titles(s)[0]: s for s in charts(at)}
+def _first(at) -> dict:
+    return next(iter(panels(at).values()))
 
 
 def test_opens_with_logged_and_recomputed_on_the_same_axes(app_run):
     at = open_app(app_run)
     assert "Latest logged step **4** (4 steps)" in _status(at)
-    panels = _panels(at)
-    assert list(panels) == at.multiselect(key="m_metrics").value
-    spec = panels["critic/score/mean"]
-    names = set(trace_names(spec))
-    assert names == {"logged", "baseline"}
-    # both sources in one panel share its axes
-    axes = {(t["name"], t["xaxis"], t["yaxis"]) for t in spec["data"]}
-    assert {("logged", "x", "y"), ("baseline", "x", "y")} <= axes
-    assert _xs(spec, "logged") == [1, 2, 3, 4] and _xs(spec, "baseline") == [1, 2, 3, 4, 5, 6]
+    shown = panels(at)
+    assert list(shown) == at.multiselect(key="m_metrics").value
+    spec = shown["critic/score/mean"]
+    assert series_names(spec) == ["logged", "baseline"]  # one panel, one pair of axes, both sources
+    assert series(spec, "logged")["lineStyle"]["type"] == "solid" and series(spec, "baseline")["lineStyle"]["type"] == "dashed"
+    assert xs(spec, "logged") == [1, 2, 3, 4] and xs(spec, "baseline") == [1, 2, 3, 4, 5, 6]
+    assert spec["alt"] == "critic/score/mean: logged steps 1-4; baseline steps 1-6"
 
 
 def test_choosing_metrics_changes_the_panels(app_run):
     at = open_app(app_run)
     at.multiselect(key="m_metrics").set_value(["perf/throughput", "actor/pg_loss"]).run()
-    panels = _panels(at)
-    assert list(panels) == ["perf/throughput", "actor/pg_loss"]
-    perf = panels["perf/throughput"]["data"]
-    assert {t["name"] for t in perf} == {"logged"} and set(perf[0]["y"]) == {1234.0}
+    shown = panels(at)
+    assert list(shown) == ["perf/throughput", "actor/pg_loss"]
+    perf = shown["perf/throughput"]
+    assert series_names(perf) == ["logged"] and set(ys(perf, "logged")) == {1234.0}
 
 
 def test_search_and_groups_filter_the_options(app_run):
@@ -65,22 +59,23 @@ def test_search_and_groups_filter_the_options(app_run):
 def test_ema_smoothing_changes_the_lines(app_run):
     at = open_app(app_run)
     at.multiselect(key="m_metrics").set_value(["critic/advantages/max"]).run()
-    raw = [t for t in charts(at)[0]["data"] if t["name"] == "baseline"][0]["y"]
+    raw = ys(_first(at), "baseline")
     at.slider(key="m_ema").set_value(0.8).run()
-    traces = [t for t in charts(at)[0]["data"] if t["name"] == "baseline"]
-    faint, smooth = traces  # raw drawn faint under the smoothed line
-    assert faint["y"] == raw and faint["opacity"] < 1
-    assert smooth["y"][0] == raw[0] and smooth["y"][1:] != raw[1:]
-    assert max(smooth["y"]) - min(smooth["y"]) < max(raw) - min(raw)
+    spec = _first(at)
+    faint, smooth = ys(spec, "baseline (raw)"), ys(spec, "baseline")  # raw drawn faint under the smoothed line
+    assert faint == raw and series(spec, "baseline (raw)")["lineStyle"]["opacity"] < 1
+    assert series(spec, "baseline (raw)")["silent"] and "baseline (raw)" not in spec["legend"]["data"]
+    assert smooth[0] == raw[0] and smooth[1:] != raw[1:]
+    assert max(smooth) - min(smooth) < max(raw) - min(raw)
 
 
 def test_step_range_and_overlay(app_run):
     at = open_app(app_run)
     at.slider(key="m_range").set_value((2, 3)).run()
-    spec = charts(at)[0]
-    assert _xs(spec, "logged") == [2, 3] and _xs(spec, "baseline") == [2, 3]
+    spec = _first(at)
+    assert xs(spec, "logged") == [2, 3] and xs(spec, "baseline") == [2, 3]
     at.multiselect(key="m_scenarios").set_value([]).run()
-    assert {n for s in charts(at) for n in trace_names(s)} == {"logged"}
+    assert {n for s in panels(at).values() for n in series_names(s)} == {"logged"}
 
 
 def test_lines_appended_to_metrics_jsonl_appear(app_run):
@@ -92,9 +87,9 @@ def test_lines_appended_to_metrics_jsonl_appear(app_run):
     at.run()
     assert not at.exception
     assert "Latest logged step **5** (5 steps)" in _status(at)
-    assert charts(at)
-    score_panel = [t for t in _panels(at)["critic/score/mean"]["data"] if t["name"] == "logged"][0]
-    assert score_panel["x"][-1] == 5 and score_panel["y"][-1] == 0.77
+    score = panels(at)["critic/score/mean"]
+    assert xs(score, "logged")[-1] == 5 and ys(score, "logged")[-1] == 0.77
+    assert "logged steps 1-5" in score["alt"]
     with m.open("a") as fh:
         fh.write('9}}\n')
     at.run()
@@ -109,7 +104,7 @@ def test_a_range_reaching_the_last_step_follows_the_run(app_run):
         fh.write(json.dumps({"step": 5, "data": {"critic/score/mean": 0.5}}) + "\n")
     at.text_input(key="m_query").set_value("score").run()  # any interaction: a full rerun
     assert at.slider(key="m_range").value == (2, 5)
-    assert _xs(charts(at)[0], "logged") == [2, 3, 4, 5]
+    assert xs(_first(at), "logged") == [2, 3, 4, 5]
     at.slider(key="m_range").set_value((2, 3)).run()  # a narrowed range stays put
     with (app_run / "metrics.jsonl").open("a") as fh:
         fh.write(json.dumps({"step": 6, "data": {"critic/score/mean": 0.6}}) + "\n")
@@ -131,24 +126,26 @@ def _spiky_run(tmp_path, with_time=False):
 
 def test_log_scale_and_outlier_clipping(tmp_path):
     at = open_app(_spiky_run(tmp_path), m_metrics=["critic/score/mean", "actor/grad_norm"])
-    spec = _panels(at)["actor/grad_norm"]
-    assert "range" not in spec["layout"]["yaxis"] and spec["layout"]["yaxis"].get("type") != "log"
+    axis = panels(at)["actor/grad_norm"]["yAxis"]
+    assert "max" not in axis and axis["type"] == "value"
     at.toggle(key="m_clip").set_value(True).run()
-    lo, hi = _panels(at)["actor/grad_norm"]["layout"]["yaxis"]["range"]
-    assert hi < 2.0 and lo > 0.9  # the 1e4 spike no longer sets the axis
+    axis = panels(at)["actor/grad_norm"]["yAxis"]
+    assert axis["max"] < 2.0 and axis["min"] > 0.9  # the 1e4 spike no longer sets the axis
     at.toggle(key="m_clip").set_value(False).run()
     at.toggle(key="m_log").set_value(True).run()
-    assert all(s["layout"]["yaxis"]["type"] == "log" for s in charts(at))
+    assert all(s["yAxis"]["type"] == "log" for s in panels(at).values())
 
 
 def test_x_by_wall_time_when_the_run_logs_a_timestamp(tmp_path):
     at = open_app(_spiky_run(tmp_path / "a"))
-    assert at.radio(key="m_x").options == ["step"]
+    assert at.toggle(key="m_wall").disabled and "logs none" in at.toggle(key="m_wall").help
+    assert _first(at)["xAxis"]["type"] == "value"
     at = open_app(_spiky_run(tmp_path / "b", with_time=True))
-    assert at.radio(key="m_x").options == ["step", "wall time"]
-    at.radio(key="m_x").set_value("wall_time").run()
-    trace = charts(at)[0]["data"][0]
-    assert str(trace["x"][0]).startswith("2023-11-14") and trace["customdata"][0] == 1  # x is time, the step rides along
+    assert not at.toggle(key="m_wall").disabled and _first(at)["xAxis"]["type"] == "value"
+    at.toggle(key="m_wall").set_value(True).run()
+    spec = _first(at)
+    assert spec["xAxis"]["type"] == "time"
+    assert xs(spec, "logged")[:2] == [1_700_000_030_000, 1_700_000_060_000]  # ms since the epoch, step by step
 
 
 def test_the_view_comes_from_the_url(app_run):
@@ -157,7 +154,7 @@ def test_the_view_comes_from_the_url(app_run):
     at.query_params["metrics"] = ["perf/throughput", "actor/pg_loss"]
     at.run()
     assert at.multiselect(key="m_metrics").value == ["perf/throughput", "actor/pg_loss"]
-    assert list(_panels(at)) == ["perf/throughput", "actor/pg_loss"]
+    assert list(panels(at)) == ["perf/throughput", "actor/pg_loss"]
     at.multiselect(key="m_metrics").set_value(["actor/pg_loss"]).run()
     assert at.query_params["metrics"] == "actor/pg_loss" and at.query_params["run"] == str(app_run)
 
@@ -177,22 +174,24 @@ def test_no_metrics_logged_is_said_so(tmp_path):
     run = write_synth_run(tmp_path / "r", SynthSpec(steps=2, write_metrics=False))
     at = open_app(run)
     assert any("No metrics logged yet" in i.value for i in at.info)
-    assert not charts(at)
+    assert not panels(at)
 
 
 def test_another_run_overlaid(app_run, tmp_path):
     other = _spiky_run(tmp_path)
     at = open_app(app_run, other_runs=str(other))
     at.multiselect(key="m_metrics").set_value(["critic/score/mean"]).run()
-    names = set(trace_names(charts(at)[0]))
-    assert names == {"run · logged", "run · baseline", "spiky · logged"}
-    xs = {t["name"]: t["x"] for t in charts(at)[0]["data"]}
-    assert len(xs["spiky · logged"]) == 200 and xs["run · logged"] == [1, 2, 3, 4]
+    spec = _first(at)
+    assert set(series_names(spec)) == {"run · logged", "run · baseline", "spiky · logged"}
+    assert len(xs(spec, "spiky · logged")) == 200 and xs(spec, "run · logged") == [1, 2, 3, 4]
 
 
 def test_a_panels_data_exports_as_csv(app_run):
     at = open_app(app_run)
+    assert not at.selectbox  # the export's widgets wait until asked for
+    at.toggle(key="m_export_on").set_value(True).run()
     assert at.selectbox(key="m_export").options == at.multiselect(key="m_metrics").value
+    assert at.get("download_button")
     store = Store(app_run)
     csv = panel_csv(store.joined(["actor/pg_loss"], ["baseline"]), "actor/pg_loss", store.source_columns(["baseline"]))
     lines = csv.decode().splitlines()

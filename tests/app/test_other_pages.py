@@ -9,7 +9,7 @@ import pytest
 from rldiag.recompute import recompute
 from rldiag.viz import runs
 from rldiag.viz.runs import default_run
-from tests.app.helpers import charts, open_app, subplot_titles
+from tests.app.helpers import charts, open_app, panels, subplot_titles
 
 OFF = "views/offpolicy.py"
 HEALTH = "views/health.py"
@@ -82,7 +82,7 @@ def test_no_run_opens_the_picker():
     at = open_app("")
     assert any("rldiag app /path/to/RUN" in i.value for i in at.info)
     assert at.text_input(key="pk_path").value in ("", None)
-    assert not charts(at)
+    assert not panels(at) and not charts(at)
 
 
 def test_the_picker_opens_a_typed_path_and_remembers_it(app_run, rldiag_home):
@@ -91,7 +91,7 @@ def test_the_picker_opens_a_typed_path_and_remembers_it(app_run, rldiag_home):
     at.button(key="pk_open").click().run()
     assert not at.exception
     assert at.text_input(key="run_path").value == str(app_run)
-    assert charts(at), "the run's metrics chart"
+    assert panels(at), "the run's metrics panels"
     assert at.query_params["run"] == str(app_run)  # the view is in the URL
     again = open_app("")
     assert again.button(key="pk_recent_0").label == str(app_run.resolve())
@@ -105,11 +105,11 @@ def test_the_bundled_sample_opens_as_a_writable_copy(rldiag_home):
         pytest.skip("no bundled sample in this checkout")
     before = sorted(p.name for p in sample.iterdir())
     at = open_app(None)
-    assert not charts(at)  # no run given: the picker, not the sample inside the install
+    assert not panels(at)  # no run given: the picker, not the sample inside the install
     at.button(key="pk_sample").click().run()
     opened = Path(at.text_input(key="run_path").value)
     assert opened == rldiag_home / "samples" / sample.name and runs.writable(opened)
-    assert charts(at), "the sample's metrics chart"
+    assert panels(at), "the sample's metrics panels"
     assert sorted(p.name for p in sample.iterdir()) == before  # the install is untouched
 
 

@@ -194,7 +194,7 @@ def test_step_range_follows_growth():
 def test_panels_helpers():
     import polars as pl
 
-    from rldiag.viz.panels import identical_sources, merge_runs, overlap_note, run_labels, selection_action
+    from rldiag.viz.panels import identical_sources, merge_runs, overlap_note, run_labels
 
     f = pl.DataFrame({"step": [1, 2, 1, 2], "metric": ["a", "a", "b", "b"], "logged": [1.0, float("nan"), 1.0, 2.0],
                       "s": [1.0, float("nan"), 1.0, 2.5]})
@@ -206,10 +206,6 @@ def test_panels_helpers():
     assert legend == {"main · logged": "logged", "r2 · logged": "r2 · logged"}
     assert merged.filter(metric="a")["r2 · logged"].to_list() == [None, 5.0, 6.0]
     assert run_labels(["/x/a/run", "/y/b/run", "/z/c"]) == {"/x/a/run": "a/run", "/y/b/run": "b/run", "/z/c": "c"}
-    assert selection_action({"box": [{"x": [10.2, 40.7]}], "points": []}) == ("zoom", (10, 41))
-    assert selection_action({"points": [{"x": "2024-01-01", "customdata": [7]}]}) == ("step", 7)
-    assert selection_action({"points": [{"x": 3}]}) == ("step", 3)
-    assert selection_action({"points": [], "box": []}) is None and selection_action(None) is None
 
 
 def test_estimator_fit_warns_for_groups_of_one():

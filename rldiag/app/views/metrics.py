@@ -1,5 +1,6 @@
 """Training metrics: the logged metrics, live, with recomputed scenarios and other runs on the
-same axes; downsampled in DuckDB to what the panels can draw."""
+same axes; downsampled in DuckDB to what the panels can draw; drawn with ECharts
+(:mod:`rldiag.viz.echarts`)."""
 
 import time
 
@@ -9,15 +10,14 @@ import streamlit as st
 from rldiag.app import session
 from rldiag.app.main import page_path
 from rldiag.store.downsample import DEFAULT_POINTS
-from rldiag.viz.charts import metric_grid
+from rldiag.viz.echarts import PANEL_HEIGHT, Panel, metric_panel, panel_action
 from rldiag.viz.metric_groups import default_selection, filter_names, follow_range, group_by_prefix
-from rldiag.viz.panels import identical_sources, merge_runs, overlap_note, panel_csv, run_labels, selection_action
+from rldiag.viz.panels import identical_sources, merge_runs, overlap_note, panel_csv, run_labels
 from rldiag.viz.smoothing import ema
 from rldiag.viz.timefmt import live_line
 
 #: seconds between two looks at metrics.jsonl
 REFRESH_S = 1.0
-X_AXES = {"step": "step", "wall_time": "wall time"}
 
 st.title("Training metrics")
 store = session.store_or_stop()
@@ -62,9 +62,12 @@ def controls():
     clip = c6.toggle("Clip outliers", key="m_clip",
                      help="Each panel's y range from the 1st to the 99th percentile of its values; a spike no "
                           "longer flattens the rest.")
-    axes = ["step"] + (["wall_time"] if store.wall_time_metric() else [])
-    x = c7.radio("x axis", axes, format_func=X_AXES.get, key="m_x", horizontal=True,
-                 help="Wall time needs a logged timestamp (`_timestamp` or `timestamp`, seconds since the epoch).")
+    # toggles, not a radio: the page's first draw then loads one kind of widget less (docs/app.md)
+    timed = store.wall_time_metric() is not None
+    wall = c7.toggle("Wall time on x", key="m_wall", disabled=not timed,
+                     help="The x axis by the logged time instead of the step. Needs a logged timestamp (`_timestamp` or "
+                          "`timestamp`, seconds since the epoch)" + ("." if timed else ": this run logs none."))
+    x = "wall_time" if wall and timed else "step"
 
     bounds = store.step_bounds(overlay)
     lo = hi = None
@@ -109,33 +112,32 @@ def _split(frame: pl.DataFrame | None) -> dict:
     return {} if frame is None else {m: f for (m,), f in frame.partition_by("metric", as_dict=True).items()}
 
 
-def _figure(metric: str, raw: pl.DataFrame, smooth, columns: dict, options: tuple, cache: bool):
-    """The panel's figure; while its frames are the store's cached ones (same objects) and the
-    options the same, the figure built last time (the live refresh redraws nothing new)."""
+def _panel(metric: str, raw: pl.DataFrame, smooth, columns: dict, options: tuple, cache: bool) -> Panel:
+    """The metric's panel; while its frames are the store's cached ones (same objects) and the
+    options the same, the panel built last time (the live refresh redraws nothing new)."""
     log_y, y_range, x = options
-    build = lambda: metric_grid(raw, [metric], columns, smooth, log_y=log_y,  # noqa: E731
-                                y_ranges={metric: y_range} if y_range else None, x=x, row_height=300)
+    build = lambda: metric_panel(raw, metric, columns, smooth, log_y=log_y, y_range=y_range, x=x)  # noqa: E731
     if not cache:
         return build()
-    figs = st.session_state.setdefault("m_figs", {})
+    panels = st.session_state.setdefault("m_panels", {})
     key = (metric, id(raw), id(smooth), tuple(columns.items()), options)
-    got = figs.get(metric)
+    got = panels.get(metric)
     if got is None or got[0] != key:
-        figs[metric] = got = (key, build(), raw, smooth)  # the frames are kept: their ids stay theirs
-    for gone in [m for m in figs if m not in st.session_state.get("m_metrics", [])]:
-        del figs[gone]  # only the panels on the page are kept
+        panels[metric] = got = (key, build(), raw, smooth)  # the frames are kept: their ids stay theirs
+    for gone in [m for m in panels if m not in st.session_state.get("m_metrics", [])]:
+        del panels[gone]  # only the panels on the page are kept
     return got[1]
 
 
-def _on_select(metric: str, event) -> None:
+def _on_select(metric: str, panel: Panel, event) -> None:
     sel = dict(getattr(event, "selection", None) or {})
     seen = st.session_state.setdefault("m_sel_seen", {})
-    action = selection_action(sel) if repr(sel) != seen.get(metric) else None
+    action = panel_action(sel, panel) if repr(sel) != seen.get(metric) else None
     seen[metric] = repr(sel)
     if action is None:
         return
     kind, arg = action
-    if kind == "zoom":
+    if kind == "zoom":  # an x range brushed on a panel
         st.session_state["m_zoom"] = arg
         st.rerun()
     # the URL keeps the open run (and the rest of the view) beside the step: switching pages from
@@ -184,26 +186,28 @@ def live(view: dict) -> None:
                 grid = st.columns(2)  # row by row: a new metric adds a panel after the others
             # one chart per panel: adding a metric draws one new panel, the others stay as they are
             raw, smooth = frames[metric]
-            fig = _figure(metric, raw, smooth, columns, (view["log_y"], ranges.get(metric), x), cache)
+            panel = _panel(metric, raw, smooth, columns, (view["log_y"], ranges.get(metric), x), cache)
             with grid[k % 2]:
-                event = st.plotly_chart(fig, key=f"m_chart:{metric}", config={"displaylogo": False},
-                                        on_select="rerun", selection_mode=("points", "box"))
-            _on_select(metric, event)
+                event = st.echarts_chart(panel.spec, key=f"m_chart:{metric}", on_select="rerun",
+                                         height=PANEL_HEIGHT, alt=panel.alt, renderer="svg")
+            _on_select(metric, panel, event)
         joined = _concat(f for f, _ in frames.values())
         note = overlap_note(identical_sources(joined, columns))
         if note:
             st.caption(note)
-        st.caption("Click a point to open its step; draw a box to zoom into its steps at full resolution.")
+        st.caption("Click a point to open its step. To zoom into steps at full resolution, pick a panel's brush "
+                   "(top right) and drag over them.")
         problems = store.batches.problems
         if problems:
             st.warning("Batch files skipped (cannot be opened, maybe still being written): " + ", ".join(problems))
 
 
 def export(view: dict) -> None:
-    """A panel's data, at full resolution, as CSV."""
-    if not view["selected"]:
+    """A panel's data, at full resolution, as CSV (its widgets drawn once asked for: the page's
+    first draw waits for the code of every kind of widget on it)."""
+    if not view["selected"] or not st.toggle("Export a panel's data (CSV)", key="m_export_on"):
         return
-    with st.expander("Export a panel's data (CSV)"):
+    with st.container(border=True):
         metric = st.selectbox("Panel", view["selected"], key="m_export")
         full = store.joined([metric], view["overlay"], view["lo"], view["hi"])
         if view["x"] != "step":
