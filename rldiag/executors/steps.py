@@ -38,8 +38,11 @@ from rldiag.io.loader import StepData, load_step
 from rldiag.io.outputs import tokens_table
 from rldiag.io.rundir import StepFile
 
-#: Steps read ahead on the loader thread (bounded: memory stays flat as the run grows).
-PREFETCH = 2
+#: Steps read ahead on the loader thread (bounded: memory stays flat as the run grows). One: the
+#: next step is read while this one computes. Each more step ahead holds another step's file
+#: bytes, decoded table and tensors (about 3 times its data) and gained no time: two ahead
+#: peaked 40-70 MB higher on 20 steps x 512 x 1,024, in the same time (docs/performance.md).
+PREFETCH = 1
 
 #: Pack steps together until this many tokens; one step may exceed it alone.
 DEFAULT_PACK_TOKENS = 1 << 19
