@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,7 +23,8 @@ class Executor(Protocol):
 
     ``start`` connects to what runs the steps and resolves ``--device`` there (returns e.g.
     ``"cpu"``, ``"cuda"``); ``run`` yields one :class:`StepOutcome` per task, in step order, so
-    that the driver keeps memory flat and owns every write; ``close`` releases what ``start``
+    that the driver keeps memory flat and owns every write (a generator: the driver closes it
+    when it stops early, which lets the executor release a pending step); ``close`` releases what ``start``
     acquired. ``start`` may be called again on a started executor (``--follow``).
     """
 
@@ -31,6 +32,6 @@ class Executor(Protocol):
 
     def start(self, device: str) -> str: ...
 
-    def run(self, plan: Plan) -> Iterator[StepOutcome]: ...
+    def run(self, plan: Plan) -> Generator[StepOutcome, None, None]: ...
 
     def close(self) -> None: ...

@@ -43,7 +43,7 @@ def pack_statistics(fetched: Iterable[Fetched], job: Job) -> list[PackStatistic]
     for unit in packs(fetched, job.pack_tokens):
         if isinstance(unit, Fetched):
             continue
-        batch = pack_batches([f.data.batch for f in unit]).to(dev)
+        batch = pack_batches([f.loaded.batch for f in unit]).to(dev)
         try:
             _, current_kl = reward_kl(batch, anchor_log_probs(batch, job.settings), job.settings)
         except RldiagError:

@@ -3,7 +3,7 @@ and hashed on a background thread while the current pack is computed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import torch
 
@@ -24,13 +24,14 @@ class LocalExecutor:
         tune_host_allocator()
         return resolved
 
-    def run(self, plan: Plan) -> Iterator[StepOutcome]:
+    def run(self, plan: Plan) -> Generator[StepOutcome, None, None]:
         job = plan.job
         settings = job.settings
         kl_state = initial_kl_state(settings) if settings["algorithm.use_kl_in_reward"] else None
         for task in plan.replay:  # the coefficient of a step depends on every step before it
             stat = replay_statistic(task.step_file(), settings)
             if stat is not None:
+                assert kl_state is not None  # a replay is planned only for an adaptive KL in the reward
                 kl_state.advance(settings, *stat)
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import socket
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import replace
 from pathlib import Path
 
@@ -199,7 +199,7 @@ class RayExecutor:
             slots = float(res.get("CPU", 1)) / self.cpus_per_task
         return max(2, 2 * int(slots))
 
-    def run(self, plan: Plan) -> Iterator[StepOutcome]:
+    def run(self, plan: Plan) -> Generator[StepOutcome, None, None]:
         ray = import_ray()
         job = plan.job
         opts = self.task_options()

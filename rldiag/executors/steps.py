@@ -120,6 +120,12 @@ class Fetched:
                 self._record, self._pending = self._pending.result(), None
             return dict(self._record)
 
+    @property
+    def loaded(self) -> StepData:
+        """The step's data, for a step that was loaded (every step of a pack, see :func:`packs`)."""
+        assert self.data is not None, f"step {self.task.step} was not loaded"
+        return self.data
+
     def outcome(self) -> StepOutcome:
         """The outcome of a step that was not loaded: failed, or reused."""
         if self.error is not None:
@@ -139,9 +145,10 @@ def known_hash(info: dict, remote: bool, previous: dict | None) -> bool:
     if it was computed at least a second after the object's last modification (``hashed_ns``): a
     rewrite within the same second as the hash would otherwise go unnoticed.
     """
+    if not previous:
+        return False
     same = (
-        previous
-        and previous.get("size") == info["size"]
+        previous.get("size") == info["size"]
         and previous.get("mtime_ns") == info["mtime_ns"]
         and previous.get("sha256")
         and (not remote or previous.get("hashed_ns", 0) >= info["mtime_ns"] + 1_000_000_000)
@@ -312,7 +319,7 @@ def _metric_rows(result: Result, steps_ok: set[int]) -> dict[int, dict[str, floa
 
 def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
     """Recompute one pack on ``job.device``; one outcome per step, in order."""
-    batch = pack_batches([f.data.batch for f in pack]).to(torch.device(job.device))
+    batch = pack_batches([f.loaded.batch for f in pack]).to(torch.device(job.device))
     try:
         result = recompute_batch(batch, job.settings, kl_state)
     except RldiagError as exc:
@@ -329,7 +336,7 @@ def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
     out = []
     tok0 = 0
     for f in pack:
-        d = f.data
+        d = f.loaded
         sel = slice(tok0, tok0 + d.n_tokens)  # the step's tokens in the packed layout
         tok0 += d.n_tokens
         if d.step in failed:
