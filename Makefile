@@ -2,7 +2,8 @@
 #   make sample   set up, then recompute the bundled sample run under RLOO
 #   make test     set up, then run the test suite (everything; CI runs this)
 #   make test-fast  the same without the tests marked slow (browser, Ray, subprocesses, benchmarks)
-#   make lint     ruff over the tree (rules in pyproject.toml); make typecheck: mypy over engine, io, config, cli, executors
+#   make lint     ruff over the tree (rules in pyproject.toml)
+#   make typecheck  mypy over engine, io, config, cli, executors, recompute.py, check.py ([tool.mypy] files)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin

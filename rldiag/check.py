@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from rldiag.config.settings import find_config_file, resolve_settings
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.errors import RldiagError
+from rldiag.io.fs import relative_to
 from rldiag.io.loader import read_table, validate_table
 from rldiag.io.rundir import RunDir, iter_metrics_lines
 from rldiag.io.schema import BASE_NEED, LIST_COLUMNS, METRIC_NEEDS, SCALAR_COLUMNS, estimator_need, policy_loss_needs
@@ -57,7 +58,7 @@ def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None 
     summaries: list[StepSummary] = []
     seen: set[str] = set()
     for i, sf in enumerate(files):
-        s = StepSummary(step=sf.step, file=str(sf.path.relative_to(rd.path)))
+        s = StepSummary(step=sf.step, file=str(relative_to(sf.path, rd.path)))
         try:
             table = read_table(sf)
             s.columns = list(table.column_names)
@@ -92,7 +93,7 @@ def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None 
     cf = find_config_file(rd.path)
     return CheckReport(
         run=str(rd.path),
-        config_file=str(cf.relative_to(rd.path)) if cf else None,
+        config_file=str(relative_to(cf, rd.path)) if cf else None,
         metrics_lines=lines,
         metrics_names=len(names),
         steps=summaries,

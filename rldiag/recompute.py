@@ -38,7 +38,7 @@ from rldiag.executors import Executor, Plan, get_executor
 from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import is_adaptive
 from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, DEFAULT_PACK_TOKENS, PREFETCH, Job, StepOutcome, StepTask
-from rldiag.io.fs import RemotePath, as_path, is_remote
+from rldiag.io.fs import RemotePath, as_path, is_remote, relative_to
 from rldiag.io.outputs import json_safe, list_scenarios, metrics_table, read_scenario, scenario_dir, sha256_file
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
 from rldiag.io.scenario_writer import ScenarioWriter, open_writer
@@ -163,7 +163,7 @@ def _plan(rd: RunDir, files: dict[int, StepFile], chosen: list[int], job: Job, p
           chunk_steps: int) -> Plan:
     def task(step: int, chunk: int) -> StepTask:
         sf = files[step]
-        rel = str(sf.path.relative_to(rd.path))
+        rel = str(relative_to(sf.path, rd.path))
         reusable = prev.reusable and step in prev.metrics and (not job.save_tokens or step in prev.token_steps)
         # results are reused only from this scenario; a file's hash may come from any scenario
         previous = prev.inputs.get(step) if reusable else (prev.inputs.get(step) or prev.known.get(rel))
@@ -178,6 +178,7 @@ def _record(out: StepOutcome, report: ScenarioReport, prev: _Previous, writer: S
     """One executor outcome into the report and the scenario being written."""
     tokens_rel = f"tokens/step_{out.step:06d}.parquet"
     if out.status == "failed":
+        assert out.error is not None  # a failed outcome says why
         report.steps_failed[out.step] = out.error
         return
     if out.status == "reused":
@@ -187,6 +188,7 @@ def _record(out: StepOutcome, report: ScenarioReport, prev: _Previous, writer: S
             writer.keep(tokens_rel)
         report.steps_reused.append(out.step)
     else:
+        assert out.metrics is not None  # a computed step has its metrics row
         report.metrics.append(out.metrics)
         if out.tokens is not None:
             writer.write_table(tokens_rel, out.tokens)

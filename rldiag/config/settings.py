@@ -356,7 +356,7 @@ def known_keys() -> list[str]:
 
 
 def resolve_settings(
-    run_dir: Path | None = None,
+    run_dir: Path | RemotePath | None = None,
     overrides: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> Settings:

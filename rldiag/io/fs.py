@@ -22,7 +22,7 @@ import functools
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import TypeGuard
 from urllib.parse import urlsplit
 
@@ -60,6 +60,16 @@ def as_path(p: str | os.PathLike | RemotePath) -> Path | RemotePath:
                 raise StorageError(f"{p}: a URI needs a bucket (e.g. s3://bucket/run)")
             return RemotePath(filesystem_for(scheme, rest.split("/", 1)[0]), scheme, rest)
     return Path(p)
+
+
+def relative_to(p: Path | RemotePath, root: Path | RemotePath) -> PurePath:
+    """``p`` relative to ``root``, both local or both in one object store (a file found under a
+    run directory, relative to it)."""
+    if isinstance(p, RemotePath):
+        assert isinstance(root, RemotePath), f"{p} is remote, {root} is local"
+        return p.relative_to(root)
+    assert isinstance(root, Path), f"{p} is local, {root} is remote"
+    return p.relative_to(root)
 
 
 def arrow_source(p: Path | RemotePath) -> tuple[str, pafs.FileSystem | None]:

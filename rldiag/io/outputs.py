@@ -33,7 +33,7 @@ TOKEN_OUTPUTS = (
 )
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+def sha256_file(path: Path | RemotePath, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
         while True:
@@ -111,7 +111,7 @@ def list_scenarios(run_path: Path | RemotePath | str) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / "scenario.json").is_file())
 
 
-def read_scenario(run_path: Path, name: str) -> tuple[dict, pa.Table]:
+def read_scenario(run_path: Path | RemotePath, name: str) -> tuple[dict, pa.Table]:
     """(scenario.json, metrics table) of one scenario."""
     d = scenario_dir(run_path, name)
     if not (d / "scenario.json").is_file():

@@ -151,7 +151,7 @@ def _line_step(obj: object) -> tuple[int | None, str]:
     return step, ""
 
 
-def iter_metrics_records(path: Path, skipped: list[tuple[int, str]] | None = None) -> Iterator[tuple[int, dict]]:
+def iter_metrics_records(path: Path | RemotePath, skipped: list[tuple[int, str]] | None = None) -> Iterator[tuple[int, dict]]:
     """Every complete line of ``metrics.jsonl`` as ``(step, payload)``, in file order, with the
     payload as logged (any JSON values).
 
@@ -187,7 +187,7 @@ def iter_metrics_records(path: Path, skipped: list[tuple[int, str]] | None = Non
         yield step, payload
 
 
-def iter_metrics_lines(path: Path, skipped: list[tuple[int, str]] | None = None) -> Iterator[tuple[int, dict]]:
+def iter_metrics_lines(path: Path | RemotePath, skipped: list[tuple[int, str]] | None = None) -> Iterator[tuple[int, dict]]:
     """Logged metrics as ``(step, {name: number})``, in file order (see
     :func:`iter_metrics_records`); values that are not numbers are left out."""
     for step, payload in iter_metrics_records(path, skipped):
