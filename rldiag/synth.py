@@ -12,6 +12,7 @@ to ``[min_len, max_len]``, and a share ``capped`` of the rows cut at ``max_len``
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +126,7 @@ def write_synth_run(path: str | Path, spec: SynthSpec | None = None) -> Path:
     lines = []
     for step in range(spec.first_step, spec.first_step + spec.steps):
         table = synth_step_table(spec, step, rng)
-        write_file_atomic(root / "batches" / f"step_{step}.parquet", lambda p, t=table: pq.write_table(t, p))
+        write_file_atomic(root / "batches" / f"step_{step}.parquet", functools.partial(pq.write_table, table))
         lines.append(json.dumps({"step": step, "data": {"critic/score/mean": float(np.mean(table["score"]))}}))
     if spec.write_metrics:
         (root / "metrics.jsonl").write_text("\n".join(lines) + "\n")

@@ -29,7 +29,7 @@ def _container(cfg: Any) -> Any:
             return to_container()
     if type(cfg).__module__.startswith("omegaconf"):
         try:
-            from omegaconf import OmegaConf  # type: ignore[import-not-found]
+            from omegaconf import OmegaConf
 
             return OmegaConf.to_container(cfg, resolve=True)
         except ImportError:  # pragma: no cover - an OmegaConf object without omegaconf

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -25,6 +25,13 @@ import torch
 from rldiag.capture.fields import ATTENTION_KEY, KNOWN_NAMES, MASK_SOURCES, RESPONSES_KEY, ROW_SOURCES, TOKEN_SOURCES
 from rldiag.errors import BatchError, CaptureError, MissingInputError
 from rldiag.io.schema import LIST_COLUMNS
+
+
+class Where(TypedDict):
+    """Where a batch came from, as every error raised on it names it."""
+
+    file: str
+    step: int
 
 
 @dataclass
@@ -92,7 +99,7 @@ def _first(names: Sequence[str], *maps: Mapping[str, Any]) -> tuple[str, Any] | 
 
 
 def _response_attention(
-    tensors: dict[str, torch.Tensor], mask: torch.Tensor, where: dict
+    tensors: dict[str, torch.Tensor], mask: torch.Tensor, where: Where
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(response attention (rows, R) bool, prompt attention (rows, P) or None)``.
 
@@ -115,7 +122,7 @@ def _response_attention(
     return resp, prompt
 
 
-def _row_values(value: Any, name: str, kind: str, rows: int, where: dict) -> np.ndarray:
+def _row_values(value: Any, name: str, kind: str, rows: int, where: Where) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         value = value.detach().to("cpu").numpy()
     arr = np.asarray(value)
@@ -131,7 +138,7 @@ def _row_values(value: Any, name: str, kind: str, rows: int, where: dict) -> np.
 class _Gather:
     """Gathers the kept positions of ``(rows, width)`` tensors with one flat index per device."""
 
-    def __init__(self, sel: torch.Tensor, where: dict):
+    def __init__(self, sel: torch.Tensor, where: Where):
         self.rows, self.width = sel.shape
         self.where = where
         self.lengths = sel.sum(-1).to("cpu", torch.int64).numpy()
@@ -156,7 +163,7 @@ class _Gather:
         return values.astype(np.int8)
 
 
-def _row_columns(tensors: dict, non: dict, rows: int, extra_columns: Sequence[str], where: dict) -> dict:
+def _row_columns(tensors: dict, non: dict, rows: int, extra_columns: Sequence[str], where: Where) -> dict:
     """Per-row columns: the schema's (``rldiag.io.schema``), the requested extras, numeric non-tensor fields."""
     out: dict[str, np.ndarray] = {}
     for col, (names, kind) in ROW_SOURCES.items():
@@ -188,7 +195,7 @@ def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] 
     ``token_ids``: also keep the response token ids (the ``responses`` tensor), for token text.
     Raises :class:`BatchError` naming step, row and column for a malformed batch.
     """
-    where = {"file": str(path), "step": int(step)}
+    where: Where = {"file": str(path), "step": int(step)}
     tensors, non = split_batch(batch)
     found = _first(MASK_SOURCES["response_mask"], tensors)
     if found is None:

@@ -109,6 +109,11 @@ class VerlCapture:
     def active(self) -> bool:
         return self.writer is not None
 
+    def _open_writer(self) -> RunWriter:
+        """The writer; the patched trainer methods call in only while ``fit`` runs (:attr:`active`)."""
+        assert self.writer is not None, "no capture is open (fit is not running)"
+        return self.writer
+
     def _refuse_a_second_metrics_writer(self, config: Any) -> None:
         target = os.environ.get("VERL_FILE_LOGGER_PATH")
         loggers = _get(config, "trainer.logger") or []
@@ -148,7 +153,7 @@ class VerlCapture:
         pre = self._take_pre_mask(mask.shape[0], mask.shape[1])
         if pre is not None:
             tensors["loss_mask"] = pre.to(mask.device)
-        self.writer.write_batch(self.step, SimpleNamespace(batch=tensors, non_tensor_batch=dict(data.non_tensor_batch)))
+        self._open_writer().write_batch(self.step, SimpleNamespace(batch=tensors, non_tensor_batch=dict(data.non_tensor_batch)))
 
     def capture_v1(self, tq: Any, meta: Any) -> None:
         """The V1 trainer's batch after ``_compute_advantage``, read back from the TransferQueue
@@ -172,11 +177,11 @@ class VerlCapture:
         step = {k: v[keep] for k, v in step.items()}
         step["prompt_length"] = prompt_length[keep]
         step["uid"] = uid[keep.numpy()]
-        self.writer.write_batch(self.step, step)
+        self._open_writer().write_batch(self.step, step)
 
     def end_step(self, step: int, data: dict) -> None:
         """``Tracking.log``: the metrics line, then the end-of-step barrier."""
-        writer = self.writer
+        writer = self._open_writer()
         writer.log_metrics(step, data)
         writer.sync()
         if "training/global_step" in data and writer.parts(step) == 0:

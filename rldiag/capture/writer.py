@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rldiag.capture.config import write_config
 from rldiag.capture.table import token_strings, write_step_file
@@ -155,7 +155,7 @@ class RunWriter:
         self._errors: list[tuple[str, BaseException]] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._metrics_fh = None
+        self._metrics_fh: TextIO | None = None  # metrics.jsonl, opened on the first line
         if config is not None:
             self.write_config(config)
         self._thread = threading.Thread(target=self._run, name="rldiag-capture-writer", daemon=True)
