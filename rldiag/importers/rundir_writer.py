@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -46,7 +46,7 @@ class RunDirWriter:
             raise OutputError(f"cannot create {self.out}: {exc}") from exc
         remove_stale(self.out)  # what an import killed before its commit left behind
         self._spool_path: Path | None = None
-        self._spool = None
+        self._spool: TextIO | None = None  # metrics.jsonl being written, at _spool_path
         self._row_step: int | None = None
         self._row: dict[str, Any] | None = None
         self._batch_stage: Path | None = None
@@ -62,14 +62,16 @@ class RunDirWriter:
 
     # -- history --------------------------------------------------------------------------------
 
-    def _open_spool(self) -> None:
-        self._spool_path = self.out / temp_name("metrics.jsonl")
-        self._spool = self._spool_path.open("w", encoding="utf-8", newline="\n")
+    def _spool_file(self) -> TextIO:
+        """The spool of ``metrics.jsonl``, opened on first use."""
+        if self._spool is None:
+            self._spool_path = self.out / temp_name("metrics.jsonl")
+            self._spool = self._spool_path.open("w", encoding="utf-8", newline="\n")
+        return self._spool
 
     def add_row(self, step: int, data: dict[str, Any]) -> None:
         """One history row. Consecutive rows of one step are merged (later keys win), as W&B does."""
-        if self._spool is None:
-            self._open_spool()
+        self._spool_file()
         if self._row is not None and step == self._row_step:
             self._row.update(data)
             self.merged_rows += 1
@@ -87,8 +89,10 @@ class RunDirWriter:
         if self._row is None:
             return
         step, row = self._row_step, self._row
-        self._spool.write(json.dumps({"step": step, "data": row}, allow_nan=True))
-        self._spool.write("\n")
+        assert step is not None  # set with the row
+        spool = self._spool_file()  # opened by the row's add_row
+        spool.write(json.dumps({"step": step, "data": row}, allow_nan=True))
+        spool.write("\n")
         self.rows += 1
         self.keys.update(row)
         if self.first_step is None:
@@ -164,13 +168,13 @@ class RunDirWriter:
         try:
             self._finish_batches()
             if write_metrics:
-                if self._spool is None:
-                    self._open_spool()
+                spool = self._spool_file()
                 self._flush_row()
-                self._spool.flush()
-                os.fsync(self._spool.fileno())
-                self._spool.close()
+                spool.flush()
+                os.fsync(spool.fileno())
+                spool.close()
                 self._spool = None
+                assert self._spool_path is not None  # set with the spool
                 os.replace(self._spool_path, self.out / "metrics.jsonl")
                 self._spool_path = None
             if config is not None:

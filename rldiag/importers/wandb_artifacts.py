@@ -26,6 +26,7 @@ import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 from rldiag.errors import WandbImportError
 from rldiag.importers.wandb_records import ArtifactEntry
@@ -40,6 +41,14 @@ def step_of_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+class _Hash(Protocol):
+    """What :func:`file_digest` uses of a hash object (hashlib's and xxhash's)."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def digest(self) -> bytes: ...
+
+
 def file_digest(path: Path, algorithm: str = "md5") -> str:
     """The base64 digest of a file, as W&B manifests record it."""
     if algorithm == "xxh128":
@@ -47,7 +56,7 @@ def file_digest(path: Path, algorithm: str = "md5") -> str:
             import xxhash
         except ImportError as exc:
             raise WandbImportError("this artifact uses XXH128 digests; install the xxhash package to verify them") from exc
-        h = xxhash.xxh128()
+        h: _Hash = xxhash.xxh128()
     else:
         h = hashlib.md5()
     with open(path, "rb") as fh:
@@ -78,7 +87,7 @@ def wandb_default_dirs() -> tuple[list[Path], list[Path]]:
 class FileFinder:
     """Locates artifact files by recorded path and digest (see the module docstring)."""
 
-    def __init__(self, search_dirs: Iterable[Path], cache_dirs: Iterable[Path] = ()):
+    def __init__(self, search_dirs: Iterable[str | Path], cache_dirs: Iterable[str | Path] = ()):
         seen: set[Path] = set()
         self.search_dirs: list[Path] = []
         for d in search_dirs:

@@ -139,8 +139,7 @@ def _stage_offline_artifacts(run: OfflineRun, writer: RunDirWriter, finder: File
         label = _label(art, occurrences, counts)
         report.warnings.extend(art.problems)
         found, missing = [], []
-        step_entries = [(e, step_of_name(e.path)) for e in art.entries]
-        step_entries = [(e, s) for e, s in step_entries if s is not None]
+        step_entries = [(e, s) for e in art.entries if (s := step_of_name(e.path)) is not None]
         for entry, step in sorted(step_entries, key=lambda t: t[1]):
             path, how = finder.find(entry)
             if path is None:
@@ -229,6 +228,7 @@ def import_wandb(
     config: dict[str, Any] | None = None
     try:
         if offline:
+            assert src_path is not None  # offline: the source is a local path
             wandb_file = resolve_offline_file(src_path)
             report.source = str(wandb_file)
             stats = LogStats(str(wandb_file))

@@ -153,7 +153,7 @@ def _iter_buffer(buf: memoryview, size: int, stats: LogStats) -> Iterator[tuple[
     start = -1  # offset of its first chunk
     unpack = _CHUNK_HEADER.unpack_from
     counts = stats.chunks
-    payload = None
+    payload: memoryview | None = None
     try:
         while pos < size:
             block_end = (pos // BLOCK_LEN + 1) * BLOCK_LEN
@@ -189,6 +189,7 @@ def _iter_buffer(buf: memoryview, size: int, stats: LogStats) -> Iterator[tuple[
                     parts, start = [], -1
                 pos = block_end
                 continue
+            assert payload is not None  # read above for every chunk that is not corrupt
             counts[CHUNK_NAMES[ctype]] += 1
             if ctype == FULL:
                 if parts:
@@ -219,4 +220,4 @@ def _iter_buffer(buf: memoryview, size: int, stats: LogStats) -> Iterator[tuple[
             stats.incomplete_records += 1
     finally:
         # Drop every view into the buffer so that the caller's mmap can be closed.
-        parts = payload = buf = None  # noqa: F841
+        del parts, payload, buf

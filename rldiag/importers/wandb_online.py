@@ -171,14 +171,19 @@ def _algorithm(entry) -> str:
     return "xxh128" if "xxh128" in alg.lower() else "md5"
 
 
+def _download_entry(art: Any, name: str, p: str, tmp: str) -> Path:
+    """Entry ``p`` of artifact ``art`` (named ``name``) downloaded under ``tmp``: where it is."""
+    bound = _call(f"cannot get {p} of artifact {name}", lambda: art.get_entry(p))
+    return Path(_call(f"downloading {p} of artifact {name} failed", lambda: bound.download(root=tmp)))
+
+
 def download_batches(art, writer: RunDirWriter, *, progress: Progress | None = None) -> ArtifactInfo:
     """Download the ``step_<N>`` files of one artifact, verify their digests, stage them."""
     name = str(getattr(art, "name", "?"))
     info = ArtifactInfo(name=name, type=str(getattr(art, "type", "")), digest=getattr(art, "digest", None),
                         version=getattr(art, "version", None))
     entries = _call(f"cannot read the manifest of artifact {name}", lambda: _entries(art))
-    steps = [(p, e, step_of_name(p)) for p, e in entries.items()]
-    steps = [(p, e, s) for p, e, s in steps if s is not None]
+    steps = [(p, e, s) for p, e in entries.items() if (s := step_of_name(p)) is not None]
     if not steps:
         info.problems.append(f"artifact {name} holds no step_<N>.parquet/.arrow files")
         return info
@@ -187,8 +192,7 @@ def download_batches(art, writer: RunDirWriter, *, progress: Progress | None = N
             digest = getattr(entry, "digest", None)
             ref = getattr(entry, "ref", None)
             info.entries.append(ArtifactEntry(path=p, digest=digest or "", size=getattr(entry, "size", None), ref=ref))
-            bound = _call(f"cannot get {p} of artifact {name}", lambda p=p: art.get_entry(p))
-            local = Path(_call(f"downloading {p} of artifact {name} failed", lambda e=bound: e.download(root=tmp)))
+            local = _download_entry(art, name, p, tmp)
             if not local.is_file():
                 raise WandbImportError(f"downloading {p} of artifact {name} gave no file at {local}")
             if digest and not ref:
