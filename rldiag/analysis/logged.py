@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rldiag.errors import BatchError
+from rldiag.io.fs import RemotePath, as_path
 from rldiag.io.loader import read_table
 from rldiag.io.rundir import StepFile, iter_metrics_lines
 
@@ -18,11 +19,11 @@ from rldiag.io.rundir import StepFile, iter_metrics_lines
 LOGGED_TOKEN_COLUMNS = ("token_level_rewards", "advantages", "returns")
 
 
-def logged_metrics(metrics_file: Path) -> dict[int, dict[str, float]]:
-    """``{step: {name: value}}`` from ``metrics.jsonl``; for a step logged twice (a resumed run)
-    the later line wins, name by name."""
+def logged_metrics(metrics_file: str | Path | RemotePath) -> dict[int, dict[str, float]]:
+    """``{step: {name: value}}`` from ``metrics.jsonl`` (a local file or an object); for a step
+    logged twice (a resumed run) the later line wins, name by name."""
     out: dict[int, dict[str, float]] = {}
-    for step, values in iter_metrics_lines(Path(metrics_file)):
+    for step, values in iter_metrics_lines(as_path(metrics_file)):
         out.setdefault(step, {}).update({k: float(v) for k, v in values.items()})
     return out
 

@@ -1,7 +1,7 @@
 """Runs in object storage (``s3://bucket/run``) against a local S3 server (moto): batches are
 listed, read and hashed there; the scenario is written there with ``scenario.json`` last, stale
 objects removed, and read back; ``rldiag check`` and ``--follow`` work; an unreachable endpoint is
-a clear error, fast."""
+a clear error, fast; ``rldiag doctor`` reads the logged metrics there."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from rldiag.check import check_run
 from rldiag.cli.main import main
+from rldiag.doctor import diagnose
 from rldiag.errors import OutputError, RunDirError, StorageError
 from rldiag.io.fs import RemotePath, as_path
 from rldiag.io.outputs import list_scenarios, read_scenario
@@ -179,3 +180,10 @@ def test_uri_paths():
     assert str(step.relative_to(p)) == "batches/step_7.parquet"
     assert as_path("file:///tmp/x").as_posix() == "/tmp/x" and not isinstance(as_path("rel/dir"), RemotePath)
     assert sorted([p / "b", p / "a"]) == [p / "a", p / "b"] and len({p / "a", p / "a"}) == 1
+
+
+def test_doctor_reads_the_logged_metrics(run, uri):
+    remote, local = diagnose(uri, recompute=False), diagnose(run, recompute=False)
+    assert remote.logged_steps == local.logged_steps == 4
+    assert [(f.rule, f.message) for f in remote.findings] == [(f.rule, f.message) for f in local.findings]
+    assert remote.passed == local.passed and remote.not_evaluated == local.not_evaluated
