@@ -100,9 +100,9 @@ def diagnose(
     files = {sf.step: sf for sf in rd.step_files()}
     chosen = parse_steps(steps, sorted(files)) if files else []
     table = SignalTable()
-    lo, hi = (min(chosen), max(chosen)) if (chosen and steps) else (None, None)
+    span = (min(chosen), max(chosen)) if (chosen and steps) else None
     for step, values in logged_metrics(rd.metrics_file).items():
-        if lo is None or lo <= step <= hi:
+        if span is None or span[0] <= step <= span[1]:
             table.add_logged(step, values)
     report = DoctorReport(run=str(rd.path), settings=settings.resolved(), steps=chosen, logged_steps=0,
                           recomputed_steps=0, rules={r.id: r.origin for r in rule_list})

@@ -101,7 +101,8 @@ RULE_KINDS: Registry[Evaluator] = Registry("doctor rule kind", meta=RuleKindMeta
 
 
 def _window(rule: Rule, ctx: Context) -> Series | Skip:
-    s = ctx.series(rule.metric, rule.source)
+    # a rule read from a file has its kind's required metric; one built in code may lack it
+    s = ctx.series(rule.metric, rule.source) if rule.metric is not None else None
     if s is None:
         return Skip(f"{rule.metric} is neither logged nor recomputed for this run")
     keep = np.isfinite(s.values)
@@ -140,12 +141,14 @@ def _fmt(v: float) -> str:
 
 
 def _label(rule: Rule) -> str:
-    return f"|{rule.metric}|" if rule.params.get("abs") else rule.metric
+    return f"|{rule.metric}|" if rule.params.get("abs") else str(rule.metric)
 
 
 # ---- threshold --------------------------------------------------------------------------------
 
-STATS = {"mean": np.mean, "median": np.median, "max": np.max, "min": np.min, "last": lambda v: v[-1]}
+STATS: dict[str, Callable[[np.ndarray], Any]] = {
+    "mean": np.mean, "median": np.median, "max": np.max, "min": np.min, "last": lambda v: v[-1],
+}
 
 
 def _check_threshold(rule: Rule) -> str | None:
