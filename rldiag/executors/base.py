@@ -23,9 +23,9 @@ class Executor(Protocol):
 
     ``start`` connects to what runs the steps and resolves ``--device`` there (returns e.g.
     ``"cpu"``, ``"cuda"``); ``run`` yields one :class:`StepOutcome` per task, in step order, so
-    that the driver keeps memory flat and owns every write (a generator: the driver closes it
-    when it stops early, which lets the executor release a pending step); ``close`` releases what ``start``
-    acquired. ``start`` may be called again on a started executor (``--follow``).
+    that the driver keeps memory flat and owns every write (a generator: the driver closes it, so
+    that the executor's clean-up runs even when the driver stops early); ``close`` releases what
+    ``start`` acquired. ``start`` may be called again on a started executor (``--follow``).
     """
 
     name: str
