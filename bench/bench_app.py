@@ -144,6 +144,13 @@ def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[s
     ]
 
 
+def panel_selector() -> str:
+    """A metrics or what-if panel (ECharts, SVG) with its logged line drawn."""
+    from rldiag.viz.charts import LOGGED_COLOUR
+
+    return f'[data-testid="stEChartsChart"] svg path[stroke="{LOGGED_COLOUR}"]'
+
+
 #: the metrics panels' descriptions ("<metric>: logged steps a-b; ..."), in page order
 PANEL_LABELS = ("Array.from(document.querySelectorAll('[data-testid=\"stEChartsChart\"]'))"
                 ".map(c => c.getAttribute('aria-label') || '')")
@@ -157,7 +164,7 @@ def browser_whatif(pg, srv, run: Path, estimators: tuple[str, ...]) -> list[tupl
     rows = []
     pg.goto(srv.url + "/whatif", wait_until="load")
     pg.get_by_role("heading", name="What-if").wait_for()
-    pg.wait_for_selector(".js-plotly-plot .main-svg")
+    pg.wait_for_selector(panel_selector())
     rows.append(("server memory (RSS, MB) on the what-if run, before a what-if", rss_mb(srv.proc.pid),
                  "MB, not seconds"))
     steps = len(list((run / "batches").glob("step_*.parquet")))
@@ -169,7 +176,7 @@ def browser_whatif(pg, srv, run: Path, estimators: tuple[str, ...]) -> list[tupl
         t0 = time.perf_counter()
         pg.get_by_role("button", name="Recompute").click()
         pg.get_by_text(f"compare: {steps} steps", exact=True).wait_for()
-        pg.wait_for_selector(".js-plotly-plot >> nth=1")  # the agreement chart
+        pg.wait_for_selector(".js-plotly-plot .main-svg")  # the agreement chart (plotly), after the compare
         rows.append((f"browser: what-if #{k + 1} ({est}), Recompute -> compare drawn", time.perf_counter() - t0,
                      f"{steps} steps, the compare's steps drawn as they come"))
         rows.append((f"server memory (RSS, MB) after what-if #{k + 1}", rss_mb(srv.proc.pid), "MB, not seconds"))
@@ -181,15 +188,13 @@ def bench_browser(run: Path, names: list[str], sample: Path | None,
     from playwright.sync_api import sync_playwright
 
     from rldiag.app.memory import rss_mb
-    from rldiag.viz.charts import LOGGED_COLOUR
     from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
 
     exe = chromium_path()
     if exe is None:
         return [("browser", float("nan"), "skipped: no chromium (apt-get install chromium)")]
     rows = []
-    chart = ".js-plotly-plot .main-svg"  # the What-if page's plotly charts
-    panel = f'[data-testid="stEChartsChart"] svg path[stroke="{LOGGED_COLOUR}"]'  # a metrics panel's logged line
+    panel = panel_selector()
     with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
         ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
                                                    viewport={"width": 1400, "height": 1000})
@@ -238,7 +243,7 @@ def bench_browser(run: Path, names: list[str], sample: Path | None,
                 t0 = time.perf_counter()
                 pg.get_by_role("link", name="What-if").click()
                 pg.get_by_role("heading", name="What-if").wait_for()
-                pg.wait_for_selector(chart)
+                pg.wait_for_selector(panel)
                 rows.append(("browser: first switch to What-if -> chart", time.perf_counter() - t0, ""))
                 rows.append(("server memory (RSS, MB) after all of the above", rss_mb(srv.proc.pid),
                              "MB, not seconds"))

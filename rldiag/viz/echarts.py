@@ -82,14 +82,15 @@ def _y_axis(log_y: bool, y_range: tuple[float, float] | None) -> dict:
 
 def metric_panel(frame: pl.DataFrame, metric: str, sources: Mapping[str, str], smoothed: pl.DataFrame | None = None,
                  log_y: bool = False, y_range: tuple[float, float] | None = None, x: str = "step",
-                 height: int = PANEL_HEIGHT) -> Panel:
+                 selectable: bool = True) -> Panel:
     """The panel of ``metric``.
 
     ``frame``: the store's joined frame (``step, metric, <source columns>``, other metrics
     ignored); ``sources`` maps a legend name to its column; ``smoothed``: the same frame after
     EMA (the raw values are then drawn faint under it); ``log_y``: a logarithmic y axis;
     ``y_range``: the y range (outliers clipped, :meth:`Store.clip_bounds`); ``x``: ``step``, or
-    ``wall_time`` (a datetime column, :meth:`Store.with_wall_time`).
+    ``wall_time`` (a datetime column, :meth:`Store.with_wall_time`); ``selectable``: points can be
+    clicked and x ranges brushed (:func:`panel_action`); else the panel only shows.
     """
     mine = frame.filter(pl.col("metric") == metric) if "metric" in frame.columns else frame
     smooth = smoothed.filter(pl.col("metric") == metric) if smoothed is not None and "metric" in smoothed.columns else smoothed
@@ -110,12 +111,14 @@ def metric_panel(frame: pl.DataFrame, metric: str, sources: Mapping[str, str], s
             steps.append(tuple(raw["step"].to_list()))
             line = _points(smooth, col, x, log_y)
         series.append(_series(line, label, colour, dashed, faint=False))
+        if not selectable:
+            del series[-1]["selectedMode"], series[-1]["select"]
         steps.append(tuple(line["step"].to_list()))
         legend.append(label)
         first, last = raw["step"][0], raw["step"][-1]
         covered.append(f"{label} steps {first}-{last}" if last != first else f"{label} step {first}")
     x_axis = {"type": "value", "min": "dataMin", "max": "dataMax"} if x == "step" else {"type": "time"}
-    spec = {
+    spec: dict = {
         "animation": False,
         "title": {"text": metric, "left": "center", "textStyle": {"fontSize": 13}},
         "legend": {"data": legend, "top": 22, "type": "scroll"},
@@ -123,12 +126,12 @@ def metric_panel(frame: pl.DataFrame, metric: str, sources: Mapping[str, str], s
         "tooltip": {"trigger": "axis"},
         "xAxis": x_axis,
         "yAxis": _y_axis(log_y, y_range),
-        # a brushed x range zooms the page to those steps (read back by panel_action)
-        "brush": {"xAxisIndex": "all", "brushType": "lineX", "brushMode": "single"},
-        "toolbox": {"right": 8, "feature": {"brush": {"type": ["lineX", "clear"],
-                                                      "title": {"lineX": "Zoom to steps", "clear": "Clear"}}}},
         "series": series,
     }
+    if selectable:  # a brushed x range zooms the page to those steps (read back by panel_action)
+        spec["brush"] = {"xAxisIndex": "all", "brushType": "lineX", "brushMode": "single"}
+        spec["toolbox"] = {"right": 8, "feature": {"brush": {"type": ["lineX", "clear"],
+                                                             "title": {"lineX": "Zoom to steps", "clear": "Clear"}}}}
     alt = f"{metric}: " + ("; ".join(covered) if covered else "no values in this range")
     return Panel(spec=spec, steps=tuple(steps), alt=alt)
 

@@ -43,6 +43,13 @@ def test_a_panel_draws_its_metrics_finite_values_of_every_source():
     json.dumps(p.spec, allow_nan=False)  # what Streamlit sends must be strict JSON
 
 
+def test_a_panel_that_only_shows_has_no_brush_and_no_picking():
+    p = metric_panel(_frame(), "a", SOURCES, selectable=False)
+    assert "brush" not in p.spec and "toolbox" not in p.spec
+    assert all("selectedMode" not in s for s in p.spec["series"])
+    assert p.steps == metric_panel(_frame(), "a", SOURCES).steps and "brush" in metric_panel(_frame(), "a", SOURCES).spec
+
+
 def test_other_metrics_and_missing_sources_stay_out():
     p = metric_panel(_frame(), "b", {**SOURCES, "absent": "nope"})
     assert [s["name"] for s in p.spec["series"]] == ["logged"] and p.steps == ((1, 2),)

@@ -9,7 +9,8 @@ from rldiag.errors import RldiagError
 from rldiag.recompute import recompute
 from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.viz import comparison, whatif
-from rldiag.viz.charts import agreement_figure, metric_grid
+from rldiag.viz.charts import agreement_figure
+from rldiag.viz.echarts import PANEL_HEIGHT, metric_panel
 from rldiag.viz.metric_groups import default_selection
 
 BASELINE = "baseline"
@@ -216,7 +217,14 @@ def results(name: str) -> None:
     if not metrics:
         return
     joined = store.joined(metrics, shown, points=DEFAULT_POINTS)
-    st.plotly_chart(metric_grid(joined, metrics, store.source_columns(shown)), key="wi_chart")
+    columns = store.source_columns(shown)
+    grid: list = []
+    for k, metric in enumerate(metrics):  # ECharts, as on the metrics page: no wait for plotly's bundle
+        if k % 2 == 0:
+            grid = st.columns(2)
+        panel = metric_panel(joined, metric, columns, selectable=False)
+        with grid[k % 2]:
+            st.echarts_chart(panel.spec, key=f"wi_chart:{metric}", height=PANEL_HEIGHT, alt=panel.alt, renderer="svg")
     st.caption("Mean over steps of each source; the last columns give the scenario minus the baseline.")
     st.dataframe(store.summary(metrics, shown), hide_index=True)
     if name == BASELINE or name not in scenarios:
