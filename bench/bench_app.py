@@ -145,10 +145,11 @@ def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[s
 
 
 def panel_selector() -> str:
-    """A metrics or what-if panel (ECharts, SVG) with its logged line drawn."""
-    from rldiag.viz.charts import LOGGED_COLOUR
+    """A metrics or what-if panel (ECharts, SVG) with a line of one of its sources drawn (the
+    what-if run logs no metrics: its panels start with the baseline's line)."""
+    from rldiag.viz.charts import LOGGED_COLOUR, SCENARIO_COLOURS
 
-    return f'[data-testid="stEChartsChart"] svg path[stroke="{LOGGED_COLOUR}"]'
+    return ", ".join(f'[data-testid="stEChartsChart"] svg path[stroke="{c}"]' for c in (LOGGED_COLOUR, *SCENARIO_COLOURS))
 
 
 #: the metrics panels' descriptions ("<metric>: logged steps a-b; ..."), in page order
