@@ -228,6 +228,7 @@ def bench_browser(run: Path, names: list[str], sample: Path | None,
                     pg.keyboard.press("Escape")
                 rows.append(("browser: add a metric -> its panel drawn", statistics.median(times),
                              f"median of {len(times)}"))
+                pg.wait_for_function(f"() => /logged steps \\d+-\\d+/.test({PANEL_LABELS}[0] || '')")
                 last = int(re.search(r"logged steps \d+-(\d+)", pg.evaluate(f"() => {PANEL_LABELS}")[0]).group(1))
                 with (run / "metrics.jsonl").open("a") as fh:
                     t0 = time.perf_counter()
