@@ -56,7 +56,7 @@ def _points(frame: pl.DataFrame, col: str, x: str, log_y: bool) -> pl.DataFrame:
     return frame.filter(keep).sort("step").select(pl.col("step"), xs.alias("_x"), y.alias("_y"))
 
 
-def _series(points: pl.DataFrame, name: str, colour: str, dashed: bool, faint: bool) -> dict:
+def _series(points: pl.DataFrame, name: str, colour: str, dashed: bool, faint: bool, selectable: bool = True) -> dict:
     data = [list(p) for p in zip(points["_x"].to_list(), points["_y"].to_list())]
     style = {"color": colour, "width": 1 if faint else 2, "type": "dashed" if dashed else "solid"}
     if faint:  # the raw values under a smoothed line: drawn, never hovered or picked
@@ -64,9 +64,11 @@ def _series(points: pl.DataFrame, name: str, colour: str, dashed: bool, faint: b
         return {"type": "line", "name": name, "data": data, "showSymbol": False, "silent": True,
                 "lineStyle": style, "itemStyle": {"color": colour}, "emphasis": {"disabled": True},
                 "tooltip": {"show": False}, "z": 1}
-    return {"type": "line", "name": name, "data": data, "lineStyle": style, "itemStyle": {"color": colour},
-            "showSymbol": points.height <= SYMBOL_POINTS, "symbolSize": 6, "selectedMode": "single",
-            "select": {"itemStyle": {"borderWidth": 3}}, "z": 2}
+    out = {"type": "line", "name": name, "data": data, "lineStyle": style, "itemStyle": {"color": colour},
+           "showSymbol": points.height <= SYMBOL_POINTS, "symbolSize": 6, "z": 2}
+    if selectable:  # a click picks the point (its step: Panel.steps)
+        out.update(selectedMode="single", select={"itemStyle": {"borderWidth": 3}})
+    return out
 
 
 def _y_axis(log_y: bool, y_range: tuple[float, float] | None) -> dict:
@@ -110,9 +112,7 @@ def metric_panel(frame: pl.DataFrame, metric: str, sources: Mapping[str, str], s
             series.append(_series(raw, f"{label} (raw)", colour, dashed, faint=True))
             steps.append(tuple(raw["step"].to_list()))
             line = _points(smooth, col, x, log_y)
-        series.append(_series(line, label, colour, dashed, faint=False))
-        if not selectable:
-            del series[-1]["selectedMode"], series[-1]["select"]
+        series.append(_series(line, label, colour, dashed, faint=False, selectable=selectable))
         steps.append(tuple(line["step"].to_list()))
         legend.append(label)
         first, last = raw["step"][0], raw["step"][-1]
@@ -133,6 +133,9 @@ def metric_panel(frame: pl.DataFrame, metric: str, sources: Mapping[str, str], s
         spec["toolbox"] = {"right": 8, "feature": {"brush": {"type": ["lineX", "clear"],
                                                              "title": {"lineX": "Zoom to steps", "clear": "Clear"}}}}
     alt = f"{metric}: " + ("; ".join(covered) if covered else "no values in this range")
+    # the description in the option itself too: ECharts then never puts its own generated one on
+    # the chart, not even for the moment a panel is drawn again before Streamlit applies ``alt``
+    spec["aria"] = {"enabled": True, "label": {"description": alt}}
     return Panel(spec=spec, steps=tuple(steps), alt=alt)
 
 

@@ -40,6 +40,7 @@ def test_a_panel_draws_its_metrics_finite_values_of_every_source():
     assert _series(p, "baseline")["lineStyle"] == {"color": source_colour(1), "width": 2, "type": "dashed"}
     assert p.spec["title"]["text"] == "a" and p.spec["legend"]["data"] == ["logged", "baseline"]
     assert p.alt == "a: logged steps 1-4; baseline steps 1-4"
+    assert p.spec["aria"] == {"enabled": True, "label": {"description": p.alt}}  # ECharts' own text never shows
     json.dumps(p.spec, allow_nan=False)  # what Streamlit sends must be strict JSON
 
 
