@@ -84,10 +84,8 @@ def grpo_vectorized(rewards, mask, uids):
         if n == 1:
             mean, std = torch.tensor(0.0), torch.tensor(1.0)
         else:
-            s1, s2 = x.sum(), (x * x).sum()
-            mean = s1 / n
-            var = (s2 - s1 * s1 / n) / (n - 1)
-            std = torch.sqrt(torch.clamp(var, min=0.0))
+            mean = x.sum() / n
+            std = torch.sqrt(((x - mean) ** 2).sum() / (n - 1))
         for i in idx:
             out[i] = (scores[i] - mean) / (std + EPS)
     adv = out.unsqueeze(-1) * mask

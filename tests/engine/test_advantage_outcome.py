@@ -44,6 +44,22 @@ def test_grpo_vectorized_seed_example_and_ignores_the_std_flag():
     assert dr[:3, 0].tolist() == pytest.approx([0.5, -0.5, 0.0])
 
 
+@pytest.mark.parametrize("centre,spread", [(0.9, 1e-3), (0.5, 1e-4), (100.0, 0.5)])
+def test_grpo_vectorized_keeps_the_advantage_of_close_scores(centre, spread):
+    # reward-model scores: a small spread around a non-zero mean. A one-pass float32 variance
+    # (sum x^2 - (sum x)^2 / n) cancels here; centring first gives the float64 answer to float32
+    # precision.
+    g, n = 64, 8
+    gen = torch.Generator().manual_seed(7)
+    scores = (centre + spread * torch.randn(g * n, generator=gen, dtype=torch.float64)).to(torch.float32)
+    b = make_batch(scores=scores.view(-1, 1).tolist(), mask=[[1]] * (g * n), uids=[i // n for i in range(g * n)])
+    adv, _, failed = _adv("grpo_vectorized", b)
+    x = scores.to(torch.float64).view(g, n)
+    exact = ((x - x.mean(1, keepdim=True)) / (x.std(1, keepdim=True) + 1e-6)).flatten()
+    assert not failed
+    assert torch.allclose(adv[:, 0].to(torch.float64), exact, rtol=2e-3, atol=2e-3)
+
+
 def _sessions(mask1=(1, 1)):
     # uid A: session s1 = rows 0 (output 0, score 0) and 1 (output 1, score 1); session s2 = row 2
     # (output 0, score 0). uid B: row 3 alone.

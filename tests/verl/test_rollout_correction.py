@@ -66,3 +66,50 @@ def test_every_rejection_option_is_covered():
     from rldiag.engine.rollout_correction import RS_OPTIONS
 
     assert set(RS_THRESHOLDS) | NEWER_THAN_0_9_1 == set(RS_OPTIONS.names())
+
+
+def test_verify_accepts_verls_one_pass_std_rounding_noise(tmp_path):
+    """Sequence-level IS weights that are all 1 up to float32 rounding: their true spread is ~0, and
+    verl's one-pass float32 ``E[x^2] - E[x]^2`` logs rounding noise for ``*_std``, which rldiag's
+    two-pass spread does not reproduce. ``verify`` with its default tolerances accepts that noise,
+    and still rejects a std off by 0.05 (a wrong IS level or threshold is that far)."""
+    import json
+
+    import pyarrow as pa
+
+    from rldiag.analysis.verify import verify_run
+
+    rng = np.random.default_rng(11)
+    tables = []
+    for step in (1, 2):
+        t = long_tail_table(rng, step)
+        old = t["old_log_probs"].combine_chunks()
+        # the rollout log-probs equal the trainer's up to a float32 ulp of a nearby value
+        rollout = pa.ListArray.from_arrays(old.offsets, pa.array(
+            (old.values.to_numpy() * np.float32(1 + 2e-7)).astype(np.float32)))
+        tables.append(t.set_column(t.schema.get_field_index("rollout_log_probs"), "rollout_log_probs", rollout))
+    cfg = dict(rollout_is="sequence", rollout_is_threshold=2.0, rollout_is_batch_normalize=False)
+    run = write_run(tmp_path / "run", tables, {"algorithm": {"adv_estimator": "grpo", "rollout_correction": cfg}})
+    lines, noise = [], []
+    for table in tables:
+        step = int(table["step"][0].as_py())
+        batch = DataProto.from_dict(tensors={
+            "old_log_probs": padded(table, "old_log_probs"), "rollout_log_probs": padded(table, "rollout_log_probs"),
+            "response_mask": padded(table, "response_mask"),
+        })
+        _, want = helper.compute_rollout_correction_and_add_to_batch(batch, RolloutCorrectionConfig(**cfg))
+        logged = {k: float(v) for k, v in want.items() if k.startswith("rollout_corr/")}
+        noise += [v for k, v in logged.items() if k.endswith("_std")]
+        lines.append({"step": step, "data": logged})
+    assert max(noise) > 1e-5  # verl's spread here is float32 rounding, not data
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rep = verify_run(run)
+    std_fields = [k for k in rep.fields if k.startswith("rollout_corr/") and k.endswith("_std")]
+    assert std_fields and all(rep.fields[k].mismatches == 0 for k in std_fields), rep.first_mismatch
+    assert rep.exit_code == 0
+
+    # a real difference in a spread is still caught
+    lines[0]["data"][std_fields[0]] += 0.05
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rep = verify_run(run)
+    assert rep.fields[std_fields[0]].mismatches == 1 and rep.exit_code == 1

@@ -81,8 +81,13 @@ def grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 @ESTIMATORS.register("grpo_vectorized", needs=(),
                      source="verl core_algos.compute_grpo_vectorized_outcome_advantage; arXiv:2402.03300")
 def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl's vectorised GRPO. Same formula as ``grpo`` with its one-pass group statistics
-    (``var = (sum x^2 - (sum x)^2 / n) / max(n - 1, 1)``, clamped at 0, in float32).
+    """verl's vectorised GRPO. Same formula as ``grpo``, with verl's group statistics in float32:
+    the mean, then the Bessel variance of the *centred* scores (``verl.utils.groupwise.group_mean_std``,
+    two passes since verl PR #6348, in 0.8.0, 0.9.x and the 2026-08 snapshot), a singleton group
+    taking mean 0 and std 1.
+
+    Centring before squaring matters: reward-model scores with a small spread around a non-zero
+    mean (0.9 +- 1e-3) cancel in the one-pass ``sum x^2 - (sum x)^2 / n`` and lose the advantage.
 
     verl's V1 dispatcher passes ``norm_adv_by_std_in_grpo`` only to the exact ``grpo`` key, so this
     estimator always divides by ``std + 1e-6``: the setting is ignored here, as in verl.
@@ -91,11 +96,10 @@ def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     scores = b.rows.sum(inp.rewards).to(torch.float32)
     g, n = b.group_ids, b.n_groups
     count = seg_count(g, n, torch.float32)
-    s1 = seg_sum(scores, g, n)
-    s2 = seg_sum(scores * scores, g, n)
-    mean = s1 / count.clamp_min(1.0)
-    var = (s2 - (s1 * s1) / count.clamp_min(1.0)) / (count - 1.0).clamp_min(1.0)
-    std = torch.sqrt(torch.clamp(var, min=0.0))
+    mean = seg_sum(scores, g, n) / count.clamp_min(1.0)
+    centred = scores - mean[g]
+    var = seg_sum(centred * centred, g, n) / (count - 1.0).clamp_min(1.0)
+    std = torch.sqrt(var)
     single = count <= 1.0
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
