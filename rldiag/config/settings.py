@@ -71,6 +71,9 @@ DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_rs": None,
     "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_rs_threshold": None,
     "critic.cliprange_value": 0.5,
+    # verl's need_critic() (verl/trainer/ppo/utils.py): None = the critic is used exactly when
+    # adv_estimator is gae; true / false force it on or off.
+    "critic.enable": None,
     # None: inherit the actor's setting (verl's default wiring).
     "critic.loss_agg_mode": None,
     "critic.loss_scale_factor": None,
@@ -93,7 +96,7 @@ DEFAULTS: dict[str, Any] = {
     "trainer.use_v1": None,
 }
 
-_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"trainer.use_v1"}
+_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"trainer.use_v1", "critic.enable"}
 _FLOAT_KEYS = {
     "algorithm.gamma",
     "algorithm.lam",
@@ -329,6 +332,13 @@ class Settings:
         return self.values["critic.loss_agg_mode"] or self.actor_agg_mode
 
     @property
+    def uses_critic(self) -> bool:
+        """Whether the trainer trains and logs a critic: verl's ``need_critic`` (``critic.enable``
+        when set, else ``adv_estimator == "gae"``)."""
+        enable = self.values.get("critic.enable")
+        return bool(enable) if enable is not None else self.estimator == "gae"
+
+    @property
     def critic_loss_scale_factor(self) -> float | None:
         v = self.values["critic.loss_scale_factor"]
         return v if v is not None else self.values["actor_rollout_ref.actor.loss_scale_factor"]
@@ -348,6 +358,7 @@ class Settings:
         out = {k: self.values.get(k) for k in DEFAULTS}
         out["critic.loss_agg_mode"] = self.critic_agg_mode
         out["critic.loss_scale_factor"] = self.critic_loss_scale_factor
+        out["critic.enable"] = self.uses_critic
         return out
 
 

@@ -116,10 +116,12 @@ def diagnose(
     elif recompute:
         report.recompute_error = f"no batch files in {rd.batches_dir}"
     report.logged_steps, report.recomputed_steps = table.logged_steps, table.recomputed_steps
-    ctx = Context(settings=settings.values, series=table.series)
+    # the run's keys with the derived ones resolved (critic.enable as verl's need_critic decides it)
+    effective = {**settings.values, **settings.resolved()}
+    ctx = Context(settings=effective, series=table.series)
     for rule in rule_list:
-        if not rule.applies(settings.values):
-            report.not_applicable[rule.id] = ", ".join(f"{k}={settings.get(k)!r}" for k in rule.when)
+        if not rule.applies(effective):
+            report.not_applicable[rule.id] = ", ".join(f"{k}={effective.get(k)!r}" for k in rule.when)
             continue
         outcome = RULE_KINDS.get(rule.kind)(rule, ctx)
         if isinstance(outcome, Finding):

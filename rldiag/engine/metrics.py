@@ -38,10 +38,15 @@ def data_metrics(
     advantages: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
+    use_critic: bool = True,
 ) -> dict[str, torch.Tensor]:
     """``critic/score|rewards|advantages|returns/*``, ``critic/values/*``,
     ``critic/vf_explained_var``, ``response_length*``, ``response/aborted_ratio``,
     ``prompt_length/*``. Inputs ``(tokens,)``; ``mask`` is the post-correction mask.
+
+    ``critic/values/*`` and ``critic/vf_explained_var`` only with ``use_critic`` (and a ``values``
+    column), as verl's ``compute_data_metrics(batch, use_critic=need_critic(config))``: without a
+    critic the values are not the returns' baseline and their explained variance means nothing.
 
     Scores and rewards are row sums over non-aborted rows (length > 0); advantages, returns and
     values are taken over masked tokens; lengths count every token of a row (tool tokens too).
@@ -59,7 +64,7 @@ def data_metrics(
     ret_stats = adv_stats if returns is advantages else step_masked_extrema(returns, mask, rows, sid, n)
     for name, (mean, mx, mn) in (("critic/advantages", adv_stats), ("critic/returns", ret_stats)):
         out.update({f"{name}/mean": mean, f"{name}/max": mx, f"{name}/min": mn})
-    if batch.values is not None:
+    if use_critic and batch.values is not None:
         mean, mx, mn = step_masked_extrema(batch.values, mask, rows, sid, n)
         out.update({"critic/values/mean": mean, "critic/values/max": mx, "critic/values/min": mn})
         out["critic/vf_explained_var"] = explained_variance(returns, batch.values, mask, rows, sid, n)

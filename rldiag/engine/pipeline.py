@@ -12,8 +12,9 @@ every step below starts from it, as verl does.
    (:mod:`rldiag.engine.rollout_correction`): IS weights, rejection rewrites response_mask
    (rewards at rejected tokens stay), ``rollout_corr/*`` metrics (verl ``rollout_corr_helper``).
 3. The advantage estimator reads the rewritten mask.
-4. Actor metrics (policy loss with the IS weights, entropy, KL loss), critic metrics, data
-   metrics. Token-mean denominators count the original mask (``loss_mask`` if given). Actor and
+4. Actor metrics (policy loss with the IS weights, entropy, KL loss), critic metrics (only where
+   the trainer has a critic: verl's ``need_critic``, ``critic.enable`` else ``adv_estimator == gae``),
+   data metrics. Token-mean denominators count the original mask (``loss_mask`` if given). Actor and
    critic metrics are computed per emulated micro-batch (:mod:`rldiag.engine.microbatch`) and
    combined as verl logs them.
 """
@@ -202,14 +203,18 @@ def recompute_batch(
             if is_weights is not None:
                 tokens["rollout_is_weights"] = is_weights
 
-    # 3. advantages
+    # 3. advantages (gae reads the critic's values: verl builds no critic when need_critic is false)
+    use_critic = settings.uses_critic
+    if settings.estimator == "gae" and not use_critic:
+        errors.flag_all("algorithm.adv_estimator=gae needs the critic's values, but critic.enable=false "
+                        "(verl's need_critic: the trainer builds no critic); set critic.enable=true or null")
     adv, ret = estimate(
         settings.estimator, AdvInput(batch, rewards, mask, settings, errors, rollout_is_weights=is_weights)
     )
     tokens.update(advantages=adv, returns=ret, token_level_rewards=rewards, response_mask=mask)
 
     # 4. metrics
-    metrics.update(data_metrics(batch, rewards, adv, ret, mask))
+    metrics.update(data_metrics(batch, rewards, adv, ret, mask, use_critic))
     seq_len = batch.lengths if batch.prompt_length is None else batch.lengths + batch.prompt_length.to(batch.lengths.dtype)
     segs = segmentation_for(sid, n, settings, seq_len)
     # seq-mean-token-sum-norm's fallback divisor: the V1 trainer pads per micro-batch (its longest
@@ -252,7 +257,7 @@ def recompute_batch(
         kld = kl_estimate(settings["actor_rollout_ref.actor.kl_loss_type"], batch.log_probs, batch.ref_log_prob)
         metrics["actor/kl_loss"] = segs.loss(aggregate(agg_mode, kld, mask, actor_norm))
         metrics["actor/kl_coef"] = torch.full((n,), float(settings["actor_rollout_ref.actor.kl_loss_coef"]))
-    if batch.vpreds is not None and batch.values is not None:
+    if use_critic and batch.vpreds is not None and batch.values is not None:
         global_norm = settings.has("critic_global_norm")
         if global_norm:
             # verl >= 0.9.0 (commit 2eb020aa9): the actor's global normalisers (original-mask token

@@ -36,6 +36,10 @@ class EngineSettings(Protocol):
     def critic_loss_scale_factor(self) -> float | None: ...
 
     @property
+    def uses_critic(self) -> bool:
+        """verl's ``need_critic``: ``critic.enable`` when set, else ``adv_estimator == "gae"``."""
+
+    @property
     def clip_low(self) -> float: ...
 
     @property

@@ -70,11 +70,14 @@ def subplot_titles(spec: dict) -> list[str]:
 
 def panels(at: AppTest) -> dict[str, dict]:
     """The page's ECharts panels by metric (their title): each the option sent to the browser,
-    with the chart's screen-reader description under ``"alt"``."""
+    with the chart's screen-reader description (the option's ``aria.label.description``) under
+    ``"alt"``. No panel also passes Streamlit's ``alt=``: with both set, Streamlit logs a warning with
+    a stack trace on every render."""
     out = {}
     for el in at.get("echarts_chart"):
         spec = json.loads(el.proto.spec)
-        spec["alt"] = el.proto.alt
+        assert not el.proto.alt, f"panel {spec['title']['text']!r} sets alt= and aria.label.description"
+        spec["alt"] = spec["aria"]["label"]["description"]
         out[spec["title"]["text"]] = spec
     return out
 

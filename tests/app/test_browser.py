@@ -34,6 +34,17 @@ PANEL_LABELS = ("Array.from(document.querySelectorAll('[data-testid=\"stEChartsC
 TIMEOUT_MS = 45_000
 
 
+#: what Python's logging and traceback modules print for a stack: none belongs in a normal session
+STACK_MARKERS = ("Traceback (most recent call last)", "Stack (most recent call last)")
+
+
+def assert_no_stack_trace(log: Path) -> None:
+    """The app server's log (stdout and stderr) of a normal session holds no stack trace."""
+    text = log.read_text(errors="replace")
+    for marker in STACK_MARKERS:
+        assert marker not in text, f"{log} holds a stack trace:\n{text[text.index(marker) - 400:][:3000]}"
+
+
 @pytest.fixture
 def browser_run(tmp_path):
     """A copy of the bundled sample (never the sample itself: the test appends to it)."""
@@ -64,6 +75,7 @@ def app_page(browser_run, tmp_path):
             yield pg
         finally:
             ctx.close()
+    assert_no_stack_trace(tmp_path / "streamlit.log")
 
 
 def _shots(tmp_path) -> Path:
@@ -270,3 +282,4 @@ def test_picker_sample_click_to_step_and_cancel(browser_env, tmp_path):
             assert not pg.locator('[data-testid="stException"]').count()
         finally:
             ctx.close()
+    assert_no_stack_trace(tmp_path / "streamlit.log")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import platform
 
-import numpy as np
 import pytest
 
 from rldiag.app import memory
@@ -19,20 +17,38 @@ def test_rss_is_read_for_this_process_and_nan_for_none():
     assert math.isnan(memory.rss_mb(2**30))
 
 
+#: run in a process of its own: the test process's heap holds whatever earlier tests left in it
+#: (their freed pages, their arenas), so its resident memory says nothing about this release
+RELEASE_PROBE = """
+import gc, json
+import numpy as np
+from rldiag.app import memory
+# many mid-sized blocks (under glibc's mmap threshold, so they live in the heap), then freed
+# except the last: the heap cannot shrink from its top, only malloc_trim returns the pages
+blocks = [np.ones(8_000) for _ in range(4_000)]  # 64 KB each, 256 MB
+keep = blocks[-1]
+before = memory.rss_mb()
+del blocks
+gc.collect()
+after_free = memory.rss_mb()
+released = memory.release()
+print(json.dumps({"before": before, "after_free": after_free, "released": released,
+                  "after_release": memory.rss_mb(), "kept": float(keep.sum())}))
+"""
+
+
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_release_returns_freed_heap_pages_to_the_system():
-    # many mid-sized blocks (under glibc's mmap threshold, so they live in the heap), then freed
-    # except the last: the heap cannot shrink from its top, only malloc_trim returns the pages
-    blocks = [np.ones(8_000) for _ in range(4_000)]  # 64 KB each, 256 MB
-    keep = blocks[-1]
-    before = memory.rss_mb()
-    del blocks
-    gc.collect()
-    after_free = memory.rss_mb()
-    assert after_free > before - 100  # free() kept the pages
-    assert memory.release() is True
-    assert memory.rss_mb() < after_free - 150
-    assert keep.sum() == 8_000
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True, text=True, check=True).stdout
+    m = json.loads(out.strip().splitlines()[-1])
+    assert m["after_free"] > m["before"] - 100  # free() kept the pages
+    assert m["released"] is True
+    assert m["after_release"] < m["after_free"] - 150
+    assert m["kept"] == 8_000
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")

@@ -48,8 +48,9 @@ def test_clip_fraction_is_the_mean_over_micro_batches_pg_loss_stays_global():
     b = make_batch(scores=[[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]], mask=[[1, 0, 0], [1, 1, 1]], lengths=[1, 3], uids=["g", "g"],
                    old_log_probs=[[-1.5, 0, 0], [-1.0, -1.0, -1.0]], log_probs=[[-1.0, 0, 0], [-1.0, -1.0, -1.0]],
                    values=[[0.0] * 3] * 2, vpreds=[[0.9, 0, 0], [0.0, 0.0, 0.0]])
-    whole = recompute_batch(b, settings(estimator="grpo"))
-    micro = recompute_batch(b, settings(estimator="grpo", **{MB: 1}))
+    # a critic alongside GRPO (critic.enable=true): its metrics are logged too
+    whole = recompute_batch(b, settings(estimator="grpo", **{"critic.enable": True}))
+    micro = recompute_batch(b, settings(estimator="grpo", **{MB: 1, "critic.enable": True}))
     assert whole.metrics["actor/pg_clipfrac"].item() == pytest.approx(0.25, rel=1e-6)
     assert micro.metrics["actor/pg_clipfrac"].item() == pytest.approx(0.5, rel=1e-6)
     assert micro.metrics["actor/ppo_kl"].item() == pytest.approx(-0.5 / 2, rel=1e-5)  # (-0.5 + 0) / 2

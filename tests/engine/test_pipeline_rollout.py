@@ -77,7 +77,7 @@ def test_critic_token_mean_counts_the_original_mask_after_rejection():
     s = {RC + "rollout_rs": "token_k1", RC + "rollout_rs_threshold": 2.0}
     for version, denom in (("0.9.1", 4), ("0.8.0", 3)):
         b = _loss_batch(values=[[0.0] * 4], vpreds=[[0.5] * 4])
-        r = recompute_padded(b, settings(estimator="grpo", **s, **{"rldiag.verl_version": version}))
+        r = recompute_padded(b, settings(estimator="grpo", **s, **{"rldiag.verl_version": version, "critic.enable": True}))
         ret, kept = r.tokens["returns"][0].tolist(), r.tokens["response_mask"][0].tolist()
         assert kept == [1, 1, 0, 1]
         want = 0.5 * sum((0.5 - g) ** 2 for g, k in zip(ret, kept) if k) / denom

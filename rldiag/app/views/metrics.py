@@ -189,7 +189,7 @@ def live(view: dict) -> None:
             panel = _panel(metric, raw, smooth, columns, (view["log_y"], ranges.get(metric), x), cache)
             with grid[k % 2]:
                 event = st.echarts_chart(panel.spec, key=f"m_chart:{metric}", on_select="rerun",
-                                         height=PANEL_HEIGHT, alt=panel.alt, renderer="svg")
+                                         height=PANEL_HEIGHT, renderer="svg")
             _on_select(metric, panel, event)
         joined = _concat(f for f, _ in frames.values())
         note = overlap_note(identical_sources(joined, columns))

@@ -224,7 +224,7 @@ def results(name: str) -> None:
             grid = st.columns(2)
         panel = metric_panel(joined, metric, columns, selectable=False)
         with grid[k % 2]:
-            st.echarts_chart(panel.spec, key=f"wi_chart:{metric}", height=PANEL_HEIGHT, alt=panel.alt, renderer="svg")
+            st.echarts_chart(panel.spec, key=f"wi_chart:{metric}", height=PANEL_HEIGHT, renderer="svg")
     st.caption("Mean over steps of each source; the last columns give the scenario minus the baseline.")
     st.dataframe(store.summary(metrics, shown), hide_index=True)
     if name == BASELINE or name not in scenarios:
