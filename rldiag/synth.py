@@ -45,6 +45,9 @@ class SynthSpec:
     sigma: float = 0.8  # lognormal: the spread of log length
     capped: float = 0.0  # lognormal: share of rows at max_len
     capped_rows: int = 0  # lognormal: this many rows of each step (drawn at random) at max_len, besides
+    #: the estimator-specific columns too (traj_uid, step_index, session_id, output_index,
+    #: reward_baselines, sum_pi_squared, reward components acc and fmt), so every estimator runs
+    extra_columns: bool = False
 
 
 def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.ndarray:
@@ -108,6 +111,20 @@ def synth_step_table(spec: SynthSpec, step: int, rng: np.random.Generator) -> pa
         vpreds = (values + rng.normal(0, 0.1, total)).astype(np.float32)
         cols["values"] = list_array(values, lengths, pa.float32())
         cols["vpreds"] = list_array(vpreds, lengths, pa.float32())
+    if spec.extra_columns:
+        i = np.arange(rows)
+        pi = np.exp(old)
+        cols.update({
+            "traj_uid": pa.array([f"{u}-t{k % 2}" for k, u in zip(i, uid)], pa.string()),
+            "step_index": pa.array((i // 2) % 2, pa.int64()),
+            "session_id": pa.array([f"{u}-s{k}" for k, u in zip((i // 2) % 2, uid)], pa.string()),
+            "output_index": pa.array(i % 2, pa.int64()),
+            "reward_baselines": pa.array(rng.uniform(0, 1, rows).astype(np.float32)),
+            "acc": pa.array(rng.integers(0, 2, rows).astype(np.float32)),
+            "fmt": pa.array(rng.integers(0, 2, rows).astype(bool)),
+            "sum_pi_squared": list_array((pi**2 + rng.uniform(0, 1, total) * (1 - pi**2)).astype(np.float32),
+                                         lengths, pa.float32()),
+        })
     return pa.table(cols)
 
 

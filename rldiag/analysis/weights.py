@@ -108,12 +108,16 @@ def weights_by_autograd(adv: np.ndarray, mask: np.ndarray, lengths: np.ndarray, 
     rows = len(lengths)
     if not np.asarray(mask).size:  # no tokens: nothing to differentiate
         return np.zeros(0)
+    # on the CPU on purpose: numpy in, numpy out
+    cpu = torch.device("cpu")
     layout = Rows.from_lengths(torch.from_numpy(np.asarray(lengths).astype(np.int64)))
     m = torch.from_numpy(np.asarray(mask).astype(np.float32))
-    loss = torch.zeros(layout.n_tokens, dtype=torch.float32, requires_grad=True)
+    loss = torch.zeros(layout.n_tokens, dtype=torch.float32, device=cpu, requires_grad=True)
     norm = AggNorm(
-        seg_ids=torch.zeros(rows, dtype=torch.long), n_seg=1, horizon=torch.tensor([_horizon(lengths, settings)]),
-        rows=layout, batch_num_tokens=torch.tensor([float(norm_tokens)]), global_batch_size=torch.tensor([float(rows)]),
+        seg_ids=torch.zeros(rows, dtype=torch.long, device=cpu), n_seg=1,
+        horizon=torch.tensor([_horizon(lengths, settings)], device=cpu), rows=layout,
+        batch_num_tokens=torch.tensor([float(norm_tokens)], device=cpu),
+        global_batch_size=torch.tensor([float(rows)], device=cpu),
         loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
     )
     aggregate(settings.actor_agg_mode, loss, m, norm).sum().backward()

@@ -110,7 +110,7 @@ def _response_attention(
     am = tensors.get(ATTENTION_KEY)
     if am is None:
         pos = torch.arange(1, width + 1, device=mask.device)
-        last = (mask.bool() * pos).amax(-1) if width else torch.zeros(rows, dtype=torch.long)
+        last = (mask.bool() * pos).amax(-1) if width else torch.zeros(rows, dtype=torch.long, device=mask.device)
         return pos.unsqueeze(0) <= last.unsqueeze(1), None
     if am.ndim != 2 or am.shape[0] != rows or am.shape[1] < width:
         raise BatchError(

@@ -166,16 +166,17 @@ class VerlCapture:
         padded = data.exclude("uid", "prompts").to_padded_tensor()
         width = padded["responses"].shape[1]
         tags = list(getattr(meta, "tags", None) or [{}] * len(uid))
-        keep = torch.tensor([not (t or {}).get("is_padding", False) for t in tags], dtype=torch.bool)
+        # on the CPU (the uids are a numpy array); each tensor is indexed on its own device
+        keep = torch.tensor([not (t or {}).get("is_padding", False) for t in tags], dtype=torch.bool, device="cpu")
         step = {k: padded[k] for k in padded.keys()}
         if "rm_scores" in step and "token_level_scores" not in step:
             step["token_level_scores"] = step.pop("rm_scores")
         pre = self._take_pre_mask(len(uid), width)
         if pre is not None:
             step["loss_mask"] = pre
-        step["attention_mask"] = (torch.arange(width) < lengths.unsqueeze(1)).long()
-        step = {k: v[keep] for k, v in step.items()}
-        step["prompt_length"] = prompt_length[keep]
+        step["attention_mask"] = (torch.arange(width, device=lengths.device) < lengths.unsqueeze(1)).long()
+        step = {k: v[keep.to(v.device)] for k, v in step.items()}
+        step["prompt_length"] = prompt_length[keep.to(prompt_length.device)]
         step["uid"] = uid[keep.numpy()]
         self._open_writer().write_batch(self.step, step)
 

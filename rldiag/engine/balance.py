@@ -93,8 +93,10 @@ def balanced_positions(seq_len: torch.Tensor, step_ids: torch.Tensor, n_steps: i
             continue
         idx = members[a : a + count]  # batch rows of step s, in batch order
         parts = balanced_partitions(loads[idx].tolist(), dp_size)
-        new = torch.tensor([j for part in parts for j in part], dtype=torch.long)
-        placed = torch.empty(count, dtype=torch.long)
-        placed[new] = torch.arange(count)
+        # the partition is computed on the CPU on purpose (a heap of Python lists); its result
+        # goes to the batch's device explicitly
+        new = torch.tensor([j for part in parts for j in part], dtype=torch.long, device="cpu")
+        placed = torch.empty(count, dtype=torch.long, device="cpu")
+        placed[new] = torch.arange(count, device="cpu")
         pos[idx.to(pos.device)] = placed.to(pos.device)
     return pos

@@ -30,7 +30,7 @@ class StepErrors:
         return {self.steps[i]: m for i, m in sorted(self.messages.items())}
 
     def ok_mask(self, device=None) -> torch.Tensor:
-        ok = torch.ones(len(self.steps), dtype=torch.bool)
+        ok = torch.ones(len(self.steps), dtype=torch.bool, device="cpu")  # set flag by flag on the CPU, then moved
         for i in self.messages:
             ok[i] = False
         return ok.to(device) if device is not None else ok

@@ -256,7 +256,7 @@ def recompute_batch(
     if settings["actor_rollout_ref.actor.use_kl_loss"] and batch.ref_log_prob is not None and batch.log_probs is not None:
         kld = kl_estimate(settings["actor_rollout_ref.actor.kl_loss_type"], batch.log_probs, batch.ref_log_prob)
         metrics["actor/kl_loss"] = segs.loss(aggregate(agg_mode, kld, mask, actor_norm))
-        metrics["actor/kl_coef"] = torch.full((n,), float(settings["actor_rollout_ref.actor.kl_loss_coef"]))
+        metrics["actor/kl_coef"] = torch.full((n,), float(settings["actor_rollout_ref.actor.kl_loss_coef"]), device=sid.device)
     if use_critic and batch.vpreds is not None and batch.values is not None:
         global_norm = settings.has("critic_global_norm")
         if global_norm:

@@ -51,8 +51,8 @@ from rldiag.registry import Registry
 
 #: verl's SAFETY_BOUND: log-ratios are clamped to +-20 before exp.
 SAFETY_BOUND = 20.0
-_EXP_LO = float(torch.exp(torch.tensor(-SAFETY_BOUND)))  # float32 exp(-20), exp(20)
-_EXP_HI = float(torch.exp(torch.tensor(SAFETY_BOUND)))
+_EXP_LO = float(torch.exp(torch.tensor(-SAFETY_BOUND, device="cpu")))  # float32 exp(-20), exp(20)
+_EXP_HI = float(torch.exp(torch.tensor(SAFETY_BOUND, device="cpu")))
 #: verl's message when a batch reaches rollout correction without a single actor token.
 EMPTY_MESSAGE = "rollout correction: response_mask must contain at least one valid token (1) (verl raises here)"
 #: when every IS weight of a batch is 0 (IcePop), verl's ESS is ``1.0 / 0.0`` in Python.

@@ -71,7 +71,7 @@ def replay_statistic(sf: StepFile, settings: Settings) -> tuple[torch.Tensor, to
     m = b.response_mask
     kld = kl_estimate(settings["algorithm.kl_penalty"], b.old_log_probs, b.ref_log_prob) * m
     row_kl = b.rows.sum(kld * m) / (b.rows.sum(m) + MEAN_EPS)
-    return row_kl.mean().reshape(1), torch.tensor([float(b.n_rows)])
+    return row_kl.mean().reshape(1), torch.tensor([float(b.n_rows)], device=row_kl.device)
 
 
 def chain(state: KLControllerState, settings: Settings, stats: Iterable[PackStatistic]) -> dict[int, float]:

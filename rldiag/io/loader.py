@@ -305,7 +305,7 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
     where: dict[str, Any] = {"file": str(sf.path), "step": sf.step}
     if "token_level_scores" not in tensors:
         score = torch.from_numpy(_scalar(table["score"], "score", "float", where).astype(np.float32))
-        scores = torch.zeros(total, dtype=torch.float32)
+        scores = torch.zeros(total, dtype=torch.float32, device="cpu")
         live = torch.from_numpy(lengths > 0)
         scores[layout.offsets[1:][live] - 1] = score[live]  # the row's last token
         tensors["token_level_scores"] = scores
@@ -318,7 +318,7 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
         pl = _scalar(table["prompt_length"], "prompt_length", "int", where).astype(np.int64)
         kwargs["prompt_length"] = torch.from_numpy(pl)
         max_prompt = settings["data.max_prompt_length"]
-        kwargs["max_prompt_length"] = torch.tensor([max_prompt if max_prompt is not None else int(pl.max())])
+        kwargs["max_prompt_length"] = torch.tensor([max_prompt if max_prompt is not None else int(pl.max())], device="cpu")
     if "reward_baselines" in table.column_names:
         kwargs["reward_baselines"] = torch.from_numpy(
             _scalar(table["reward_baselines"], "reward_baselines", "float", where).astype(np.float32)
@@ -332,11 +332,11 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
         response_mask=tensors.pop("response_mask"),
         token_level_scores=tensors.pop("token_level_scores"),
         lengths=torch.from_numpy(lengths),
-        step_ids=torch.zeros(rows, dtype=torch.int64),
+        step_ids=torch.zeros(rows, dtype=torch.int64, device="cpu"),
         group_ids=group_ids,
         steps=[sf.step],
         n_groups=len(groups.dictionary),
-        max_response_length=torch.tensor([max_resp if max_resp is not None else int(lengths.max())]),
+        max_response_length=torch.tensor([max_resp if max_resp is not None else int(lengths.max())], device="cpu"),
         **{k: v for k, v in tensors.items() if k in TOKEN_FIELDS},
         **kwargs,
         extra=extra,
