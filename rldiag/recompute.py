@@ -170,7 +170,9 @@ def _plan(rd: RunDir, files: dict[int, StepFile], chosen: list[int], job: Job, p
         return StepTask(step=step, file=str(sf.path), rel=rel, chunk=chunk, previous=previous, reusable=reusable)
 
     tasks = [task(s, i // chunk_steps) for i, s in enumerate(chosen)]
-    replay = [task(s, -1) for s in sorted(files) if s < chosen[0]] if is_adaptive(job.settings) else []
+    # adaptive KL: the run's earlier steps, in the chunks a recompute of every step gives them
+    earlier = [s for s in sorted(files) if s < chosen[0]] if is_adaptive(job.settings) else []
+    replay = [task(s, i // chunk_steps) for i, s in enumerate(earlier)]
     return Plan(job=job, tasks=tasks, replay=replay)
 
 

@@ -3,7 +3,7 @@ and hashed on a background thread while the current pack is computed."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import torch
 
@@ -12,8 +12,8 @@ from rldiag.executors import allocator
 from rldiag.executors.allocator import engine_threads, tune_host_allocator
 from rldiag.executors.base import Plan
 from rldiag.executors.device import resolve_device
-from rldiag.executors.klchain import replay_statistic
-from rldiag.executors.steps import StepOutcome, fetch, prefetched, process
+from rldiag.executors.klchain import chain, is_adaptive, replay_statistics, step_statistic
+from rldiag.executors.steps import Fetched, StepOutcome, fetch, prefetched, process
 
 
 class LocalExecutor:
@@ -28,11 +28,18 @@ class LocalExecutor:
         job = plan.job
         settings = job.settings
         kl_state = initial_kl_state(settings) if settings["algorithm.use_kl_in_reward"] else None
-        for task in plan.replay:  # the coefficient of a step depends on every step before it
-            stat = replay_statistic(task.step_file(), settings)
-            if stat is not None:
-                assert kl_state is not None  # a replay is planned only for an adaptive KL in the reward
-                kl_state.advance(settings, *stat)
+        not_loaded: Callable[[Fetched], None] | None = None
+        if kl_state is not None and is_adaptive(settings):
+            state = kl_state
+            # the coefficient of a step depends on every step before it (rldiag.executors.klchain)
+            chain(state, settings, replay_statistics(plan.replay, job))
+
+            def advance_past(f: Fetched) -> None:  # a failed step whose statistic can be read
+                stat = step_statistic(f, job)
+                if stat is not None:
+                    chain(state, settings, [stat])
+
+            not_loaded = advance_past
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))
         every = torch.get_num_threads()
@@ -47,7 +54,7 @@ class LocalExecutor:
                 if torch.get_num_threads() < every and fetched.idle and allocator.idle_cores() >= 0.5:
                     torch.set_num_threads(every)
 
-            yield from process(fetched, job, lambda steps: kl_state, before_compute=widen)
+            yield from process(fetched, job, lambda steps: kl_state, before_compute=widen, not_loaded=not_loaded)
 
     def close(self) -> None:
         """Nothing to release: the executor holds no resources between runs."""
