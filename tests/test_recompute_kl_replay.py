@@ -55,14 +55,14 @@ def _by_step(rep):
     return {r["step"]: r for r in rep.metrics}
 
 
-def _subset_matches_full(run, overrides):
-    """Steps FIRST: of a --steps FIRST: recompute equal those of a recompute of every step: the
-    coefficient of FIRST to the bit (the replay reads the statistic in the full recompute's
-    packs), every metric (the KL-in-reward ones among them) to float32 rounding."""
+def _subset_matches_full(run, overrides, steps=f"{FIRST}:"):
+    """The steps of a --steps recompute equal those of a recompute of every step: the coefficient
+    of the first to the bit (the replay reads the statistic in the full recompute's packs), every
+    metric (the KL-in-reward ones among them) to float32 rounding."""
     full = _by_step(recompute(run, overrides, name="all"))
-    part = _by_step(recompute(run, overrides, name="part", steps=f"{FIRST}:"))
-    assert sorted(part) == [s for s in sorted(full) if s >= FIRST]
-    assert part[FIRST][COEF] == full[FIRST][COEF]
+    part = _by_step(recompute(run, overrides, name="part", steps=steps))
+    first = min(part)
+    assert part[first][COEF] == full[first][COEF]
     for s, row in part.items():
         assert set(row) == set(full[s])
         for k, v in row.items():
@@ -74,7 +74,15 @@ def _subset_matches_full(run, overrides):
 
 
 def test_subset_plain(tmp_path):
-    _subset_matches_full(_live_run(tmp_path / "r"), KL_LIVE)
+    _, part = _subset_matches_full(_live_run(tmp_path / "r"), KL_LIVE)
+    assert sorted(part) == [6, 7, 8]
+
+
+def test_subset_with_gaps_replays_the_steps_left_out_between(tmp_path):
+    # step 5's coefficient depends on steps 3 and 4 too: every step left out before the last
+    # chosen one is replayed, in step order
+    _, part = _subset_matches_full(_live_run(tmp_path / "r"), KL_LIVE, steps="2,5:6,8")
+    assert sorted(part) == [2, 5, 6, 8]
 
 
 def test_subset_bypass_mode_replays_the_rollout_log_probs(tmp_path):
@@ -103,7 +111,7 @@ def test_subset_with_malformed_earlier_steps(tmp_path):
     poison(run, 2, "log_probs")
     poison(run, 4, "ref_log_prob")
     full, part = _subset_matches_full(run, KL_LIVE)
-    assert sorted(full) == [1, 3, 5, 6, 7, 8]
+    assert sorted(full) == [1, 3, 5, 6, 7, 8] and sorted(part) == [6, 7, 8]
     assert full[3][COEF] == pytest.approx(clean[3][COEF], rel=1e-6)  # step 2 counted
     assert full[5][COEF] == pytest.approx(clean[4][COEF], rel=1e-6)  # step 4 not
     meta, _ = read_scenario(run, "part")

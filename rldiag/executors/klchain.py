@@ -6,9 +6,9 @@ Step s's coefficient depends on the reward-side KL statistic of every step befor
 statistic does not depend on any coefficient. So the chain can be split: compute each pack's
 statistic anywhere (:func:`pack_statistics`), advance the controller over them in step order in
 one place (:func:`chain`), then recompute each pack with its steps' coefficients. Steps of the run
-before the first chosen one (``--steps 10:``) are replayed (:func:`replay_statistics`): loaded
-with only the statistic's columns (:func:`statistic_columns`), packed as a full recompute packs
-them, as a trainer that saw them.
+left out before the last chosen one (``--steps 10:``, ``--steps 3,5``) are replayed
+(:func:`replay_statistics`): loaded with only the statistic's columns (:func:`statistic_columns`),
+packed as a full recompute packs the run's first steps, as a trainer that saw them.
 
 Which steps advance the controller: verl's trainer advanced it at every step it ran, so every
 step whose statistic can be read from its file does, also one that a full recompute fails for
@@ -22,6 +22,7 @@ others) is skipped whole, as the full recompute fails it whole.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 import torch
@@ -108,3 +109,29 @@ def chain(state: KLControllerState, settings: Settings, stats: Iterable[PackStat
         used = state.advance(settings, current_kl, rows)
         coefs.update(zip(steps, used.tolist()))
     return coefs
+
+
+class SequentialChain:
+    """The controller of one process that computes the chosen steps in step order: the replayed
+    steps' statistics (``replayed``, in step order) are taken as the chosen steps reach them, and
+    the pipeline advances ``state`` over each pack it computes."""
+
+    def __init__(self, state: KLControllerState, job: Job, replayed: list[PackStatistic]):
+        self.state, self.job = state, job
+        self._replayed = deque(replayed)
+
+    def _catch_up(self, step: int) -> None:
+        while self._replayed and self._replayed[0][0][0] < step:
+            chain(self.state, self.job.settings, [self._replayed.popleft()])
+
+    def state_for(self, steps: list[int]) -> KLControllerState:
+        """The state a pack of ``steps`` is computed with (it advances it past them)."""
+        self._catch_up(steps[0])
+        return self.state
+
+    def not_loaded(self, f: Fetched) -> None:
+        """A chosen step that did not load: advance past it when its statistic can be read."""
+        self._catch_up(f.task.step)
+        stat = step_statistic(f, self.job)
+        if stat is not None:
+            chain(self.state, self.job.settings, [stat])

@@ -4,6 +4,7 @@ and hashed on a background thread while the current pack is computed."""
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from typing import Any
 
 import torch
 
@@ -12,7 +13,7 @@ from rldiag.executors import allocator
 from rldiag.executors.allocator import engine_threads, tune_host_allocator
 from rldiag.executors.base import Plan
 from rldiag.executors.device import resolve_device
-from rldiag.executors.klchain import chain, is_adaptive, replay_statistics, step_statistic
+from rldiag.executors.klchain import SequentialChain, is_adaptive, replay_statistics
 from rldiag.executors.steps import Fetched, StepOutcome, fetch, prefetched, process
 
 
@@ -28,18 +29,12 @@ class LocalExecutor:
         job = plan.job
         settings = job.settings
         kl_state = initial_kl_state(settings) if settings["algorithm.use_kl_in_reward"] else None
+        kl_for: Callable[[list[int]], Any] = lambda steps: kl_state  # noqa: E731
         not_loaded: Callable[[Fetched], None] | None = None
         if kl_state is not None and is_adaptive(settings):
-            state = kl_state
             # the coefficient of a step depends on every step before it (rldiag.executors.klchain)
-            chain(state, settings, replay_statistics(plan.replay, job))
-
-            def advance_past(f: Fetched) -> None:  # a failed step whose statistic can be read
-                stat = step_statistic(f, job)
-                if stat is not None:
-                    chain(state, settings, [stat])
-
-            not_loaded = advance_past
+            kc = SequentialChain(kl_state, job, replay_statistics(plan.replay, job))
+            kl_for, not_loaded = kc.state_for, kc.not_loaded
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))
         every = torch.get_num_threads()
@@ -54,7 +49,7 @@ class LocalExecutor:
                 if torch.get_num_threads() < every and fetched.idle and allocator.idle_cores() >= 0.5:
                     torch.set_num_threads(every)
 
-            yield from process(fetched, job, lambda steps: kl_state, before_compute=widen, not_loaded=not_loaded)
+            yield from process(fetched, job, kl_for, before_compute=widen, not_loaded=not_loaded)
 
     def close(self) -> None:
         """Nothing to release: the executor holds no resources between runs."""

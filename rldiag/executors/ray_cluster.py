@@ -217,20 +217,18 @@ class RayExecutor:
                 ray.cancel(ref)
 
     def _chain(self, ray, plan: Plan, chunks: list[list[StepTask]], opts: dict) -> dict[int, float]:
-        """First pass: every pack's statistic on the workers; then the chain, here, in step order."""
+        """First pass: every pack's statistic on the workers (the chosen steps' and the replayed
+        ones'); then the chain, here, in step order."""
         job = plan.job
         stat_fn = ray.remote(chunk_kl_statistics).options(**opts)
         refs = [(c, stat_fn.remote(c, job)) for c in chunks]
-        # --steps: the run's earlier steps, one task per chunk, only the statistic's columns read
+        # --steps: the run's steps left out, one task per chunk, only the statistic's columns read
         replay_fn = ray.remote(replay_statistics).options(**opts)
         replay_refs = [(part, replay_fn.remote(part, job)) for part in _chunks([_absolute(t) for t in plan.replay])]
-        state = initial_kl_state(job.settings)
-        for part, ref in replay_refs:
-            chain(state, job.settings, self._get(ray, part, ref))
-        coefs: dict[int, float] = {}
-        for chunk, ref in refs:
-            coefs.update(chain(state, job.settings, self._get(ray, chunk, ref)))
-        return coefs
+        stats = [stat for part, ref in replay_refs + refs for stat in self._get(ray, part, ref)]
+        # no pack spans a step of the other kind (recompute._plan), so step order is pack order
+        stats.sort(key=lambda stat: stat[0][0])
+        return chain(initial_kl_state(job.settings), job.settings, stats)
 
     @staticmethod
     def _get(ray, chunk: list[StepTask], ref):

@@ -108,19 +108,19 @@ def test_adaptive_kl_with_a_subset_replays_earlier_steps(cluster, run):
 
 
 def test_adaptive_kl_subset_replays_the_statistic_verl_reads(cluster, tmp_path):
-    """Bypass mode on a batch captured after rejection, a step failed by its log_probs: the
-    replay of steps 1-3 reads the rollout's log-probs on loss_mask and counts step 2, as the
-    full recompute does."""
+    """Bypass mode on batches captured after rejection, steps left out before and between the
+    chosen ones, one of them failed by its log_probs: the replay reads the rollout's log-probs on
+    loss_mask and counts every left-out step, in step order, as the full recompute does."""
     run = write_synth_run(tmp_path / "run", SynthSpec(steps=6, seed=3))
     rejected_after_capture(run)
-    poison(run, 2, "log_probs")
+    poison(run, 3, "log_probs")
     over = {**KL_LIVE, "algorithm.rollout_correction.bypass_mode": True}
-    _, dist, meta = _pair(run, over, steps="4:", chunk_steps=2)
-    assert meta["steps_done"] == [4, 5, 6]
+    _, dist, meta = _pair(run, over, steps="2,5:", chunk_steps=2)
+    assert meta["steps_done"] == [2, 5, 6]
     full = {r["step"]: r for r in recompute(run, over, name="full", chunk_steps=2).metrics}
-    assert sorted(full) == [1, 3, 4, 5, 6]
+    assert sorted(full) == [1, 2, 4, 5, 6]
     by = {r["step"]: r for r in dist.metrics}
-    assert by[4]["actor/reward_kl_penalty_coeff"] == full[4]["actor/reward_kl_penalty_coeff"]
+    assert by[2]["actor/reward_kl_penalty_coeff"] == full[2]["actor/reward_kl_penalty_coeff"]
     for s in (5, 6):
         assert by[s]["actor/reward_kl_penalty_coeff"] == pytest.approx(full[s]["actor/reward_kl_penalty_coeff"], rel=1e-6)
 
