@@ -169,9 +169,32 @@ def _plan(rd: RunDir, files: dict[int, StepFile], chosen: list[int], job: Job, p
         previous = prev.inputs.get(step) if reusable else (prev.inputs.get(step) or prev.known.get(rel))
         return StepTask(step=step, file=str(sf.path), rel=rel, chunk=chunk, previous=previous, reusable=reusable)
 
-    tasks = [task(s, i // chunk_steps) for i, s in enumerate(chosen)]
-    replay = [task(s, -1) for s in sorted(files) if s < chosen[0]] if is_adaptive(job.settings) else []
+    if not is_adaptive(job.settings):
+        return Plan(job=job, tasks=[task(s, i // chunk_steps) for i, s in enumerate(chosen)])
+    # adaptive KL: a step's coefficient depends on every run step before it, so the steps left
+    # out before the last chosen one are replayed; no chunk (so no pack) spans a step of the
+    # other kind, and the chain takes both in step order
+    order = sorted(files)
+    position = {s: i for i, s in enumerate(order)}
+    picked = set(chosen)
+    left_out = [s for s in order if s < chosen[-1] and s not in picked]
+    tasks = [task(s, c) for s, c in zip(chosen, _chunk_ids(chosen, position, chunk_steps))]
+    replay = [task(s, c) for s, c in zip(left_out, _chunk_ids(left_out, position, chunk_steps))]
     return Plan(job=job, tasks=tasks, replay=replay)
+
+
+def _chunk_ids(steps: list[int], position: dict[int, int], chunk_steps: int) -> list[int]:
+    """Chunks of at most ``chunk_steps`` of ``steps`` (in order), a new one wherever a run step
+    not in ``steps`` lies between two of them (``position``: each step's place in the run). For
+    the run's first steps, these are the chunks a recompute of every step makes."""
+    ids: list[int] = []
+    chunk, size = 0, 0
+    for i, s in enumerate(steps):
+        if i and (size == chunk_steps or position[s] != position[steps[i - 1]] + 1):
+            chunk, size = chunk + 1, 0
+        ids.append(chunk)
+        size += 1
+    return ids
 
 
 def _record(out: StepOutcome, report: ScenarioReport, prev: _Previous, writer: ScenarioWriter, save_tokens: bool) -> None:

@@ -34,13 +34,13 @@ from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_row_sums
 from rldiag.engine.metrics import data_metrics, rollout_probs_metrics, signal_metrics
 from rldiag.engine.microbatch import Segmentation, segmentation_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
+from rldiag.engine.reward_kl import anchor_log_probs, original_mask, reward_kl
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
 from rldiag.engine.segments import (
     MEAN_EPS,
     masked_positive_rows,
     seg_count,
     seg_max,
-    seg_mean,
     seg_std,
     seg_sum,
     step_mask_count,
@@ -120,34 +120,6 @@ def initial_kl_state(settings: EngineSettings) -> KLControllerState:
     return KLControllerState(float(settings["algorithm.kl_ctrl.kl_coef"]))
 
 
-def anchor_log_probs(batch: Batch, settings: EngineSettings) -> torch.Tensor | None:
-    """π_old as the update uses it: ``rollout_log_probs`` in bypass mode (step 0), else
-    ``old_log_probs`` (None when the batch has neither)."""
-    if settings["algorithm.rollout_correction.bypass_mode"]:
-        return _require(batch, "rollout_log_probs", "algorithm.rollout_correction.bypass_mode")
-    return batch.old_log_probs
-
-
-def original_mask(batch: Batch) -> torch.Tensor:
-    """The mask before rollout correction ``(tokens,)``: ``loss_mask`` if the batch has it
-    (then ``response_mask`` is the trainer's post-rejection mask), else ``response_mask``."""
-    return batch.loss_mask if batch.loss_mask is not None else batch.response_mask
-
-
-def reward_kl(batch: Batch, old_lp: torch.Tensor | None, settings: EngineSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 1's KL: the per-token estimate on the original mask ``(tokens,)`` and each step's
-    mean over rows of the row's masked mean, ``current_kl`` ``(n_steps,)``, which is what the
-    adaptive controller reads (it does not depend on the coefficient)."""
-    if old_lp is None:
-        old_lp = _require(batch, "old_log_probs", "algorithm.use_kl_in_reward")
-    ref = _require(batch, "ref_log_prob", "algorithm.use_kl_in_reward")
-    mask0 = original_mask(batch)
-    kld = kl_estimate(settings["algorithm.kl_penalty"], old_lp, ref) * mask0
-    rows = batch.rows
-    row_kl = rows.sum(kld * mask0) / (rows.sum(mask0) + MEAN_EPS)
-    return kld, seg_mean(row_kl, batch.step_ids, batch.n_steps)
-
-
 def _combine_policy_loss(out: PolicyLossOutput, segs: Segmentation, errors: StepErrors) -> dict[str, torch.Tensor]:
     """Per-segment policy-loss results -> per-step metrics as verl logs them: ``actor/pg_loss``
     summed over a step's micro-batches (global normalisation), verl's metrics averaged with equal
@@ -178,7 +150,7 @@ def recompute_batch(
 
     # 1. reward-side KL shaping on the original mask
     if settings["algorithm.use_kl_in_reward"]:
-        kld, current_kl = reward_kl(batch, old_lp, settings)
+        kld, current_kl = reward_kl(batch, settings)
         state = kl_state or initial_kl_state(settings)
         beta = state.advance(settings, current_kl, rows_per_step)
         rewards = scores - rows.expand(beta[sid]) * kld

@@ -15,7 +15,8 @@ class Plan:
 
     job: Job
     tasks: list[StepTask]  # the chosen steps, in step order
-    replay: list[StepTask] = field(default_factory=list)  # adaptive KL: the run's steps before the first chosen one
+    # adaptive KL: the run's steps left out before the last chosen one, in step order
+    replay: list[StepTask] = field(default_factory=list)
 
 
 class Executor(Protocol):

@@ -1,29 +1,40 @@
 """The adaptive KL controller across steps (``algorithm.kl_ctrl.type=adaptive`` with
 ``algorithm.use_kl_in_reward``).
 
-Step s's coefficient depends on the reward-side KL statistic of every step before it, and that
+Step s's coefficient depends on the reward-side KL statistic of every step before it
+(:func:`~rldiag.engine.reward_kl.reward_kl`, the one definition the pipeline uses too), and that
 statistic does not depend on any coefficient. So the chain can be split: compute each pack's
 statistic anywhere (:func:`pack_statistics`), advance the controller over them in step order in
 one place (:func:`chain`), then recompute each pack with its steps' coefficients. Steps of the run
-before the first chosen one (``--steps 10:``) are replayed from a cheaper per-step statistic
-(:func:`replay_statistic`), as a trainer that saw them.
+left out before the last chosen one (``--steps 10:``, ``--steps 3,5``) are replayed
+(:func:`replay_statistics`): loaded with only the statistic's columns (:func:`statistic_columns`),
+packed as a full recompute packs the run's first steps, as a trainer that saw them.
+
+Which steps advance the controller: verl's trainer advanced it at every step it ran, so every
+step whose statistic can be read from its file does, also one that a full recompute fails for
+another reason (a non-finite value in ``log_probs``, a column the estimator needs missing): its
+statistic is then read from the statistic's columns alone (:func:`step_statistic`). A step whose
+statistic cannot be read (the file unreadable, a non-finite or missing ``ref_log_prob`` or
+π_old, an invalid mask) is skipped, unlike the trainer, which saw it. A pack of several steps
+is one statistic: a pack the reward KL fails on (a step lacking ``ref_log_prob`` packed with
+others) is skipped whole, as the full recompute fails it whole.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 import torch
 
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import pack as pack_batches
-from rldiag.engine.kl import kl_estimate
-from rldiag.engine.pipeline import KLControllerState, anchor_log_probs, reward_kl
-from rldiag.engine.segments import MEAN_EPS, seg_count
+from rldiag.engine.pipeline import KLControllerState
+from rldiag.engine.reward_kl import reward_kl, reward_kl_columns
+from rldiag.engine.segments import seg_count
 from rldiag.errors import RldiagError
-from rldiag.executors.steps import Fetched, Job, packs
-from rldiag.io.loader import load_step, read_schema
-from rldiag.io.rundir import StepFile
+from rldiag.executors.steps import Fetched, Job, StepTask, fetch, packs, prefetched
+from rldiag.io.loader import columns_with
 
 #: (run steps of a pack, current_kl (n_steps,), rows (n_steps,)), CPU tensors
 PackStatistic = tuple[list[int], torch.Tensor, torch.Tensor]
@@ -33,45 +44,62 @@ def is_adaptive(settings: Settings) -> bool:
     return bool(settings["algorithm.use_kl_in_reward"]) and settings["algorithm.kl_ctrl.type"] == "adaptive"
 
 
-def pack_statistics(fetched: Iterable[Fetched], job: Job) -> list[PackStatistic]:
-    """The reward-KL statistic of each pack that a full recompute of these steps makes, exactly as
-    :func:`~rldiag.engine.pipeline.recompute_batch` computes it (same packs, same reductions, so
-    the same bits). A pack whose statistic cannot be computed (a missing column) is left out: a
-    full recompute fails it before the controller sees it."""
+def statistic_columns(settings: Settings, names: list[str]) -> list[str]:
+    """The columns of a file having ``names`` that the statistic needs: those every load reads
+    (``uid``, ``response_mask``, the scores, ``step``) and :func:`reward_kl_columns`."""
+    return columns_with(names, reward_kl_columns(settings))
+
+
+def fetch_statistic_inputs(task: StepTask, job: Job) -> Fetched:
+    """One step loaded with only :func:`statistic_columns` (no hash), or the error that kept it
+    from loading."""
+    return fetch(task, job, hash_file=False, choose=lambda names: statistic_columns(job.settings, names))
+
+
+def _statistic(unit: list[Fetched], job: Job) -> PackStatistic | None:
+    """The statistic of one pack of loaded steps, as :func:`~rldiag.engine.pipeline.recompute_batch`
+    computes it on that pack (same reductions, so the same bits); None when the reward KL fails
+    on it (a missing column)."""
+    batch = pack_batches([f.loaded.batch for f in unit]).to(torch.device(job.device))
+    try:
+        _, current_kl = reward_kl(batch, job.settings)
+    except RldiagError:
+        return None
+    rows = seg_count(batch.step_ids, batch.n_steps)
+    return [f.task.step for f in unit], current_kl.cpu(), rows.cpu()
+
+
+def step_statistic(f: Fetched, job: Job) -> PackStatistic | None:
+    """The statistic of a step the full load failed, from the statistic's columns alone (None
+    when these cannot be read either, or when the step was reused rather than failed)."""
+    if f.error is None:
+        return None
+    alone = fetch_statistic_inputs(f.task, job)
+    return None if alone.data is None else _statistic([alone], job)
+
+
+def pack_statistics(fetched: Iterable[Fetched], job: Job, retry_failed: bool = True) -> list[PackStatistic]:
+    """The reward-KL statistic of each pack that a full recompute of these steps makes (same
+    packs, same reductions, so the same bits), in step order. A pack the reward KL fails on is
+    left out. ``retry_failed``: a step that did not load (a full load) is read again for its
+    statistic alone (:func:`step_statistic`); without it (loads of the statistic's columns
+    already), it is left out."""
     out = []
-    dev = torch.device(job.device)
     for unit in packs(fetched, job.pack_tokens):
         if isinstance(unit, Fetched):
-            continue
-        batch = pack_batches([f.loaded.batch for f in unit]).to(dev)
-        try:
-            _, current_kl = reward_kl(batch, anchor_log_probs(batch, job.settings), job.settings)
-        except RldiagError:
-            continue
-        rows = seg_count(batch.step_ids, batch.n_steps)
-        out.append(([f.task.step for f in unit], current_kl.cpu(), rows.cpu()))
+            stat = step_statistic(unit, job) if retry_failed else None
+        else:
+            stat = _statistic(unit, job)
+        if stat is not None:
+            out.append(stat)
     return out
 
 
-def replay_statistic(sf: StepFile, settings: Settings) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A step before the chosen ones: the mean over rows of the per-row masked mean of the KL
-    estimator on old vs reference log-probs (original mask), and its row count, from only the
-    columns needed. None when the batch cannot be read or lacks a column (the controller skips it,
-    as a trainer that never saw it)."""
-    try:
-        names = read_schema(sf).names
-        score = "token_level_scores" if "token_level_scores" in names else "score"
-        cols = ["uid", "response_mask", score] + [c for c in ("old_log_probs", "ref_log_prob") if c in names]
-        sd = load_step(sf, settings, columns=cols)
-    except RldiagError:
-        return None
-    b = sd.batch
-    if b.old_log_probs is None or b.ref_log_prob is None:
-        return None
-    m = b.response_mask
-    kld = kl_estimate(settings["algorithm.kl_penalty"], b.old_log_probs, b.ref_log_prob) * m
-    row_kl = b.rows.sum(kld * m) / (b.rows.sum(m) + MEAN_EPS)
-    return row_kl.mean().reshape(1), torch.tensor([float(b.n_rows)], device=row_kl.device)
+def replay_statistics(tasks: list[StepTask], job: Job) -> list[PackStatistic]:
+    """The statistics of run steps before the chosen ones (``--steps``), in step order, each file
+    read with only :func:`statistic_columns`; ``tasks`` carry the chunks a full recompute gives
+    them, so the packs (and the bits) are the full recompute's."""
+    return pack_statistics(prefetched(tasks, lambda t: fetch_statistic_inputs(t, job)), job, retry_failed=False)
 
 
 def chain(state: KLControllerState, settings: Settings, stats: Iterable[PackStatistic]) -> dict[int, float]:
@@ -81,3 +109,29 @@ def chain(state: KLControllerState, settings: Settings, stats: Iterable[PackStat
         used = state.advance(settings, current_kl, rows)
         coefs.update(zip(steps, used.tolist()))
     return coefs
+
+
+class SequentialChain:
+    """The controller of one process that computes the chosen steps in step order: the replayed
+    steps' statistics (``replayed``, in step order) are taken as the chosen steps reach them, and
+    the pipeline advances ``state`` over each pack it computes."""
+
+    def __init__(self, state: KLControllerState, job: Job, replayed: list[PackStatistic]):
+        self.state, self.job = state, job
+        self._replayed = deque(replayed)
+
+    def _catch_up(self, step: int) -> None:
+        while self._replayed and self._replayed[0][0][0] < step:
+            chain(self.state, self.job.settings, [self._replayed.popleft()])
+
+    def state_for(self, steps: list[int]) -> KLControllerState:
+        """The state a pack of ``steps`` is computed with (it advances it past them)."""
+        self._catch_up(steps[0])
+        return self.state
+
+    def not_loaded(self, f: Fetched) -> None:
+        """A chosen step that did not load: advance past it when its statistic can be read."""
+        self._catch_up(f.task.step)
+        stat = step_statistic(f, self.job)
+        if stat is not None:
+            chain(self.state, self.job.settings, [stat])

@@ -3,7 +3,8 @@ and hashed on a background thread while the current pack is computed."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from typing import Any
 
 import torch
 
@@ -12,8 +13,8 @@ from rldiag.executors import allocator
 from rldiag.executors.allocator import engine_threads, tune_host_allocator
 from rldiag.executors.base import Plan
 from rldiag.executors.device import resolve_device
-from rldiag.executors.klchain import replay_statistic
-from rldiag.executors.steps import StepOutcome, fetch, prefetched, process
+from rldiag.executors.klchain import SequentialChain, is_adaptive, replay_statistics
+from rldiag.executors.steps import Fetched, StepOutcome, fetch, prefetched, process
 
 
 class LocalExecutor:
@@ -28,11 +29,12 @@ class LocalExecutor:
         job = plan.job
         settings = job.settings
         kl_state = initial_kl_state(settings) if settings["algorithm.use_kl_in_reward"] else None
-        for task in plan.replay:  # the coefficient of a step depends on every step before it
-            stat = replay_statistic(task.step_file(), settings)
-            if stat is not None:
-                assert kl_state is not None  # a replay is planned only for an adaptive KL in the reward
-                kl_state.advance(settings, *stat)
+        kl_for: Callable[[list[int]], Any] = lambda steps: kl_state  # noqa: E731
+        not_loaded: Callable[[Fetched], None] | None = None
+        if kl_state is not None and is_adaptive(settings):
+            # the coefficient of a step depends on every step before it (rldiag.executors.klchain)
+            kc = SequentialChain(kl_state, job, replay_statistics(plan.replay, job))
+            kl_for, not_loaded = kc.state_for, kc.not_loaded
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))
         every = torch.get_num_threads()
@@ -47,7 +49,7 @@ class LocalExecutor:
                 if torch.get_num_threads() < every and fetched.idle and allocator.idle_cores() >= 0.5:
                     torch.set_num_threads(every)
 
-            yield from process(fetched, job, lambda steps: kl_state, before_compute=widen)
+            yield from process(fetched, job, kl_for, before_compute=widen, not_loaded=not_loaded)
 
     def close(self) -> None:
         """Nothing to release: the executor holds no resources between runs."""

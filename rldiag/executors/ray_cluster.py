@@ -31,7 +31,7 @@ from rldiag.engine.pipeline import PresetKLCoefficients, initial_kl_state
 from rldiag.errors import ComputeError, ConfigError, ExecutorError, RldiagError
 from rldiag.executors.allocator import tune_host_allocator
 from rldiag.executors.base import Plan
-from rldiag.executors.klchain import chain, is_adaptive, pack_statistics, replay_statistic
+from rldiag.executors.klchain import chain, is_adaptive, pack_statistics, replay_statistics
 from rldiag.executors.steps import Job, StepOutcome, StepTask, fetch, prefetched, process
 from rldiag.io.fs import is_uri
 
@@ -84,13 +84,9 @@ def run_chunk(tasks: list[StepTask], job: Job, coefs: dict[int, float] | None) -
 
 
 def chunk_kl_statistics(tasks: list[StepTask], job: Job):
-    """First pass of adaptive KL: the reward-KL statistic of each pack of one chunk."""
+    """First pass of adaptive KL: the reward-KL statistic of each pack of one chunk (a step that
+    fails to load, from its statistic's columns alone)."""
     return pack_statistics(prefetched(tasks, lambda t: fetch(t, job, hash_file=False)), job)
-
-
-def replay_statistics(tasks: list[StepTask], job: Job):
-    """Adaptive KL with ``--steps``: the statistics of run steps before the chosen ones."""
-    return [replay_statistic(t.step_file(), job.settings) for t in tasks]
 
 
 # --- the executor ---------------------------------------------------------------------------------
@@ -221,24 +217,18 @@ class RayExecutor:
                 ray.cancel(ref)
 
     def _chain(self, ray, plan: Plan, chunks: list[list[StepTask]], opts: dict) -> dict[int, float]:
-        """First pass: every pack's statistic on the workers; then the chain, here, in step order."""
+        """First pass: every pack's statistic on the workers (the chosen steps' and the replayed
+        ones'); then the chain, here, in step order."""
         job = plan.job
         stat_fn = ray.remote(chunk_kl_statistics).options(**opts)
         refs = [(c, stat_fn.remote(c, job)) for c in chunks]
-        replay_fn = ray.remote(replay_statistics).options(num_cpus=self.cpus_per_task)
-        size = max(len(c) for c in chunks)
-        earlier = [_absolute(t) for t in plan.replay]
-        replay_refs = [(part, replay_fn.remote(part, job)) for part in
-                       (earlier[i:i + size] for i in range(0, len(earlier), size))]
-        state = initial_kl_state(job.settings)
-        for part, ref in replay_refs:
-            for stat in self._get(ray, part, ref):
-                if stat is not None:
-                    state.advance(job.settings, *stat)
-        coefs: dict[int, float] = {}
-        for chunk, ref in refs:
-            coefs.update(chain(state, job.settings, self._get(ray, chunk, ref)))
-        return coefs
+        # --steps: the run's steps left out, one task per chunk, only the statistic's columns read
+        replay_fn = ray.remote(replay_statistics).options(**opts)
+        replay_refs = [(part, replay_fn.remote(part, job)) for part in _chunks([_absolute(t) for t in plan.replay])]
+        stats = [stat for part, ref in replay_refs + refs for stat in self._get(ray, part, ref)]
+        # no pack spans a step of the other kind (recompute._plan), so step order is pack order
+        stats.sort(key=lambda stat: stat[0][0])
+        return chain(initial_kl_state(job.settings), job.settings, stats)
 
     @staticmethod
     def _get(ray, chunk: list[StepTask], ref):

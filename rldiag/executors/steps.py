@@ -195,7 +195,8 @@ def _hash_pool() -> ThreadPoolExecutor:
     return _HASH_POOL
 
 
-def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -> Fetched:
+def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
+          choose: Callable[[list[str]], list[str]] | None = None) -> Fetched:
     """Hash the step's file, and load it unless the previous result can be reused.
 
     A file whose hash is not known already is read once. Its bytes are parsed here and hashed on
@@ -204,6 +205,7 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -
     :meth:`Fetched.record`, after the step is computed) waits for the rest. Neither the disk nor
     an object store is read twice. ``pin``: page-locked tensors, so that the copy to a GPU
     overlaps. ``hash_file=False`` skips the input record (a pass that only needs the data).
+    ``choose(names)``: the columns to load, of the file's (default: those a recompute reads).
     """
     sf = task.step_file()
     old = task.previous
@@ -221,7 +223,8 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True) -
         if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
             return Fetched(task, info)
     try:
-        data = load_step(sf, job.settings, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES)
+        data = load_step(sf, job.settings, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES,
+                         choose=choose)
     except RldiagError as exc:
         return Fetched(task, info, error=f"{type(exc).__name__}: {exc}", pending=pending)
     except Exception as exc:  # noqa: BLE001 - whatever a malformed file provokes fails its step alone
@@ -351,12 +354,16 @@ def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
 
 
 def process(fetched: Iterable[Fetched], job: Job, kl_for: Callable[[list[int]], Any],
-            before_compute: Callable[[], None] | None = None) -> Iterator[StepOutcome]:
+            before_compute: Callable[[], None] | None = None,
+            not_loaded: Callable[[Fetched], None] | None = None) -> Iterator[StepOutcome]:
     """Outcomes of fetched steps, in step order. ``kl_for(steps)`` gives the KL controller state
     (or preset coefficients) a pack of those steps is computed with; ``before_compute()`` is
-    called before each pack is computed."""
+    called before each pack is computed, ``not_loaded(f)`` for each step that was not loaded
+    (failed or reused), in its place in step order."""
     for unit in packs(fetched, job.pack_tokens):
         if isinstance(unit, Fetched):
+            if not_loaded is not None:
+                not_loaded(unit)
             yield unit.outcome()
         else:
             if before_compute is not None:

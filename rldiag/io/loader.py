@@ -11,6 +11,7 @@ memory does not grow with the run.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,12 +116,19 @@ def columns_to_read(settings: Settings, names: list[str], sf: StepFile | None = 
         raise MissingInputError(
             f"{settings.estimator} needs {', '.join(missing)}, missing", column=missing[0], **where
         )
+    # estimator-specific columns (traj_uid, session_id, sum_pi_squared, reward components, ...)
+    wanted = ENGINE_TOKEN_COLUMNS + ENGINE_ROW_COLUMNS + need.all_of + estimator_optional(settings.estimator)
+    return columns_with(names, wanted + METRIC_ROW_COLUMNS)
+
+
+def columns_with(names: list[str], wanted: tuple[str, ...]) -> list[str]:
+    """The columns every load reads from a file having ``names`` (``uid``, ``response_mask``, the
+    scores column, and ``step`` to check it against the file name) plus those of ``wanted`` the
+    file has, each once."""
+    present = set(names)
     cols = ["uid", "response_mask"]
     cols.append("token_level_scores" if "token_level_scores" in present else "score")
-    cols += [c for c in ENGINE_TOKEN_COLUMNS + ENGINE_ROW_COLUMNS if c in present]
-    # estimator-specific columns (traj_uid, session_id, sum_pi_squared, reward components, ...)
-    cols += [c for c in need.all_of + estimator_optional(settings.estimator) if c in present and c not in cols]
-    cols += [c for c in METRIC_ROW_COLUMNS if c in present and c not in cols]
+    cols += [c for c in dict.fromkeys(wanted) if c in present and c not in cols and c != "step"]
     if "step" in present:
         cols.append("step")
     return cols
@@ -289,11 +297,17 @@ class StepData:
 
 
 def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None,
-              source: bytes | None = None, threads: bool = True) -> StepData:
+              source: bytes | None = None, threads: bool = True,
+              choose: Callable[[list[str]], list[str]] | None = None) -> StepData:
     """Load one batch file into a one-step :class:`Batch` (on the CPU). ``source``: the file's
     bytes when the caller has read them (to hash them), so that the file is not read again.
-    ``threads``: see :func:`read_table`."""
-    choose = None if columns is not None else (lambda names: columns_to_read(settings, names, sf))
+    ``threads``: see :func:`read_table`. The columns read: ``columns``, else ``choose(names)`` of
+    the file's column names, else those a recompute under ``settings`` reads (:func:`columns_to_read`)."""
+    if columns is None and choose is None:
+
+        def choose(names: list[str]) -> list[str]:
+            return columns_to_read(settings, names, sf)
+
     table = read_table(sf, columns, source, threads=threads, choose=choose)
     ragged = validate_table(table, sf)
     rows = table.num_rows

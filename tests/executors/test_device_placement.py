@@ -16,7 +16,7 @@ from rldiag.config.settings import resolve_settings
 from rldiag.engine.batch import Batch, pack
 from rldiag.errors import ConfigError
 from rldiag.executors.device import resolve_device
-from rldiag.executors.klchain import pack_statistics, replay_statistic
+from rldiag.executors.klchain import pack_statistics, replay_statistics
 from rldiag.executors.steps import Job, StepTask, compute_pack, fetch
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.rundir import RunDir
@@ -105,10 +105,11 @@ def test_compute_pack_and_kl_statistics_under_the_meta_default(run):
         fetched = [fetch(t, job, hash_file=False) for t in tasks]
         assert all(f.error is None for f in fetched)
         stats = pack_statistics(fetched, job)
-        replayed = replay_statistic(tasks[0].step_file(), settings)
+        replayed = replay_statistics(tasks[:1], job)
         outcomes = compute_pack(fetched, job, None)
     assert [s for s, _, _ in stats] == [[1, 2, 3]]
-    assert replayed is not None and all(t.device.type == "cpu" for t in replayed)
+    assert [s for s, _, _ in replayed] == [[1]]
+    assert all(t.device.type == "cpu" for _, kl, rows in replayed for t in (kl, rows))
     assert {o.step: (o.status, o.error) for o in outcomes} == {s: ("done", None) for s in (1, 2, 3)}
     assert all(o.tokens is not None and o.tokens.num_rows == o.rows for o in outcomes)
 

@@ -19,14 +19,7 @@ from rldiag.executors.steps import Job, StepTask, fetch, process
 from rldiag.io.rundir import RunDir
 from rldiag.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
-
-KL = {
-    "algorithm.use_kl_in_reward": True,
-    "algorithm.kl_ctrl.type": "adaptive",
-    "algorithm.kl_ctrl.kl_coef": 0.05,
-    "algorithm.kl_ctrl.target_kl": 0.001,
-    "algorithm.kl_ctrl.horizon": 100,
-}
+from tests.kl_runs import KL, KL_LIVE, poison
 
 
 @pytest.fixture
@@ -68,6 +61,27 @@ def test_two_pass_adaptive_kl_matches_sequential(run):
         assert o.status == "done"
         assert o.metrics == sequential[o.step]
         assert o.metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(coefs[o.step], rel=1e-6)
+
+
+def test_first_pass_counts_a_failed_step_whose_statistic_reads_like_local(run):
+    """Ray's first pass and the local executor agree on the steps that advance the controller:
+    step 3 fails (a NaN in log_probs) but its reward-KL statistic reads; step 5's does not (a NaN
+    in ref_log_prob). Same packs, so the same bits."""
+    poison(run, 3, "log_probs")
+    poison(run, 5, "ref_log_prob")
+    settings = resolve_settings(run, KL_LIVE)
+    job = Job(settings=settings, device="cpu", save_tokens=False)
+    rd = RunDir(run)
+    tasks = [StepTask(step=sf.step, file=str(sf.path), rel=str(sf.path.relative_to(rd.path)), chunk=i // 2)
+             for i, sf in enumerate(rd.step_files())]
+    stats = pack_statistics([fetch(t, job, hash_file=False) for t in tasks], job)
+    assert [steps for steps, _, _ in stats] == [[1, 2], [3], [4], [6]]
+    coefs = chain(initial_kl_state(settings), settings, stats)
+    local = recompute(run, KL_LIVE, name="kl", chunk_steps=2)
+    assert sorted(local.steps_failed) == [3, 5]
+    assert {r["step"]: r["actor/reward_kl_penalty_coeff"] for r in local.metrics} == {
+        s: coefs[s] for s in (1, 2, 4, 6)}
+    assert coefs[4] != pytest.approx(coefs[3], rel=1e-3)  # step 3 moved the coefficient
 
 
 def test_unknown_executor_is_a_config_error():

@@ -25,6 +25,7 @@ from rldiag.executors.steps import Job, StepTask  # noqa: E402
 from rldiag.io.outputs import read_scenario  # noqa: E402
 from rldiag.recompute import recompute  # noqa: E402
 from rldiag.synth import SynthSpec, write_synth_run  # noqa: E402
+from tests.kl_runs import KL_LIVE, poison, rejected_after_capture  # noqa: E402
 from tests.scenario_utils import assert_same_scenario  # noqa: E402
 
 pytestmark = pytest.mark.slow  # runs a subprocess / a cluster: `make test-fast` leaves it out
@@ -104,6 +105,24 @@ def test_adaptive_kl_with_a_subset_replays_earlier_steps(cluster, run):
     for r in dist.metrics:
         assert r["actor/reward_kl_penalty_coeff"] == pytest.approx(full[r["step"]]["actor/reward_kl_penalty_coeff"], rel=1e-6)
     assert dist.metrics[0]["actor/reward_kl_penalty_coeff"] != pytest.approx(0.05, rel=1e-4)
+
+
+def test_adaptive_kl_subset_replays_the_statistic_verl_reads(cluster, tmp_path):
+    """Bypass mode on batches captured after rejection, steps left out before and between the
+    chosen ones, one of them failed by its log_probs: the replay reads the rollout's log-probs on
+    loss_mask and counts every left-out step, in step order, as the full recompute does."""
+    run = write_synth_run(tmp_path / "run", SynthSpec(steps=6, seed=3))
+    rejected_after_capture(run)
+    poison(run, 3, "log_probs")
+    over = {**KL_LIVE, "algorithm.rollout_correction.bypass_mode": True}
+    _, dist, meta = _pair(run, over, steps="2,5:", chunk_steps=2)
+    assert meta["steps_done"] == [2, 5, 6]
+    full = {r["step"]: r for r in recompute(run, over, name="full", chunk_steps=2).metrics}
+    assert sorted(full) == [1, 2, 4, 5, 6]
+    by = {r["step"]: r for r in dist.metrics}
+    assert by[2]["actor/reward_kl_penalty_coeff"] == full[2]["actor/reward_kl_penalty_coeff"]
+    for s in (5, 6):
+        assert by[s]["actor/reward_kl_penalty_coeff"] == pytest.approx(full[s]["actor/reward_kl_penalty_coeff"], rel=1e-6)
 
 
 def test_failed_step_is_reported_the_same_way(cluster, run):
