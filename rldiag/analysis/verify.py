@@ -22,9 +22,10 @@ logged could be compared).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from rldiag.analysis.tolerance import Tolerances, diff
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
 from rldiag.errors import ComputeError, RldiagError
+from rldiag.executors.klchain import replay_statistic
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
@@ -75,7 +77,7 @@ class FieldReport:
     atol: float
     compared: int = 0
     mismatches: int = 0
-    steps_mismatched: list[int] = field(default_factory=list)
+    steps_mismatched: list[int] = dataclasses.field(default_factory=list)
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0
     first: Mismatch | None = None
@@ -115,14 +117,14 @@ class VerifyReport:
     overrides: dict[str, Any]
     tolerances: dict
     masked_only: bool
-    steps_checked: list[int] = field(default_factory=list)
-    steps_unverifiable: dict[int, str] = field(default_factory=dict)
-    steps_without_logs: list[int] = field(default_factory=list)
-    fields: dict[str, FieldReport] = field(default_factory=dict)
+    steps_checked: list[int] = dataclasses.field(default_factory=list)
+    steps_unverifiable: dict[int, str] = dataclasses.field(default_factory=dict)
+    steps_without_logs: list[int] = dataclasses.field(default_factory=list)
+    fields: dict[str, FieldReport] = dataclasses.field(default_factory=dict)
     first_mismatch: Mismatch | None = None
-    not_checked: dict[str, str] = field(default_factory=dict)  # name -> why
-    not_logged: list[str] = field(default_factory=list)  # metrics rldiag computes, absent from the log
-    candidates: list[Candidate] = field(default_factory=list)  # those fixing a field and breaking none
+    not_checked: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> why
+    not_logged: list[str] = dataclasses.field(default_factory=list)  # metrics rldiag computes, absent from the log
+    candidates: list[Candidate] = dataclasses.field(default_factory=list)  # those fixing a field and breaking none
     candidates_tried: int = 0
 
     @property
@@ -284,14 +286,10 @@ def _kl_state(settings: Settings, files: dict[int, StepFile], step: int, snapsho
         return state
     if same_controller and snapshot is not None:
         return KLControllerState(snapshot)
-    earlier = [s for s in sorted(files) if s < step]
-    if earlier:
-        from rldiag import recompute as _rc
-
-        replay = getattr(_rc, "replay_kl_controller", None)
-        if replay is None:
-            raise ComputeError("the adaptive KL controller cannot be replayed to this step")
-        replay(files, earlier, settings, state)
+    for earlier in sorted(s for s in files if s < step):  # as the recompute replays them (executors/local.py)
+        stat = replay_statistic(files[earlier], settings)
+        if stat is not None:
+            state.advance(settings, *stat)
     return state
 
 
