@@ -203,7 +203,7 @@ def _check_name(name: str) -> None:
 
 
 def compare(
-    run: str | Path,
+    run: str | Path | RemotePath,
     a: str,
     b: str,
     steps: str | None = None,
@@ -343,7 +343,7 @@ class EstimatorComparison:
 
 
 def compare_estimators(
-    run: str | Path,
+    run: str | Path | RemotePath,
     estimators: list[str],
     steps: str | None = None,
     device: str = "auto",

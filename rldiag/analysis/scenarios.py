@@ -53,7 +53,7 @@ def scenario_is_fresh(rd: RunDir, name: str, overrides: Mapping[str, Any] | None
 
 
 def ensure_scenario(
-    run: str | Path,
+    run: str | Path | RemotePath,
     name: str,
     overrides: Mapping[str, Any] | None = None,
     steps: str | None = None,

@@ -39,6 +39,7 @@ from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
 from rldiag.errors import ComputeError, RldiagError
 from rldiag.executors.klchain import replay_statistic
+from rldiag.io.fs import RemotePath
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
@@ -298,7 +299,7 @@ _CONTROLLER_KEYS = ("algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algor
 
 
 def verify_run(
-    run: str | Path,
+    run: str | Path | RemotePath,
     overrides: Mapping[str, Any] | None = None,
     steps: str | None = None,
     tolerances: Tolerances | None = None,
@@ -312,7 +313,7 @@ def verify_run(
     """Recompute ``run`` under its own settings (plus ``overrides``) and compare with its logs.
 
     Args:
-        run: the run directory.
+        run: the run directory, or its object-store URI (``s3://bucket/run``).
         overrides: setting overrides (verl's dotted keys), as ``--set``.
         steps: a ``--steps`` spec; default every step.
         tolerances: per-quantity tolerances; default fp32 (:class:`Tolerances`).
