@@ -59,11 +59,13 @@ def flat_list_column(table: pa.Table, name: str, lengths: np.ndarray, sf: StepFi
     return flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
-def read_logged_tokens(sf: StepFile, names: list[str], lengths: np.ndarray) -> dict[str, np.ndarray]:
-    """The logged per-token columns ``names`` of one batch file, flat float64 (row-major)."""
+def read_logged_tokens(sf: StepFile, names: list[str], lengths: np.ndarray,
+                       source: bytes | None = None) -> dict[str, np.ndarray]:
+    """The logged per-token columns ``names`` of one batch file, flat float64 (row-major);
+    ``source``: the file's bytes when the caller holds them."""
     if not names:
         return {}
-    table = read_table(sf, list(names))
+    table = read_table(sf, list(names), source)
     return {n: flat_list_column(table, n, lengths, sf) for n in names}
 
 

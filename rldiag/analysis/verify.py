@@ -39,7 +39,7 @@ from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
 from rldiag.errors import ComputeError, RldiagError
 from rldiag.executors.klchain import replay_statistic
-from rldiag.io.fs import RemotePath
+from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
@@ -212,13 +212,15 @@ def _field_step(name: str, kind: str, step: int, expected: np.ndarray, actual: n
 
 
 def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | None, logged: Mapping[str, float],
-               tols: Tolerances, masked_only: bool = False, device: torch.device | str = "cpu") -> _StepCheck:
+               tols: Tolerances, masked_only: bool = False, device: torch.device | str = "cpu",
+               source: bytes | None = None) -> _StepCheck:
     """Recompute one step and compare it with its logged values. ``kl_state`` is advanced.
+    ``source``: the batch file's bytes when the caller holds them (the file is not read then).
 
     Raises :class:`RldiagError` when the step cannot be loaded or verl would raise on it.
     """
-    names = set(read_schema(sf).names)
-    data = load_step(sf, settings)
+    names = set(read_schema(sf, source).names)
+    data = load_step(sf, settings, source=source)
     batch = data.batch
     result = recompute_batch(batch.to(device), settings, kl_state)
     if result.failed:
@@ -226,7 +228,7 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
     lengths = batch.lengths.numpy().astype(np.int64)
     mask_flat = batch.response_mask.numpy()
     token_cols = [c for c in LOGGED_TOKEN_COLUMNS if c in names]
-    expected_tok = read_logged_tokens(sf, token_cols, lengths)
+    expected_tok = read_logged_tokens(sf, token_cols, lengths, source)
     index = np.flatnonzero(mask_flat > 0) if masked_only else None
     fields: dict[str, _FieldStep] = {}
     for name in token_cols:
@@ -385,8 +387,16 @@ def _search_candidates(report: VerifyReport, rd: RunDir, settings: Settings, ove
     bad_steps = sorted({s for f in report.fields.values() for s in f.steps_mismatched})[: max(1, n_steps)]
     bad_fields = {f.field for f in report.fields.values() if set(f.steps_mismatched) & set(bad_steps)}
     good_fields = {f.field for f in report.fields.values()} - bad_fields
-    columns = set(read_schema(files[bad_steps[0]]).names)
-    rows = load_step(files[bad_steps[0]], settings).n_rows
+    # every candidate recomputes the mismatching steps: on an object store their files are
+    # downloaded once for all of them (on disk a file is memory-mapped where it lies)
+    sources: dict[int, bytes] = {}
+    if is_remote(rd.path):
+        try:
+            sources = {s: files[s].path.read_bytes() for s in bad_steps}
+        except RldiagError:
+            sources = {}  # each candidate reads (or fails on) the file itself
+    columns = set(read_schema(files[bad_steps[0]], sources.get(bad_steps[0])).names)
+    rows = load_step(files[bad_steps[0]], settings, source=sources.get(bad_steps[0])).n_rows
     tried = 0
     found: list[Candidate] = []
     for cand in candidate_overrides(settings, bad_fields, columns, rows)[:max_candidates]:
@@ -401,7 +411,8 @@ def _search_candidates(report: VerifyReport, rd: RunDir, settings: Settings, ove
         try:
             for step in bad_steps:
                 state = _kl_state(cs, files, step, snapshots.get(step), same_ctrl)
-                check = check_step(files[step], cs, state, logged.get(step, {}), tols, masked_only, dev)
+                check = check_step(files[step], cs, state, logged.get(step, {}), tols, masked_only, dev,
+                                   sources.get(step))
                 for name in bad_fields | good_fields:
                     fs = check.fields.get(name)
                     status[name] = status.get(name, True) and fs is not None and fs.bad == 0
