@@ -3,7 +3,7 @@
 #   make test     set up, then run the test suite (everything; CI runs this)
 #   make test-fast  the same without the tests marked slow (browser, Ray, subprocesses, benchmarks)
 #   make lint     ruff over the tree (rules in pyproject.toml)
-#   make typecheck  mypy over engine, io, config, cli, executors, capture, importers, doctor, recompute.py, check.py, synth.py
+#   make typecheck  mypy over the whole package (rldiag/)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin

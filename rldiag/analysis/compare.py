@@ -13,16 +13,15 @@ where ``w_t`` is the token's weight in the actor loss under the side's ``loss_ag
 ``w_t * N = 1``), and ``rho_t`` the rollout IS weight where the scenario has one (else 1).
 
 Steps are streamed (each step's agreement to ``on_step`` as it is known); results go to
-``RUN/rldiag/comparisons/<A>__vs__<B>/`` (replaced atomically): ``metrics.parquet``,
+``RUN/rldiag/comparisons/<A>__vs__<B>/`` (replaced atomically; for a run in an object store,
+there, ``comparison.json`` written last: :mod:`rldiag.io.scenario_writer`): ``metrics.parquet``,
 ``tokens.parquet``, ``groups.parquet``, ``comparison.json``. The side name ``logged`` means the
 values the trainer logged (``metrics.jsonl`` and the batch files' ``advantages`` column).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -31,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from rldiag import __version__
 from rldiag.analysis.agreement import TokenAgreement, token_agreement
@@ -40,19 +38,17 @@ from rldiag.analysis.scenarios import ensure_scenario, read_meta
 from rldiag.analysis.weights import effective_weights
 from rldiag.config.settings import resolve_settings
 from rldiag.errors import BatchError, ConfigError, OutputError, RunDirError
-from rldiag.io.atomic import replace_dir, staging_dir, write_bytes_atomic
+from rldiag.io.arrays import parquet_file
+from rldiag.io.fs import RemotePath, arrow_source
 from rldiag.io.loader import read_schema, read_table
-from rldiag.io.outputs import json_safe, read_scenario, scenario_dir, write_parquet
+from rldiag.io.outputs import comparison_dir, json_safe, read_scenario, scenario_dir
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
+from rldiag.io.scenario_writer import open_writer
 from rldiag.io.schema import id_type_problem
 
 LOGGED = "logged"
 ProgressFn = Callable[[int, int, int], None]
 StepFn = Callable[[TokenAgreement], None]
-
-
-def comparison_dir(run: Path, a: str, b: str) -> Path:
-    return Path(run) / "rldiag" / "comparisons" / f"{a}__vs__{b}"
 
 
 @dataclass
@@ -72,7 +68,7 @@ class CompareReport:
     run: str
     a: str
     b: str
-    path: Path
+    path: Path | RemotePath  # where the comparison was written (comparison_dir)
     metric_steps: list[int] = field(default_factory=list)
     token_steps: list[int] = field(default_factory=list)
     steps_without_tokens: dict[str, list[int]] = field(default_factory=dict)
@@ -119,8 +115,12 @@ class _Side:
         p = self.tokens_dir / f"step_{sf.step:06d}.parquet"
         if not p.is_file():
             return None
-        names = pq.read_schema(p).names
-        t = pq.read_table(p, columns=[c for c in _TOKEN_COLUMNS if c in names])
+        try:
+            pf = parquet_file(*arrow_source(p))
+            names = pf.schema_arrow.names
+            t = pf.read(columns=[c for c in _TOKEN_COLUMNS if c in names])
+        except (pa.ArrowException, OSError) as exc:
+            raise OutputError(f"scenario {self.name!r}, step {sf.step}: cannot read {p}: {exc}") from exc
         if "row" not in names:
             raise OutputError(f"scenario {self.name!r}, step {sf.step}: {p} has no row column; recompute the scenario")
         rows = t["row"].to_numpy()
@@ -203,7 +203,7 @@ def _check_name(name: str) -> None:
 
 
 def compare(
-    run: str | Path,
+    run: str | Path | RemotePath,
     a: str,
     b: str,
     steps: str | None = None,
@@ -293,36 +293,35 @@ def _metric_summary(rows: list[tuple[int, str, float, float]]) -> list[MetricDel
 
 
 def _write(report: CompareReport, metric_rows, group_rows, side_a: _Side, side_b: _Side) -> None:
-    target = report.path
-    stage = staging_dir(target)
+    """The comparison's files, ``comparison.json`` last: a staging directory swapped in on disk,
+    objects in place with ``comparison.json`` marking them complete in an object store."""
+    writer = open_writer(report.path, meta_name="comparison.json")
     try:
         steps, names, va, vb = (list(x) for x in zip(*metric_rows)) if metric_rows else ([], [], [], [])
-        write_parquet(pa.table({
+        writer.write_table("metrics.parquet", pa.table({
             "step": pa.array(steps, pa.int64()), "metric": pa.array(names, pa.string()),
             "a": pa.array(va, pa.float64()), "b": pa.array(vb, pa.float64()),
             "delta": pa.array([y - x for x, y in zip(va, vb)], pa.float64()),
-        }), stage / "metrics.parquet")
+        }))
         tok_fields = [f for f in TokenAgreement.__dataclass_fields__]
         cols = {f: [getattr(t, f) for t in report.tokens] for f in tok_fields}
         types = {f: (pa.int64() if f in ("step", "n_tokens", "weight_tokens") or f.startswith("groups") else pa.float64())
                  for f in tok_fields}
-        write_parquet(pa.table({f: pa.array(cols[f], types[f]) for f in tok_fields}), stage / "tokens.parquet")
-        write_parquet(pa.table({
+        writer.write_table("tokens.parquet", pa.table({f: pa.array(cols[f], types[f]) for f in tok_fields}))
+        writer.write_table("groups.parquet", pa.table({
             "step": pa.array(group_rows["step"], pa.int64()), "uid": pa.array(group_rows["uid"], pa.string()),
             "signal_a": pa.array(group_rows["signal_a"], pa.bool_()), "signal_b": pa.array(group_rows["signal_b"], pa.bool_()),
-        }), stage / "groups.parquet")
-        meta = {
+        }))
+        writer.commit({
             "a": report.a, "b": report.b, "run": report.run, "rldiag_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "settings_a": side_a.settings.resolved(), "settings_b": side_b.settings.resolved(),
             "metric_steps": report.metric_steps, "token_steps": report.token_steps,
             "steps_without_tokens": report.steps_without_tokens, "recomputed": report.recomputed,
             "summary": report.summary, "metrics": [asdict(m) for m in report.metrics],
-        }
-        write_bytes_atomic(stage / "comparison.json", json.dumps(json_safe(meta), indent=2).encode())
-        replace_dir(stage, target)
+        })
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        writer.abort()
         raise
 
 
@@ -344,7 +343,7 @@ class EstimatorComparison:
 
 
 def compare_estimators(
-    run: str | Path,
+    run: str | Path | RemotePath,
     estimators: list[str],
     steps: str | None = None,
     device: str = "auto",

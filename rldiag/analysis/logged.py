@@ -31,39 +31,41 @@ def logged_metrics(metrics_file: str | Path | RemotePath) -> dict[int, dict[str,
 def flat_list_column(table: pa.Table, name: str, lengths: np.ndarray, sf: StepFile, dtype=np.float64) -> np.ndarray:
     """The flat values of list column ``name`` (row-major, no padding), checked to have one
     value per token of each row (``lengths``) and no nulls. Non-finite values are kept."""
-    where = {"file": str(sf.path), "step": sf.step, "column": name}
+
+    def error(message: str, row: int | None = None) -> BatchError:
+        return BatchError(message, file=str(sf.path), step=sf.step, row=row, column=name)
+
     arr = table[name].combine_chunks()
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)):
-        raise BatchError(f"expected a list column, found type {arr.type}", **where)
+        raise error(f"expected a list column, found type {arr.type}")
     if arr.null_count:
         row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-        raise BatchError("the row's list is null", row=row, **where)
+        raise error("the row's list is null", row)
     got = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
     if len(got) != len(lengths):
-        raise BatchError(f"has {len(got)} rows but response_mask has {len(lengths)}", **where)
+        raise error(f"has {len(got)} rows but response_mask has {len(lengths)}")
     bad = np.flatnonzero(got != lengths)
     if bad.size:
         r = int(bad[0])
-        raise BatchError(
-            f"has {got[r]} tokens but response_mask has {lengths[r]}; a logged column must have the row's length",
-            row=r, **where,
-        )
+        raise error(f"has {got[r]} tokens but response_mask has {lengths[r]}; a logged column must have the row's length", r)
     flat = pc.list_flatten(arr)
     if flat.null_count:
         idx = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         row = int(np.searchsorted(offsets, idx, side="right") - 1)
-        raise BatchError(f"token {idx - offsets[row]} is null", row=row, **where)
+        raise error(f"token {idx - offsets[row]} is null", row)
     if not (pa.types.is_floating(flat.type) or pa.types.is_integer(flat.type) or pa.types.is_boolean(flat.type)):
-        raise BatchError(f"expected list<float>, found {arr.type}", **where)
+        raise error(f"expected list<float>, found {arr.type}")
     return flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
-def read_logged_tokens(sf: StepFile, names: list[str], lengths: np.ndarray) -> dict[str, np.ndarray]:
-    """The logged per-token columns ``names`` of one batch file, flat float64 (row-major)."""
+def read_logged_tokens(sf: StepFile, names: list[str], lengths: np.ndarray,
+                       source: bytes | None = None) -> dict[str, np.ndarray]:
+    """The logged per-token columns ``names`` of one batch file, flat float64 (row-major);
+    ``source``: the file's bytes when the caller holds them."""
     if not names:
         return {}
-    table = read_table(sf, list(names))
+    table = read_table(sf, list(names), source)
     return {n: flat_list_column(table, n, lengths, sf) for n in names}
 
 

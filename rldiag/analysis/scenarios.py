@@ -9,19 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from rldiag.config.settings import find_config_file
-from rldiag.errors import RunDirError
+from rldiag.errors import RunDirError, StorageError
+from rldiag.io.fs import RemotePath, relative_to
 from rldiag.io.outputs import scenario_dir, sha256_file
 from rldiag.io.rundir import RunDir, parse_steps
 from rldiag.recompute import ProgressFn, recompute
 
 
-def read_meta(run: Path, name: str) -> dict | None:
+def read_meta(run: Path | RemotePath, name: str) -> dict | None:
     p = scenario_dir(run, name) / "scenario.json"
     if not p.is_file():
         return None
     try:
         return json.loads(p.read_text())
-    except (OSError, ValueError):
+    except (OSError, StorageError, ValueError):
         return None
 
 
@@ -41,7 +42,7 @@ def scenario_is_fresh(rd: RunDir, name: str, overrides: Mapping[str, Any] | None
     files = {sf.step: sf for sf in rd.step_files()}
     for step in steps:
         sf, rec = files.get(step), recorded.get(step)
-        if sf is None or rec is None or rec["file"] != str(sf.path.relative_to(rd.path)):
+        if sf is None or rec is None or rec["file"] != str(relative_to(sf.path, rd.path)):
             return False
         if rec["size"] != sf.path.stat().st_size or rec["sha256"] != sha256_file(sf.path):
             return False
@@ -52,7 +53,7 @@ def scenario_is_fresh(rd: RunDir, name: str, overrides: Mapping[str, Any] | None
 
 
 def ensure_scenario(
-    run: str | Path,
+    run: str | Path | RemotePath,
     name: str,
     overrides: Mapping[str, Any] | None = None,
     steps: str | None = None,

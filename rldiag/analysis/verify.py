@@ -22,9 +22,10 @@ logged could be compared).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ from rldiag.analysis.tolerance import Tolerances, diff
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
 from rldiag.errors import ComputeError, RldiagError
+from rldiag.executors.klchain import replay_statistic
+from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
@@ -75,7 +78,7 @@ class FieldReport:
     atol: float
     compared: int = 0
     mismatches: int = 0
-    steps_mismatched: list[int] = field(default_factory=list)
+    steps_mismatched: list[int] = dataclasses.field(default_factory=list)
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0
     first: Mismatch | None = None
@@ -115,14 +118,14 @@ class VerifyReport:
     overrides: dict[str, Any]
     tolerances: dict
     masked_only: bool
-    steps_checked: list[int] = field(default_factory=list)
-    steps_unverifiable: dict[int, str] = field(default_factory=dict)
-    steps_without_logs: list[int] = field(default_factory=list)
-    fields: dict[str, FieldReport] = field(default_factory=dict)
+    steps_checked: list[int] = dataclasses.field(default_factory=list)
+    steps_unverifiable: dict[int, str] = dataclasses.field(default_factory=dict)
+    steps_without_logs: list[int] = dataclasses.field(default_factory=list)
+    fields: dict[str, FieldReport] = dataclasses.field(default_factory=dict)
     first_mismatch: Mismatch | None = None
-    not_checked: dict[str, str] = field(default_factory=dict)  # name -> why
-    not_logged: list[str] = field(default_factory=list)  # metrics rldiag computes, absent from the log
-    candidates: list[Candidate] = field(default_factory=list)  # those fixing a field and breaking none
+    not_checked: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> why
+    not_logged: list[str] = dataclasses.field(default_factory=list)  # metrics rldiag computes, absent from the log
+    candidates: list[Candidate] = dataclasses.field(default_factory=list)  # those fixing a field and breaking none
     candidates_tried: int = 0
 
     @property
@@ -209,13 +212,15 @@ def _field_step(name: str, kind: str, step: int, expected: np.ndarray, actual: n
 
 
 def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | None, logged: Mapping[str, float],
-               tols: Tolerances, masked_only: bool = False, device: torch.device | str = "cpu") -> _StepCheck:
+               tols: Tolerances, masked_only: bool = False, device: torch.device | str = "cpu",
+               source: bytes | None = None) -> _StepCheck:
     """Recompute one step and compare it with its logged values. ``kl_state`` is advanced.
+    ``source``: the batch file's bytes when the caller holds them (the file is not read then).
 
     Raises :class:`RldiagError` when the step cannot be loaded or verl would raise on it.
     """
-    names = set(read_schema(sf).names)
-    data = load_step(sf, settings)
+    names = set(read_schema(sf, source).names)
+    data = load_step(sf, settings, source=source)
     batch = data.batch
     result = recompute_batch(batch.to(device), settings, kl_state)
     if result.failed:
@@ -223,7 +228,7 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
     lengths = batch.lengths.numpy().astype(np.int64)
     mask_flat = batch.response_mask.numpy()
     token_cols = [c for c in LOGGED_TOKEN_COLUMNS if c in names]
-    expected_tok = read_logged_tokens(sf, token_cols, lengths)
+    expected_tok = read_logged_tokens(sf, token_cols, lengths, source)
     index = np.flatnonzero(mask_flat > 0) if masked_only else None
     fields: dict[str, _FieldStep] = {}
     for name in token_cols:
@@ -284,14 +289,10 @@ def _kl_state(settings: Settings, files: dict[int, StepFile], step: int, snapsho
         return state
     if same_controller and snapshot is not None:
         return KLControllerState(snapshot)
-    earlier = [s for s in sorted(files) if s < step]
-    if earlier:
-        from rldiag import recompute as _rc
-
-        replay = getattr(_rc, "replay_kl_controller", None)
-        if replay is None:
-            raise ComputeError("the adaptive KL controller cannot be replayed to this step")
-        replay(files, earlier, settings, state)
+    for earlier in sorted(s for s in files if s < step):  # as the recompute replays them (executors/local.py)
+        stat = replay_statistic(files[earlier], settings)
+        if stat is not None:
+            state.advance(settings, *stat)
     return state
 
 
@@ -300,7 +301,7 @@ _CONTROLLER_KEYS = ("algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algor
 
 
 def verify_run(
-    run: str | Path,
+    run: str | Path | RemotePath,
     overrides: Mapping[str, Any] | None = None,
     steps: str | None = None,
     tolerances: Tolerances | None = None,
@@ -314,7 +315,7 @@ def verify_run(
     """Recompute ``run`` under its own settings (plus ``overrides``) and compare with its logs.
 
     Args:
-        run: the run directory.
+        run: the run directory, or its object-store URI (``s3://bucket/run``).
         overrides: setting overrides (verl's dotted keys), as ``--set``.
         steps: a ``--steps`` spec; default every step.
         tolerances: per-quantity tolerances; default fp32 (:class:`Tolerances`).
@@ -386,8 +387,16 @@ def _search_candidates(report: VerifyReport, rd: RunDir, settings: Settings, ove
     bad_steps = sorted({s for f in report.fields.values() for s in f.steps_mismatched})[: max(1, n_steps)]
     bad_fields = {f.field for f in report.fields.values() if set(f.steps_mismatched) & set(bad_steps)}
     good_fields = {f.field for f in report.fields.values()} - bad_fields
-    columns = set(read_schema(files[bad_steps[0]]).names)
-    rows = load_step(files[bad_steps[0]], settings).n_rows
+    # every candidate recomputes the mismatching steps: on an object store their files are
+    # downloaded once for all of them (on disk a file is memory-mapped where it lies)
+    sources: dict[int, bytes] = {}
+    if is_remote(rd.path):
+        try:
+            sources = {s: files[s].path.read_bytes() for s in bad_steps}
+        except RldiagError:
+            sources = {}  # each candidate reads (or fails on) the file itself
+    columns = set(read_schema(files[bad_steps[0]], sources.get(bad_steps[0])).names)
+    rows = load_step(files[bad_steps[0]], settings, source=sources.get(bad_steps[0])).n_rows
     tried = 0
     found: list[Candidate] = []
     for cand in candidate_overrides(settings, bad_fields, columns, rows)[:max_candidates]:
@@ -402,7 +411,8 @@ def _search_candidates(report: VerifyReport, rd: RunDir, settings: Settings, ove
         try:
             for step in bad_steps:
                 state = _kl_state(cs, files, step, snapshots.get(step), same_ctrl)
-                check = check_step(files[step], cs, state, logged.get(step, {}), tols, masked_only, dev)
+                check = check_step(files[step], cs, state, logged.get(step, {}), tols, masked_only, dev,
+                                   sources.get(step))
                 for name in bad_fields | good_fields:
                     fs = check.fields.get(name)
                     status[name] = status.get(name, True) and fs is not None and fs.bad == 0

@@ -121,6 +121,7 @@ def weights_by_autograd(adv: np.ndarray, mask: np.ndarray, lengths: np.ndarray, 
         loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
     )
     aggregate(settings.actor_agg_mode, loss, m, norm).sum().backward()
+    assert loss.grad is not None  # a leaf that requires grad, after backward()
     w = loss.grad.to(torch.float64).numpy() * float(norm_tokens)
     out = np.asarray(adv).astype(np.float64) * w
     return out * is_weights if is_weights is not None else out

@@ -18,13 +18,18 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported with the package (the CLI builds the command without them)
+    from rldiag.store import Db, Store
 
 #: the Streamlit script of the app
 APP_SCRIPT = Path(__file__).resolve().parent / "main.py"
 #: options every serving of the app gets (no usage stats; no watching the installed sources)
 BASE_OPTIONS = ("--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none")
 
-_preloaded: dict[str, object] = {}  # run path -> Store, and "" -> the Db they share
+_preloaded: dict[str, Store] = {}  # run path -> its Store
+_shared_db: dict[str, Db] = {}  # "" -> the Db the preloaded stores share
 _lock = threading.Lock()
 
 
@@ -54,7 +59,7 @@ def preload(runs: Sequence[str | Path]) -> None:
     from rldiag.store import Db, Store
 
     with _lock:
-        db = _preloaded.setdefault("", Db())
+        db = _shared_db.setdefault("", Db())
         for r in runs:
             key = str(r)
             if key not in _preloaded:
@@ -71,11 +76,11 @@ def preload(runs: Sequence[str | Path]) -> None:
     import rldiag.viz.health  # noqa: F401
 
 
-def preloaded_db():
-    return _preloaded.get("")
+def preloaded_db() -> Db | None:
+    return _shared_db.get("")
 
 
-def preloaded_store(path: str):
+def preloaded_store(path: str) -> Store | None:
     return _preloaded.get(str(path))
 
 

@@ -21,6 +21,7 @@ from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Passed, Skip
 from rldiag.doctor.rules import Rule, load_rules
 from rldiag.doctor.signals import SignalTable
 from rldiag.errors import RldiagError
+from rldiag.io.fs import RemotePath
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, parse_steps
 from rldiag.recompute import check_settings
@@ -69,7 +70,7 @@ def _stream(rd: RunDir, overrides: Mapping[str, Any], steps: str | None, table: 
 
 
 def diagnose(
-    run: str | Path,
+    run: str | Path | RemotePath,
     rules_files: Iterable[str | Path] = (),
     overrides: Mapping[str, Any] | None = None,
     steps: str | None = None,
@@ -81,7 +82,7 @@ def diagnose(
     """Run the health rules over ``run``.
 
     Args:
-        run: the run directory.
+        run: the run directory, or its object-store URI (``s3://bucket/run``).
         rules_files: YAML files merged over the built-in rules (by rule ``id``).
         overrides: setting overrides (verl's dotted keys) for the recompute and ``when``.
         steps: a ``--steps`` spec for the recompute; logged metrics are kept within its range.

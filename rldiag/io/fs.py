@@ -170,6 +170,14 @@ class RemotePath:
     def __hash__(self) -> int:
         return hash((self.scheme, self.key))
 
+    def __copy__(self) -> RemotePath:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> RemotePath:
+        """A value, like a :class:`Path` (``dataclasses.asdict`` deep-copies the fields holding
+        one): the filesystem client is shared, never copied."""
+        return self
+
     def __truediv__(self, other: str | PurePosixPath) -> RemotePath:
         return RemotePath(self.fs, self.scheme, f"{self.key}/{str(other).strip('/')}")
 

@@ -104,6 +104,12 @@ def scenario_dir(run_path: Path | RemotePath | str, name: str) -> Path | RemoteP
     return as_path(run_path) / "rldiag" / "scenarios" / name
 
 
+def comparison_dir(run_path: Path | RemotePath | str, a: str, b: str) -> Path | RemotePath:
+    """Where ``rldiag compare`` writes the comparison of sides ``a`` and ``b`` (in the object store
+    for a run there)."""
+    return as_path(run_path) / "rldiag" / "comparisons" / f"{a}__vs__{b}"
+
+
 def list_scenarios(run_path: Path | RemotePath | str) -> list[str]:
     root = as_path(run_path) / "rldiag" / "scenarios"
     if not root.is_dir():

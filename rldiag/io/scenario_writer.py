@@ -1,16 +1,17 @@
-"""Writing one scenario directory (``metrics.parquet``, ``tokens/``, ``scenario.json``) so that a
-reader never takes a half-written scenario for a complete one.
+"""Writing one scenario directory (``metrics.parquet``, ``tokens/``, ``scenario.json``), or one
+comparison directory (``*.parquet``, ``comparison.json``), so that a reader never takes a
+half-written one for a complete one. The directory's JSON file marks it complete.
 
 - Local disk: everything goes into a hidden staging directory beside the target, which then
   replaces the target in one rename (:mod:`rldiag.io.atomic`).
 - Object store (``s3://...``): there is no rename. Every object is written with one PUT (an object
-  appears whole or not at all) in place; ``scenario.json`` of the previous version is deleted
-  before the first of them and the new one is written last, listing every object of the scenario
-  with its size and SHA-256 (``outputs``). So ``scenario.json`` marks a complete scenario: while
-  it is absent the scenario is being written (or a write was interrupted). After it, objects of
+  appears whole or not at all) in place; the JSON file of the previous version is deleted
+  before the first of them and the new one is written last, listing every object of the directory
+  with its size and SHA-256 (``outputs``). So the JSON file marks a complete directory: while
+  it is absent the directory is being written (or a write was interrupted). After it, objects of
   the previous version that it does not list (tokens of steps no longer done) are deleted.
 
-Both writers take paths relative to the scenario directory (``metrics.parquet``,
+Both writers take paths relative to the directory (``metrics.parquet``,
 ``tokens/step_000012.parquet``).
 """
 
@@ -42,17 +43,18 @@ class ScenarioWriter(Protocol):
         """The previous scenario's file ``rel`` belongs to the new one unchanged (a reused step)."""
 
     def commit(self, meta: dict) -> None:
-        """Write ``scenario.json`` last and make the new scenario the scenario."""
+        """Write the JSON file (``scenario.json``) last and make the new directory the directory."""
 
     def abort(self) -> None:
         """Give up: drop what was written (the call sites are inside ``except``)."""
 
 
-def open_writer(target: Path | RemotePath, dirs: tuple[str, ...] = ()) -> ScenarioWriter:
-    """The writer for ``target``; ``dirs`` are subdirectories a local scenario always has."""
+def open_writer(target: Path | RemotePath, dirs: tuple[str, ...] = (), meta_name: str = META) -> ScenarioWriter:
+    """The writer for ``target``; ``dirs`` are subdirectories a local scenario always has, ``meta_name``
+    the name of the JSON file written last (``comparison.json`` for a comparison)."""
     if isinstance(target, RemotePath):
-        return ObjectStoreWriter(target)
-    return DirectoryWriter(target, dirs)
+        return ObjectStoreWriter(target, meta_name)
+    return DirectoryWriter(target, dirs, meta_name)
 
 
 def _meta_bytes(meta: dict) -> bytes:
@@ -62,8 +64,8 @@ def _meta_bytes(meta: dict) -> bytes:
 class DirectoryWriter:
     """A staging directory beside the target, swapped in by :func:`replace_dir`."""
 
-    def __init__(self, target: Path, dirs: tuple[str, ...] = ()):
-        self.target = target
+    def __init__(self, target: Path, dirs: tuple[str, ...] = (), meta_name: str = META):
+        self.target, self.meta_name = target, meta_name
         self.stage = staging_dir(target)
         for d in dirs:
             (self.stage / d).mkdir(parents=True, exist_ok=True)
@@ -79,7 +81,7 @@ class DirectoryWriter:
             shutil.copy2(src, dst)
 
     def commit(self, meta: dict) -> None:
-        write_bytes_atomic(self.stage / META, _meta_bytes(meta))
+        write_bytes_atomic(self.stage / self.meta_name, _meta_bytes(meta))
         replace_dir(self.stage, self.target)
 
     def abort(self) -> None:
@@ -87,17 +89,17 @@ class DirectoryWriter:
 
 
 class ObjectStoreWriter:
-    """Objects in place, ``scenario.json`` last, stale objects of the previous version deleted."""
+    """Objects in place, the JSON file last, stale objects of the previous version deleted."""
 
-    def __init__(self, target: RemotePath):
-        self.target = target
+    def __init__(self, target: RemotePath, meta_name: str = META):
+        self.target, self.meta_name = target, meta_name
         self.outputs: dict[str, dict] = {}
         self.written: list[str] = []
         self._previous = self._previous_outputs()
         self._invalidated = False
 
     def _previous_outputs(self) -> dict[str, dict]:
-        meta_path = self.target / META
+        meta_path = self.target / self.meta_name
         try:
             meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
         except (StorageError, ValueError):
@@ -106,9 +108,9 @@ class ObjectStoreWriter:
         return out if isinstance(out, dict) else {}
 
     def _invalidate(self) -> None:
-        """Before the first object changes: the old scenario.json no longer describes the objects."""
+        """Before the first object changes: the old JSON file no longer describes the objects."""
         if not self._invalidated:
-            (self.target / META).unlink(missing_ok=True)
+            (self.target / self.meta_name).unlink(missing_ok=True)
             self._invalidated = True
 
     def _put(self, rel: str, data: bytes) -> None:
@@ -135,10 +137,10 @@ class ObjectStoreWriter:
     def commit(self, meta: dict) -> None:
         self._invalidate()
         meta = dict(meta, outputs={k: self.outputs[k] for k in sorted(self.outputs)})
-        (self.target / META).write_bytes(_meta_bytes(meta))
+        (self.target / self.meta_name).write_bytes(_meta_bytes(meta))
         for obj in self.target.files():
             rel = str(obj.relative_to(self.target))
-            if rel != META and rel not in self.outputs:
+            if rel != self.meta_name and rel not in self.outputs:
                 obj.unlink(missing_ok=True)
 
     def abort(self) -> None:

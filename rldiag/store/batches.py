@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from rldiag.errors import RldiagError
 from rldiag.io.rundir import RunDir, StepFile
-from rldiag.store.cache import SigCache, file_sig
+from rldiag.store.cache import SigCache, file_sig, local_path
 from rldiag.store.db import Db
 from rldiag.store.errors import StoreError
 
@@ -64,7 +64,7 @@ class Batches:
     def source(self, step: int) -> BatchSource:
         """The step's batch, opened; a file that fails to open is reported and raises."""
         sf = self.file(step)
-        sig = file_sig(sf.path)
+        sig = file_sig(local_path(sf.path))
         try:
             src = self.cache.get(("batch-source", str(sf.path)), sig, lambda: self._open(sf))
         except RldiagError as exc:
@@ -86,7 +86,7 @@ class Batches:
             )
             return BatchSource(
                 step=sf.step,
-                path=sf.path,
+                path=local_path(sf.path),
                 sql="(SELECT file_row_number AS row, * EXCLUDE (file_row_number) "
                 "FROM read_parquet(?, hive_partitioning = false, file_row_number = true))",
                 params=[str(sf.path)],
@@ -98,7 +98,7 @@ class Batches:
         name = f"arrow_batch_{sf.step}"
         table = table.append_column("row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
         return BatchSource(
-            step=sf.step, path=sf.path, sql=name, params=[], columns=table.column_names[:-1], arrow={name: table}
+            step=sf.step, path=local_path(sf.path), sql=name, params=[], columns=table.column_names[:-1], arrow={name: table}
         )
 
     def scan(self) -> dict[str, str]:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rldiag.io.fs import RemotePath
+from rldiag.store.errors import StoreError
+
 T = TypeVar("T")
 
 
@@ -29,6 +32,15 @@ class FileSig:
     @property
     def mtime(self) -> float:
         return self.mtime_ns / 1e9
+
+
+def local_path(path: Path | RemotePath) -> Path:
+    """``path``, which must be on local disk: the store's queries read files by name (DuckDB) and
+    key their results on the files' inodes. A run in an object store is a :class:`StoreError`."""
+    if isinstance(path, RemotePath):
+        raise StoreError(f"{path} is in an object store: the app reads runs on local disk (copy the run there "
+                         "first); rldiag recompute, verify, compare, doctor and check take the URI")
+    return path
 
 
 def file_sig(path: str | Path) -> FileSig | None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import polars as pl
 
-from rldiag.store.cache import SigCache, file_sig
+from rldiag.io.outputs import comparison_dir, scenario_dir
+from rldiag.store.cache import SigCache, file_sig, local_path
 from rldiag.store.db import Db
 
 
@@ -22,16 +23,12 @@ class SavedComparison:
     stale: bool  # a side's scenario changed after the comparison was written
 
 
-def comparison_dir(run: Path, a: str, b: str) -> Path:
-    return Path(run) / "rldiag" / "comparisons" / f"{a}__vs__{b}"
-
-
 def saved_comparison(db: Db, cache: SigCache, run: Path, a: str, b: str) -> SavedComparison | None:
-    d = comparison_dir(run, a, b)
+    d = local_path(comparison_dir(run, a, b))
     meta_sig = file_sig(d / "comparison.json")
     if meta_sig is None:
         return None
-    sides = [file_sig(Path(run) / "rldiag" / "scenarios" / s / "scenario.json") for s in (a, b) if s != "logged"]
+    sides = [file_sig(local_path(scenario_dir(run, s)) / "scenario.json") for s in (a, b) if s != "logged"]
     stale = any(s is None or s.mtime_ns > meta_sig.mtime_ns for s in sides)
 
     def load() -> SavedComparison:

@@ -51,7 +51,9 @@ class Db:
         query selects from by name, registered on its cursor only."""
         with self.cursor() as cur:
             _register(cur, arrow)
-            return pl.from_arrow(_relation(cur, sql, params, where).to_arrow_table())
+            frame = pl.from_arrow(_relation(cur, sql, params, where).to_arrow_table())
+            assert isinstance(frame, pl.DataFrame)  # a table gives a frame (an array would give a Series)
+            return frame
 
     def arrow(self, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None, where: str = "",
               arrow: Mapping[str, pa.Table] | None = None) -> pa.Table:

@@ -22,6 +22,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import duckdb
 import polars as pl
 
 from rldiag.store.cache import FileSig, file_sig
@@ -59,6 +60,13 @@ def _last_line_start(path: Path, size: int) -> int:
                 return start + i + 1
             end = start
     return 0
+
+
+def _one_row(cur: duckdb.DuckDBPyConnection) -> tuple:
+    """The one row of an aggregate query (without GROUP BY there is always exactly one)."""
+    row = cur.fetchone()
+    assert row is not None, "an aggregate without GROUP BY returned no row"
+    return row
 
 
 class LoggedMetrics:
@@ -158,13 +166,13 @@ class LoggedMetrics:
         with self.db.cursor() as cur:
             cur.execute(f"CREATE OR REPLACE TEMP TABLE stage AS {_NESTED}", [src])
             cur.execute(f"INSERT INTO stage {_FLAT}", [src])
-            (n_rows,) = cur.execute("SELECT coalesce(max(seq), 0) FROM stage").fetchone()
+            (n_rows,) = _one_row(cur.execute("SELECT coalesce(max(seq), 0) FROM stage"))
             last = n_rows - 1 if drop_last else n_rows
             base = self._seq
             live = "step IS NOT NULL AND obj IS NOT NULL AND seq <= ?"
-            (lines, steps) = cur.execute(
+            (lines, steps) = _one_row(cur.execute(
                 f"SELECT count(DISTINCT seq), count(DISTINCT step) FROM stage WHERE {live}", [last]
-            ).fetchone()
+            ))
             # A step on several lines (a resumed run, or a flat logger writing a step in parts):
             # keep each metric's last value. Without one, every (step, metric) is already unique.
             dedupe = "QUALIFY row_number() OVER (PARTITION BY step, metric ORDER BY seq DESC) = 1" if steps < lines else ""

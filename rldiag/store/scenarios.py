@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from rldiag.io.outputs import list_scenarios, scenario_dir
-from rldiag.store.cache import FileSig, SigCache, file_sig
+from rldiag.store.cache import FileSig, SigCache, file_sig, local_path
 from rldiag.store.db import Db, quote_ident
 from rldiag.store.errors import StoreError
 
@@ -37,7 +37,7 @@ class Scenarios:
         return list_scenarios(self.run)
 
     def dir(self, name: str) -> Path:
-        return scenario_dir(self.run, name)
+        return local_path(scenario_dir(self.run, name))
 
     def meta(self, name: str) -> dict:
         """``scenario.json`` of one scenario (cached on its size and modification time)."""

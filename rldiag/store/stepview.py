@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -231,16 +232,16 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
 TOKEN_STRIPS = ("advantages", "ratio", "rollout_is_weights", "token_level_rewards", "ref_kl")
 
 
-def row_tokens(db: Db, src: BatchSource, row: int, tokens: tuple[Path, list[str]] | None) -> dict[str, list]:
-    """One row's tokens: the original ``mask`` from the batch, and from the scenario (when given)
-    ``post_mask`` and whichever of :data:`TOKEN_STRIPS` it saved."""
+def row_tokens(db: Db, src: BatchSource, row: int, tokens: tuple[Path, list[str]] | None) -> dict[str, Any]:
+    """One row's tokens: its ``uid`` and original ``mask`` from the batch, and from the scenario
+    (when given) ``post_mask`` and whichever of :data:`TOKEN_STRIPS` it saved (None: a null list)."""
     base = db.rows(
         f"SELECT uid, mask FROM ({batch_rows_sql(src)}) WHERE row = ?", src.params + [row],
         where=str(src.path), arrow=src.arrow,
     )
     if not base:
         return {}
-    out: dict[str, list] = {"uid": base[0][0], "mask": list(base[0][1])}
+    out: dict[str, Any] = {"uid": base[0][0], "mask": list(base[0][1])}
     if tokens is None:
         return out
     path, cols = tokens

@@ -8,15 +8,18 @@ files they read (:mod:`rldiag.store.cache`); results are polars frames or plain 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
+from rldiag.io.fs import as_path
 from rldiag.io.rundir import RunDir
 from rldiag.store import offpolicy, stepview, tokentext
 from rldiag.store.batches import Batches
-from rldiag.store.cache import FileSig, SigCache, file_sig
+from rldiag.store.cache import FileSig, SigCache, file_sig, local_path
 from rldiag.store.comparisons import SavedComparison, saved_comparison
 from rldiag.store.db import Db, quote_ident
 from rldiag.store.downsample import DEFAULT_POINTS, m4_sql
@@ -43,11 +46,11 @@ class Store:
     """All queries about one run directory."""
 
     def __init__(self, run: str | Path, db: Db | None = None):
-        self.rd = RunDir(run)
-        self.run = self.rd.path
+        self.run = local_path(as_path(run))  # a URI is refused before any request to its store
+        self.rd = RunDir(self.run)
         self.db = db or Db()
         self.cache = SigCache()
-        self.logged = LoggedMetrics(self.db, self.rd.metrics_file)
+        self.logged = LoggedMetrics(self.db, local_path(self.rd.metrics_file))
         self.scenarios = Scenarios(self.db, self.run, self.cache)
         self.batches = Batches(self.db, self.run, self.cache)
 
@@ -88,14 +91,14 @@ class Store:
     def scenario_metric_names(self, name: str) -> list[str]:
         return self.scenarios.metric_names(name)
 
-    def metric_names(self, scenarios: list[str] = ()) -> list[str]:
+    def metric_names(self, scenarios: Sequence[str] = ()) -> list[str]:
         """Logged metric names and those of ``scenarios``, sorted, each once."""
         names = set(self.logged_names())
         for s in scenarios:
             names.update(self.scenario_metric_names(s))
         return sorted(names)
 
-    def step_bounds(self, scenarios: list[str] = ()) -> tuple[int, int] | None:
+    def step_bounds(self, scenarios: Sequence[str] = ()) -> tuple[int, int] | None:
         """Smallest and largest step with a logged or recomputed value (None: no values)."""
         sig = self.refresh()
         sigs = (sig,) + tuple(self.scenarios.sig(s) for s in scenarios)
@@ -112,7 +115,7 @@ class Store:
 
         return self.cache.get(("bounds", tuple(scenarios)), sigs, compute)
 
-    def joined(self, metrics: list[str], scenarios: list[str] = (), lo: int | None = None,
+    def joined(self, metrics: list[str], scenarios: Sequence[str] = (), lo: int | None = None,
                hi: int | None = None, points: int | None = None) -> pl.DataFrame:
         """Logged and recomputed values joined by step and metric name:
         ``step, metric, logged, <scenario>...`` (null where a source has no value).
@@ -135,7 +138,7 @@ class Store:
         return self.db.frame(m4_sql("SELECT * FROM frame", cols, points), arrow={"frame": frame.to_arrow()},
                              where=str(self.run))
 
-    def clip_bounds(self, metrics: list[str], scenarios: list[str] = (), lo: int | None = None,
+    def clip_bounds(self, metrics: list[str], scenarios: Sequence[str] = (), lo: int | None = None,
                     hi: int | None = None, q: float = 0.01) -> dict[str, tuple[float, float]]:
         """Per metric, the ``q`` and ``1 - q`` quantiles of every source's finite values over
         the steps (at full resolution): the y range that leaves out the outliers."""
@@ -238,7 +241,7 @@ class Store:
                 out.append(s)
         return out
 
-    def step_rows(self, step: int, scenarios: list[str] = ()) -> pl.DataFrame:
+    def step_rows(self, step: int, scenarios: Sequence[str] = ()) -> pl.DataFrame:
         src = self.batches.source(step)
         tokens = {s: t for s in scenarios if (t := self._tokens(s, step)) is not None}
         sigs = (file_sig(src.path),) + tuple(file_sig(p) for p, _ in tokens.values())
@@ -252,7 +255,7 @@ class Store:
         return self.cache.get(("step-facts", step, scenario), sigs,
                               lambda: stepview.step_facts(self.db, src, scenario if tokens else None, tokens))
 
-    def row_tokens(self, step: int, row: int, scenario: str | None = None) -> dict[str, list]:
+    def row_tokens(self, step: int, row: int, scenario: str | None = None) -> dict[str, Any]:
         src = self.batches.source(step)
         tokens = self._tokens(scenario, step)
         sigs = (file_sig(src.path), file_sig(tokens[0]) if tokens else None)
@@ -275,7 +278,7 @@ class Store:
         return self.cache.get(("top-tokens", step, scenario, kind, k), sigs,
                               lambda: tokentext.top_tokens(self.db, src, tokens, kind, k))
 
-    def metrics_at(self, step: int, metrics: list[str], scenarios: list[str] = ()) -> pl.DataFrame:
+    def metrics_at(self, step: int, metrics: list[str], scenarios: Sequence[str] = ()) -> pl.DataFrame:
         """``metric, logged, <scenario>...`` at one step."""
         return self.joined(metrics, scenarios, step, step).drop("step")
 

@@ -33,8 +33,10 @@ def measure(preset: str, steps: int, repeats: int) -> dict[str, float]:
             with tempfile.TemporaryDirectory() as tmp:
                 summary = ToyTrainer(cfg).run(Path(tmp) / "run")
             with_ += summary.step_seconds
-            train_thread.append(summary.capture.train_thread_s / steps)
-            writer_thread.append(summary.capture.writer_thread_s / steps)
+            stats = summary.capture
+            assert stats is not None  # a run with a directory captures
+            train_thread.append(stats.train_thread_s / steps)
+            writer_thread.append(stats.writer_thread_s / steps)
     return {
         "step_s_without": statistics.median(without),
         "step_s_with": statistics.median(with_),

@@ -97,6 +97,7 @@ class ToyTrainer:
         else:
             rewards = scores
         if cfg.adv_estimator == "gae":
+            assert values is not None, "gae trains a critic (ToyConfig.critic)"
             advantages, returns = gae_advantages(rewards, values, mask, cfg.gamma, cfg.lam)
         else:
             advantages, returns = grpo_advantages(rewards, mask, list(uids), cfg.norm_adv_by_std_in_grpo)
@@ -104,7 +105,7 @@ class ToyTrainer:
         data = StepTensors(ro.input_ids, ro.attention_mask, ro.responses, ro.response_mask, old_log_probs,
                            advantages, ref_log_prob, values, returns)
         tokens: dict[str, torch.Tensor] = {}
-        if self.critic is not None:
+        if self.critic is not None and self.critic_opt is not None:  # both or neither
             out = update_critic(self.critic, self.critic_opt, data, cfg)
             tokens.update(out.tokens)
             metrics.update(out.metrics)

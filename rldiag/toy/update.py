@@ -76,6 +76,7 @@ def update_actor(policy: nn.Module, opt: torch.optim.Optimizer, data: StepTensor
         entropy_loss = token_mean(ent, mask, n_tokens)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss
         if cfg.use_kl_loss:
+            assert data.ref_log_prob is not None, "the KL loss needs the reference log-probs"
             kl_loss = token_mean(kl_penalty(lp, data.ref_log_prob[sl], cfg.kl_loss_type), mask, n_tokens)
             loss = loss + cfg.kl_loss_coef * kl_loss
             per_mb["actor/kl_loss"].append(kl_loss.item())
@@ -95,13 +96,15 @@ def update_actor(policy: nn.Module, opt: torch.optim.Optimizer, data: StepTensor
 def update_critic(critic: nn.Module, opt: torch.optim.Optimizer, data: StepTensors, cfg: ToyConfig) -> UpdateOut:
     """Clipped value regression on the returns. Tokens: vpreds."""
     width = data.responses.shape[1]
-    vpreds_all = torch.zeros_like(data.values)
+    values, returns = data.values, data.returns
+    assert values is not None and returns is not None, "the critic update needs values and returns"
+    vpreds_all = torch.zeros_like(values)
     per_mb: dict[str, list[float]] = defaultdict(list)
     critic.train()
     for sl in _mini_batches(data.responses.shape[0], cfg.mini_batch_rows, cfg.ppo_epochs):
         mask = data.response_mask[sl].float()
         vpreds = response_values(critic(data.input_ids[sl], data.attention_mask[sl]), width)
-        vf_loss, vf_clipfrac = clipped_value_loss(vpreds, data.values[sl], data.returns[sl], mask, cfg.cliprange_value)
+        vf_loss, vf_clipfrac = clipped_value_loss(vpreds, values[sl], returns[sl], mask, cfg.cliprange_value)
         per_mb["critic/grad_norm"].append(_step(critic, opt, vf_loss, cfg.grad_clip))
         per_mb["critic/vf_loss"].append(vf_loss.item())
         per_mb["critic/vf_clipfrac"].append(vf_clipfrac.item())

@@ -8,10 +8,15 @@ and sends them to the browser as typed binary (7-10x faster for 10,000-step seri
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: colour of the logged values and of successive scenarios
 LOGGED_COLOUR = "#1f77b4"
@@ -221,7 +226,7 @@ def quantile_band(q: pl.DataFrame, title: str) -> go.Figure:
     return fig
 
 
-def histogram(values: list[float], title: str, x_title: str) -> go.Figure:
+def histogram(values: Sequence[float] | np.ndarray, title: str, x_title: str) -> go.Figure:
     fig = go.Figure(go.Histogram(x=values, nbinsx=60, marker_color=LOGGED_COLOUR))
     fig.update_layout(title=title, height=300, margin=dict(l=40, r=20, t=50, b=30), xaxis_title=x_title,
                       yaxis_title="tokens", bargap=0.02)

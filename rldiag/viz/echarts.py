@@ -58,7 +58,7 @@ def _points(frame: pl.DataFrame, col: str, x: str, log_y: bool) -> pl.DataFrame:
 
 def _series(points: pl.DataFrame, name: str, colour: str, dashed: bool, faint: bool, selectable: bool = True) -> dict:
     data = [list(p) for p in zip(points["_x"].to_list(), points["_y"].to_list())]
-    style = {"color": colour, "width": 1 if faint else 2, "type": "dashed" if dashed else "solid"}
+    style: dict[str, object] = {"color": colour, "width": 1 if faint else 2, "type": "dashed" if dashed else "solid"}
     if faint:  # the raw values under a smoothed line: drawn, never hovered or picked
         style["opacity"] = 0.25
         return {"type": "line", "name": name, "data": data, "showSymbol": False, "silent": True,

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 #: the bundled sample runs, in order of preference
@@ -66,10 +66,10 @@ def run_from_argv(argv: Sequence[str]) -> str | None:
 
 def initial_runs(argv: Sequence[str], env: dict | None = None) -> list[str]:
     """The runs to open: the command line's, else ``$RLDIAG_RUN`` (``os.pathsep``-separated), else none."""
-    env = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ if env is None else env
     got = runs_from_argv(argv)
-    if not got and env.get(ENV_VAR):
-        got = [p for p in env[ENV_VAR].split(os.pathsep) if p]
+    if not got and environ.get(ENV_VAR):
+        got = [p for p in environ[ENV_VAR].split(os.pathsep) if p]
     return [str(g) for g in got]
 
 
@@ -83,10 +83,10 @@ def initial_run(argv: Sequence[str], env: dict | None = None) -> str:
 
 
 def user_dir(env: dict | None = None) -> Path:
-    env = os.environ if env is None else env
-    if env.get(HOME_VAR):
-        return Path(env[HOME_VAR])
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    environ: Mapping[str, str] = os.environ if env is None else env
+    if environ.get(HOME_VAR):
+        return Path(environ[HOME_VAR])
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "rldiag"
 
 

@@ -72,20 +72,20 @@ class AppServer:
         env = dict(os.environ, **self.extra_env)
         out = open(self.log, "wb") if self.log else subprocess.DEVNULL
         self.started_at = time.perf_counter()
-        self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self.proc = proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
         try:
-            self._wait_ready()
+            self._wait_ready(proc)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, proc: subprocess.Popen) -> None:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited with {self.proc.returncode} (log: {self.log})")
+            if proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited with {proc.returncode} (log: {self.log})")
             try:
                 with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=1) as r:
                     if r.status == 200:

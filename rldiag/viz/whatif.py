@@ -55,6 +55,8 @@ class Options:
 
 def options() -> Options:
     """Every choice the engine's registries offer."""
+    is_levels: list[str] | None
+    rs: list[str] | None
     try:
         from rldiag.engine.rollout_correction import IS_LEVELS, RS_OPTIONS
 

@@ -230,3 +230,19 @@ def test_the_verl_release_that_matches_is_named(tmp_path):
     # a run that records its release (a top-level verl_version in run.yaml) verifies untouched
     (root / "run.yaml").write_text(yaml.safe_dump({**cfg, "verl_version": "0.8.0"}))
     assert verify_run(root).exit_code == 0
+
+
+def test_a_later_first_step_replays_the_adaptive_kl_controller(tmp_path, capsys):
+    # the reward-KL coefficient of step 3 depends on steps 1 and 2: verify --steps 3: replays them
+    # (as the recompute does), so the logged token-level rewards and coefficient match
+    from tests.analysis.logged_runs import ADAPTIVE_KL, write_self_logged_run
+
+    root, logged = write_self_logged_run(tmp_path / "run", ADAPTIVE_KL)
+    coef = {int(r["step"]): r["actor/reward_kl_penalty_coeff"] for r in logged}
+    assert coef[1] == pytest.approx(0.1) and coef[3] == pytest.approx(0.1 * 0.968 * 0.968, rel=1e-4)
+    rep = verify_run(root, steps="3:")
+    assert rep.status == "match" and rep.steps_checked == [3] and not rep.steps_unverifiable
+    assert rep.fields["actor/reward_kl_penalty_coeff"].compared == 1
+    assert rep.fields["token_level_rewards"].compared > 0 and rep.fields["token_level_rewards"].mismatches == 0
+    assert main(["verify", str(root), "--steps", "2:", "--no-progress"]) == 0
+    assert "all compared values match" in capsys.readouterr().out

@@ -6,6 +6,7 @@ a clear error, fast; ``rldiag doctor`` reads the logged metrics there."""
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 
 import pyarrow as pa
@@ -187,3 +188,16 @@ def test_doctor_reads_the_logged_metrics(run, uri):
     assert remote.logged_steps == local.logged_steps == 4
     assert [(f.rule, f.message) for f in remote.findings] == [(f.rule, f.message) for f in local.findings]
     assert remote.passed == local.passed and remote.not_evaluated == local.not_evaluated
+
+
+def test_doctor_cli_recomputes_the_run_in_the_store(s3, run, uri, capsys):
+    assert main(["doctor", uri, "--json", "--no-progress"]) == 0
+    remote = json.loads(capsys.readouterr().out)
+    assert main(["doctor", str(run), "--json", "--no-progress"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert (remote.pop("run"), local.pop("run")) == (uri, str(run))
+    assert remote == local and remote["recomputed_steps"] == 4 and remote["recompute_error"] is None
+    # its recompute is a scenario of the run, written into the store (reused by the next doctor)
+    scen = f"{_prefix(uri)}/rldiag/scenarios/baseline"
+    assert s3.keys(scen) == [f"{scen}/metrics.parquet", f"{scen}/scenario.json"]
+    assert read_scenario(uri, "baseline")[1]["step"].to_pylist() == [1, 2, 3, 4]

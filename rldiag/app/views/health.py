@@ -36,7 +36,7 @@ def page() -> None:
             if v.steps:
                 cols = st.columns(min(len(v.steps), 6))
                 for i, s in enumerate(v.steps):
-                    cols[i % len(cols)].page_link(page_path("step.py"), label=f"step {s}", query_params={"step": s},
+                    cols[i % len(cols)].page_link(page_path("step.py"), label=f"step {s}", query_params={"step": str(s)},
                                                   icon=":material/biotech:")
                 if v.more_steps:
                     st.caption(f"and {v.more_steps} more steps")

@@ -3,6 +3,8 @@ same axes; downsampled in DuckDB to what the panels can draw; drawn with ECharts
 (:mod:`rldiag.viz.echarts`)."""
 
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import polars as pl
 import streamlit as st
@@ -143,7 +145,7 @@ def _on_select(metric: str, panel: Panel, event) -> None:
     # the URL keeps the open run (and the rest of the view) beside the step: switching pages from
     # the live fragment can leave the run box's widget state behind, and the Step page then
     # reopens the run from the URL rather than showing the picker
-    st.switch_page(page_path("step.py"), query_params={**st.query_params.to_dict(), "step": arg})
+    st.switch_page(page_path("step.py"), query_params={**st.query_params.to_dict(), "step": str(arg)})
 
 
 @st.fragment(run_every=REFRESH_S)
@@ -180,7 +182,7 @@ def live(view: dict) -> None:
             raw_by, sm_by = _split(joined), _split(smoothed)
             frames = {m: (raw_by.get(m, joined.clear()), sm_by.get(m)) for m in selected}
         ranges = store.clip_bounds(selected, overlay, lo, hi) if view["clip"] else {}
-        grid = []
+        grid: Sequence[Any] = ()
         for k, metric in enumerate(selected):
             if k % 2 == 0:
                 grid = st.columns(2)  # row by row: a new metric adds a panel after the others

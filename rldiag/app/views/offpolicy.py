@@ -34,6 +34,8 @@ def page() -> None:
         st.caption("No scenario saved rollout IS weights (recompute with rollout_is=token or sequence on the What-if page).")
         return
     scen = st.selectbox("Scenario", with_w, key="op_is_scenario")
+    if scen is None:  # Streamlit's selectbox gives None only without options
+        return
     st.plotly_chart(quantile_band(store.is_quantiles(scen), f"IS weight over steps · {scen}"), key="op_is_band")
     token_steps = store.token_steps(scen)
     step = st.select_slider("Step", token_steps, key="op_is_step") if len(token_steps) > 1 else token_steps[0]

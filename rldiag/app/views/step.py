@@ -29,6 +29,8 @@ def pick_step(steps: list[int]) -> int:
     if st.session_state.get("st_step") not in steps:
         st.session_state["st_step"] = steps[0]
     step = st.selectbox("Step", steps, key="st_step")
+    if step is None:  # Streamlit's selectbox gives None only without options
+        st.stop()
     st.query_params["step"] = str(step)  # the view is in the URL
     st.session_state["st_link_seen"] = str(step)
     return step
@@ -95,7 +97,9 @@ def page() -> None:
     labels = {r["row"]: row_label(r) for r in rows.iter_rows(named=True)}
     if st.session_state.get("st_row") not in labels:
         st.session_state["st_row"] = interesting_row(rows)
-    row = st.selectbox("Row", list(labels), format_func=labels.get, key="st_row")
+    row = st.selectbox("Row", list(labels), format_func=lambda r: labels[r], key="st_row")
+    if row is None:  # a step without rows
+        st.stop()
     tokens = store.row_tokens(step, row, a)
     st.plotly_chart(heat_strip(tokens), key="st_strip")
     response_text(step, row, a, tokens)

@@ -1,8 +1,12 @@
 """What-if: recompute the run under other settings and see baseline, scenario and logged values
 side by side, with the compare command's agreement of the advantages."""
 
+from collections.abc import Sequence
+from typing import Any
+
 import streamlit as st
 
+from rldiag.analysis.agreement import TokenAgreement
 from rldiag.app import session
 from rldiag.config.settings import resolve_settings
 from rldiag.errors import RldiagError
@@ -21,7 +25,7 @@ store = session.store_or_stop()
 
 def settings_widgets(base: dict, opts: whatif.Options) -> dict:
     """The widgets, initialised from the run's own settings; returns the chosen values."""
-    chosen = {}
+    chosen: dict[str, Any] = {}
     with st.expander("Advantage and loss", expanded=True):
         c1, c2, c3 = st.columns(3)
         chosen[whatif.ESTIMATOR] = c1.selectbox("Advantage estimator", opts.estimators, key="wi_estimator",
@@ -72,7 +76,7 @@ def settings_widgets(base: dict, opts: whatif.Options) -> dict:
                                                   key="wi_is_norm")
         chosen[whatif.BYPASS] = c4.checkbox("bypass_mode", bool(base[whatif.BYPASS]), key="wi_bypass")
         c1, c2 = st.columns([3, 1])
-        rs = c1.multiselect("rollout_rs (rejection)", opts.rs_options, default=whatif.rs_options(base[whatif.RS]),
+        rs = c1.multiselect("rollout_rs (rejection)", opts.rs_options or [], default=whatif.rs_options(base[whatif.RS]),
                             key="wi_rs")
         chosen[whatif.RS] = whatif.rs_value(rs)
         rs_thr = base[whatif.RS_THRESHOLD]
@@ -175,8 +179,8 @@ def run_compare(name: str) -> bool:
     bar = st.progress(0.0, text="compare: starting")
     cancel_button("compare", name)
     live = st.empty()
-    seen = []
-    done = {"step": None}
+    seen: list[TokenAgreement] = []
+    done: dict[str, int | None] = {"step": None}
     update = session.progress_callback(bar, "compare")
 
     def progress(i: int, total: int, step: int) -> None:
@@ -218,7 +222,7 @@ def results(name: str) -> None:
         return
     joined = store.joined(metrics, shown, points=DEFAULT_POINTS)
     columns = store.source_columns(shown)
-    grid: list = []
+    grid: Sequence[Any] = ()
     for k, metric in enumerate(metrics):  # ECharts, as on the metrics page: no wait for plotly's bundle
         if k % 2 == 0:
             grid = st.columns(2)
@@ -241,6 +245,9 @@ def results(name: str) -> None:
             saved = store.comparison(BASELINE, name)
         else:
             return
+    if saved is None:  # written a moment ago, removed since
+        st.warning(f"The comparison of `{BASELINE}` and `{name}` is gone from the run; compare again.")
+        return
     st.dataframe(comparison.summary_rows(saved.meta.get("summary", {})), hide_index=True)
     st.plotly_chart(agreement_figure(saved.tokens), key="wi_agreement")
     with st.expander("Per-metric deltas (B − A)"):
