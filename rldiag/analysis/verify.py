@@ -38,7 +38,8 @@ from rldiag.analysis.tolerance import Tolerances, diff
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
 from rldiag.errors import ComputeError, RldiagError
-from rldiag.executors.klchain import replay_statistic
+from rldiag.executors.klchain import chain, replay_statistics
+from rldiag.executors.steps import Job, StepTask
 from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
@@ -289,10 +290,11 @@ def _kl_state(settings: Settings, files: dict[int, StepFile], step: int, snapsho
         return state
     if same_controller and snapshot is not None:
         return KLControllerState(snapshot)
-    for earlier in sorted(s for s in files if s < step):  # as the recompute replays them (executors/local.py)
-        stat = replay_statistic(files[earlier], settings)
-        if stat is not None:
-            state.advance(settings, *stat)
+    # the earlier steps' statistics as the recompute replays them (executors/klchain.py), each step
+    # its own pack; a step whose statistic cannot be read is skipped, as a trainer that never saw it
+    earlier = sorted(s for s in files if s < step)
+    tasks = [StepTask(step=s, file=str(files[s].path), rel=files[s].path.name, chunk=i) for i, s in enumerate(earlier)]
+    chain(state, settings, replay_statistics(tasks, Job(settings=settings, device="cpu", save_tokens=False)))
     return state
 
 
