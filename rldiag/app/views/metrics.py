@@ -80,8 +80,12 @@ def controls():
         elif "m_range" in st.session_state:
             st.session_state["m_range"] = follow_range(st.session_state["m_range"], st.session_state.get("m_range_max"),
                                                        bounds)
+        else:
+            st.session_state["m_range"] = (bounds[0], bounds[1])
         st.session_state["m_range_max"] = bounds[1]
-        lo, hi = st.slider("Steps", bounds[0], bounds[1], (bounds[0], bounds[1]), key="m_range",
+        # the value lives in the session state only: a default passed as well makes Streamlit log a
+        # warning with a stack trace whenever the state was set above
+        lo, hi = st.slider("Steps", bounds[0], bounds[1], key="m_range",
                            help="Narrow it (or draw a box on a panel) to see every step of a range.")
         if hi == bounds[1]:
             hi = None  # the range reaches the last step: keep following the run
