@@ -87,13 +87,33 @@ DEFAULTS: dict[str, Any] = {
     # rldiag's own: the verl release whose numbers to reproduce (rldiag/config/verl_versions.py);
     # None: the run's recorded ``verl_version``, else the reference snapshot.
     "rldiag.verl_version": None,
-    # verl's: reorder each step's rows so that DP ranks get similar workloads (rldiag/engine/balance.py)
+    # verl's: reorder each step's rows so that DP ranks get similar workloads (rldiag/engine/balance.py);
+    # the legacy trainer reads it, the V1 trainer balances every step
     "trainer.balance_batch": True,
     # verl's: the V1 trainer (None: the chosen release's default, true from 0.9.0 on)
     "trainer.use_v1": None,
+    # verl's: the first step the actor updates on (V1 pads a step to the actor's mini-batch from then on)
+    "trainer.critic_warmup": 0,
+    # verl's: whether there is a critic (None: the estimator is gae, verl's need_critic)
+    "critic.enable": None,
+    # verl's worker batching (rldiag/engine/batch_layout.py); the critic's None ones take the actor's
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
+    "actor_rollout_ref.actor.shuffle": False,
+    "actor_rollout_ref.actor.data_loader_seed": 42,
+    "critic.ppo_mini_batch_size": None,
+    "critic.ppo_micro_batch_size_per_gpu": None,
+    "critic.use_dynamic_bsz": None,
+    "critic.ppo_max_token_len_per_gpu": 32768,
+    "critic.shuffle": None,
+    "critic.data_loader_seed": 42,
+    # rldiag's own: the batch files hold each step's rows in the trainer's dispatch order, after
+    # its balancing (None: true for a run rldiag's verl capture wrote, rldiag.capture.trainer)
+    "rldiag.rows_balanced": None,
 }
 
-_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"trainer.use_v1"}
+_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {
+    "trainer.use_v1", "critic.enable", "critic.use_dynamic_bsz", "critic.shuffle", "rldiag.rows_balanced"}
 _FLOAT_KEYS = {
     "algorithm.gamma",
     "algorithm.lam",
@@ -124,6 +144,13 @@ _INT_KEYS = {
     "rldiag.micro_batch_size",
     "rldiag.dp_size",
     "rldiag.mini_batch_size",
+    "trainer.critic_warmup",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.actor.data_loader_seed",
+    "critic.ppo_mini_batch_size",
+    "critic.ppo_micro_batch_size_per_gpu",
+    "critic.ppo_max_token_len_per_gpu",
+    "critic.data_loader_seed",
 }
 
 #: keys that also take "auto": derived from verl's own batch keys in the run's config
