@@ -48,17 +48,17 @@ class RoleLayout:
             None: the whole step.
         micro: rows per micro-batch per rank; None: the whole mini-batch (or ``dynamic``).
         dynamic: micro-batches by token budget (``use_dynamic_bsz``).
-        max_token_len: the budget per micro-batch (``ppo_max_token_len_per_gpu``).
+        max_token_len: the budget per micro-batch (``ppo_max_token_len_per_gpu``; 0 unless ``dynamic``).
         shuffle: the rank's rows shuffled before the mini-batches are cut (``shuffle``).
-        seed: ``data_loader_seed`` (rank ``r`` seeds ``seed + r``).
+        seed: ``data_loader_seed`` (rank ``r`` seeds ``seed + r``; 0 unless ``shuffle``).
     """
 
     mini: int | None = None
     micro: int | None = None
     dynamic: bool = False
-    max_token_len: int = 16384
+    max_token_len: int = 0
     shuffle: bool = False
-    seed: int = 42
+    seed: int = 0
 
     @property
     def trivial(self) -> bool:
@@ -174,13 +174,14 @@ def role_layout(settings: EngineSettings, role: str) -> RoleLayout:
     dynamic = _dynamic(settings, role) and micro_setting in ("run", "auto")
     budget = settings.get((CRITIC if role == "critic" else ACTOR) + "ppo_max_token_len_per_gpu")
     seed = settings.get((CRITIC if role == "critic" else ACTOR) + "data_loader_seed")
-    return RoleLayout(
+    shuffle = bool(_role_key(settings, role, "shuffle"))
+    return RoleLayout(  # a budget without dynamic batches, a seed without shuffling: 0, so equal cuts compare equal
         mini=resolve_auto(settings, "rldiag.mini_batch_size", role),
         micro=None if dynamic else resolve_auto(settings, "rldiag.micro_batch_size", role),
         dynamic=dynamic,
-        max_token_len=int(budget if budget is not None else (32768 if role == "critic" else 16384)),
-        shuffle=bool(_role_key(settings, role, "shuffle")),
-        seed=int(seed if seed is not None else 42),
+        max_token_len=int(budget if budget is not None else (32768 if role == "critic" else 16384)) if dynamic else 0,
+        shuffle=shuffle,
+        seed=int(seed if seed is not None else 42) if shuffle else 0,
     )
 
 

@@ -56,6 +56,7 @@ class Segmentation:
             mini-batch per step.
         mini_rows: ``(n_mini,)`` float32 rows of each mini-batch, padding rows included.
         seg_pad: ``(n_seg,)`` bool, the segment holds padding rows.
+        seg_rank: ``(n_seg,)`` int64, the DP rank of each segment.
         failed: message -> ``(n_steps,)`` bool, steps on which verl raises for this layout.
     """
 
@@ -69,6 +70,7 @@ class Segmentation:
     row_mini: torch.Tensor | None = None
     mini_rows: torch.Tensor | None = None
     seg_pad: torch.Tensor | None = None
+    seg_rank: torch.Tensor | None = None
     failed: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -313,6 +315,7 @@ def _role_segments(d: _Dispatch, role: RoleLayout, until_within: bool) -> Segmen
         row_mini=row_mini[: d.rows],
         mini_rows=seg_count(row_mini, n_mini),
         seg_pad=seg_sum(d.pad.to(torch.float32), seg_ids, n_seg) > 0,
+        seg_rank=torch.div(seg_uniq, n_micro_cap, rounding_mode="floor") % d.dp,
         failed=failed,
     )
 

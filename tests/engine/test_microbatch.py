@@ -109,7 +109,7 @@ def test_micro_batch_metrics_match_per_micro_batch_reference(c, version):
         MB: mbs, DP: dp, "actor_rollout_ref.actor.policy_loss.loss_mode": loss,
         "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.3, "rldiag.verl_version": version,
         # the reference deals rows in batch order (balancing: tests/engine/test_balance.py), with no
-        # V1 padding rows (tests/engine/test_layout.py)
+        # V1 padding rows (tests/engine/test_batch_layout.py)
         "rldiag.rows_balanced": True,
     })
     if version != "0.8.0":
