@@ -139,7 +139,7 @@ class _DPGroup:
             self.local.rank = r
             try:
                 out[r] = fns[r]()
-            except Exception as exc:  # verl raised on this rank: the others must not wait for it
+            except (AssertionError, ValueError, threading.BrokenBarrierError) as exc:  # the others must not wait
                 out[r] = exc
                 self.barrier.abort()
 
@@ -213,7 +213,7 @@ def _rldiag_cells(seg, rows: int) -> list[tuple[int, int, tuple[int, ...], bool]
         members[s].append(j)
     mini_of = seg.seg_mini.tolist()
     first = {}
-    for i, k in enumerate(mini_of):  # mini-batch index within the step
+    for k in mini_of:  # mini-batch index within the step
         first.setdefault(k, len(first))
     return sorted((first[mini_of[i]], int(seg.seg_rank[i]), tuple(sorted(members[i])), bool(seg.seg_pad[i]))
                   for i in range(seg.n_seg))
