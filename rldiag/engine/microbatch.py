@@ -161,9 +161,13 @@ def _positions(step_ids: torch.Tensor, n_steps: int) -> tuple[torch.Tensor, torc
 
 def _dispatch(
     step_ids: torch.Tensor, n_steps: int, layout: BatchLayout, seq_len: torch.Tensor | None, steps: list[int] | None,
+    recorded: torch.Tensor | None = None, failed: dict[str, torch.Tensor] | None = None,
 ) -> _Dispatch:
     """Pad each step (V1), balance it (when rldiag runs the balancing) and deal it to ranks in
-    contiguous chunks of ``ceil(rows / dp)`` (``DataProto.chunk``)."""
+    contiguous chunks of ``ceil(rows / dp)`` (``DataProto.chunk``). ``recorded`` ``(rows,)``:
+    each row's place in the trainer's padded dispatch order, as the capture records it
+    (``batch_position``), used when rldiag does not balance: the padding rows take the free
+    places. A place beyond the padded step fails the step (``failed``)."""
     dev = step_ids.device
     rows = step_ids.shape[0]
     pos, real = _positions(step_ids, n_steps)
@@ -181,9 +185,35 @@ def _dispatch(
     total = real + pads
     if layout.balance and seq_len is not None:
         idx = _balanced(step, idx, v_seq, total, layout)
+    elif recorded is not None and rows:
+        idx = _recorded(step, recorded.to(device=dev, dtype=torch.long), total, rows, n_steps, failed)
     chunk = torch.div(total + layout.dp - 1, layout.dp, rounding_mode="floor").clamp_min(1)
     rank = torch.div(idx, chunk[step], rounding_mode="floor")
     return _Dispatch(step, rank, idx - rank * chunk[step], v_seq, pad, rows, n_steps, layout.dp)
+
+
+def _recorded(
+    step: torch.Tensor, recorded: torch.Tensor, total: torch.Tensor, rows: int, n_steps: int,
+    failed: dict[str, torch.Tensor] | None,
+) -> torch.Tensor:
+    """The batch's rows at their recorded places, the padding rows (after them in ``step``) at
+    the free places of their step in increasing order; a step whose places do not fit its padded
+    size keeps batch order and is flagged."""
+    real_step = step[:rows]
+    beyond = recorded >= total[real_step]
+    if bool(beyond.any()):
+        bad = torch.zeros(n_steps, dtype=torch.bool, device=step.device)
+        bad[real_step[beyond]] = True
+        if failed is not None:
+            failed["batch_position beyond the step's rows after verl's padding: the run's DP size or mini-batch "
+                   "sizes differ from rldiag.dp_size / the settings'"] = bad.cpu()
+        recorded = torch.where(bad[real_step], _positions(real_step, n_steps)[0], recorded)
+    start = torch.cumsum(total, 0) - total
+    taken = torch.zeros(int(total.sum()), dtype=torch.bool, device=step.device)
+    taken[start[real_step] + recorded] = True
+    free = torch.nonzero(~taken).flatten()  # in step order, then place order: the padding rows' order
+    pad_step = step[rows:]
+    return torch.cat([recorded, free[: pad_step.numel()] - start[pad_step]])
 
 
 def _balanced(step: torch.Tensor, idx: torch.Tensor, seq: torch.Tensor, total: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
@@ -332,20 +362,25 @@ def _whole_steps(step_ids: torch.Tensor, n_steps: int) -> Segmentation:
 
 def segment_layout(
     step_ids: torch.Tensor, n_steps: int, layout: BatchLayout, seq_len: torch.Tensor | None = None,
-    steps: list[int] | None = None,
+    steps: list[int] | None = None, positions: torch.Tensor | None = None,
 ) -> tuple[Segmentation, Segmentation]:
     """The actor's and the critic's segments of the rows ``step_ids`` ``(rows,)`` under
     ``layout``. ``seq_len`` ``(rows,)``: each row's prompt + response tokens (the balancing's
     and the token budget's measure); ``steps``: the run step of each packed step (the actor's
-    update starts at ``trainer.critic_warmup``, which changes the padding multiple)."""
+    update starts at ``trainer.critic_warmup``, which changes the padding multiple);
+    ``positions`` ``(rows,)``: each row's recorded place in the trainer's padded dispatch order
+    (the ``batch_position`` column), read when rldiag does not balance."""
     if layout.trivial:
         whole = _whole_steps(step_ids, n_steps)
         return whole, whole
     if (layout.actor.dynamic or layout.critic.dynamic) and seq_len is None:
         raise ConfigError("use_dynamic_bsz needs each row's token count")
-    d = _dispatch(step_ids, n_steps, layout, seq_len, steps)
+    failed: dict[str, torch.Tensor] = {}
+    d = _dispatch(step_ids, n_steps, layout, seq_len, steps, positions, failed)
     actor = _role_segments(d, layout.actor, layout.until_within)
     critic = actor if layout.critic == layout.actor else _role_segments(d, layout.critic, layout.until_within)
+    if failed:
+        actor.failed.update(failed)
     return actor, critic
 
 
@@ -382,10 +417,10 @@ def segment_rows(
 
 def segmentations_for(
     step_ids: torch.Tensor, n_steps: int, settings: EngineSettings, seq_len: torch.Tensor | None = None,
-    steps: list[int] | None = None,
+    steps: list[int] | None = None, positions: torch.Tensor | None = None,
 ) -> tuple[Segmentation, Segmentation]:
     """The actor's and the critic's segments under the settings (:func:`batch_layout`)."""
-    return segment_layout(step_ids, n_steps, batch_layout(settings), seq_len, steps)
+    return segment_layout(step_ids, n_steps, batch_layout(settings), seq_len, steps, positions)
 
 
 def segmentation_for(

@@ -211,7 +211,7 @@ def recompute_batch(
     # 4. metrics
     metrics.update(data_metrics(batch, rewards, adv, ret, mask))
     seq_len = batch.lengths if batch.prompt_length is None else batch.lengths + batch.prompt_length.to(batch.lengths.dtype)
-    segs, critic_segs = segmentations_for(sid, n, settings, seq_len, list(batch.steps))
+    segs, critic_segs = segmentations_for(sid, n, settings, seq_len, list(batch.steps), batch.extra.get("batch_position"))
     for message, bad in {**segs.failed, **critic_segs.failed}.items():
         errors.flag(bad.to(sid.device), message)
     # seq-mean-token-sum-norm's fallback divisor: the V1 trainer pads per micro-batch (its longest

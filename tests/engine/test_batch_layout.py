@@ -184,3 +184,18 @@ def test_the_critic_has_its_own_cut():
 def test_layout_settings_out_of_range_are_refused(key, value):
     with pytest.raises(ConfigError, match="outside the valid range"):
         resolve_settings(overrides={key: value})
+
+
+def test_recorded_places_put_the_padding_rows_in_the_gaps():
+    # 3 rows stored at places 0, 2, 3 of a 4-row padded batch (dp 2): the padding row sat at place 1
+    sid = torch.zeros(3, dtype=torch.long)
+    s = settings(**{DP: 2, MB: 1, "rldiag.rows_balanced": True})
+    seg, _ = segmentations_for(sid, 1, s, torch.tensor([5, 6, 7]), positions=torch.tensor([0, 2, 3]))
+    assert _ranks(seg, 3) == {0: [0], 1: [1, 2]}
+    assert seg.seg_pad.tolist() == [False, True, False, False]  # rank 0: row 0, then the padding row
+    # without places: the padding rows at the end of the step
+    seg, _ = segmentations_for(sid, 1, s, torch.tensor([5, 6, 7]))
+    assert _ranks(seg, 3) == {0: [0, 1], 1: [2]} and seg.seg_pad.tolist() == [False, False, False, True]
+    # a place beyond the padded batch: the run was dealt over more ranks than the settings say
+    seg, _ = segmentations_for(sid, 1, s, torch.tensor([5, 6, 7]), positions=torch.tensor([0, 2, 7]))
+    assert [m for m in seg.failed if "batch_position" in m] and list(seg.failed.values())[0].tolist() == [True]

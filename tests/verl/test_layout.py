@@ -344,3 +344,36 @@ def test_metrics_match_verl_on_its_layout(monkeypatch, tmp_path, case, agg):
             assert np.isnan(metrics[1][name]), f"{c} {agg} {name}"
             continue
         assert_close(metrics[1][name], value, f"{c} {agg} {name}", atol=5e-5, rtol=5e-5)
+
+
+@pytest.mark.parametrize("case", [0, 1, 3, 4])
+def test_a_captured_run_in_dispatch_order_matches_verl(monkeypatch, tmp_path, case):
+    """What rldiag's V1 capture writes: the rows in the trainer's order after ``_balance_batch``,
+    padding rows dropped, each row's place in the padded batch as ``batch_position``; rldiag
+    deals them as stored (``rldiag.capture.trainer`` in run.yaml), ties in workload included."""
+    import pyarrow as pa
+
+    c = CASES[case]
+    table = _case_table(c, 2000 + case)
+    seq = _seq_lens(table)
+    seq[1] = seq[2] = seq[3]  # equal workloads: re-balancing the stored order could swap these rows
+    table = table.set_column(table.column_names.index("prompt_length"), "prompt_length",
+                             pa.array(np.array(seq) - np.diff(table["response_mask"].combine_chunks().offsets.to_numpy())))
+    actor_v, critic_v = verl_layouts(monkeypatch, seq, c["dp"], c)
+    placed = [j for rank in verl_dispatch(monkeypatch, seq, c["dp"], _config(c), 1) for j in rank]
+    kept = [j for j in placed if j != PAD]
+    stored = table.take(kept).append_column("batch_position", pa.array(
+        [i for i, j in enumerate(placed) if j != PAD], pa.int64()))
+    new = {old: i for i, old in enumerate(kept)}
+
+    def renumber(layout):
+        return [[[[new.get(j, PAD) for j in mb] for mb in micros] for micros in ranks] for ranks in layout]
+
+    config = _config(c)
+    config["rldiag"] = {"capture": {"trainer": "v1"}}
+    config["actor_rollout_ref"]["actor"]["loss_agg_mode"] = "seq-mean-token-mean"
+    run = write_run(tmp_path / "run", [stored], config)
+    metrics, tokens = run_rldiag(run, {"rldiag.dp_size": c["dp"]})
+    want = verl_metrics(stored, tokens[1], renumber(actor_v), renumber(critic_v), c["dp"], "seq-mean-token-mean")
+    for name, value in want.items():
+        assert_close(metrics[1][name], value, f"{c} {name}", atol=5e-5, rtol=5e-5)
