@@ -325,6 +325,8 @@ class Settings:
     values: dict[str, Any]
     overrides: dict[str, Any] = field(default_factory=dict)
     config_file: str | None = None
+    #: the keys the run's config file (or ``config``) sets: what the run says, not a default
+    configured: frozenset[str] = frozenset()
 
     def __getitem__(self, key: str) -> Any:
         try:
@@ -394,6 +396,7 @@ def resolve_settings(
     """
     values: dict[str, Any] = dict(DEFAULTS)
     config_file = None
+    configured: frozenset[str] = frozenset()
     if config is None and run_dir is not None:
         path = find_config_file(as_path(run_dir))
         if path is not None:
@@ -402,6 +405,7 @@ def resolve_settings(
     if config is not None:
         flat = flatten(config) if any(isinstance(v, Mapping) for v in config.values()) else dict(config)
         src = config_file or "config"
+        configured = frozenset(flat)
         for key, value in flat.items():
             values[key] = _coerce(key, value, src) if key in DEFAULTS else value
     overrides = dict(overrides or {})
@@ -411,7 +415,7 @@ def resolve_settings(
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"unknown setting {key!r}{hint}; valid: {', '.join(known_keys())}")
         values[key] = _coerce(key, value, "the command line")
-    return Settings(values=values, overrides=overrides, config_file=config_file)
+    return Settings(values=values, overrides=overrides, config_file=config_file, configured=configured)
 
 
 def scenario_slug(overrides: Mapping[str, Any]) -> str:

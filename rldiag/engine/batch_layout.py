@@ -228,12 +228,13 @@ def check_microbatch_settings(settings: EngineSettings) -> None:
 
 def describe_layout(layout: BatchLayout) -> str:
     """One line naming the layout, e.g. ``V1, dp 2, padded to a multiple of 8, balanced by
-    rldiag; actor: mini 8 rows, micro 2 rows``."""
+    rldiag; actor: mini 8 rows, micro 2 rows`` (the critic's too when it is cut differently)."""
     trainer = "V1" if layout.v1 else "legacy"
     parts = [f"{trainer}, dp {layout.dp}"]
     if layout.pad_seq_len and max(layout.pad_multiples[1:]) > 1:
         parts.append(f"padded to a multiple of {layout.pad_multiples[1]}")
-    parts.append("balanced by rldiag" if layout.balance else "rows dealt as stored")
+    if layout.dp > 1:
+        parts.append("balanced by rldiag" if layout.balance else "rows dealt as stored")
     roles = [("actor", layout.actor)] + ([("critic", layout.critic)] if layout.critic != layout.actor else [])
     text = ", ".join(parts)
     for name, lay in roles:
