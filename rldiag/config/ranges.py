@@ -53,8 +53,8 @@ _P = f"{_A}.policy_loss"
 _NONNEG = Range(0.0, FLOAT32_MAX)
 _POSITIVE = Range(0.0, FLOAT32_MAX, lo_open=True)
 _COUNT = Range(1, INT32_MAX)
-#: a torch.Generator seed (verl seeds data_loader_seed + rank); torch takes 0 to 2^64 - 1
-_SEED = Range(0, 2**63 - 1, why="a torch.Generator seed")
+#: a torch.Generator seed (verl seeds data_loader_seed + rank), within an int32 as every count here
+_SEED = Range(0, INT32_MAX, why="a torch.Generator seed")
 
 RANGES: dict[str, Range] = {
     "algorithm.gamma": Range(0.0, 1.0, why="a discount factor"),
