@@ -161,19 +161,28 @@ def _positions(step_ids: torch.Tensor, n_steps: int) -> tuple[torch.Tensor, torc
 
 def _dispatch(
     step_ids: torch.Tensor, n_steps: int, layout: BatchLayout, seq_len: torch.Tensor | None, steps: list[int] | None,
-    recorded: torch.Tensor | None = None, failed: dict[str, torch.Tensor] | None = None,
+    recorded: torch.Tensor | None = None,
 ) -> _Dispatch:
     """Pad each step (V1), balance it (when rldiag runs the balancing) and deal it to ranks in
     contiguous chunks of ``ceil(rows / dp)`` (``DataProto.chunk``). ``recorded`` ``(rows,)``:
     each row's place in the trainer's padded dispatch order, as the capture records it
     (``batch_position``), used when rldiag does not balance: the padding rows take the free
-    places. A place beyond the padded step fails the step (``failed``)."""
+    places, and a step is at least as large as its last recorded place (the parts of a
+    ``separate_async`` step follow each other)."""
     dev = step_ids.device
     rows = step_ids.shape[0]
     pos, real = _positions(step_ids, n_steps)
     run_steps = steps if steps is not None else list(range(n_steps))
     multiple = torch.tensor([layout.pad_multiple(int(s)) for s in run_steps], dtype=torch.long, device=dev)
     pads = torch.where(real > 0, (-real) % multiple, torch.zeros_like(real))
+    balance = layout.balance and seq_len is not None
+    if recorded is not None and not balance and rows:
+        recorded = recorded.to(device=dev, dtype=torch.long)
+        last = torch.zeros(n_steps, dtype=torch.long, device=dev).scatter_reduce_(
+            0, step_ids, recorded + 1, reduce="amax")
+        pads = torch.maximum(real + pads, last) - real
+    else:
+        recorded = None
     n_pad = int(pads.sum())
     pad_step = torch.repeat_interleave(torch.arange(n_steps, device=dev), pads)
     pad_idx = real[pad_step] + torch.arange(n_pad, device=dev) - (torch.cumsum(pads, 0) - pads)[pad_step]
@@ -183,31 +192,19 @@ def _dispatch(
     v_seq = torch.cat([seq, torch.full((n_pad,), layout.pad_seq_len, dtype=torch.long, device=dev)])
     pad = torch.cat([torch.zeros(rows, dtype=torch.bool, device=dev), torch.ones(n_pad, dtype=torch.bool, device=dev)])
     total = real + pads
-    if layout.balance and seq_len is not None:
+    if balance:
         idx = _balanced(step, idx, v_seq, total, layout)
-    elif recorded is not None and rows:
-        idx = _recorded(step, recorded.to(device=dev, dtype=torch.long), total, rows, n_steps, failed)
+    elif recorded is not None:
+        idx = _recorded(step, recorded, total, rows)
     chunk = torch.div(total + layout.dp - 1, layout.dp, rounding_mode="floor").clamp_min(1)
     rank = torch.div(idx, chunk[step], rounding_mode="floor")
     return _Dispatch(step, rank, idx - rank * chunk[step], v_seq, pad, rows, n_steps, layout.dp)
 
 
-def _recorded(
-    step: torch.Tensor, recorded: torch.Tensor, total: torch.Tensor, rows: int, n_steps: int,
-    failed: dict[str, torch.Tensor] | None,
-) -> torch.Tensor:
+def _recorded(step: torch.Tensor, recorded: torch.Tensor, total: torch.Tensor, rows: int) -> torch.Tensor:
     """The batch's rows at their recorded places, the padding rows (after them in ``step``) at
-    the free places of their step in increasing order; a step whose places do not fit its padded
-    size keeps batch order and is flagged."""
+    the free places of their step in increasing order."""
     real_step = step[:rows]
-    beyond = recorded >= total[real_step]
-    if bool(beyond.any()):
-        bad = torch.zeros(n_steps, dtype=torch.bool, device=step.device)
-        bad[real_step[beyond]] = True
-        if failed is not None:
-            failed["batch_position beyond the step's rows after verl's padding: the run's DP size or mini-batch "
-                   "sizes differ from rldiag.dp_size / the settings'"] = bad.cpu()
-        recorded = torch.where(bad[real_step], _positions(real_step, n_steps)[0], recorded)
     start = torch.cumsum(total, 0) - total
     taken = torch.zeros(int(total.sum()), dtype=torch.bool, device=step.device)
     taken[start[real_step] + recorded] = True
@@ -375,12 +372,9 @@ def segment_layout(
         return whole, whole
     if (layout.actor.dynamic or layout.critic.dynamic) and seq_len is None:
         raise ConfigError("use_dynamic_bsz needs each row's token count")
-    failed: dict[str, torch.Tensor] = {}
-    d = _dispatch(step_ids, n_steps, layout, seq_len, steps, positions, failed)
+    d = _dispatch(step_ids, n_steps, layout, seq_len, steps, positions)
     actor = _role_segments(d, layout.actor, layout.until_within)
     critic = actor if layout.critic == layout.actor else _role_segments(d, layout.critic, layout.until_within)
-    if failed:
-        actor.failed.update(failed)
     return actor, critic
 
 
