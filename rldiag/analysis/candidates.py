@@ -3,11 +3,14 @@ setting change would have made it match?
 
 The list is small and depends on which fields mismatch: an advantage mismatch tries the other
 estimators, ``norm_adv_by_std_in_grpo`` and gamma/lam; a loss mismatch tries the aggregation
-modes; a clip-fraction mismatch the clip ratios and verl's micro-batch averaging (when the
-settings ``rldiag.micro_batch_size`` / ``rldiag.dp_size`` exist); a reward mismatch the KL-in-
-reward settings; any mismatch the other verl releases (``rldiag.verl_version``). Each candidate
-is one override on top of the run's settings; keys that the settings do not define (an
-emulation not available) are skipped.
+modes; a clip-fraction mismatch the clip ratios and verl's batch layout (micro-, mini-batch and
+DP sizes; and where the run's config does not say: balancing by rldiag or the rows as stored,
+``use_dynamic_bsz`` with a few token budgets, shuffled ranks, mini- and micro-batch sizes
+together); a reward mismatch the KL-in-reward settings; any mismatch the other verl releases
+(``rldiag.verl_version``). Each candidate is one override (or one layout: a few keys together)
+on top of the run's settings; keys that the settings do not define (an emulation not
+available) are skipped. A candidate that changes the layout is reported with the whole layout
+it makes (:func:`layout_text`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from rldiag.config.settings import DEFAULTS, Settings
 from rldiag.config.verl_versions import RELEASES, version_of
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.engine.aggregation import AGG_MODES
-from rldiag.engine.microbatch import resolve_auto
+from rldiag.engine.batch_layout import batch_layout, describe_layout, is_v1, resolve_auto
+from rldiag.errors import RldiagError
 from rldiag.io.schema import estimator_need
 
 #: Distinct KL estimators (one name per formula).
@@ -32,6 +36,18 @@ KL_COEFS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1)
 CLIPRANGE_VALUES = (0.5, 0.2, 1.0)
 MICRO_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DP_SIZES = (2, 4, 8, 16)
+#: token budgets per micro-batch tried with use_dynamic_bsz (ppo_max_token_len_per_gpu)
+TOKEN_BUDGETS = (16384, 8192, 32768, 4096, 65536)
+#: the keys that decide the batch layout (rldiag/engine/batch_layout.py): a candidate setting
+#: one of them is reported with the whole layout it makes
+LAYOUT_KEYS = frozenset({
+    "rldiag.mini_batch_size", "rldiag.micro_batch_size", "rldiag.dp_size", "rldiag.rows_balanced",
+    "trainer.balance_batch", "trainer.use_v1", "trainer.critic_warmup", "critic.enable",
+    "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.actor.shuffle", "actor_rollout_ref.actor.data_loader_seed",
+    "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu", "critic.shuffle", "critic.data_loader_seed",
+    "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu",
+})
 #: Estimators whose recursion reads gamma (and lam for gae).
 GAMMA_ESTIMATORS = ("gae", "reinforce_plus_plus")
 
@@ -124,8 +140,7 @@ def candidate_overrides(settings: Settings, fields: set[str], columns: set[str],
         # the whole step as one batch, when the settings batch it otherwise
         if any(resolve_auto(settings, k) is not None for k in keys):
             out.append(dict.fromkeys(keys))
-        if int(settings.get("rldiag.dp_size", 1)) > 1:
-            add("trainer.balance_batch", not settings.get("trainer.balance_batch", True))
+        _layout_candidates(settings, rows, out, add)
         # verl averages these over micro-batches (and DP ranks) with equal weights (verl.utils.metric, AggregationType.MEAN)
         for size in MICRO_SIZES:
             if size < rows and rows % size == 0:
@@ -139,6 +154,55 @@ def candidate_overrides(settings: Settings, fields: set[str], columns: set[str],
             if size < rows and rows % size == 0:
                 add("rldiag.mini_batch_size", size)
     return out
+
+
+def _layout_candidates(settings: Settings, rows: int, out: list[dict[str, Any]], add) -> None:
+    """The layouts worth trying where the run's config does not say (verl's keys absent from
+    it): balancing by rldiag or the rows as stored, token-budget micro-batches, shuffled ranks;
+    and, when it names no batch sizes, mini- and micro-batch sizes together."""
+    actor = "actor_rollout_ref.actor."
+    said = settings.configured
+    try:
+        layout = batch_layout(settings)
+    except RldiagError:
+        return
+    if layout.dp > 1:
+        # balanced by rldiag (rows in rollout order) or dealt as stored (the trainer's order)
+        add("rldiag.rows_balanced", layout.balance)
+        if not is_v1(settings):  # only the legacy trainer reads the flag
+            add("trainer.balance_batch", not settings.get("trainer.balance_batch", True))
+    if actor + "use_dynamic_bsz" not in said:
+        dynamic = bool(settings.get(actor + "use_dynamic_bsz"))
+        add(actor + "use_dynamic_bsz", not dynamic)
+        if not dynamic and actor + "ppo_max_token_len_per_gpu" not in said:
+            for budget in TOKEN_BUDGETS[1:]:
+                cand = {actor + "use_dynamic_bsz": True, actor + "ppo_max_token_len_per_gpu": budget}
+                if cand not in out:
+                    out.append(cand)
+    if actor + "shuffle" not in said:
+        add(actor + "shuffle", not settings.get(actor + "shuffle"))
+    if actor + "ppo_mini_batch_size" not in said and actor + "ppo_micro_batch_size_per_gpu" not in said:
+        for mini in MICRO_SIZES:
+            if mini >= rows or rows % mini or mini % layout.dp:
+                continue
+            for micro in MICRO_SIZES:
+                if micro < mini // layout.dp and (mini // layout.dp) % micro == 0:
+                    cand = {"rldiag.mini_batch_size": mini, "rldiag.micro_batch_size": micro}
+                    if cand not in out:
+                        out.append(cand)
+
+
+def is_layout(overrides: dict[str, Any]) -> bool:
+    """Whether a candidate changes the batch layout."""
+    return any(k in LAYOUT_KEYS for k in overrides)
+
+
+def layout_text(settings: Settings) -> str:
+    """The layout the settings make, in words (``describe_layout``); empty when they make none."""
+    try:
+        return describe_layout(batch_layout(settings))
+    except RldiagError:
+        return ""
 
 
 def describe(overrides: dict[str, Any]) -> str:

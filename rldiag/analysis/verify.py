@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rldiag.analysis.candidates import candidate_overrides, describe
+from rldiag.analysis.candidates import candidate_overrides, describe, is_layout, layout_text
 from rldiag.analysis.logged import LOGGED_TOKEN_COLUMNS, logged_metrics, read_logged_tokens, row_token_of
 from rldiag.analysis.tolerance import Tolerances, diff
 from rldiag.config.settings import Settings, resolve_settings
@@ -99,6 +99,7 @@ class Candidate:
     fixes: list[str]  # mismatching fields that match under it
     breaks: list[str]  # fields that matched and no longer do
     remaining: list[str]  # mismatching fields still mismatching
+    layout: str = ""  # the batch layout it makes, when it changes the layout
 
     @property
     def matches_all(self) -> bool:
@@ -109,7 +110,8 @@ class Candidate:
         shown = ", ".join(self.fixes[:max_fields])
         more = f" (+{len(self.fixes) - max_fields} more)" if len(self.fixes) > max_fields else ""
         verb = "matches" if len(self.fixes) == 1 else "match"
-        return f"{shown}{more} {verb} with {describe(self.overrides)}"
+        layout = f" (layout: {self.layout})" if self.layout else ""
+        return f"{shown}{more} {verb} with {describe(self.overrides)}{layout}"
 
 
 @dataclass
@@ -128,6 +130,7 @@ class VerifyReport:
     not_logged: list[str] = dataclasses.field(default_factory=list)  # metrics rldiag computes, absent from the log
     candidates: list[Candidate] = dataclasses.field(default_factory=list)  # those fixing a field and breaking none
     candidates_tried: int = 0
+    layout: str = ""  # the batch layout of the run's settings (rldiag/engine/batch_layout.py)
 
     @property
     def compared(self) -> int:
@@ -340,7 +343,7 @@ def verify_run(
     chosen = parse_steps(steps, sorted(files))
     logged = logged_metrics(rd.metrics_file)
     report = VerifyReport(run=str(rd.path), settings=settings.resolved(), overrides=overrides,
-                          tolerances=tols.to_dict(), masked_only=masked_only)
+                          tolerances=tols.to_dict(), masked_only=masked_only, layout=layout_text(settings))
     try:
         kl_state = _kl_state(settings, files, chosen[0], None, False)
     except RldiagError as exc:
@@ -425,7 +428,7 @@ def _search_candidates(report: VerifyReport, rd: RunDir, settings: Settings, ove
         if fixes and not breaks:
             remaining = sorted((f for f in bad_fields if not status.get(f)), key=_first_key)
             found.append(Candidate(overrides=dict(cand), steps=list(bad_steps), fixes=fixes, breaks=breaks,
-                                   remaining=remaining))
+                                   remaining=remaining, layout=layout_text(cs) if is_layout(cand) else ""))
     found.sort(key=lambda c: (-len(c.fixes), len(c.remaining)))
     report.candidates = found
     report.candidates_tried = tried

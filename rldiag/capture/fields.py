@@ -38,6 +38,7 @@ ROW_SOURCES: dict[str, tuple[tuple[str, ...], str]] = {
     "step_index": (("step_index", "step_indices"), "int"),
     "session_id": (("session_id",), "string"),
     "output_index": (("output_index",), "int"),
+    "batch_position": (("batch_position",), "int"),
 }
 
 #: Keys that locate tokens rather than hold a column: the response token ids (their width is

@@ -23,7 +23,8 @@ process that imports verl, Ray actors included; importing this module with
   reference to it): keeps the mask *before* rejection, written as ``loss_mask``;
 - the end of the advantage block: legacy ``ray_trainer.compute_advantage`` (its DataProto),
   V1 ``PPOTrainer._compute_advantage`` (the fields read back from the TransferQueue after the
-  trainer wrote advantages and returns, its divisibility-padding rows dropped). Each call is one
+  trainer wrote advantages and returns, its divisibility-padding rows dropped, each row's place
+  in the trainer's padded batch kept as ``batch_position``). Each call is one
   ``write_batch`` of ``trainer.global_steps``; the ``separate_async`` trainer's several calls per
   step become the parts of that step;
 - ``verl.utils.tracking.Tracking.log``, the trainers' last act of a step: the metrics go to
@@ -84,6 +85,8 @@ class VerlCapture:
         self.trainer: Any = None
         self.kind: str | None = None
         self._pre_mask: torch.Tensor | None = None
+        self._position_step: int | None = None  # the step whose parts _position_offset counts
+        self._position_offset = 0
         self._lock = threading.Lock()
 
     # -- fit ----------------------------------------------------------------------------------
@@ -177,6 +180,12 @@ class VerlCapture:
         step["attention_mask"] = (torch.arange(width, device=lengths.device) < lengths.unsqueeze(1)).long()
         step = {k: v[keep.to(v.device)] for k, v in step.items()}
         step["prompt_length"] = prompt_length[keep.to(prompt_length.device)]
+        # each row's place in the trainer's padded, balanced batch: the update's layout
+        # (rldiag/engine/batch_layout.py); the parts of one step follow each other
+        if self._position_step != self.step:
+            self._position_step, self._position_offset = self.step, 0
+        step["batch_position"] = (torch.arange(len(uid), device="cpu") + self._position_offset)[keep.cpu()]
+        self._position_offset += len(uid)
         step["uid"] = uid[keep.numpy()]
         self._open_writer().write_batch(self.step, step)
 

@@ -99,6 +99,8 @@ def print_report(report, verbose: bool = False) -> None:
         err_console.print(f"step {step} cannot be verified: {msg}", markup=False)
     if report.first_mismatch:
         console.print(f"first mismatch: {report.first_mismatch.describe()}", markup=False)
+    if report.layout and (verbose or report.status == "mismatch"):
+        console.print(f"batch layout: {report.layout}", markup=False)
     if report.candidates:
         console.print(f"candidate settings tried on steps {report.candidates[0].steps}: {report.candidates_tried}")
         for c in report.candidates[:8]:

@@ -53,6 +53,8 @@ _P = f"{_A}.policy_loss"
 _NONNEG = Range(0.0, FLOAT32_MAX)
 _POSITIVE = Range(0.0, FLOAT32_MAX, lo_open=True)
 _COUNT = Range(1, INT32_MAX)
+#: a torch.Generator seed (verl seeds data_loader_seed + rank), within an int32 as every count here
+_SEED = Range(0, INT32_MAX, why="a torch.Generator seed")
 
 RANGES: dict[str, Range] = {
     "algorithm.gamma": Range(0.0, 1.0, why="a discount factor"),
@@ -78,6 +80,13 @@ RANGES: dict[str, Range] = {
     "rldiag.micro_batch_size": _COUNT,
     "rldiag.mini_batch_size": _COUNT,
     "rldiag.dp_size": _COUNT,
+    "trainer.critic_warmup": Range(0, INT32_MAX, why="steps"),
+    f"{_A}.ppo_max_token_len_per_gpu": Range(1, INT32_MAX, why="tokens per micro-batch"),
+    "critic.ppo_max_token_len_per_gpu": Range(1, INT32_MAX, why="tokens per micro-batch"),
+    f"{_A}.data_loader_seed": _SEED,
+    "critic.data_loader_seed": _SEED,
+    "critic.ppo_mini_batch_size": _COUNT,
+    "critic.ppo_micro_batch_size_per_gpu": _COUNT,
 }
 
 

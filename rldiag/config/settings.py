@@ -90,13 +90,31 @@ DEFAULTS: dict[str, Any] = {
     # rldiag's own: the verl release whose numbers to reproduce (rldiag/config/verl_versions.py);
     # None: the run's recorded ``verl_version``, else the reference snapshot.
     "rldiag.verl_version": None,
-    # verl's: reorder each step's rows so that DP ranks get similar workloads (rldiag/engine/balance.py)
+    # verl's: reorder each step's rows so that DP ranks get similar workloads (rldiag/engine/balance.py);
+    # the legacy trainer reads it, the V1 trainer balances every step
     "trainer.balance_batch": True,
     # verl's: the V1 trainer (None: the chosen release's default, true from 0.9.0 on)
     "trainer.use_v1": None,
+    # verl's: the first step the actor updates on (V1 pads a step to the actor's mini-batch from then on)
+    "trainer.critic_warmup": 0,
+    # verl's worker batching (rldiag/engine/batch_layout.py); the critic's None ones take the actor's
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
+    "actor_rollout_ref.actor.shuffle": False,
+    "actor_rollout_ref.actor.data_loader_seed": 42,
+    "critic.ppo_mini_batch_size": None,
+    "critic.ppo_micro_batch_size_per_gpu": None,
+    "critic.use_dynamic_bsz": None,
+    "critic.ppo_max_token_len_per_gpu": 32768,
+    "critic.shuffle": None,
+    "critic.data_loader_seed": 42,
+    # rldiag's own: the batch files hold each step's rows in the trainer's dispatch order, after
+    # its balancing (None: true for a run rldiag's verl capture wrote, rldiag.capture.trainer)
+    "rldiag.rows_balanced": None,
 }
 
-_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {"trainer.use_v1", "critic.enable"}
+_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {
+    "trainer.use_v1", "critic.enable", "critic.use_dynamic_bsz", "critic.shuffle", "rldiag.rows_balanced"}
 _FLOAT_KEYS = {
     "algorithm.gamma",
     "algorithm.lam",
@@ -127,6 +145,13 @@ _INT_KEYS = {
     "rldiag.micro_batch_size",
     "rldiag.dp_size",
     "rldiag.mini_batch_size",
+    "trainer.critic_warmup",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.actor.data_loader_seed",
+    "critic.ppo_mini_batch_size",
+    "critic.ppo_micro_batch_size_per_gpu",
+    "critic.ppo_max_token_len_per_gpu",
+    "critic.data_loader_seed",
 }
 
 #: keys that also take "auto": derived from verl's own batch keys in the run's config
@@ -301,6 +326,8 @@ class Settings:
     values: dict[str, Any]
     overrides: dict[str, Any] = field(default_factory=dict)
     config_file: str | None = None
+    #: the keys the run's config file (or ``config``) sets: what the run says, not a default
+    configured: frozenset[str] = frozenset()
 
     def __getitem__(self, key: str) -> Any:
         try:
@@ -378,6 +405,7 @@ def resolve_settings(
     """
     values: dict[str, Any] = dict(DEFAULTS)
     config_file = None
+    configured: frozenset[str] = frozenset()
     if config is None and run_dir is not None:
         path = find_config_file(as_path(run_dir))
         if path is not None:
@@ -386,6 +414,7 @@ def resolve_settings(
     if config is not None:
         flat = flatten(config) if any(isinstance(v, Mapping) for v in config.values()) else dict(config)
         src = config_file or "config"
+        configured = frozenset(flat)
         for key, value in flat.items():
             values[key] = _coerce(key, value, src) if key in DEFAULTS else value
     overrides = dict(overrides or {})
@@ -395,7 +424,7 @@ def resolve_settings(
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"unknown setting {key!r}{hint}; valid: {', '.join(known_keys())}")
         values[key] = _coerce(key, value, "the command line")
-    return Settings(values=values, overrides=overrides, config_file=config_file)
+    return Settings(values=values, overrides=overrides, config_file=config_file, configured=configured)
 
 
 def scenario_slug(overrides: Mapping[str, Any]) -> str:

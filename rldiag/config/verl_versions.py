@@ -46,7 +46,9 @@ CHANGES: tuple[Change, ...] = (
     Change(
         key="v1_trainer",
         new="the V1 trainer by default (trainer.use_v1: true): nested tensors padded per micro-batch, so "
-        "seq-mean-token-sum-norm without loss_scale_factor divides by the micro-batch's longest row",
+        "seq-mean-token-sum-norm without loss_scale_factor divides by the micro-batch's longest row; every "
+        "step padded with masked rows to a multiple of lcm(dp, mini-batch rows) and balanced over the DP "
+        "ranks whatever trainer.balance_batch says",
         old="only the legacy trainer: responses padded to data.max_response_length, the divisor of "
         "seq-mean-token-sum-norm without loss_scale_factor",
         commit="release v0.9.0 (2026-08-14), trainer/ppo/v1 and trainer.use_v1",
@@ -66,6 +68,23 @@ CHANGES: tuple[Change, ...] = (
         old="critic value loss normalised within each micro-batch; critic/vf_loss the mean over micro-batches",
         commit="2eb020aa9 (2026-07-07), workers/utils/losses.py value_loss",
         versions=frozenset({"0.9.0", "0.9.1", SNAPSHOT}),
+    ),
+    Change(
+        key="v1_pad_rows_128",
+        new="the V1 trainer's divisibility padding rows are 128 tokens long (127 prompt + 1 response): "
+        "their workload in the DP balancing and their tokens in a use_dynamic_bsz budget",
+        old="padding rows of 2 tokens (1 prompt + 1 response)",
+        commit="release v0.9.1 (2026-09), trainer/ppo/padding_utils.py SYNTHETIC_PADDING_SEQ_LEN",
+        versions=frozenset({"0.9.1"}),
+    ),
+    Change(
+        key="dynamic_bsz_token_limit",
+        new="use_dynamic_bsz: rearrange_micro_batches adds micro-batches (on every DP rank) until each one "
+        "holds at most ppo_max_token_len_per_gpu tokens",
+        old="use_dynamic_bsz: one partition into the ranks' largest ceil(tokens / budget), which a micro-batch "
+        "may exceed",
+        commit="release v0.9.1 (2026-09), utils/seqlen_balancing.py rearrange_micro_batches",
+        versions=frozenset({"0.9.1"}),
     ),
     Change(
         key="gspo_agg_mode",

@@ -32,7 +32,7 @@ from rldiag.engine.critic import value_loss
 from rldiag.engine.errors import StepErrors
 from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_row_sums
 from rldiag.engine.metrics import data_metrics, rollout_probs_metrics, signal_metrics
-from rldiag.engine.microbatch import Segmentation, segmentation_for
+from rldiag.engine.microbatch import Segmentation, segmentations_for
 from rldiag.engine.policy_loss import PolicyLossInput, PolicyLossOutput, policy_loss
 from rldiag.engine.reward_kl import anchor_log_probs, original_mask, reward_kl
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
@@ -188,23 +188,28 @@ def recompute_batch(
     # 4. metrics
     metrics.update(data_metrics(batch, rewards, adv, ret, mask, use_critic))
     seq_len = batch.lengths if batch.prompt_length is None else batch.lengths + batch.prompt_length.to(batch.lengths.dtype)
-    segs = segmentation_for(sid, n, settings, seq_len)
+    segs, critic_segs = segmentations_for(sid, n, settings, seq_len, list(batch.steps), batch.extra.get("batch_position"))
+    for message, bad in {**segs.failed, **critic_segs.failed}.items():
+        errors.flag(bad.to(sid.device), message)
     # seq-mean-token-sum-norm's fallback divisor: the V1 trainer pads per micro-batch (its longest
     # row); the legacy one to data.max_response_length (else the step's longest row)
     use_v1 = settings["trainer.use_v1"]
     fixed_width = not (settings.has("v1_trainer") if use_v1 is None else use_v1)
-    horizon = segs.horizon(batch.lengths, batch.max_response_length, fixed_width)
     count_mask = mask0
     token_count = step_mask_count(count_mask, rows, sid, n)
-    actor_norm = AggNorm(
-        seg_ids=segs.seg_ids,
-        n_seg=segs.n_seg,
-        horizon=horizon,
-        rows=rows,
-        batch_num_tokens=segs.normaliser(rows.sum(count_mask.to(torch.float32)), token_count),
-        global_batch_size=segs.normaliser(torch.ones_like(sid, dtype=torch.float32), rows_per_step),
-        loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
-    )
+
+    def global_norm_of(s: Segmentation) -> AggNorm:
+        return AggNorm(
+            seg_ids=s.seg_ids,
+            n_seg=s.n_seg,
+            horizon=s.horizon(batch.lengths, batch.max_response_length, fixed_width),
+            rows=rows,
+            batch_num_tokens=s.normaliser(rows.sum(count_mask.to(torch.float32)), token_count),
+            global_batch_size=s.batch_size(),  # the mini-batch's rows, V1's padding rows included
+            loss_scale_factor=settings["actor_rollout_ref.actor.loss_scale_factor"],
+        )
+
+    actor_norm = global_norm_of(segs)
     agg_mode = settings.actor_agg_mode
     if batch.log_probs is not None and old_lp is not None:
         out = policy_loss(
@@ -234,17 +239,19 @@ def recompute_batch(
         if global_norm:
             # verl >= 0.9.0 (commit 2eb020aa9): the actor's global normalisers (original-mask token
             # count, batch size) with the critic's own loss_scale_factor; vf_loss is a SUM metric
-            critic_norm = replace(actor_norm, loss_scale_factor=settings.critic_loss_scale_factor)
+            base = actor_norm if critic_segs is segs else global_norm_of(critic_segs)
+            critic_norm = replace(base, loss_scale_factor=settings.critic_loss_scale_factor)
         else:
             # verl 0.8.0: every normaliser is the micro-batch's own; the metrics are micro-batch means
-            critic_norm = AggNorm(seg_ids=segs.seg_ids, n_seg=segs.n_seg, horizon=horizon, rows=rows)
+            critic_norm = AggNorm(seg_ids=critic_segs.seg_ids, n_seg=critic_segs.n_seg, rows=rows,
+                                  horizon=critic_segs.horizon(batch.lengths, batch.max_response_length, fixed_width))
         vf = value_loss(
             batch.vpreds, batch.values, ret, mask, float(settings["critic.cliprange_value"]),
             settings.critic_agg_mode, critic_norm,
         )
-        metrics.update({k: segs.mean(v) for k, v in vf.items()})
+        metrics.update({k: critic_segs.mean(v) for k, v in vf.items()})
         if global_norm:
-            metrics["critic/vf_loss"] = segs.loss(vf["critic/vf_loss"])
+            metrics["critic/vf_loss"] = critic_segs.loss(vf["critic/vf_loss"])
 
     if "actor/pg_loss" in metrics:
         # the update's total loss (verl's actor/loss, summed over micro-batches like its parts)

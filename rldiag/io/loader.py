@@ -35,6 +35,7 @@ from rldiag.io.schema import (
     BATCH_COLUMNS,
     ENGINE_ROW_COLUMNS,
     ENGINE_TOKEN_COLUMNS,
+    LAYOUT_ROW_COLUMNS,
     LIST_COLUMNS,
     MASK_LIST_COLUMNS,
     METRIC_ROW_COLUMNS,
@@ -118,7 +119,7 @@ def columns_to_read(settings: Settings, names: list[str], sf: StepFile | None = 
         )
     # estimator-specific columns (traj_uid, session_id, sum_pi_squared, reward components, ...)
     wanted = ENGINE_TOKEN_COLUMNS + ENGINE_ROW_COLUMNS + need.all_of + estimator_optional(settings.estimator)
-    return columns_with(names, wanted + METRIC_ROW_COLUMNS)
+    return columns_with(names, wanted + METRIC_ROW_COLUMNS + LAYOUT_ROW_COLUMNS)
 
 
 def columns_with(names: list[str], wanted: tuple[str, ...]) -> list[str]:
@@ -284,6 +285,20 @@ def _extra_column(col: pa.ChunkedArray, name: str, where: dict) -> torch.Tensor:
     return torch.from_numpy(values.astype(np.float32))
 
 
+def _check_positions(pos: torch.Tensor, where: dict) -> None:
+    """``batch_position``: distinct places >= 0 (one step's rows in the trainer's batch)."""
+    negative = _first_true((pos < 0).numpy())
+    if negative is not None:
+        raise BatchError(f"is {int(pos[negative])}; a place in the trainer's batch is >= 0", row=negative,
+                         column="batch_position", **where)
+    order = torch.argsort(pos, stable=True)
+    dup = _first_true((pos[order][1:] == pos[order][:-1]).numpy())
+    if dup is not None:
+        row = int(order[dup + 1])
+        raise BatchError(f"is {int(pos[row])}, the place of row {int(order[dup])} too", row=row,
+                         column="batch_position", **where)
+
+
 @dataclass
 class StepData:
     """One loaded step: the engine batch and what the outputs need to name rows."""
@@ -342,6 +357,8 @@ def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None
     for name in table.column_names:
         if name not in BATCH_COLUMNS and name not in extra:
             extra[name] = _extra_column(table[name], name, where)
+    if "batch_position" in extra:
+        _check_positions(extra["batch_position"], where)
     batch = Batch(
         response_mask=tensors.pop("response_mask"),
         token_level_scores=tensors.pop("token_level_scores"),

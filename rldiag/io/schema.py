@@ -38,9 +38,13 @@ SCALAR_COLUMNS = {
     # the agent loop's per-row counts (verl's __num_turns__ and tool_call_counts): num_turns/*, tool_call_counts/*
     "num_turns": "int",
     "tool_call_counts": "int",
+    # the row's place in the trainer's padded, balanced batch (rldiag's V1 capture writes it)
+    "batch_position": "int",
 }
 #: scalar columns read when present, for metrics only (they land in ``Batch.extra``)
 METRIC_ROW_COLUMNS = ("num_turns", "tool_call_counts")
+#: scalar columns read when present for the batch layout (``Batch.extra``)
+LAYOUT_ROW_COLUMNS = ("batch_position",)
 
 
 def id_type_problem(t: pa.DataType) -> str | None:

@@ -246,3 +246,64 @@ def test_a_later_first_step_replays_the_adaptive_kl_controller(tmp_path, capsys)
     assert rep.fields["token_level_rewards"].compared > 0 and rep.fields["token_level_rewards"].mismatches == 0
     assert main(["verify", str(root), "--steps", "2:", "--no-progress"]) == 0
     assert "all compared values match" in capsys.readouterr().out
+
+
+def _ppo_terms(row, adv):
+    """(per-token PPO loss with verl's dual clip, clipped?) of one row's masked tokens."""
+    out = []
+    for t, mk in enumerate(row["response_mask"]):
+        if mk:
+            a = adv[t]
+            ratio = np.exp(row["log_probs"][t] - row["old_log_probs"][t])
+            l1, l2 = -a * ratio, -a * np.clip(ratio, 0.8, 1.2)
+            loss = max(l1, l2)
+            if a < 0:
+                loss = min(loss, -a * 3.0)
+            out.append((loss, l2 > l1))
+    return out
+
+
+def test_the_layout_a_config_does_not_name_is_found(tmp_path, capsys):
+    # logged under mini-batches of 8 rows and micro-batches of 2 (16 rows a step): the clip fraction
+    # is the mean over micro-batches, pg_loss each mini-batch's token mean, then their mean; the
+    # run's config names no batch size, so only the two together match
+    root = write_logged_run(tmp_path / "run", steps=2, seed=11, drift=0.3)
+    lines = []
+    for f in sorted((root / "batches").iterdir()):
+        step = int(f.stem.split("_")[1])
+        rows = pq.read_table(f).to_pylist()
+        cols, _ = logged_step(pq.read_table(f))
+        terms = [_ppo_terms(r, a) for r, a in zip(rows, cols["advantages"])]
+        fracs = [np.mean([c for row in terms[s:s + 2] for _, c in row]) for s in range(0, len(rows), 2)]
+        losses = [np.mean([x for row in terms[s:s + 8] for x, _ in row]) for s in range(0, len(rows), 8)]
+        m = {"actor/pg_clipfrac": float(np.mean(fracs)), "actor/pg_loss": float(np.mean(losses))}
+        lines.append(json.dumps({"step": step, "data": m}))
+    (root / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    rep = verify_run(root)
+    assert rep.status == "mismatch" and rep.layout == "V1, dp 1; actor: whole step, one micro-batch"
+    full = [c for c in rep.candidates if c.matches_all]
+    assert [c.overrides for c in full] == [{"rldiag.mini_batch_size": 8, "rldiag.micro_batch_size": 2}]
+    assert full[0].describe().endswith("(layout: V1, dp 1, padded to a multiple of 8; actor: mini 8 rows, micro 2 rows)")
+    assert main(["verify", str(root)]) == 1
+    assert "batch layout: V1, dp 1" in capsys.readouterr().out
+
+
+def test_layout_candidates_follow_what_the_config_says():
+    from rldiag.analysis.candidates import candidate_overrides
+    from rldiag.config.settings import resolve_settings
+
+    a = "actor_rollout_ref.actor."
+    fields = {"actor/pg_clipfrac"}
+    bare = candidate_overrides(resolve_settings(overrides={"rldiag.dp_size": 2}), fields, set(), 16)
+    assert {a + "use_dynamic_bsz": True} in bare and {a + "shuffle": True} in bare
+    assert {a + "use_dynamic_bsz": True, a + "ppo_max_token_len_per_gpu": 8192} in bare
+    assert {"rldiag.rows_balanced": True} in bare  # V1 balances every step: the rows as stored instead
+    assert {"trainer.balance_batch": False} not in bare  # which V1 does not read
+    assert {"rldiag.mini_batch_size": 8, "rldiag.micro_batch_size": 2} in bare
+    said = resolve_settings(config={"actor_rollout_ref": {"actor": {
+        "use_dynamic_bsz": False, "shuffle": False, "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 2}}},
+        overrides={"rldiag.dp_size": 2, "trainer.use_v1": False})
+    told = candidate_overrides(said, fields, set(), 16)
+    assert not [c for c in told if a + "use_dynamic_bsz" in c or a + "shuffle" in c]
+    assert not [c for c in told if len(c) == 2 and c.get("rldiag.mini_batch_size")]
+    assert {"trainer.balance_batch": False} in told  # the legacy trainer reads it

@@ -158,6 +158,8 @@ def test_v1_separate_async_parts_are_all_kept(capture_into, monkeypatch, v1):
     # 4 parts of 8 rows, the last row of each a divisibility-padding row (dropped)
     assert table["part"].to_pylist() == [k for k in range(4) for _ in range(7)]
     assert table["uid"].to_pylist() == [f"s2-part{k}-p{i // 4}" for k in range(4) for i in range(7)]
+    # each row's place in the trainer's padded batch, the parts one after the other
+    assert table["batch_position"].to_pylist() == [8 * k + i for k in range(4) for i in range(7)]
 
 
 def test_a_training_step_with_no_batch_captured_fails_loudly(capture_into, monkeypatch, v1):

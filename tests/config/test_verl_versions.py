@@ -47,7 +47,8 @@ def test_the_table_per_release():
     assert table == {
         "0.8.0": set(),
         "0.9.0": {"v1_trainer", "reinforce_pp_carry", "critic_global_norm"},
-        "0.9.1": {"v1_trainer", "reinforce_pp_carry", "critic_global_norm", "gspo_agg_mode"},
+        "0.9.1": {"v1_trainer", "reinforce_pp_carry", "critic_global_norm", "gspo_agg_mode", "v1_pad_rows_128",
+                  "dynamic_bsz_token_limit"},
         SNAPSHOT: {"v1_trainer", "reinforce_pp_carry", "critic_global_norm"},
     }
     assert all(c.commit and c.new and c.old and c.versions <= set(RELEASES) for c in CHANGES)

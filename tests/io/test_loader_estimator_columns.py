@@ -120,3 +120,16 @@ def test_check_reports_what_each_estimator_needs(tmp_path):
     assert rep.algorithms["gdpo"] and "gdpo_reward_keys" in rep.algorithms["gdpo"][0]
     (tmp_path / "run.yaml").write_text("algorithm:\n  gdpo_reward_keys: [acc, fmt]\n")
     assert check_run(tmp_path).algorithms["gdpo"] == []
+
+
+def test_batch_position_is_read_for_the_layout_and_checked(tmp_path):
+    cols = _cols()
+    cols["batch_position"] = pa.array([0, 3, 1], pa.int64())
+    b = load_step(_write(tmp_path, 1, cols), _settings("grpo")).batch
+    assert b.extra["batch_position"].tolist() == [0, 3, 1]
+    cols["batch_position"] = pa.array([2, 0, 2], pa.int64())
+    with pytest.raises(BatchError, match="row 2.*'batch_position'.*the place of row 0 too"):
+        load_step(_write(tmp_path, 2, cols), _settings("grpo"))
+    cols["batch_position"] = pa.array([0, -1, 2], pa.int64())
+    with pytest.raises(BatchError, match="row 1.*'batch_position'"):
+        load_step(_write(tmp_path, 3, cols), _settings("grpo"))

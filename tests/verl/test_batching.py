@@ -101,7 +101,9 @@ def test_batching_matches_verls_update_loop(tmp_path, dp, mini, micro, agg, bala
     run = write_run(tmp_path / "run", tables, {"algorithm": {"adv_estimator": "gae", "lam": 0.9}})
     metrics, tokens = run_rldiag(run, {
         "rldiag.dp_size": dp, "rldiag.mini_batch_size": mini, "rldiag.micro_batch_size": micro,
-        ACTOR + "loss_agg_mode": agg, "trainer.balance_batch": balance,
+        # balance off: the rows are taken as already in the trainer's dispatch order (the V1 trainer
+        # balances every step; rldiag then deals them as stored)
+        ACTOR + "loss_agg_mode": agg, "rldiag.rows_balanced": not balance,
     })
     for table in tables:
         step = int(table["step"][0].as_py())
