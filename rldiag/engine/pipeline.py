@@ -29,7 +29,6 @@ from rldiag.engine.advantage import AdvInput, estimate
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import value_loss
-from rldiag.engine.errors import StepErrors
 from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_row_sums
 from rldiag.engine.metrics import data_metrics, rollout_probs_metrics, signal_metrics
 from rldiag.engine.microbatch import Segmentation, segmentation_for
@@ -46,6 +45,7 @@ from rldiag.engine.segments import (
     step_mask_count,
 )
 from rldiag.engine.settings import EngineSettings
+from rldiag.engine.step_failures import StepErrors
 from rldiag.errors import MissingInputError
 
 

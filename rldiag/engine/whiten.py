@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine.errors import StepErrors
 from rldiag.engine.layout import Rows
 from rldiag.engine.segments import (
     MEAN_EPS,
@@ -19,6 +18,7 @@ from rldiag.engine.segments import (
     step_mask_count,
     step_masked_sum,
 )
+from rldiag.engine.step_failures import StepErrors
 
 WHITEN_EPS = 1e-8
 
