@@ -27,7 +27,7 @@ def _covariance(adv: torch.Tensor, lp: torch.Tensor, mask: torch.Tensor, rows, s
                 eps: float) -> torch.Tensor:
     """``(A - mean A)(log pi - mean log pi)`` ``(tokens,)`` about each segment's masked means
     (``sum / (count + eps)``), in float64. Sums of float32 values in float64 are (nearly always)
-    exact, so the ranking does not depend on padding or on which steps are packed together, and
+    exact, so the ranking does not depend on the summation order or on which steps are packed together, and
     equal advantages give exactly equal covariances (ties then go by position)."""
     from rldiag.engine.segments import masked_sum_rows
 
