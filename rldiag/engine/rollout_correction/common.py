@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine.layout import Rows
-from rldiag.engine.segments import MEAN_EPS, masked_sum_rows, seg_std, step_mask_count, step_masked_mean
+from rldiag.engine.segments import MEAN_EPS, seg_std, step_mask_count, step_masked_mean
 
 #: verl's SAFETY_BOUND: log-ratios are clamped to +-20 before exp.
 SAFETY_BOUND = 20.0
@@ -16,7 +16,7 @@ Metrics = dict[str, torch.Tensor]
 
 def row_mean(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """verl's ``masked_mean(values, mask, axis=-1)``: ``(rows,)``, 0 for a row without tokens."""
-    return masked_sum_rows(values, mask, rows) / (rows.sum(mask) + MEAN_EPS)
+    return rows.masked_sum(values, mask) / (rows.sum(mask) + MEAN_EPS)
 
 
 def seq_std0(x: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:

@@ -9,9 +9,6 @@ from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction.common import SAFETY_BOUND, Metrics
 from rldiag.engine.segments import (
     MEAN_EPS,
-    masked_square_sum_rows,
-    masked_sum_rows,
-    row_mask_count,
     seg_max,
     seg_mean,
     seg_min,
@@ -34,13 +31,13 @@ def offpolicy_metrics(
     m: Metrics = {}
     if log_ratio is None:
         log_ratio = train_log_prob - rollout_log_prob
-    count = row_mask_count(mask, rows) + MEAN_EPS
-    lp_train = masked_sum_rows(train_log_prob, mask, rows) / count
-    lp_roll = masked_sum_rows(rollout_log_prob, mask, rows) / count
+    count = rows.mask_count(mask) + MEAN_EPS
+    lp_train = rows.masked_sum(train_log_prob, mask) / count
+    lp_roll = rows.masked_sum(rollout_log_prob, mask) / count
     m["training_ppl"] = seg_mean(torch.exp(-lp_train), seg, n)
     m["training_log_ppl"] = seg_mean(-lp_train, seg, n)
     # rollout - train is exactly -(train - rollout), and so are their sums
-    row_sum = masked_sum_rows(log_ratio, mask, rows)
+    row_sum = rows.masked_sum(log_ratio, mask)
     m["kl"] = seg_sum(-row_sum, seg, n) / (step_mask_count(mask, rows, seg, n) + MEAN_EPS)
     ratio = torch.exp(log_ratio)
     m["k3_kl"] = step_masked_mean(torch.sub(ratio, log_ratio).sub_(1.0), mask, rows, seg, n)
@@ -55,7 +52,7 @@ def offpolicy_metrics(
     # exp(clamp(x, -b, b)) as clamp(exp(x), exp(-b), exp(b)): exp is monotone, one exp serves both
     rho = ratio.clamp_(min=_EXP_LO, max=_EXP_HI)
     count = step_mask_count(mask, rows, seg, n) + MEAN_EPS
-    m["chi2_token"] = seg_sum(masked_square_sum_rows(rho, mask, rows), seg, n) / count - 1.0
+    m["chi2_token"] = seg_sum(rows.masked_square_sum(rho, mask), seg, n) / count - 1.0
     row_sum = torch.clamp(row_sum, -SAFETY_BOUND, SAFETY_BOUND)
     m["chi2_seq"] = seg_mean(torch.exp(2.0 * row_sum), seg, n) - 1.0
     return m

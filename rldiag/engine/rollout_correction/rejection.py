@@ -13,7 +13,6 @@ import torch
 from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction.common import Metrics, clamped_std, row_mean, seq_std0
 from rldiag.engine.segments import (
-    masked_sum_rows,
     seg_count,
     seg_max,
     seg_mean,
@@ -61,8 +60,8 @@ def _row_max(v: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     return torch.where(best == float("-inf"), torch.zeros_like(best), best)
 
 
-_ROW_REDUCTIONS = {
-    "sum": masked_sum_rows,
+_ROW_REDUCTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, Rows], torch.Tensor]] = {
+    "sum": lambda v, mask, rows: rows.masked_sum(v, mask),
     "mean": row_mean,
     "max": _row_max,
 }

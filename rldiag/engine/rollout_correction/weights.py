@@ -12,7 +12,6 @@ from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction.common import SAFETY_BOUND, Metrics, clamped_std, row_mean, seq_std0
 from rldiag.engine.segments import (
     MEAN_EPS,
-    masked_sum_rows,
     seg_max,
     seg_mean,
     seg_min,
@@ -39,7 +38,7 @@ def is_token(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tuple[t
 def is_sequence(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Raw weights ``exp(clamp(sum_t m log r, +-20))`` on every masked token of the row, and the
     unclamped row sums ``(rows,)`` verl's metrics read."""
-    row = masked_sum_rows(log_ratio, mask, rows)
+    row = rows.masked_sum(log_ratio, mask)
     w = rows.expand(torch.exp(torch.clamp(row, -SAFETY_BOUND, SAFETY_BOUND)))
     return w * mask, row
 
