@@ -7,15 +7,7 @@ import torch
 
 from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction.common import SAFETY_BOUND, Metrics
-from rldiag.engine.segments import (
-    MEAN_EPS,
-    seg_max,
-    seg_mean,
-    seg_min,
-    seg_sum,
-    step_mask_count,
-    step_masked_mean,
-)
+from rldiag.engine.segments import MEAN_EPS, seg_max, seg_mean, seg_min, seg_sum, step_mask_count, step_masked_mean
 
 _EXP_LO = float(torch.exp(torch.tensor(-SAFETY_BOUND, device="cpu")))  # float32 exp(-20), exp(20)
 _EXP_HI = float(torch.exp(torch.tensor(SAFETY_BOUND, device="cpu")))

@@ -12,15 +12,7 @@ import torch
 
 from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction.common import Metrics, clamped_std, row_mean, seq_std0
-from rldiag.engine.segments import (
-    seg_count,
-    seg_max,
-    seg_mean,
-    seg_min,
-    seg_sum,
-    step_masked_extrema,
-    step_masked_mean,
-)
+from rldiag.engine.segments import seg_count, seg_max, seg_mean, seg_min, seg_sum, step_masked_extrema, step_masked_mean
 from rldiag.registry import Registry
 
 

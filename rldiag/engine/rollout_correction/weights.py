@@ -10,15 +10,7 @@ import torch
 
 from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction.common import SAFETY_BOUND, Metrics, clamped_std, row_mean, seq_std0
-from rldiag.engine.segments import (
-    MEAN_EPS,
-    seg_max,
-    seg_mean,
-    seg_min,
-    seg_sum,
-    step_masked_extrema,
-    step_masked_mean,
-)
+from rldiag.engine.segments import MEAN_EPS, seg_max, seg_mean, seg_min, seg_sum, step_masked_extrema, step_masked_mean
 from rldiag.registry import Registry
 
 if TYPE_CHECKING:  # config imports this module (its IS_LEVELS check); the type only
