@@ -18,7 +18,8 @@ from typing import Any
 from rldiag.analysis.logged import logged_metrics
 from rldiag.config.settings import resolve_settings
 from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Passed, Skip
-from rldiag.doctor.rules import Rule, load_rules
+from rldiag.doctor.rule import Rule
+from rldiag.doctor.rules import load_rules
 from rldiag.doctor.signals import SignalTable
 from rldiag.errors import RldiagError
 from rldiag.io.fs import RemotePath

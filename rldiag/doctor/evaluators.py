@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rldiag.doctor.rules import Rule
+from rldiag.doctor.rule import Rule
 from rldiag.registry import Entry, Registry
 
 #: At most this many (step, value) pairs are listed in a finding's evidence.

@@ -5,16 +5,19 @@ A rules file holds ``rules:``, a list of mappings. Built-in rules load first; ea
 (``enabled: false`` turns one off). Files are read with ``yaml.safe_load`` only. Every rule is
 checked when loaded: an unknown kind, a missing or misspelt parameter, or a bad value is a
 :class:`ConfigError` naming the file and the rule.
+
+Imports go one way: :mod:`.rule` (the Rule) <- :mod:`.evaluators` (the kinds) <- this module
+(the files, checked against the kinds).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rldiag.config.settings import read_yaml
+from rldiag.doctor.evaluators import RULE_KINDS
+from rldiag.doctor.rule import Rule
 from rldiag.errors import ConfigError
 
 BUILTIN_RULES = Path(__file__).with_name("rules.yaml")
@@ -23,41 +26,6 @@ SEVERITIES = ("warning", "critical")
 SOURCES = ("any", "logged", "recomputed")
 #: keys every rule may have, whatever its kind.
 COMMON_KEYS = {"id", "kind", "title", "why", "severity", "enabled", "when", "source", "window", "min_steps", "metric"}
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One health rule. ``params`` holds the kind's own parameters."""
-
-    id: str
-    kind: str
-    title: str
-    why: str
-    severity: str = "warning"
-    metric: str | None = None
-    source: str = "any"
-    when: dict[str, Any] = field(default_factory=dict)
-    window: int | None = None
-    min_steps: int = 1
-    params: dict[str, Any] = field(default_factory=dict)
-    origin: str = ""  # the file that defined (or last overrode) it
-
-    def applies(self, settings: Mapping[str, Any]) -> bool:
-        """Whether every ``when`` condition holds: the setting equals the value, or is one of a list."""
-        for key, want in self.when.items():
-            have = settings.get(key)
-            options = want if isinstance(want, list) else [want]
-            if not any(_same(have, w) for w in options):
-                return False
-        return True
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return float(a) == float(b)
-    return a == b
 
 
 def read_rules_file(path: Path) -> list[dict]:
@@ -76,8 +44,6 @@ def read_rules_file(path: Path) -> list[dict]:
 
 
 def _build(raw: dict, origin: str) -> Rule:
-    from rldiag.doctor.evaluators import RULE_KINDS
-
     rid = raw["id"]
     where = f"rules file {origin}, rule {rid!r}"
     for key in ("kind", "title", "why"):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from rldiag.engine.layout import Rows
-from rldiag.engine.segments import masked_sum_rows, seg_sum
+from rldiag.engine.segments import seg_sum
 from rldiag.registry import Registry
 
 
@@ -49,7 +49,7 @@ AGG_MODES: Registry[AggFn] = Registry("loss_agg_mode")
 
 
 def _row_sums(loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
-    return masked_sum_rows(loss, mask, norm.rows)
+    return norm.rows.masked_sum(loss, mask)
 
 
 def _seq_denominator(mask: torch.Tensor, norm: AggNorm) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,9 @@
 
 The registered functions of the engine read as verl's formulas; where a plain form costs extra
 passes over the tokens on the CPU (a ``where`` on a bool mask, a comparison into a bool tensor, a
-``where`` on the sign of the advantage), the engine calls one of these instead. Each kernel but
+``where`` on the sign of the advantage), the engine calls one of these instead: the masked
+per-row reductions through :class:`~rldiag.engine.layout.Rows` (``rows.masked_sum`` ->
+:func:`masked_row_sums`, ...), the others directly. Each kernel but
 :func:`dual_clip` has its plain form next to it (``*_plain``, its fallback on non-finite values;
 dual_clip's, used by no code path, is in the test), and tests/engine/test_kernels.py pins the two
 together (equal values, NaN / inf and signed zeros included) on random inputs.
@@ -12,9 +14,12 @@ Token tensors are flat ``(tokens,)`` with a :class:`rldiag.engine.layout.Rows` l
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from rldiag.engine.layout import Rows
+if TYPE_CHECKING:  # layout's Rows calls these kernels; the type only
+    from rldiag.engine.layout import Rows
 
 
 def _as(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

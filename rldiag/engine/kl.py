@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from rldiag.engine.layout import Rows
-from rldiag.engine.segments import masked_square_sum_rows, masked_sum_rows
 from rldiag.errors import ConfigError
 from rldiag.registry import Entry, Registry
 
@@ -87,8 +86,8 @@ def kl_row_sums(logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Te
     itself ``(tokens,)`` (k1, for callers that keep the token values)."""
     d = logprob - ref_logprob
     sums = {
-        "k1": masked_sum_rows(d, mask, rows),
-        "k2": 0.5 * masked_square_sum_rows(d, mask, rows),
-        "k3": masked_sum_rows(k3_from_diff(d), mask, rows),
+        "k1": rows.masked_sum(d, mask),
+        "k2": 0.5 * rows.masked_square_sum(d, mask),
+        "k3": rows.masked_sum(k3_from_diff(d), mask),
     }
     return sums, d

@@ -7,7 +7,10 @@ longest row of a step: a step of 8,192 rows with a few at a 32k cap costs its to
 ``8,192 x 32,768``.
 
 :class:`Rows` describes the layout and reduces token tensors per row (``torch.segment_reduce``
-over the offsets: one kernel per reduction on the CPU and on CUDA, no loop per row). Per-step,
+over the offsets: one kernel per reduction on the CPU and on CUDA, no loop per row), masked
+reductions included (``rows.masked_sum(values, mask)``, ``masked_square_sum``, ``mask_count``,
+``masked_count``, ``masked_positive_count``, ``masked_extrema``; their CPU-fast forms are in
+:mod:`rldiag.engine.kernels`). Per-step,
 per-group and per-micro-batch reductions are segment reductions of the per-row results keyed by
 row ids (:mod:`rldiag.engine.segments`). The time recursions are segmented scans that restart at
 row boundaries (:mod:`rldiag.engine.scan`).
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+
+from rldiag.engine import kernels
 
 #: tokens per chunk summed in the values' dtype before the chunk sums are accumulated in float64
 PIECE = 64
@@ -192,6 +197,33 @@ class Rows:
     def any(self, cond: torch.Tensor) -> torch.Tensor:
         """``(rows,)`` bool: the row has a token where ``cond`` holds."""
         return self.count(cond) > 0
+
+    # ---- per-row masked reductions (their CPU-fast forms: rldiag.engine.kernels) -----------
+
+    def mask_count(self, mask: torch.Tensor) -> torch.Tensor:
+        """Masked tokens per row ``(rows,)`` float32 (exact: counts below 2^24)."""
+        return self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32))
+
+    def masked_sum(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-row masked sum ``(rows,)``; NaN outside the mask cannot leak in (as verl's masked_sum)."""
+        return kernels.masked_row_sums(values, mask, self)
+
+    def masked_square_sum(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-row ``sum(mask * values^2)`` ``(rows,)``, with :meth:`masked_sum`'s NaN rule."""
+        return kernels.masked_row_square_sums(values, mask, self)
+
+    def masked_count(self, cond: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-row count of masked positions where the bool ``cond`` holds, float32 ``(rows,)``."""
+        return self.count(cond & (mask > 0))
+
+    def masked_positive_count(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-row count of masked positions where ``x > 0``, float32 ``(rows,)``."""
+        return kernels.count_positive_masked(x, mask, self)
+
+    def masked_extrema(self, values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row (max, min) over the masked tokens ``(rows,)`` each; a row without a masked token
+        gives ``-inf`` / ``+inf`` or about ``-3e38`` / ``+3e38`` (callers drop such rows)."""
+        return kernels.masked_row_extrema(values, mask, self)
 
     # ---- per-row values on tokens -----------------------------------------------------------
 

@@ -9,9 +9,6 @@ from rldiag.engine.batch import Batch
 from rldiag.engine.critic import explained_variance
 from rldiag.engine.layout import Rows
 from rldiag.engine.segments import (
-    masked_square_sum_rows,
-    masked_sum_rows,
-    row_mask_count,
     seg_max,
     seg_mean,
     seg_min,
@@ -108,9 +105,9 @@ def rollout_probs_metrics(
     diff = (p_old - p_roll).abs()
 
     def total(x: torch.Tensor) -> torch.Tensor:  # (n_steps,) float64: per-row sums in float64
-        return seg_sum(masked_sum_rows(x, m, rows).to(torch.float64), step_ids, n_steps)
+        return seg_sum(rows.masked_sum(x, m).to(torch.float64), step_ids, n_steps)
 
-    row_count = row_mask_count(m, rows)
+    row_count = rows.mask_count(m)
     count = seg_sum(row_count.to(torch.float64), step_ids, n_steps)
     valid = count > 0
 
@@ -165,16 +162,16 @@ def signal_metrics(
     idx1 = torch.arange(1, rows.n_tokens + 1, dtype=torch.float64, device=m0.device)
     last_zero = rows.amax(torch.where(m0 == 0, idx1, torch.zeros((), dtype=torch.float64, device=m0.device)), empty=0.0)
     last1 = (last_zero - rows.offsets[:-1].to(torch.float64)).clamp_(min=0.0).to(torch.float32)
-    actor = row_mask_count(m0, rows)
+    actor = rows.mask_count(m0)
     cut = actor - (batch.lengths.to(torch.float32) - last1)
     if not mask_resets_return:  # the release carries the return through mask-0 tokens: none is cut
         cut = torch.zeros_like(cut)
     out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut, sid, n) / seg_sum(actor, sid, n)
     # two passes in float32 (centred before squaring), row sums accumulated per step in float64
-    cnt = seg_sum(row_mask_count(mask, rows).to(torch.float64), sid, n)
-    mean = seg_sum(masked_sum_rows(advantages, mask, rows).to(torch.float64), sid, n) / cnt
+    cnt = seg_sum(rows.mask_count(mask).to(torch.float64), sid, n)
+    mean = seg_sum(rows.masked_sum(advantages, mask).to(torch.float64), sid, n) / cnt
     dev = advantages - rows.expand(mean.to(advantages.dtype)[sid])
-    std = (seg_sum(masked_square_sum_rows(dev, mask, rows).to(torch.float64), sid, n) / cnt).sqrt()
+    std = (seg_sum(rows.masked_square_sum(dev, mask).to(torch.float64), sid, n) / cnt).sqrt()
     # A std within float32 rounding of the mean (the deviations are taken in float32) is a constant
     # advantage: its ratio would be rounding noise (1e7 in one row order, inf in another).
     spread = std > CONSTANT_REL_STD * mean.abs()

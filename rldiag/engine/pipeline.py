@@ -29,7 +29,6 @@ from rldiag.engine.advantage import AdvInput, estimate
 from rldiag.engine.aggregation import AggNorm, aggregate
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import value_loss
-from rldiag.engine.errors import StepErrors
 from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_row_sums
 from rldiag.engine.metrics import data_metrics, rollout_probs_metrics, signal_metrics
 from rldiag.engine.microbatch import Segmentation, segmentations_for
@@ -38,7 +37,6 @@ from rldiag.engine.reward_kl import anchor_log_probs, original_mask, reward_kl
 from rldiag.engine.rollout_correction import CorrectionConfig, correct
 from rldiag.engine.segments import (
     MEAN_EPS,
-    masked_positive_rows,
     seg_count,
     seg_max,
     seg_std,
@@ -46,6 +44,7 @@ from rldiag.engine.segments import (
     step_mask_count,
 )
 from rldiag.engine.settings import EngineSettings
+from rldiag.engine.step_failures import StepErrors
 from rldiag.errors import MissingInputError
 
 
@@ -294,7 +293,7 @@ def recompute_batch(
     metrics["rldiag/groups/count"] = seg_count(group_step, n)
     metrics["rldiag/groups/no_signal_fraction"] = seg_sum(flat.float(), group_step, n) / seg_sum(multi.float(), group_step, n)
     metrics["rldiag/groups/singleton_fraction"] = seg_sum((gcnt == 1).float(), group_step, n) / seg_count(group_step, n)
-    metrics["rldiag/advantages/positive_fraction"] = seg_sum(masked_positive_rows(adv, mask, rows), sid, n) / (
+    metrics["rldiag/advantages/positive_fraction"] = seg_sum(rows.masked_positive_count(adv, mask), sid, n) / (
         step_mask_count(mask, rows, sid, n) + MEAN_EPS
     )
     metrics.update(signal_metrics(batch, rewards, adv, mask, bool(settings["algorithm.use_kl_in_reward"]),

@@ -1,22 +1,21 @@
 """Segment reductions: sums, counts, means, extrema and variances keyed by an index.
 
-Three kinds of function, by what they take (no Python loop over segments in any):
+Two kinds of function, by what they take (no Python loop over segments in any):
 
 - ``seg_*``: a flat tensor ``x`` of shape ``(n,)`` (tokens, rows or anything else), an int64
   index ``seg`` of shape ``(n,)`` with values in ``[0, num)``; they return ``(num,)``.
-- ``row_mask_count`` and ``masked_*_rows``: flat token tensors ``(tokens,)`` of the packed layout
-  (:class:`rldiag.engine.layout.Rows`) and that layout; they return one value per row ``(rows,)``
-  (a segment reduction over the row offsets).
 - ``step_*``: flat token tensors ``(tokens,)``, their layout, and each row's step (or micro-batch
   segment) ``step_ids`` ``(rows,)`` in ``[0, n_steps)``; they reduce per row first, then per
   step, and return ``(n_steps,)``.
+
+The per-row reductions of token tensors are methods of :class:`rldiag.engine.layout.Rows`
+(``rows.sum``, ``rows.masked_sum(values, mask)``, ``rows.mask_count(mask)``, ...).
 """
 
 from __future__ import annotations
 
 import torch
 
-from rldiag.engine import kernels
 from rldiag.engine.layout import Rows
 
 #: verl adds this to denominators of masked means (verl.utils.torch_functional.masked_mean).
@@ -69,39 +68,14 @@ def seg_min(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
 # ---- token tensors (tokens,) reduced per row, then per step ---------------------------------
 
 
-def row_mask_count(mask: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """Masked tokens per row ``(rows,)`` float32 (exact: counts below 2^24)."""
-    return rows.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32))
-
-
-def masked_sum_rows(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """Per-row masked sum ``(rows,)``; NaN outside the mask cannot leak in (as verl's masked_sum)."""
-    return kernels.masked_row_sums(values, mask, rows)
-
-
-def masked_square_sum_rows(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """Per-row ``sum(mask * values^2)`` ``(rows,)``, with :func:`masked_sum_rows`' NaN rule."""
-    return kernels.masked_row_square_sums(values, mask, rows)
-
-
-def masked_count_rows(cond: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """Per-row count of masked positions where the bool ``cond`` holds, float32 ``(rows,)``."""
-    return rows.count(cond & (mask > 0))
-
-
-def masked_positive_rows(x: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """Per-row count of masked positions where ``x > 0``, float32 ``(rows,)``."""
-    return kernels.count_positive_masked(x, mask, rows)
-
-
 def step_masked_sum(values: torch.Tensor, mask: torch.Tensor, rows: Rows, step_ids: torch.Tensor,
                     n_steps: int) -> torch.Tensor:
-    return seg_sum(masked_sum_rows(values, mask, rows), step_ids, n_steps)
+    return seg_sum(rows.masked_sum(values, mask), step_ids, n_steps)
 
 
 def step_mask_count(mask: torch.Tensor, rows: Rows, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:
     """Masked tokens per step ``(n_steps,)``."""
-    return seg_sum(row_mask_count(mask, rows), step_ids, n_steps)
+    return seg_sum(rows.mask_count(mask), step_ids, n_steps)
 
 
 def step_masked_mean(values: torch.Tensor, mask: torch.Tensor, rows: Rows, step_ids: torch.Tensor,
@@ -120,11 +94,11 @@ def step_masked_extrema(
 
     Reduced per row first (no boolean gather of the whole tensor), then per step.
     """
-    count = row_mask_count(mask, rows)
-    total = seg_sum(masked_sum_rows(values, mask, rows), step_ids, n_steps)
+    count = rows.mask_count(mask)
+    total = seg_sum(rows.masked_sum(values, mask), step_ids, n_steps)
     mean = total / seg_sum(count.to(values.dtype), step_ids, n_steps)
     has = count > 0
-    row_max, row_min = kernels.masked_row_extrema(values, mask, rows)
+    row_max, row_min = rows.masked_extrema(values, mask)
     row_max, row_min = row_max[has], row_min[has]
     sid = step_ids[has]
     return mean, seg_max(row_max, sid, n_steps), seg_min(row_min, sid, n_steps)
@@ -134,7 +108,7 @@ def step_masked_var(values: torch.Tensor, mask: torch.Tensor, rows: Rows, step_i
                     n_steps: int) -> torch.Tensor:
     """Unbiased variance of each step's masked tokens (``torch.var`` of the masked selection):
     two passes, the second over the deviations from each step's mean."""
-    n = seg_sum(row_mask_count(mask, rows).to(values.dtype), step_ids, n_steps)
-    mean = seg_sum(masked_sum_rows(values, mask, rows), step_ids, n_steps) / n
+    n = seg_sum(rows.mask_count(mask).to(values.dtype), step_ids, n_steps)
+    mean = seg_sum(rows.masked_sum(values, mask), step_ids, n_steps) / n
     dev = values - rows.expand(mean[step_ids])
-    return seg_sum(masked_square_sum_rows(dev, mask, rows), step_ids, n_steps) / (n - 1)
+    return seg_sum(rows.masked_square_sum(dev, mask), step_ids, n_steps) / (n - 1)

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine.errors import StepErrors
 from rldiag.engine.layout import Rows
 from rldiag.engine.segments import (
     MEAN_EPS,
-    masked_square_sum_rows,
     seg_sum,
     step_mask_count,
     step_masked_sum,
 )
+from rldiag.engine.step_failures import StepErrors
 
 WHITEN_EPS = 1e-8
 
@@ -41,7 +40,7 @@ def step_whiten(
     n = step_mask_count(mask, rows, step_ids, n_steps)
     mean = step_masked_sum(values, mask, rows, step_ids, n_steps) / (n + MEAN_EPS)
     centered = values - rows.expand(mean[step_ids])
-    var = seg_sum(masked_square_sum_rows(centered, mask, rows), step_ids, n_steps) / (n + MEAN_EPS)
+    var = seg_sum(rows.masked_square_sum(centered, mask), step_ids, n_steps) / (n + MEAN_EPS)
     bad = n <= 1
     if errors is not None and bool(bad.any()):
         errors.flag(

@@ -8,7 +8,7 @@ Modules: ``wandb_log`` (the block/chunk format), ``wandb_records`` (protobuf rec
 history, exit code, artifacts), ``wandb_values`` (W&B values -> run-directory values),
 ``wandb_artifacts`` (finding offline artifact files by path and digest), ``wandb_online`` (the
 public API), ``rundir_writer`` (atomic writes into the run directory), ``wandb_import``
-(the whole import).
+(the whole import: one source class per kind, offline run folder, online run or artifact).
 """
 
 from __future__ import annotations

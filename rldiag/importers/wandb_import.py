@@ -1,12 +1,15 @@
 """``import_wandb``: a W&B run (online or offline) -> a run directory.
 
-Sources:
+Sources, one class a kind behind one interface (:class:`Source`: ``read(job)`` writes through
+the job's writer and returns the run's config); :func:`import_wandb` picks them and runs each:
 
-- a path: an offline (or synced) run folder ``wandb/offline-run-*`` / ``wandb/run-*`` or its
-  ``run-<id>.wandb`` file, read with rldiag's own reader (:mod:`.wandb_log`, :mod:`.wandb_records`);
-- ``entity/project/run_id``: a run on a W&B server, through the public API (:mod:`.wandb_online`);
-- ``--artifact entity/project/name:version`` (any number, with or without a run): batches from
-  those artifacts instead of the run's own.
+- a path (:class:`OfflineRunSource`): an offline (or synced) run folder ``wandb/offline-run-*`` /
+  ``wandb/run-*`` or its ``run-<id>.wandb`` file, read with rldiag's own reader
+  (:mod:`.wandb_log`, :mod:`.wandb_records`);
+- ``entity/project/run_id`` (:class:`OnlineRunSource`): a run on a W&B server, through the public
+  API (:mod:`.wandb_online`);
+- ``--artifact entity/project/name:version`` (:class:`ArtifactSource`; any number, with or without
+  a run): batches from those artifacts instead of the run's own.
 
 What lands in ``RUN`` (see :mod:`.rundir_writer`): ``run.yaml`` (the config, nested as verl's),
 ``metrics.jsonl`` (every history row, verl's file-logger form), ``batches/step_<N>.parquet``
@@ -21,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from rldiag import __version__
 from rldiag.errors import WandbImportError
@@ -172,6 +175,116 @@ def _stage_online_artifacts(arts: Sequence[Any], writer: RunDirWriter, report: I
                                  "missing": []})
 
 
+# ---- the sources: one class a kind, one interface --------------------------------------------
+
+
+@dataclass
+class ImportJob:
+    """What a source reads into and with: the run directory being written, the report, the W&B
+    API (made on first use) and the import's options."""
+
+    writer: RunDirWriter
+    report: ImportReport
+    api: Callable[[], Any]
+    own_batches: bool  # stage the batches the run logged itself (batches on, no --artifact)
+    artifact_type: str
+    artifact_dirs: Sequence[str | Path]
+    nested_sep: str
+    page_size: int
+    progress: Progress | None
+
+
+class Source(Protocol):
+    """One kind of thing to import from: ``kind`` names it in the report, ``read`` writes what it
+    holds through ``job.writer``, notes it in ``job.report`` and returns the run's config (None:
+    the source has no config)."""
+
+    kind: ClassVar[str]
+
+    def read(self, job: ImportJob) -> dict[str, Any] | None: ...
+
+
+@dataclass
+class OfflineRunSource:
+    """An offline (or synced) run folder or its ``.wandb`` file, read with rldiag's own reader;
+    its batches from the artifacts it logged, found on this machine."""
+
+    path: Path
+    kind: ClassVar[str] = "offline"
+
+    def read(self, job: ImportJob) -> dict[str, Any] | None:
+        writer, report = job.writer, job.report
+        wandb_file = resolve_offline_file(self.path)
+        report.source = str(wandb_file)
+        stats = LogStats(str(wandb_file))
+        run, stats = read_offline_run(wandb_file, writer.add_row, sep=job.nested_sep, progress=job.progress,
+                                      stats=stats)
+        report.log = stats.as_dict()
+        report.warnings.extend(stats.problems())
+        report.run_id, report.entity, report.project = run.run_id, run.entity, run.project
+        report.display_name, report.exit_code, report.producer = run.display_name, run.exit_code, run.producer
+        report.state = "finished" if run.finished else "unfinished"
+        report.config_updates = run.config_updates
+        if not run.finished:
+            report.warnings.append(
+                f"no exit record: the run did not finish writing {wandb_file.name} (killed, crashed or still "
+                f"running); exit code unknown; imported {run.history_rows} history rows"
+                + (f" (steps {run.first_step}..{run.last_step})" if run.history_rows else "")
+            )
+        if run.undecodable_records:
+            report.warnings.append(f"{run.undecodable_records} record(s) passed their checksum but are not "
+                                   "wandb Records (skipped)")
+        if run.undecodable_values:
+            report.warnings.append(f"{run.undecodable_values} value(s) were not valid JSON; kept as text")
+        if run.rows_without_step:
+            report.warnings.append(f"{run.rows_without_step} history row(s) without a step (skipped)")
+        if job.own_batches:
+            staging, cache = wandb_default_dirs()
+            finder = FileFinder([*job.artifact_dirs, *staging, wandb_file.parent], cache)
+            _stage_offline_artifacts(run, writer, finder, job.artifact_type, report)
+        return run.config
+
+
+@dataclass
+class OnlineRunSource:
+    """``entity/project/run_id`` on a W&B server, through the public API; its batches from the
+    artifacts the run logged."""
+
+    run_path: str
+    kind: ClassVar[str] = "online"
+
+    def read(self, job: ImportJob) -> dict[str, Any] | None:
+        report = job.report
+        info, run = fetch_run(job.api(), self.run_path, job.writer, page_size=job.page_size, sep=job.nested_sep,
+                              progress=job.progress)
+        report.run_id, report.entity, report.project = info.run_id, info.entity, info.project
+        report.display_name, report.state = info.display_name, info.state
+        if info.rows_without_step:
+            report.warnings.append(f"{info.rows_without_step} history row(s) without _step (skipped)")
+        if job.own_batches:
+            arts = run_artifacts(run, job.artifact_type, self.run_path)
+            if not arts:
+                report.notes.append(f"no artifact of type {job.artifact_type!r} logged by the run; batches/ left as it is")
+            _stage_online_artifacts(arts, job.writer, report, job.progress)
+        return info.config
+
+
+@dataclass
+class ArtifactSource:
+    """``entity/project/name:version`` artifacts (``--artifact``) on a W&B server: batches only."""
+
+    specs: Sequence[str]
+    kind: ClassVar[str] = "artifact"
+
+    def read(self, job: ImportJob) -> dict[str, Any] | None:
+        arts = [get_artifact(job.api(), spec) for spec in self.specs]
+        _stage_online_artifacts(arts, job.writer, job.report, job.progress)
+        return None
+
+
+# ---- the import -------------------------------------------------------------------------------
+
+
 def import_wandb(
     source: str | Path | None,
     out: str | Path,
@@ -207,11 +320,18 @@ def import_wandb(
         raise WandbImportError(f"--page-size {page_size}: must be at least 1")
     if timeout <= 0:
         raise WandbImportError(f"--timeout {timeout}: must be positive")
-    src_path = Path(source).expanduser() if source is not None else None
-    offline = src_path is not None and src_path.exists()
-    if source is not None and not offline and not is_run_path(str(source)):
-        raise WandbImportError(f"{source}: no such file or folder, and not a W&B run path (entity/project/run_id)")
-    kind = "offline" if offline else ("online" if source is not None else "artifact")
+    sources: list[Source] = []
+    if source is not None:
+        src_path = Path(source).expanduser()
+        if src_path.exists():
+            sources.append(OfflineRunSource(src_path))
+        elif is_run_path(str(source)):
+            sources.append(OnlineRunSource(str(source)))
+        else:
+            raise WandbImportError(f"{source}: no such file or folder, and not a W&B run path (entity/project/run_id)")
+    if artifacts:
+        sources.append(ArtifactSource(artifacts))
+    kind = sources[0].kind
     writer = RunDirWriter(out)
     report = ImportReport(out=writer.out, kind=kind, source=str(source) if source is not None else ", ".join(artifacts))
     factory = api_factory or default_api_factory
@@ -225,53 +345,14 @@ def import_wandb(
             api = factory(timeout=timeout, base_url=base_url)
         return api
 
+    job = ImportJob(writer, report, get_api, own_batches=batches and not artifacts, artifact_type=artifact_type,
+                    artifact_dirs=artifact_dirs, nested_sep=nested_sep, page_size=page_size, progress=progress)
     config: dict[str, Any] | None = None
     try:
-        if offline:
-            assert src_path is not None  # offline: the source is a local path
-            wandb_file = resolve_offline_file(src_path)
-            report.source = str(wandb_file)
-            stats = LogStats(str(wandb_file))
-            run, stats = read_offline_run(wandb_file, writer.add_row, sep=nested_sep, progress=progress, stats=stats)
-            report.log = stats.as_dict()
-            report.warnings.extend(stats.problems())
-            report.run_id, report.entity, report.project = run.run_id, run.entity, run.project
-            report.display_name, report.exit_code, report.producer = run.display_name, run.exit_code, run.producer
-            report.state = "finished" if run.finished else "unfinished"
-            report.config_updates = run.config_updates
-            config = run.config
-            if not run.finished:
-                report.warnings.append(
-                    f"no exit record: the run did not finish writing {wandb_file.name} (killed, crashed or still "
-                    f"running); exit code unknown; imported {run.history_rows} history rows"
-                    + (f" (steps {run.first_step}..{run.last_step})" if run.history_rows else "")
-                )
-            if run.undecodable_records:
-                report.warnings.append(f"{run.undecodable_records} record(s) passed their checksum but are not "
-                                       "wandb Records (skipped)")
-            if run.undecodable_values:
-                report.warnings.append(f"{run.undecodable_values} value(s) were not valid JSON; kept as text")
-            if run.rows_without_step:
-                report.warnings.append(f"{run.rows_without_step} history row(s) without a step (skipped)")
-            if batches and not artifacts:
-                staging, cache = wandb_default_dirs()
-                finder = FileFinder([*artifact_dirs, *staging, wandb_file.parent], cache)
-                _stage_offline_artifacts(run, writer, finder, artifact_type, report)
-        elif source is not None:
-            info, run = fetch_run(get_api(), str(source), writer, page_size=page_size, sep=nested_sep, progress=progress)
-            report.run_id, report.entity, report.project = info.run_id, info.entity, info.project
-            report.display_name, report.state = info.display_name, info.state
-            config = info.config
-            if info.rows_without_step:
-                report.warnings.append(f"{info.rows_without_step} history row(s) without _step (skipped)")
-            if batches and not artifacts:
-                arts = run_artifacts(run, artifact_type, str(source))
-                if not arts:
-                    report.notes.append(f"no artifact of type {artifact_type!r} logged by the run; batches/ left as it is")
-                _stage_online_artifacts(arts, writer, report, progress)
-        if artifacts:
-            arts = [get_artifact(get_api(), spec) for spec in artifacts]
-            _stage_online_artifacts(arts, writer, report, progress)
+        for src in sources:
+            got = src.read(job)
+            if got is not None:
+                config = got
         for step, old, new in writer.batch_replaced:
             report.warnings.append(f"step {step} is in artifacts {old} and {new}; kept {new}")
         if writer.out_of_order_rows:

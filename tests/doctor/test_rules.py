@@ -9,7 +9,8 @@ import pytest
 from rldiag.cli.main import main
 from rldiag.doctor import diagnose, load_rules
 from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Passed, Series, Skip
-from rldiag.doctor.rules import BUILTIN_RULES, Rule, read_rules_file
+from rldiag.doctor.rule import Rule
+from rldiag.doctor.rules import BUILTIN_RULES, read_rules_file
 from rldiag.errors import ConfigError
 from tests.doctor.runs import write_run
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.advantage import ESTIMATORS, AdvInput
 from rldiag.engine.batch import Batch, pack
-from rldiag.engine.errors import StepErrors
+from rldiag.engine.step_failures import StepErrors
 from tests.engine.packing import to_packed, to_padded
 
 HS = hsettings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rldiag.engine.advantage import ESTIMATORS, AdvInput
-from rldiag.engine.errors import StepErrors
+from rldiag.engine.step_failures import StepErrors
 from rldiag.errors import MissingInputError
 from tests.conftest import make_batch
 from tests.engine import reference_estimators as ref

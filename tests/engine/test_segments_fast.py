@@ -1,6 +1,7 @@
-"""The per-row reductions of rldiag.engine.segments against plain references: NaN / inf outside
-the mask never leaks in, extrema ignore whatever lies outside the mask, and nothing is
-remembered between calls (no module-global memo: an in-place change of a mask is always seen).
+"""The per-row masked reductions of Rows (rldiag.engine.layout) and the per-step ones of
+rldiag.engine.segments against plain references: NaN / inf outside the mask never leaks in,
+extrema ignore whatever lies outside the mask, and nothing is remembered between calls (no
+module-global memo: an in-place change of a mask is always seen).
 
 The tests keep their padded ``(rows, T)`` inputs; the wrappers below hand the engine their packed
 form (every row full width, tests.engine.packing) and return its per-row / per-step results."""
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from rldiag.engine import kernels, segments
+from rldiag.engine import kernels, layout, segments
 from tests.engine.packing import to_packed
 
 
@@ -24,24 +25,24 @@ def _packed(*tensors):
     return [f for f, _ in flat], flat[0][1]
 
 
-def masked_square_sum_rows(v, m):
+def masked_square_sum(v, m):
     (vf, mf), rows = _packed(v, m)
-    return segments.masked_square_sum_rows(vf, mf, rows)
+    return rows.masked_square_sum(vf, mf)
 
 
-def masked_sum_rows(v, m):
+def masked_sum(v, m):
     (vf, mf), rows = _packed(v, m)
-    return segments.masked_sum_rows(vf, mf, rows)
+    return rows.masked_sum(vf, mf)
 
 
-def masked_count_rows(cond, m):
+def masked_count(cond, m):
     (cf, mf), rows = _packed(cond, m)
-    return segments.masked_count_rows(cf, mf, rows)
+    return rows.masked_count(cf, mf)
 
 
-def row_mask_count(m):
+def mask_count(m):
     (mf,), rows = _packed(m)
-    return segments.row_mask_count(mf, rows)
+    return rows.mask_count(mf)
 
 
 def step_mask_count(m, sid, n):
@@ -61,7 +62,7 @@ def step_masked_extrema(v, m, sid, n):
 
 def _masked_row_extrema(v, m):
     (vf, mf), rows = _packed(v, m)
-    return kernels.masked_row_extrema(vf, mf, rows)
+    return rows.masked_extrema(vf, mf)
 
 
 HS = hsettings(max_examples=40, deadline=None)
@@ -96,18 +97,18 @@ def _ref_extrema(v: torch.Tensor, m: torch.Tensor, step_ids: torch.Tensor, n_ste
     return torch.stack(means), torch.stack(maxs), torch.stack(mins)
 
 
-# ---- masked_square_sum_rows --------------------------------------------------------------
+# ---- masked_square_sum -----------------------------------------------------------------------
 
 
 @HS
 @given(st.integers(1, 6), st.integers(1, 50), st.integers(0, 10_000), st.sampled_from([0.0, 0.3, 0.7, 1.0]))
 def test_masked_square_sum_rows_matches_reference(rows, T, seed, p):
     v, m = _data(rows, T, seed, p)
-    got = masked_square_sum_rows(v, m)
+    got = masked_square_sum(v, m)
     assert got.shape == (rows,) and got.dtype == v.dtype
     torch.testing.assert_close(got.to(torch.float64), _ref_square_sum(v, m), rtol=1e-5, atol=1e-5)
     # a bool mask gives the same
-    torch.testing.assert_close(masked_square_sum_rows(v, m.bool()).to(torch.float64), _ref_square_sum(v, m),
+    torch.testing.assert_close(masked_square_sum(v, m.bool()).to(torch.float64), _ref_square_sum(v, m),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -123,11 +124,11 @@ def test_masked_square_sum_rows_nonfinite_outside_mask_does_not_leak(rows, T, se
     v = v.clone()
     v[:, 0] = bad
     want = _ref_square_sum(v, m)
-    got = masked_square_sum_rows(v, m)
+    got = masked_square_sum(v, m)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.to(torch.float64), want, rtol=1e-5, atol=1e-5)
-    # and masked_sum_rows follows the same rule
-    got_sum = masked_sum_rows(v, m)
+    # and masked_sum follows the same rule
+    got_sum = masked_sum(v, m)
     assert torch.isfinite(got_sum).all()
     want_sum = torch.where(m.bool(), v.double(), torch.zeros((), dtype=torch.float64)).sum(-1)
     torch.testing.assert_close(got_sum.double(), want_sum, rtol=1e-5, atol=1e-5)
@@ -142,18 +143,18 @@ def test_masked_square_sum_rows_nan_inside_mask_gives_nan_for_that_row_only(rows
     v = v.clone()
     v[:, 1] = float("nan")  # outside: must not leak anywhere
     v[0, 0] = float("nan")  # inside row 0
-    got = masked_square_sum_rows(v, m)
+    got = masked_square_sum(v, m)
     assert torch.isnan(got[0])
     assert torch.isfinite(got[1:]).all()
     torch.testing.assert_close(got[1:].double(), _ref_square_sum(v, m)[1:], rtol=1e-5, atol=1e-5)
-    s = masked_sum_rows(v, m)
+    s = masked_sum(v, m)
     assert torch.isnan(s[0]) and torch.isfinite(s[1:]).all()
 
 
 def test_masked_square_sum_rows_inf_inside_mask_is_inf():
     v = torch.tensor([[1.0, float("inf"), 2.0], [1.0, 2.0, float("nan")]])
     m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
-    got = masked_square_sum_rows(v, m)
+    got = masked_square_sum(v, m)
     assert got[0] == float("inf")
     assert got[1] == 5.0
 
@@ -161,13 +162,13 @@ def test_masked_square_sum_rows_inf_inside_mask_is_inf():
 def test_masked_square_sum_rows_noncontiguous_and_float64():
     v, m = _data(4, 9, 1)
     vt, mt = v.T.contiguous().T, m.T.contiguous().T  # same values, other strides
-    torch.testing.assert_close(masked_square_sum_rows(vt, mt).double(), _ref_square_sum(v, m), rtol=1e-5, atol=1e-5)
-    got = masked_square_sum_rows(v.double(), m)
+    torch.testing.assert_close(masked_square_sum(vt, mt).double(), _ref_square_sum(v, m), rtol=1e-5, atol=1e-5)
+    got = masked_square_sum(v.double(), m)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, _ref_square_sum(v, m), rtol=1e-12, atol=1e-12)
 
 
-# ---- masked_count_rows ---------------------------------------------------------------------
+# ---- masked_count ----------------------------------------------------------------------------
 
 
 @HS
@@ -176,54 +177,54 @@ def test_masked_count_rows_matches_reference(rows, T, seed):
     v, m = _data(rows, T, seed)
     cond = v > 0.5
     want = (cond & (m > 0)).sum(-1).to(torch.float32)
-    got = masked_count_rows(cond, m)
+    got = masked_count(cond, m)
     assert got.dtype == torch.float32
     assert torch.equal(got, want)
-    assert torch.equal(masked_count_rows(cond, m.bool()), want)
+    assert torch.equal(masked_count(cond, m.bool()), want)
     # a fractional / non-0/1 float mask counts every positive weight
     w = m * 0.5
-    assert torch.equal(masked_count_rows(cond, w), want)
+    assert torch.equal(masked_count(cond, w), want)
 
 
 def test_masked_count_rows_after_in_place_mask_change():
     m = torch.ones(2, 4)
     cond = torch.ones(2, 4, dtype=torch.bool)
-    assert masked_count_rows(cond, m).tolist() == [4.0, 4.0]
+    assert masked_count(cond, m).tolist() == [4.0, 4.0]
     m[1, :3] = 0.0
-    assert masked_count_rows(cond, m).tolist() == [4.0, 1.0]
+    assert masked_count(cond, m).tolist() == [4.0, 1.0]
 
 
-# ---- row_mask_count / step_mask_count and the memo ------------------------------------------
+# ---- mask_count / step_mask_count and the memo -----------------------------------------------
 
 
 def test_row_mask_count_not_stale_after_in_place_change():
     m = torch.ones(3, 5)
-    first = row_mask_count(m)
+    first = mask_count(m)
     assert first.tolist() == [5.0, 5.0, 5.0]
     m[0, 0] = 0.0
-    assert row_mask_count(m).tolist() == [4.0, 5.0, 5.0]
+    assert mask_count(m).tolist() == [4.0, 5.0, 5.0]
     m.mul_(0)
-    assert row_mask_count(m).tolist() == [0.0, 0.0, 0.0]
+    assert mask_count(m).tolist() == [0.0, 0.0, 0.0]
     m[2].fill_(1.0)
-    assert row_mask_count(m).tolist() == [0.0, 0.0, 5.0]
+    assert mask_count(m).tolist() == [0.0, 0.0, 5.0]
 
 
 def test_row_mask_count_not_stale_through_a_view():
     base = torch.ones(3, 5)
     m = base[:, :]
-    assert row_mask_count(m).tolist() == [5.0, 5.0, 5.0]
+    assert mask_count(m).tolist() == [5.0, 5.0, 5.0]
     base[1, 2:] = 0.0  # the view shares the version counter
-    assert row_mask_count(m).tolist() == [5.0, 2.0, 5.0]
+    assert mask_count(m).tolist() == [5.0, 2.0, 5.0]
 
 
 def test_row_mask_count_two_masks_same_values_are_separate():
     a = torch.ones(2, 3)
     b = torch.ones(2, 3)
-    assert row_mask_count(a).tolist() == [3.0, 3.0]
-    assert row_mask_count(b).tolist() == [3.0, 3.0]
+    assert mask_count(a).tolist() == [3.0, 3.0]
+    assert mask_count(b).tolist() == [3.0, 3.0]
     b[0] = 0.0
-    assert row_mask_count(a).tolist() == [3.0, 3.0]
-    assert row_mask_count(b).tolist() == [0.0, 3.0]
+    assert mask_count(a).tolist() == [3.0, 3.0]
+    assert mask_count(b).tolist() == [0.0, 3.0]
 
 
 def test_step_mask_count_other_step_ids_not_cached():
@@ -356,6 +357,6 @@ def test_masked_row_extrema_nan_inside_mask_propagates():
 
 def test_no_module_global_memo():
     """Nothing in the engine's reduction modules remembers tensors between calls."""
-    for mod in (segments, kernels):
+    for mod in (segments, kernels, layout):
         held = [k for k, v in vars(mod).items() if not k.startswith("__") and isinstance(v, (dict, list, set))]
         assert not held, f"{mod.__name__} holds module-global containers {held}"

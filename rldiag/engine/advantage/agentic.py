@@ -10,9 +10,9 @@ These keys are rldiag's names (verl itself has no such estimators):
   table layout), step-level whitening ``(A - mean) / (std + 1e-8)`` over the rows of each training
   step (sample std), broadcast over the mask; returns ``(A + V) * mask`` before whitening.
 - ``token_gae_cross_step``: token-level mask-skipping GAE over the concatenation of a
-  trajectory's rows in step order: tool, padding and rejected tokens neither update nor reset the
-  recursion, so credit flows from a later step back to earlier ones; missing step indices are
-  skipped. returns ``(A + V) * mask``; advantages whitened over each step's mask (verl's
+  trajectory's rows in step order: mask-0 tokens (tool output, rejected tokens) neither update nor
+  reset the recursion, so credit flows from a later step back to earlier ones; missing step
+  indices are skipped. returns ``(A + V) * mask``; advantages whitened over each step's mask (verl's
   masked_whiten, not re-masked).
 - ``traj_grpo``: trajectory score = sum over its rows of the masked token rewards; GRPO over the
   trajectories of each prompt group (a trajectory belongs to the group of its first row);

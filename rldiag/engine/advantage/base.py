@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from rldiag.engine.batch import Batch
-from rldiag.engine.errors import StepErrors
 from rldiag.engine.layout import Rows
 from rldiag.engine.scan import (
     gae_segmented,
@@ -22,6 +21,7 @@ from rldiag.engine.scan import (
 )
 from rldiag.engine.segments import seg_std, seg_sum
 from rldiag.engine.settings import EngineSettings
+from rldiag.engine.step_failures import StepErrors
 from rldiag.errors import MissingInputError
 from rldiag.registry import Entry, Registry
 

@@ -25,7 +25,6 @@ from rldiag.engine.policy_loss.base import (
 )
 from rldiag.engine.segments import (
     MEAN_EPS,
-    masked_sum_rows,
     seg_mean,
     seg_sum,
     step_mask_count,
@@ -72,7 +71,7 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
         metrics={
             "actor/pg_clipfrac": masked_mean_greater(l2, l1),
             # the sum of -x is exactly minus the sum of x
-            "actor/ppo_kl": -seg_sum(masked_sum_rows(log_ratio, mask, rows), norm.seg_ids, norm.n_seg) / count,
+            "actor/ppo_kl": -seg_sum(rows.masked_sum(log_ratio, mask), norm.seg_ids, norm.n_seg) / count,
             # verl: masked_mean(clipped1 > l3 and A < 0); clipped1 > l3 = |A| c happens only
             # where A < 0 (elsewhere clipped1 <= 0 <= l3)
             "actor/pg_clipfrac_lower": masked_mean_greater(clipped1, l3),

@@ -27,15 +27,13 @@ def _covariance(adv: torch.Tensor, lp: torch.Tensor, mask: torch.Tensor, rows, s
                 eps: float) -> torch.Tensor:
     """``(A - mean A)(log pi - mean log pi)`` ``(tokens,)`` about each segment's masked means
     (``sum / (count + eps)``), in float64. Sums of float32 values in float64 are (nearly always)
-    exact, so the ranking does not depend on padding or on which steps are packed together, and
+    exact, so the ranking does not depend on the summation order or on which steps are packed together, and
     equal advantages give exactly equal covariances (ties then go by position)."""
-    from rldiag.engine.segments import masked_sum_rows
-
     m = mask.to(torch.float64)
     a, lg = adv.to(torch.float64), lp.to(torch.float64)
     cnt = seg_sum(rows.sum(m), seg, n) + eps
-    mean_a = seg_sum(masked_sum_rows(a, m, rows), seg, n) / cnt
-    mean_l = seg_sum(masked_sum_rows(lg, m, rows), seg, n) / cnt
+    mean_a = seg_sum(rows.masked_sum(a, m), seg, n) / cnt
+    mean_l = seg_sum(rows.masked_sum(lg, m), seg, n) / cnt
     return (a - rows.expand(mean_a[seg])) * (lg - rows.expand(mean_l[seg]))
 
 

@@ -1,7 +1,8 @@
 """Per-step failures inside a packed batch.
 
 Where verl raises for an input (whitening over fewer than two tokens, say), the affected step
-fails with a message and every other step of the packed batch goes on.
+fails with a message and every other step of the packed batch goes on: :class:`StepErrors`
+collects those messages (it raises nothing; rldiag's error classes are in :mod:`rldiag.errors`).
 """
 
 from __future__ import annotations

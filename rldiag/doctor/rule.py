@@ -1,0 +1,46 @@
+"""One doctor health rule (:class:`Rule`) and when it applies to a run's settings.
+
+The rule kinds (:mod:`.evaluators`) and the rules files (:mod:`.rules`) both build on it; it
+imports neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One health rule. ``params`` holds the kind's own parameters."""
+
+    id: str
+    kind: str
+    title: str
+    why: str
+    severity: str = "warning"
+    metric: str | None = None
+    source: str = "any"
+    when: dict[str, Any] = field(default_factory=dict)
+    window: int | None = None
+    min_steps: int = 1
+    params: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""  # the file that defined (or last overrode) it
+
+    def applies(self, settings: Mapping[str, Any]) -> bool:
+        """Whether every ``when`` condition holds: the setting equals the value, or is one of a list."""
+        for key, want in self.when.items():
+            have = settings.get(key)
+            options = want if isinstance(want, list) else [want]
+            if not any(_same(have, w) for w in options):
+                return False
+        return True
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return a == b
