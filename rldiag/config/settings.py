@@ -4,7 +4,8 @@ Order, later wins: verl's defaults, the run's config file (``run.yaml``, else ``
 else ``.hydra/config.yaml``), then command-line overrides ``KEY=VALUE``. Keys are verl's own
 dotted config keys. YAML is read with the safe loader only, bounded in size, alias expansion
 and depth (:mod:`rldiag.config.yaml_bounded`). Every numeric setting is checked against its
-valid range (:data:`rldiag.config.ranges.RANGES`) wherever it comes from.
+valid range wherever it comes from. Every key, its default, type and range is declared once, in
+:mod:`rldiag.config.schema`.
 """
 
 from __future__ import annotations
@@ -16,149 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rldiag.config.ranges import check_range
+from rldiag.config.schema import DEFAULTS, SETTINGS, check_range, keys_of
 from rldiag.config.yaml_bounded import load_yaml, read_text_bounded
 from rldiag.errors import ConfigError
 from rldiag.io.fs import RemotePath, as_path
 
-#: verl's defaults for every key rldiag reads. ``None`` means "null" in verl's YAML.
-DEFAULTS: dict[str, Any] = {
-    "algorithm.adv_estimator": "gae",
-    "algorithm.gamma": 1.0,
-    "algorithm.lam": 1.0,
-    "algorithm.norm_adv_by_std_in_grpo": True,
-    "algorithm.use_kl_in_reward": False,
-    "algorithm.kl_penalty": "kl",
-    "algorithm.kl_ctrl.type": "fixed",
-    "algorithm.kl_ctrl.kl_coef": 0.001,
-    "algorithm.kl_ctrl.target_kl": 0.1,
-    "algorithm.kl_ctrl.horizon": 10000,
-    # gdpo: reward-component columns and their weights (verl: +algorithm.gdpo_reward_keys=[...],
-    # absent by default; weights default to 1 each). On the command line: a comma list.
-    "algorithm.gdpo_reward_keys": None,
-    "algorithm.gdpo_reward_weights": None,
-    "algorithm.rollout_correction.rollout_is": None,
-    "algorithm.rollout_correction.rollout_is_threshold": 2.0,
-    "algorithm.rollout_correction.rollout_is_batch_normalize": False,
-    "algorithm.rollout_correction.rollout_rs": None,
-    "algorithm.rollout_correction.rollout_rs_threshold": None,
-    "algorithm.rollout_correction.bypass_mode": False,
-    "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
-    "actor_rollout_ref.actor.clip_ratio": 0.2,
-    "actor_rollout_ref.actor.clip_ratio_low": None,
-    "actor_rollout_ref.actor.clip_ratio_high": None,
-    "actor_rollout_ref.actor.clip_ratio_c": 3.0,
-    "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
-    "actor_rollout_ref.actor.loss_scale_factor": None,
-    "actor_rollout_ref.actor.use_kl_loss": False,
-    "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
-    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
-    "actor_rollout_ref.actor.entropy_coeff": 0.0,
-    # policy-loss parameters (verl's actor.yaml / ActorConfig / PolicyLossConfig defaults)
-    "actor_rollout_ref.actor.tau_pos": 1.0,
-    "actor_rollout_ref.actor.tau_neg": 1.05,
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": 0.0002,
-    "actor_rollout_ref.actor.policy_loss.clip_cov_lb": 1.0,
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ub": 5.0,
-    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.0002,
-    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": 0.1,
-    "actor_rollout_ref.actor.policy_loss.dro_beta": None,
-    # the rollout-correction block loss_mode=bypass_mode reads (verl's policy_loss.rollout_correction)
-    "actor_rollout_ref.actor.policy_loss.rollout_correction.loss_type": "ppo_clip",
-    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is": None,
-    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_threshold": 2.0,
-    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_batch_normalize": False,
-    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_rs": None,
-    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_rs_threshold": None,
-    "critic.cliprange_value": 0.5,
-    # verl's need_critic() (verl/trainer/ppo/utils.py): None = the critic is used exactly when
-    # adv_estimator is gae; true / false force it on or off.
-    "critic.enable": None,
-    # None: inherit the actor's setting (verl's default wiring).
-    "critic.loss_agg_mode": None,
-    "critic.loss_scale_factor": None,
-    # None: the longest row (prompt) of the step.
-    "data.max_response_length": None,
-    "data.max_prompt_length": None,
-    # rldiag's own: emulate verl's per-micro-batch metric averaging (None = the whole step is one
-    # micro-batch); rows per micro-batch per data-parallel rank, and the number of DP ranks.
-    # "run" (the default): verl's own batch keys when the run's config has them ("auto"), else
-    # None; "auto" insists on them.
-    "rldiag.micro_batch_size": "run",
-    "rldiag.dp_size": 1,
-    "rldiag.mini_batch_size": "run",
-    # rldiag's own: the verl release whose numbers to reproduce (rldiag/config/verl_versions.py);
-    # None: the run's recorded ``verl_version``, else the reference snapshot.
-    "rldiag.verl_version": None,
-    # verl's: reorder each step's rows so that DP ranks get similar workloads (rldiag/engine/balance.py);
-    # the legacy trainer reads it, the V1 trainer balances every step
-    "trainer.balance_batch": True,
-    # verl's: the V1 trainer (None: the chosen release's default, true from 0.9.0 on)
-    "trainer.use_v1": None,
-    # verl's: the first step the actor updates on (V1 pads a step to the actor's mini-batch from then on)
-    "trainer.critic_warmup": 0,
-    # verl's worker batching (rldiag/engine/batch_layout.py); the critic's None ones take the actor's
-    "actor_rollout_ref.actor.use_dynamic_bsz": False,
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
-    "actor_rollout_ref.actor.shuffle": False,
-    "actor_rollout_ref.actor.data_loader_seed": 42,
-    "critic.ppo_mini_batch_size": None,
-    "critic.ppo_micro_batch_size_per_gpu": None,
-    "critic.use_dynamic_bsz": None,
-    "critic.ppo_max_token_len_per_gpu": 32768,
-    "critic.shuffle": None,
-    "critic.data_loader_seed": 42,
-    # rldiag's own: the batch files hold each step's rows in the trainer's dispatch order, after
-    # its balancing (None: true for a run rldiag's verl capture wrote, rldiag.capture.trainer)
-    "rldiag.rows_balanced": None,
-}
-
-_BOOL_KEYS = {k for k, v in DEFAULTS.items() if isinstance(v, bool)} | {
-    "trainer.use_v1", "critic.enable", "critic.use_dynamic_bsz", "critic.shuffle", "rldiag.rows_balanced"}
-_FLOAT_KEYS = {
-    "algorithm.gamma",
-    "algorithm.lam",
-    "algorithm.kl_ctrl.kl_coef",
-    "algorithm.kl_ctrl.target_kl",
-    "actor_rollout_ref.actor.clip_ratio",
-    "actor_rollout_ref.actor.clip_ratio_low",
-    "actor_rollout_ref.actor.clip_ratio_high",
-    "actor_rollout_ref.actor.clip_ratio_c",
-    "actor_rollout_ref.actor.loss_scale_factor",
-    "actor_rollout_ref.actor.kl_loss_coef",
-    "actor_rollout_ref.actor.entropy_coeff",
-    "critic.cliprange_value",
-    "critic.loss_scale_factor",
-    "actor_rollout_ref.actor.tau_pos",
-    "actor_rollout_ref.actor.tau_neg",
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
-    "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ub",
-    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
-    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef",
-    "actor_rollout_ref.actor.policy_loss.dro_beta",
-}
-_INT_KEYS = {
-    "algorithm.kl_ctrl.horizon",
-    "data.max_response_length",
-    "data.max_prompt_length",
-    "rldiag.micro_batch_size",
-    "rldiag.dp_size",
-    "rldiag.mini_batch_size",
-    "trainer.critic_warmup",
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-    "actor_rollout_ref.actor.data_loader_seed",
-    "critic.ppo_mini_batch_size",
-    "critic.ppo_micro_batch_size_per_gpu",
-    "critic.ppo_max_token_len_per_gpu",
-    "critic.data_loader_seed",
-}
-
-#: keys that also take "auto": derived from verl's own batch keys in the run's config
-_AUTO_KEYS = {"rldiag.micro_batch_size", "rldiag.mini_batch_size"}
-
+#: the keys by type, from the one table of settings (:mod:`rldiag.config.schema`)
+_BOOL_KEYS = keys_of("bool")
+_FLOAT_KEYS = keys_of("float")
+_INT_KEYS = keys_of("int")
+#: int keys that also take words ("auto", "run": derived from verl's own batch keys in the run's config)
+_AUTO_KEYS = {s.key: s.words for s in SETTINGS if s.words}
 #: list-valued keys and their element type; a string value is read as a comma list.
-_LIST_KEYS = {"algorithm.gdpo_reward_keys": str, "algorithm.gdpo_reward_weights": float}
+_LIST_KEYS = {s.key: (float if s.kind == "list[float]" else str) for s in SETTINGS if s.kind.startswith("list")}
 
 CONFIG_FILES = ("run.yaml", "config.yaml", ".hydra/config.yaml")
 
@@ -309,7 +180,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         if key in _LIST_KEYS:
             return _coerce_list(key, value, _LIST_KEYS[key])
         if key in _INT_KEYS:
-            if key in _AUTO_KEYS and value in ("auto", "run"):
+            if value in _AUTO_KEYS.get(key, ()):
                 return value
             out = _integer(value)
             check_range(key, out, integer=True)

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from rldiag.cli.main import main
 from rldiag.config import settings as settings_mod
-from rldiag.config.ranges import FLOAT32_MAX, INT32_MAX, RANGES, range_of
+from rldiag.config.ranges import FLOAT32_MAX, INT32_MAX
+from rldiag.config.schema import RANGES, range_of
 from rldiag.config.settings import parse_override, resolve_settings
 from rldiag.errors import ConfigError
 from rldiag.synth import SynthSpec, write_synth_run

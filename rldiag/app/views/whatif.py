@@ -8,6 +8,7 @@ import streamlit as st
 
 from rldiag.analysis.agreement import TokenAgreement
 from rldiag.app import session
+from rldiag.config import schema
 from rldiag.config.settings import resolve_settings
 from rldiag.errors import RldiagError
 from rldiag.recompute import recompute
@@ -23,6 +24,12 @@ st.title("What-if")
 store = session.store_or_stop()
 
 
+def _number(col: Any, key: str, base: dict, widget_key: str) -> float:
+    """A number input for ``key`` with the bounds its row of the settings schema declares."""
+    w = schema.widget(key)
+    return col.number_input(w.label, w.lo, w.hi, float(base[key]), w.step, key=widget_key, format=w.fmt)
+
+
 def settings_widgets(base: dict, opts: whatif.Options) -> dict:
     """The widgets, initialised from the run's own settings; returns the chosen values."""
     chosen: dict[str, Any] = {}
@@ -35,12 +42,9 @@ def settings_widgets(base: dict, opts: whatif.Options) -> dict:
         chosen[whatif.LOSS] = c3.selectbox("Policy loss", opts.policy_losses, key="wi_loss",
                                            index=_index(opts.policy_losses, base[whatif.LOSS]))
         c1, c2, c3, c4 = st.columns(4)
-        chosen[whatif.CLIP_LOW] = c1.number_input("clip_ratio_low", 0.0, 10.0, float(base[whatif.CLIP_LOW]), 0.01,
-                                                  key="wi_clip_low", format="%.3f")
-        chosen[whatif.CLIP_HIGH] = c2.number_input("clip_ratio_high", 0.0, 10.0, float(base[whatif.CLIP_HIGH]),
-                                                   0.01, key="wi_clip_high", format="%.3f")
-        chosen[whatif.CLIP_C] = c3.number_input("clip_ratio_c (dual clip)", 1.0, 100.0, float(base[whatif.CLIP_C]),
-                                                0.5, key="wi_clip_c")
+        chosen[whatif.CLIP_LOW] = _number(c1, whatif.CLIP_LOW, base, "wi_clip_low")
+        chosen[whatif.CLIP_HIGH] = _number(c2, whatif.CLIP_HIGH, base, "wi_clip_high")
+        chosen[whatif.CLIP_C] = _number(c3, whatif.CLIP_C, base, "wi_clip_c")
         chosen[whatif.NORM_STD] = c4.checkbox("norm_adv_by_std_in_grpo", bool(base[whatif.NORM_STD]), key="wi_norm")
 
     with st.expander("KL", expanded=bool(base[whatif.KL_IN_REWARD])):
@@ -50,14 +54,12 @@ def settings_widgets(base: dict, opts: whatif.Options) -> dict:
                                                  index=_index(opts.kl_estimators, base[whatif.KL_PENALTY]))
         chosen[whatif.KL_CTRL] = c3.selectbox("kl_ctrl.type", list(whatif.KL_CONTROLLERS), key="wi_kl_ctrl",
                                               index=_index(list(whatif.KL_CONTROLLERS), base[whatif.KL_CTRL]))
-        chosen[whatif.KL_COEF] = c4.number_input("kl_ctrl.kl_coef", 0.0, 1000.0, float(base[whatif.KL_COEF]), 0.001,
-                                                 key="wi_kl_coef", format="%.4f")
+        chosen[whatif.KL_COEF] = _number(c4, whatif.KL_COEF, base, "wi_kl_coef")
         c1, c2, c3 = st.columns([1, 1, 2])
         chosen[whatif.KL_LOSS] = c1.checkbox("KL loss", bool(base[whatif.KL_LOSS]), key="wi_kl_loss")
         chosen[whatif.KL_LOSS_TYPE] = c2.selectbox("kl_loss_type", opts.kl_estimators, key="wi_kl_loss_type",
                                                    index=_index(opts.kl_estimators, base[whatif.KL_LOSS_TYPE]))
-        chosen[whatif.KL_LOSS_COEF] = c3.number_input("kl_loss_coef", 0.0, 1000.0, float(base[whatif.KL_LOSS_COEF]),
-                                                      0.001, key="wi_kl_loss_coef", format="%.4f")
+        chosen[whatif.KL_LOSS_COEF] = _number(c3, whatif.KL_LOSS_COEF, base, "wi_kl_loss_coef")
 
     uses_rc = bool(base[whatif.IS_LEVEL] or base[whatif.RS] or base[whatif.BYPASS])
     with st.expander("Rollout correction", expanded=uses_rc):

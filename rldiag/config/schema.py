@@ -1,0 +1,245 @@
+"""Every setting rldiag reads, declared once.
+
+One row per key: verl's dotted key (or rldiag's own under ``rldiag.``), its default (verl's, ``None``
+for verl's ``null``), its type, its valid range, the extra words it takes, a line of help, what
+differs between verl releases, and, for the keys the app's What-if page edits, the widget's bounds.
+Everything else is derived from this table: the defaults and coercion of
+:mod:`rldiag.config.settings` (``--set`` parsing included), the range checks (:func:`check_range`),
+the What-if widgets (:func:`widget`), and the settings table of ``docs/settings.md``
+(:func:`markdown_table`, kept equal to the file by a test). Adding a setting is adding a row here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rldiag.config.ranges import FLOAT, FLOAT32_MAX, INT, INT32_MAX, Range
+
+Kind = Literal["bool", "float", "int", "str", "list[str]", "list[float]"]
+
+
+@dataclass(frozen=True)
+class Widget:
+    """A number input's bounds on the What-if page (the range a person explores, inside the valid one)."""
+
+    label: str
+    lo: float
+    hi: float
+    step: float
+    fmt: str | None = None
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    default: Any
+    kind: Kind
+    help: str
+    range: Range | None = None  # numeric kinds: None is any finite float32 / int32
+    words: tuple[str, ...] = ()  # strings an int setting also takes ("auto", "run")
+    choices: str | None = None  # the registry whose keys are the valid values (documentation)
+    releases: str = ""  # what differs between verl releases (rldiag/config/verl_versions.py)
+    widget: Widget | None = None
+
+    @property
+    def valid(self) -> Range:
+        """The valid range of a numeric setting."""
+        if self.range is not None:
+            return self.range
+        return INT if self.kind == "int" else FLOAT
+
+    @property
+    def rldiag_own(self) -> bool:
+        return self.key.startswith("rldiag.")
+
+
+_A = "actor_rollout_ref.actor"
+_P = f"{_A}.policy_loss"
+_RC = "algorithm.rollout_correction"
+_BRC = f"{_P}.rollout_correction"
+_NONNEG = Range(0.0, FLOAT32_MAX)
+_POSITIVE = Range(0.0, FLOAT32_MAX, lo_open=True)
+_DIVISOR = Range(0.0, FLOAT32_MAX, lo_open=True, why="the loss is divided by it")
+_COUNT = Range(1, INT32_MAX)
+_TOKENS = Range(1, INT32_MAX, why="tokens")
+_BUDGET = Range(1, INT32_MAX, why="tokens per micro-batch")
+#: a torch.Generator seed (verl seeds data_loader_seed + rank), within an int32 as every count here
+_SEED = Range(0, INT32_MAX, why="a torch.Generator seed")
+_FRACTION = Range(0.0, 1.0, why="a fraction of the tokens")
+
+SETTINGS: tuple[Setting, ...] = (
+    # ---- advantage estimation
+    Setting("algorithm.adv_estimator", "gae", "str", "the advantage estimator", choices="ESTIMATORS"),
+    Setting("algorithm.gamma", 1.0, "float", "discount factor of the returns", Range(0.0, 1.0, why="a discount factor")),
+    Setting("algorithm.lam", 1.0, "float", "GAE's lambda", Range(0.0, 1.0, why="GAE's lambda")),
+    Setting("algorithm.norm_adv_by_std_in_grpo", True, "bool",
+            "divide GRPO's group-centred scores by the group's std (false: Dr. GRPO)"),
+    Setting("algorithm.gdpo_reward_keys", None, "list[str]",
+            "gdpo: the reward-component columns to normalise (a comma list on the command line)"),
+    Setting("algorithm.gdpo_reward_weights", None, "list[float]", "gdpo: the components' weights (default 1 each)"),
+    # ---- KL in the reward
+    Setting("algorithm.use_kl_in_reward", False, "bool", "subtract a KL penalty to the reference from the token rewards"),
+    Setting("algorithm.kl_penalty", "kl", "str", "the KL estimator of the reward penalty", choices="KL_ESTIMATORS"),
+    Setting("algorithm.kl_ctrl.type", "fixed", "str", "the KL coefficient's controller: fixed or adaptive"),
+    Setting("algorithm.kl_ctrl.kl_coef", 0.001, "float", "the (initial) KL coefficient", _NONNEG,
+            widget=Widget("kl_ctrl.kl_coef", 0.0, 1000.0, 0.001, "%.4f")),
+    Setting("algorithm.kl_ctrl.target_kl", 0.1, "float", "the adaptive controller's target KL", _NONNEG),
+    Setting("algorithm.kl_ctrl.horizon", 10000, "int", "the adaptive controller's horizon",
+            Range(1, INT32_MAX, why="steps; the adaptive controller divides by it")),
+    # ---- rollout correction (the algorithm's block)
+    Setting(f"{_RC}.rollout_is", None, "str", "IS weights of the rollout policy: token or sequence (null: off)",
+            choices="IS_LEVELS"),
+    Setting(f"{_RC}.rollout_is_threshold", 2.0, "str",
+            "truncate IS weights above it, or lower_upper to zero them outside (a number or a string)"),
+    Setting(f"{_RC}.rollout_is_batch_normalize", False, "bool", "normalise the IS weights to mean 1 over the batch"),
+    Setting(f"{_RC}.rollout_rs", None, "str", "rejection sampling options, a comma list (null: off)", choices="RS_OPTIONS"),
+    Setting(f"{_RC}.rollout_rs_threshold", None, "str", "the rejection options' thresholds"),
+    Setting(f"{_RC}.bypass_mode", False, "bool", "use the rollout's log-probs as the PPO anchor (no recomputed pi_old)"),
+    # ---- the actor's loss
+    Setting(f"{_P}.loss_mode", "vanilla", "str", "the policy loss", choices="POLICY_LOSSES"),
+    Setting(f"{_A}.clip_ratio", 0.2, "float", "PPO's clip range (both sides unless low / high are set)", _NONNEG),
+    Setting(f"{_A}.clip_ratio_low", None, "float", "the lower clip range (null: clip_ratio)", _NONNEG,
+            widget=Widget("clip_ratio_low", 0.0, 10.0, 0.01, "%.3f")),
+    Setting(f"{_A}.clip_ratio_high", None, "float", "the upper clip range (null: clip_ratio)", _NONNEG,
+            widget=Widget("clip_ratio_high", 0.0, 10.0, 0.01, "%.3f")),
+    Setting(f"{_A}.clip_ratio_c", 3.0, "float", "dual-clip PPO's bound for negative advantages (> 1)",
+            widget=Widget("clip_ratio_c (dual clip)", 1.0, 100.0, 0.5)),
+    Setting(f"{_A}.loss_agg_mode", "token-mean", "str", "how token losses are aggregated", choices="AGG_MODES"),
+    Setting(f"{_A}.loss_scale_factor", None, "float", "a fixed divisor of seq-mean-token-sum-norm (null: the horizon)",
+            _DIVISOR),
+    Setting(f"{_A}.use_kl_loss", False, "bool", "add a KL-to-reference term to the actor's loss"),
+    Setting(f"{_A}.kl_loss_type", "low_var_kl", "str", "the KL estimator of the KL loss", choices="KL_ESTIMATORS"),
+    Setting(f"{_A}.kl_loss_coef", 0.001, "float", "the KL loss's coefficient", _NONNEG,
+            widget=Widget("kl_loss_coef", 0.0, 1000.0, 0.001, "%.4f")),
+    Setting(f"{_A}.entropy_coeff", 0.0, "float", "the entropy bonus's coefficient"),
+    Setting(f"{_A}.tau_pos", 1.0, "float", "SAPO's temperature for positive advantages",
+            Range(0.0, FLOAT32_MAX, lo_open=True, why="SAPO divides by it")),
+    Setting(f"{_A}.tau_neg", 1.05, "float", "SAPO's temperature for negative advantages",
+            Range(0.0, FLOAT32_MAX, lo_open=True, why="SAPO divides by it")),
+    Setting(f"{_P}.clip_cov_ratio", 0.0002, "float", "clip_cov: the share of tokens clipped", _FRACTION),
+    Setting(f"{_P}.clip_cov_lb", 1.0, "float", "clip_cov: the covariance's lower bound"),
+    Setting(f"{_P}.clip_cov_ub", 5.0, "float", "clip_cov: the covariance's upper bound"),
+    Setting(f"{_P}.kl_cov_ratio", 0.0002, "float", "kl_cov: the share of tokens penalised", _FRACTION),
+    Setting(f"{_P}.ppo_kl_coef", 0.1, "float", "kl_cov: the KL penalty's coefficient", _NONNEG),
+    Setting(f"{_P}.dro_beta", None, "float", "dro: the regulariser's beta", _POSITIVE),
+    # ---- the rollout-correction block loss_mode=bypass_mode reads
+    Setting(f"{_BRC}.loss_type", "ppo_clip", "str", "bypass_mode's loss: ppo_clip or reinforce"),
+    Setting(f"{_BRC}.rollout_is", None, "str", "bypass_mode: IS weights (token or sequence; null: off)",
+            choices="IS_LEVELS"),
+    Setting(f"{_BRC}.rollout_is_threshold", 2.0, "str", "bypass_mode: the IS threshold"),
+    Setting(f"{_BRC}.rollout_is_batch_normalize", False, "bool", "bypass_mode: normalise the IS weights"),
+    Setting(f"{_BRC}.rollout_rs", None, "str", "bypass_mode: rejection options", choices="RS_OPTIONS"),
+    Setting(f"{_BRC}.rollout_rs_threshold", None, "str", "bypass_mode: the rejection thresholds"),
+    # ---- the critic
+    Setting("critic.enable", None, "bool",
+            "whether the trainer has a critic (null: exactly when adv_estimator is gae, verl's need_critic)"),
+    Setting("critic.cliprange_value", 0.5, "float", "the value loss's clip range", _NONNEG),
+    Setting("critic.loss_agg_mode", None, "str", "the value loss's aggregation (null: the actor's)", choices="AGG_MODES"),
+    Setting("critic.loss_scale_factor", None, "float", "the value loss's fixed divisor (null: the actor's)", _DIVISOR,
+            releases="verl >= 0.9.0 normalises the value loss with the actor's global token count and batch size"),
+    # ---- data
+    Setting("data.max_response_length", None, "int", "the response cap (null: each step's longest row)", _TOKENS),
+    Setting("data.max_prompt_length", None, "int", "the prompt cap (null: each step's longest prompt)", _TOKENS),
+    # ---- the trainer and its batch layout
+    Setting("trainer.use_v1", None, "bool", "the V1 trainer (null: the release's default)",
+            releases="true by default from verl 0.9.0 on"),
+    Setting("trainer.balance_batch", True, "bool",
+            "balance each step's rows over the DP ranks (the legacy trainer reads it; V1 always balances)"),
+    Setting("trainer.critic_warmup", 0, "int", "the first step the actor updates on",
+            Range(0, INT32_MAX, why="steps")),
+    Setting(f"{_A}.use_dynamic_bsz", False, "bool", "token-budget micro-batches (verl's rearrange_micro_batches)",
+            releases="0.9.1 adds micro-batches until each fits the budget"),
+    Setting(f"{_A}.ppo_max_token_len_per_gpu", 16384, "int", "the actor's token budget per micro-batch", _BUDGET),
+    Setting(f"{_A}.shuffle", False, "bool", "shuffle each rank's rows (seeded data_loader_seed + rank)"),
+    Setting(f"{_A}.data_loader_seed", 42, "int", "the actor's shuffle seed", _SEED),
+    Setting("critic.ppo_mini_batch_size", None, "int", "the critic's mini-batch (null: the actor's)", _COUNT),
+    Setting("critic.ppo_micro_batch_size_per_gpu", None, "int", "the critic's micro-batch (null: the actor's)", _COUNT),
+    Setting("critic.use_dynamic_bsz", None, "bool", "the critic's token-budget micro-batches (null: the actor's)"),
+    Setting("critic.ppo_max_token_len_per_gpu", 32768, "int", "the critic's token budget per micro-batch", _BUDGET),
+    Setting("critic.shuffle", None, "bool", "shuffle the critic's rows (null: the actor's)"),
+    Setting("critic.data_loader_seed", 42, "int", "the critic's shuffle seed", _SEED),
+    # ---- rldiag's own
+    Setting("rldiag.micro_batch_size", "run", "int",
+            "rows per micro-batch per DP rank (run: the run's own batch keys when it has them; auto: insist on them; "
+            "null: the whole step)", _COUNT, words=("auto", "run")),
+    Setting("rldiag.mini_batch_size", "run", "int",
+            "rows per mini-batch (ppo_mini_batch_size x rollout.n; run / auto / null as micro_batch_size)", _COUNT,
+            words=("auto", "run")),
+    Setting("rldiag.dp_size", 1, "int", "data-parallel ranks to emulate", _COUNT),
+    Setting("rldiag.verl_version", None, "str",
+            "the verl release whose numbers to reproduce (null: the run's recorded one, else the 2026-08 snapshot)"),
+    Setting("rldiag.rows_balanced", None, "bool",
+            "the batch files hold each step's rows in the trainer's order after balancing (null: true for a run "
+            "rldiag's verl capture wrote)"),
+)
+
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+def keys_of(*kinds: Kind) -> frozenset[str]:
+    return frozenset(s.key for s in SETTINGS if s.kind in kinds)
+
+
+#: verl's defaults for every key rldiag reads (``None``: verl's ``null``)
+DEFAULTS: dict[str, Any] = {s.key: s.default for s in SETTINGS}
+#: the valid range of every numeric setting that has a narrower one than its type's
+RANGES: dict[str, Range] = {s.key: s.range for s in SETTINGS if s.range is not None}
+
+
+def range_of(key: str, integer: bool) -> Range:
+    s = BY_KEY.get(key)
+    if s is not None and s.range is not None:
+        return s.range
+    return INT if integer else FLOAT
+
+
+def check_range(key: str, value: float, integer: bool) -> None:
+    """Raise ValueError (the caller names the source) when ``value`` is outside ``key``'s range."""
+    r = range_of(key, integer)
+    if not r.contains(value):
+        raise ValueError(f"{value!r} is outside the valid range {r.describe(key)}")
+
+
+def widget(key: str) -> Widget:
+    """The What-if page's bounds of a numeric setting it edits."""
+    w = BY_KEY[key].widget
+    if w is None:
+        raise KeyError(f"{key} has no What-if widget declared in rldiag/config/schema.py")
+    return w
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def markdown_table(settings: Iterable[Setting] = SETTINGS) -> str:
+    """The settings table of ``docs/settings.md``: key, default, type, valid values, meaning."""
+    lines = ["| key | default | type | valid | meaning |", "| --- | --- | --- | --- | --- |"]
+    for s in settings:
+        if s.kind in ("float", "int"):
+            valid = s.valid.describe(s.key)
+            if s.words:
+                valid += ", or " + " / ".join(s.words)
+        elif s.kind == "bool":
+            valid = "true / false"
+        elif s.choices:
+            valid = f"a key of {s.choices}"
+        else:
+            valid = ""
+        if s.default is None and s.kind != "bool":
+            valid += (", " if valid else "") + "or null"
+        elif s.default is None:
+            valid += " / null"
+        meaning = s.help + (f" (releases: {s.releases})" if s.releases else "")
+        lines.append(f"| `{s.key}` | `{_cell(s.default)}` | {s.kind} | {valid} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m rldiag.config.schema > the table of docs/settings.md
+    print(markdown_table(), end="")
