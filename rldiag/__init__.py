@@ -1,3 +1,5 @@
 """rldiag: recompute and diagnose RL post-training runs with verl's numbers."""
 
-__version__ = "0.1.0"
+from rldiag.version import __version__
+
+__all__ = ["__version__"]

@@ -23,7 +23,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from rldiag import __version__
 from rldiag.config.settings import Settings, resolve_settings, scenario_slug
 from rldiag.config.verl_versions import version_of
 from rldiag.engine.advantage import ESTIMATORS
@@ -42,6 +41,7 @@ from rldiag.io.fs import RemotePath, as_path, is_remote, relative_to
 from rldiag.io.outputs import json_safe, list_scenarios, metrics_table, read_scenario, scenario_dir, sha256_file
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
 from rldiag.io.scenario_writer import ScenarioWriter, open_writer
+from rldiag.version import __version__
 
 __all__ = [
     "DEFAULT_CHUNK_STEPS", "DEFAULT_PACK_TOKENS", "PREFETCH", "ScenarioReport", "check_settings", "follow",

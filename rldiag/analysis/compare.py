@@ -31,7 +31,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rldiag import __version__
 from rldiag.analysis.agreement import TokenAgreement, token_agreement
 from rldiag.analysis.logged import flat_list_column, logged_metrics
 from rldiag.analysis.scenarios import ensure_scenario, read_meta
@@ -45,6 +44,7 @@ from rldiag.io.outputs import comparison_dir, json_safe, read_scenario, scenario
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
 from rldiag.io.scenario_writer import open_writer
 from rldiag.io.schema import id_type_problem
+from rldiag.version import __version__
 
 LOGGED = "logged"
 ProgressFn = Callable[[int, int, int], None]

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rldiag import __version__
 from rldiag.errors import CaptureError, RldiagError
 from rldiag.io.rundir import RunDir, iter_metrics_records
+from rldiag.version import __version__
 
 BATCH_ARTIFACT_TYPE = "rl-batches"
 #: keys of a metrics line that wandb computes itself and must not be logged back

@@ -14,10 +14,10 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from rldiag import __version__
 from rldiag.cli import exit_codes
 from rldiag.cli.common import err_console, run_deferred
 from rldiag.errors import RldiagError
+from rldiag.version import __version__
 
 #: Command modules, in the order ``rldiag --help`` lists them.
 COMMAND_MODULES = [

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rldiag.config.schema import DEFAULTS, SETTINGS, check_range, keys_of
-from rldiag.config.yaml_bounded import load_yaml, read_text_bounded
+from rldiag.config.yaml_bounded import P, ReadablePath, load_yaml, read_text_bounded
 from rldiag.errors import ConfigError
-from rldiag.io.fs import RemotePath, as_path
 
 #: the keys by type, from the one table of settings (:mod:`rldiag.config.schema`)
 _BOOL_KEYS = keys_of("bool")
@@ -75,14 +74,14 @@ def _resolve_interpolations(flat: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if not (isinstance(v, str) and v.strip().startswith("${"))}
 
 
-def read_yaml(path: Path | RemotePath, what: str, error: type[Exception] = ConfigError) -> Any:
+def read_yaml(path: ReadablePath, what: str, error: type[Exception] = ConfigError) -> Any:
     """A YAML file read with the safe loader (``None`` for an empty file); unreadable or invalid
     files raise ``error`` naming ``what`` and the path."""
     where = f"{what} {path}"
     return load_yaml(read_text_bounded(path, where, error), where, error)
 
 
-def read_yaml_mapping(path: Path | RemotePath, what: str, error: type[Exception] = ConfigError) -> dict[str, Any]:
+def read_yaml_mapping(path: ReadablePath, what: str, error: type[Exception] = ConfigError) -> dict[str, Any]:
     """:func:`read_yaml` that must hold a mapping at the top (an empty file gives ``{}``)."""
     tree = read_yaml(path, what, error)
     if tree is None:
@@ -92,13 +91,13 @@ def read_yaml_mapping(path: Path | RemotePath, what: str, error: type[Exception]
     return dict(tree)
 
 
-def load_config_file(path: Path | RemotePath) -> dict[str, Any]:
+def load_config_file(path: ReadablePath) -> dict[str, Any]:
     """Read a YAML config file safely and flatten it to dotted keys."""
     tree = read_yaml_mapping(path, "config file")
     return _resolve_interpolations(flatten(tree))
 
 
-def find_config_file(run_dir: Path | RemotePath) -> Path | RemotePath | None:
+def find_config_file(run_dir: P) -> P | None:
     for name in CONFIG_FILES:
         p = run_dir / name
         if p.is_file():
@@ -265,7 +264,7 @@ def known_keys() -> list[str]:
 
 
 def resolve_settings(
-    run_dir: Path | RemotePath | None = None,
+    run_dir: ReadablePath | None = None,
     overrides: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> Settings:
@@ -278,7 +277,11 @@ def resolve_settings(
     config_file = None
     configured: frozenset[str] = frozenset()
     if config is None and run_dir is not None:
-        path = find_config_file(as_path(run_dir))
+        if isinstance(run_dir, str):
+            if "://" in run_dir:  # the I/O layer makes object-store paths: RunDir(uri).path
+                raise TypeError(f"resolve_settings takes a Path or a RemotePath, not the URI {run_dir!r}")
+            run_dir = Path(run_dir)
+        path = find_config_file(run_dir)
         if path is not None:
             config = load_config_file(path)
             config_file = str(path)

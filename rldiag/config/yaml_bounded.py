@@ -18,15 +18,25 @@ Only then is the document built, with the safe loader (no Python objects from ta
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol, TypeVar
 
 import yaml
 
 from rldiag.errors import ConfigError
 
-if TYPE_CHECKING:
-    from rldiag.io.fs import RemotePath
+
+class ReadablePath(Protocol):
+    """What the configuration layer reads a file through: a local ``Path`` or the I/O layer's
+    object-store path (``rldiag.io.fs.RemotePath``) alike, so that config imports nothing above it."""
+
+    def open(self, mode: Literal["rb"]) -> Any: ...
+
+    def is_file(self) -> bool: ...
+
+    def __truediv__(self: P, other: str) -> P: ...
+
+
+P = TypeVar("P", bound=ReadablePath)
 
 #: Largest YAML file read (bytes). A 2 MiB file loads in about a second, within 100 MB.
 MAX_BYTES = 2 << 20
@@ -100,7 +110,7 @@ def _one_line(exc: yaml.YAMLError) -> str:
     return text
 
 
-def read_text_bounded(path: Path | RemotePath, where: str, error: type[Exception] = ConfigError, limit: int = MAX_BYTES) -> str:
+def read_text_bounded(path: ReadablePath, where: str, error: type[Exception] = ConfigError, limit: int = MAX_BYTES) -> str:
     """The UTF-8 text of ``path`` (a Path or an object-store path), at most ``limit`` bytes;
     an unreadable, larger or non-UTF-8 file raises ``error`` naming ``where``."""
     try:

@@ -26,7 +26,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from rldiag import __version__
 from rldiag.errors import WandbImportError
 from rldiag.importers.rundir_writer import RunDirWriter
 from rldiag.importers.wandb_artifacts import FileFinder, step_of_name, wandb_default_dirs
@@ -42,6 +41,7 @@ from rldiag.importers.wandb_online import (
 )
 from rldiag.importers.wandb_records import ArtifactInfo, OfflineRun, read_offline_run
 from rldiag.importers.wandb_sdk import quiet_environment, shutdown, wandb_version
+from rldiag.version import __version__
 
 Progress = Callable[[int, int, int], None]
 
