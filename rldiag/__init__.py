@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "RecomputeResult",
     "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose", "follow", "import_wandb",
-    "recompute", "settings", "tolerances", "verify",
+    "logged", "recompute", "settings", "tolerances", "verify",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
 _API = frozenset(__all__) - {"__version__"}
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         diagnose,
         follow,
         import_wandb,
+        logged,
         recompute,
         settings,
         tolerances,

@@ -50,13 +50,14 @@ if TYPE_CHECKING:
     from rldiag.doctor import DoctorReport as DiagnoseResult
     from rldiag.executors import Executor
     from rldiag.importers.wandb_import import ImportReport as ImportResult
+    from rldiag.importers.wandb_online import ApiFactory
     from rldiag.io.fs import RemotePath
     from rldiag.recompute import ScenarioReport
 
 __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "Progress",
     "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check", "compare",
-    "compare_estimators", "diagnose", "follow", "import_wandb", "ray_executor", "recompute", "settings",
+    "compare_estimators", "diagnose", "follow", "import_wandb", "logged", "ray_executor", "recompute", "settings",
     "tolerances", "verify", "warm_up",
 ]
 
@@ -106,6 +107,15 @@ def _by_step(progress: Progress | None, prefix: str = "") -> Callable[[int, int,
         progress(done, total, f"{prefix}step {step}")
 
     return update
+
+
+def _frame(table: Any) -> pl.DataFrame:
+    """An Arrow table as a polars frame."""
+    import polars as pl
+
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)  # a table gives a frame
+    return frame
 
 
 def _overrides(overrides: Mapping[str, Any] | None, estimator: str | None) -> dict[str, Any]:
@@ -158,6 +168,18 @@ def tolerances(
     return Tolerances(tokens=tokens, metrics=metrics, fields=per_field)
 
 
+def logged(run: Run) -> pl.DataFrame:
+    """What the trainer logged (``metrics.jsonl``): one row per step, ``step`` and one float
+    column per metric (null where a step did not log it), as :attr:`RecomputeResult.metrics`
+    is laid out; for a step logged twice (a resumed run) the later line wins."""
+    from rldiag.analysis.logged import logged_metrics
+    from rldiag.io.outputs import metrics_table
+    from rldiag.io.rundir import RunDir
+
+    rows = [{"step": step, **values} for step, values in logged_metrics(RunDir(run).metrics_file).items()]
+    return _frame(metrics_table(rows))
+
+
 # ---- recompute ---------------------------------------------------------------------------------
 
 
@@ -186,21 +208,15 @@ class RecomputeResult:
 
     @classmethod
     def from_report(cls, rep: ScenarioReport) -> RecomputeResult:
-        import polars as pl
-
         from rldiag.io.outputs import metrics_table
 
-        frame = pl.from_arrow(metrics_table(rep.metrics))
-        assert isinstance(frame, pl.DataFrame)  # a table gives a frame
-        return cls(name=rep.name, path=rep.path, metrics=frame, settings=rep.settings, device=rep.device,
-                   executor=rep.executor, steps_done=list(rep.steps_done), steps_failed=dict(rep.steps_failed),
+        return cls(name=rep.name, path=rep.path, metrics=_frame(metrics_table(rep.metrics)), settings=rep.settings,
+                   device=rep.device, executor=rep.executor, steps_done=list(rep.steps_done), steps_failed=dict(rep.steps_failed),
                    steps_reused=sorted(rep.steps_reused), seconds=rep.seconds, rows=rep.rows, tokens=rep.tokens)
 
     def token_frame(self, step: int) -> pl.DataFrame:
         """One step's per-token outputs (a recompute with ``save_tokens``): one row per batch
         row, list columns of advantages, returns, ratio, IS weight, ... (docs/run-directory.md)."""
-        import polars as pl
-
         from rldiag.errors import RunDirError
         from rldiag.io.arrays import read_parquet
         from rldiag.io.fs import arrow_source
@@ -209,9 +225,7 @@ class RecomputeResult:
         if not p.is_file():
             raise RunDirError(f"{p}: no per-token outputs for step {step} (recompute with save_tokens=True)")
         source, fs = arrow_source(p)
-        frame = pl.from_arrow(read_parquet(source, filesystem=fs))
-        assert isinstance(frame, pl.DataFrame)
-        return frame
+        return _frame(read_parquet(source, filesystem=fs))
 
 
 def recompute(
@@ -412,17 +426,20 @@ def import_wandb(
     page_size: int = 1000,
     timeout: float = 30.0,
     base_url: str | None = None,
+    api_factory: ApiFactory | None = None,
     progress: Progress | None = None,
     defer: Callable[[Callable[[], None]], None] | None = None,
 ) -> ImportResult:
     """A W&B run into the run directory ``out`` (created, or updated in place): ``source`` an
     offline run folder (``wandb/offline-run-*``) or its ``.wandb`` file, or ``entity/project/run_id``
     on a W&B server (API key from ``WANDB_API_KEY``); ``artifacts`` (``entity/project/name:version``)
-    name batch artifacts to import instead of the run's own. ``defer(fn)``: hand the W&B SDK's
-    shutdown to the caller (the command line runs it after printing). ``progress`` counts kB of
-    an offline log, or history rows then batch files online."""
+    name batch artifacts to import instead of the run's own. ``api_factory(timeout=, base_url=)``
+    replaces ``wandb.Api`` (an API object of your own, or a fake one in tests). ``defer(fn)``: hand
+    the W&B SDK's shutdown to the caller (the command line runs it after printing). ``progress``
+    counts kB of an offline log, or history rows then batch files online. :func:`logged` reads
+    back the ``metrics.jsonl`` it wrote."""
     from rldiag.importers.wandb_import import import_wandb as run_import
 
     return run_import(source, out, artifacts=artifacts, artifact_type=artifact_type, artifact_dirs=artifact_dirs,
                       batches=batches, nested_sep=nested_sep, page_size=page_size, timeout=timeout,
-                      base_url=base_url, progress=_by_step(progress), defer=defer)
+                      base_url=base_url, api_factory=api_factory, progress=_by_step(progress), defer=defer)
