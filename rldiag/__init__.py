@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import TYPE_CHECKING, Any
+
+#: ``typing.TYPE_CHECKING`` without importing typing (type checkers take the name as true)
+TYPE_CHECKING = False
 
 __version__ = "0.1.0"
 
@@ -30,6 +32,8 @@ __all__ = [
 _API = frozenset(__all__) - {"__version__"}
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from rldiag.api import (
         CheckResult,
         CompareResult,

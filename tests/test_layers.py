@@ -20,7 +20,7 @@ BEHIND_THE_API = ("rldiag.recompute", "rldiag.check", "rldiag.analysis", "rldiag
 ABOVE_THE_API = ("rldiag.store", "rldiag.viz", "rldiag.app", "rldiag.cli")
 #: the modules at or below the API
 UNDER_THE_API = ("api.py", "recompute.py", "check.py", "errors.py", "registry.py", "engine", "config", "io",
-                 "executors", "analysis", "doctor")
+                 "executors", "analysis", "doctor", "importers")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
