@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "RecomputeResult",
-    "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose", "follow", "import_wandb",
+    "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose", "import_wandb",
     "logged", "recompute", "settings", "tolerances", "verify",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
         compare,
         compare_estimators,
         diagnose,
-        follow,
         import_wandb,
         logged,
         recompute,

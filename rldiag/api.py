@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "Progress",
     "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check", "compare",
-    "compare_estimators", "diagnose", "follow", "import_wandb", "logged", "ray_executor", "recompute", "settings",
+    "compare_estimators", "diagnose", "import_wandb", "logged", "ray_executor", "recompute", "settings",
     "tolerances", "verify", "warm_up",
 ]
 
@@ -240,6 +240,10 @@ def recompute(
     reuse: bool = True,
     executor: str | Executor = "local",
     progress: Progress | None = None,
+    follow: bool = False,
+    poll_seconds: float = 2.0,
+    idle_timeout: float | None = None,
+    on_update: Callable[[RecomputeResult], None] | None = None,
 ) -> RecomputeResult:
     """Recompute ``run`` under its own settings plus ``overrides`` (verl's dotted keys;
     ``estimator`` is short for ``algorithm.adv_estimator``) and write the scenario ``name``
@@ -251,48 +255,35 @@ def recompute(
     scenario are reused unless ``reuse`` is False. ``executor``: ``"local"`` (this process),
     ``"ray"``, or one from :func:`ray_executor` (started here, closed by the caller).
     A step that fails is in ``steps_failed`` and the others are written.
+
+    ``follow=True`` keeps the scenario up to date with a run still writing batches (``rldiag
+    recompute --follow``): it recomputes again (unchanged steps reused) whenever a batch file
+    appears or changes, looking every ``poll_seconds``, calls ``on_update`` with each result,
+    and returns the last one after ``idle_timeout`` seconds without a new file (never when
+    None: stop it with Ctrl-C, a ``KeyboardInterrupt``).
     """
+    from rldiag.recompute import follow as run_follow
     from rldiag.recompute import recompute as run_recompute
 
-    rep = run_recompute(run, _overrides(overrides, estimator), name=name, steps=steps, device=device,
-                        save_tokens=save_tokens, progress=_by_step(progress), reuse=reuse, executor=executor)
-    return RecomputeResult.from_report(rep)
-
-
-def follow(
-    run: Run,
-    overrides: Mapping[str, Any] | None = None,
-    *,
-    estimator: str | None = None,
-    name: str | None = None,
-    steps: str | None = None,
-    device: str = "auto",
-    save_tokens: bool = False,
-    executor: str | Executor = "local",
-    poll_seconds: float = 2.0,
-    idle_timeout: float | None = None,
-    on_update: Callable[[RecomputeResult], None] | None = None,
-) -> RecomputeResult:
-    """:func:`recompute` again whenever the run writes a new batch file (unchanged steps reused),
-    ``on_update`` after each; returns after ``idle_timeout`` seconds without a new file (never
-    when None: stop it with Ctrl-C / KeyboardInterrupt)."""
-    from rldiag.recompute import follow as run_follow
+    options: dict[str, Any] = dict(name=name, steps=steps, device=device, save_tokens=save_tokens, reuse=reuse,
+                                   executor=executor, progress=_by_step(progress))
+    if not follow:
+        return RecomputeResult.from_report(run_recompute(run, _overrides(overrides, estimator), **options))
 
     def update(rep: ScenarioReport) -> None:
         if on_update is not None:
             on_update(RecomputeResult.from_report(rep))
 
-    rep = run_follow(run, _overrides(overrides, estimator), name=name, poll_seconds=poll_seconds,
-                     idle_timeout=idle_timeout, on_update=update, steps=steps, device=device,
-                     save_tokens=save_tokens, executor=executor)
+    rep = run_follow(run, _overrides(overrides, estimator), poll_seconds=poll_seconds, idle_timeout=idle_timeout,
+                     on_update=update, **options)
     return RecomputeResult.from_report(rep)
 
 
 def ray_executor(address: str | None = None, gpus_per_task: float = 1.0) -> Executor:
     """An executor that spreads a recompute's steps over a Ray cluster (``pip install
     'rldiag[ray]'``): ``address`` the cluster to join (default ``RAY_ADDRESS``, else a local Ray),
-    ``gpus_per_task`` the GPUs each task asks for on GPUs. Pass it to :func:`recompute` or
-    :func:`follow` (any number of times) and ``close()`` it when done."""
+    ``gpus_per_task`` the GPUs each task asks for on GPUs. Pass it to :func:`recompute` (any number
+    of times) and ``close()`` it when done."""
     from rldiag.executors.ray_cluster import RayExecutor
 
     return RayExecutor(address=address, gpus_per_task=gpus_per_task)

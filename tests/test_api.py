@@ -135,6 +135,19 @@ def test_a_what_if_with_another_estimator(sample):
     assert_frame_equal(again.metrics, rloo.metrics)
 
 
+def test_recompute_follows_a_run(sample):
+    """``follow=True``: a recompute as the run's files change (here: none after the first), each
+    result to ``on_update``, the last returned once ``idle_timeout`` passes without a new file."""
+    updates: list[api.RecomputeResult] = []
+    calls = Calls()
+    res = rldiag.recompute(sample, name="followed", steps="1:2", device="cpu", follow=True, poll_seconds=0.01,
+                           idle_timeout=0.05, on_update=updates.append, progress=calls)
+    assert [u.steps_done for u in updates] == [[1, 2]]
+    assert isinstance(res, api.RecomputeResult) and res.name == "followed" and res.steps_done == [1, 2]
+    assert_frame_equal(res.metrics, updates[0].metrics)
+    assert_counts_up(calls, 2, steps=[1, 2])
+
+
 def test_recompute_refuses_a_bad_setting_before_any_work(sample):
     with pytest.raises(ConfigError):
         rldiag.recompute(sample, name="a/b")

@@ -84,9 +84,9 @@ def _follow(args: argparse.Namespace, executor) -> int:
                       f"{len(rep.steps_failed)} waiting or failed, {rep.seconds:.2f}s")
 
     try:
-        result = api.follow(args.run, overrides_from_args(args), name=args.name, poll_seconds=args.poll,
-                            idle_timeout=args.idle_timeout, on_update=on_update, steps=args.steps,
-                            device=args.device, save_tokens=args.save_tokens, executor=executor)
+        result = api.recompute(args.run, overrides_from_args(args), name=args.name, steps=args.steps,
+                               device=args.device, save_tokens=args.save_tokens, executor=executor, follow=True,
+                               poll_seconds=args.poll, idle_timeout=args.idle_timeout, on_update=on_update)
     except KeyboardInterrupt:
         console.print("stopped following")
         return exit_codes.OK
