@@ -98,13 +98,13 @@ def __dir__() -> list[str]:
 # ---- helpers -----------------------------------------------------------------------------------
 
 
-def _by_step(progress: Progress | None, prefix: str = "") -> Callable[[int, int, int], None] | None:
+def _by_step(progress: Progress | None) -> Callable[[int, int, int], None] | None:
     """The lower modules' ``progress(done, total, step)`` calling the API's ``progress(done, total, what)``."""
     if progress is None:
         return None
 
     def update(done: int, total: int, step: int) -> None:
-        progress(done, total, f"{prefix}step {step}")
+        progress(done, total, f"step {step}")
 
     return update
 
@@ -384,9 +384,9 @@ def diagnose(
     progress: Progress | None = None,
 ) -> DiagnoseResult:
     """The doctor: the health rules (built in, plus ``rules_files``) over the run's logged
-    metrics and, unless ``recompute`` is False, its recomputed ones (the ``baseline``
-    scenario, reused when unchanged). ``result.healthy``; ``result.findings_frame()``: one row
-    per finding, most severe first."""
+    metrics and, unless ``recompute`` is False, its recomputed ones (written as the scenario
+    :func:`recompute` writes for these overrides, ``baseline`` for none; unchanged steps reused).
+    ``result.healthy``; ``result.findings_frame()``: one row per finding, most severe first."""
     from rldiag.doctor import diagnose as run_diagnose
 
     return run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
