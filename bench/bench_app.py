@@ -124,9 +124,9 @@ def bench_store(run: Path, names: list[str]) -> list[tuple[str, float, str]]:
 def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[str, float, str]]:
     """What the What-if page does on Recompute (the baseline already there): the scenario's
     recompute with tokens, then the compare of the baseline with it (steps streamed, with progress)."""
+    from rldiag import api
     from rldiag.recompute import recompute
     from rldiag.synth import SynthSpec, write_synth_run
-    from rldiag.viz.comparison import run_compare
 
     if (root / "whatif").exists():  # a fresh run: a scenario left by an earlier bench would be reused
         shutil.rmtree(root / "whatif")
@@ -135,7 +135,8 @@ def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[s
     recompute(run, {}, name="baseline", save_tokens=True)
     t_re, _ = timed(lambda: recompute(run, {"algorithm.adv_estimator": "rloo"}, name="rloo", save_tokens=True))
     seen = []
-    t_cmp, _ = timed(lambda: run_compare(run, "baseline", "rloo", progress=lambda i, n, s: seen.append(time.perf_counter())))
+    t_cmp, _ = timed(lambda: api.compare(run, "baseline", "rloo", recompute_missing=False,
+                                         progress=lambda i, n, what: seen.append(time.perf_counter())))
     size = f"{steps} steps x {rows} rows x up to {length} tokens"
     return [
         ("what-if: recompute alone (scenario, with tokens)", t_re, size),

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.compute as pc
 
 from rldiag.config.settings import find_config_file, resolve_settings
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.errors import RldiagError
+from rldiag.io.arrays import rows_frame
 from rldiag.io.fs import relative_to
 from rldiag.io.loader import read_table, validate_table
 from rldiag.io.rundir import RunDir, iter_metrics_lines
 from rldiag.io.schema import BASE_NEED, LIST_COLUMNS, METRIC_NEEDS, SCALAR_COLUMNS, estimator_need, policy_loss_needs
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 @dataclass
@@ -49,6 +54,11 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         return not self.problems and bool(self.steps)
+
+    def steps_frame(self) -> pl.DataFrame:
+        """One row per batch file: step, file, rows, tokens, actor tokens, groups, columns, and
+        the problem that makes it unreadable (null when it is fine)."""
+        return rows_frame([asdict(s) for s in self.steps], [f.name for f in fields(StepSummary)])
 
 
 def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None = None) -> CheckReport:

@@ -10,9 +10,16 @@ and float noise below this is not a learning signal.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from rldiag.io.arrays import rows_frame
+
+if TYPE_CHECKING:
+    import polars as pl
 
 ZERO_EPS = 1e-6
 
@@ -80,6 +87,11 @@ class TokenAgreement:
     groups_signal_only_a: int  # signal in A, none in B
     groups_signal_only_b: int
     weight_tokens: int = 0  # tokens with either mask 1 (behind weight_mean_abs_change)
+
+
+def agreement_frame(tokens: Sequence[TokenAgreement]) -> pl.DataFrame:
+    """One row per step's :class:`TokenAgreement`, its fields as columns."""
+    return rows_frame([asdict(t) for t in tokens], [f.name for f in fields(TokenAgreement)])
 
 
 def group_signal(adv: np.ndarray, mask: np.ndarray, token_group: np.ndarray, n_groups: int) -> np.ndarray:

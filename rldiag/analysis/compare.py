@@ -23,21 +23,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rldiag.analysis.agreement import TokenAgreement, token_agreement
+from rldiag.analysis.agreement import TokenAgreement, agreement_frame, token_agreement
 from rldiag.analysis.logged import flat_list_column, logged_metrics
 from rldiag.analysis.scenarios import ensure_scenario, read_meta
 from rldiag.analysis.weights import effective_weights
 from rldiag.config.settings import resolve_settings
 from rldiag.errors import BatchError, ConfigError, OutputError, RunDirError
-from rldiag.io.arrays import parquet_file
+from rldiag.io.arrays import parquet_file, rows_frame
 from rldiag.io.fs import RemotePath, arrow_source
 from rldiag.io.loader import read_schema, read_table
 from rldiag.io.outputs import comparison_dir, json_safe, read_scenario, scenario_dir
@@ -45,6 +46,9 @@ from rldiag.io.rundir import RunDir, StepFile, parse_steps
 from rldiag.io.scenario_writer import open_writer
 from rldiag.io.schema import id_type_problem
 from rldiag.version import __version__
+
+if TYPE_CHECKING:
+    import polars as pl
 
 LOGGED = "logged"
 ProgressFn = Callable[[int, int, int], None]
@@ -81,6 +85,16 @@ class CompareReport:
         d = asdict(self)
         d["path"] = str(self.path)
         return json_safe(d)
+
+    def metrics_frame(self) -> pl.DataFrame:
+        """One row per metric both sides have: its mean on each side, mean delta (B - A) and
+        largest absolute delta over the steps compared."""
+        return rows_frame([asdict(m) for m in self.metrics], [f.name for f in fields(MetricDelta)])
+
+    def tokens_frame(self) -> pl.DataFrame:
+        """One row per step with per-token outputs on both sides: the agreement of their
+        advantages (sign agreement, Pearson, Spearman, sign flips, groups with signal, ...)."""
+        return agreement_frame(self.tokens)
 
 
 # ---- the two sides ----------------------------------------------------------------------------
@@ -341,6 +355,11 @@ class EstimatorComparison:
         return json_safe({"run": self.run, "scenarios": self.scenarios, "recomputed": self.recomputed,
                           "pairs": [p.to_dict() for p in self.pairs]})
 
+    def summary_frame(self) -> pl.DataFrame:
+        """One row per pair: its scenarios ``a`` and ``b`` and the summary of their comparison."""
+        keys = list(dict.fromkeys(k for p in self.pairs for k in p.summary))
+        return rows_frame([{"a": p.a, "b": p.b, **p.summary} for p in self.pairs], ["a", "b", *keys])
+
 
 def compare_estimators(
     run: str | Path | RemotePath,
@@ -348,9 +367,11 @@ def compare_estimators(
     steps: str | None = None,
     device: str = "auto",
     progress: ProgressFn | None = None,
+    on_scenario: Callable[[str], None] | None = None,
 ) -> EstimatorComparison:
     """Recompute (or reuse) one scenario per estimator, named ``adv_estimator=<name>`` with
-    per-token outputs, then compare every pair (in the order given)."""
+    per-token outputs, then compare every pair (in the order given). ``on_scenario(name)`` is
+    called before each scenario is looked at (and recomputed, with ``progress``, when needed)."""
     from rldiag.config.settings import scenario_slug
     from rldiag.engine.advantage import ESTIMATORS
 
@@ -364,6 +385,8 @@ def compare_estimators(
     for e in names:
         overrides = {"algorithm.adv_estimator": e}
         scenarios[e] = scenario_slug(overrides)
+        if on_scenario:
+            on_scenario(scenarios[e])
         if ensure_scenario(rd.path, scenarios[e], overrides, steps, device=device, progress=progress):
             recomputed.append(scenarios[e])
     pairs = []

@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,11 +40,15 @@ from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recomput
 from rldiag.errors import ComputeError, RldiagError
 from rldiag.executors.klchain import chain, replay_statistics
 from rldiag.executors.steps import Job, StepTask
+from rldiag.io.arrays import rows_frame
 from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
 from rldiag.recompute import check_settings, resolve_device
+
+if TYPE_CHECKING:
+    import polars as pl
 
 ProgressFn = Callable[[int, int, int], None]
 #: Order in which fields are reported (pipeline order: an upstream mismatch explains later ones).
@@ -147,6 +151,16 @@ class VerifyReport:
     @property
     def exit_code(self) -> int:
         return {"match": 0, "mismatch": 1, "unverifiable": 2}[self.status]
+
+    def fields_frame(self) -> pl.DataFrame:
+        """One row per compared field (pipeline order, then metrics by name): its kind, values
+        compared, mismatches, largest errors, tolerance, and its first mismatch in words."""
+        rows = [{"field": f.field, "kind": f.kind, "ok": f.ok, "compared": f.compared, "mismatches": f.mismatches,
+                 "max_abs_err": f.max_abs_err, "max_rel_err": f.max_rel_err, "rtol": f.rtol, "atol": f.atol,
+                 "steps_mismatched": f.steps_mismatched, "first_mismatch": f.first.describe() if f.first else None}
+                for f in self.fields.values()]
+        return rows_frame(rows, ["field", "kind", "ok", "compared", "mismatches", "max_abs_err", "max_rel_err",
+                                 "rtol", "atol", "steps_mismatched", "first_mismatch"])
 
     def summary(self) -> str:
         """One line per candidate that would have matched, e.g. "advantages match with

@@ -69,7 +69,9 @@ def preload(runs: Sequence[str | Path]) -> None:
                 _preloaded[key] = store
     # the pages' modules (plotly; torch for What-if, Step and Health), before the server answers:
     # imported later they would hold the interpreter while the first page is drawn
-    import rldiag.recompute  # noqa: F401
+    from rldiag import api
+
+    api.warm_up()
     import rldiag.viz.charts  # noqa: F401
     import rldiag.viz.comparison  # noqa: F401
     import rldiag.viz.echarts  # noqa: F401

@@ -161,10 +161,10 @@ def heavy_work():
 
 
 def progress_callback(bar, label: str):
-    """A ``progress(done, total, step)`` for rldiag that moves a ``st.progress`` bar."""
+    """A ``progress(done, total, what)`` for :mod:`rldiag.api` that moves a ``st.progress`` bar."""
 
-    def update(done: int, total: int, step: int) -> None:
-        frac, text = progress_state(done, total, step, label)
+    def update(done: int, total: int, what: str) -> None:
+        frac, text = progress_state(done, total, what, label)
         bar.progress(frac, text=text)
 
     return update

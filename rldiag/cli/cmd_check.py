@@ -6,6 +6,7 @@ import argparse
 
 from rich.table import Table
 
+from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, console, err_console, progress_bar
 
@@ -21,10 +22,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rldiag.check import check_run
-
     with progress_bar("check", enabled=args.progress) as bar:
-        rep = check_run(args.run, progress=bar)
+        rep = api.check(args.run, progress=bar)
     ok_steps = [s for s in rep.steps if not s.problem]
     console.print(f"run {rep.run}")
     console.print(f"  config: {rep.config_file or 'none (verl defaults)'}")

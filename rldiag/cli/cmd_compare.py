@@ -9,6 +9,7 @@ import sys
 
 from rich.table import Table
 
+from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, console, fmt, progress_bar
 from rldiag.errors import ConfigError
@@ -45,14 +46,12 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rldiag.analysis.compare import compare, compare_estimators
-
     if args.estimators:
         if args.sides:
             raise ConfigError("give either two sides or --estimators, not both")
         with progress_bar("recompute", enabled=args.progress) as bar:
-            by_estimator = compare_estimators(args.run, args.estimators.split(","), steps=args.steps,
-                                              device=args.device, progress=bar)
+            by_estimator = api.compare_estimators(args.run, args.estimators.split(","), steps=args.steps,
+                                                  device=args.device, progress=bar)
         if args.json:
             sys.stdout.write(json.dumps(by_estimator.to_dict(), indent=2) + "\n")
             return exit_codes.OK
@@ -63,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if len(args.sides) != 2:
         raise ConfigError("compare needs two sides (scenario names or `logged`), or --estimators a,b,...")
     with progress_bar("compare", enabled=args.progress) as bar:
-        rep = compare(args.run, args.sides[0], args.sides[1], steps=args.steps,
-                      recompute_missing=not args.no_recompute, device=args.device, progress=bar)
+        rep = api.compare(args.run, args.sides[0], args.sides[1], steps=args.steps,
+                          recompute_missing=not args.no_recompute, device=args.device, progress=bar)
     if args.json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
         return exit_codes.OK
@@ -72,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     return exit_codes.OK
 
 
-def print_pairs(pairs) -> None:
+def print_pairs(pairs: list[api.CompareResult]) -> None:
     t = Table(title="advantage agreement, pair by pair")
     t.add_column("A")
     t.add_column("B")
@@ -89,7 +88,7 @@ def print_pairs(pairs) -> None:
         console.print(f"wrote {p.path}", markup=False)
 
 
-def print_report(rep, n_metrics: int) -> None:
+def print_report(rep: api.CompareResult, n_metrics: int) -> None:
     if rep.recomputed:
         console.print(f"recomputed with per-token outputs: {', '.join(rep.recomputed)}", markup=False)
     if rep.tokens:

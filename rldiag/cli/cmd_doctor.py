@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
 
@@ -29,11 +30,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rldiag.doctor import diagnose
-
     with progress_bar("doctor", enabled=args.progress) as bar:
-        rep = diagnose(args.run, rules_files=args.rules or (), overrides=overrides_from_args(args), steps=args.steps,
-                       recompute=not args.logged_only, device=args.device, progress=bar)
+        rep = api.diagnose(args.run, overrides_from_args(args), rules_files=args.rules or (), steps=args.steps,
+                           recompute=not args.logged_only, device=args.device, progress=bar)
     if args.json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
     else:
@@ -41,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     return exit_codes.OK if rep.healthy else exit_codes.FAILED
 
 
-def print_report(rep, verbose: bool = False) -> None:
+def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
     console.print(f"doctor {rep.run}: {len(rep.steps)} batch steps, logged metrics for {rep.logged_steps} steps, "
                   f"recomputed {rep.recomputed_steps}", markup=False)
     if rep.recompute_error:

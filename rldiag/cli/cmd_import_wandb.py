@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, console, defer, err_console, progress_bar
 
@@ -41,11 +42,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rldiag.importers.wandb_import import import_wandb
-
     label = "reading kB" if args.source and Path(args.source).expanduser().exists() else "importing"
     with progress_bar(label, enabled=args.progress) as bar:
-        rep = import_wandb(
+        rep = api.import_wandb(
             args.source, args.out, artifacts=args.artifact, artifact_type=args.artifact_type,
             artifact_dirs=args.artifact_dir, batches=args.batches, nested_sep=args.nested_sep,
             page_size=args.page_size, timeout=args.timeout, base_url=args.base_url, progress=bar, defer=defer,

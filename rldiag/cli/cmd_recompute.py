@@ -6,6 +6,7 @@ import argparse
 
 from rich.table import Table
 
+from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
 
@@ -54,9 +55,7 @@ def add_parser(sub) -> None:
 
 def _executor(args: argparse.Namespace):
     if args.executor == "ray":
-        from rldiag.executors.ray_cluster import RayExecutor
-
-        return RayExecutor(address=args.ray_address, gpus_per_task=args.gpus_per_task)
+        return api.ray_executor(address=args.ray_address, gpus_per_task=args.gpus_per_task)
     return "local"
 
 
@@ -70,35 +69,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _once(args: argparse.Namespace, executor) -> int:
-    from rldiag.recompute import recompute
-
     with progress_bar("recompute", enabled=args.progress) as bar:
-        report = recompute(
+        result = api.recompute(
             args.run, overrides_from_args(args), name=args.name, steps=args.steps, device=args.device,
             save_tokens=args.save_tokens, progress=bar, reuse=args.reuse, executor=executor,
         )
-    return _summary(report)
+    return _summary(result)
 
 
 def _follow(args: argparse.Namespace, executor) -> int:
-    from rldiag.recompute import follow
-
-    def on_update(rep) -> None:
+    def on_update(rep: api.RecomputeResult) -> None:
         new = len(rep.steps_done) - len(rep.steps_reused)
         console.print(f"{rep.name}: {len(rep.steps_done)} steps ({new} new), "
                       f"{len(rep.steps_failed)} waiting or failed, {rep.seconds:.2f}s")
 
     try:
-        report = follow(args.run, overrides_from_args(args), name=args.name, poll_seconds=args.poll,
-                        idle_timeout=args.idle_timeout, on_update=on_update, steps=args.steps,
-                        device=args.device, save_tokens=args.save_tokens, executor=executor)
+        result = api.recompute(args.run, overrides_from_args(args), name=args.name, steps=args.steps,
+                               device=args.device, save_tokens=args.save_tokens, executor=executor, follow=True,
+                               poll_seconds=args.poll, idle_timeout=args.idle_timeout, on_update=on_update)
     except KeyboardInterrupt:
         console.print("stopped following")
         return exit_codes.OK
-    return _summary(report)
+    return _summary(result)
 
 
-def _summary(report) -> int:
+def _summary(report: api.RecomputeResult) -> int:
     reused = f", {len(report.steps_reused)} reused" if report.steps_reused else ""
     table = Table(title=f"scenario {report.name}  ({len(report.steps_done)} steps{reused}, {report.rows} rows, "
                         f"{report.tokens} tokens recomputed, {report.seconds:.2f}s on {report.device}"
@@ -106,9 +101,10 @@ def _summary(report) -> int:
     table.add_column("metric", no_wrap=True)
     for col in ("first", "last", "mean", "min", "max"):
         table.add_column(col, justify="right")
-    rows = sorted(report.metrics, key=lambda r: r["step"])
+    frame = report.metrics  # in step order
     for name in SUMMARY_METRICS:
-        vals = [r[name] for r in rows if name in r and r[name] == r[name]]
+        column = frame[name].to_list() if name in frame.columns else []
+        vals = [v for v in column if v is not None and v == v]  # neither absent nor NaN
         if not vals:
             continue
         table.add_row(name, fmt(vals[0]), fmt(vals[-1]), fmt(sum(vals) / len(vals)), fmt(min(vals)), fmt(max(vals)))

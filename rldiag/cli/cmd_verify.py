@@ -12,6 +12,7 @@ import sys
 
 from rich.table import Table
 
+from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
 from rldiag.errors import RldiagError
@@ -39,26 +40,17 @@ def add_parser(sub) -> None:
     sp.set_defaults(func=run, on_error=on_error)
 
 
-def tolerances_from_args(args: argparse.Namespace):
-    from rldiag.analysis.tolerance import Tol, Tolerances, parse_field_tolerance
-
-    base = Tolerances.bf16() if args.bf16 else Tolerances()
-    tokens = Tol(args.rtol if args.rtol is not None else base.tokens.rtol,
-                 args.atol if args.atol is not None else base.tokens.atol)
-    metrics = Tol(args.metrics_rtol if args.metrics_rtol is not None else base.metrics.rtol,
-                  args.metrics_atol if args.metrics_atol is not None else base.metrics.atol)
-    fields = dict(parse_field_tolerance(t) for t in (args.tol or []))
-    return Tolerances(tokens=tokens, metrics=metrics, fields=fields)
+def tolerances_from_args(args: argparse.Namespace) -> api.Tolerances:
+    return api.tolerances(bf16=args.bf16, rtol=args.rtol, atol=args.atol, metrics_rtol=args.metrics_rtol,
+                          metrics_atol=args.metrics_atol, fields=args.tol or [])
 
 
 def run(args: argparse.Namespace) -> int:
-    from rldiag.analysis.verify import verify_run
-
     with progress_bar("verify", enabled=args.progress) as bar:
-        report = verify_run(
+        report = api.verify(
             args.run, overrides_from_args(args), steps=args.steps, tolerances=tolerances_from_args(args),
             masked_only=args.masked_only, candidates=not args.no_candidates,
-            candidate_steps=max(1, args.candidate_steps), device=args.device, progress=bar,
+            candidate_steps=args.candidate_steps, device=args.device, progress=bar,
         )
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -75,7 +67,7 @@ def on_error(args: argparse.Namespace, exc: RldiagError, code: int) -> None:
     err_console.print("verify: the run cannot be verified")
 
 
-def print_report(report, verbose: bool = False) -> None:
+def print_report(report: api.VerifyResult, verbose: bool = False) -> None:
     t = Table(title=f"verify {report.run}  ({len(report.steps_checked)} steps checked)")
     for col in ("field", "kind", "compared", "mismatches", "max abs err", "max rel err", "rtol", "atol"):
         t.add_column(col, justify="left" if col in ("field", "kind") else "right", no_wrap=col == "field")

@@ -41,10 +41,10 @@ def run_deferred() -> None:
             pass
 
 
-class progress_bar:  # noqa: N801 - called like a function, as the engine's progress callbacks are
+class progress_bar:  # noqa: N801 - called like a function, as rldiag.api's progress callbacks are
     """A rich progress bar on stderr, shown on a terminal (or when forced with --progress).
 
-    Call it as ``bar(done, total, step)``; it matches the engine's progress callbacks.
+    Call it as ``bar(done, total, what)``: the ``progress`` callback of :mod:`rldiag.api`.
     """
 
     def __init__(self, label: str, enabled: bool | None = None):
@@ -57,16 +57,16 @@ class progress_bar:  # noqa: N801 - called like a function, as the engine's prog
         if self.enabled:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("step {task.fields[step]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                TextColumn("{task.fields[what]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                 console=err_console, transient=False,
             )
             self._progress.__enter__()
-            self._task = self._progress.add_task(self.label, total=None, step="-")
+            self._task = self._progress.add_task(self.label, total=None, what="step -")
         return self
 
-    def __call__(self, done: int, total: int, step: int) -> None:
+    def __call__(self, done: int, total: int, what: str) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, completed=done, total=total, step=step)
+            self._progress.update(self._task, completed=done, total=total, what=what)
 
     def __exit__(self, *exc):
         if self._progress is not None:

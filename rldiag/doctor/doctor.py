@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rldiag.analysis.logged import logged_metrics
 from rldiag.config.settings import resolve_settings
@@ -22,11 +22,15 @@ from rldiag.doctor.rule import Rule
 from rldiag.doctor.rules import load_rules
 from rldiag.doctor.signals import SignalTable
 from rldiag.errors import RldiagError
+from rldiag.io.arrays import rows_frame
 from rldiag.io.fs import RemotePath
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, parse_steps
 from rldiag.recompute import check_settings
 from rldiag.recompute import recompute as run_recompute
+
+if TYPE_CHECKING:
+    import polars as pl
 
 ProgressFn = Callable[[int, int, int], None]
 
@@ -55,6 +59,15 @@ class DoctorReport:
         d["healthy"] = self.healthy
         d["recompute_failed"] = {str(k): v for k, v in self.recompute_failed.items()}
         return json_safe(d)
+
+    def findings_frame(self) -> pl.DataFrame:
+        """One row per finding, most severe first: the rule, what was seen, the metric and the
+        steps (with their values) behind it, and why it matters."""
+        rows = [{"rule": f.rule, "severity": f.severity, "title": f.title, "message": f.message,
+                 "metric": f.evidence.metric, "source": f.evidence.source, "statistic": f.evidence.statistic,
+                 "steps": f.evidence.steps, "values": f.evidence.values, "why": f.why} for f in self.findings]
+        return rows_frame(rows, ["rule", "severity", "title", "message", "metric", "source", "statistic", "steps",
+                                 "values", "why"])
 
 
 def _stream(rd: RunDir, overrides: Mapping[str, Any], steps: str | None, table: SignalTable,

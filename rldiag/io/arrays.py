@@ -8,10 +8,15 @@ through Arrow's buffers and DLPack are zero-copy where the layout allows and imp
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 def to_numpy(arr: pa.Array) -> np.ndarray:
@@ -60,3 +65,13 @@ def parquet_file(source, filesystem=None) -> pq.ParquetFile:
 def read_parquet(source, columns: list[str] | None = None, filesystem=None, threads: bool = True) -> pa.Table:
     """``pq.read_table`` for one file, without pandas."""
     return parquet_file(source, filesystem).read(columns=columns, use_threads=threads)
+
+
+def rows_frame(rows: list[dict], columns: list[str]) -> pl.DataFrame:
+    """Row dicts as a polars frame with ``columns`` in that order (the reports' ``*_frame()``
+    methods); with no rows, the columns are still there (of type null)."""
+    import polars as pl
+
+    if not rows:
+        return pl.DataFrame(schema=columns)
+    return pl.DataFrame([{c: r.get(c) for c in columns} for r in rows], strict=False)

@@ -1,10 +1,6 @@
-"""The compare command seen from the app: run it, and lay out its numbers."""
+"""The compare command seen from the app: its numbers laid out (:func:`rldiag.api.compare` runs it)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import asdict
-from pathlib import Path
 
 import polars as pl
 
@@ -24,15 +20,6 @@ SUMMARY_LABELS = {
 }
 
 
-def run_compare(run: str | Path, a: str, b: str, steps: str | None = None,
-                progress: Callable[[int, int, int], None] | None = None, on_step: Callable | None = None):
-    """``rldiag compare RUN A B [--steps STEPS]`` (both scenarios must exist; nothing is recomputed);
-    ``on_step`` gets each step's agreement as it is computed."""
-    from rldiag.analysis.compare import compare
-
-    return compare(run, a, b, steps=steps, recompute_missing=False, progress=progress, on_step=on_step)
-
-
 def redraw_due(done: int, total: int, updates: int = 10) -> bool:
     """Whether the streamed view is redrawn after ``done`` of ``total`` steps: about ``updates``
     times over the compare (every step of a short one), not after the last (the saved result is
@@ -43,10 +30,10 @@ def redraw_due(done: int, total: int, updates: int = 10) -> bool:
 def partial_view(agreements: list) -> tuple[list[dict], pl.DataFrame]:
     """The summary rows and the per-step frame (as :func:`rldiag.viz.charts.agreement_figure`
     takes it) of the steps compared so far (:class:`rldiag.analysis.agreement.TokenAgreement`)."""
+    from rldiag.analysis.agreement import agreement_frame
     from rldiag.analysis.compare import summarise
 
-    frame = pl.DataFrame([asdict(a) for a in agreements]) if agreements else pl.DataFrame()
-    return summary_rows(summarise(agreements)), frame
+    return summary_rows(summarise(agreements)), agreement_frame(agreements)
 
 
 def summary_rows(summary: dict) -> list[dict]:

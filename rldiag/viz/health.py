@@ -1,21 +1,13 @@
-"""The doctor seen from the app: findings laid out with the steps behind them."""
+"""The doctor seen from the app: findings laid out with the steps behind them (:func:`rldiag.api.diagnose`
+runs it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 SEVERITY_ICONS = {"critical": ":red[:material/report:]", "warning": ":orange[:material/warning:]"}
 #: at most this many steps of a finding get a link
 MAX_LINKS = 12
-
-
-def run_doctor(run: str | Path, recompute: bool, progress: Callable[[int, int, int], None] | None = None):
-    """The doctor's report on ``run`` (``recompute`` False: logged metrics only)."""
-    from rldiag.doctor import diagnose
-
-    return diagnose(run, recompute=recompute, device="cpu", progress=progress)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 import streamlit as st
 
+from rldiag import api
 from rldiag.app import session
 from rldiag.app.main import page_path
 from rldiag.viz import health
@@ -17,7 +18,8 @@ def page() -> None:
     cached = st.session_state.get("he_report")
     if cached is None or cached[0] != key or st.button("Run the doctor again", key="he_again"):
         bar = st.progress(0.0, text="doctor")
-        report = health.run_doctor(store.run, recompute=deep, progress=session.progress_callback(bar, "doctor"))
+        report = api.diagnose(store.run, recompute=deep, device="cpu",
+                              progress=session.progress_callback(bar, "doctor"))
         bar.empty()
         st.session_state["he_report"] = (key, report)
     report = st.session_state["he_report"][1]

@@ -3,9 +3,8 @@ debugging checklist (scores, rewards, masks, groups, advantages, then ratios) ev
 
 import streamlit as st
 
+from rldiag import api
 from rldiag.app import session
-from rldiag.config.settings import resolve_settings
-from rldiag.recompute import recompute
 from rldiag.store.tokentext import RANKINGS
 from rldiag.viz.charts import group_figure, heat_strip
 from rldiag.viz.checklist import RATIO_METRICS, evaluate
@@ -44,8 +43,8 @@ def pick_scenarios(step: int) -> tuple[str | None, str | None]:
         if st.button("Recompute baseline with tokens", key="st_recompute", disabled=not session.can_write(store)):
             bar = st.progress(0.0)
             with session.heavy_work():
-                recompute(store.run, {}, name="baseline", save_tokens=True,
-                          progress=session.progress_callback(bar, "baseline"))
+                api.recompute(store.run, name="baseline", save_tokens=True,
+                              progress=session.progress_callback(bar, "baseline"))
             st.rerun()
         return None, None
     c1, c2 = st.columns(2)
@@ -105,7 +104,7 @@ def page() -> None:
     response_text(step, row, a, tokens)
 
     st.subheader("Debugging checklist")
-    settings = scenario_settings(store.scenario_meta(a) if a else None, resolve_settings(store.run).values)
+    settings = scenario_settings(store.scenario_meta(a) if a else None, api.settings(store.run).values)
     facts = store.step_facts(step, a)
     at_step = {}
     if a:

@@ -6,12 +6,10 @@ from typing import Any
 
 import streamlit as st
 
-from rldiag.analysis.agreement import TokenAgreement
+from rldiag import api
 from rldiag.app import session
 from rldiag.config import schema
-from rldiag.config.settings import resolve_settings
 from rldiag.errors import RldiagError
-from rldiag.recompute import recompute
 from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.viz import comparison, whatif
 from rldiag.viz.charts import agreement_figure
@@ -124,9 +122,9 @@ def run_scenarios(name: str, ovr: dict) -> None:
     cancel_button("recompute", name)
     failed: dict[int, str] = {}
     if BASELINE not in store.scenario_names() and name != BASELINE:
-        base = recompute(store.run, {}, name=BASELINE, save_tokens=True, progress=session.progress_callback(bar, BASELINE))
+        base = api.recompute(store.run, name=BASELINE, save_tokens=True, progress=session.progress_callback(bar, BASELINE))
         failed.update(base.steps_failed)
-    report = recompute(store.run, ovr, name=name, save_tokens=True, progress=session.progress_callback(bar, name))
+    report = api.recompute(store.run, ovr, name=name, save_tokens=True, progress=session.progress_callback(bar, name))
     failed.update(report.steps_failed)
     st.session_state.setdefault("wi_failed", {})[name] = failed
     bar.progress(1.0, text=f"{name}: {len(report.steps_done)} steps in {report.seconds:.1f} s"
@@ -181,13 +179,13 @@ def run_compare(name: str) -> bool:
     bar = st.progress(0.0, text="compare: starting")
     cancel_button("compare", name)
     live = st.empty()
-    seen: list[TokenAgreement] = []
-    done: dict[str, int | None] = {"step": None}
+    seen: list[api.TokenAgreement] = []
+    done: dict[str, str | None] = {"what": None}
     update = session.progress_callback(bar, "compare")
 
-    def progress(i: int, total: int, step: int) -> None:
-        done["step"] = step
-        update(i, total, step)
+    def progress(i: int, total: int, what: str) -> None:
+        done["what"] = what
+        update(i, total, what)
         if seen and comparison.redraw_due(i, total):
             rows, frame = comparison.partial_view(seen)
             with live.container():
@@ -197,9 +195,10 @@ def run_compare(name: str) -> bool:
 
     steps = compare_steps(name)
     try:
-        report = comparison.run_compare(store.run, BASELINE, name, steps=steps, progress=progress, on_step=seen.append)
+        report = api.compare(store.run, BASELINE, name, steps=steps, recompute_missing=False, progress=progress,
+                             on_step=seen.append)
     except RldiagError as exc:
-        after = f" after step {done['step']}" if done["step"] is not None else ""
+        after = f" after {done['what']}" if done["what"] is not None else ""
         bar.progress(1.0, text=f"compare stopped{after}")
         st.error(f"The compare stopped{after}: {type(exc).__name__}: {exc}. The values above do not depend on it.")
         return False
@@ -257,7 +256,7 @@ def results(name: str) -> None:
 
 
 with session.guard():
-    settings = resolve_settings(store.run)
+    settings = api.settings(store.run)
     base = whatif.base_values(settings)
     chosen = settings_widgets(base, whatif.options())
     ovr = whatif.overrides(base, chosen)

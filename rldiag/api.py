@@ -1,0 +1,436 @@
+"""rldiag's Python API: what the command line, the app and a notebook call.
+
+::
+
+    import rldiag
+
+    run = "runs/grpo"
+    base = rldiag.recompute(run)                       # the run's own settings -> scenario "baseline"
+    rloo = rldiag.recompute(run, estimator="rloo")     # what would RLOO have done? -> "adv_estimator=rloo"
+    base.metrics                                       # polars frame, one row per step (metrics.parquet)
+    rldiag.verify(run).status                          # "match", "mismatch" or "unverifiable"
+    rldiag.compare(run, base.name, rloo.name).metrics_frame()
+    rldiag.diagnose(run).findings_frame()
+
+Each function returns a dataclass: :class:`RecomputeResult`, or the report the command prints
+(:class:`VerifyResult`, :class:`CompareResult`, :class:`EstimatorsResult`,
+:class:`DiagnoseResult`, :class:`CheckResult`, :class:`ImportResult`), whose ``to_dict()`` is the
+command's ``--json`` output and whose ``*_frame()`` methods give its tables as polars frames.
+Errors are :class:`rldiag.errors.RldiagError` (the command line prints them and exits).
+
+Every function that takes a while takes ``progress``, one callback shape for all:
+``progress(done, total, what)``, called after each unit of work: ``done`` of ``total`` finished
+(steps; for :func:`import_wandb`, kB of an offline log, history rows or batch files), ``what`` a
+short text of the last one (``"step 12"``; ``"adv_estimator=rloo: step 12"`` while
+:func:`compare_estimators` recomputes that scenario).
+
+Importing this module is cheap: each function imports what it needs when called (torch and the
+engine for a recompute, the W&B reader for an import), so the command line starts fast and
+``import rldiag`` does not pay for it (:func:`warm_up` imports the heavy part up front).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from rldiag.analysis.agreement import TokenAgreement
+    from rldiag.analysis.compare import CompareReport as CompareResult
+    from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
+    from rldiag.analysis.tolerance import Tol, Tolerances
+    from rldiag.analysis.verify import VerifyReport as VerifyResult
+    from rldiag.check import CheckReport as CheckResult
+    from rldiag.config.settings import Settings
+    from rldiag.doctor import DoctorReport as DiagnoseResult
+    from rldiag.executors import Executor
+    from rldiag.importers.wandb_import import ImportReport as ImportResult
+    from rldiag.importers.wandb_online import ApiFactory
+    from rldiag.io.fs import RemotePath
+    from rldiag.recompute import ScenarioReport
+
+__all__ = [
+    "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "Progress",
+    "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check", "compare",
+    "compare_estimators", "diagnose", "import_wandb", "logged", "ray_executor", "recompute", "settings",
+    "tolerances", "verify", "warm_up",
+]
+
+#: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
+Progress: TypeAlias = Callable[[int, int, str], None]
+#: a run directory, or its object-store URI (``s3://bucket/run``) where the function supports one
+Run: TypeAlias = "str | Path | RemotePath"
+
+#: the result types that are the commands' own reports, and the types their arguments take:
+#: resolved on first use (``module:attribute``), so that importing this module imports none of them
+_LAZY = {
+    "VerifyResult": "rldiag.analysis.verify:VerifyReport",
+    "CompareResult": "rldiag.analysis.compare:CompareReport",
+    "EstimatorsResult": "rldiag.analysis.compare:EstimatorComparison",
+    "DiagnoseResult": "rldiag.doctor.doctor:DoctorReport",
+    "CheckResult": "rldiag.check:CheckReport",
+    "ImportResult": "rldiag.importers.wandb_import:ImportReport",
+    "TokenAgreement": "rldiag.analysis.agreement:TokenAgreement",
+    "Tolerances": "rldiag.analysis.tolerance:Tolerances",
+    "Tol": "rldiag.analysis.tolerance:Tol",
+    "Settings": "rldiag.config.settings:Settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name].split(":")
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def _by_step(progress: Progress | None) -> Callable[[int, int, int], None] | None:
+    """The lower modules' ``progress(done, total, step)`` calling the API's ``progress(done, total, what)``."""
+    if progress is None:
+        return None
+
+    def update(done: int, total: int, step: int) -> None:
+        progress(done, total, f"step {step}")
+
+    return update
+
+
+def _frame(table: Any) -> pl.DataFrame:
+    """An Arrow table as a polars frame."""
+    import polars as pl
+
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)  # a table gives a frame
+    return frame
+
+
+def _overrides(overrides: Mapping[str, Any] | None, estimator: str | None) -> dict[str, Any]:
+    """``overrides`` plus ``estimator`` (short for ``algorithm.adv_estimator``, which it wins over)."""
+    out = dict(overrides or {})
+    if estimator:
+        out["algorithm.adv_estimator"] = estimator
+    return out
+
+
+# ---- settings ----------------------------------------------------------------------------------
+
+
+def settings(run: Run, overrides: Mapping[str, Any] | None = None, *, estimator: str | None = None) -> Settings:
+    """The run's settings as a recompute resolves them: verl's defaults, then the run's config
+    file, then ``overrides`` (verl's dotted keys; ``estimator`` is short for
+    ``algorithm.adv_estimator``). ``settings(run)["algorithm.adv_estimator"]``."""
+    from rldiag.config.settings import resolve_settings
+    from rldiag.io.fs import as_path
+
+    return resolve_settings(as_path(run), _overrides(overrides, estimator))
+
+
+def tolerances(
+    *,
+    bf16: bool = False,
+    rtol: float | None = None,
+    atol: float | None = None,
+    metrics_rtol: float | None = None,
+    metrics_atol: float | None = None,
+    fields: Mapping[str, float | tuple[float, float]] | Iterable[str] = (),
+) -> Tolerances:
+    """The tolerances :func:`verify` compares with: fp32 ones (or bf16 ones with ``bf16``), with
+    the per-token (``rtol``, ``atol``) and metric (``metrics_rtol``, ``metrics_atol``) defaults
+    replaced where given, and per-field ones: ``{"actor/pg_loss": 1e-3, "critic/*": (1e-3, 1e-4)}``
+    or the command line's ``["actor/pg_loss=1e-3", "critic/*=1e-3,1e-4"]``."""
+    from rldiag.analysis.tolerance import Tol, Tolerances, parse_field_tolerance
+
+    base = Tolerances.bf16() if bf16 else Tolerances()
+    tokens = Tol(rtol if rtol is not None else base.tokens.rtol, atol if atol is not None else base.tokens.atol)
+    metrics = Tol(metrics_rtol if metrics_rtol is not None else base.metrics.rtol,
+                  metrics_atol if metrics_atol is not None else base.metrics.atol)
+    per_field: dict[str, Tol] = {}
+    if isinstance(fields, Mapping):
+        for name, value in fields.items():
+            r, a = value if isinstance(value, tuple) else (value, 0.0)
+            per_field[name] = Tol(float(r), float(a))
+    else:
+        per_field = dict(parse_field_tolerance(text) for text in fields)
+    return Tolerances(tokens=tokens, metrics=metrics, fields=per_field)
+
+
+def logged(run: Run) -> pl.DataFrame:
+    """What the trainer logged (``metrics.jsonl``): one row per step, ``step`` and one float
+    column per metric (null where a step did not log it), as :attr:`RecomputeResult.metrics`
+    is laid out; for a step logged twice (a resumed run) the later line wins."""
+    from rldiag.analysis.logged import logged_metrics
+    from rldiag.io.outputs import metrics_table
+    from rldiag.io.rundir import RunDir
+
+    rows = [{"step": step, **values} for step, values in logged_metrics(RunDir(run).metrics_file).items()]
+    return _frame(metrics_table(rows))
+
+
+# ---- recompute ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RecomputeResult:
+    """One recomputed scenario, as written to ``RUN/rldiag/scenarios/<name>/``."""
+
+    name: str
+    path: Path | RemotePath  # the scenario's directory
+    #: one row per step done, in step order: ``step`` and verl's metric names (``metrics.parquet``)
+    metrics: pl.DataFrame
+    settings: Settings  # every setting, resolved
+    device: str
+    executor: str = "local"
+    steps_done: list[int] = field(default_factory=list)
+    steps_failed: dict[int, str] = field(default_factory=dict)  # step -> why
+    steps_reused: list[int] = field(default_factory=list)  # unchanged since the last recompute
+    seconds: float = 0.0
+    rows: int = 0  # rows recomputed (reused steps not counted)
+    tokens: int = 0  # tokens recomputed
+
+    @property
+    def ok(self) -> bool:
+        """Every chosen step was written."""
+        return not self.steps_failed
+
+    @classmethod
+    def from_report(cls, rep: ScenarioReport) -> RecomputeResult:
+        from rldiag.io.outputs import metrics_table
+
+        return cls(name=rep.name, path=rep.path, metrics=_frame(metrics_table(rep.metrics)), settings=rep.settings,
+                   device=rep.device, executor=rep.executor, steps_done=list(rep.steps_done), steps_failed=dict(rep.steps_failed),
+                   steps_reused=sorted(rep.steps_reused), seconds=rep.seconds, rows=rep.rows, tokens=rep.tokens)
+
+    def token_frame(self, step: int) -> pl.DataFrame:
+        """One step's per-token outputs (a recompute with ``save_tokens``): one row per batch
+        row, list columns of advantages, returns, ratio, IS weight, ... (docs/run-directory.md)."""
+        from rldiag.errors import RunDirError
+        from rldiag.io.arrays import read_parquet
+        from rldiag.io.fs import arrow_source
+
+        p = self.path / "tokens" / f"step_{int(step):06d}.parquet"
+        if not p.is_file():
+            raise RunDirError(f"{p}: no per-token outputs for step {step} (recompute with save_tokens=True)")
+        source, fs = arrow_source(p)
+        return _frame(read_parquet(source, filesystem=fs))
+
+
+def recompute(
+    run: Run,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    estimator: str | None = None,
+    name: str | None = None,
+    steps: str | None = None,
+    device: str = "auto",
+    save_tokens: bool = False,
+    reuse: bool = True,
+    executor: str | Executor = "local",
+    progress: Progress | None = None,
+    follow: bool = False,
+    poll_seconds: float = 2.0,
+    idle_timeout: float | None = None,
+    on_update: Callable[[RecomputeResult], None] | None = None,
+) -> RecomputeResult:
+    """Recompute ``run`` under its own settings plus ``overrides`` (verl's dotted keys;
+    ``estimator`` is short for ``algorithm.adv_estimator``) and write the scenario ``name``
+    (default ``baseline``, or a slug of the overrides: ``adv_estimator=rloo``).
+
+    ``steps``: ``"12"``, ``"10:20"``, ``"10:"``, ``":20"`` or ``"1,5,9"`` (default all).
+    ``device``: ``auto``, ``cpu`` or ``cuda``. ``save_tokens`` also writes per-token outputs
+    (:meth:`RecomputeResult.token_frame`). Steps unchanged since the last recompute of the
+    scenario are reused unless ``reuse`` is False. ``executor``: ``"local"`` (this process),
+    ``"ray"``, or one from :func:`ray_executor` (started here, closed by the caller).
+    A step that fails is in ``steps_failed`` and the others are written.
+
+    ``follow=True`` keeps the scenario up to date with a run still writing batches (``rldiag
+    recompute --follow``): it recomputes again (unchanged steps reused) whenever a batch file
+    appears or changes, looking every ``poll_seconds``, calls ``on_update`` with each result,
+    and returns the last one after ``idle_timeout`` seconds without a new file (never when
+    None: stop it with Ctrl-C, a ``KeyboardInterrupt``).
+    """
+    from rldiag.recompute import follow as run_follow
+    from rldiag.recompute import recompute as run_recompute
+
+    options: dict[str, Any] = dict(name=name, steps=steps, device=device, save_tokens=save_tokens, reuse=reuse,
+                                   executor=executor, progress=_by_step(progress))
+    if not follow:
+        return RecomputeResult.from_report(run_recompute(run, _overrides(overrides, estimator), **options))
+
+    def update(rep: ScenarioReport) -> None:
+        if on_update is not None:
+            on_update(RecomputeResult.from_report(rep))
+
+    rep = run_follow(run, _overrides(overrides, estimator), poll_seconds=poll_seconds, idle_timeout=idle_timeout,
+                     on_update=update, **options)
+    return RecomputeResult.from_report(rep)
+
+
+def ray_executor(address: str | None = None, gpus_per_task: float = 1.0) -> Executor:
+    """An executor that spreads a recompute's steps over a Ray cluster (``pip install
+    'rldiag[ray]'``): ``address`` the cluster to join (default ``RAY_ADDRESS``, else a local Ray),
+    ``gpus_per_task`` the GPUs each task asks for on GPUs. Pass it to :func:`recompute` (any number
+    of times) and ``close()`` it when done."""
+    from rldiag.executors.ray_cluster import RayExecutor
+
+    return RayExecutor(address=address, gpus_per_task=gpus_per_task)
+
+
+def warm_up() -> None:
+    """Import the modules the recompute, verify, compare and doctor need (torch, the engine), so
+    that the first call does not wait for them (the app does this before it serves)."""
+    for module in ("rldiag.recompute", "rldiag.analysis.verify", "rldiag.analysis.compare", "rldiag.doctor"):
+        importlib.import_module(module)
+
+
+# ---- verify, compare, doctor, check ------------------------------------------------------------
+
+
+def verify(
+    run: Run,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    estimator: str | None = None,
+    steps: str | None = None,
+    tolerances: Tolerances | None = None,
+    masked_only: bool = False,
+    candidates: bool = True,
+    candidate_steps: int = 2,
+    device: str = "cpu",
+    progress: Progress | None = None,
+) -> VerifyResult:
+    """Recompute ``run`` under its own settings (plus ``overrides``) and compare every per-token
+    column and metric it logged (``tolerances``: :func:`tolerances`, default fp32). On a
+    mismatch, single-setting candidates are tried on the first ``candidate_steps`` mismatching
+    steps (``candidates=False``: not). ``result.status``: ``match``, ``mismatch`` or
+    ``unverifiable``; ``result.fields_frame()``: one row per compared field."""
+    from rldiag.analysis.verify import verify_run
+
+    return verify_run(run, _overrides(overrides, estimator), steps=steps, tolerances=tolerances,
+                      masked_only=masked_only, candidates=candidates, candidate_steps=max(1, candidate_steps),
+                      device=device, progress=_by_step(progress))
+
+
+def compare(
+    run: Run,
+    a: str,
+    b: str,
+    *,
+    steps: str | None = None,
+    recompute_missing: bool = True,
+    device: str = "auto",
+    progress: Progress | None = None,
+    on_step: Callable[[TokenAgreement], None] | None = None,
+) -> CompareResult:
+    """Compare side ``a`` with side ``b`` (scenario names, or ``"logged"``): per-step metric
+    deltas (B - A, ``result.metrics_frame()``) and the per-token agreement of the advantages
+    (``result.tokens_frame()``), written to ``RUN/rldiag/comparisons/<a>__vs__<b>/``. A scenario
+    without per-token outputs is recomputed with them first, unless ``recompute_missing`` is
+    False. ``on_step`` gets each step's agreement as soon as it is known."""
+    from rldiag.analysis.compare import compare as run_compare
+
+    return run_compare(run, a, b, steps=steps, recompute_missing=recompute_missing, device=device,
+                       progress=_by_step(progress), on_step=on_step)
+
+
+def compare_estimators(
+    run: Run,
+    estimators: Sequence[str],
+    *,
+    steps: str | None = None,
+    device: str = "auto",
+    progress: Progress | None = None,
+) -> EstimatorsResult:
+    """Recompute (or reuse) one scenario per estimator (``adv_estimator=<name>``, with per-token
+    outputs) and compare every pair, in the order given (``result.pairs``;
+    ``result.summary_frame()``: one row per pair)."""
+    from rldiag.analysis.compare import compare_estimators as run_compare_estimators
+
+    current = {"name": ""}
+
+    def on_scenario(name: str) -> None:
+        current["name"] = name
+
+    def update(done: int, total: int, step: int) -> None:
+        if progress is not None:
+            progress(done, total, f"{current['name']}: step {step}")
+
+    return run_compare_estimators(run, list(estimators), steps=steps, device=device,
+                                  progress=update if progress is not None else None, on_scenario=on_scenario)
+
+
+def diagnose(
+    run: Run,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    estimator: str | None = None,
+    rules_files: Iterable[str | Path] = (),
+    steps: str | None = None,
+    recompute: bool = True,
+    device: str = "cpu",
+    progress: Progress | None = None,
+) -> DiagnoseResult:
+    """The doctor: the health rules (built in, plus ``rules_files``) over the run's logged
+    metrics and, unless ``recompute`` is False, its recomputed ones (written as the scenario
+    :func:`recompute` writes for these overrides, ``baseline`` for none; unchanged steps reused).
+    ``result.healthy``; ``result.findings_frame()``: one row per finding, most severe first."""
+    from rldiag.doctor import diagnose as run_diagnose
+
+    return run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
+                        recompute=recompute, device=device, progress=_by_step(progress))
+
+
+def check(run: str | Path, *, progress: Progress | None = None) -> CheckResult:
+    """What the run holds and what is wrong with it: steps, rows, tokens, columns, the skipped
+    ``metrics.jsonl`` lines, and which estimators and metric families its columns allow
+    (``result.problems``, ``result.steps_frame()``)."""
+    from rldiag.check import check_run
+
+    return check_run(run, progress=_by_step(progress))
+
+
+# ---- import ------------------------------------------------------------------------------------
+
+
+def import_wandb(
+    source: str | Path | None,
+    out: str | Path,
+    *,
+    artifacts: Sequence[str] = (),
+    artifact_type: str = "rl-batches",
+    artifact_dirs: Sequence[str | Path] = (),
+    batches: bool = True,
+    nested_sep: str = ".",
+    page_size: int = 1000,
+    timeout: float = 30.0,
+    base_url: str | None = None,
+    api_factory: ApiFactory | None = None,
+    progress: Progress | None = None,
+    defer: Callable[[Callable[[], None]], None] | None = None,
+) -> ImportResult:
+    """A W&B run into the run directory ``out`` (created, or updated in place): ``source`` an
+    offline run folder (``wandb/offline-run-*``) or its ``.wandb`` file, or ``entity/project/run_id``
+    on a W&B server (API key from ``WANDB_API_KEY``); ``artifacts`` (``entity/project/name:version``)
+    name batch artifacts to import instead of the run's own. ``api_factory(timeout=, base_url=)``
+    replaces ``wandb.Api`` (an API object of your own, or a fake one in tests). ``defer(fn)``: hand
+    the W&B SDK's shutdown to the caller (the command line runs it after printing). ``progress``
+    counts kB of an offline log, or history rows then batch files online. :func:`logged` reads
+    back the ``metrics.jsonl`` it wrote."""
+    from rldiag.importers.wandb_import import import_wandb as run_import
+
+    return run_import(source, out, artifacts=artifacts, artifact_type=artifact_type, artifact_dirs=artifact_dirs,
+                      batches=batches, nested_sep=nested_sep, page_size=page_size, timeout=timeout,
+                      base_url=base_url, api_factory=api_factory, progress=_by_step(progress), defer=defer)
