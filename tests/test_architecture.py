@@ -143,3 +143,45 @@ def test_no_import_cycle():
         if v not in index:
             visit(v)
     assert not cycles, cycles
+
+
+DOC = ROOT.parent / "docs" / "architecture.md"
+
+
+def _doc_tree() -> list[str]:
+    """The paths the tree at the top of docs/architecture.md names (``engine/advantage/``, ``api.py``)."""
+    block = DOC.read_text().split("```", 2)[1]
+    import re
+
+    paths, stack = [], []
+    for line in block.splitlines():
+        m = re.match(r"^( +)(\S+\.py|\S+/)(?=\s|$)", line)
+        if not m:
+            continue
+        depth = len(m.group(1)) // 2 - 1
+        name = m.group(2)
+        parts = [p for p in name.split("/") if p]
+        stack = stack[:depth]
+        full = "/".join(stack + parts)
+        paths.append(full)
+        if name.endswith("/"):
+            stack = stack + parts
+    return paths
+
+
+def test_the_docs_tree_matches_the_package():
+    named = _doc_tree()
+    missing = [p for p in named if not (ROOT / p).exists()]
+    assert not missing, f"docs/architecture.md names what is not there: {missing}"
+    top = {p.name + ("/" if p.is_dir() else "") for p in ROOT.iterdir()
+           if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists())}
+    listed = {p.split("/")[0] + ("/" if "/" in p or (ROOT / p).is_dir() else "") for p in named}
+    assert top <= listed, f"docs/architecture.md's tree lacks {sorted(top - listed)}"
+
+
+def test_the_docs_draw_every_layer():
+    text = DOC.read_text()
+    drawing = text[text.index("## Layers"):text.index("## One place")]
+    for units in LAYERS:
+        for unit in units:
+            assert unit in drawing, f"the layer drawing of docs/architecture.md lacks {unit}"
