@@ -25,18 +25,11 @@ from rldiag.executors.steps import Job, StepTask  # noqa: E402
 from rldiag.io.outputs import read_scenario  # noqa: E402
 from rldiag.recompute import recompute  # noqa: E402
 from rldiag.synth import SynthSpec, write_synth_run  # noqa: E402
-from tests.kl_runs import KL_LIVE, poison, rejected_after_capture  # noqa: E402
+from tests.kl_runs import KL, KL_LIVE, poison, rejected_after_capture  # noqa: E402
 from tests.scenario_utils import assert_same_scenario  # noqa: E402
 
 pytestmark = pytest.mark.slow  # runs a subprocess / a cluster: `make test-fast` leaves it out
 
-KL = {
-    "algorithm.use_kl_in_reward": True,
-    "algorithm.kl_ctrl.type": "adaptive",
-    "algorithm.kl_ctrl.kl_coef": 0.05,
-    "algorithm.kl_ctrl.target_kl": 0.001,
-    "algorithm.kl_ctrl.horizon": 100,
-}
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,15 @@ RS_THRESHOLDS = {
 NEWER_THAN_0_9_1 = {"binary_kl"}
 
 
+def _verl_correction(table, cfg: dict):
+    """verl's rollout correction of one step's batch, as its trainer calls it: (batch, metrics)."""
+    batch = DataProto.from_dict(tensors={
+        "old_log_probs": padded(table, "old_log_probs"), "rollout_log_probs": padded(table, "rollout_log_probs"),
+        "response_mask": padded(table, "response_mask"),
+    })
+    return helper.compute_rollout_correction_and_add_to_batch(batch, RolloutCorrectionConfig(**cfg))
+
+
 def _compare(tmp_path, cfg: dict, seed: int):
     rng = np.random.default_rng(seed)
     tables = [long_tail_table(rng, s) for s in (1, 2)]
@@ -33,11 +42,7 @@ def _compare(tmp_path, cfg: dict, seed: int):
     metrics, tokens = run_rldiag(run, {RC + k: v for k, v in cfg.items()})
     for table in tables:
         step = int(table["step"][0].as_py())
-        batch = DataProto.from_dict(tensors={
-            "old_log_probs": padded(table, "old_log_probs"), "rollout_log_probs": padded(table, "rollout_log_probs"),
-            "response_mask": padded(table, "response_mask"),
-        })
-        out, want = helper.compute_rollout_correction_and_add_to_batch(batch, RolloutCorrectionConfig(**cfg))
+        out, want = _verl_correction(table, cfg)
         inside = in_rows(table)
         assert_close(padded(tokens[step], "response_mask"), out.batch["response_mask"], f"{cfg} mask", inside)
         if cfg.get("rollout_is"):
@@ -93,11 +98,7 @@ def test_verify_accepts_verls_one_pass_std_rounding_noise(tmp_path):
     lines, noise = [], []
     for table in tables:
         step = int(table["step"][0].as_py())
-        batch = DataProto.from_dict(tensors={
-            "old_log_probs": padded(table, "old_log_probs"), "rollout_log_probs": padded(table, "rollout_log_probs"),
-            "response_mask": padded(table, "response_mask"),
-        })
-        _, want = helper.compute_rollout_correction_and_add_to_batch(batch, RolloutCorrectionConfig(**cfg))
+        _, want = _verl_correction(table, cfg)
         logged = {k: float(v) for k, v in want.items() if k.startswith("rollout_corr/")}
         noise += [v for k, v in logged.items() if k.endswith("_std")]
         lines.append({"step": step, "data": logged})
