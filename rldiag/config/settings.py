@@ -21,7 +21,6 @@ from rldiag.config.schema import DEFAULTS, SETTINGS, check_range, keys_of
 from rldiag.config.yaml_bounded import load_yaml, read_text_bounded
 from rldiag.errors import ConfigError
 from rldiag.io.fs import RemotePath, as_path
-from rldiag.io.run_layout import RunLayout
 
 #: the keys by type, from the one table of settings (:mod:`rldiag.config.schema`)
 _BOOL_KEYS = keys_of("bool")
@@ -31,6 +30,8 @@ _INT_KEYS = keys_of("int")
 _AUTO_KEYS = {s.key: s.words for s in SETTINGS if s.words}
 #: list-valued keys and their element type; a string value is read as a comma list.
 _LIST_KEYS = {s.key: (float if s.kind == "list[float]" else str) for s in SETTINGS if s.kind.startswith("list")}
+
+CONFIG_FILES = ("run.yaml", "config.yaml", ".hydra/config.yaml")
 
 _INTERP = re.compile(r"^\$\{(?:oc\.select:)?([^,}]+)(?:,([^}]*))?\}$")
 
@@ -98,8 +99,8 @@ def load_config_file(path: Path | RemotePath) -> dict[str, Any]:
 
 
 def find_config_file(run_dir: Path | RemotePath) -> Path | RemotePath | None:
-    """The run's config file: the first of :attr:`RunLayout.config_files` that exists."""
-    for p in RunLayout(run_dir).config_files:
+    for name in CONFIG_FILES:
+        p = run_dir / name
         if p.is_file():
             return p
     return None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar, cast, overload
 
+from rldiag.config.settings import CONFIG_FILES
 from rldiag.io.fs import RemotePath, as_path
 
 AnyPath = Path | RemotePath
@@ -43,9 +44,9 @@ def _join(base: P, *names: str) -> P:
         out = out / name
     return cast(P, out)  # Path / str is a Path, RemotePath / str a RemotePath
 
-#: The training config's file names, in the order they are looked for.
-CONFIG_FILES = ("run.yaml", "config.yaml", ".hydra/config.yaml")
-#: The config file rldiag writes (capture, import).
+#: The training config's file names, in the order they are looked for, are
+#: :data:`rldiag.config.settings.CONFIG_FILES` (config sits below io and finds the file itself);
+#: the first is the one rldiag writes (capture, import).
 RUN_CONFIG = CONFIG_FILES[0]
 METRICS_FILE = "metrics.jsonl"
 BATCHES_DIR = "batches"

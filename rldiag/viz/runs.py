@@ -24,6 +24,8 @@ PREFERRED_SAMPLES = ("grpo-tool", "ppo-gae")
 ENV_VAR = "RLDIAG_RUN"
 #: where rldiag keeps the user's state (recent runs, sample copies); default ~/.cache/rldiag
 HOME_VAR = "RLDIAG_HOME"
+#: the user's rldiag directory under ``$XDG_CACHE_HOME`` (not a run directory's ``rldiag/``)
+USER_DIR_NAME = "rldiag"
 RECENT_FILE = "recent_runs.json"
 RECENT_MAX = 10
 #: what a run directory's copy takes from a sample (never its outputs)
@@ -91,7 +93,7 @@ def user_dir(env: dict | None = None) -> Path:
     if environ.get(HOME_VAR):
         return Path(environ[HOME_VAR])
     base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rldiag"
+    return Path(base) / USER_DIR_NAME
 
 
 def recent_runs(env: dict | None = None) -> list[str]:
