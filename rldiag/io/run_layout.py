@@ -71,13 +71,45 @@ def step_file_name(step: int, fmt: str = "parquet", width: int = 6) -> str:
     return f"step_{int(step):0{max(1, width)}d}.{fmt}"
 
 
+class Entry:
+    """A file (or directory) of an output directory, named by one of its class's constants:
+    ``meta = Entry("META")`` gives ``layout.meta == layout.dir / layout.META``."""
+
+    def __init__(self, constant: str):
+        self.constant = constant
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Entry: ...
+    @overload
+    def __get__(self, obj: OutputLayout[P], owner: type) -> P: ...
+    def __get__(self, obj, owner):
+        if obj is None:
+            return self
+        return _join(obj.dir, getattr(obj, self.constant))
+
+
 @dataclass(frozen=True)
-class ScenarioLayout(Generic[P]):
-    """``RUN/rldiag/scenarios/<name>/``: one ``rldiag recompute``."""
+class OutputLayout(Generic[P]):
+    """One directory rldiag writes whole: its ``META`` JSON file (written last, marking the
+    directory complete) and its ``METRICS`` table."""
 
     dir: P
-    META: ClassVar[str] = "scenario.json"
+    META: ClassVar[str]
     METRICS: ClassVar[str] = "metrics.parquet"
+
+    meta = Entry("META")
+    metrics = Entry("METRICS")
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+
+@dataclass(frozen=True)
+class ScenarioLayout(OutputLayout[P]):
+    """``RUN/rldiag/scenarios/<name>/``: one ``rldiag recompute``."""
+
+    META: ClassVar[str] = "scenario.json"
     TOKENS: ClassVar[str] = "tokens"
     #: A token file's name (``step_000012.parquet``).
     TOKEN_FILE: ClassVar[re.Pattern[str]] = re.compile(r"^step_(\d+)\.parquet$")
@@ -86,21 +118,7 @@ class ScenarioLayout(Generic[P]):
     #: The step of a token file's path, as a regular expression DuckDB's ``regexp_extract`` takes.
     TOKEN_STEP_SQL: ClassVar[str] = r"step_([0-9]+)\.parquet$"
 
-    @property
-    def name(self) -> str:
-        return self.dir.name
-
-    @property
-    def meta(self) -> P:
-        return _join(self.dir, self.META)
-
-    @property
-    def metrics(self) -> P:
-        return _join(self.dir, self.METRICS)
-
-    @property
-    def tokens_dir(self) -> P:
-        return _join(self.dir, self.TOKENS)
+    tokens_dir = Entry("TOKENS")
 
     @classmethod
     def tokens_rel(cls, step: int) -> str:
@@ -119,30 +137,15 @@ class ScenarioLayout(Generic[P]):
 
 
 @dataclass(frozen=True)
-class ComparisonLayout(Generic[P]):
+class ComparisonLayout(OutputLayout[P]):
     """``RUN/rldiag/comparisons/<A>__vs__<B>/``: one ``rldiag compare``."""
 
-    dir: P
     META: ClassVar[str] = "comparison.json"
-    METRICS: ClassVar[str] = "metrics.parquet"
     TOKENS: ClassVar[str] = "tokens.parquet"
     GROUPS: ClassVar[str] = "groups.parquet"
 
-    @property
-    def meta(self) -> P:
-        return _join(self.dir, self.META)
-
-    @property
-    def metrics(self) -> P:
-        return _join(self.dir, self.METRICS)
-
-    @property
-    def tokens(self) -> P:
-        return _join(self.dir, self.TOKENS)
-
-    @property
-    def groups(self) -> P:
-        return _join(self.dir, self.GROUPS)
+    tokens = Entry("TOKENS")
+    groups = Entry("GROUPS")
 
 
 class RunLayout(Generic[P]):

@@ -14,8 +14,7 @@ from rldiag.errors import StorageError
 from rldiag.importers import WandbImportError, import_wandb
 from rldiag.io.fs import RemotePath, as_path
 from rldiag.recompute import recompute
-from rldiag.synth import SynthSpec, write_synth_run
-from tests.s3server import moto_s3
+from tests.s3server import fail_uploads, moto_s3
 
 from . import test_wandb_online as online
 
@@ -24,16 +23,6 @@ from . import test_wandb_online as online
 def s3():
     with moto_s3() as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """A synthetic run with test_wandb_online's config, and its batch files' bytes by step."""
-    src = write_synth_run(tmp_path_factory.mktemp("synth"), SynthSpec(steps=3, seed=2, config={
-        "algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "kl_ctrl": {"kl_coef": 0.001}},
-        "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean", "clip_ratio": 0.2}},
-        "data": {"max_response_length": 32}}))
-    return src, {s: (src / "batches" / f"step_{s}.parquet").read_bytes() for s in (1, 2, 3)}
 
 
 def _objects(s3, uri: str) -> dict[str, bytes]:
@@ -46,8 +35,8 @@ def _local(d) -> dict[str, bytes]:
     return {p.relative_to(d).as_posix(): p.read_bytes() for p in d.rglob("*") if p.is_file()}
 
 
-def test_an_online_run_imported_into_the_store(s3, files, tmp_path):
-    src, data = files
+def test_an_online_run_imported_into_the_store(s3, batch_files, tmp_path):
+    src, data = batch_files
     uri = f"s3://{s3.bucket}/imports/{uuid.uuid4().hex[:8]}"
     api, _, _ = online.make_api(data)
     rep = import_wandb("me/rl/abc123", uri, api_factory=online.factory_for(api, []))
@@ -73,8 +62,8 @@ def test_an_online_run_imported_into_the_store(s3, files, tmp_path):
     assert sorted(got.metrics, key=lambda r: r["step"]) == sorted(want.metrics, key=lambda r: r["step"])
 
 
-def test_a_reimport_updates_the_store_in_place_and_a_failed_one_changes_nothing(s3, files):
-    _, data = files
+def test_a_reimport_updates_the_store_in_place_and_a_failed_one_changes_nothing(s3, batch_files):
+    _, data = batch_files
     uri = f"s3://{s3.bucket}/imports/{uuid.uuid4().hex[:8]}"
     root = as_path(uri)
     (root / "batches" / "step_9.parquet").write_bytes(data[1])  # a step the import does not bring
@@ -96,19 +85,12 @@ def test_a_reimport_updates_the_store_in_place_and_a_failed_one_changes_nothing(
     assert _objects(s3, uri) == before
 
 
-def test_an_import_interrupted_while_it_uploads_leaves_no_record(s3, files, monkeypatch):
-    _, data = files
+def test_an_import_interrupted_while_it_uploads_leaves_no_record(s3, batch_files, monkeypatch):
+    _, data = batch_files
     uri = f"s3://{s3.bucket}/imports/{uuid.uuid4().hex[:8]}"
     api, _, _ = online.make_api(data)
     import_wandb("me/rl/abc123", uri, api_factory=online.factory_for(api, []))
-    real = RemotePath.write_from
-
-    def fail_on_metrics(self, src, *a, **kw):
-        if self.name == "metrics.jsonl":
-            raise StorageError("the store went away")
-        return real(self, src, *a, **kw)
-
-    monkeypatch.setattr(RemotePath, "write_from", fail_on_metrics)
+    fail_uploads(monkeypatch, "metrics.jsonl")
     api, _, _ = online.make_api(data)
     with pytest.raises(StorageError, match="went away"):
         import_wandb("me/rl/abc123", uri, api_factory=online.factory_for(api, []))

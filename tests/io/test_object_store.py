@@ -23,13 +23,7 @@ from rldiag.io.rundir import RunDir
 from rldiag.io.staged import open_staged
 from rldiag.recompute import follow, recompute
 from rldiag.synth import SynthSpec, write_synth_run
-from tests.s3server import moto_s3
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with moto_s3() as server:
-        yield server
+from tests.s3server import fail_uploads
 
 
 @pytest.fixture
@@ -127,21 +121,12 @@ def test_scenario_json_marks_a_complete_scenario(s3, uri, monkeypatch):
     writer = open_staged(target, marker="scenario.json")
     writer.write_table("metrics.parquet", pa.table({"step": pa.array([1], pa.int64())}))
     writer.write_table("extra.parquet", pa.table({"row": pa.array([0], pa.int64())}))  # uploaded first
-    real = RemotePath.write_from
-    calls = []
-
-    def fail_second(self, src, *a, **kw):
-        calls.append(self.name)
-        if len(calls) == 2:
-            raise StorageError("the store went away")
-        return real(self, src, *a, **kw)
-
-    monkeypatch.setattr(RemotePath, "write_from", fail_second)
+    tried = fail_uploads(monkeypatch, "metrics.parquet")
     with pytest.raises(StorageError, match="went away"):
         writer.commit({"name": "c"})
     writer.abort()
-    monkeypatch.setattr(RemotePath, "write_from", real)
-    assert calls == ["extra.parquet", "metrics.parquet"]
+    monkeypatch.undo()
+    assert tried == ["extra.parquet", "metrics.parquet"]
     with pytest.raises(RunDirError, match="no scenario"):
         read_scenario(uri, "c")
     rep = recompute(uri, name="c")

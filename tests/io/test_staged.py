@@ -17,13 +17,7 @@ import pytest
 from rldiag.errors import OutputError, StorageError
 from rldiag.io.fs import RemotePath, as_path
 from rldiag.io.staged import LineAppender, json_bytes, open_staged, replace_bytes, replace_file
-from tests.s3server import moto_s3
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with moto_s3() as server:
-        yield server
+from tests.s3server import fail_uploads
 
 
 @pytest.fixture(params=["local", "store"])
@@ -108,20 +102,13 @@ def test_a_store_commit_interrupted_leaves_no_marker(s3, monkeypatch):
     w = open_staged(d, marker="meta.json")
     w.write_bytes("a.txt", b"a2")
     w.write_bytes("z.txt", b"z2")
-    real = RemotePath.write_from
-
-    def fail_on_z(self, src, *a, **kw):
-        if self.name == "z.txt":
-            raise StorageError("the store went away")
-        return real(self, src, *a, **kw)
-
-    monkeypatch.setattr(RemotePath, "write_from", fail_on_z)
+    fail_uploads(monkeypatch, "z.txt")
     with pytest.raises(StorageError, match="went away"):
         w.commit({"v": 2})
     w.abort()
     got = files(d)
     assert "meta.json" not in got and got["a.txt"] == b"a2"  # a mix, but never marked complete
-    monkeypatch.setattr(RemotePath, "write_from", real)
+    monkeypatch.undo()
     with open_staged(d, marker="meta.json") as w:
         w.write_bytes("a.txt", b"a3")
         w.commit({"v": 3})

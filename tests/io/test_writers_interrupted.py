@@ -24,13 +24,6 @@ from rldiag.io.run_layout import RunLayout
 from rldiag.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 from rldiag.viz import runs
-from tests.s3server import moto_s3
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with moto_s3() as server:
-        yield server
 
 
 @pytest.fixture(params=["local", "store"])
