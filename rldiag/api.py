@@ -220,8 +220,9 @@ class RecomputeResult:
         from rldiag.errors import RunDirError
         from rldiag.io.arrays import read_parquet
         from rldiag.io.fs import arrow_source
+        from rldiag.io.run_layout import ScenarioLayout
 
-        p = self.path / "tokens" / f"step_{int(step):06d}.parquet"
+        p = ScenarioLayout(self.path).tokens_file(int(step))
         if not p.is_file():
             raise RunDirError(f"{p}: no per-token outputs for step {step} (recompute with save_tokens=True)")
         source, fs = arrow_source(p)
@@ -407,7 +408,7 @@ def check(run: str | Path, *, progress: Progress | None = None) -> CheckResult:
 
 def import_wandb(
     source: str | Path | None,
-    out: str | Path,
+    out: str | Path | RemotePath,
     *,
     artifacts: Sequence[str] = (),
     artifact_type: str = "rl-batches",

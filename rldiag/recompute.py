@@ -2,7 +2,7 @@
 
 The driver here plans the steps (which ones, which previous results may be reused), hands them to
 an executor (:mod:`rldiag.executors`: this process by default, or a Ray cluster) and writes what
-comes back, in step order, into the scenario (:mod:`rldiag.io.scenario_writer`: a staging
+comes back, in step order, into the scenario (:mod:`rldiag.io.staged`: a staging
 directory swapped in atomically on disk; ``scenario.json`` last on an object store). Executors
 load one step at a time and pack steps up to a token budget, so memory does not grow with the
 number of steps. A step that fails (bad input, or an input on which verl would raise) is recorded
@@ -12,7 +12,6 @@ with its error and the others go on; what succeeded is written either way.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Mapping
 from contextlib import closing
@@ -38,9 +37,10 @@ from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import is_adaptive
 from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, DEFAULT_PACK_TOKENS, PREFETCH, Job, StepOutcome, StepTask
 from rldiag.io.fs import RemotePath, as_path, is_remote, relative_to
-from rldiag.io.outputs import json_safe, list_scenarios, metrics_table, read_scenario, scenario_dir, sha256_file
+from rldiag.io.outputs import json_safe, list_scenarios, metrics_table, read_scenario, sha256_file
+from rldiag.io.run_layout import RunLayout, ScenarioLayout
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
-from rldiag.io.scenario_writer import ScenarioWriter, open_writer
+from rldiag.io.staged import StagedWriter, open_staged
 from rldiag.version import __version__
 
 __all__ = [
@@ -49,8 +49,6 @@ __all__ = [
 ]
 
 ProgressFn = Callable[[int, int, int], None]
-
-_TOKENS_FILE = re.compile(r"^step_(\d+)\.parquet$")
 
 
 def check_settings(settings: Settings) -> None:
@@ -115,13 +113,13 @@ def _known_inputs(run: Path | RemotePath, exclude: str) -> dict[str, dict]:
     if is_remote(run):
         return {}
     known: dict[str, dict] = {}
-    root = as_path(run) / "rldiag" / "scenarios"
+    layout = RunLayout(run)
     metas = []
     for name in list_scenarios(run):
         if name == exclude:
             continue
         try:
-            metas.append(json.loads((root / name / "scenario.json").read_text()))
+            metas.append(json.loads(layout.scenario(name).meta.read_text()))
         except (OSError, ValueError):
             continue
     for meta in sorted(metas, key=lambda m: str(m.get("created", ""))):  # newer records win
@@ -132,9 +130,9 @@ def _known_inputs(run: Path | RemotePath, exclude: str) -> dict[str, dict]:
 
 
 def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool) -> _Previous:
-    target = scenario_dir(run, name)
+    target = RunLayout(run).scenario(name)
     known = _known_inputs(run, name)
-    if not (target / "scenario.json").is_file():
+    if not target.meta.is_file():
         return _Previous(known=known)
     try:
         meta, table = read_scenario(run, name)
@@ -150,12 +148,7 @@ def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens
     )
     done = set(meta.get("steps_done", []))
     metrics = {int(r["step"]): r for r in table.to_pylist() if int(r["step"]) in done}
-    token_steps: set[int] = set()
-    if save_tokens and same and (target / "tokens").is_dir():
-        for p in (target / "tokens").iterdir():
-            m = _TOKENS_FILE.match(p.name)
-            if m and p.is_file():
-                token_steps.add(int(m.group(1)))
+    token_steps: set[int] = set(target.token_steps()) if save_tokens and same else set()
     return _Previous(inputs=inputs, metrics=metrics, token_steps=token_steps, reusable=same, known=known)
 
 
@@ -197,9 +190,9 @@ def _chunk_ids(steps: list[int], position: dict[int, int], chunk_steps: int) -> 
     return ids
 
 
-def _record(out: StepOutcome, report: ScenarioReport, prev: _Previous, writer: ScenarioWriter, save_tokens: bool) -> None:
+def _record(out: StepOutcome, report: ScenarioReport, prev: _Previous, writer: StagedWriter, save_tokens: bool) -> None:
     """One executor outcome into the report and the scenario being written."""
-    tokens_rel = f"tokens/step_{out.step:06d}.parquet"
+    tokens_rel = ScenarioLayout.tokens_rel(out.step)
     if out.status == "failed":
         assert out.error is not None  # a failed outcome says why
         report.steps_failed[out.step] = out.error
@@ -257,7 +250,7 @@ def recompute(
         raise ConfigError(f"chunk_steps must be >= 1, not {chunk_steps}")
     files = {sf.step: sf for sf in rd.require_steps()}
     chosen = parse_steps(steps, sorted(files))
-    target = scenario_dir(rd.path, name)
+    target = rd.layout.scenario(name)
     prev = _previous(rd.path, name, settings, save_tokens) if reuse else _Previous()
     ex = get_executor(executor)
     owned = isinstance(executor, str)
@@ -265,9 +258,9 @@ def recompute(
         dev = ex.start(device)
         job = Job(settings=settings, device=dev, save_tokens=save_tokens, pack_tokens=pack_tokens)
         plan = _plan(rd, files, chosen, job, prev, chunk_steps)
-        report = ScenarioReport(name=name, path=target, settings=settings, device=dev, executor=ex.name)
+        report = ScenarioReport(name=name, path=target.dir, settings=settings, device=dev, executor=ex.name)
         inputs: list[dict] = []
-        writer = open_writer(target, dirs=("tokens",) if save_tokens else ())
+        writer = open_staged(target.dir, marker=ScenarioLayout.META, dirs=(ScenarioLayout.TOKENS,) if save_tokens else ())
         try:
             with closing(ex.run(plan)) as outcomes:
                 for i, out in enumerate(outcomes, 1):
@@ -276,7 +269,7 @@ def recompute(
                     if progress:
                         progress(i, len(chosen), out.step)
             report.steps_done.sort()
-            writer.write_table("metrics.parquet", metrics_table(report.metrics))
+            writer.write_table(ScenarioLayout.METRICS, metrics_table(report.metrics))
             report.seconds = time.perf_counter() - t0
             writer.commit(_scenario_meta(report, overrides, inputs, save_tokens))
         except BaseException:

@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from rldiag.errors import ConfigError
-from rldiag.io.atomic import write_file_atomic
+from rldiag.io.run_layout import RunLayout
+from rldiag.io.staged import replace_file
 
 
 @dataclass
@@ -132,19 +133,20 @@ def write_synth_run(path: str | Path, spec: SynthSpec | None = None) -> Path:
     """Write a synthetic run directory and return its path."""
     spec = spec or SynthSpec()
     root = Path(path)
-    (root / "batches").mkdir(parents=True, exist_ok=True)
+    layout = RunLayout(root)
+    layout.batches_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(spec.seed)
     config = spec.config or {
         "algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0},
         "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean", "clip_ratio": 0.2}},
         "data": {"max_response_length": spec.max_len},
     }
-    (root / "run.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    layout.run_config.write_text(yaml.safe_dump(config, sort_keys=False))
     lines = []
     for step in range(spec.first_step, spec.first_step + spec.steps):
         table = synth_step_table(spec, step, rng)
-        write_file_atomic(root / "batches" / f"step_{step}.parquet", functools.partial(pq.write_table, table))
+        replace_file(layout.batch_file(step, width=1), functools.partial(pq.write_table, table))
         lines.append(json.dumps({"step": step, "data": {"critic/score/mean": float(np.mean(table["score"]))}}))
     if spec.write_metrics:
-        (root / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        layout.metrics_file.write_text("\n".join(lines) + "\n")
     return root

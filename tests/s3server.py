@@ -67,3 +67,22 @@ def moto_s3(bucket: str = "rldiag-test") -> Iterator[S3Server]:
             else:
                 os.environ[k] = v
         server.stop()
+
+
+def fail_uploads(monkeypatch, name: str) -> list[str]:
+    """Make the upload of every object named ``name`` fail, as a store that goes away in the middle
+    of a commit (``monkeypatch.undo()`` ends it). Returns the names of the uploads tried, in order."""
+    from rldiag.errors import StorageError
+    from rldiag.io.fs import RemotePath
+
+    real = RemotePath.write_from
+    tried: list[str] = []
+
+    def upload(self, src, *args, **kwargs):
+        tried.append(self.name)
+        if self.name == name:
+            raise StorageError(f"cannot write {self}: the store went away")
+        return real(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(RemotePath, "write_from", upload)
+    return tried

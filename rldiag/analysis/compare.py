@@ -14,7 +14,7 @@ where ``w_t`` is the token's weight in the actor loss under the side's ``loss_ag
 
 Steps are streamed (each step's agreement to ``on_step`` as it is known); results go to
 ``RUN/rldiag/comparisons/<A>__vs__<B>/`` (replaced atomically; for a run in an object store,
-there, ``comparison.json`` written last: :mod:`rldiag.io.scenario_writer`): ``metrics.parquet``,
+there, ``comparison.json`` written last: :mod:`rldiag.io.staged`): ``metrics.parquet``,
 ``tokens.parquet``, ``groups.parquet``, ``comparison.json``. The side name ``logged`` means the
 values the trainer logged (``metrics.jsonl`` and the batch files' ``advantages`` column).
 """
@@ -41,10 +41,11 @@ from rldiag.errors import BatchError, ConfigError, OutputError, RunDirError
 from rldiag.io.arrays import parquet_file, rows_frame
 from rldiag.io.fs import RemotePath, arrow_source
 from rldiag.io.loader import read_schema, read_table
-from rldiag.io.outputs import comparison_dir, json_safe, read_scenario, scenario_dir
+from rldiag.io.outputs import json_safe, read_scenario
+from rldiag.io.run_layout import PAIR_SEP, ComparisonLayout, ScenarioLayout
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
-from rldiag.io.scenario_writer import open_writer
 from rldiag.io.schema import id_type_problem
+from rldiag.io.staged import open_staged
 from rldiag.version import __version__
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class CompareReport:
     run: str
     a: str
     b: str
-    path: Path | RemotePath  # where the comparison was written (comparison_dir)
+    path: Path | RemotePath  # where the comparison was written (RunLayout.comparison)
     metric_steps: list[int] = field(default_factory=list)
     token_steps: list[int] = field(default_factory=list)
     steps_without_tokens: dict[str, list[int]] = field(default_factory=dict)
@@ -112,21 +113,21 @@ class _Side:
         if name == LOGGED:
             self.settings = resolve_settings(rd.path)
             self.metrics = logged_metrics(rd.metrics_file)
-            self.tokens_dir = None
+            self.scenario: ScenarioLayout | None = None
         else:
             meta, table = read_scenario(rd.path, name)
             self.settings = resolve_settings(config={k: v for k, v in meta["settings"].items() if v is not None})
             self.metrics = _metrics_by_step(table)
-            self.tokens_dir = scenario_dir(rd.path, name) / "tokens"
+            self.scenario = rd.layout.scenario(name)
 
     def tokens(self, sf: StepFile, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
         """(advantages, response_mask, rollout IS weights or None), flat; None when absent."""
-        if self.tokens_dir is None:
+        if self.scenario is None:
             if "advantages" not in read_schema(sf).names:
                 return None
             t = read_table(sf, ["advantages", "response_mask"])
             return (flat_list_column(t, "advantages", lengths, sf), flat_list_column(t, "response_mask", lengths, sf), None)
-        p = self.tokens_dir / f"step_{sf.step:06d}.parquet"
+        p = self.scenario.tokens_file(sf.step)
         if not p.is_file():
             return None
         try:
@@ -212,7 +213,7 @@ def summarise(tokens: list[TokenAgreement]) -> dict[str, float]:
 
 
 def _check_name(name: str) -> None:
-    if not name or "/" in name or name.startswith(".") or "__vs__" in name:
+    if not name or "/" in name or name.startswith(".") or PAIR_SEP in name:
         raise ConfigError(f"{name!r} is not a scenario name")
 
 
@@ -253,7 +254,7 @@ def compare(
         if recompute_missing and ensure_scenario(rd.path, name, None, steps, device=device):
             recomputed.append(name)
     side_a, side_b = _Side(rd, a), _Side(rd, b)
-    report = CompareReport(run=str(rd.path), a=a, b=b, path=comparison_dir(rd.path, a, b), recomputed=recomputed,
+    report = CompareReport(run=str(rd.path), a=a, b=b, path=rd.layout.comparison(a, b).dir, recomputed=recomputed,
                            steps_without_tokens={a: [], b: []})
     metric_rows: list[tuple[int, str, float, float]] = []
     group_rows: dict[str, list] = {k: [] for k in ("step", "uid", "signal_a", "signal_b")}
@@ -309,10 +310,10 @@ def _metric_summary(rows: list[tuple[int, str, float, float]]) -> list[MetricDel
 def _write(report: CompareReport, metric_rows, group_rows, side_a: _Side, side_b: _Side) -> None:
     """The comparison's files, ``comparison.json`` last: a staging directory swapped in on disk,
     objects in place with ``comparison.json`` marking them complete in an object store."""
-    writer = open_writer(report.path, meta_name="comparison.json")
+    writer = open_staged(report.path, marker=ComparisonLayout.META)
     try:
         steps, names, va, vb = (list(x) for x in zip(*metric_rows)) if metric_rows else ([], [], [], [])
-        writer.write_table("metrics.parquet", pa.table({
+        writer.write_table(ComparisonLayout.METRICS, pa.table({
             "step": pa.array(steps, pa.int64()), "metric": pa.array(names, pa.string()),
             "a": pa.array(va, pa.float64()), "b": pa.array(vb, pa.float64()),
             "delta": pa.array([y - x for x, y in zip(va, vb)], pa.float64()),
@@ -321,8 +322,8 @@ def _write(report: CompareReport, metric_rows, group_rows, side_a: _Side, side_b
         cols = {f: [getattr(t, f) for t in report.tokens] for f in tok_fields}
         types = {f: (pa.int64() if f in ("step", "n_tokens", "weight_tokens") or f.startswith("groups") else pa.float64())
                  for f in tok_fields}
-        writer.write_table("tokens.parquet", pa.table({f: pa.array(cols[f], types[f]) for f in tok_fields}))
-        writer.write_table("groups.parquet", pa.table({
+        writer.write_table(ComparisonLayout.TOKENS, pa.table({f: pa.array(cols[f], types[f]) for f in tok_fields}))
+        writer.write_table(ComparisonLayout.GROUPS, pa.table({
             "step": pa.array(group_rows["step"], pa.int64()), "uid": pa.array(group_rows["uid"], pa.string()),
             "signal_a": pa.array(group_rows["signal_a"], pa.bool_()), "signal_b": pa.array(group_rows["signal_b"], pa.bool_()),
         }))

@@ -11,13 +11,14 @@ from typing import Any
 from rldiag.config.settings import find_config_file
 from rldiag.errors import RunDirError, StorageError
 from rldiag.io.fs import RemotePath, relative_to
-from rldiag.io.outputs import scenario_dir, sha256_file
+from rldiag.io.outputs import sha256_file
+from rldiag.io.run_layout import RunLayout
 from rldiag.io.rundir import RunDir, parse_steps
 from rldiag.recompute import ProgressFn, recompute
 
 
 def read_meta(run: Path | RemotePath, name: str) -> dict | None:
-    p = scenario_dir(run, name) / "scenario.json"
+    p = RunLayout(run).scenario(name).meta
     if not p.is_file():
         return None
     try:

@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 
 from rldiag.errors import CaptureError
-from rldiag.io.atomic import write_bytes_atomic
+from rldiag.io.run_layout import RUN_CONFIG
+from rldiag.io.staged import replace_bytes
 
 
 def _container(cfg: Any) -> Any:
@@ -72,8 +73,8 @@ def config_yaml(config: Any) -> str:
     return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
 
 
-def write_config(run_dir: Path, config: Any, name: str = "run.yaml") -> Path:
+def write_config(run_dir: Path, config: Any, name: str = RUN_CONFIG) -> Path:
     """Write ``config`` to ``run_dir/run.yaml`` atomically; returns the path."""
     path = Path(run_dir) / name
-    write_bytes_atomic(path, config_yaml(config).encode("utf-8"))
+    replace_bytes(path, config_yaml(config).encode("utf-8"))
     return path

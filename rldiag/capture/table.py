@@ -15,7 +15,6 @@ write has returned survives a crash of the machine as well as a kill of the trai
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,10 @@ import pyarrow.parquet as pq
 
 from rldiag.capture.unpad import StepPayload
 from rldiag.errors import CaptureError
-from rldiag.io.atomic import write_file_atomic
 from rldiag.io.loader import validate_table
 from rldiag.io.rundir import StepFile
 from rldiag.io.schema import LIST_COLUMNS, MASK_LIST_COLUMNS, SCALAR_COLUMNS
+from rldiag.io.staged import replace_file
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -121,22 +120,14 @@ def _append_part(p: StepPayload, table: pa.Table) -> pa.Table:
                            f"in {p.path}: {exc}") from exc
 
 
-def _fsync(path: Path, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_step_file(p: StepPayload, compression: str = "zstd",
                     token_text: Callable[[Sequence[int]], list[str]] | None = None) -> int:
     """Validate and write one step's batch file atomically; returns its size in bytes.
 
     The file is written under a hidden temporary name in ``batches/`` (``.step_<N>.parquet.<id>.tmp``,
-    which no reader picks up), fsynced, and renamed over the final name, so a reader sees no file
-    or the whole file. A later part (``p.part > 0``) is appended to the parts on disk (see the
-    module docstring).
+    which no reader picks up), fsynced, and renamed over the final name, its directory fsynced
+    after (:func:`rldiag.io.staged.replace_file`), so a reader sees no file or the whole file. A
+    later part (``p.part > 0``) is appended to the parts on disk (see the module docstring).
     """
     table = payload_table(p, token_text)
     if p.part > 0:
@@ -145,12 +136,7 @@ def write_step_file(p: StepPayload, compression: str = "zstd",
 
     def write(tmp: Path) -> None:
         pq.write_table(table, tmp, compression=compression)
-        _fsync(tmp)
 
-    write_file_atomic(p.path, write)
-    try:
-        _fsync(p.path.parent, directory=True)
-    except OSError:  # pragma: no cover - file systems that cannot fsync a directory
-        pass
+    replace_file(p.path, write, durable=True)
     return p.path.stat().st_size
 

@@ -56,6 +56,7 @@ import torch
 from rldiag.capture.config import plain
 from rldiag.capture.writer import RunWriter
 from rldiag.errors import CaptureError
+from rldiag.io.run_layout import RunLayout
 
 ENV_DIR = "RLDIAG_CAPTURE_DIR"
 ENV_TOKENS = "RLDIAG_CAPTURE_TOKENS"
@@ -121,7 +122,7 @@ class VerlCapture:
         target = os.environ.get("VERL_FILE_LOGGER_PATH")
         loggers = _get(config, "trainer.logger") or []
         loggers = [loggers] if isinstance(loggers, str) else list(loggers)
-        if target and "file" in loggers and Path(target).resolve() == (self.run_dir / "metrics.jsonl").resolve():
+        if target and "file" in loggers and Path(target).resolve() == RunLayout(self.run_dir).metrics_file.resolve():
             raise CaptureError(
                 f"VERL_FILE_LOGGER_PATH={target} is the capture's own metrics.jsonl: verl's file logger "
                 "truncates it when it opens and would interleave lines with the capture; point it elsewhere "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rldiag.errors import CaptureError, RldiagError
+from rldiag.io.run_layout import RunLayout
 from rldiag.io.rundir import RunDir, iter_metrics_records
 from rldiag.version import __version__
 
@@ -66,7 +67,7 @@ def iter_metric_rows(run_dir: str | Path) -> Iterator[tuple[int, dict[str, Any]]
     are skipped.
     """
     rows: dict[int, dict[str, Any]] = {}
-    for step, data in iter_metrics_records(Path(run_dir) / "metrics.jsonl"):
+    for step, data in iter_metrics_records(RunLayout(run_dir).metrics_file):
         rows.setdefault(step, {}).update({k: v for k, v in data.items() if k not in _SKIP_KEYS})
     for step in sorted(rows):
         yield step, rows[step]

@@ -3,7 +3,9 @@
 On the training thread, ``write_batch`` only unpads the step (one gather per column, copied to
 the CPU) and puts it on a bounded queue; ``log_metrics`` only turns the values into plain
 numbers. A background thread builds the Arrow table, validates it, writes the Parquet file
-atomically and appends the metrics lines, in call order. When the queue is full the training
+atomically and appends the metrics lines, in call order (both through :mod:`rldiag.io.staged`:
+``replace_file``, ``LineAppender``). The run directory is on local (or shared) disk: an object
+store cannot append to ``metrics.jsonl``. When the queue is full the training
 thread waits (back-pressure: memory stays bounded when the disk is slower than training).
 
 A failure on the writer thread is never lost: it is raised as :class:`CaptureError` on the
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import queue
 import sys
 import threading
@@ -35,13 +36,16 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from rldiag.capture.config import write_config
 from rldiag.capture.table import token_strings, write_step_file
 from rldiag.capture.unpad import unpad_batch
 from rldiag.errors import CaptureError
 from rldiag.io.atomic import remove_stale
+from rldiag.io.fs import is_uri
+from rldiag.io.run_layout import METRICS_FILE, RunLayout
+from rldiag.io.staged import LineAppender
 
 _STOP = object()
 _SYNC = ("sync", None)
@@ -57,25 +61,6 @@ def _close_open_writers() -> None:
             writer.close()
         except CaptureError as exc:  # nowhere left to raise it
             print(f"rldiag.capture: {exc}", file=sys.stderr)
-
-
-def _end_torn_line(path: Path) -> None:
-    """Before appending to ``path``: if its last line has no newline (a writer killed in the
-    middle of a line), end that line, so the torn text stays a line of its own (which readers
-    skip) instead of merging with the next record. Nothing is deleted: a last line that is a
-    whole record missing only its newline stays readable."""
-    try:
-        with path.open("rb+") as fh:
-            fh.seek(0, os.SEEK_END)
-            if fh.tell() == 0:
-                return
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) != b"\n":
-                fh.write(b"\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-    except FileNotFoundError:
-        return
 
 
 @dataclass
@@ -119,7 +104,10 @@ class RunWriter:
     ...         run.log_metrics(step, metrics)
 
     Args:
-        path: the run directory (created if missing; an existing one is appended to).
+        path: the run directory (created if missing; an existing one is appended to), on local
+            (or shared) disk: ``metrics.jsonl`` is appended to line by line, which an object
+            store cannot do (copy the directory to the store afterwards, or point rldiag at it
+            where it is).
         config: the training config, written to ``run.yaml`` (dict, OmegaConf, dataclass, ...).
         queue_size: steps and metric lines that may wait for the writer thread.
         compression: Parquet compression codec.
@@ -140,7 +128,11 @@ class RunWriter:
         extra_columns: Sequence[str] = (),
         tokenizer: Any = None,
     ):
+        if is_uri(str(path)):
+            raise CaptureError(f"{path}: the capture writes a run directory on local (or shared) disk; an object "
+                               "store cannot append to metrics.jsonl (copy the directory there afterwards)")
         self.path = Path(path)
+        self.layout = RunLayout(self.path)
         self.batches_dir.mkdir(parents=True, exist_ok=True)
         # temporary files of a writer killed mid-write (never those of one still running)
         remove_stale(self.batches_dir)
@@ -155,7 +147,7 @@ class RunWriter:
         self._errors: list[tuple[str, BaseException]] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._metrics_fh: TextIO | None = None  # metrics.jsonl, opened on the first line
+        self._metrics = LineAppender(self.metrics_file)  # metrics.jsonl, opened on the first line
         if config is not None:
             self.write_config(config)
         self._thread = threading.Thread(target=self._run, name="rldiag-capture-writer", daemon=True)
@@ -165,14 +157,14 @@ class RunWriter:
     # -- layout -----------------------------------------------------------------------------
     @property
     def batches_dir(self) -> Path:
-        return self.path / "batches"
+        return self.layout.batches_dir
 
     @property
     def metrics_file(self) -> Path:
-        return self.path / "metrics.jsonl"
+        return self.layout.metrics_file
 
     def batch_path(self, step: int) -> Path:
-        return self.batches_dir / f"step_{int(step):06d}.parquet"
+        return self.layout.batch_file(step)
 
     # -- training-thread API -------------------------------------------------------------------
     def write_config(self, config: Any) -> Path:
@@ -287,30 +279,20 @@ class RunWriter:
                         self._record(f"step {payload.step}" + (f" part {payload.part}" if payload.part else ""), exc)
                 elif kind == "sync":
                     try:
-                        if self._metrics_fh is not None:
-                            self._metrics_fh.flush()
-                            os.fsync(self._metrics_fh.fileno())
+                        self._metrics.sync()
                     except BaseException as exc:  # noqa: BLE001
-                        self._record("metrics.jsonl", exc)
+                        self._record(METRICS_FILE, exc)
                 else:
                     try:
-                        self._append_metrics(payload)
+                        self._metrics.append(payload)
                         self.stats.metric_lines += 1
                     except BaseException as exc:  # noqa: BLE001
-                        self._record("metrics.jsonl", exc)
+                        self._record(METRICS_FILE, exc)
                 self.stats.writer_thread_s += time.perf_counter() - t0
             finally:
                 self._queue.task_done()
-                if item is _STOP and self._metrics_fh is not None:
-                    self._metrics_fh.close()
-                    self._metrics_fh = None
-
-    def _append_metrics(self, line: str) -> None:
-        if self._metrics_fh is None:
-            _end_torn_line(self.metrics_file)
-            self._metrics_fh = self.metrics_file.open("a", encoding="utf-8")
-        self._metrics_fh.write(line + "\n")
-        self._metrics_fh.flush()
+                if item is _STOP:
+                    self._metrics.close()
 
     def _record(self, what: str, exc: BaseException) -> None:
         with self._lock:

@@ -5,7 +5,7 @@ What goes over the wire is small: a task is one chunk of steps as paths or URIs 
 and computes them exactly as the local executor does (same chunks, same packs, same code, so the
 same bits), and returns one :class:`~rldiag.executors.steps.StepOutcome` per step: the input
 record, a metrics row and, with ``--save-tokens``, an Arrow table. The driver writes them, in step
-order, into the scenario (:mod:`rldiag.io.scenario_writer`), so atomic replacement and reuse live
+order, into the scenario (:mod:`rldiag.io.staged`), so atomic replacement and reuse live
 in one place. Tasks in flight are bounded, so the driver's memory stays flat.
 
 GPU-aware: with ``--device cuda`` (or ``auto`` on a cluster that has GPUs) each task requests

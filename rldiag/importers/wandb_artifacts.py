@@ -30,7 +30,7 @@ from typing import Protocol
 
 from rldiag.errors import WandbImportError
 from rldiag.importers.wandb_records import ArtifactEntry
-from rldiag.io.rundir import STEP_FILE
+from rldiag.io.run_layout import STEP_FILE
 
 _CHUNK = 1 << 20
 

@@ -41,6 +41,7 @@ from rldiag.importers.wandb_online import (
 )
 from rldiag.importers.wandb_records import ArtifactInfo, OfflineRun, read_offline_run
 from rldiag.importers.wandb_sdk import quiet_environment, shutdown, wandb_version
+from rldiag.io.fs import RemotePath
 from rldiag.version import __version__
 
 Progress = Callable[[int, int, int], None]
@@ -54,7 +55,7 @@ DEFAULT_TIMEOUT = 30.0
 class ImportReport:
     """What one import did; also written to ``RUN/rldiag/import/wandb.json``."""
 
-    out: Path
+    out: Path | RemotePath
     kind: str  # "offline", "online" or "artifact"
     source: str
     run_id: str | None = None
@@ -287,7 +288,7 @@ class ArtifactSource:
 
 def import_wandb(
     source: str | Path | None,
-    out: str | Path,
+    out: str | Path | RemotePath,
     *,
     artifacts: Sequence[str] = (),
     artifact_type: str = DEFAULT_ARTIFACT_TYPE,
@@ -301,7 +302,8 @@ def import_wandb(
     progress: Progress | None = None,
     defer: Callable[[Callable[[], None]], None] | None = None,
 ) -> ImportReport:
-    """Import a W&B run into the run directory ``out`` (created, or updated in place).
+    """Import a W&B run into the run directory ``out`` (created, or updated in place; a local
+    directory or an object-store URI such as ``s3://bucket/run``).
 
     ``source`` is an offline run folder / ``.wandb`` file, or ``entity/project/run_id``; it may be
     None when ``artifacts`` name the batches to import. ``api_factory(timeout=, base_url=)``

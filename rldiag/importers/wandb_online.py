@@ -187,7 +187,7 @@ def download_batches(art, writer: RunDirWriter, *, progress: Progress | None = N
     if not steps:
         info.problems.append(f"artifact {name} holds no step_<N>.parquet/.arrow files")
         return info
-    with tempfile.TemporaryDirectory(prefix=".wandb-dl-", dir=writer.out) as tmp:
+    with tempfile.TemporaryDirectory(prefix="wandb-dl-", dir=writer.scratch) as tmp:
         for i, (p, entry, step) in enumerate(sorted(steps, key=lambda t: t[2])):
             digest = getattr(entry, "digest", None)
             ref = getattr(entry, "ref", None)

@@ -3,9 +3,9 @@
 A local path stays a :class:`pathlib.Path`, so everything local behaves exactly as before. A URI
 becomes a :class:`RemotePath`: the part of pathlib's interface rldiag uses (``/``, ``name``,
 ``suffix``, ``parent``, ``relative_to``, ``exists``, ``is_file``, ``is_dir``, ``iterdir``,
-``stat``, ``open``, ``read_bytes``, ``read_text``, ``write_bytes``, ``unlink``) on a pyarrow
-filesystem. Code that reads or writes Arrow data calls :func:`arrow_source` to get the
-``(path, filesystem)`` pair pyarrow's readers take.
+``stat``, ``open``, ``read_bytes``, ``read_text``, ``write_bytes``, ``unlink``; ``write_from``
+uploads a local file) on a pyarrow filesystem. Code that reads or writes Arrow data calls
+:func:`arrow_source` to get the ``(path, filesystem)`` pair pyarrow's readers take.
 
 ``s3://`` URIs use :class:`pyarrow.fs.S3FileSystem` configured from the environment:
 credentials from the AWS chain (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, profiles, ...),
@@ -19,6 +19,7 @@ Other schemes (``gs://``, ``hdfs://``) go through :meth:`pyarrow.fs.FileSystem.f
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -261,6 +262,24 @@ class RemotePath:
 
         self._call("cannot write", put)
         self._info = None
+
+    def write_from(self, src: Path, chunk: int = 1 << 20) -> tuple[int, str]:
+        """Upload the local file ``src`` as this object, streamed (the object appears whole or
+        not at all); returns its ``(size, SHA-256)``."""
+        h = hashlib.sha256()
+        size = 0
+
+        def put():
+            nonlocal size
+            with open(src, "rb") as fh, self.fs.open_output_stream(self.key) as out:
+                while block := fh.read(chunk):
+                    h.update(block)
+                    out.write(block)
+                    size += len(block)
+
+        self._call("cannot write", put)
+        self._info = None
+        return size, h.hexdigest()
 
     def unlink(self, missing_ok: bool = False) -> None:
         try:

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rldiag.errors import OutputError, RunDirError
 from rldiag.io.arrays import floats_or_null, from_numpy, read_parquet
-from rldiag.io.fs import RemotePath, as_path, is_remote
+from rldiag.io.fs import RemotePath, is_remote
+from rldiag.io.run_layout import RunLayout, ScenarioLayout
 
 if TYPE_CHECKING:
     import torch
@@ -82,13 +82,6 @@ def metrics_table(rows: list[dict[str, float]]) -> pa.Table:
     return pa.table(cols)
 
 
-def write_parquet(table: pa.Table, path: Path) -> None:
-    try:
-        pq.write_table(table, path)
-    except (pa.ArrowException, OSError) as exc:
-        raise OutputError(f"cannot write {path}: {exc}") from exc
-
-
 def json_safe(obj):
     """NaN/inf -> None so scenario.json stays standard JSON."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -100,52 +93,46 @@ def json_safe(obj):
     return obj
 
 
-def scenario_dir(run_path: Path | RemotePath | str, name: str) -> Path | RemotePath:
-    return as_path(run_path) / "rldiag" / "scenarios" / name
-
-
-def comparison_dir(run_path: Path | RemotePath | str, a: str, b: str) -> Path | RemotePath:
-    """Where ``rldiag compare`` writes the comparison of sides ``a`` and ``b`` (in the object store
-    for a run there)."""
-    return as_path(run_path) / "rldiag" / "comparisons" / f"{a}__vs__{b}"
-
-
 def list_scenarios(run_path: Path | RemotePath | str) -> list[str]:
-    root = as_path(run_path) / "rldiag" / "scenarios"
+    """The run's complete scenarios (those with their ``scenario.json``), by name."""
+    layout = RunLayout(run_path)
+    root = layout.scenarios_dir
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / "scenario.json").is_file())
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and not p.name.startswith(".") and layout.scenario(p.name).meta.is_file())
 
 
-def read_scenario(run_path: Path | RemotePath, name: str) -> tuple[dict, pa.Table]:
+def read_scenario(run_path: Path | RemotePath | str, name: str) -> tuple[dict, pa.Table]:
     """(scenario.json, metrics table) of one scenario."""
-    d = scenario_dir(run_path, name)
-    if not (d / "scenario.json").is_file():
+    sc = RunLayout(run_path).scenario(name)
+    if not sc.meta.is_file():
         have = list_scenarios(run_path)
         raise RunDirError(f"no scenario {name!r} in {run_path}; have: {', '.join(have) or 'none'}")
-    if is_remote(d):
-        return _read_remote_scenario(d)
-    meta = json.loads((d / "scenario.json").read_text())
-    if (d / "metrics.parquet").is_file():
-        table = read_parquet(str(d / "metrics.parquet"))
+    if is_remote(sc.dir):
+        return _read_remote_scenario(sc)
+    meta = json.loads(sc.meta.read_text())
+    if sc.metrics.is_file():
+        table = read_parquet(str(sc.metrics))
     else:
         table = pa.table({"step": from_numpy(np.zeros(0, dtype=np.int64))})
     return meta, table
 
 
-def _read_remote_scenario(d: RemotePath, attempts: int = 3) -> tuple[dict, pa.Table]:
-    """On an object store, objects are rewritten in place (:mod:`rldiag.io.scenario_writer`):
+def _read_remote_scenario(sc: ScenarioLayout, attempts: int = 3) -> tuple[dict, pa.Table]:
+    """On an object store, objects are rewritten in place (:mod:`rldiag.io.staged`):
     ``metrics.parquet`` is checked against the size and SHA-256 that ``scenario.json`` lists for
     it, and read again after a pause if a rewrite got in between."""
+    d = sc.dir
     for attempt in range(attempts):
         if attempt:
             time.sleep(0.5 * attempt)
-        meta_path = d / "scenario.json"
+        meta_path = sc.meta
         if not meta_path.exists():
             raise RunDirError(f"no complete scenario at {d} (it is being written, or a write was interrupted)")
         meta = json.loads(meta_path.read_text())
-        record = (meta.get("outputs") or {}).get("metrics.parquet")
-        mp = d / "metrics.parquet"
+        record = (meta.get("outputs") or {}).get(sc.METRICS)
+        mp = sc.metrics
         if record is None and not mp.exists():
             return meta, pa.table({"step": from_numpy(np.zeros(0, dtype=np.int64))})
         data = mp.read_bytes() if mp.exists() else b""

@@ -1,25 +1,17 @@
-"""The run directory (docs/run-directory.md)::
-
-    RUN/
-      run.yaml | config.yaml | .hydra/config.yaml   optional training config
-      metrics.jsonl                                  optional logged metrics
-      batches/step_<N>.parquet | step_<N>.arrow      one file per training step
-      rldiag/                                        everything rldiag writes
-"""
+"""The run directory (docs/run-directory.md; its paths: :mod:`rldiag.io.run_layout`): its step
+files, ``--steps``, the lines of ``metrics.jsonl``."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from rldiag.errors import ConfigError, RunDirError
-from rldiag.io.fs import RemotePath, as_path
-
-STEP_FILE = re.compile(r"^step_(\d+)\.(parquet|arrow)$")
+from rldiag.io.fs import RemotePath
+from rldiag.io.run_layout import STEP_FILE, RunLayout
 
 #: The largest step number: steps are int64 in every output (``metrics.parquet``, the app's store).
 MAX_STEP = 2**63 - 1
@@ -47,7 +39,8 @@ class RunDir:
     :mod:`rldiag.io.fs`)."""
 
     def __init__(self, path: str | Path | RemotePath):
-        self.path = as_path(path)
+        self.layout = RunLayout(path)
+        self.path = self.layout.root
         if not self.path.exists():
             raise RunDirError(f"run directory {self.path} does not exist")
         if not self.path.is_dir():
@@ -55,15 +48,15 @@ class RunDir:
 
     @property
     def batches_dir(self) -> Path | RemotePath:
-        return self.path / "batches"
+        return self.layout.batches_dir
 
     @property
     def output_dir(self) -> Path | RemotePath:
-        return self.path / "rldiag"
+        return self.layout.output_dir
 
     @property
     def metrics_file(self) -> Path | RemotePath:
-        return self.path / "metrics.jsonl"
+        return self.layout.metrics_file
 
     def step_files(self) -> list[StepFile]:
         """Every batch file, sorted by step. Two files for one step is an error naming both."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import polars as pl
 
-from rldiag.io.outputs import comparison_dir, scenario_dir
+from rldiag.io.run_layout import ComparisonLayout, RunLayout
 from rldiag.store.cache import SigCache, file_sig, local_path
 from rldiag.store.db import Db
 
@@ -24,23 +24,25 @@ class SavedComparison:
 
 
 def saved_comparison(db: Db, cache: SigCache, run: Path, a: str, b: str) -> SavedComparison | None:
-    d = local_path(comparison_dir(run, a, b))
-    meta_sig = file_sig(d / "comparison.json")
+    layout = RunLayout(run)
+    c = ComparisonLayout(local_path(layout.comparison(a, b).dir))
+    d = c.dir
+    meta_sig = file_sig(c.meta)
     if meta_sig is None:
         return None
-    sides = [file_sig(local_path(scenario_dir(run, s)) / "scenario.json") for s in (a, b) if s != "logged"]
+    sides = [file_sig(local_path(layout.scenario(s).meta)) for s in (a, b) if s != "logged"]
     stale = any(s is None or s.mtime_ns > meta_sig.mtime_ns for s in sides)
 
     def load() -> SavedComparison:
-        meta = json.loads((d / "comparison.json").read_text())
+        meta = json.loads(c.meta.read_text())
         metrics = db.frame(
             "SELECT metric, count(*) AS steps, avg(a) AS mean_a, avg(b) AS mean_b, avg(delta) AS mean_delta, "
             "max(abs(delta)) AS max_abs_delta FROM read_parquet(?, hive_partitioning = false) "
             "GROUP BY metric ORDER BY metric",
-            [str(d / "metrics.parquet")], where=str(d),
+            [str(c.metrics)], where=str(d),
         )
         tokens = db.frame("SELECT * FROM read_parquet(?, hive_partitioning = false) ORDER BY step",
-                          [str(d / "tokens.parquet")], where=str(d))
+                          [str(c.tokens)], where=str(d))
         return SavedComparison(a, b, meta, metrics, tokens, stale=False)
 
     got = cache.get(("comparison", a, b), meta_sig, load)

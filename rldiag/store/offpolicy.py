@@ -6,6 +6,7 @@ from pathlib import Path
 
 import polars as pl
 
+from rldiag.io.run_layout import ScenarioLayout
 from rldiag.store.db import Db
 from rldiag.store.stepview import INT_MASK
 
@@ -29,11 +30,11 @@ def is_weights(db: Db, tokens_file: Path) -> pl.DataFrame:
 def is_quantiles(db: Db, tokens_dir: Path) -> pl.DataFrame:
     """Per step: ``step, tokens, q05, q25, q50, q75, q95, max`` of the actor tokens' IS weights."""
     qs = ", ".join(f"quantile_cont(w, {q}) AS q{int(round(q * 100)):02d}" for q in QUANTILES)
-    glob = str(Path(tokens_dir) / "step_*.parquet")
+    glob = str(Path(tokens_dir) / ScenarioLayout.TOKEN_GLOB)
     return db.frame(
         f"""
         SELECT step, count(*) AS tokens, {qs}, max(w) AS max FROM (
-            SELECT CAST(regexp_extract(filename, 'step_([0-9]+)\\.parquet$', 1) AS BIGINT) AS step,
+            SELECT CAST(regexp_extract(filename, '{ScenarioLayout.TOKEN_STEP_SQL}', 1) AS BIGINT) AS step,
                    unnest(rollout_is_weights) AS w, unnest({INT_MASK}) AS m
             FROM read_parquet(?, hive_partitioning = false, filename = true)
         ) WHERE m = 1 GROUP BY step ORDER BY step

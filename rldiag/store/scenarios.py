@@ -9,18 +9,16 @@ replaced atomically, so a new version has a new inode and modification time). To
 from __future__ import annotations
 
 import json
-import re
 import threading
 from pathlib import Path
 
 import polars as pl
 
-from rldiag.io.outputs import list_scenarios, scenario_dir
+from rldiag.io.outputs import list_scenarios
+from rldiag.io.run_layout import RunLayout, ScenarioLayout
 from rldiag.store.cache import FileSig, SigCache, file_sig, local_path
 from rldiag.store.db import Db, quote_ident
 from rldiag.store.errors import StoreError
-
-TOKEN_FILE = re.compile(r"^step_(\d+)\.parquet$")
 
 
 class Scenarios:
@@ -37,11 +35,15 @@ class Scenarios:
         return list_scenarios(self.run)
 
     def dir(self, name: str) -> Path:
-        return local_path(scenario_dir(self.run, name))
+        return self.layout(name).dir
+
+    def layout(self, name: str) -> ScenarioLayout[Path]:
+        """The paths of scenario ``name`` (on local disk)."""
+        return ScenarioLayout(local_path(RunLayout(self.run).scenario(name).dir))
 
     def meta(self, name: str) -> dict:
         """``scenario.json`` of one scenario (cached on its size and modification time)."""
-        path = self.dir(name) / "scenario.json"
+        path = self.layout(name).meta
         sig = file_sig(path)
         if sig is None:
             raise StoreError(f"no scenario {name!r} in {self.run}; have: {', '.join(self.names()) or 'none'}")
@@ -56,7 +58,7 @@ class Scenarios:
 
     def table(self, name: str) -> str | None:
         """The long table of one scenario's metrics (None: the scenario has no metrics file)."""
-        path = self.dir(name) / "metrics.parquet"
+        path = self.layout(name).metrics
         sig = file_sig(path)
         if sig is None:
             return None
@@ -82,7 +84,7 @@ class Scenarios:
             return table
 
     def sig(self, name: str) -> FileSig | None:
-        return file_sig(self.dir(name) / "metrics.parquet")
+        return file_sig(self.layout(name).metrics)
 
     def metric_names(self, name: str) -> list[str]:
         table = self.table(name)
@@ -95,13 +97,10 @@ class Scenarios:
 
     def token_steps(self, name: str) -> list[int]:
         """Steps for which the scenario saved per-token outputs."""
-        d = self.dir(name) / "tokens"
-        if not d.is_dir():
-            return []
-        return sorted(int(m.group(1)) for p in d.iterdir() if (m := TOKEN_FILE.match(p.name)))
+        return self.layout(name).token_steps()
 
     def tokens_file(self, name: str, step: int) -> Path | None:
-        p = self.dir(name) / "tokens" / f"step_{step:06d}.parquet"
+        p = self.layout(name).tokens_file(step)
         return p if p.is_file() else None
 
     def token_columns(self, name: str, step: int) -> list[str]:

@@ -295,8 +295,9 @@ class Store:
         steps = self.token_steps(scenario)
         if not steps or "rollout_is_weights" not in self.scenarios.token_columns(scenario, steps[0]):
             return pl.DataFrame(schema={"step": pl.Int64})
-        d = self.scenarios.dir(scenario) / "tokens"
-        sigs = (file_sig(self.scenarios.dir(scenario) / "scenario.json"), tuple(steps))
+        sc = self.scenarios.layout(scenario)
+        d = sc.tokens_dir
+        sigs = (file_sig(sc.meta), tuple(steps))
         return self.cache.get(("is-quantiles", scenario), sigs, lambda: offpolicy.is_quantiles(self.db, d))
 
     # -- comparisons --------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from rldiag.io.atomic import replace_dir, staging_dir
+from rldiag.io.run_layout import OUTPUT_DIR
+from rldiag.io.staged import open_staged
 from rldiag.toy.config import PRESETS
 from rldiag.toy.trainer import ToyTrainer
 
@@ -23,20 +24,14 @@ def make_sample(root: Path, name: str) -> Path:
     """Train preset ``name`` into ``root/name``; returns the path."""
     cfg = PRESETS[name]()
     target = root / name
-    stage = staging_dir(target)
-    try:
-        ToyTrainer(cfg).run(stage)
-        replace_dir(stage, target)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+    with open_staged(target) as writer:  # the trainer writes into the staging directory, swapped in whole
+        ToyTrainer(cfg).run(writer.staging)
+        writer.commit()
     return target
 
 
 def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and "rldiag" not in p.relative_to(path).parts)
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and OUTPUT_DIR not in p.relative_to(path).parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,27 +3,33 @@
 The picker offers a path box, the runs opened recently (kept in a small JSON file of the user's
 rldiag directory) and the bundled sample. The bundled sample lives inside the install, which
 must never be written: it is opened as a copy in the user's rldiag directory, where a
-recompute can write its outputs.
+recompute can write its outputs. That copy is on local disk by design (the app reads runs on
+local disk only, :func:`rldiag.store.cache.local_path`); it is written through the staged
+writer (:mod:`rldiag.io.staged`) like every run directory rldiag writes.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from rldiag.io.atomic import write_bytes_atomic
+from rldiag.io.run_layout import BATCHES_DIR, METRICS_FILE, RUN_CONFIG, STEP_FORMATS, RunLayout
+from rldiag.io.staged import open_staged
 
 #: the bundled sample runs, in order of preference
 PREFERRED_SAMPLES = ("grpo-tool", "ppo-gae")
 ENV_VAR = "RLDIAG_RUN"
 #: where rldiag keeps the user's state (recent runs, sample copies); default ~/.cache/rldiag
 HOME_VAR = "RLDIAG_HOME"
+#: the user's rldiag directory under ``$XDG_CACHE_HOME`` (not a run directory's ``rldiag/``)
+USER_DIR_NAME = "rldiag"
 RECENT_FILE = "recent_runs.json"
 RECENT_MAX = 10
 #: what a run directory's copy takes from a sample (never its outputs)
-SAMPLE_FILES = ("run.yaml", "metrics.jsonl", "batches")
+SAMPLE_FILES = (RUN_CONFIG, METRICS_FILE, BATCHES_DIR)
 
 
 def samples_dir() -> Path:
@@ -32,8 +38,8 @@ def samples_dir() -> Path:
 
 
 def has_batches(path: Path) -> bool:
-    b = path / "batches"
-    return b.is_dir() and any(p.suffix in (".parquet", ".arrow") for p in b.iterdir())
+    b = RunLayout(path).batches_dir
+    return b.is_dir() and any(p.suffix.lstrip(".") in STEP_FORMATS for p in b.iterdir())
 
 
 def default_run(samples: Path | None = None) -> Path | None:
@@ -87,19 +93,7 @@ def user_dir(env: dict | None = None) -> Path:
     if environ.get(HOME_VAR):
         return Path(environ[HOME_VAR])
     base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rldiag"
-
-
-def _write_json_atomic(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return Path(base) / USER_DIR_NAME
 
 
 def recent_runs(env: dict | None = None) -> list[str]:
@@ -118,7 +112,7 @@ def remember_run(path: str | Path, env: dict | None = None) -> None:
     p = str(Path(path).resolve())
     runs = [p] + [r for r in recent_runs(env) if r != p]
     try:
-        _write_json_atomic(user_dir(env) / RECENT_FILE, runs[:RECENT_MAX])
+        write_bytes_atomic(user_dir(env) / RECENT_FILE, json.dumps(runs[:RECENT_MAX], indent=1).encode())
     except OSError:
         pass
 
@@ -133,7 +127,8 @@ def is_bundled(path: str | Path) -> bool:
 
 
 def sample_copy(env: dict | None = None, sample: Path | None = None) -> Path:
-    """A user-writable copy of the bundled sample (made once, atomically), to open in the app."""
+    """A user-writable copy of the bundled sample (made once, atomically: staged beside it and
+    swapped in), to open in the app. Local disk only, by design: the app reads local runs."""
     src = sample or default_run()
     if src is None:
         from rldiag.errors import RunDirError
@@ -142,21 +137,14 @@ def sample_copy(env: dict | None = None, sample: Path | None = None) -> Path:
     dest = user_dir(env) / "samples" / src.name
     if has_batches(dest):
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{src.name}.", dir=dest.parent))
-    try:
+    with open_staged(dest) as writer:
         for name in SAMPLE_FILES:
             s = src / name
             if s.is_dir():
-                shutil.copytree(s, stage / name)
+                writer.add_tree(name, s)
             elif s.is_file():
-                shutil.copy2(s, stage / name)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(stage, dest)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+                writer.add_file(name, s)
+        writer.commit()
     return dest
 
 
@@ -165,7 +153,7 @@ def writable(run: str | Path) -> bool:
     run = Path(run)
     if is_bundled(run):
         return False
-    out = run / "rldiag"
+    out = RunLayout(run).output_dir
     return os.access(out if out.exists() else run, os.W_OK)
 
 

@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from rldiag.analysis.agreement import average_ranks, pearson, spearman
-from rldiag.analysis.compare import compare, compare_estimators, comparison_dir
+from rldiag.analysis.compare import compare, compare_estimators
 from rldiag.cli.main import main
 from rldiag.engine.advantage import ESTIMATORS
+from rldiag.io.run_layout import RunLayout
 from rldiag.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 from tests.analysis.reference import rewrite_column, write_logged_run
@@ -45,7 +46,7 @@ def test_estimator_pairs_match_numpy(tmp_path, capsys):
     rep = compare_estimators(run, ["grpo", "gae"])  # reuses both scenarios
     assert rep.recomputed == [] and len(rep.pairs) == 1
     pair = rep.pairs[0]
-    out = comparison_dir(run, "adv_estimator=grpo", "adv_estimator=gae")
+    out = RunLayout(run).comparison("adv_estimator=grpo", "adv_estimator=gae").dir
     per_step = pq.read_table(out / "tokens.parquet").to_pylist()
     assert [r["step"] for r in per_step] == [1, 2, 3]
     uids_by_step = {}

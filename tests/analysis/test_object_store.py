@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import rldiag.analysis.compare as compare_mod
-from rldiag.analysis.compare import compare, comparison_dir
+from rldiag.analysis.compare import compare
 from rldiag.analysis.verify import verify_run
 from rldiag.cli.main import main
 from rldiag.errors import OutputError
 from rldiag.io import loader
 from rldiag.io.fs import RemotePath
+from rldiag.io.run_layout import RunLayout
 from rldiag.recompute import recompute
 from tests.analysis.logged_runs import ADAPTIVE_KL, write_self_logged_run
 from tests.analysis.reference import write_logged_run
@@ -103,7 +104,7 @@ def test_compare_writes_its_outputs_into_the_store(s3, two_scenarios, capsys):
     assert remote.pop("path") == target and local.pop("path") == str(root / "rldiag/comparisons/base__vs__drgrpo")
     assert (remote.pop("run"), local.pop("run")) == (uri, str(root))
     assert remote == local and remote["token_steps"] == [1, 2, 3] and remote["summary"]["tokens"] > 0
-    assert str(comparison_dir(uri, "base", "drgrpo")) == target
+    assert str(RunLayout(uri).comparison("base", "drgrpo").dir) == target
     prefix = _key(target).split("/", 1)[1]
     assert s3.keys(prefix) == [f"{prefix}/{f}" for f in FILES]
     fs = s3.fs()
@@ -139,7 +140,7 @@ def test_a_compare_that_fails_half_way_leaves_no_comparison(s3, two_scenarios, m
     compare(uri, "base", "drgrpo")
     target = _key(f"{uri}/rldiag/comparisons/base__vs__drgrpo")
     prefix = target.split("/", 1)[1]
-    real_open = compare_mod.open_writer
+    real_open = compare_mod.open_staged
 
     def failing_writer(*args, **kwargs):
         writer = real_open(*args, **kwargs)
@@ -153,13 +154,13 @@ def test_a_compare_that_fails_half_way_leaves_no_comparison(s3, two_scenarios, m
         writer.write_table = write
         return writer
 
-    monkeypatch.setattr(compare_mod, "open_writer", failing_writer)
+    monkeypatch.setattr(compare_mod, "open_staged", failing_writer)
     with pytest.raises(OutputError, match="went away"):
         compare(uri, "base", "drgrpo", steps="1")
-    # the old comparison.json went before the first object changed, the objects written are
-    # deleted again: what is left (the old groups.parquet) is not a comparison
-    assert s3.keys(prefix) == [f"{prefix}/groups.parquet"]
-    monkeypatch.setattr(compare_mod, "open_writer", real_open)
+    # the parts were staged locally: the previous comparison is there, whole
+    assert s3.keys(prefix) == [f"{prefix}/{f}" for f in FILES]
+    assert json.loads(s3.fs().open_input_stream(f"{target}/comparison.json").read())["token_steps"] == [1, 2, 3]
+    monkeypatch.setattr(compare_mod, "open_staged", real_open)
     compare(uri, "base", "drgrpo", steps="2")
     assert s3.keys(prefix) == [f"{prefix}/{f}" for f in FILES]
     assert json.loads(s3.fs().open_input_stream(f"{target}/comparison.json").read())["token_steps"] == [2]

@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from rldiag.analysis import agreement
 from rldiag.analysis import compare as compare_mod
-from rldiag.analysis.compare import compare, comparison_dir
+from rldiag.analysis.compare import compare
 from rldiag.analysis.weights import ROW_FACTORS, effective_weights, weights_by_autograd
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.aggregation import AGG_MODES
+from rldiag.io.run_layout import RunLayout
 from rldiag.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
@@ -65,7 +66,7 @@ def test_compare_equals_the_earlier_path_on_a_run(tmp_path, monkeypatch, mode_b)
     recompute(run, {"algorithm.adv_estimator": "rloo", AGG: mode_b}, name="other", save_tokens=True)
     streamed = []
     fast = compare(run, "base", "other", on_step=streamed.append)
-    fast_files = {f: pq.read_table(comparison_dir(run, "base", "other") / f).to_pylist()
+    fast_files = {f: pq.read_table(RunLayout(run).comparison("base", "other").dir / f).to_pylist()
                   for f in ("tokens.parquet", "groups.parquet", "metrics.parquet")}
     assert [a.step for a in streamed] == fast.token_steps == [1, 2, 3]
     assert streamed == fast.tokens
@@ -73,7 +74,7 @@ def test_compare_equals_the_earlier_path_on_a_run(tmp_path, monkeypatch, mode_b)
     monkeypatch.setattr(compare_mod, "effective_weights", weights_by_autograd)
     monkeypatch.setattr(agreement, "_dot", _old_dot)
     slow = compare(run, "base", "other")
-    slow_files = {f: pq.read_table(comparison_dir(run, "base", "other") / f).to_pylist() for f in fast_files}
+    slow_files = {f: pq.read_table(RunLayout(run).comparison("base", "other").dir / f).to_pylist() for f in fast_files}
     assert fast_files["groups.parquet"] == slow_files["groups.parquet"]
     assert fast_files["metrics.parquet"] == slow_files["metrics.parquet"]
     for got, want in zip(fast_files["tokens.parquet"], slow_files["tokens.parquet"], strict=True):

@@ -188,3 +188,13 @@ def _hermetic_wandb(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+@pytest.fixture(scope="module")
+def batch_files(tmp_path_factory):
+    """A synthetic run (the config the online tests' fake run logs) and its batch files' bytes by step."""
+    src = write_synth_run(tmp_path_factory.mktemp("synth"), SynthSpec(steps=3, seed=2, config={
+        "algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "kl_ctrl": {"kl_coef": 0.001}},
+        "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean", "clip_ratio": 0.2}},
+        "data": {"max_response_length": 32}}))
+    return src, {s: (src / "batches" / f"step_{s}.parquet").read_bytes() for s in (1, 2, 3)}

@@ -17,7 +17,6 @@ import yaml
 
 from rldiag.importers import WandbImportError, import_wandb
 from rldiag.importers.wandb_online import default_api_factory
-from rldiag.synth import SynthSpec, write_synth_run
 
 from .conftest import hermetic_env, same_value
 
@@ -118,15 +117,6 @@ CONFIG = {
     "actor_rollout_ref": {"value": {"actor": {"loss_agg_mode": "token-mean", "clip_ratio": 0.2}}},
     "data": {"value": {"max_response_length": 32}},
 }
-
-
-@pytest.fixture(scope="module")
-def batch_files(tmp_path_factory):
-    src = write_synth_run(tmp_path_factory.mktemp("synth"), SynthSpec(steps=3, seed=2, config={
-        "algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "kl_ctrl": {"kl_coef": 0.001}},
-        "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean", "clip_ratio": 0.2}},
-        "data": {"max_response_length": 32}}))
-    return src, {s: (src / "batches" / f"step_{s}.parquet").read_bytes() for s in (1, 2, 3)}
 
 
 def make_api(files, **kw):

@@ -20,16 +20,10 @@ from rldiag.errors import OutputError, RunDirError, StorageError
 from rldiag.io.fs import RemotePath, as_path
 from rldiag.io.outputs import list_scenarios, read_scenario
 from rldiag.io.rundir import RunDir
-from rldiag.io.scenario_writer import open_writer
+from rldiag.io.staged import open_staged
 from rldiag.recompute import follow, recompute
 from rldiag.synth import SynthSpec, write_synth_run
-from tests.s3server import moto_s3
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with moto_s3() as server:
-        yield server
+from tests.s3server import fail_uploads
 
 
 @pytest.fixture
@@ -110,19 +104,34 @@ def test_rewrite_in_the_same_second_with_the_same_size_is_noticed(s3, run, uri):
         before[2]["critic/score/mean"] + (1.0 - 2 * float(t["score"].to_numpy()[0])) / 16)
 
 
-def test_scenario_json_marks_a_complete_scenario(s3, uri):
+def test_scenario_json_marks_a_complete_scenario(s3, uri, monkeypatch):
     recompute(uri, name="c")
     target = as_path(uri) / "rldiag" / "scenarios" / "c"
     assert isinstance(target, RemotePath)
-    writer = open_writer(target)
+    before = read_scenario(uri, "c")
+    keys = s3.keys(f"{_prefix(uri)}/rldiag/scenarios/c")
+    writer = open_staged(target, marker="scenario.json")
     writer.write_table("metrics.parquet", pa.table({"step": pa.array([1], pa.int64())}))
-    # the old scenario.json went before the first object changed: no scenario, never a mixed one
+    # staged locally: nothing in the store changes before the commit, and an abort keeps the old scenario
+    assert read_scenario(uri, "c")[1].equals(before[1])
+    writer.abort()
+    assert s3.keys(f"{_prefix(uri)}/rldiag/scenarios/c") == keys and read_scenario(uri, "c")[0] == before[0]
+    # a commit interrupted after its first upload: the old scenario.json went before it, so
+    # there is no scenario, never a mixed one
+    writer = open_staged(target, marker="scenario.json")
+    writer.write_table("metrics.parquet", pa.table({"step": pa.array([1], pa.int64())}))
+    writer.write_table("extra.parquet", pa.table({"row": pa.array([0], pa.int64())}))  # uploaded first
+    tried = fail_uploads(monkeypatch, "metrics.parquet")
+    with pytest.raises(StorageError, match="went away"):
+        writer.commit({"name": "c"})
+    writer.abort()
+    monkeypatch.undo()
+    assert tried == ["extra.parquet", "metrics.parquet"]
     with pytest.raises(RunDirError, match="no scenario"):
         read_scenario(uri, "c")
-    writer.abort()
-    assert s3.keys(f"{_prefix(uri)}/rldiag/scenarios/c") == []
     rep = recompute(uri, name="c")
     assert rep.steps_reused == [] and read_scenario(uri, "c")[1].num_rows == 4
+    assert s3.keys(f"{_prefix(uri)}/rldiag/scenarios/c") == keys  # the stray object of the failed commit is gone
 
 
 def test_a_metrics_object_that_does_not_match_is_detected(s3, uri):

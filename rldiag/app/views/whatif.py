@@ -2,6 +2,7 @@
 side by side, with the compare command's agreement of the advantages."""
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import streamlit as st
@@ -10,6 +11,7 @@ from rldiag import api
 from rldiag.app import session
 from rldiag.config import schema
 from rldiag.errors import RldiagError
+from rldiag.io.run_layout import STEP_FILE
 from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.viz import comparison, whatif
 from rldiag.viz.charts import agreement_figure
@@ -165,10 +167,10 @@ def compare_steps(name: str) -> str | None:
 
 def _unreadable() -> set[int]:
     bad = set()
-    for k in store.batches.problems:
-        digits = "".join(ch for ch in str(k).split("step_")[-1] if ch.isdigit())
-        if digits:
-            bad.add(int(digits))
+    for k in store.batches.problems:  # the files skipped, by path
+        m = STEP_FILE.match(Path(k).name)
+        if m:
+            bad.add(int(m.group(1)))
     return bad
 
 

@@ -1,0 +1,150 @@
+"""Every writer of a run directory goes through the staged writer (rldiag.io.staged), and a write
+interrupted part way leaves the previous state, on local disk and in an object store: a
+recompute's scenario, a compare's comparison, the capture's step files (which a trainer writes
+on local disk: an object store cannot take its metrics appends), the app's sample copy (local by
+design). The W&B import's are in tests/importers (test_wandb_online, test_import_object_store)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+import rldiag.analysis.compare as compare_mod
+import rldiag.capture.table as table_mod
+import rldiag.recompute as recompute_mod
+from rldiag.analysis.compare import compare
+from rldiag.capture import RunWriter
+from rldiag.errors import CaptureError, OutputError
+from rldiag.io.fs import RemotePath, as_path
+from rldiag.io.outputs import read_scenario
+from rldiag.io.run_layout import RunLayout
+from rldiag.recompute import recompute
+from rldiag.synth import SynthSpec, write_synth_run
+from rldiag.viz import runs
+
+
+@pytest.fixture(params=["local", "store"])
+def run(request, tmp_path):
+    local = write_synth_run(tmp_path / "run", SynthSpec(steps=3, seed=5))
+    if request.param == "local":
+        return local
+    s3 = request.getfixturevalue("s3")
+    return s3.upload_dir(local, f"runs/{uuid.uuid4().hex[:8]}")
+
+
+def snapshot(d) -> dict[str, bytes]:
+    d = as_path(d)
+    if isinstance(d, RemotePath):
+        return {str(p.relative_to(d)): p.read_bytes() for p in d.files()}
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+
+def boom(*a, **kw):
+    raise OutputError("interrupted")
+
+
+def test_an_interrupted_recompute_leaves_the_previous_scenario(run, monkeypatch):
+    recompute(run, name="s", save_tokens=True, device="cpu")
+    sc = RunLayout(run).scenario("s")
+    before = snapshot(sc.dir)
+    assert sorted(before)[:2] == ["metrics.parquet", "scenario.json"] and len(before) == 5
+    monkeypatch.setattr(recompute_mod, "metrics_table", boom)  # after every step's tokens are staged
+    with pytest.raises(OutputError, match="interrupted"):
+        recompute(run, name="s", save_tokens=True, reuse=False, device="cpu")
+    assert snapshot(sc.dir) == before
+    assert read_scenario(run, "s")[0]["steps_done"] == [1, 2, 3]
+    if isinstance(sc.dir, Path):
+        assert not [p for p in sc.dir.parent.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_an_interrupted_compare_leaves_the_previous_comparison(run, monkeypatch):
+    recompute(run, name="a", save_tokens=True, device="cpu")
+    recompute(run, {"algorithm.norm_adv_by_std_in_grpo": False}, name="b", save_tokens=True, device="cpu")
+    compare(run, "a", "b", device="cpu")
+    target = RunLayout(run).comparison("a", "b")
+    before = snapshot(target.dir)
+    assert sorted(before) == ["comparison.json", "groups.parquet", "metrics.parquet", "tokens.parquet"]
+    real = compare_mod.open_staged
+
+    def failing(*args, **kwargs):
+        writer = real(*args, **kwargs)
+        write_table = writer.write_table
+
+        def write(rel, table, **kw):
+            if rel == target.GROUPS:
+                raise OutputError("interrupted")
+            write_table(rel, table, **kw)
+
+        writer.write_table = write  # type: ignore[method-assign]
+        return writer
+
+    monkeypatch.setattr(compare_mod, "open_staged", failing)
+    with pytest.raises(OutputError, match="interrupted"):
+        compare(run, "a", "b", steps="1", device="cpu")
+    assert snapshot(target.dir) == before
+
+
+def _batch(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 6, (4,), generator=g)
+    attn = (torch.arange(5)[None, :] < lengths[:, None]).long()
+    return {"response_mask": attn, "attention_mask": attn, "token_level_scores": torch.rand(4, 5, generator=g),
+            "old_log_probs": -torch.rand(4, 5, generator=g), "uid": [f"u{i // 2}" for i in range(4)]}
+
+
+def test_an_interrupted_step_write_of_the_capture_leaves_the_previous_file(tmp_path, monkeypatch):
+    with RunWriter(tmp_path) as w:
+        w.write_batch(1, _batch(1))
+        w.log_metrics(1, {"x": 1.0})
+    before = snapshot(tmp_path)
+    real = table_mod.pq.write_table
+
+    def half_then_fail(table, where, **kw):
+        real(table, where, **kw)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(table_mod.pq, "write_table", half_then_fail)
+    with pytest.warns(UserWarning, match="written by an earlier run"):  # a resumed run writes step 1 again
+        w = RunWriter(tmp_path)
+        w.write_batch(1, _batch(2))
+    with pytest.raises(CaptureError, match="disk full"):
+        w.close()
+    assert snapshot(tmp_path) == before  # step 1's file whole, no temporary name left
+
+
+def test_the_capture_writes_local_disk_only():
+    with pytest.raises(CaptureError, match="cannot append to metrics.jsonl"):
+        RunWriter("s3://bucket/run")
+
+
+def test_the_sample_copy_is_staged_and_swapped_in(tmp_path, monkeypatch):
+    sample = write_synth_run(tmp_path / "sample", SynthSpec(steps=2, seed=1))
+    recompute(sample, name="s", device="cpu")  # outputs are never copied
+    env = {runs.HOME_VAR: str(tmp_path / "home")}
+    real = runs.open_staged
+
+    def interrupted(target, **kw):
+        writer = real(target, **kw)
+        add_file = writer.add_file
+
+        def add(rel, src, move=False):
+            if rel == "metrics.jsonl":
+                raise OutputError("interrupted")
+            add_file(rel, src, move)
+
+        writer.add_file = add  # type: ignore[method-assign]
+        return writer
+
+    monkeypatch.setattr(runs, "open_staged", interrupted)
+    with pytest.raises(OutputError, match="interrupted"):
+        runs.sample_copy(env, sample)
+    samples = tmp_path / "home" / "samples"
+    assert list(samples.iterdir()) == []  # no copy, no staging directory
+    monkeypatch.setattr(runs, "open_staged", real)
+    copy = runs.sample_copy(env, sample)
+    assert copy == samples / "sample" and runs.writable(copy)
+    assert sorted(snapshot(copy)) == ["batches/step_1.parquet", "batches/step_2.parquet", "metrics.jsonl", "run.yaml"]
+    assert snapshot(copy)["batches/step_1.parquet"] == (sample / "batches" / "step_1.parquet").read_bytes()
