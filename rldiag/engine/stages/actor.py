@@ -110,20 +110,20 @@ ACTOR_LOSS = Stage(
     _actor_loss,
     needs=LossMeta().needs,  # a policy loss's columns unless its registration says otherwise
     needs_fn=_loss_columns,
-    settings=(f"{ACTOR}.policy_loss.*", f"{ACTOR}.clip_ratio*", f"{ACTOR}.loss_scale_factor", f"{ACTOR}.loss_agg_mode",
-              "rldiag.verl_version"),
+    settings=(f"{ACTOR}.policy_loss.*", f"{ACTOR}.clip_ratio*", f"{ACTOR}.tau_*", f"{ACTOR}.loss_scale_factor",
+              f"{ACTOR}.loss_agg_mode", "rldiag.verl_version"),
     metrics=(
         Metric("actor/pg_loss", "the policy loss, summed over the step's micro-batches", _A),
         Metric("actor/ppo_kl", "the masked mean of log pi_old - log pi (kl_cov: of its absolute value)", _A),
         Metric("actor/pg_clipfrac", "share of masked tokens the clip (or the loss's own bound) is active on",
-               _A, when="every loss_mode but gpg, dro, kl_cov"),
+               _A, when="every `loss_mode` but gpg, dro, kl_cov"),
         Metric("actor/pg_clipfrac_lower", "share of masked tokens the lower (dual-clip) bound is active on",
-               _A, when="the PPO-clip family: vanilla, up, gspo, sapo, cispo, dppo_*, geo_mean"),
+               _A, when="`loss_mode` of the PPO-clip family: vanilla, up, gspo, sapo, cispo, dppo_*, geo_mean"),
         Metric("actor/rollout_corr/*", "bypass mode's rollout correction of the current policy against "
-               "pi_rollout, per micro-batch", _A, needs=("rollout_log_probs",), when="loss_mode=bypass_mode"),
+               "pi_rollout, per micro-batch", _A, needs=("rollout_log_probs",), when="`loss_mode=bypass_mode`"),
         Metric("rldiag/clip_cov/{candidates,clipped}", "tokens Clip-Cov could clip, and those it clipped",
-               "rldiag", when="loss_mode=clip_cov"),
-        Metric("rldiag/kl_cov/selected", "tokens KL-Cov's penalty selected", "rldiag", when="loss_mode=kl_cov"),
+               "rldiag", when="`loss_mode=clip_cov`"),
+        Metric("rldiag/kl_cov/selected", "tokens KL-Cov's penalty selected", "rldiag", when="`loss_mode=kl_cov`"),
     ),
     tokens=("ratio", "pg_losses"),
     checks=(CheckFamily("actor/* (pg_loss, pg_clipfrac, ppo_kl)", 1),),
@@ -162,8 +162,8 @@ KL_LOSS = Stage(
     settings=(f"{ACTOR}.use_kl_loss", f"{ACTOR}.kl_loss_type", f"{ACTOR}.kl_loss_coef"),
     metrics=(
         Metric("actor/kl_loss", "KL(pi || pi_ref) by kl_loss_type, aggregated as the loss is", _A,
-               when="actor_rollout_ref.actor.use_kl_loss"),
-        Metric("actor/kl_coef", "kl_loss_coef", _A, when="actor_rollout_ref.actor.use_kl_loss"),
+               when="`actor_rollout_ref.actor.use_kl_loss`"),
+        Metric("actor/kl_coef", "kl_loss_coef", _A, when="`actor_rollout_ref.actor.use_kl_loss`"),
     ),
     checks=(CheckFamily("actor/kl_loss (use_kl_loss)", 3),),
 )
@@ -220,11 +220,11 @@ OLD_POLICY = Stage(
     settings=(f"{ACTOR}.loss_scale_factor",),
     metrics=(
         Metric("actor/entropy", "the old policy's entropy aggregated over the whole step", _A, needs=("entropy",),
-               when="not bypass_mode"),
+               when="not `bypass_mode`"),
         Metric("training/rollout_probs_diff_{valid,max,mean,std}", "the distance between p_old and p_rollout over masked tokens "
                "(valid: 1 when the step has any)", _T, needs=("rollout_log_probs", "old_log_probs"),
-               when="not bypass_mode"),
+               when="not `bypass_mode`"),
         Metric("training/rollout_actor_probs_pearson_corr", "Pearson correlation of p_old and p_rollout", _T,
-               needs=("rollout_log_probs", "old_log_probs"), when="not bypass_mode"),
+               needs=("rollout_log_probs", "old_log_probs"), when="not `bypass_mode`"),
     ),
 )

@@ -43,7 +43,8 @@ ADVANTAGES = Stage(
     _advantages,
     needs_fn=lambda s: estimator_columns(s.estimator, s),
     optional_fn=lambda s: estimator_optional(s.estimator),
-    settings=("algorithm.*", "critic.enable", "rldiag.verl_version"),
+    settings=("algorithm.adv_estimator", "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo",
+              "algorithm.gdpo_reward_*", "critic.enable", "rldiag.verl_version"),
     tokens=("advantages", "returns", "token_level_rewards", "response_mask"),
 )
 
@@ -65,9 +66,9 @@ DATA_METRICS = Stage(
         Metric(f"critic/advantages/{_STATS}", "the advantages over masked tokens", _D),
         Metric(f"critic/returns/{_STATS}", "the returns over masked tokens", _D),
         Metric(f"critic/values/{_STATS}", "the critic's values over masked tokens", _D, needs=("values",),
-               when="a critic in use (critic.enable, else adv_estimator=gae)"),
+               when="a critic in use (`critic.enable`, else `adv_estimator=gae`)"),
         Metric("critic/vf_explained_var", "1 - Var(returns - values) / Var(returns) over masked tokens", _D,
-               needs=("values",), when="a critic in use (critic.enable, else adv_estimator=gae)"),
+               needs=("values",), when="a critic in use (`critic.enable`, else `adv_estimator=gae`)"),
         Metric("response_length/{mean,max,min,clip_ratio}", "row lengths (every token); clip_ratio: share "
                "at data.max_response_length", _D),
         Metric("response_length_non_aborted/{mean,max,min,clip_ratio}", "the same over non-aborted rows "

@@ -35,7 +35,7 @@ def _critic(st: State) -> None:
 
 
 _C = "critic"
-_WHEN = "a critic in use (critic.enable, else adv_estimator=gae)"
+_WHEN = "a critic in use (`critic.enable`, else `adv_estimator=gae`)"
 CRITIC = Stage(
     "critic",
     "the clipped value loss of vpreds against the returns, per critic micro-batch (verl's "

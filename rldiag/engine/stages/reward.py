@@ -62,9 +62,9 @@ REWARD_KL = Stage(
     settings=("algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algorithm.kl_ctrl.*", f"{RC}.bypass_mode"),
     metrics=(
         Metric("actor/reward_kl_penalty", "the step's KL statistic: mean over rows of the row's masked-mean KL",
-               "reward", when="algorithm.use_kl_in_reward"),
+               "reward", when="`algorithm.use_kl_in_reward`"),
         Metric("actor/reward_kl_penalty_coeff", "the KL coefficient the step used (fixed, or the adaptive controller's)",
-               "reward", when="algorithm.use_kl_in_reward"),
+               "reward", when="`algorithm.use_kl_in_reward`"),
     ),
     checks=(CheckFamily("KL in reward (use_kl_in_reward)", 4),),
 )
@@ -102,31 +102,31 @@ ROLLOUT_CORRECTION = Stage(
     settings=(f"{RC}.*",),
     metrics=(
         Metric("rollout_corr/rollout_is_{mean,max,min,std}", "the IS weights over the step's masked tokens "
-               "(sequence level: max and min from the rows' log-ratios)", _RCM, when="rollout_is"),
+               "(sequence level: max and min from the rows' log-ratios)", _RCM, when="`rollout_is`"),
         Metric("rollout_corr/rollout_is_eff_sample_size", "effective sample size of the IS weights, "
-               "1 / mean(normalised w^2)", _RCM, when="rollout_is"),
+               "1 / mean(normalised w^2)", _RCM, when="`rollout_is`"),
         Metric("rollout_corr/rollout_is_ratio_fraction_{high,low}", "share of raw IS ratios above the upper "
-               "(below the lower) threshold", _RCM, when="rollout_is"),
+               "(below the lower) threshold", _RCM, when="`rollout_is`"),
         Metric("rollout_corr/rollout_is_seq_{mean,std,max,min,max_deviation}", "the rows' mean IS weights "
-               "(max_deviation: the largest distance from 1)", _RCM, when="rollout_is"),
+               "(max_deviation: the largest distance from 1)", _RCM, when="`rollout_is`"),
         Metric("rollout_corr/rollout_is_seq_fraction_{high,low}", "share of rows whose mean raw ratio is "
-               "above the upper (below the lower) threshold", _RCM, when="rollout_is"),
+               "above the upper (below the lower) threshold", _RCM, when="`rollout_is`"),
         Metric("rollout_corr/rollout_is_oob_ratio", "share of tokens outside IcePop's [lower, upper] band",
-               _RCM, when="rollout_is with a lower_upper rollout_is_threshold (IcePop)"),
+               _RCM, when="`rollout_is` with a `lower_upper` `rollout_is_threshold` (IcePop)"),
         Metric("rollout_corr/rollout_is_batch_norm_factor", "the step's mean IS weight the weights were divided by",
-               _RCM, when="rollout_is_batch_normalize"),
+               _RCM, when="`rollout_is_batch_normalize`"),
         Metric("rollout_corr/rollout_rs_{masked_fraction,seq_masked_fraction}", "share of tokens (rows) that "
-               "rejection masked, every option combined", _RCM, when="rollout_rs"),
+               "rejection masked, every option combined", _RCM, when="`rollout_rs`"),
         Metric("rollout_corr/rollout_rs_<option>_{mean,max,min,std,fraction_high,fraction_low}",
                "one rejection option's statistic (k1, k2, k3; per token or per row) over the step", _RCM,
-               when="rollout_rs"),
+               when="`rollout_rs`"),
         Metric("rollout_corr/rollout_rs_<option>_seq_{mean,std,max,min,max_deviation,fraction_high,fraction_low}",
-               "the option's statistic per row, over the step's rows", _RCM, when="rollout_rs"),
+               "the option's statistic per row, over the step's rows", _RCM, when="`rollout_rs`"),
         Metric("rollout_corr/rollout_rs_<option>_{masked_fraction,seq_masked_fraction}",
-               "share of tokens (rows) the option rejects", _RCM, when="rollout_rs"),
+               "share of tokens (rows) the option rejects", _RCM, when="`rollout_rs`"),
         Metric("rollout_corr/{kl,k3_kl}", "KL(pi_rollout || pi_old) over masked tokens, k1 and k3", _RCM),
-        Metric("rollout_corr/{training,rollout}_{ppl,log_ppl}", "perplexity of pi_old (the rollout policy): "
-               "mean over rows of exp(-mean log p)", _RCM),
+        Metric("rollout_corr/{training,rollout}_{ppl,log_ppl}", "perplexity of pi_old (training_), of the "
+               "rollout policy (rollout_): mean over rows of exp(-mean log p); log_ppl: of -mean log p", _RCM),
         Metric("rollout_corr/{log_ppl_diff,log_ppl_abs_diff,log_ppl_diff_max,log_ppl_diff_min,ppl_ratio}",
                "the rows' log-perplexity differences, rollout - old (ppl_ratio: mean exp of it)", _RCM),
         Metric("rollout_corr/chi2_{token,seq}", "chi-squared divergence of the token (row) ratios, E[rho^2] - 1",

@@ -84,6 +84,6 @@ GROUP_SIGNAL = Stage(
         Metric("rldiag/mask/credit_cut_fraction", "share of actor tokens with a mask-0 token later in their row "
                "(REINFORCE++'s mask-resetting return gives them none of the outcome; 0 from verl 0.9.0)", _R),
         Metric("rldiag/rewards/kl_sign_flip_fraction", "share of rows with a nonzero score whose summed reward "
-               "has the opposite sign", _R, when="algorithm.use_kl_in_reward"),
+               "has the opposite sign", _R, when="`algorithm.use_kl_in_reward`"),
     ),
 )
