@@ -34,6 +34,7 @@ import torch  # noqa: E402
 from rldiag.config.settings import resolve_settings  # noqa: E402
 from rldiag.engine.batch import TOKEN_FIELDS, pack  # noqa: E402
 from rldiag.engine.pipeline import recompute_batch  # noqa: E402
+from rldiag.engine.requirements import recompute_columns  # noqa: E402
 from rldiag.executors.allocator import tune_host_allocator  # noqa: E402
 from rldiag.io.loader import load_step  # noqa: E402
 from rldiag.io.rundir import RunDir  # noqa: E402
@@ -114,7 +115,8 @@ def main() -> None:
     print(" ".join(format(c, spec) for c, spec in cols))
     for est in args.estimators.split(","):
         settings = resolve_settings(run, {"algorithm.adv_estimator": est})
-        batch = pack([load_step(sf, settings).batch for sf in RunDir(run).require_steps()]).to(device)
+        plan = recompute_columns(settings)
+        batch = pack([load_step(sf, settings, plan).batch for sf in RunDir(run).require_steps()]).to(device)
         inputs = tensor_bytes(getattr(batch, f) for f in TOKEN_FIELDS)
         result = recompute_batch(batch, settings, None)  # warm: kernels chosen, memory cached
         sync(device)

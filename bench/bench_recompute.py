@@ -94,13 +94,14 @@ def make_run(path: Path, steps: int, rows: int, tokens: int, seed: int = 0) -> P
 
 def work_read(run: str, estimator: str, device: str) -> dict:
     from rldiag.config.settings import resolve_settings
+    from rldiag.engine.requirements import recompute_columns
     from rldiag.io.loader import load_step
     from rldiag.io.rundir import RunDir
 
     s = resolve_settings(Path(run), {"algorithm.adv_estimator": estimator})
     n = 0
     for sf in RunDir(run).require_steps():
-        sd = load_step(sf, s)
+        sd = load_step(sf, s, recompute_columns(s))
         n += sd.n_tokens
     return {"tokens": n}
 
@@ -138,6 +139,7 @@ def work_ref(run: str, estimator: str, device: str) -> dict:
     import torch
 
     from rldiag.config.settings import resolve_settings
+    from rldiag.engine.requirements import recompute_columns
     from rldiag.io.loader import load_step
     from rldiag.io.rundir import RunDir
 
@@ -145,7 +147,7 @@ def work_ref(run: str, estimator: str, device: str) -> dict:
     gamma, lam = float(s["algorithm.gamma"]), float(s["algorithm.lam"])
     n = 0
     for sf in RunDir(run).require_steps():
-        sd = load_step(sf, s)
+        sd = load_step(sf, s, recompute_columns(s))
         b = sd.batch
         lengths = b.lengths.tolist()
 
@@ -265,11 +267,12 @@ def run_shape(run: Path) -> tuple[int, int, int, int]:
 def _pair(run: Path, repeat: int, rldiag_cli: str) -> tuple[dict, dict]:
     """(rldiag, decode): the best of ``repeat`` alternating runs of each whole process on ``run``."""
     from rldiag.config.settings import resolve_settings
-    from rldiag.io.loader import columns_to_read, read_schema
+    from rldiag.engine.requirements import recompute_columns
+    from rldiag.io.loader import plan_columns, read_schema
     from rldiag.io.rundir import RunDir
 
     files = [str(sf.path) for sf in RunDir(run).require_steps()]
-    columns = columns_to_read(resolve_settings(run), read_schema(RunDir(run).require_steps()[0]).names)
+    columns = plan_columns(recompute_columns(resolve_settings(run)), read_schema(RunDir(run).require_steps()[0]).names)
     r = d = None
     for _ in range(repeat):  # alternating, best of each: a shared machine's spells weigh on both
         d = best(d, measure_process([sys.executable, "-c", DECODE, json.dumps(files), json.dumps(columns)]))

@@ -11,12 +11,13 @@ import pyarrow.compute as pc
 
 from rldiag.config.settings import find_config_file, resolve_settings
 from rldiag.engine.advantage import ESTIMATORS
+from rldiag.engine.requirements import BASE_NEED, estimator_need, metric_family_needs
 from rldiag.errors import RldiagError
 from rldiag.io.arrays import rows_frame
 from rldiag.io.fs import relative_to
 from rldiag.io.loader import read_table, validate_table
 from rldiag.io.rundir import RunDir, iter_metrics_lines
-from rldiag.io.schema import BASE_NEED, LIST_COLUMNS, METRIC_NEEDS, SCALAR_COLUMNS, estimator_need, policy_loss_needs
+from rldiag.io.schema import LIST_COLUMNS, SCALAR_COLUMNS
 
 if TYPE_CHECKING:
     import polars as pl
@@ -91,7 +92,7 @@ def check_run(run: str | Path, progress: Callable[[int, int, int], None] | None 
     algorithms = {
         name: BASE_NEED.missing(common) + estimator_need(name, settings).missing(common) for name in ESTIMATORS.names()
     }
-    families = {name: need.missing(common) for name, need in {**METRIC_NEEDS, **policy_loss_needs()}.items()}
+    families = {name: need.missing(common) for name, need in metric_family_needs().items()}
     names: set[str] = set()
     lines = 0
     skipped: list[tuple[int, str]] = []

@@ -22,8 +22,8 @@ from rldiag.config.verl_versions import RELEASES, version_of
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.engine.aggregation import AGG_MODES
 from rldiag.engine.batch_layout import batch_layout, describe_layout, is_v1, resolve_auto
+from rldiag.engine.requirements import estimator_need
 from rldiag.errors import RldiagError
-from rldiag.io.schema import estimator_need
 
 #: Distinct KL estimators (one name per formula).
 KL_FORMS = ("kl", "abs", "mse", "low_var_kl")

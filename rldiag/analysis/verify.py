@@ -37,6 +37,7 @@ from rldiag.analysis.logged import LOGGED_TOKEN_COLUMNS, logged_metrics, read_lo
 from rldiag.analysis.tolerance import Tolerances, diff
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
+from rldiag.engine.requirements import recompute_columns
 from rldiag.errors import ComputeError, RldiagError
 from rldiag.executors.klchain import chain, replay_statistics
 from rldiag.executors.steps import Job, StepTask
@@ -238,7 +239,7 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
     Raises :class:`RldiagError` when the step cannot be loaded or verl would raise on it.
     """
     names = set(read_schema(sf, source).names)
-    data = load_step(sf, settings, source=source)
+    data = load_step(sf, settings, recompute_columns(settings), source=source)
     batch = data.batch
     result = recompute_batch(batch.to(device), settings, kl_state)
     if result.failed:
@@ -415,7 +416,7 @@ def _search_candidates(report: VerifyReport, rd: RunDir, settings: Settings, ove
         except RldiagError:
             sources = {}  # each candidate reads (or fails on) the file itself
     columns = set(read_schema(files[bad_steps[0]], sources.get(bad_steps[0])).names)
-    rows = load_step(files[bad_steps[0]], settings, source=sources.get(bad_steps[0])).n_rows
+    rows = load_step(files[bad_steps[0]], settings, recompute_columns(settings), source=sources.get(bad_steps[0])).n_rows
     tried = 0
     found: list[Candidate] = []
     for cand in candidate_overrides(settings, bad_fields, columns, rows)[:max_candidates]:

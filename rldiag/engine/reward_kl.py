@@ -11,9 +11,11 @@ verl computes it after ``_compute_old_log_prob`` and before rollout correction, 
 - the mask *before* rollout correction's rejection rewrites it: ``loss_mask`` when the batch
   has one (the capture keeps it so), else ``response_mask``.
 
-This is the one definition: the pipeline shapes the rewards with it, and the adaptive KL chain
-(:mod:`rldiag.executors.klchain`) reads each step's ``current_kl`` from it, loading only
-:func:`reward_kl_columns`. The statistic does not depend on the KL coefficient.
+This is the one definition: the pipeline's reward-KL stage (:mod:`rldiag.engine.stages.reward`,
+whose declaration names these columns) shapes the rewards with it, and the adaptive KL chain
+(:mod:`rldiag.executors.klchain`) reads each step's ``current_kl`` from it, loading only that
+stage's columns (the column planner's ``reward_kl_columns``). The statistic does not depend on
+the KL coefficient.
 """
 
 from __future__ import annotations
@@ -31,12 +33,6 @@ def anchor_column(settings: EngineSettings) -> str:
     """The column that is π_old for the update and the reward KL: ``rollout_log_probs`` in bypass
     mode, else ``old_log_probs``."""
     return "rollout_log_probs" if settings["algorithm.rollout_correction.bypass_mode"] else "old_log_probs"
-
-
-def reward_kl_columns(settings: EngineSettings) -> tuple[str, ...]:
-    """The batch columns :func:`reward_kl` reads besides ``response_mask`` (``loss_mask`` only
-    when the batch has it)."""
-    return (anchor_column(settings), "ref_log_prob", "loss_mask")
 
 
 def anchor_log_probs(batch: Batch, settings: EngineSettings) -> torch.Tensor | None:

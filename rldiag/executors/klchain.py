@@ -7,7 +7,8 @@ statistic does not depend on any coefficient. So the chain can be split: compute
 statistic anywhere (:func:`pack_statistics`), advance the controller over them in step order in
 one place (:func:`chain`), then recompute each pack with its steps' coefficients. Steps of the run
 left out before the last chosen one (``--steps 10:``, ``--steps 3,5``) are replayed
-(:func:`replay_statistics`): loaded with only the statistic's columns (:func:`statistic_columns`),
+(:func:`replay_statistics`): loaded with only the statistic's columns (the column planner's
+:func:`~rldiag.engine.requirements.reward_kl_columns`),
 packed as a full recompute packs the run's first steps, as a trainer that saw them.
 
 Which steps advance the controller: verl's trainer advanced it at every step it ran, so every
@@ -30,11 +31,11 @@ import torch
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import pack as pack_batches
 from rldiag.engine.pipeline import KLControllerState
-from rldiag.engine.reward_kl import reward_kl, reward_kl_columns
+from rldiag.engine.requirements import reward_kl_columns
+from rldiag.engine.reward_kl import reward_kl
 from rldiag.engine.segments import seg_count
 from rldiag.errors import RldiagError
 from rldiag.executors.steps import Fetched, Job, StepTask, fetch, packs, prefetched
-from rldiag.io.loader import columns_with
 
 #: (run steps of a pack, current_kl (n_steps,), rows (n_steps,)), CPU tensors
 PackStatistic = tuple[list[int], torch.Tensor, torch.Tensor]
@@ -44,16 +45,11 @@ def is_adaptive(settings: Settings) -> bool:
     return bool(settings["algorithm.use_kl_in_reward"]) and settings["algorithm.kl_ctrl.type"] == "adaptive"
 
 
-def statistic_columns(settings: Settings, names: list[str]) -> list[str]:
-    """The columns of a file having ``names`` that the statistic needs: those every load reads
-    (``uid``, ``response_mask``, the scores, ``step``) and :func:`reward_kl_columns`."""
-    return columns_with(names, reward_kl_columns(settings))
-
-
 def fetch_statistic_inputs(task: StepTask, job: Job) -> Fetched:
-    """One step loaded with only :func:`statistic_columns` (no hash), or the error that kept it
+    """One step loaded with only the statistic's columns (the reward-KL stage's: π_old,
+    ``ref_log_prob``, ``loss_mask``, besides the base ones; no hash), or the error that kept it
     from loading."""
-    return fetch(task, job, hash_file=False, choose=lambda names: statistic_columns(job.settings, names))
+    return fetch(task, job, hash_file=False, columns=reward_kl_columns(job.settings))
 
 
 def _statistic(unit: list[Fetched], job: Job) -> PackStatistic | None:
@@ -97,7 +93,7 @@ def pack_statistics(fetched: Iterable[Fetched], job: Job, retry_failed: bool = T
 
 def replay_statistics(tasks: list[StepTask], job: Job) -> list[PackStatistic]:
     """The statistics of run steps before the chosen ones (``--steps``), in step order, each file
-    read with only :func:`statistic_columns`; ``tasks`` carry the chunks a full recompute gives
+    read with only the statistic's columns; ``tasks`` carry the chunks a full recompute gives
     them, so the packs (and the bits) are the full recompute's."""
     return pack_statistics(prefetched(tasks, lambda t: fetch_statistic_inputs(t, job)), job, retry_failed=False)
 

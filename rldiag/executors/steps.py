@@ -31,6 +31,7 @@ import torch
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import pack as pack_batches
 from rldiag.engine.pipeline import Result, recompute_batch
+from rldiag.engine.requirements import ColumnPlan, recompute_columns
 from rldiag.errors import RldiagError
 from rldiag.executors.allocator import usable_cores
 from rldiag.io.fs import as_path, is_remote
@@ -196,7 +197,7 @@ def _hash_pool() -> ThreadPoolExecutor:
 
 
 def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
-          choose: Callable[[list[str]], list[str]] | None = None) -> Fetched:
+          columns: ColumnPlan | None = None) -> Fetched:
     """Hash the step's file, and load it unless the previous result can be reused.
 
     A file whose hash is not known already is read once. Its bytes are parsed here and hashed on
@@ -205,7 +206,8 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
     :meth:`Fetched.record`, after the step is computed) waits for the rest. Neither the disk nor
     an object store is read twice. ``pin``: page-locked tensors, so that the copy to a GPU
     overlaps. ``hash_file=False`` skips the input record (a pass that only needs the data).
-    ``choose(names)``: the columns to load, of the file's (default: those a recompute reads).
+    ``columns``: the columns to load (default: those a recompute reads, the column planner's
+    :func:`~rldiag.engine.requirements.recompute_columns`).
     """
     sf = task.step_file()
     old = task.previous
@@ -223,8 +225,8 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
         if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
             return Fetched(task, info)
     try:
-        data = load_step(sf, job.settings, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES,
-                         choose=choose)
+        plan = columns if columns is not None else recompute_columns(job.settings)
+        data = load_step(sf, job.settings, plan, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES)
     except RldiagError as exc:
         return Fetched(task, info, error=f"{type(exc).__name__}: {exc}", pending=pending)
     except Exception as exc:  # noqa: BLE001 - whatever a malformed file provokes fails its step alone

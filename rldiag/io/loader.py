@@ -4,14 +4,15 @@ Arrow's list layout is the engine's: a list column is its flat values and its ro
 token column becomes a flat ``(tokens,)`` tensor sharing Arrow's buffer (zero-copy when the
 file holds float32 values and one chunk; a cast or a concatenation otherwise), never padded to
 the longest row. Everything is done on Arrow's flat values and offsets, never with a Python loop
-per row. Only the columns a recompute can use are read, and one step is loaded at a time so
-memory does not grow with the run.
+per row. Only the columns the caller names are read (a plan of the column planner,
+:mod:`rldiag.engine.requirements`), and one step is loaded at a time so memory does not grow
+with the run.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,27 +24,20 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import torch
 
-from rldiag.config.settings import Settings
-from rldiag.engine.batch import TOKEN_FIELDS, Batch
+from rldiag.engine.batch import ROW_FIELDS, TOKEN_FIELDS, Batch
 from rldiag.engine.layout import Rows, row_ids_of
+from rldiag.engine.requirements import BASE_NEED, ColumnPlan
+from rldiag.engine.settings import EngineSettings
 from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.arrays import parquet_file, to_numpy
 from rldiag.io.fs import RemotePath, arrow_source, open_input_file
 from rldiag.io.rundir import StepFile, step_number_problem
-from rldiag.io.schema import (
-    BASE_NEED,
-    BATCH_COLUMNS,
-    ENGINE_ROW_COLUMNS,
-    ENGINE_TOKEN_COLUMNS,
-    LAYOUT_ROW_COLUMNS,
-    LIST_COLUMNS,
-    MASK_LIST_COLUMNS,
-    METRIC_ROW_COLUMNS,
-    SCALAR_COLUMNS,
-    estimator_need,
-    estimator_optional,
-    id_type_problem,
-)
+from rldiag.io.schema import LIST_COLUMNS, MASK_LIST_COLUMNS, SCALAR_COLUMNS, id_type_problem
+
+#: columns with a dedicated place in the engine Batch (its token fields, its per-row ones the
+#: schema has); any other column read lands in ``Batch.extra`` (string ids as int64 codes, other
+#: scalars as numbers, lists padded)
+BATCH_COLUMNS = frozenset(("uid", "score", "step") + TOKEN_FIELDS + tuple(f for f in ROW_FIELDS if f in SCALAR_COLUMNS))
 
 
 def _unreadable(sf: StepFile, exc: Exception) -> BatchError:
@@ -106,33 +100,14 @@ def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | N
         raise _unreadable(sf, exc) from exc
 
 
-def columns_to_read(settings: Settings, names: list[str], sf: StepFile | None = None) -> list[str]:
-    """The columns a recompute under ``settings`` reads from a file having ``names`` (``sf``: that
-    file, named in the error when a needed column is missing)."""
-    present = set(names)
-    need = estimator_need(settings.estimator, settings)
-    missing = BASE_NEED.missing(present) + need.missing(present)
+def plan_columns(plan: ColumnPlan, names: list[str], sf: StepFile | None = None) -> list[str]:
+    """The columns of ``plan`` to read from a file having ``names`` (``sf``: that file, named in
+    the error when a required column is missing)."""
+    missing = plan.missing(names)
     if missing:
         where: dict[str, Any] = {"file": str(sf.path), "step": sf.step} if sf is not None else {}
-        raise MissingInputError(
-            f"{settings.estimator} needs {', '.join(missing)}, missing", column=missing[0], **where
-        )
-    # estimator-specific columns (traj_uid, session_id, sum_pi_squared, reward components, ...)
-    wanted = ENGINE_TOKEN_COLUMNS + ENGINE_ROW_COLUMNS + need.all_of + estimator_optional(settings.estimator)
-    return columns_with(names, wanted + METRIC_ROW_COLUMNS + LAYOUT_ROW_COLUMNS)
-
-
-def columns_with(names: list[str], wanted: tuple[str, ...]) -> list[str]:
-    """The columns every load reads from a file having ``names`` (``uid``, ``response_mask``, the
-    scores column, and ``step`` to check it against the file name) plus those of ``wanted`` the
-    file has, each once."""
-    present = set(names)
-    cols = ["uid", "response_mask"]
-    cols.append("token_level_scores" if "token_level_scores" in present else "score")
-    cols += [c for c in dict.fromkeys(wanted) if c in present and c not in cols and c != "step"]
-    if "step" in present:
-        cols.append("step")
-    return cols
+        raise MissingInputError(f"{plan.who} needs {', '.join(missing)}, missing", column=missing[0], **where)
+    return plan.select(names)
 
 
 def _first_true(arr: np.ndarray) -> int | None:
@@ -311,19 +286,23 @@ class StepData:
     n_tokens: int
 
 
-def load_step(sf: StepFile, settings: Settings, columns: list[str] | None = None,
-              source: bytes | None = None, threads: bool = True,
-              choose: Callable[[list[str]], list[str]] | None = None) -> StepData:
-    """Load one batch file into a one-step :class:`Batch` (on the CPU). ``source``: the file's
-    bytes when the caller has read them (to hash them), so that the file is not read again.
-    ``threads``: see :func:`read_table`. The columns read: ``columns``, else ``choose(names)`` of
-    the file's column names, else those a recompute under ``settings`` reads (:func:`columns_to_read`)."""
-    if columns is None and choose is None:
+def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequence[str],
+              source: bytes | None = None, threads: bool = True) -> StepData:
+    """Load one batch file into a one-step :class:`Batch` (on the CPU). ``columns``: the columns
+    to read, or a :class:`~rldiag.engine.requirements.ColumnPlan` (the column planner's, e.g.
+    ``recompute_columns(settings)``) whose columns the file has are read. ``settings``: the
+    response and prompt horizons (``data.max_response_length``, ``data.max_prompt_length``).
+    ``source``: the file's bytes when the caller has read them (to hash them), so that the file
+    is not read again. ``threads``: see :func:`read_table`."""
+    if isinstance(columns, ColumnPlan):
+        plan = columns
 
         def choose(names: list[str]) -> list[str]:
-            return columns_to_read(settings, names, sf)
+            return plan_columns(plan, names, sf)
 
-    table = read_table(sf, columns, source, threads=threads, choose=choose)
+        table = read_table(sf, None, source, threads=threads, choose=choose)
+    else:
+        table = read_table(sf, list(columns), source, threads=threads)
     ragged = validate_table(table, sf)
     rows = table.num_rows
     lengths = ragged["response_mask"].lengths

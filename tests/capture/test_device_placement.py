@@ -16,6 +16,7 @@ import torch
 from rldiag.capture import RunWriter
 from rldiag.capture.unpad import unpad_batch
 from rldiag.config.settings import resolve_settings
+from rldiag.engine.requirements import recompute_columns
 from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir
 from tests.capture.test_writer import LENGTHS, MASK, _dataproto, _padded
@@ -53,7 +54,8 @@ def test_run_writer_under_the_meta_default(tmp_path):
             run.write_batch(1, batch)
             run.log_metrics(1, {"actor/pg_clipfrac": torch.tensor(0.25, device="cpu")})
     (sf,) = RunDir(tmp_path).step_files()
-    assert load_step(sf, resolve_settings(tmp_path)).batch.lengths.tolist() == LENGTHS
+    settings = resolve_settings(tmp_path)
+    assert load_step(sf, settings, recompute_columns(settings)).batch.lengths.tolist() == LENGTHS
 
 
 def _verl_capture(tmp_path):

@@ -18,9 +18,12 @@ import torch
 
 from rldiag.capture import RunWriter
 from rldiag.config.settings import resolve_settings
+from rldiag.engine.requirements import recompute_columns
 from rldiag.errors import CaptureError, MissingInputError
 from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir, iter_metrics_lines
+
+GRPO = resolve_settings(overrides={"algorithm.adv_estimator": "grpo"})
 
 
 def _batch(rows: int, width: int = 5, seed: int = 0, uid_prefix: str = "u") -> dict:
@@ -45,7 +48,7 @@ def test_separate_async_parts_are_all_kept_and_load_as_one_batch_in_order(tmp_pa
     table = pq.read_table(files[0].path)
     assert table["part"].to_pylist() == [k for k in range(4) for _ in range(4)]
     assert "part" not in pq.read_table(files[1].path).column_names  # a one-write step stays plain
-    step = load_step(files[0], resolve_settings(overrides={"algorithm.adv_estimator": "grpo"}))
+    step = load_step(files[0], GRPO, recompute_columns(GRPO))
     assert step.n_rows == 16
     expected = torch.cat([b["old_log_probs"] * b["response_mask"] for b in parts])
     got = step.batch.rows.pad(step.batch.old_log_probs, expected.shape[1])  # flat (tokens,) -> (rows, R)
@@ -128,7 +131,7 @@ def test_a_trainer_killed_by_sigkill_loses_at_most_the_step_in_flight(tmp_path):
     steps = {sf.step: sf for sf in RunDir(run_dir).step_files()}
     assert {1, 2, 3} <= set(steps) <= {1, 2, 3, 4}
     for step in (1, 2, 3):
-        assert load_step(steps[step], resolve_settings(overrides={"algorithm.adv_estimator": "grpo"})).n_rows == 4
+        assert load_step(steps[step], GRPO, recompute_columns(GRPO)).n_rows == 4
     logged = [s for s, _ in iter_metrics_lines(run_dir / "metrics.jsonl")]
     assert logged[:3] == [1, 2, 3] and set(logged) <= {1, 2, 3, 4}
 

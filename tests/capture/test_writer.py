@@ -14,6 +14,7 @@ import yaml
 
 from rldiag.capture import RunWriter
 from rldiag.config.settings import resolve_settings
+from rldiag.engine.requirements import recompute_columns
 from rldiag.errors import BatchError, CaptureError, MissingInputError
 from rldiag.io.loader import load_step, read_table
 from rldiag.io.rundir import RunDir, iter_metrics_lines
@@ -78,7 +79,8 @@ def test_dataproto_roundtrip_through_the_loader(tmp_path):
     for col, src in (("token_level_scores", "rm_scores"), ("old_log_probs", "old_log_probs"),
                      ("entropy", "entropys"), ("values", "values")):
         np.testing.assert_allclose(np.concatenate(table[col]), np.concatenate(_unpadded(batch.batch[src])), rtol=0)
-    step = load_step(sf, resolve_settings(tmp_path))
+    settings = resolve_settings(tmp_path)
+    step = load_step(sf, settings, recompute_columns(settings))
     assert step.batch.lengths.tolist() == LENGTHS
     # the loader's packed layout: each row's first LENGTHS[i] tokens, one row after another
     assert torch.equal(step.batch.response_mask, to_packed(MASK.float(), LENGTHS)[0])

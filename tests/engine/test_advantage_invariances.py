@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.engine.batch import pack
-from rldiag.io.schema import estimator_need, estimator_optional
+from rldiag.engine.requirements import estimator_need, estimator_optional
 from tests.engine.advantage_cases import cases, close, noise_tolerance, run, settings_for, to_batch
 
 HS15 = hsettings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

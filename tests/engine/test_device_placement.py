@@ -23,6 +23,7 @@ from rldiag.engine.batch import pack
 from rldiag.engine.kl import KL_ESTIMATORS
 from rldiag.engine.pipeline import PresetKLCoefficients, Result, recompute_batch
 from rldiag.engine.policy_loss import POLICY_LOSSES
+from rldiag.engine.requirements import recompute_columns
 from rldiag.engine.rollout_correction import IS_LEVELS, RS_OPTIONS
 from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir
@@ -96,7 +97,7 @@ def run_on_meta_default(run: Path, overrides: dict, kl_state=None) -> Result:
     """Load every step of ``run`` (on the CPU, as the loader does), then pack and recompute them
     with ``meta`` as torch's default device."""
     settings = resolve_settings(run, overrides)
-    batches = [load_step(sf, settings).batch for sf in RunDir(run).require_steps()]
+    batches = [load_step(sf, settings, recompute_columns(settings)).batch for sf in RunDir(run).require_steps()]
     with torch.device("meta"):
         result = recompute_batch(pack(batches), settings, kl_state)
     _assert_on_cpu(result)

@@ -10,6 +10,7 @@ import torch
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.batch import TOKEN_FIELDS
 from rldiag.engine.pipeline import recompute_batch
+from rldiag.engine.requirements import recompute_columns
 from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir
 from rldiag.synth import SynthSpec, write_synth_run
@@ -30,7 +31,7 @@ def test_recompute_leaves_loaded_inputs_unchanged(step, estimator):
         "algorithm.rollout_correction.rollout_is": "token", "algorithm.rollout_correction.rollout_is_threshold": 2.0,
         "algorithm.rollout_correction.rollout_rs": "token_k1", "algorithm.rollout_correction.rollout_rs_threshold": 1.5,
     })
-    b = load_step(sf, s).batch
+    b = load_step(sf, s, recompute_columns(s)).batch
     before = {name: getattr(b, name).clone() for name in TOKEN_FIELDS if getattr(b, name) is not None}
     assert len(before) >= 8  # mask, scores and the log-prob, value and entropy columns
     recompute_batch(b, s)

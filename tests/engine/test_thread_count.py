@@ -11,6 +11,7 @@ import torch
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.batch import pack
 from rldiag.engine.pipeline import recompute_batch
+from rldiag.engine.requirements import recompute_columns
 from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir
 from rldiag.synth import SynthSpec, write_synth_run
@@ -41,7 +42,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 )
 def test_one_thread_and_several_give_identical_results(run, overrides):
     settings = resolve_settings(run, overrides)
-    batch = pack([load_step(sf, settings).batch for sf in RunDir(run).require_steps()])
+    batch = pack([load_step(sf, settings, recompute_columns(settings)).batch for sf in RunDir(run).require_steps()])
     assert batch.response_mask.numel() > 65_536
     before = torch.get_num_threads()
     try:

@@ -59,10 +59,10 @@ class _Spy:
                     self.reads.append(pathlib.Path(path))
             return real_read(path)
 
-        def load_step(sf, settings, columns=None, source=None, threads=True, choose=None):
+        def load_step(sf, settings, columns, source=None, threads=True):
             with self.lock:
                 self.loads.append((sf.step, source is not None))
-            return real_load(sf, settings, columns, source, threads, choose)
+            return real_load(sf, settings, columns, source, threads)
 
         spy = self
 

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rldiag.config.settings import resolve_settings
+from rldiag.engine.requirements import recompute_columns
 from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir, StepFile
@@ -36,11 +37,12 @@ def base_cols():
 
 
 S = resolve_settings(overrides={"algorithm.adv_estimator": "grpo"})
+PLAN = recompute_columns(S)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 def test_packs_rows_and_groups(tmp_path, fmt):
-    sd = load_step(write(tmp_path, 3, base_cols(), fmt), S)
+    sd = load_step(write(tmp_path, 3, base_cols(), fmt), S, PLAN)
     b = sd.batch
     assert b.lengths.tolist() == [4, 1, 2] and b.rows.offsets.tolist() == [0, 4, 5, 7]
     assert b.response_mask.tolist() == [1, 1, 0, 1, 1, 1, 1]  # flat, rows one after another
@@ -55,14 +57,14 @@ def test_scalar_score_goes_to_the_last_position(tmp_path):
     cols = base_cols()
     del cols["token_level_scores"]
     cols["score"] = [1.0, 0.25, -1.0]
-    b = load_step(write(tmp_path, 1, cols), S).batch
+    b = load_step(write(tmp_path, 1, cols), S, PLAN).batch
     assert to_padded(b.token_level_scores, b.rows).tolist() == [[0, 0, 0, 1.0], [0.25, 0, 0, 0], [0, -1.0, 0, 0]]
 
 
 def test_bool_masks_are_accepted(tmp_path):
     cols = base_cols()
     cols["response_mask"] = pa.array([[True, True, False, True], [True], [True, True]], pa.list_(pa.bool_()))
-    b = load_step(write(tmp_path, 1, cols), S).batch
+    b = load_step(write(tmp_path, 1, cols), S, PLAN).batch
     assert to_padded(b.response_mask, b.rows)[0].tolist() == [1, 1, 0, 1]
 
 
@@ -70,7 +72,7 @@ def test_length_mismatch_names_row_and_column(tmp_path):
     cols = base_cols()
     cols["old_log_probs"] = pa.array([[-1.0] * 4, [-1.0], [-1.0]], pa.list_(pa.float32()))
     with pytest.raises(BatchError) as exc:
-        load_step(write(tmp_path, 5, cols), S)
+        load_step(write(tmp_path, 5, cols), S, PLAN)
     e = exc.value
     assert (e.step, e.row, e.column) == (5, 2, "old_log_probs")
     assert "1 tokens but response_mask has 2" in str(e) and "step_5.parquet" in str(e)
@@ -80,7 +82,7 @@ def test_step_column_disagreeing_with_file_name(tmp_path):
     cols = base_cols()
     cols["step"] = [4, 4, 9]
     with pytest.raises(BatchError) as exc:
-        load_step(write(tmp_path, 4, cols), S)
+        load_step(write(tmp_path, 4, cols), S, PLAN)
     assert (exc.value.row, exc.value.column) == (2, "step") and "says 9" in str(exc.value)
 
 
@@ -89,7 +91,7 @@ def test_nan_in_log_probs_names_row_and_token(tmp_path):
     cols["log_probs"] = pa.array([[-1.0] * 4, [-1.0], [-1.0, float("nan")]], pa.list_(pa.float32()))
     cols["old_log_probs"] = pa.array([[-1.0] * 4, [-1.0], [-1.0, -1.0]], pa.list_(pa.float32()))
     with pytest.raises(BatchError) as exc:
-        load_step(write(tmp_path, 2, cols), S)
+        load_step(write(tmp_path, 2, cols), S, PLAN)
     assert (exc.value.row, exc.value.column) == (2, "log_probs") and "token 1" in str(exc.value)
 
 
@@ -97,7 +99,7 @@ def test_unknown_mask_value(tmp_path):
     cols = base_cols()
     cols["response_mask"] = pa.array([[1, 1, 2, 1], [1], [1, 1]], pa.list_(pa.int8()))
     with pytest.raises(BatchError) as exc:
-        load_step(write(tmp_path, 1, cols), S)
+        load_step(write(tmp_path, 1, cols), S, PLAN)
     assert (exc.value.row, exc.value.column) == (0, "response_mask") and "mask value 2 at token 2" in str(exc.value)
 
 
@@ -105,18 +107,18 @@ def test_empty_step(tmp_path):
     cols = {k: v.slice(0, 0) if isinstance(v, pa.Array) else [] for k, v in base_cols().items()}
     cols["uid"] = pa.array([], pa.string())
     with pytest.raises(BatchError, match="no rows"):
-        load_step(write(tmp_path, 1, cols), S)
+        load_step(write(tmp_path, 1, cols), S, PLAN)
 
 
 def test_missing_required_column_and_estimator_needs(tmp_path):
     cols = base_cols()
     del cols["token_level_scores"]
     with pytest.raises(MissingInputError, match="token_level_scores or score"):
-        load_step(write(tmp_path, 1, cols), S)
+        load_step(write(tmp_path, 1, cols), S, PLAN)
     gae = resolve_settings(overrides={"algorithm.adv_estimator": "gae"})
     sf = write(tmp_path, 2, base_cols())
     with pytest.raises(MissingInputError, match="gae needs values, missing") as err:
-        load_step(sf, gae)
+        load_step(sf, gae, recompute_columns(gae))
     # the error names the file and the step, not only the column
     assert str(sf.path) in str(err.value) and "step 2" in str(err.value) and "'values'" in str(err.value)
 
@@ -125,7 +127,7 @@ def test_null_list_row(tmp_path):
     cols = base_cols()
     cols["token_level_scores"] = pa.array([[0, 0, 0, 1.0], None, [0, 2.0]], pa.list_(pa.float32()))
     with pytest.raises(BatchError) as exc:
-        load_step(write(tmp_path, 1, cols), S)
+        load_step(write(tmp_path, 1, cols), S, PLAN)
     assert (exc.value.row, exc.value.column) == (1, "token_level_scores")
 
 
@@ -134,7 +136,7 @@ def test_truncated_file_is_a_clear_error(tmp_path):
     data = sf.path.read_bytes()
     sf.path.write_bytes(data[: len(data) // 2])
     with pytest.raises(BatchError, match="incomplete or still being written"):
-        load_step(sf, S)
+        load_step(sf, S, PLAN)
 
 
 def test_large_random_step_roundtrip(tmp_path):
@@ -145,7 +147,7 @@ def test_large_random_step_roundtrip(tmp_path):
     lst = pa.ListArray.from_arrays(pa.array(offs), pa.array(flat))
     mask = pa.ListArray.from_arrays(pa.array(offs), pa.array(np.ones(len(flat), np.int8)))
     sf = write(tmp_path, 1, {"uid": [str(i % 7) for i in range(300)], "response_mask": mask, "token_level_scores": lst})
-    b = load_step(sf, S).batch
+    b = load_step(sf, S, PLAN).batch
     assert b.token_level_scores.shape == (int(lengths.sum()),)  # as many values as tokens: no padding
     assert b.rows.offsets.tolist() == offs.tolist()
     scores = to_padded(b.token_level_scores, b.rows)

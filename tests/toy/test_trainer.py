@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from rldiag.config.settings import resolve_settings
+from rldiag.engine.requirements import recompute_columns
 from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir, iter_metrics_lines
 from rldiag.toy import ToyTrainer, grpo_tool, ppo_gae
@@ -53,7 +54,8 @@ def test_grpo_run_files(grpo_run):
             "log_probs", "ref_log_prob", "rollout_log_probs", "entropy", "token_level_rewards", "advantages",
             "returns"} <= set(t.column_names)
     assert t.num_rows == 64 and len(set(t.column("uid").to_pylist())) == 8
-    step = load_step(rd.step_files()[0], resolve_settings(grpo_run))
+    settings = resolve_settings(grpo_run)
+    step = load_step(rd.step_files()[0], settings, recompute_columns(settings))
     b = step.batch
     tool_tokens = b.response_mask == 0  # every packed token is inside its row
     assert bool(tool_tokens.any()), "some rows have tool-observation tokens (mask 0 inside the row)"

@@ -1,0 +1,154 @@
+"""What a stage is: a step of verl's order of operations run over a shared :class:`State`, with a
+declaration of what it reads (batch columns, settings) and what it writes (metrics, token outputs).
+
+The declarations are the one place these facts are written: the column planner
+(:mod:`rldiag.engine.requirements`) derives which columns a load reads from them, ``rldiag check``
+its metric families, and ``docs/metrics.md`` its table (``python -m rldiag.engine.stages``).
+
+Metric names in a declaration may be patterns: ``{a,b}`` one of the alternatives, ``<word>`` a
+placeholder for a name part (no ``/``, e.g. ``<option>``), ``*`` any rest of the name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rldiag.engine.aggregation import AggNorm
+from rldiag.engine.batch import Batch
+from rldiag.engine.kl_control import KLControllerState, PresetKLCoefficients
+from rldiag.engine.microbatch import Segmentation
+from rldiag.engine.settings import EngineSettings
+from rldiag.engine.step_failures import StepErrors
+
+ColumnsFn = Callable[[EngineSettings], tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric (or a family of names, as a pattern) a stage writes, ``(n_steps,)`` per step.
+
+    ``family``: where the number comes from (verl's data / actor / critic / rollout-correction /
+    reward / training metrics, or rldiag's own); ``needs``: columns it needs beyond its stage's;
+    ``when``: the setting (or other condition) under which it is written, in words."""
+
+    name: str
+    meaning: str
+    family: str
+    needs: tuple[str, ...] = ()
+    when: str = ""
+
+
+@dataclass(frozen=True)
+class CheckFamily:
+    """A row of ``rldiag check``'s metric-families table: ``label`` is available when a run's
+    columns include ``needs`` (the stage's own ``needs`` when None). ``listed``: the row's place
+    in that table (the order the command has always printed)."""
+
+    label: str
+    listed: int
+    needs: tuple[str, ...] | None = None
+
+
+@dataclass
+class State:
+    """What the stages share for one packed batch: the inputs, what earlier stages produced,
+    and the results (``metrics``: name -> ``(n_steps,)``; ``tokens``: name -> ``(tokens,)``)."""
+
+    batch: Batch
+    settings: EngineSettings
+    kl_state: KLControllerState | PresetKLCoefficients | None
+    errors: StepErrors
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    tokens: dict[str, torch.Tensor] = field(default_factory=dict)
+    # anchor
+    bypass: bool = False
+    mask0: torch.Tensor = field(init=False)  # the original mask (loss_mask, else response_mask)
+    old_lp: torch.Tensor | None = None  # pi_old as the update uses it (rollout_log_probs in bypass mode)
+    # reward KL, rollout correction
+    rewards: torch.Tensor = field(init=False)  # token_level_rewards
+    mask: torch.Tensor = field(init=False)  # response_mask after rejection
+    is_weights: torch.Tensor | None = None
+    # advantages
+    use_critic: bool = False
+    adv: torch.Tensor = field(init=False)
+    ret: torch.Tensor = field(init=False)
+    # the micro-batch layout
+    segs: Segmentation = field(init=False)
+    critic_segs: Segmentation = field(init=False)
+    fixed_width: bool = False  # the legacy trainer pads to data.max_response_length
+    token_count: torch.Tensor = field(init=False)  # (n_steps,) the original mask's tokens
+    actor_norm: AggNorm = field(init=False)
+    agg_mode: str = ""
+
+    def global_norm_of(self, s: Segmentation) -> AggNorm:
+        """The global normalisers of a segmentation: verl's ``global_batch_info`` (the original
+        mask's token count, the mini-batch's rows with V1's padding rows)."""
+        batch, rows = self.batch, self.batch.rows
+        return AggNorm(
+            seg_ids=s.seg_ids,
+            n_seg=s.n_seg,
+            horizon=s.horizon(batch.lengths, batch.max_response_length, self.fixed_width),
+            rows=rows,
+            batch_num_tokens=s.normaliser(rows.sum(self.mask0.to(torch.float32)), self.token_count),
+            global_batch_size=s.batch_size(),  # the mini-batch's rows, V1's padding rows included
+            loss_scale_factor=self.settings["actor_rollout_ref.actor.loss_scale_factor"],
+        )
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named step of the recompute and its declaration.
+
+    ``needs``: the columns it needs to write its metrics (as ``rldiag check`` and the docs name
+    them); ``needs_fn``: the same under given settings, where they decide (the PPO anchor, a
+    registry entry); ``optional`` / ``optional_fn``: columns it reads when the batch has them.
+    ``settings``: the keys it reads (``prefix.*`` for a block). ``metrics``, ``tokens``: what it
+    writes. ``checks``: its rows of ``rldiag check``'s metric families."""
+
+    name: str
+    doc: str
+    run: Callable[[State], None]
+    needs: tuple[str, ...] = ()
+    needs_fn: ColumnsFn | None = None
+    optional: tuple[str, ...] = ()
+    optional_fn: ColumnsFn | None = None
+    settings: tuple[str, ...] = ()
+    metrics: tuple[Metric, ...] = ()
+    tokens: tuple[str, ...] = ()
+    checks: tuple[CheckFamily, ...] = ()
+
+    def required(self, settings: EngineSettings | None = None) -> tuple[str, ...]:
+        """The columns it needs (under ``settings`` when given)."""
+        return self.needs_fn(settings) if settings is not None and self.needs_fn is not None else self.needs
+
+    def reads(self, settings: EngineSettings | None = None) -> tuple[str, ...]:
+        """Every column it reads when the batch has it: required and optional, each once."""
+        optional = self.optional_fn(settings) if settings is not None and self.optional_fn is not None else self.optional
+        return tuple(dict.fromkeys(self.required(settings) + optional))
+
+
+def expand(pattern: str) -> list[str]:
+    """A pattern with its ``{a,b}`` alternatives spelt out (``x/{a,b}`` -> ``x/a``, ``x/b``)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    return [p for alt in m.group(1).split(",") for p in expand(pattern[:m.start()] + alt + pattern[m.end():])]
+
+
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """The regular expression of a metric-name pattern (the whole name)."""
+    out = ""
+    for token in re.split(r"(\{[^{}]*\}|<[^<>]*>|\*)", pattern):
+        if token.startswith("{"):
+            out += "(?:" + "|".join(re.escape(a) for a in token[1:-1].split(",")) + ")"
+        elif token.startswith("<"):
+            out += "[^/]+"
+        elif token == "*":
+            out += ".+"
+        else:
+            out += re.escape(token)
+    return re.compile(out + r"\Z")
