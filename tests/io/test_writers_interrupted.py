@@ -6,6 +6,7 @@ design). The W&B import's are in tests/importers (test_wandb_online, test_import
 
 from __future__ import annotations
 
+import importlib
 import uuid
 from pathlib import Path
 
@@ -14,7 +15,6 @@ import torch
 
 import rldiag.analysis.compare as compare_mod
 import rldiag.capture.table as table_mod
-import rldiag.recompute as recompute_mod
 from rldiag.analysis.compare import compare
 from rldiag.capture import RunWriter
 from rldiag.errors import CaptureError, OutputError
@@ -24,6 +24,9 @@ from rldiag.io.run_layout import RunLayout
 from rldiag.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 from rldiag.viz import runs
+
+#: the driver module (``rldiag.recompute`` as an attribute is the API's function, see rldiag/__init__.py)
+recompute_mod = importlib.import_module("rldiag.recompute")
 
 
 @pytest.fixture(params=["local", "store"])
