@@ -82,27 +82,38 @@ def test_overrides_confirm_a_candidate(tmp_path):
     assert main(["verify", str(root), "--set", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]) == 0
 
 
-def test_micro_batch_averaged_clipfrac_is_named(tmp_path):
-    root = write_logged_run(tmp_path / "run", steps=2, seed=7, drift=0.3)
+def _ppo_terms(row, adv):
+    """(per-token PPO loss with verl's dual clip, clipped?) of one row's masked tokens."""
+    out = []
+    for t, mk in enumerate(row["response_mask"]):
+        if mk:
+            a = adv[t]
+            ratio = np.exp(row["log_probs"][t] - row["old_log_probs"][t])
+            l1, l2 = -a * ratio, -a * np.clip(ratio, 0.8, 1.2)
+            loss = max(l1, l2)
+            if a < 0:
+                loss = min(loss, -a * 3.0)
+            out.append((loss, l2 > l1))
+    return out
+
+
+def _relog(root, metrics_of) -> None:
+    """Rewrite the run's metrics.jsonl: each step's ``metrics_of(rows, per-token PPO terms)``, the
+    terms (loss, clipped?) of every row's masked tokens under the reference's advantages."""
     lines = []
     for f in sorted((root / "batches").iterdir()):
-        step = int(f.stem.split("_")[1])
         rows = pq.read_table(f).to_pylist()
-        cols, m = logged_step(pq.read_table(f))
-        fracs = []  # verl: the clip fraction of each micro-batch of 4 rows, then their plain mean
-        for start in range(0, len(rows), 4):
-            hit = tot = 0
-            for r, adv in zip(rows[start:start + 4], cols["advantages"][start:start + 4]):
-                for t, mk in enumerate(r["response_mask"]):
-                    if mk:
-                        ratio = np.exp(r["log_probs"][t] - r["old_log_probs"][t])
-                        l1, l2 = -adv[t] * ratio, -adv[t] * np.clip(ratio, 0.8, 1.2)
-                        hit += l2 > l1
-                        tot += 1
-            fracs.append(hit / tot)
-        m = {"actor/pg_clipfrac": float(np.mean(fracs))}
-        lines.append(json.dumps({"step": step, "data": m}))
+        cols, _ = logged_step(pq.read_table(f))
+        terms = [_ppo_terms(r, a) for r, a in zip(rows, cols["advantages"])]
+        lines.append(json.dumps({"step": int(f.stem.split("_")[1]), "data": metrics_of(rows, terms)}))
     (root / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_micro_batch_averaged_clipfrac_is_named(tmp_path):
+    root = write_logged_run(tmp_path / "run", steps=2, seed=7, drift=0.3)
+    # verl: the clip fraction of each micro-batch of 4 rows, then their plain mean
+    _relog(root, lambda rows, terms: {"actor/pg_clipfrac": float(np.mean(
+        [np.mean([c for row in terms[s:s + 4] for _, c in row]) for s in range(0, len(rows), 4)]))})
     rep = verify_run(root)
     assert rep.fields["actor/pg_clipfrac"].mismatches >= 1
     assert any(c.overrides == {"rldiag.micro_batch_size": 4} and c.matches_all for c in rep.candidates)
@@ -248,37 +259,18 @@ def test_a_later_first_step_replays_the_adaptive_kl_controller(tmp_path, capsys)
     assert "all compared values match" in capsys.readouterr().out
 
 
-def _ppo_terms(row, adv):
-    """(per-token PPO loss with verl's dual clip, clipped?) of one row's masked tokens."""
-    out = []
-    for t, mk in enumerate(row["response_mask"]):
-        if mk:
-            a = adv[t]
-            ratio = np.exp(row["log_probs"][t] - row["old_log_probs"][t])
-            l1, l2 = -a * ratio, -a * np.clip(ratio, 0.8, 1.2)
-            loss = max(l1, l2)
-            if a < 0:
-                loss = min(loss, -a * 3.0)
-            out.append((loss, l2 > l1))
-    return out
-
-
 def test_the_layout_a_config_does_not_name_is_found(tmp_path, capsys):
     # logged under mini-batches of 8 rows and micro-batches of 2 (16 rows a step): the clip fraction
     # is the mean over micro-batches, pg_loss each mini-batch's token mean, then their mean; the
     # run's config names no batch size, so only the two together match
     root = write_logged_run(tmp_path / "run", steps=2, seed=11, drift=0.3)
-    lines = []
-    for f in sorted((root / "batches").iterdir()):
-        step = int(f.stem.split("_")[1])
-        rows = pq.read_table(f).to_pylist()
-        cols, _ = logged_step(pq.read_table(f))
-        terms = [_ppo_terms(r, a) for r, a in zip(rows, cols["advantages"])]
+
+    def metrics_of(rows, terms):
         fracs = [np.mean([c for row in terms[s:s + 2] for _, c in row]) for s in range(0, len(rows), 2)]
         losses = [np.mean([x for row in terms[s:s + 8] for x, _ in row]) for s in range(0, len(rows), 8)]
-        m = {"actor/pg_clipfrac": float(np.mean(fracs)), "actor/pg_loss": float(np.mean(losses))}
-        lines.append(json.dumps({"step": step, "data": m}))
-    (root / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        return {"actor/pg_clipfrac": float(np.mean(fracs)), "actor/pg_loss": float(np.mean(losses))}
+
+    _relog(root, metrics_of)
     rep = verify_run(root)
     assert rep.status == "mismatch" and rep.layout == "V1, dp 1; actor: whole step, one micro-batch"
     full = [c for c in rep.candidates if c.matches_all]
