@@ -24,9 +24,9 @@ from rldiag.version import __version__
 TYPE_CHECKING = False
 
 __all__ = [
-    "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "RecomputeResult",
-    "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose", "import_wandb",
-    "logged", "recompute", "settings", "tolerances", "verify",
+    "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
+    "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
+    "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
 _API = frozenset(__all__) - {"__version__"}
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         DiagnoseResult,
         EstimatorsResult,
         ImportResult,
+        MismatchResult,
         RecomputeResult,
         VerifyResult,
         check,
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
         diagnose,
         import_wandb,
         logged,
+        mismatch,
+        mismatch_tokens,
         recompute,
         settings,
         tolerances,

@@ -11,6 +11,7 @@
     rldiag.verify(run).status                          # "match", "mismatch" or "unverifiable"
     rldiag.compare(run, base.name, rloo.name).metrics_frame()
     rldiag.diagnose(run).findings_frame()
+    rldiag.mismatch(run).causes                        # why rollout and trainer log-probs differ
 
 Each function returns a dataclass: :class:`RecomputeResult`, or the report the command prints
 (:class:`VerifyResult`, :class:`CompareResult`, :class:`EstimatorsResult`,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.agreement import TokenAgreement
     from rldiag.analysis.compare import CompareReport as CompareResult
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
+    from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
     from rldiag.analysis.tolerance import Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
     from rldiag.check import CheckReport as CheckResult
@@ -55,10 +57,10 @@ if TYPE_CHECKING:
     from rldiag.recompute import ScenarioReport
 
 __all__ = [
-    "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "Progress",
-    "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check", "compare",
-    "compare_estimators", "diagnose", "import_wandb", "logged", "ray_executor", "recompute", "settings",
-    "tolerances", "verify", "warm_up",
+    "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
+    "Progress", "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check",
+    "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
+    "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -73,6 +75,7 @@ _LAZY = {
     "CompareResult": "rldiag.analysis.compare:CompareReport",
     "EstimatorsResult": "rldiag.analysis.compare:EstimatorComparison",
     "DiagnoseResult": "rldiag.doctor.doctor:DoctorReport",
+    "MismatchResult": "rldiag.analysis.mismatch:MismatchDiagnosis",
     "CheckResult": "rldiag.check:CheckReport",
     "ImportResult": "rldiag.importers.wandb_import:ImportReport",
     "TokenAgreement": "rldiag.analysis.agreement:TokenAgreement",
@@ -392,6 +395,52 @@ def diagnose(
 
     return run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
                         recompute=recompute, device=device, progress=_by_step(progress))
+
+
+def mismatch(
+    run: Run,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    steps: str | None = None,
+    device: str = "cpu",
+    examples: bool = True,
+    progress: Progress | None = None,
+) -> MismatchResult:
+    """Why the rollout engine's log-probs differ from the trainer's: the causes
+    (``sampling_truncation``, ``temperature``, ``precision``, ``misaligned``, ``policy_lag``,
+    ``outlier_tokens``) with their confidence, severity, steps, evidence and remedy, from the
+    per-step fingerprints a recompute writes (``rldiag/mismatch/*``: the scenario :func:`recompute`
+    writes for ``overrides``, ``baseline`` for none, unchanged steps reused) and the run's
+    sampling settings. ``examples``: each cause lists the tokens with the largest gaps (read back
+    from the batch files). ``result.causes`` is empty when the two streams agree."""
+    from rldiag.analysis.mismatch_run import diagnose_rows
+    from rldiag.config.settings import resolve_settings
+    from rldiag.io.rundir import RunDir
+    from rldiag.recompute import recompute as run_recompute
+
+    rd = RunDir(run)
+    opts = _overrides(overrides, None)
+    rep = run_recompute(rd.path, opts, steps=steps, device=device, progress=_by_step(progress))
+    resolved = resolve_settings(rd.path, opts)
+    files = {sf.step: sf for sf in rd.step_files()} if examples else None
+    return diagnose_rows(rep.metrics, {**resolved.values, **resolved.resolved()}, files, resolved)
+
+
+def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = None) -> pl.DataFrame:
+    """One step's actor tokens as the mismatch diagnosis sees them, one row per token: ``row``,
+    ``position``, ``old_log_prob``, ``rollout_log_prob``, ``gap`` (old - rollout), ``kl`` (gap^2 / 2),
+    ``kl_share``, ``old_next`` / ``old_prev`` (the trainer's log-prob one position later / earlier
+    in the row), ``policy_lag`` (with ``policy_version``) and ``token`` (with ``response_tokens``)."""
+    from rldiag.analysis.mismatch_run import step_tokens
+    from rldiag.config.settings import resolve_settings
+    from rldiag.errors import RunDirError
+    from rldiag.io.rundir import RunDir
+
+    rd = RunDir(run)
+    files = {sf.step: sf for sf in rd.step_files()}
+    if int(step) not in files:
+        raise RunDirError(f"{rd.batches_dir}: no batch file for step {step}")
+    return _frame(step_tokens(files[int(step)], resolve_settings(rd.path, _overrides(overrides, None))))
 
 
 def check(run: str | Path, *, progress: Progress | None = None) -> CheckResult:

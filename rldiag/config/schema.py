@@ -173,6 +173,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rldiag.rows_balanced", None, "bool",
             "the batch files hold each step's rows in the trainer's order after balancing (null: true for a run "
             "rldiag's verl capture wrote)"),
+    Setting("rldiag.mismatch.enable", True, "bool",
+            "compute the rollout-vs-trainer log-prob mismatch fingerprints (rldiag/mismatch/*) when the batches have "
+            "rollout_log_probs and old_log_probs"),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}

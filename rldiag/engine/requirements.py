@@ -23,10 +23,11 @@ from rldiag.engine.policy_loss import POLICY_LOSSES
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.stages import REWARD_KL, STAGES, Stage
 from rldiag.engine.stages.advantage import estimator_columns, estimator_optional
+from rldiag.engine.stages.mismatch import MISMATCH
 
 __all__ = [
     "BASE_NEED", "ColumnPlan", "Need", "columns_by_stage", "estimator_need", "estimator_optional",
-    "metric_family_needs", "policy_loss_need", "recompute_columns", "reward_kl_columns",
+    "metric_family_needs", "mismatch_columns", "policy_loss_need", "recompute_columns", "reward_kl_columns",
 ]
 
 
@@ -112,6 +113,13 @@ def reward_kl_columns(settings: EngineSettings) -> ColumnPlan:
     stage's columns (π_old, ``ref_log_prob``, ``loss_mask`` when the file has it) besides the
     base ones; nothing required (a step lacking them is skipped)."""
     return ColumnPlan(wanted=_union((REWARD_KL,), settings))
+
+
+def mismatch_columns(settings: EngineSettings) -> ColumnPlan:
+    """What the mismatch diagnosis reads to look at a step's tokens: the mismatch stage's
+    columns (both log-probs required; ``loss_mask``, ``policy_version`` when the file has them)."""
+    return ColumnPlan(wanted=_union((MISMATCH,), settings), required=(BASE_NEED, Need(all_of=MISMATCH.needs)),
+                      who="the rollout-vs-trainer mismatch diagnosis")
 
 
 def metric_family_needs() -> dict[str, Need]:

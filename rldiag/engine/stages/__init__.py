@@ -7,7 +7,7 @@ The modules: :mod:`.base` (the declaration types, the shared state, metric-name 
 :mod:`.reward` (anchor, reward KL, rollout correction), :mod:`.advantage` (advantages, data
 metrics), :mod:`.actor` (micro-batch layout, policy / entropy / KL losses, their total, the
 old-policy metrics), :mod:`.critic` (value loss), :mod:`.signals` (rldiag's reference KL and
-group signals). ``python -m rldiag.engine.stages`` prints docs/metrics.md's table.
+group signals), :mod:`.mismatch` (the rollout-vs-trainer mismatch fingerprints). ``python -m rldiag.engine.stages`` prints docs/metrics.md's table.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from rldiag.engine.stages.actor import ACTOR_LOSS, ENTROPY_LOSS, KL_LOSS, LAYOUT
 from rldiag.engine.stages.advantage import ADVANTAGES, DATA_METRICS
 from rldiag.engine.stages.base import CheckFamily, Metric, Stage, State, expand, pattern_regex
 from rldiag.engine.stages.critic import CRITIC
+from rldiag.engine.stages.mismatch import MISMATCH
 from rldiag.engine.stages.reward import ANCHOR, REWARD_KL, ROLLOUT_CORRECTION
 from rldiag.engine.stages.signals import GROUP_SIGNAL, REF_KL
 
@@ -36,6 +37,7 @@ STAGES: tuple[Stage, ...] = (
     OLD_POLICY,
     REF_KL,
     GROUP_SIGNAL,
+    MISMATCH,
 )
 
 __all__ = ["STAGES", "CheckFamily", "Metric", "Stage", "State", "expand", "markdown_table", "pattern_regex"]
