@@ -1,6 +1,7 @@
 """Synthetic run directories: random but well-formed batches in the batch schema (``rldiag.io.schema``).
 
-Used by the tests, by ``bench/`` (runs of a given size) and by ``rldiag demo``-style smoke runs.
+Used by the tests, by ``bench/`` (runs of a given size) and by ``rldiag demo``-style smoke runs
+(re-exported by :mod:`rldiag.synth`).
 The numbers are drawn from simple generative rules (outcome scores per group, tool-observation
 spans with mask 0, log-probs of four policies that drift apart), vectorised with numpy.
 
