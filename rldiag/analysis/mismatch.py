@@ -42,7 +42,7 @@ THRESHOLDS: dict[str, tuple[str, float, float]] = {
     "outlier_size": ("gap_abs_max", 0.05, 0.2),
 }
 #: ``precision`` with a run gap std at or below this is what bf16 inference produces: severity info
-PRECISION_INFO_STD = 0.02
+PRECISION_INFO_STD = 0.05
 
 _SEVERITY = {"sampling_truncation": "warning", "temperature": "critical", "misaligned": "critical",
              "policy_lag": "warning", "outlier_tokens": "warning"}
@@ -164,7 +164,8 @@ class SamplingConfig:
         return None
 
     def describe(self, cause: str) -> str:
-        mode = "processed" if self.processed else f"{self.logprobs_mode.replace('_', ' ')}"
+        mode = {"processed_logprobs": "processed", "raw_logprobs": "raw", "raw_logits": "raw-logit"}.get(
+            self.logprobs_mode, self.logprobs_mode)
         if cause == "sampling_truncation":
             parts = [p for p in (f"top_p={self.top_p:g}" if self.top_p < 1 else "",
                                  f"top_k={self.top_k}" if self.top_k > 0 else "") if p]

@@ -40,6 +40,39 @@ def run(args: argparse.Namespace) -> int:
     return exit_codes.OK if rep.healthy else exit_codes.FAILED
 
 
+#: the rules about the rollout-vs-trainer gap, shown together: its size and trend, then its causes
+ROLLOUT_RULES = ("rollout_kl_growing", "rollout_chi2_growing", "rollout_ppl_gap_growing", "rollout_mismatch")
+_COLOURS = {"critical": "red", "warning": "yellow", "info": "cyan"}
+
+
+def _print_finding(f) -> None:
+    color = _COLOURS.get(f.severity, "yellow")
+    console.print(f"\n[{color}]{f.severity.upper()}[/{color}] [bold]{f.title}[/bold] ({f.rule})")
+    console.print(f"  seen: {f.message}", markup=False)
+    ev = f.evidence
+    if ev.cause is not None:
+        console.print(f"  cause: {ev.cause}, confidence {ev.confidence:.2f}; {ev.statistic}", markup=False)
+    if ev.steps:
+        pairs = ", ".join(f"{s}: {fmt(v)}" for s, v in list(zip(ev.steps, ev.values))[:8])
+        more = f", ... ({len(ev.steps)} listed)" if len(ev.steps) > 8 else ""
+        label = "per-step confidence" if ev.cause is not None else f"{ev.metric}, {ev.source}"
+        console.print(f"  evidence ({label}): {pairs}{more}", markup=False)
+    if ev.trend:
+        tr = ev.trend
+        console.print(f"  trend: {fmt(tr['first'])} -> {fmt(tr['last'])}, early mean {fmt(tr['early_mean'])}, "
+                      f"late mean {fmt(tr['late_mean'])}, slope {fmt(tr['slope_per_step'])}/step", markup=False)
+    for ex in ev.details.get("examples", [])[:5]:
+        token = f" {ex['token']!r}" if ex.get("token") is not None else ""
+        lag = f", lag {ex['policy_lag']}" if "policy_lag" in ex else ""
+        console.print(f"  token: step {ex['step']} row {ex['row']} position {ex['position']}{token}: old "
+                      f"{fmt(ex['old_log_prob'])}, rollout {fmt(ex['rollout_log_prob'])}, {ex['kl_share']:.0%} of the "
+                      f"step's KL{lag}", markup=False)
+    if f.remedy:
+        console.print(f"  what to do: {f.remedy}", markup=False)
+    else:
+        console.print(f"  why it matters: {f.why}", markup=False)
+
+
 def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
     console.print(f"doctor {rep.run}: {len(rep.steps)} batch steps, logged metrics for {rep.logged_steps} steps, "
                   f"recomputed {rep.recomputed_steps}", markup=False)
@@ -48,22 +81,20 @@ def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
     if rep.recompute_failed:
         err_console.print(f"{len(rep.recompute_failed)} step(s) could not be recomputed: "
                           + ", ".join(str(s) for s in sorted(rep.recompute_failed)), markup=False)
-    for f in rep.findings:
-        color = "red" if f.severity == "critical" else "yellow"
-        console.print(f"\n[{color}]{f.severity.upper()}[/{color}] [bold]{f.title}[/bold] ({f.rule})")
-        console.print(f"  seen: {f.message}", markup=False)
-        ev = f.evidence
-        if ev.steps:
-            pairs = ", ".join(f"{s}: {fmt(v)}" for s, v in list(zip(ev.steps, ev.values))[:8])
-            more = f", ... ({len(ev.steps)} listed)" if len(ev.steps) > 8 else ""
-            console.print(f"  evidence ({ev.metric}, {ev.source}): {pairs}{more}", markup=False)
-        if ev.trend:
-            tr = ev.trend
-            console.print(f"  trend: {fmt(tr['first'])} -> {fmt(tr['last'])}, early mean {fmt(tr['early_mean'])}, "
-                          f"late mean {fmt(tr['late_mean'])}, slope {fmt(tr['slope_per_step'])}/step", markup=False)
-        console.print(f"  why it matters: {f.why}", markup=False)
+    rollout = [f for f in rep.findings if f.rule in ROLLOUT_RULES]
+    for f in [f for f in rep.findings if f.rule not in ROLLOUT_RULES]:
+        _print_finding(f)
+    if rollout or any(r in rep.passed for r in ROLLOUT_RULES):
+        console.print("\n[bold]Rollout vs trainer log-probs[/bold] (how large, whether it grows, and why)")
+        for f in rollout:
+            _print_finding(f)
+        for rid in ROLLOUT_RULES:
+            if rid in rep.passed:
+                console.print(f"  passed {rid}: {rep.passed[rid]}", markup=False)
+    n_info = sum(f.severity == "info" for f in rep.findings)
     n_rules = len(rep.rules)
-    console.print(f"\n{len(rep.findings)} finding(s); {len(rep.passed)} of {n_rules} rules passed, "
+    info = f" ({n_info} info, not counted)" if n_info else ""
+    console.print(f"\n{len(rep.findings) - n_info} finding(s){info}; {len(rep.passed)} of {n_rules} rules passed, "
                   f"{len(rep.not_evaluated)} not evaluated, {len(rep.not_applicable)} not applicable")
     if verbose:
         for rid, text in rep.passed.items():

@@ -52,7 +52,8 @@ class DoctorReport:
 
     @property
     def healthy(self) -> bool:
-        return not self.findings
+        """No finding beyond severity ``info`` (an info finding never counts as a health finding)."""
+        return not any(f.severity != "info" for f in self.findings)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -64,10 +65,11 @@ class DoctorReport:
         """One row per finding, most severe first: the rule, what was seen, the metric and the
         steps (with their values) behind it, and why it matters."""
         rows = [{"rule": f.rule, "severity": f.severity, "title": f.title, "message": f.message,
+                 "cause": f.evidence.cause, "confidence": f.evidence.confidence,
                  "metric": f.evidence.metric, "source": f.evidence.source, "statistic": f.evidence.statistic,
                  "steps": f.evidence.steps, "values": f.evidence.values, "why": f.why} for f in self.findings]
-        return rows_frame(rows, ["rule", "severity", "title", "message", "metric", "source", "statistic", "steps",
-                                 "values", "why"])
+        return rows_frame(rows, ["rule", "severity", "title", "message", "cause", "confidence", "metric", "source",
+                                 "statistic", "steps", "values", "why"])
 
 
 def _stream(rd: RunDir, overrides: Mapping[str, Any], steps: str | None, table: SignalTable,
@@ -133,18 +135,20 @@ def diagnose(
     report.logged_steps, report.recomputed_steps = table.logged_steps, table.recomputed_steps
     # the run's keys with the derived ones resolved (critic.enable as verl's need_critic decides it)
     effective = {**settings.values, **settings.resolved()}
-    ctx = Context(settings=effective, series=table.series)
+    ctx = Context(settings=effective, series=table.series, run=rd, engine_settings=settings)
     for rule in rule_list:
         if not rule.applies(effective):
             report.not_applicable[rule.id] = ", ".join(f"{k}={effective.get(k)!r}" for k in rule.when)
             continue
         outcome = RULE_KINDS.get(rule.kind)(rule, ctx)
-        if isinstance(outcome, Finding):
+        if isinstance(outcome, list):
+            report.findings.extend(outcome)
+        elif isinstance(outcome, Finding):
             report.findings.append(outcome)
         elif isinstance(outcome, Skip):
             report.not_evaluated[rule.id] = outcome.reason
         elif isinstance(outcome, Passed):
             report.passed[rule.id] = outcome.detail
-    order = {"critical": 0, "warning": 1}
-    report.findings.sort(key=lambda f: order.get(f.severity, 2))
+    order = {"critical": 0, "warning": 1, "info": 2}
+    report.findings.sort(key=lambda f: order.get(f.severity, 3))
     return report

@@ -50,6 +50,10 @@ class Evidence:
     statistic: str = ""  # what was compared, in words
     trend: dict[str, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    # a rule that names causes (rollout_mismatch): which one, how sure, and what backs it
+    cause: str | None = None
+    confidence: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Finding:
     why: str
     message: str  # one line: what was seen
     evidence: Evidence
+    remedy: str = ""  # what to do about it, where the rule knows more than its why
 
 
 @dataclass
@@ -72,13 +77,16 @@ class Passed:
     detail: str
 
 
-Outcome = Finding | Skip | Passed
+#: a rule gives one finding, or (a rule naming causes) several
+Outcome = Finding | list[Finding] | Skip | Passed
 
 
 @dataclass
 class Context:
     settings: Mapping[str, Any]
     series: Callable[[str, str], Series | None]  # (metric, source) -> series or None
+    run: Any = None  # the RunDir, for a rule that reads example tokens back from the batch files
+    engine_settings: Any = None  # the resolved Settings the batches are loaded under
 
 
 Evaluator = Callable[[Rule, Context], Outcome]

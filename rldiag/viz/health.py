@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SEVERITY_ICONS = {"critical": ":red[:material/report:]", "warning": ":orange[:material/warning:]"}
+SEVERITY_ICONS = {"critical": ":red[:material/report:]", "warning": ":orange[:material/warning:]",
+                  "info": ":blue[:material/info:]"}
 #: at most this many steps of a finding get a link
 MAX_LINKS = 12
 
@@ -17,7 +18,7 @@ class FindingView:
     rule: str
     severity: str
     message: str
-    why: str
+    why: str  # why it matters; for a rule naming causes, what to do
     metric: str | None
     statistic: str
     steps: list[int]  # the steps to link (at most MAX_LINKS)
@@ -31,7 +32,7 @@ def finding_views(report) -> list[FindingView]:
         steps = sorted({int(s) for s in (ev.steps or [])})
         out.append(FindingView(
             icon=SEVERITY_ICONS.get(f.severity, ":material/info:"), title=f.title, rule=f.rule, severity=f.severity,
-            message=f.message, why=f.why, metric=ev.metric, statistic=ev.statistic,
+            message=f.message, why=f.remedy or f.why, metric=ev.metric, statistic=ev.statistic,
             steps=steps[:MAX_LINKS], more_steps=max(0, len(steps) - MAX_LINKS),
         ))
     return out
@@ -46,7 +47,9 @@ def outcome_rows(report) -> list[dict]:
 
 
 def coverage_line(report) -> str:
-    """What the doctor looked at, in one line."""
-    return (f"{len(report.findings)} findings, {len(report.passed)} rules passed, {len(report.not_evaluated)} not "
+    """What the doctor looked at, in one line (an info finding is not counted as a finding)."""
+    n_info = sum(f.severity == "info" for f in report.findings)
+    info = f" (and {n_info} for information)" if n_info else ""
+    return (f"{len(report.findings) - n_info} findings{info}, {len(report.passed)} rules passed, {len(report.not_evaluated)} not "
             f"evaluated, {len(report.not_applicable)} not applicable; over {report.logged_steps} logged and "
             f"{report.recomputed_steps} recomputed steps.")

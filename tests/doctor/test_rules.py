@@ -108,7 +108,7 @@ rules:
     assert "entropy_collapse" not in rules
     root = write_run(tmp_path / "run", steps=3)
     rep = diagnose(root, rules_files=[user])
-    assert [f.rule for f in rep.findings] == ["low_score"]
+    assert [f.rule for f in rep.findings if f.severity != "info"] == ["low_score"]
     assert rep.findings[0].evidence.steps == [1, 2, 3] and rep.findings[0].severity == "critical"
     assert main(["doctor", str(root), "--rules", str(user)]) == 1
 

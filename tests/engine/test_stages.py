@@ -80,7 +80,7 @@ VERSION_KEYS = {"verl_version": "rldiag.verl_version", "rldiag.capture.verl_vers
 @pytest.fixture(scope="module")
 def rich_run(tmp_path_factory):
     """Every column rldiag reads: the synthetic run's, with the estimator-specific ones, plus a
-    loss_mask and the agent loop's per-row counts."""
+    loss_mask, the agent loop's per-row counts and each row's policy version (lags 0..2)."""
     run = write_synth_run(tmp_path_factory.mktemp("stages") / "run",
                           SynthSpec(steps=2, prompts=4, n=4, max_len=40, seed=3, extra_columns=True))
     rng = np.random.default_rng(0)
@@ -90,6 +90,8 @@ def rich_run(tmp_path_factory):
         t = t.append_column("loss_mask", t["response_mask"])
         t = t.append_column("num_turns", pa.array(rng.integers(1, 5, rows), pa.int64()))
         t = t.append_column("tool_call_counts", pa.array(rng.integers(0, 3, rows), pa.int64()))
+        step = int(t["step"][0].as_py())
+        t = t.append_column("policy_version", pa.array(step - 1 - rng.integers(0, 3, rows), pa.int64()))
         pq.write_table(t, f)
     return run
 

@@ -27,7 +27,7 @@ def page() -> None:
     st.caption(health.coverage_line(report))
     if report.recompute_error:
         st.warning(f"Recompute skipped: {report.recompute_error}")
-    if not views:
+    if report.healthy:
         st.success(f"No finding: {len(report.passed)} rules passed over {report.logged_steps} logged and "
                    f"{report.recomputed_steps} recomputed steps.")
     for v in views:

@@ -1,0 +1,197 @@
+"""The rollout-vs-trainer mismatch fingerprints (rldiag.engine.mismatch) against a per-step numpy
+reference, and the stage that writes them (rldiag/mismatch/*)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from rldiag.config.settings import resolve_settings
+from rldiag.engine.layout import Rows
+from rldiag.engine.mismatch import LAG_STATS, STATS, mismatch_stats, top_gap_tokens
+from rldiag.engine.pipeline import recompute_batch
+from rldiag.engine.requirements import recompute_columns
+from rldiag.io.loader import load_step
+from rldiag.io.rundir import RunDir
+from rldiag.synth import MismatchSpec, write_mismatch_run
+
+HS = hsettings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+def _corr(a, b):
+    if len(a) < 1 or a.std() == 0 or b.std() == 0:
+        return math.nan
+    return float(np.mean((a - a.mean()) * (b - b.mean())) / (a.std() * b.std()))
+
+
+def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
+    """One step at a time, one row at a time: every statistic as its docstring defines it."""
+    old, roll = np.asarray(old, dtype=np.float64), np.asarray(roll, dtype=np.float64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    out = {k: np.full(n_steps, math.nan) for k in STATS + (LAG_STATS if lag is not None else ())}
+    for s in range(n_steps):
+        xs, ys, pos, rows = [], [], [], []
+        pairs = []  # (|d_t| + |d_t+1|) / 2, |y_t - x_t+1|, |y_t+1 - x_t|
+        for r in np.flatnonzero(step_of_row == s):
+            a, b = offsets[r], offsets[r + 1]
+            keep = [t for t in range(a, b) if mask[t] > 0 and np.isfinite(old[t]) and np.isfinite(roll[t])]
+            for t in keep:
+                xs.append(float(old[t])), ys.append(float(roll[t])), pos.append(t - a), rows.append(r)
+            for t in keep:
+                if t + 1 in keep:
+                    pairs.append((abs(old[t] - roll[t]) / 2 + abs(old[t + 1] - roll[t + 1]) / 2,
+                                  abs(roll[t] - old[t + 1]), abs(roll[t + 1] - old[t])))
+        x, y = np.array(xs, dtype=np.float64), np.array(ys, dtype=np.float64)
+        n = len(x)
+        out["tokens"][s] = n
+        if n == 0:
+            continue
+        d = x - y
+        ad = np.abs(d)
+        out["gap_mean"][s], out["gap_std"][s] = d.mean(), d.std()
+        out["gap_abs_mean"][s], out["gap_abs_max"][s] = ad.mean(), ad.max()
+        out["gap_abs_p99"][s] = np.quantile(ad, 0.99)
+        k2 = 0.5 * d * d
+        out["kl_k2"][s] = k2.mean()
+        top = math.ceil(0.01 * n)
+        out["top_kl_share"][s] = np.sort(k2)[::-1][:top].sum() / k2.sum() if k2.sum() > 0 else math.nan
+        out["positive_share"][s] = np.clip(d, 0, None).sum() / ad.sum() if ad.sum() > 0 else math.nan
+        out["slope"][s] = np.mean((x - x.mean()) * (y - y.mean())) / y.var() if y.var() > 0 else math.nan
+        out["gap_rollout_corr"][s] = _corr(d, y)
+        out["logprob_corr"][s] = _corr(x, y)
+        conf, unconf = y >= math.log(0.5), y < math.log(0.05)
+        out["gap_confident"][s] = d[conf].mean() if conf.any() else math.nan
+        out["gap_unconfident"][s] = d[unconf].mean() if unconf.any() else math.nan
+        out["gap_position_corr"][s] = _corr(ad, np.array(pos, dtype=np.float64))
+        out["gap_logprob_corr"][s] = _corr(ad, np.abs(y))
+        if pairs:
+            p = np.array(pairs)
+            out["pair_abs_gap"][s], out["shift_next_abs_gap"][s], out["shift_prev_abs_gap"][s] = p.mean(axis=0)
+        if lag is not None:
+            rr = np.array(rows)
+            urows = np.unique(rr)
+            lg = lag[urows].astype(np.float64)
+            gp = np.array([ad[rr == r].mean() for r in urows])
+            out["lag_mean"][s] = lg.mean()
+            out["lag_gap_corr"][s] = _corr(lg, gp)
+            out["lag_gap_slope"][s] = np.mean((lg - lg.mean()) * (gp - gp.mean())) / lg.var() if lg.var() > 0 else math.nan
+            tl = lag[rr]
+            out["lag_abs_gap_lag0"][s] = ad[tl == 0].mean() if (tl == 0).any() else math.nan
+            out["lag_abs_gap_lagged"][s] = ad[tl != 0].mean() if (tl != 0).any() else math.nan
+    return out
+
+
+@st.composite
+def batches(draw):
+    n_steps = draw(st.integers(1, 3))
+    n_rows = draw(st.integers(1, 7))
+    lengths = np.array(draw(st.lists(st.integers(0, 9), min_size=n_rows, max_size=n_rows)), dtype=np.int64)
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    total = int(lengths.sum())
+    old = -np.abs(rng.normal(0.5, 1.5, total))
+    kind = draw(st.sampled_from(["noise", "equal", "one_sided", "shift"]))
+    roll = {"noise": old + rng.normal(0, 0.05, total), "equal": old.copy(),
+            "one_sided": old - np.abs(rng.normal(0, 0.1, total)), "shift": np.roll(old, 1)}[kind]
+    mask = (rng.random(total) < 0.8).astype(np.float32)
+    if total and draw(st.booleans()):
+        roll[rng.integers(0, total)] = -np.inf  # a non-finite log-prob is left out
+    step_of_row = rng.integers(0, n_steps, n_rows)
+    lag = rng.integers(0, 3, n_rows) if draw(st.booleans()) else None
+    return (old.astype(np.float32), roll.astype(np.float32), mask, lengths, step_of_row, n_steps, lag)
+
+
+@HS
+@given(batches())
+def test_every_statistic_equals_the_per_step_reference(b):
+    old, roll, mask, lengths, step_of_row, n_steps, lag = b
+    got = mismatch_stats(torch.from_numpy(old), torch.from_numpy(roll), torch.from_numpy(mask),
+                         Rows.from_lengths(torch.from_numpy(lengths)), torch.from_numpy(step_of_row), n_steps,
+                         lag=None if lag is None else torch.from_numpy(lag))
+    want = reference(old, roll, mask, lengths, step_of_row, n_steps, lag)
+    assert set(got) == set(want)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k].numpy(), v, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=k)
+
+
+def test_rows_in_another_order_give_the_same_statistics():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 30, 40)
+    old = -np.abs(rng.normal(0, 2, lengths.sum())).astype(np.float32)
+    roll = (old + rng.normal(0, 0.1, lengths.sum())).astype(np.float32)
+    sid = rng.integers(0, 2, 40)
+    rows = Rows.from_lengths(torch.from_numpy(lengths))
+    a = mismatch_stats(torch.from_numpy(old), torch.from_numpy(roll), torch.ones(len(old)), rows, torch.from_numpy(sid), 2)
+    perm = torch.from_numpy(rng.permutation(40))
+    sub, tok = rows.take(perm)
+    b = mismatch_stats(torch.from_numpy(old)[tok], torch.from_numpy(roll)[tok], torch.ones(len(old)), sub,
+                       torch.from_numpy(sid)[perm], 2)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-9, atol=1e-12, equal_nan=True, msg=k)
+
+
+def test_truncation_is_one_sided_and_a_shift_agrees_shifted():
+    """The two fingerprints on constructed data: renormalised log-probs (d = log kept mass <= 0)
+    give positive_share 0; a rollout series one position ahead agrees with the trainer's next."""
+    x = torch.tensor([-0.1, -2.0, -0.5, -3.0, -1.0, -0.2], dtype=torch.float32)
+    rows = Rows.from_lengths(torch.tensor([6]))
+    one = mismatch_stats(x, x + torch.tensor([0.0, 0.3, 0.05, 0.4, 0.1, 0.01]), torch.ones(6), rows, torch.zeros(1, dtype=torch.long), 1)
+    assert one["positive_share"].item() == 0.0 and one["gap_mean"].item() < 0
+    ahead = torch.cat([x[1:], x[-1:]])
+    sh = mismatch_stats(x, ahead, torch.ones(6), rows, torch.zeros(1, dtype=torch.long), 1)
+    assert sh["shift_next_abs_gap"].item() == 0.0 and sh["pair_abs_gap"].item() > 0.5
+
+
+def test_top_gap_tokens_are_the_largest_with_their_share():
+    x = torch.zeros(10)
+    y = torch.zeros(10)
+    y[3], y[7] = 2.0, -1.0
+    top = top_gap_tokens(x, y, torch.ones(10), Rows.from_lengths(torch.tensor([5, 5])), torch.zeros(2, dtype=torch.long), 1, 2)
+    assert top.index.tolist() == [3, 7] and top.row.tolist() == [0, 1] and top.pos.tolist() == [3, 2]
+    assert top.share.tolist() == pytest.approx([0.8, 0.2])
+
+
+# ---- the stage ----------------------------------------------------------------------------------
+
+
+def _recompute(run, overrides=None):
+    settings = resolve_settings(run, overrides or {})
+    rd = RunDir(run)
+    sf = rd.step_files()[1]
+    data = load_step(sf, settings, recompute_columns(settings))
+    return data, recompute_batch(data.batch, settings, None)
+
+
+@pytest.fixture(scope="module")
+def lag_run(tmp_path_factory):
+    return write_mismatch_run(tmp_path_factory.mktemp("mm") / "run",
+                              MismatchSpec(cause="policy_lag", steps=3, rows=16, n=4, tokens=40, seed=5))
+
+
+def test_the_stage_writes_the_fingerprints_with_the_lag(lag_run):
+    data, res = _recompute(lag_run)
+    names = {k.removeprefix("rldiag/mismatch/") for k in res.metrics if k.startswith("rldiag/mismatch/")}
+    assert names == set(STATS + LAG_STATS)
+    b = data.batch
+    lag = data.step - 1 - b.extra["policy_version"]
+    want = mismatch_stats(b.old_log_probs, b.rollout_log_probs, b.response_mask, b.rows, b.step_ids, 1, lag=lag)
+    for k, v in want.items():
+        torch.testing.assert_close(res.metrics[f"rldiag/mismatch/{k}"].to(torch.float64), v, equal_nan=True, msg=k)
+    assert res.metrics["rldiag/mismatch/lag_abs_gap_lag0"].item() == 0.0  # lag-0 rows agree exactly
+
+
+def test_the_stage_runs_whatever_the_correction_settings_and_can_be_switched_off(lag_run):
+    _, plain = _recompute(lag_run)
+    _, bypass = _recompute(lag_run, {"algorithm.rollout_correction.bypass_mode": True,
+                                     "algorithm.rollout_correction.rollout_is": "token"})
+    # bypass mode compares the trainer's own column, not the anchor
+    torch.testing.assert_close(plain.metrics["rldiag/mismatch/gap_std"], bypass.metrics["rldiag/mismatch/gap_std"])
+    _, off = _recompute(lag_run, {"rldiag.mismatch.enable": False})
+    assert not any(k.startswith("rldiag/mismatch/") for k in off.metrics)
+    assert "actor/pg_loss" in off.metrics  # nothing else changes
