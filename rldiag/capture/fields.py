@@ -41,6 +41,15 @@ ROW_SOURCES: dict[str, tuple[tuple[str, ...], str]] = {
     "batch_position": (("batch_position",), "int"),
 }
 
+#: per-row weight versions -> verl's names: the number of updates the generating weights had seen
+#: (verl's agent loop puts them in the DataProto's non-tensor batch, V1 in each row's TransferQueue
+#: tags). verl leaves ``None`` where the rollout server reported no version; a step with such a row
+#: gets no column (``rldiag.capture.unpad``), never a column with gaps.
+VERSION_SOURCES: dict[str, tuple[str, ...]] = {
+    "policy_version": ("max_global_steps",),
+    "policy_version_min": ("min_global_steps",),
+}
+
 #: Keys that locate tokens rather than hold a column: the response token ids (their width is
 #: the response width) and the attention mask (prompt part + response part).
 RESPONSES_KEY = "responses"
@@ -51,4 +60,5 @@ KNOWN_NAMES = frozenset(
     [n for names in TOKEN_SOURCES.values() for n in names]
     + [n for names in MASK_SOURCES.values() for n in names]
     + [n for names, _ in ROW_SOURCES.values() for n in names]
+    + [n for names in VERSION_SOURCES.values() for n in names]
 )

@@ -8,7 +8,9 @@ a batch that would not load is reported at capture time, naming step, row and co
 A step written in several parts (the trainer handed over its batch more than once for one step)
 stays one batch file: each later part is appended to the rows already on disk, with an int
 ``part`` column (0, 1, ...) saying which write each row came from, and the whole file is
-replaced atomically. A reader therefore sees the parts written so far, never half of one.
+replaced atomically. A reader therefore sees the parts written so far, never half of one. A
+weight-version column (``policy_version``, ``policy_version_min``) that only some parts carry is
+dropped from the step: it is written only when every row has one.
 Every file is fsynced before it is renamed into place, and the directory after, so a step whose
 write has returned survives a crash of the machine as well as a kill of the trainer.
 """
@@ -23,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rldiag.capture.fields import VERSION_SOURCES
 from rldiag.capture.unpad import StepPayload
 from rldiag.errors import CaptureError
 from rldiag.io.loader import validate_table
@@ -107,6 +110,11 @@ def _append_part(p: StepPayload, table: pa.Table) -> pa.Table:
                            f"{p.path}, is missing")
     old = _with_part(pq.read_table(p.path), 0)
     new = _with_part(table, p.part)
+    # a weight version only some parts have: not every row of the step has one, so no column
+    unversioned = (set(old.column_names) ^ set(new.column_names)) & set(VERSION_SOURCES)
+    if unversioned:
+        old = old.drop_columns([c for c in old.column_names if c in unversioned])
+        new = new.drop_columns([c for c in new.column_names if c in unversioned])
     if set(old.column_names) != set(new.column_names):
         extra = sorted(set(new.column_names) ^ set(old.column_names))
         raise CaptureError(f"step {p.step}: part {p.part} does not have the columns of the earlier parts "

@@ -22,7 +22,15 @@ from typing import Any, TypedDict
 import numpy as np
 import torch
 
-from rldiag.capture.fields import ATTENTION_KEY, KNOWN_NAMES, MASK_SOURCES, RESPONSES_KEY, ROW_SOURCES, TOKEN_SOURCES
+from rldiag.capture.fields import (
+    ATTENTION_KEY,
+    KNOWN_NAMES,
+    MASK_SOURCES,
+    RESPONSES_KEY,
+    ROW_SOURCES,
+    TOKEN_SOURCES,
+    VERSION_SOURCES,
+)
 from rldiag.errors import BatchError, CaptureError, MissingInputError
 from rldiag.io.schema import LIST_COLUMNS
 
@@ -135,6 +143,36 @@ def _row_values(value: Any, name: str, kind: str, rows: int, where: Where) -> np
     return arr.astype(np.float64 if kind == "float" else np.int64)
 
 
+def _versions(value: Any, name: str, rows: int, where: Where) -> np.ndarray | None:
+    """A per-row weight version (verl's ``max_global_steps`` / ``min_global_steps``: ints, an
+    object array of them in verl's non-tensor batch) as int64; ``None`` when some row has none
+    (``None`` or NaN, as verl leaves it where the rollout server reported no version): the step
+    then gets no column rather than one with gaps. Anything but whole numbers is refused."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().to("cpu").numpy()
+    arr = np.asarray(value) if isinstance(value, np.ndarray) else np.asarray(list(value), dtype=object)
+    if arr.ndim != 1 or arr.shape[0] != rows:
+        raise BatchError(f"has shape {arr.shape}; expected one value per row ({rows},)", column=name, **where)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype == object:
+        if bool(np.equal(arr, np.array(None, dtype=object)).any()):
+            return None
+        arr = np.asarray(arr.tolist())
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype.kind != "f":
+        raise BatchError(f"expected whole numbers (a weight version per row), found dtype {arr.dtype}",
+                         column=name, **where)
+    if bool(np.isnan(arr).any()):
+        return None
+    bad = np.flatnonzero(~np.isfinite(arr) | (np.round(arr) != arr))
+    if bad.size:
+        raise BatchError(f"value {arr[bad[0]].item()} is not a weight version (a whole number)",
+                         row=int(bad[0]), column=name, **where)
+    return arr.astype(np.int64)
+
+
 class _Gather:
     """Gathers the kept positions of ``(rows, width)`` tensors with one flat index per device."""
 
@@ -164,12 +202,17 @@ class _Gather:
 
 
 def _row_columns(tensors: dict, non: dict, rows: int, extra_columns: Sequence[str], where: Where) -> dict:
-    """Per-row columns: the schema's (``rldiag.io.schema``), the requested extras, numeric non-tensor fields."""
+    """Per-row columns: the schema's (``rldiag.io.schema``; the weight versions only when every
+    row has one, :func:`_versions`), the requested extras, numeric non-tensor fields."""
     out: dict[str, np.ndarray] = {}
     for col, (names, kind) in ROW_SOURCES.items():
         hit = _first(names, tensors, non)
         if hit is not None:
             out[col] = _row_values(hit[1], hit[0], kind, rows, where)
+    for col, names in VERSION_SOURCES.items():
+        hit = _first(names, tensors, non)
+        if hit is not None and (versions := _versions(hit[1], hit[0], rows, where)) is not None:
+            out[col] = versions
     for name in extra_columns:
         hit = _first([name], tensors, non)
         if hit is None:

@@ -24,9 +24,11 @@ process that imports verl, Ray actors included; importing this module with
 - the end of the advantage block: legacy ``ray_trainer.compute_advantage`` (its DataProto),
   V1 ``PPOTrainer._compute_advantage`` (the fields read back from the TransferQueue after the
   trainer wrote advantages and returns, its divisibility-padding rows dropped, each row's place
-  in the trainer's padded batch kept as ``batch_position``). Each call is one
-  ``write_batch`` of ``trainer.global_steps``; the ``separate_async`` trainer's several calls per
-  step become the parts of that step;
+  in the trainer's padded batch kept as ``batch_position``). Each call is one ``write_batch``
+  of ``trainer.global_steps``; the ``separate_async`` trainer's several calls per step become
+  the parts of that step. Each row's weight versions (verl's ``max_global_steps`` /
+  ``min_global_steps``: in the DataProto's non-tensor batch, in V1's row tags) become
+  ``policy_version`` / ``policy_version_min`` when every row of the step has them;
 - ``verl.utils.tracking.Tracking.log``, the trainers' last act of a step: the metrics go to
   ``metrics.jsonl`` and then ``RunWriter.sync()`` runs, so each step is on disk, fsynced, when
   it ends (a kill loses at most the step in flight; no exit hook is relied on). A training step
@@ -54,6 +56,7 @@ import numpy as np
 import torch
 
 from rldiag.capture.config import plain
+from rldiag.capture.fields import VERSION_SOURCES
 from rldiag.capture.writer import RunWriter
 from rldiag.errors import CaptureError
 from rldiag.io.run_layout import RunLayout
@@ -71,6 +74,11 @@ _CORRECTION_FN = "compute_rollout_correction_and_add_to_batch"
 #: out the ones a run does not have (no critic: no ``values``, ...), as verl's own reads rely on.
 V1_FIELDS = ("uid", "prompts", "responses", "response_mask", "rm_scores", "token_level_rewards", "old_log_probs",
              "ref_log_prob", "values", "rollout_log_probs", "advantages", "returns")
+
+#: The per-row tags of a V1 batch that hold the weight versions a row was generated with (the
+#: legacy trainer's agent loop puts the same names in the DataProto's non-tensor batch); they
+#: become ``policy_version`` and ``policy_version_min`` (``rldiag.capture.fields.VERSION_SOURCES``).
+VERSION_TAGS = tuple(name for names in VERSION_SOURCES.values() for name in names)
 
 _WRAPPED = "__rldiag_capture__"
 
@@ -188,6 +196,10 @@ class VerlCapture:
         step["batch_position"] = (torch.arange(len(uid), device="cpu") + self._position_offset)[keep.cpu()]
         self._position_offset += len(uid)
         step["uid"] = uid[keep.numpy()]
+        # each row's weight versions, from its tags (verl's own staleness metrics read them there)
+        for key in VERSION_TAGS:
+            if any(key in (t or {}) for t in tags):
+                step[key] = np.array([(t or {}).get(key) for t in tags], dtype=object)[keep.numpy()]
         self._open_writer().write_batch(self.step, step)
 
     def end_step(self, step: int, data: dict) -> None:

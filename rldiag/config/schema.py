@@ -40,6 +40,7 @@ class Setting:
     range: Range | None = None  # numeric kinds: None is any finite float32 / int32
     words: tuple[str, ...] = ()  # strings an int setting also takes ("auto", "run")
     choices: str | None = None  # the registry whose keys are the valid values (documentation)
+    values: tuple[str, ...] = ()  # the strings a str setting takes, when no registry lists them (documentation)
     releases: str = ""  # what differs between verl releases (rldiag/config/verl_versions.py)
     widget: Widget | None = None
 
@@ -68,6 +69,7 @@ _BUDGET = Range(1, INT32_MAX, why="tokens per micro-batch")
 #: a torch.Generator seed (verl seeds data_loader_seed + rank), within an int32 as every count here
 _SEED = Range(0, INT32_MAX, why="a torch.Generator seed")
 _FRACTION = Range(0.0, 1.0, why="a fraction of the tokens")
+_R = "actor_rollout_ref.rollout"
 
 SETTINGS: tuple[Setting, ...] = (
     # ---- advantage estimation
@@ -139,6 +141,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("critic.loss_agg_mode", None, "str", "the value loss's aggregation (null: the actor's)", choices="AGG_MODES"),
     Setting("critic.loss_scale_factor", None, "float", "the value loss's fixed divisor (null: the actor's)", _DIVISOR,
             releases="verl >= 0.9.0 normalises the value loss with the actor's global token count and batch size"),
+    # ---- the rollout's sampling (what the rollout-vs-trainer log-prob mismatch is measured against; not val_kwargs)
+    Setting(f"{_R}.temperature", 1.0, "float",
+            "the rollout's sampling temperature; the trainer divides its logits by it too, so it is no mismatch by itself",
+            Range(0.0, FLOAT32_MAX, why="0: greedy")),
+    Setting(f"{_R}.top_p", 1.0, "float",
+            "nucleus sampling (1: off); below 1 the engine's processed log-probs are renormalised over the nucleus, "
+            "the trainer's are not", Range(0.0, 1.0, lo_open=True, why="a probability mass")),
+    Setting(f"{_R}.top_k", -1, "int",
+            "top-k sampling (-1 in vLLM, 0 in HF: off); on, the engine's processed log-probs are renormalised over "
+            "the k tokens, the trainer's are not", Range(-1, INT32_MAX, why="-1 and 0: off")),
+    Setting(f"{_R}.logprobs_mode", "processed_logprobs", "str",
+            "what vLLM returns as rollout_log_probs: processed_logprobs after temperature and top-k/top-p "
+            "(renormalised over the kept tokens), raw_logprobs before them (null: vLLM's own, raw); *_logits are not log-probs",
+            values=("processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits")),
+    Setting(f"{_R}.calculate_log_probs", True, "bool",
+            "the rollout returns its own log-probs (rollout_log_probs): without them there is nothing to compare",
+            releases="false in 0.8.0's rollout.yaml, true from 0.9.0 on; RolloutConfig's dataclass default stays false"),
     # ---- data
     Setting("data.max_response_length", None, "int", "the response cap (null: each step's longest row)", _TOKENS),
     Setting("data.max_prompt_length", None, "int", "the prompt cap (null: each step's longest prompt)", _TOKENS),
@@ -233,6 +252,8 @@ def markdown_table(settings: Iterable[Setting] = SETTINGS) -> str:
             valid = "true / false"
         elif s.choices:
             valid = f"a key of {s.choices}"
+        elif s.values:
+            valid = "one of " + " / ".join(f"`{v}`" for v in s.values)
         else:
             valid = ""
         if s.default is None and s.kind != "bool":

@@ -185,6 +185,10 @@ def _scalar(col: pa.ChunkedArray, name: str, kind: str, where: dict) -> np.ndarr
         idx = _first_true(~np.isfinite(values))
         if idx is not None:
             raise BatchError(f"non-finite value {values[idx].item()}", row=idx, column=name, **where)
+    elif pa.types.is_floating(arr.type):  # an int column stored as floats: whole numbers only
+        idx = _first_true(~np.isfinite(values) | (np.round(values) != values))
+        if idx is not None:
+            raise BatchError(f"value {values[idx].item()} is not an integer", row=idx, column=name, **where)
     return values
 
 
@@ -241,7 +245,8 @@ def _flat(r: Ragged) -> torch.Tensor:
 def _extra_column(col: pa.ChunkedArray, name: str, where: dict) -> torch.Tensor:
     """A scalar column for ``Batch.extra`` ``(rows,)``: string ids (and the id columns of the
     schema, whatever their type) as int64 codes in order of first appearance, the schema's int
-    columns as int64, any other number or bool as float32 (verl reads reward components so)."""
+    columns (integers, or floats holding whole numbers) as int64, any other number or bool as
+    float32 (verl reads reward components so)."""
     arr = col.combine_chunks()
     if arr.null_count:
         row = _first_true(to_numpy(arr.is_null()))
@@ -253,6 +258,8 @@ def _extra_column(col: pa.ChunkedArray, name: str, where: dict) -> torch.Tensor:
     if pa.types.is_boolean(arr.type):
         return torch.from_numpy(to_numpy(arr).astype(np.float32))
     if kind == "int":
+        if pa.types.is_floating(arr.type):  # whole numbers stored as floats (any other value is refused by row)
+            return torch.from_numpy(_scalar(col, name, "int", where).astype(np.int64))
         if not pa.types.is_integer(arr.type):
             raise BatchError(f"expected an integer, found type {arr.type}", column=name, **where)
         return torch.from_numpy(to_numpy(arr).astype(np.int64))

@@ -40,6 +40,11 @@ SCALAR_COLUMNS = {
     "tool_call_counts": "int",
     # the row's place in the trainer's padded, balanced batch (rldiag's V1 capture writes it)
     "batch_position": "int",
+    # the weights that generated the row: how many updates they had seen (verl's max_global_steps,
+    # an on-policy row of step s has s - 1; its lag is step - 1 - policy_version) and, for a row
+    # generated across a weight update (partial rollout), the first weights' (min_global_steps)
+    "policy_version": "int",
+    "policy_version_min": "int",
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -113,6 +114,30 @@ def test_legacy_rejection_sampling_keeps_the_rollout_mask_and_verifies(capture_i
                   "rollout_corr/rollout_is_mean")
 
 
+def test_legacy_agent_loop_weight_versions_become_policy_version_columns(capture_into, monkeypatch):
+    rt = pytest.importorskip("verl.trainer.ppo.ray_trainer")
+    monkeypatch.setattr(rt.RayPPOTrainer, "fit", verl_steps.legacy_fit(n_steps=3, rows=8, versions=True))
+    run = capture_into()
+    _trainer(rt.RayPPOTrainer, _config("grpo", n=4, mode="legacy")).fit()
+    for step in (1, 2, 3):
+        table = pq.read_table(run / "batches" / f"step_{step:06d}.parquet")
+        low, high = verl_steps.weight_versions(step, 8)
+        assert table.schema.field("policy_version").type == pa.int64()
+        assert table.schema.field("policy_version_min").type == pa.int64()
+        assert table["policy_version"].to_pylist() == high and table["policy_version_min"].to_pylist() == low
+        assert not {"max_global_steps", "min_global_steps"} & set(table.column_names)  # under rldiag's names only
+    _assert_match(run, "advantages")  # the extra columns change nothing a recompute reads
+
+
+def test_without_weight_versions_there_is_no_policy_version_column(capture_into, monkeypatch):
+    rt = pytest.importorskip("verl.trainer.ppo.ray_trainer")
+    monkeypatch.setattr(rt.RayPPOTrainer, "fit", verl_steps.legacy_fit(n_steps=1, rows=8))
+    run = capture_into()
+    _trainer(rt.RayPPOTrainer, _config("grpo", n=4, mode="legacy")).fit()
+    names = set(pq.read_table(run / "batches" / "step_000001.parquet").column_names)
+    assert not {"policy_version", "policy_version_min"} & names
+
+
 # ---- V1 trainer ----------------------------------------------------------------------------------
 
 
@@ -160,6 +185,29 @@ def test_v1_separate_async_parts_are_all_kept(capture_into, monkeypatch, v1):
     assert table["uid"].to_pylist() == [f"s2-part{k}-p{i // 4}" for k in range(4) for i in range(7)]
     # each row's place in the trainer's padded batch, the parts one after the other
     assert table["batch_position"].to_pylist() == [8 * k + i for k in range(4) for i in range(7)]
+
+
+def test_v1_row_tags_weight_versions_become_policy_version_columns(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=2, rows=8, parts=2, padding=1,
+                                                              versions=True))
+    run = capture_into()
+    _trainer(Trainer, _config("grpo", n=4, mode="separate_async")).fit()
+    table = pq.read_table(run / "batches" / "step_000002.parquet")
+    low, high = verl_steps.weight_versions(2, 8)
+    # two parts of 8 rows, the last a padding row (dropped): each part's first 7 rows' tags
+    assert table["policy_version"].to_pylist() == high[:7] * 2
+    assert table["policy_version_min"].to_pylist() == low[:7] * 2
+    assert table.schema.field("policy_version").type == pa.int64()
+
+
+def test_v1_rows_without_version_tags_get_no_policy_version_column(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=4))
+    run = capture_into()
+    _trainer(Trainer, _config("grpo", n=2)).fit()
+    names = set(pq.read_table(run / "batches" / "step_000001.parquet").column_names)
+    assert not {"policy_version", "policy_version_min"} & names
 
 
 def test_a_training_step_with_no_batch_captured_fails_loudly(capture_into, monkeypatch, v1):

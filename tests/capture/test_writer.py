@@ -222,3 +222,69 @@ def test_a_mask_that_is_not_zero_or_one_is_refused_before_the_int8_cast(tmp_path
         with pytest.raises(BatchError) as err:
             run.write_batch(4, bad)
     assert (err.value.step, err.value.row, err.value.column) == (4, 2, "response_mask")
+
+
+# ---- the rows' weight versions (verl's max_global_steps / min_global_steps) -----------------------
+
+
+def _versioned(high, low) -> SimpleNamespace:
+    """The batch with verl's per-row weight versions; a list as verl's agent loop leaves it (an
+    object array in the non-tensor batch), an array or a tensor as it is."""
+    batch = _dataproto()
+    for key, values in (("max_global_steps", high), ("min_global_steps", low)):
+        if values is not None:
+            batch.non_tensor_batch[key] = np.array(values, dtype=object) if isinstance(values, list) else values
+    return batch
+
+
+def test_weight_versions_become_int64_policy_version_columns_that_load_back(tmp_path):
+    with RunWriter(tmp_path) as run:
+        run.write_batch(4, _versioned([3, 2, np.int64(3)], [3, 1, 2]))
+    table = pq.read_table(tmp_path / "batches" / "step_000004.parquet")
+    assert str(table.schema.field("policy_version").type) == "int64"
+    assert str(table.schema.field("policy_version_min").type) == "int64"
+    assert table["policy_version"].to_pylist() == [3, 2, 3] and table["policy_version_min"].to_pylist() == [3, 1, 2]
+    assert "max_global_steps" not in table.column_names and "min_global_steps" not in table.column_names
+    (sf,) = RunDir(tmp_path).step_files()
+    step = load_step(sf, resolve_settings(tmp_path), ["uid", "response_mask", "token_level_scores", "policy_version"])
+    assert step.batch.extra["policy_version"].tolist() == [3, 2, 3]
+
+
+@pytest.mark.parametrize("high, low, written", [
+    (None, None, set()),  # absent: no column
+    ([3, None, 3], [3, 1, 2], {"policy_version_min"}),  # a row without a version: no column for the step
+    ([None] * 3, [None] * 3, set()),  # a rollout server that reports none (verl's default extra fields)
+    (np.array([3.0, np.nan, 3.0]), np.array([3.0, 1.0, 2.0]), {"policy_version_min"}),  # NaN: missing too
+    (torch.tensor([3, 2, 3]), None, {"policy_version"}),
+])
+def test_a_weight_version_is_written_only_when_every_row_has_one(tmp_path, high, low, written):
+    with RunWriter(tmp_path) as run:
+        run.write_batch(1, _versioned(high, low))
+    names = set(pq.read_table(tmp_path / "batches" / "step_000001.parquet").column_names)
+    assert names & {"policy_version", "policy_version_min"} == written
+
+
+@pytest.mark.parametrize("high, row, message", [
+    ([3, 2.5, 3], 1, "value 2.5 is not a weight version"),
+    ([3, "2", 3], None, "expected whole numbers"),
+    (np.array([True, False, True]), None, "expected whole numbers"),
+])
+def test_a_weight_version_that_is_not_a_whole_number_is_refused(tmp_path, high, row, message):
+    with RunWriter(tmp_path) as run:
+        with pytest.raises(BatchError, match=message) as err:
+            run.write_batch(2, _versioned(high, None))
+    assert (err.value.step, err.value.row, err.value.column) == (2, row, "max_global_steps")
+
+
+def test_a_step_whose_parts_do_not_all_have_versions_gets_no_version_column(tmp_path):
+    with RunWriter(tmp_path) as run:
+        run.write_batch(1, _versioned([0, 0, 0], [0, 0, 0]))
+        run.write_batch(1, _versioned([1, 0, 1], [0, 0, 1]))  # part 1: both columns kept
+        run.write_batch(2, _versioned([1, 1, 1], [1, 1, 1]))
+        run.write_batch(2, _versioned([1, None, 1], [1, 1, 1]))  # part 1 lacks policy_version
+        run.write_batch(3, _versioned(None, None))
+        run.write_batch(3, _versioned([2, 2, 2], [2, 2, 2]))  # part 0 lacked both
+    one, two, three = (pq.read_table(tmp_path / "batches" / f"step_00000{s}.parquet") for s in (1, 2, 3))
+    assert one["policy_version"].to_pylist() == [0, 0, 0, 1, 0, 1] and one["part"].to_pylist() == [0] * 3 + [1] * 3
+    assert "policy_version" not in two.column_names and two["policy_version_min"].to_pylist() == [1] * 6
+    assert not {"policy_version", "policy_version_min"} & set(three.column_names) and three.num_rows == 6

@@ -51,17 +51,31 @@ def tensors(step: int, rows: int, n: int) -> dict:
     return out
 
 
-def dataproto(step: int, rows: int, n: int, fields: tuple[str, ...]):
+def weight_versions(step: int, rows: int) -> tuple[list[int], list[int]]:
+    """``(min_global_steps, max_global_steps)`` per row, as verl's rollout reports them: the
+    updates the weights had seen when the row's generation began and ended (on-policy: step - 1;
+    here some rows lag and some span a weight update)."""
+    newest = [max(step - 1 - i % 3, 0) for i in range(rows)]
+    return [max(v - i % 2, 0) for i, v in enumerate(newest)], newest
+
+
+def dataproto(step: int, rows: int, n: int, fields: tuple[str, ...], versions: bool = False):
     from verl import DataProto
 
     t = tensors(step, rows, n)
-    return DataProto.from_dict(tensors={k: t[k] for k in fields}, non_tensors={"uid": t["uid"]})
+    non = {"uid": t["uid"]}
+    if versions:  # as verl's agent loop leaves them: object arrays in the non-tensor batch
+        for key, values in zip(("min_global_steps", "max_global_steps"), weight_versions(step, rows)):
+            non[key] = np.array(values, dtype=object)
+    return DataProto.from_dict(tensors={k: t[k] for k in fields}, non_tensors=non)
 
 
-def legacy_fit(n_steps: int, rows: int, hang_at: int | None = None, marker: str | None = None):
+def legacy_fit(n_steps: int, rows: int, hang_at: int | None = None, marker: str | None = None,
+               versions: bool = False):
     """A ``RayPPOTrainer.fit`` body: the advantage block of each step, then ``Tracking.log``.
     ``hang_at``: at that step, after the advantage block, create ``marker`` and wait forever
-    (the step in flight when the test kills the process)."""
+    (the step in flight when the test kills the process). ``versions``: the batches carry the
+    agent loop's per-row ``min_global_steps`` / ``max_global_steps``."""
     import verl.trainer.ppo.ray_trainer as rt
     from verl.trainer.ppo.metric_utils import compute_data_metrics
 
@@ -72,7 +86,7 @@ def legacy_fit(n_steps: int, rows: int, hang_at: int | None = None, marker: str 
         for step in range(1, n_steps + 1):
             self.global_steps = step
             metrics: dict = {}
-            batch = dataproto(step, rows, self.config.actor_rollout_ref.rollout.n, fields)
+            batch = dataproto(step, rows, self.config.actor_rollout_ref.rollout.n, fields, versions)
             if algo.use_kl_in_reward:
                 batch, kl_metrics = rt.apply_kl_penalty(batch, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
                 metrics.update(kl_metrics)
@@ -159,8 +173,10 @@ class FakeTQ:
         return Meta(list(keys), [{}] * len(keys))
 
 
-def v1_rows(tq: FakeTQ, step: int, part: int, rows: int, n: int, padding: int = 0) -> Meta:
-    """One batch of a V1 step put into ``tq`` as the rollout leaves it: nested rows per key."""
+def v1_rows(tq: FakeTQ, step: int, part: int, rows: int, n: int, padding: int = 0, versions: bool = False) -> Meta:
+    """One batch of a V1 step put into ``tq`` as the rollout leaves it: nested rows per key.
+    ``versions``: each row's tags carry ``min_global_steps`` / ``max_global_steps`` (the padding
+    rows a copy of a real row's, as verl's padding template copies its tag)."""
     t = tensors(step * 10 + part, rows, n)
     pl, rl = t["_lengths"]
     uids = [f"s{step}-part{part}-p{i // n}" for i in range(rows)]
@@ -173,14 +189,20 @@ def v1_rows(tq: FakeTQ, step: int, part: int, rows: int, n: int, padding: int = 
               "old_log_probs": [t["old_log_probs"][i, : rl[i]] for i in range(rows)],
               "rollout_log_probs": [t["rollout_log_probs"][i, : rl[i]] for i in range(rows)]}
     tags = [{"is_padding": i >= rows - padding} for i in range(rows)]
+    if versions:
+        low, high = weight_versions(step, rows)
+        for i, tag in enumerate(tags):
+            real = min(i, rows - padding - 1)
+            tag.update(min_global_steps=low[real], max_global_steps=high[real])
     tq.put_rows(keys, fields)
     return Meta(keys, tags)
 
 
-def v1_fit(tq: FakeTQ, n_steps: int, rows: int, parts: int = 1, padding: int = 0):
+def v1_fit(tq: FakeTQ, n_steps: int, rows: int, parts: int = 1, padding: int = 0, versions: bool = False):
     """A V1 ``PPOTrainer.fit`` body: ``parts`` batches per step through the V1 trainer's own
     ``_compute_advantage`` (``separate_async`` hands over ``parameter_sync_step`` of them), then
-    the data metrics of the last one as ``_compute_metrics`` computes them, then ``Tracking.log``."""
+    the data metrics of the last one as ``_compute_metrics`` computes them, then ``Tracking.log``.
+    ``versions``: the rows' tags carry their weight versions (:func:`v1_rows`)."""
     from verl import DataProto
     from verl.trainer.ppo.metric_utils import compute_data_metrics
 
@@ -190,7 +212,7 @@ def v1_fit(tq: FakeTQ, n_steps: int, rows: int, parts: int = 1, padding: int = 0
             self.global_steps = step
             metrics: dict = {}
             for part in range(parts):
-                meta = v1_rows(tq, step, part, rows, n, padding)
+                meta = v1_rows(tq, step, part, rows, n, padding, versions)
                 self._compute_advantage(meta, metrics=metrics)
             keep = np.array([not t["is_padding"] for t in meta.tags])
             data = tq.kv_batch_get(keys=meta.keys, partition_id="train",

@@ -45,6 +45,10 @@ def refused(text: str) -> str:
     (f"{A}.entropy_coeff=-1e39", f"{A}.entropy_coeff from the command line: -1e+39 is outside the valid range -3.40282e+38 <= entropy_coeff <= 3.40282e+38 (a finite float32)"),
     ("algorithm.gdpo_reward_weights=1,1e999", "algorithm.gdpo_reward_weights from the command line: inf is outside the valid range"),
     ("algorithm.kl_ctrl.horizon=0", "algorithm.kl_ctrl.horizon from the command line: 0 is outside the valid range 1 <= horizon <= 2147483647"),
+    ("actor_rollout_ref.rollout.top_p=0", "actor_rollout_ref.rollout.top_p from the command line: 0.0 is outside the valid range 0 < top_p <= 1 (a probability mass)"),
+    ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p from the command line: 1.5 is outside the valid range 0 < top_p <= 1 (a probability mass)"),
+    ("actor_rollout_ref.rollout.top_k=-2", "actor_rollout_ref.rollout.top_k from the command line: -2 is outside the valid range -1 <= top_k <= 2147483647 (-1 and 0: off)"),
+    ("actor_rollout_ref.rollout.temperature=-0.5", "actor_rollout_ref.rollout.temperature from the command line: -0.5 is outside the valid range 0 <= temperature <= 3.40282e+38 (0: greedy)"),
 ])
 def test_out_of_range_settings_are_refused(text, expected):
     msg = refused(text)
@@ -56,6 +60,9 @@ def test_out_of_range_settings_are_refused(text, expected):
     ("algorithm.gamma=0", 0.0), ("algorithm.gamma=1", 1.0), ("algorithm.lam=0", 0.0), (f"{A}.clip_ratio=0", 0.0),
     ("data.max_response_length=1", 1), ("data.max_response_length=1e3", 1000), ("data.max_response_length=4096.0", 4096),
     (f"{A}.entropy_coeff=-0.01", -0.01), (f"{A}.clip_ratio_c=3.4e38", 3.4e38),
+    ("actor_rollout_ref.rollout.top_p=1", 1.0), ("actor_rollout_ref.rollout.top_p=1e-9", 1e-9),
+    ("actor_rollout_ref.rollout.top_k=-1", -1), ("actor_rollout_ref.rollout.top_k=0", 0),
+    ("actor_rollout_ref.rollout.temperature=0", 0.0),
 ])
 def test_values_at_the_edges_are_accepted(text, value):
     key, raw = parse_override(text)

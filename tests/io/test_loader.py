@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.requirements import recompute_columns
@@ -163,3 +164,42 @@ def test_duplicate_step_files(tmp_path):
 
     with pytest.raises(RunDirError, match="two batch files"):
         RunDir(tmp_path).step_files()
+
+
+# ---- the per-row policy version (verl's max_global_steps / min_global_steps) -----------------------
+
+VERSION_COLUMNS = ["uid", "response_mask", "token_level_scores", "policy_version", "policy_version_min"]
+
+
+def test_policy_versions_load_as_int64_extra_columns(tmp_path):
+    cols = base_cols()
+    cols["policy_version"] = pa.array([6, 5, 6], pa.int64())
+    cols["policy_version_min"] = pa.array([6.0, 4.0, 6.0], pa.float64())  # whole numbers as floats: accepted
+    b = load_step(write(tmp_path, 7, cols), S, VERSION_COLUMNS).batch
+    assert b.extra["policy_version"].dtype == torch.int64 and b.extra["policy_version"].tolist() == [6, 5, 6]
+    assert b.extra["policy_version_min"].dtype == torch.int64 and b.extra["policy_version_min"].tolist() == [6, 4, 6]
+    # the default plan of a recompute does not read them
+    assert "policy_version" not in load_step(write(tmp_path, 8, cols), S, PLAN).batch.extra
+
+
+@pytest.mark.parametrize("values, message", [
+    (pa.array([6, None, 6], pa.int64()), "value is null"),
+    (pa.array([6.0, 5.5, 6.0], pa.float64()), "value 5.5 is not an integer"),
+    (pa.array([6.0, float("nan"), 6.0], pa.float64()), "value nan is not an integer"),
+])
+def test_a_non_integer_or_null_policy_version_names_file_step_row_and_column(tmp_path, values, message):
+    cols = base_cols()
+    cols["policy_version"] = values
+    sf = write(tmp_path, 7, cols)
+    with pytest.raises(BatchError) as exc:
+        load_step(sf, S, VERSION_COLUMNS[:4])
+    e = exc.value
+    assert (e.file, e.step, e.row, e.column) == (str(sf.path), 7, 1, "policy_version")
+    assert str(e) == f"file {sf.path}, step 7, row 1, column 'policy_version': {message}"
+
+
+def test_a_policy_version_of_text_is_refused_naming_the_column(tmp_path):
+    cols = base_cols()
+    cols["policy_version"] = ["6", "5", "6"]
+    with pytest.raises(BatchError, match=r"step 7, column 'policy_version': expected a number, found type string"):
+        load_step(write(tmp_path, 7, cols), S, VERSION_COLUMNS[:4])
