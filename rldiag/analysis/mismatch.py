@@ -140,12 +140,15 @@ class SamplingConfig:
             v = settings.get(f"{_RO}.{key}")
             return default if v is None else v
 
+        # logprobs_mode null: verl passes it on and vLLM uses its own default, raw_logprobs
+        mode = settings.get(f"{_RO}.logprobs_mode", "processed_logprobs")
         return SamplingConfig(float(get("temperature", 1.0)), float(get("top_p", 1.0)), int(get("top_k", -1)),
-                              str(get("logprobs_mode", "processed_logprobs")))
+                              "raw_logprobs" if mode is None else str(mode))
 
     @property
     def processed(self) -> bool:
-        return self.logprobs_mode == "processed_logprobs"
+        """vLLM's processed modes come after temperature and top-k / top-p; the raw ones before."""
+        return self.logprobs_mode in ("processed_logprobs", "processed_logits")
 
     @property
     def truncates(self) -> bool:
@@ -164,7 +167,8 @@ class SamplingConfig:
         return None
 
     def describe(self, cause: str) -> str:
-        mode = {"processed_logprobs": "processed", "raw_logprobs": "raw", "raw_logits": "raw-logit"}.get(
+        mode = {"processed_logprobs": "processed", "processed_logits": "processed-logit", "raw_logprobs": "raw",
+                "raw_logits": "raw-logit"}.get(
             self.logprobs_mode, self.logprobs_mode)
         if cause == "sampling_truncation":
             parts = [p for p in (f"top_p={self.top_p:g}" if self.top_p < 1 else "",

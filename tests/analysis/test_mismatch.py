@@ -132,3 +132,10 @@ def test_mismatch_tokens_frame(tmp_path):
     assert f["kl_share"].sum() == pytest.approx(1.0)
     with pytest.raises(rldiag.errors.RunDirError, match="no batch file for step 9"):
         rldiag.mismatch_tokens(run, 9)
+
+
+def test_logprobs_mode_null_is_vllms_raw_default():
+    got = SamplingConfig.from_settings({"actor_rollout_ref.rollout.logprobs_mode": None,
+                                        "actor_rollout_ref.rollout.temperature": 0.6})
+    assert got.logprobs_mode == "raw_logprobs" and got.predicts("temperature") is True
+    assert SamplingConfig(top_p=0.9, logprobs_mode="processed_logits").predicts("sampling_truncation") is True
