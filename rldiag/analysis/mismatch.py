@@ -27,6 +27,7 @@ FOUND = 0.5
 STEP_FOUND = 0.5
 
 #: (statistic, low, high) of each ramp: confidence 0 at or below ``low``, 1 at or above ``high``
+#: (docs/mismatch.md's table is :func:`markdown_table` of it)
 THRESHOLDS: dict[str, tuple[str, float, float]] = {
     "gap": ("gap_abs_p99", 1e-4, 3e-4),
     "one_sided": ("0.15 - positive_share", 0.0, 0.1),
@@ -118,6 +119,32 @@ def step_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
                  * (1 - _r("uncorrelated", np.abs(corr))) * (1 - structural))
     return {"sampling_truncation": trunc, "temperature": temperature, "precision": precision,
             "misaligned": misaligned, "policy_lag": lag, "outlier_tokens": out_share}
+
+
+#: which causes each ramp feeds, in words (docs/mismatch.md)
+USED_BY = {
+    "gap": "every cause but outlier_tokens (a step's gap at all)",
+    "one_sided": "sampling_truncation (with gap_mean < 0)",
+    "slope": "temperature; precision (1 - it)",
+    "slope_corr": "temperature (its sign that of slope - 1)",
+    "monotone": "temperature",
+    "symmetric": "precision (1 - it)",
+    "uncorrelated": "precision (1 - it)",
+    "shift": "misaligned",
+    "lag_corr": "policy_lag",
+    "lag_ratio": "policy_lag (1 without on-policy rows)",
+    "outlier_share": "outlier_tokens",
+    "outlier_size": "outlier_tokens",
+}
+
+
+def markdown_table() -> str:
+    """docs/mismatch.md's table of the ramps."""
+    lines = ["| ramp | statistic | 0 at | 1 at | feeds |", "| --- | --- | --- | --- | --- |"]
+    for key, (name, lo, hi) in THRESHOLDS.items():
+        cell = name.replace("|", "\\|")  # a pipe would end the cell
+        lines.append(f"| `{key}` | `{cell}` | {lo:g} | {hi:g} | {USED_BY[key]} |")
+    return "\n".join(lines) + "\n"
 
 
 # ---- what the run's sampling settings predict -------------------------------------------------

@@ -139,3 +139,15 @@ def test_logprobs_mode_null_is_vllms_raw_default():
                                         "actor_rollout_ref.rollout.temperature": 0.6})
     assert got.logprobs_mode == "raw_logprobs" and got.predicts("temperature") is True
     assert SamplingConfig(top_p=0.9, logprobs_mode="processed_logits").predicts("sampling_truncation") is True
+
+
+def test_the_docs_table_is_the_thresholds():
+    import re
+    from pathlib import Path
+
+    from rldiag.analysis.mismatch import markdown_table
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "mismatch.md").read_text()
+    table = re.search(r"<!-- mismatch-thresholds:start -->\n(.*)<!-- mismatch-thresholds:end -->", text, re.S)
+    assert table, "docs/mismatch.md has lost its generated table's markers"
+    assert table.group(1) == markdown_table(), "regenerate it from rldiag.analysis.mismatch.markdown_table()"
