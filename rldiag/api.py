@@ -404,6 +404,7 @@ def mismatch(
     steps: str | None = None,
     device: str = "cpu",
     examples: bool = True,
+    save_tokens: bool | None = None,
     progress: Progress | None = None,
 ) -> MismatchResult:
     """Why the rollout engine's log-probs differ from the trainer's: the causes
@@ -412,15 +413,20 @@ def mismatch(
     per-step fingerprints a recompute writes (``rldiag/mismatch/*``: the scenario :func:`recompute`
     writes for ``overrides``, ``baseline`` for none, unchanged steps reused) and the run's
     sampling settings. ``examples``: each cause lists the tokens with the largest gaps (read back
-    from the batch files). ``result.causes`` is empty when the two streams agree."""
+    from the batch files). ``save_tokens``: whether the recompute saves per-token values (None:
+    keep what the scenario saved, so that a diagnosis never drops the tokens an earlier recompute
+    wrote). ``result.causes`` is empty when the two streams agree."""
     from rldiag.analysis.mismatch_run import diagnose_rows
-    from rldiag.config.settings import resolve_settings
+    from rldiag.config.settings import resolve_settings, scenario_slug
     from rldiag.io.rundir import RunDir
     from rldiag.recompute import recompute as run_recompute
 
     rd = RunDir(run)
     opts = _overrides(overrides, None)
-    rep = run_recompute(rd.path, opts, steps=steps, device=device, progress=_by_step(progress))
+    if save_tokens is None:
+        save_tokens = bool(rd.layout.scenario(scenario_slug(opts)).token_steps())
+    rep = run_recompute(rd.path, opts, steps=steps, device=device, save_tokens=save_tokens,
+                        progress=_by_step(progress))
     resolved = resolve_settings(rd.path, opts)
     files = {sf.step: sf for sf in rd.step_files()} if examples else None
     return diagnose_rows(rep.metrics, {**resolved.values, **resolved.resolved()}, files, resolved)
