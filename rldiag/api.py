@@ -405,6 +405,7 @@ def mismatch(
     device: str = "cpu",
     examples: bool = True,
     save_tokens: bool | None = None,
+    write: bool = True,
     progress: Progress | None = None,
 ) -> MismatchResult:
     """Why the rollout engine's log-probs differ from the trainer's: the causes
@@ -415,21 +416,27 @@ def mismatch(
     sampling settings. ``examples``: each cause lists the tokens with the largest gaps (read back
     from the batch files). ``save_tokens``: whether the recompute saves per-token values (None:
     keep what the scenario saved, so that a diagnosis never drops the tokens an earlier recompute
-    wrote). ``result.causes`` is empty when the two streams agree."""
-    from rldiag.analysis.mismatch_run import diagnose_rows
+    wrote). ``write=False`` writes nothing (a run rldiag may not write into): each step's batch
+    file is read for the statistics' columns alone and no scenario is kept. ``result.causes`` is
+    empty when the two streams agree."""
+    from rldiag.analysis.mismatch_run import diagnose_rows, stream_rows
     from rldiag.config.settings import resolve_settings, scenario_slug
-    from rldiag.io.rundir import RunDir
+    from rldiag.io.rundir import RunDir, parse_steps
     from rldiag.recompute import recompute as run_recompute
 
     rd = RunDir(run)
     opts = _overrides(overrides, None)
-    if save_tokens is None:
-        save_tokens = bool(rd.layout.scenario(scenario_slug(opts)).token_steps())
-    rep = run_recompute(rd.path, opts, steps=steps, device=device, save_tokens=save_tokens,
-                        progress=_by_step(progress))
     resolved = resolve_settings(rd.path, opts)
+    if write:
+        if save_tokens is None:
+            save_tokens = bool(rd.layout.scenario(scenario_slug(opts)).token_steps())
+        rows = run_recompute(rd.path, opts, steps=steps, device=device, save_tokens=save_tokens,
+                             progress=_by_step(progress)).metrics
+    else:
+        every = {sf.step: sf for sf in rd.require_steps()}
+        rows = stream_rows([every[s] for s in parse_steps(steps, sorted(every))], resolved, _by_step(progress))
     files = {sf.step: sf for sf in rd.step_files()} if examples else None
-    return diagnose_rows(rep.metrics, {**resolved.values, **resolved.resolved()}, files, resolved)
+    return diagnose_rows(rows, {**resolved.values, **resolved.resolved()}, files, resolved)
 
 
 def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = None) -> pl.DataFrame:

@@ -321,3 +321,15 @@ def test_mismatch_keeps_the_tokens_the_scenario_saved(tmp_path):
     assert sorted(p.name for p in tokens.iterdir()) == saved and diag.steps == [1, 2]
     api.mismatch(run, examples=False, save_tokens=False)
     assert not tokens.exists()
+
+
+def test_mismatch_without_writing_equals_the_recomputed_one(sample, tmp_path):
+    """write=False streams the statistics from the batch files and writes nothing; the diagnosis
+    is the one the recompute's metrics give."""
+    run = shutil.copytree(sample, tmp_path / "run")
+    streamed = rldiag.mismatch(run, write=False)
+    assert not (run / "rldiag").exists()
+    written = rldiag.mismatch(run)
+    assert streamed.confidences == written.confidences and streamed.steps == written.steps
+    for k, v in written.summary.items():
+        assert streamed.summary[k] == pytest.approx(v, rel=1e-9, nan_ok=True), k

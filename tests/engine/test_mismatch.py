@@ -141,7 +141,8 @@ def test_truncation_is_one_sided_and_a_shift_agrees_shifted():
     give positive_share 0; a rollout series one position ahead agrees with the trainer's next."""
     x = torch.tensor([-0.1, -2.0, -0.5, -3.0, -1.0, -0.2], dtype=torch.float32)
     rows = Rows.from_lengths(torch.tensor([6]))
-    one = mismatch_stats(x, x + torch.tensor([0.0, 0.3, 0.05, 0.4, 0.1, 0.01]), torch.ones(6), rows, torch.zeros(1, dtype=torch.long), 1)
+    step0 = torch.zeros(1, dtype=torch.long)
+    one = mismatch_stats(x, x + torch.tensor([0.0, 0.3, 0.05, 0.4, 0.1, 0.01]), torch.ones(6), rows, step0, 1)
     assert one["positive_share"].item() == 0.0 and one["gap_mean"].item() < 0
     ahead = torch.cat([x[1:], x[-1:]])
     sh = mismatch_stats(x, ahead, torch.ones(6), rows, torch.zeros(1, dtype=torch.long), 1)

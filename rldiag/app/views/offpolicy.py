@@ -30,14 +30,14 @@ def diagnosis() -> api.MismatchResult | None:
     key = (str(store.run), store.inputs_sig())
     cached = st.session_state.get("op_mismatch")
     if cached is None or cached[0] != key:
-        if not session.can_write(store):  # a recompute writes the baseline scenario
-            st.caption("The diagnosis recomputes the run's baseline scenario: open a copy of the run to see it.")
-            return None
+        # a run rldiag may not write into: the statistics alone, streamed, nothing written
+        write = session.can_write(store)
         bar = st.progress(0.0, text=DIAGNOSIS)
         progress = session.progress_callback(bar, DIAGNOSIS)
         try:
             with session.heavy_work():
-                result: api.MismatchResult | str = api.mismatch(store.run, device="cpu", progress=progress)
+                result: api.MismatchResult | str = api.mismatch(store.run, device="cpu", write=write,
+                                                                   progress=progress)
         except RldiagError as exc:
             result = f"{type(exc).__name__}: {exc}"
         bar.empty()

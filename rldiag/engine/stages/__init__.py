@@ -7,7 +7,8 @@ The modules: :mod:`.base` (the declaration types, the shared state, metric-name 
 :mod:`.reward` (anchor, reward KL, rollout correction), :mod:`.advantage` (advantages, data
 metrics), :mod:`.actor` (micro-batch layout, policy / entropy / KL losses, their total, the
 old-policy metrics), :mod:`.critic` (value loss), :mod:`.signals` (rldiag's reference KL and
-group signals), :mod:`.mismatch` (the rollout-vs-trainer mismatch fingerprints). ``python -m rldiag.engine.stages`` prints docs/metrics.md's table.
+group signals), :mod:`.mismatch` (the rollout-vs-trainer mismatch fingerprints).
+``python -m rldiag.engine.stages`` prints docs/metrics.md's table.
 """
 
 from __future__ import annotations
