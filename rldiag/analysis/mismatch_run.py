@@ -19,6 +19,7 @@ import torch
 from rldiag.analysis.mismatch import PREFIX, Cause, MismatchDiagnosis, diagnose_mismatch
 from rldiag.engine.mismatch import actor_tokens, mismatch_stats, top_gap_tokens
 from rldiag.engine.requirements import mismatch_columns
+from rldiag.engine.stages.mismatch import trainer_column
 from rldiag.engine.settings import EngineSettings
 from rldiag.io.loader import load_step, read_schema, read_table
 from rldiag.io.rundir import StepFile
@@ -36,11 +37,11 @@ def stream_rows(files: Sequence[StepFile], settings: EngineSettings,
     out: list[dict[str, Any]] = []
     for i, sf in enumerate(files, 1):
         names = set(read_schema(sf).names)
-        if {"rollout_log_probs", "old_log_probs"} <= names:
+        if {"rollout_log_probs", trainer_column(settings)} <= names:
             b = load_step(sf, settings, mismatch_columns(settings)).batch
-            assert b.old_log_probs is not None and b.rollout_log_probs is not None
-            mask = b.loss_mask if b.loss_mask is not None else b.response_mask
-            stats = mismatch_stats(b.old_log_probs, b.rollout_log_probs, mask, b.rows, b.step_ids, 1, lag=_lag_of(b))
+            trainer, mask = _trainer(b, settings), b.loss_mask if b.loss_mask is not None else b.response_mask
+            assert b.rollout_log_probs is not None
+            stats = mismatch_stats(trainer, b.rollout_log_probs, mask, b.rows, b.step_ids, 1, lag=_lag_of(b))
             out.append({"step": sf.step, **{PREFIX + k: float(v[0]) for k, v in stats.items()}})
         if progress is not None:
             progress(i, len(files), sf.step)
@@ -70,6 +71,12 @@ def _texts(sf: StepFile, rows: np.ndarray, positions: np.ndarray) -> list[str | 
     return out
 
 
+def _trainer(batch: Any, settings: EngineSettings) -> torch.Tensor:
+    out = getattr(batch, trainer_column(settings))
+    assert out is not None  # required by mismatch_columns
+    return out
+
+
 def _lag_of(batch: Any) -> torch.Tensor | None:
     version = batch.extra.get("policy_version")
     if version is None:
@@ -82,9 +89,9 @@ def top_tokens(sf: StepFile, settings: EngineSettings, k: int = EXAMPLES) -> lis
     position, both log-probs, the gap, the token's share of the step's summed KL, its text."""
     data = load_step(sf, settings, mismatch_columns(settings))
     b = data.batch
-    assert b.old_log_probs is not None and b.rollout_log_probs is not None  # required by the plan
+    assert b.rollout_log_probs is not None  # required by the plan
     mask = b.loss_mask if b.loss_mask is not None else b.response_mask
-    top = top_gap_tokens(b.old_log_probs, b.rollout_log_probs, mask, b.rows, b.step_ids, 1, k)
+    top = top_gap_tokens(_trainer(b, settings), b.rollout_log_probs, mask, b.rows, b.step_ids, 1, k)
     rows, pos = top.row.numpy(), top.pos.numpy()
     texts = _texts(sf, rows, pos)
     lag = _lag_of(b)
@@ -138,9 +145,9 @@ def step_tokens(sf: StepFile, settings: EngineSettings) -> pa.Table:
     next to a masked token), ``policy_lag`` (with ``policy_version``) and ``token`` (with text)."""
     data = load_step(sf, settings, mismatch_columns(settings))
     b = data.batch
-    assert b.old_log_probs is not None and b.rollout_log_probs is not None
+    assert b.rollout_log_probs is not None
     mask = b.loss_mask if b.loss_mask is not None else b.response_mask
-    t = actor_tokens(b.old_log_probs, b.rollout_log_probs, mask, b.rows, b.step_ids)
+    t = actor_tokens(_trainer(b, settings), b.rollout_log_probs, mask, b.rows, b.step_ids)
     kl = 0.5 * t.d * t.d
     total = float(kl.sum())
     adj = (t.row[1:] == t.row[:-1]) & (t.pos[1:] == t.pos[:-1] + 1)

@@ -188,11 +188,15 @@ def test_the_stage_writes_the_fingerprints_with_the_lag(lag_run):
 
 
 def test_the_stage_runs_whatever_the_correction_settings_and_can_be_switched_off(lag_run):
-    _, plain = _recompute(lag_run)
+    data, plain = _recompute(lag_run, {"algorithm.rollout_correction.rollout_is": "token"})
     _, bypass = _recompute(lag_run, {"algorithm.rollout_correction.bypass_mode": True,
                                      "algorithm.rollout_correction.rollout_is": "token"})
-    # bypass mode compares the trainer's own column, not the anchor
-    torch.testing.assert_close(plain.metrics["rldiag/mismatch/gap_std"], bypass.metrics["rldiag/mismatch/gap_std"])
+    b = data.batch
+    lag = data.step - 1 - b.extra["policy_version"]
+    # decoupled mode compares old_log_probs; bypass mode (old_log_probs is the rollout's, copied) the update's log_probs
+    for res, trainer in ((plain, b.old_log_probs), (bypass, b.log_probs)):
+        want = mismatch_stats(trainer, b.rollout_log_probs, b.response_mask, b.rows, b.step_ids, 1, lag=lag)
+        torch.testing.assert_close(res.metrics["rldiag/mismatch/gap_std"].to(torch.float64), want["gap_std"])
     _, off = _recompute(lag_run, {"rldiag.mismatch.enable": False})
     assert not any(k.startswith("rldiag/mismatch/") for k in off.metrics)
     assert "actor/pg_loss" in off.metrics  # nothing else changes
