@@ -19,8 +19,8 @@ import torch
 from rldiag.analysis.mismatch import PREFIX, Cause, MismatchDiagnosis, diagnose_mismatch
 from rldiag.engine.mismatch import actor_tokens, mismatch_stats, top_gap_tokens
 from rldiag.engine.requirements import mismatch_columns
-from rldiag.engine.stages.mismatch import trainer_column
 from rldiag.engine.settings import EngineSettings
+from rldiag.engine.stages.mismatch import trainer_column
 from rldiag.io.loader import load_step, read_schema, read_table
 from rldiag.io.rundir import StepFile
 
