@@ -269,6 +269,7 @@ def test_the_api_audits_and_writes_the_sweep(batched_run):
     assert not r.metric("critic/advantages/mean").layout_dependent
     assert not r.metric("response_length/mean").layout_dependent
     assert all(m.why for m in r.dependent)
+    assert all(m.combination != "step" for m in r.dependent)  # what the trainer computes over the step never moves
     assert r.metric("critic/score/mean").best_match == OWN  # logged, the same everywhere: own
     frame_ = r.metrics_frame()
     assert set(frame_.filter(pl.col("layout_dependent"))["metric"]) == dep

@@ -6,6 +6,7 @@ import streamlit as st
 from rldiag import api
 from rldiag.app import session
 from rldiag.app.main import page_path
+from rldiag.errors import RldiagError
 from rldiag.viz import health, layout_audit
 
 st.title("Health")
@@ -63,7 +64,12 @@ def layout_audit_section() -> None:
     cached = st.session_state.get("he_layout_audit")
     if cached is None or cached[0] != key or st.button("Audit the layouts again", key="he_layout_again"):
         bar = st.progress(0.0, text="layout audit")
-        result = api.layout_audit(store.run, device="cpu", progress=session.progress_callback(bar, "layout audit"))
+        try:
+            result = api.layout_audit(store.run, device="cpu", progress=session.progress_callback(bar, "layout audit"))
+        except RldiagError as exc:  # the doctor's findings above stay on the page
+            bar.empty()
+            st.warning(f"The layout audit could not run: {type(exc).__name__}: {exc}")
+            return
         bar.empty()
         st.session_state["he_layout_audit"] = (key, result)
     result = st.session_state["he_layout_audit"][1]
