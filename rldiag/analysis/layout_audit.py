@@ -413,8 +413,6 @@ class MetricAudit:
                 "logged_errors": dict(self.logged_errors)}
 
 
-Values = Mapping[int, Mapping[str, Any]]
-
 
 def _as_values(table: Any) -> dict[int, dict[str, float]]:
     """A layout's metrics, step -> metric -> value, from ``{step: {...}}``, a list of rows with
