@@ -413,7 +413,6 @@ class MetricAudit:
                 "logged_errors": dict(self.logged_errors)}
 
 
-
 def _as_values(table: Any) -> dict[int, dict[str, float]]:
     """A layout's metrics, step -> metric -> value, from ``{step: {...}}``, a list of rows with
     ``step`` or a polars frame (one row per step)."""
