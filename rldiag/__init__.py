@@ -27,6 +27,7 @@ __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
     "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
     "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
+    "LayoutAuditResult", "layout_audit",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
 _API = frozenset(__all__) - {"__version__"}
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
         DiagnoseResult,
         EstimatorsResult,
         ImportResult,
+        LayoutAuditResult,
         MismatchResult,
         RecomputeResult,
         VerifyResult,
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
         compare_estimators,
         diagnose,
         import_wandb,
+        layout_audit,
         logged,
         mismatch,
         mismatch_tokens,

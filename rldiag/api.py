@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.agreement import TokenAgreement
     from rldiag.analysis.compare import CompareReport as CompareResult
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
+    from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
     from rldiag.analysis.tolerance import Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
@@ -61,6 +62,7 @@ __all__ = [
     "Progress", "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check",
     "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
+    "LayoutAuditResult", "layout_audit",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -76,6 +78,7 @@ _LAZY = {
     "EstimatorsResult": "rldiag.analysis.compare:EstimatorComparison",
     "DiagnoseResult": "rldiag.doctor.doctor:DoctorReport",
     "MismatchResult": "rldiag.analysis.mismatch:MismatchDiagnosis",
+    "LayoutAuditResult": "rldiag.analysis.layout_audit:LayoutAuditResult",
     "CheckResult": "rldiag.check:CheckReport",
     "ImportResult": "rldiag.importers.wandb_import:ImportReport",
     "TokenAgreement": "rldiag.analysis.agreement:TokenAgreement",
@@ -454,6 +457,27 @@ def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = N
     if int(step) not in files:
         raise RunDirError(f"{rd.batches_dir}: no batch file for step {step}")
     return _frame(step_tokens(files[int(step)], resolve_settings(rd.path, _overrides(overrides, None))))
+
+
+def layout_audit(
+    run: Run,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    steps: str | None = None,
+    device: str = "cpu",
+    progress: Progress | None = None,
+) -> LayoutAuditResult:
+    """Which metrics are artefacts of the parallel layout, and by how much: ``run`` (its settings
+    plus ``overrides``) recomputed under the layouts verl users change (its own, one batch per
+    step, the micro-batch halved and doubled, DP 1 / 2 / 4, ``use_dynamic_bsz`` on and off, the
+    mini-batch halved, ``trainer.balance_batch`` off for the legacy trainer; those verl would
+    refuse skipped with the reason, duplicates of another folded into it), written to
+    ``RUN/rldiag/sweeps/layout-audit/``. ``result.metrics_frame()``: per metric, whether it is
+    layout-dependent, its relative spread, the layout matching the log best and why;
+    ``result.to_dict()`` is ``rldiag layout-audit --json``. ``progress`` counts layouts x steps."""
+    from rldiag.analysis.layout_audit import layout_audit as run_layout_audit
+
+    return run_layout_audit(run, overrides, steps=steps, device=device, progress=progress)
 
 
 def check(run: str | Path, *, progress: Progress | None = None) -> CheckResult:

@@ -37,7 +37,7 @@ from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import is_adaptive
 from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, DEFAULT_PACK_TOKENS, PREFETCH, Job, StepOutcome, StepTask
 from rldiag.io.fs import RemotePath, as_path, is_remote, relative_to
-from rldiag.io.outputs import json_safe, list_scenarios, metrics_table, read_scenario, sha256_file
+from rldiag.io.outputs import json_safe, list_scenarios, metrics_table, read_scenario_at, sha256_file
 from rldiag.io.run_layout import RunLayout, ScenarioLayout
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
 from rldiag.io.staged import StagedWriter, open_staged
@@ -129,13 +129,14 @@ def _known_inputs(run: Path | RemotePath, exclude: str) -> dict[str, dict]:
     return known
 
 
-def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool) -> _Previous:
-    target = RunLayout(run).scenario(name)
+def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool,
+              target: ScenarioLayout | None = None) -> _Previous:
+    target = target or RunLayout(run).scenario(name)
     known = _known_inputs(run, name)
     if not target.meta.is_file():
         return _Previous(known=known)
     try:
-        meta, table = read_scenario(run, name)
+        meta, table = read_scenario_at(target)
     except (RldiagError, OSError, ValueError, pa.ArrowException):
         return _Previous(known=known)
     inputs = {int(i["step"]): i for i in meta.get("inputs", [])}
@@ -225,6 +226,7 @@ def recompute(
     reuse: bool = True,
     executor: str | Executor = "local",
     chunk_steps: int = DEFAULT_CHUNK_STEPS,
+    target: ScenarioLayout | None = None,
 ) -> ScenarioReport:
     """Recompute a run under its own settings plus ``overrides`` and write the scenario.
 
@@ -236,7 +238,9 @@ def recompute(
     started but not closed here. Every executor writes the same scenario; steps are packed
     within chunks of ``chunk_steps`` consecutive steps (the unit of a Ray task). Returns the
     report; raises :class:`RldiagError` only for problems that stop the whole scenario (unknown
-    settings, no batches, no executor). Failed steps are in ``report.steps_failed``.
+    settings, no batches, no executor). Failed steps are in ``report.steps_failed``. ``target``:
+    the scenario's directory when it is not ``RUN/rldiag/scenarios/<name>/`` (a sweep's
+    scenario, :attr:`rldiag.io.run_layout.RunLayout.layout_audit`).
     """
     t0 = time.perf_counter()
     rd = RunDir(run)
@@ -250,8 +254,8 @@ def recompute(
         raise ConfigError(f"chunk_steps must be >= 1, not {chunk_steps}")
     files = {sf.step: sf for sf in rd.require_steps()}
     chosen = parse_steps(steps, sorted(files))
-    target = rd.layout.scenario(name)
-    prev = _previous(rd.path, name, settings, save_tokens) if reuse else _Previous()
+    target = target or rd.layout.scenario(name)
+    prev = _previous(rd.path, name, settings, save_tokens, target) if reuse else _Previous()
     ex = get_executor(executor)
     owned = isinstance(executor, str)
     try:

@@ -66,6 +66,21 @@ def read_schema(sf: StepFile, source: bytes | None = None) -> pa.Schema:
         raise _unreadable(sf, exc) from exc
 
 
+def row_count(sf: StepFile) -> int:
+    """The rows of one batch file, from its metadata (Parquet) or its record batches (Arrow IPC),
+    without reading a column."""
+    try:
+        if sf.format == "parquet":
+            return int(_parquet(sf, None).metadata.num_rows)
+        with open_input_file(sf.path) as src:
+            reader = _open_ipc(src)
+            if isinstance(reader, ipc.RecordBatchFileReader):
+                return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            return sum(b.num_rows for b in reader)
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(sf, exc) from exc
+
+
 def _open_ipc(src):
     try:
         return ipc.open_file(src)

@@ -109,6 +109,14 @@ def read_scenario(run_path: Path | RemotePath | str, name: str) -> tuple[dict, p
     if not sc.meta.is_file():
         have = list_scenarios(run_path)
         raise RunDirError(f"no scenario {name!r} in {run_path}; have: {', '.join(have) or 'none'}")
+    return read_scenario_at(sc)
+
+
+def read_scenario_at(sc: ScenarioLayout) -> tuple[dict, pa.Table]:
+    """(scenario.json, metrics table) of the scenario directory ``sc`` (one of ``scenarios/``, or
+    of a sweep: ``RunLayout(run).layout_audit.scenario(name)``)."""
+    if not sc.meta.is_file():
+        raise RunDirError(f"no scenario in {sc.dir}")
     if is_remote(sc.dir):
         return _read_remote_scenario(sc)
     meta = json.loads(sc.meta.read_text())

@@ -13,6 +13,10 @@
           comparison.json                            written last
           metrics.parquet  tokens.parquet  groups.parquet
         import/wandb.json                            rldiag import-wandb, written last
+        sweeps/layout-audit/                         rldiag layout-audit
+          <layout>/                                  one scenario per layout, as scenarios/<name>/
+          metrics.parquet                            one row per metric (spread, best match, why)
+          audit.json                                 written last: the layouts and the metrics
 
 :class:`RunLayout` gives these paths for a run on local disk (:class:`~pathlib.Path`) and in an
 object store (:class:`~rldiag.io.fs.RemotePath`) alike: it only joins names, never touches the
@@ -59,6 +63,9 @@ OUTPUT_DIR = "rldiag"
 SCENARIOS_DIR = "scenarios"
 COMPARISONS_DIR = "comparisons"
 IMPORT_DIR = "import"
+SWEEPS_DIR = "sweeps"
+#: ``rldiag layout-audit``'s sweep, under ``SWEEPS_DIR``
+LAYOUT_AUDIT_DIR = "layout-audit"
 #: Between the two sides of a comparison's directory name (``base__vs__rloo``).
 PAIR_SEP = "__vs__"
 
@@ -148,6 +155,18 @@ class ComparisonLayout(OutputLayout[P]):
     groups = Entry("GROUPS")
 
 
+@dataclass(frozen=True)
+class LayoutAuditLayout(OutputLayout[P]):
+    """``RUN/rldiag/sweeps/layout-audit/``: one ``rldiag layout-audit``: a scenario directory per
+    layout (laid out as ``RUN/rldiag/scenarios/<name>/``), the per-metric table and ``audit.json``."""
+
+    META: ClassVar[str] = "audit.json"
+
+    def scenario(self, name: str) -> ScenarioLayout[P]:
+        """The scenario of the layout ``name`` (``own``, ``dp=2``, ``micro_batch_x0.5``, ...)."""
+        return ScenarioLayout(_join(self.dir, name))
+
+
 class RunLayout(Generic[P]):
     """The paths of the run directory ``root``: :class:`Path` for a local run (a path, or a
     string that is not a URI), :class:`RemotePath` for one in an object store (a URI)."""
@@ -214,6 +233,15 @@ class RunLayout(Generic[P]):
     def comparison(self, a: str, b: str) -> ComparisonLayout[P]:
         """Where ``rldiag compare`` writes the comparison of sides ``a`` and ``b``."""
         return ComparisonLayout(self._at(OUTPUT_DIR, COMPARISONS_DIR, f"{a}{PAIR_SEP}{b}"))
+
+    @property
+    def sweeps_dir(self) -> P:
+        return self._at(OUTPUT_DIR, SWEEPS_DIR)
+
+    @property
+    def layout_audit(self) -> LayoutAuditLayout[P]:
+        """Where ``rldiag layout-audit`` writes (:class:`LayoutAuditLayout`)."""
+        return LayoutAuditLayout(self._at(OUTPUT_DIR, SWEEPS_DIR, LAYOUT_AUDIT_DIR))
 
     @property
     def import_dir(self) -> P:

@@ -191,3 +191,32 @@ def test_the_bundled_sample_itself_is_read_only(rldiag_home):
     at = open_app(sample, "views/whatif.py")
     assert at.button(key="wi_run").disabled
     assert any("read-only" in c.value for c in at.caption)
+
+
+def test_health_layout_audit_on_open_cached_on_the_batch_files(app_run):
+    """The Health page audits the layouts on open (the synthetic run: DP 2 and 4 move
+    actor/ppo_kl), shows the layout-dependent metrics and the skipped layouts, and keeps the
+    result while the batch files stay the same."""
+    import os
+
+    at = open_app(app_run, HEALTH)
+    assert "Layout audit" in [h.value for h in at.subheader]
+    key, result = at.session_state["he_layout_audit"]
+    assert (app_run / "rldiag" / "sweeps" / "layout-audit" / "audit.json").is_file()
+    tables = [t.value for t in at.table]
+    dependent = next(t for t in tables if "relative spread" in t.columns)
+    assert dependent["metric"].tolist() == [m.metric for m in result.dependent] and "actor/ppo_kl" in set(dependent["metric"])
+    assert all(dependent["why"].str.len() > 0)
+    skipped = next(t for t in tables if "why skipped" in t.columns)
+    assert set(skipped["layout"]) == {x.name for x in result.skipped} and "balance_batch=off" in set(skipped["layout"])
+    recomputed = next(t for t in tables if "batch layout" in t.columns)
+    assert recomputed["layout"].tolist()[0] == "own" and "one_batch" in recomputed["same as"].tolist()[0]
+    at.run()
+    assert at.session_state["he_layout_audit"][1] is result  # the same batch files: not audited again
+    batch = sorted((app_run / "batches").iterdir())[0]
+    st = batch.stat()
+    os.utime(batch, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    at.run()
+    assert not at.exception
+    new_key, new_result = at.session_state["he_layout_audit"]
+    assert new_key != key and new_result is not result

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from rldiag.io.fs import RemotePath, as_path
-from rldiag.io.run_layout import STEP_FILE, ComparisonLayout, RunLayout, ScenarioLayout, step_file_name
+from rldiag.io.run_layout import (
+    STEP_FILE,
+    ComparisonLayout,
+    LayoutAuditLayout,
+    RunLayout,
+    ScenarioLayout,
+    step_file_name,
+)
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rldiag"
 
@@ -24,6 +31,7 @@ EXPECTED = {
     "scenarios_dir": "rldiag/scenarios",
     "comparisons_dir": "rldiag/comparisons",
     "import_dir": "rldiag/import",
+    "sweeps_dir": "rldiag/sweeps",
     "wandb_import_record": "rldiag/import/wandb.json",
 }
 
@@ -83,6 +91,19 @@ def test_a_scenario_and_a_comparison(root):
     }
 
 
+def test_the_layout_audit(root):
+    audit = RunLayout(root).layout_audit
+    assert isinstance(audit, LayoutAuditLayout)
+    assert {k: _rel(getattr(audit, k), root) for k in ("dir", "meta", "metrics")} == {
+        "dir": "rldiag/sweeps/layout-audit",
+        "meta": "rldiag/sweeps/layout-audit/audit.json",
+        "metrics": "rldiag/sweeps/layout-audit/metrics.parquet",
+    }
+    sc = audit.scenario("dp=2")
+    assert isinstance(sc, ScenarioLayout) and sc.name == "dp=2"
+    assert _rel(sc.meta, root) == "rldiag/sweeps/layout-audit/dp=2/scenario.json"
+
+
 def test_paths_keep_their_kind():
     assert isinstance(RunLayout("/tmp/x").scenario("a").meta, Path)
     assert isinstance(RunLayout(Path("rel")).batch_file(1), Path)
@@ -115,8 +136,8 @@ def test_token_steps_lists_the_token_files(tmp_path):
 
 #: the file and directory names of the run directory (exact string constants)
 NAMES = {"run.yaml", "config.yaml", ".hydra/config.yaml", "metrics.jsonl", "batches", "scenarios", "comparisons",
-         "import", "wandb.json", "scenario.json", "comparison.json", "metrics.parquet", "tokens.parquet",
-         "groups.parquet", "tokens", "rldiag", "__vs__"}
+         "import", "wandb.json", "sweeps", "layout-audit", "audit.json", "scenario.json", "comparison.json",
+         "metrics.parquet", "tokens.parquet", "groups.parquet", "tokens", "rldiag", "__vs__"}
 
 
 #: a step file's name, or the head of one in an f-string (``f"step_{n:06d}.parquet"``)
@@ -147,7 +168,8 @@ def _path_spellings(source: str) -> list[tuple[int, str]]:
                     found.add((side.lineno, side.value))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             v = node.value
-            if v in NAMES - {"batches", "tokens", "rldiag", "import", "scenarios", "comparisons"} or STEP_NAME.match(v):
+            if v in NAMES - {"batches", "tokens", "rldiag", "import", "scenarios", "comparisons", "sweeps",
+                                  "layout-audit"} or STEP_NAME.match(v):
                 found.add((node.lineno, v))
     return sorted(found)
 
