@@ -69,7 +69,9 @@ MISMATCH = Stage(
         Metric("rldiag/mismatch/{gap_rollout_corr,logprob_corr}", "correlation of d with the rollout log-prob; "
                "of the two log-probs", _R),
         Metric("rldiag/mismatch/{gap_confident,gap_unconfident}", "mean d over tokens the rollout gave "
-               "p >= 0.5 (< 0.05)", _R),
+               "p >= 0.5 (< 0.05); 0 without such tokens", _R),
+        Metric("rldiag/mismatch/{confident_share,unconfident_share}", "share of tokens the rollout gave p >= 0.5 "
+               "(< 0.05)", _R),
         Metric("rldiag/mismatch/{gap_position_corr,gap_logprob_corr}", "correlation of |d| with the position in "
                "the response; with |rollout log-prob|", _R),
         Metric("rldiag/mismatch/{pair_abs_gap,shift_next_abs_gap,shift_prev_abs_gap}", "over pairs of adjacent "
@@ -78,6 +80,7 @@ MISMATCH = Stage(
                "policy_version): its mean, the correlation and slope of the row's mean |d| on it", _R,
                needs=("policy_version",)),
         Metric("rldiag/mismatch/{lag_abs_gap_lag0,lag_abs_gap_lagged}", "mean |d| over on-policy (lag 0) and "
-               "lagged rows' tokens", _R, needs=("policy_version",)),
+               "lagged rows' tokens (0 without such rows)", _R, needs=("policy_version",)),
+        Metric("rldiag/mismatch/lag0_share", "share of tokens in on-policy (lag 0) rows", _R, needs=("policy_version",)),
     ),
 )
