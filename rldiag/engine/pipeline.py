@@ -18,7 +18,9 @@ order of operations of verl's V1 trainer, over one shared state.
    ``old_policy`` (what verl logs where it recomputes pi_old). Token-mean denominators count the
    original mask (``loss_mask`` if given). Actor and critic metrics are computed per emulated
    micro-batch (:mod:`rldiag.engine.microbatch`) and combined as verl logs them.
-5. rldiag's own: ``ref_kl``, ``group_signal``.
+5. rldiag's own: ``ref_kl``, ``group_signal``, ``mismatch``; ``diag_is`` (after rollout correction:
+   token- and sequence-level IS weights at threshold 2.0, whatever the correction settings, never
+   in the loss), ``turns`` (after the actor: per-turn statistics) and ``rows`` (per-row values).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Result:
     metrics: dict[str, torch.Tensor]  # name -> (n_steps,)
     tokens: dict[str, torch.Tensor]  # name -> (tokens,), the batch's packed layout
     failed: dict[int, str] = field(default_factory=dict)  # run step -> message
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (rows,), the batch's packed row order
 
 
 def recompute_batch(
@@ -54,4 +57,5 @@ def recompute_batch(
     state = State(batch, settings, kl_state, StepErrors(batch.steps))
     for stage in STAGES:
         stage.run(state)
-    return Result(steps=list(batch.steps), metrics=state.metrics, tokens=state.tokens, failed=state.errors.failed())
+    return Result(steps=list(batch.steps), metrics=state.metrics, tokens=state.tokens, failed=state.errors.failed(),
+                  rows=state.rows)

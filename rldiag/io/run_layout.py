@@ -9,6 +9,7 @@
           scenario.json                              written last: marks the scenario complete
           metrics.parquet                            one row per step
           tokens/step_<N:06d>.parquet                with --save-tokens
+          rows/step_<N:06d>.parquet                  per-row values (rldiag.io.outputs.rows_table)
         comparisons/<A>__vs__<B>/                    rldiag compare
           comparison.json                            written last
           metrics.parquet  tokens.parquet  groups.parquet
@@ -118,6 +119,7 @@ class ScenarioLayout(OutputLayout[P]):
 
     META: ClassVar[str] = "scenario.json"
     TOKENS: ClassVar[str] = "tokens"
+    ROWS: ClassVar[str] = "rows"
     #: A token file's name (``step_000012.parquet``).
     TOKEN_FILE: ClassVar[re.Pattern[str]] = re.compile(r"^step_(\d+)\.parquet$")
     #: Every token file of a scenario, as a glob over ``tokens_dir`` (DuckDB's ``read_parquet``).
@@ -134,6 +136,15 @@ class ScenarioLayout(OutputLayout[P]):
 
     def tokens_file(self, step: int) -> P:
         return _join(self.dir, self.TOKENS, step_file_name(step))
+
+    @classmethod
+    def rows_rel(cls, step: int) -> str:
+        """Step ``step``'s per-row file relative to the scenario (what its writer takes)."""
+        return f"{cls.ROWS}/{step_file_name(step)}"
+
+    def rows_file(self, step: int) -> P:
+        """``rows/step_<N:06d>.parquet``: step ``step``'s per-row values."""
+        return _join(self.dir, self.ROWS, step_file_name(step))
 
     def token_steps(self) -> list[int]:
         """The steps that have a token file (a listing of ``tokens/``)."""

@@ -88,7 +88,7 @@ def synth_run(tmp_path_factory):
 
 
 def _assert_on_cpu(result: Result) -> None:
-    for kind, tensors in (("metric", result.metrics), ("token output", result.tokens)):
+    for kind, tensors in (("metric", result.metrics), ("token output", result.tokens), ("row output", result.rows)):
         for name, t in tensors.items():
             assert t.device.type == "cpu", f"{kind} {name!r} is on {t.device}, not on the batch's device"
 
@@ -108,6 +108,7 @@ def run_on_meta_default(run: Path, overrides: dict, kl_state=None) -> Result:
 def test_engine_creates_every_tensor_on_the_batch_device(synth_run, case):
     result = run_on_meta_default(synth_run, {**EVERYTHING, **CASES[case]})
     assert "actor/pg_loss" in result.metrics and "advantages" in result.tokens
+    assert "rldiag/turns/1/tokens" in result.metrics and "turn" in result.tokens and "loss_weight" in result.rows
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)

@@ -132,16 +132,22 @@ def test_token_steps_lists_the_token_files(tmp_path):
     assert sc.token_steps() == [3, 12]
 
 
+def test_rows_files(tmp_path):
+    sc = RunLayout(tmp_path).scenario("s")
+    assert sc.rows_file(12) == tmp_path / "rldiag" / "scenarios" / "s" / "rows" / "step_000012.parquet"
+    assert ScenarioLayout.rows_rel(12) == "rows/step_000012.parquet" and ScenarioLayout.ROWS == "rows"
+
+
 # -- the names are spelled in one module ----------------------------------------------------------
 
 #: the file and directory names of the run directory (exact string constants)
 NAMES = {"run.yaml", "config.yaml", ".hydra/config.yaml", "metrics.jsonl", "batches", "scenarios", "comparisons",
          "import", "wandb.json", "sweeps", "layout-audit", "audit.json", "scenario.json", "comparison.json",
-         "metrics.parquet", "tokens.parquet", "groups.parquet", "tokens", "rldiag", "__vs__"}
+         "metrics.parquet", "tokens.parquet", "groups.parquet", "tokens", "rows", "rldiag", "__vs__"}
 
 
 #: a step file's name, or the head of one in an f-string (``f"step_{n:06d}.parquet"``)
-STEP_NAME = re.compile(r"^(tokens/)?step_(\d*|\d+\.(parquet|arrow))$")
+STEP_NAME = re.compile(r"^(tokens/|rows/)?step_(\d*|\d+\.(parquet|arrow))$")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -168,7 +174,7 @@ def _path_spellings(source: str) -> list[tuple[int, str]]:
                     found.add((side.lineno, side.value))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             v = node.value
-            if v in NAMES - {"batches", "tokens", "rldiag", "import", "scenarios", "comparisons", "sweeps",
+            if v in NAMES - {"batches", "tokens", "rows", "rldiag", "import", "scenarios", "comparisons", "sweeps",
                                   "layout-audit"} or STEP_NAME.match(v):
                 found.add((node.lineno, v))
     return sorted(found)

@@ -1,5 +1,6 @@
 """What a stage is: a step of verl's order of operations run over a shared :class:`State`, with a
-declaration of what it reads (batch columns, settings) and what it writes (metrics, token outputs).
+declaration of what it reads (batch columns, settings) and what it writes (metrics, token outputs,
+per-row outputs).
 
 The declarations are the one place these facts are written: the column planner
 (:mod:`rldiag.engine.requirements`) derives which columns a load reads from them, ``rldiag check``
@@ -21,6 +22,7 @@ from rldiag.engine.aggregation import AggNorm
 from rldiag.engine.batch import Batch
 from rldiag.engine.kl_control import KLControllerState, PresetKLCoefficients
 from rldiag.engine.microbatch import Segmentation
+from rldiag.engine.policy_loss.base import PolicyLossOutput
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.step_failures import StepErrors
 
@@ -56,7 +58,8 @@ class CheckFamily:
 @dataclass
 class State:
     """What the stages share for one packed batch: the inputs, what earlier stages produced,
-    and the results (``metrics``: name -> ``(n_steps,)``; ``tokens``: name -> ``(tokens,)``)."""
+    and the results (``metrics``: name -> ``(n_steps,)``; ``tokens``: name -> ``(tokens,)``; ``rows``:
+    name -> ``(rows,)``, the batch's packed row order; not to be confused with ``batch.rows``, the layout)."""
 
     batch: Batch
     settings: EngineSettings
@@ -64,6 +67,7 @@ class State:
     errors: StepErrors
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     tokens: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)
     # anchor
     bypass: bool = False
     mask0: torch.Tensor = field(init=False)  # the original mask (loss_mask, else response_mask)
@@ -72,6 +76,10 @@ class State:
     rewards: torch.Tensor = field(init=False)  # token_level_rewards
     mask: torch.Tensor = field(init=False)  # response_mask after rejection
     is_weights: torch.Tensor | None = None
+    # diagnostic IS weights (diag_is; never enter the loss): TIS at 2.0 on the original mask
+    diag_is_token: torch.Tensor | None = None  # (tokens,) token-level weights
+    diag_is_seq: torch.Tensor | None = None  # (rows,) sequence-level weights
+    diag_is_seq_ratio: torch.Tensor | None = None  # (rows,) sequence-level ratios, untruncated
     # advantages
     use_critic: bool = False
     adv: torch.Tensor = field(init=False)
@@ -83,6 +91,11 @@ class State:
     token_count: torch.Tensor = field(init=False)  # (n_steps,) the original mask's tokens
     actor_norm: AggNorm = field(init=False)
     agg_mode: str = ""
+    # the actor's policy loss (actor_loss), None without log_probs and pi_old
+    policy: PolicyLossOutput | None = None
+    # turns (turns): each token's turn (0: not an actor token), each token's weight in actor/pg_loss
+    turn: torch.Tensor = field(init=False)
+    loss_weights: torch.Tensor | None = None
 
     def global_norm_of(self, s: Segmentation) -> AggNorm:
         """The global normalisers of a segmentation: verl's ``global_batch_info`` (the original
@@ -106,8 +119,9 @@ class Stage:
     ``needs``: the columns it needs to write its metrics (as ``rldiag check`` and the docs name
     them); ``needs_fn``: the same under given settings, where they decide (the PPO anchor, a
     registry entry); ``optional`` / ``optional_fn``: columns it reads when the batch has them.
-    ``settings``: the keys it reads (``prefix.*`` for a block). ``metrics``, ``tokens``: what it
-    writes. ``checks``: its rows of ``rldiag check``'s metric families."""
+    ``settings``: the keys it reads (``prefix.*`` for a block). ``metrics``, ``tokens``, ``rows``:
+    what it writes (per step, per token, per row). ``checks``: its rows of ``rldiag check``'s
+    metric families."""
 
     name: str
     doc: str
@@ -119,6 +133,7 @@ class Stage:
     settings: tuple[str, ...] = ()
     metrics: tuple[Metric, ...] = ()
     tokens: tuple[str, ...] = ()
+    rows: tuple[str, ...] = ()
     checks: tuple[CheckFamily, ...] = ()
 
     def required(self, settings: EngineSettings | None = None) -> tuple[str, ...]:
