@@ -98,6 +98,7 @@ class _Previous:
     inputs: dict[int, dict] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     token_steps: set[int] = field(default_factory=set)  # steps with a tokens file
+    row_steps: set[int] = field(default_factory=set)  # steps with a per-row file
     reusable: bool = False
     known: dict[str, dict] = field(default_factory=dict)  # input records by file, any scenario
 
@@ -150,7 +151,9 @@ def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens
     done = set(meta.get("steps_done", []))
     metrics = {int(r["step"]): r for r in table.to_pylist() if int(r["step"]) in done}
     token_steps: set[int] = set(target.token_steps()) if save_tokens and same else set()
-    return _Previous(inputs=inputs, metrics=metrics, token_steps=token_steps, reusable=same, known=known)
+    row_steps: set[int] = set(target.row_steps()) if same else set()
+    return _Previous(inputs=inputs, metrics=metrics, token_steps=token_steps, row_steps=row_steps, reusable=same,
+                     known=known)
 
 
 def _plan(rd: RunDir, files: dict[int, StepFile], chosen: list[int], job: Job, prev: _Previous,
@@ -158,7 +161,8 @@ def _plan(rd: RunDir, files: dict[int, StepFile], chosen: list[int], job: Job, p
     def task(step: int, chunk: int) -> StepTask:
         sf = files[step]
         rel = str(relative_to(sf.path, rd.path))
-        reusable = prev.reusable and step in prev.metrics and (not job.save_tokens or step in prev.token_steps)
+        reusable = (prev.reusable and step in prev.metrics and step in prev.row_steps
+                    and (not job.save_tokens or step in prev.token_steps))
         # results are reused only from this scenario; a file's hash may come from any scenario
         previous = prev.inputs.get(step) if reusable else (prev.inputs.get(step) or prev.known.get(rel))
         return StepTask(step=step, file=str(sf.path), rel=rel, chunk=chunk, previous=previous, reusable=reusable)
@@ -194,6 +198,7 @@ def _chunk_ids(steps: list[int], position: dict[int, int], chunk_steps: int) -> 
 def _record(out: StepOutcome, report: ScenarioReport, prev: _Previous, writer: StagedWriter, save_tokens: bool) -> None:
     """One executor outcome into the report and the scenario being written."""
     tokens_rel = ScenarioLayout.tokens_rel(out.step)
+    rows_rel = ScenarioLayout.rows_rel(out.step)
     if out.status == "failed":
         assert out.error is not None  # a failed outcome says why
         report.steps_failed[out.step] = out.error
@@ -203,12 +208,15 @@ def _record(out: StepOutcome, report: ScenarioReport, prev: _Previous, writer: S
         report.metrics.append({k: v for k, v in row.items() if v is not None or k == "step"})
         if save_tokens:
             writer.keep(tokens_rel)
+        writer.keep(rows_rel)
         report.steps_reused.append(out.step)
     else:
         assert out.metrics is not None  # a computed step has its metrics row
         report.metrics.append(out.metrics)
         if out.tokens is not None:
             writer.write_table(tokens_rel, out.tokens)
+        if out.row_table is not None:
+            writer.write_table(rows_rel, out.row_table, compression="zstd")
         report.rows += out.rows
         report.tokens += out.n_tokens
     report.steps_done.append(out.step)
@@ -264,7 +272,8 @@ def recompute(
         plan = _plan(rd, files, chosen, job, prev, chunk_steps)
         report = ScenarioReport(name=name, path=target.dir, settings=settings, device=dev, executor=ex.name)
         inputs: list[dict] = []
-        writer = open_staged(target.dir, marker=ScenarioLayout.META, dirs=(ScenarioLayout.TOKENS,) if save_tokens else ())
+        dirs = (ScenarioLayout.ROWS, ScenarioLayout.TOKENS) if save_tokens else (ScenarioLayout.ROWS,)
+        writer = open_staged(target.dir, marker=ScenarioLayout.META, dirs=dirs)
         try:
             with closing(ex.run(plan)) as outcomes:
                 for i, out in enumerate(outcomes, 1):

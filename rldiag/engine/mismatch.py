@@ -116,7 +116,6 @@ def _sorted_tails(t: ActorTokens, n: int, count: torch.Tensor) -> dict[str, torc
         order = order.index_select(0, torch.argsort(t.step.index_select(0, order), stable=True))
     sorted_abs = absd.index_select(0, order)
     k2 = 0.5 * sorted_abs * sorted_abs
-    csum = torch.cat([k2.new_zeros(1), torch.cumsum(k2, 0)])
     counts = count.to(torch.long)
     start = torch.cumsum(counts, 0) - counts
     end = start + counts
@@ -133,9 +132,14 @@ def _sorted_tails(t: ActorTokens, n: int, count: torch.Tensor) -> dict[str, torc
         p99 = torch.where(has, v_lo + (h - lo) * (v_hi - v_lo), nan)
     else:
         p99 = nan
+    # the top tokens' and all tokens' k2 summed per step (not as differences of one running sum
+    # over the pack, so that a step's value is the same whatever steps it is packed with)
     top = torch.ceil(count * TOP_SHARE).to(torch.long)
-    total = csum[end] - csum[start]
-    return {"gap_abs_p99": p99, "top_kl_share": _ratio(csum[end] - csum[end - top], total, 0.0, count)}
+    step_sorted = t.step.index_select(0, order)
+    rank = torch.arange(sorted_abs.numel(), device=absd.device) - start.index_select(0, step_sorted)
+    in_top = (rank >= (counts - top).index_select(0, step_sorted)).to(torch.float64)
+    total = seg_sum(k2, step_sorted, n)
+    return {"gap_abs_p99": p99, "top_kl_share": _ratio(seg_sum(k2 * in_top, step_sorted, n), total, 0.0, count)}
 
 
 def _shift(t: ActorTokens, n: int) -> dict[str, torch.Tensor]:

@@ -35,8 +35,8 @@ from rldiag.engine.requirements import ColumnPlan, recompute_columns
 from rldiag.errors import RldiagError
 from rldiag.executors.allocator import usable_cores
 from rldiag.io.fs import as_path, is_remote
-from rldiag.io.loader import StepData, load_step
-from rldiag.io.outputs import tokens_table
+from rldiag.io.loader import StepData, load_step, row_columns
+from rldiag.io.outputs import rows_table, tokens_table
 from rldiag.io.rundir import StepFile
 
 #: Steps read ahead on the loader thread (bounded: memory stays flat as the run grows). One: the
@@ -91,6 +91,7 @@ class StepOutcome:
     status: str  # "done", "reused" or "failed"
     metrics: dict[str, float] | None = None
     tokens: pa.Table | None = None
+    row_table: pa.Table | None = None  # the per-row table (rows/step_<N>.parquet)
     error: str | None = None
     rows: int = 0
     n_tokens: int = 0
@@ -339,20 +340,39 @@ def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
     failed = {s: f"ComputeError: {m}" for s, m in result.failed.items()}
     rows = _metric_rows(result, {f.task.step for f in pack} - set(failed))
     out = []
-    tok0 = 0
+    tok0 = row0 = 0
     for f in pack:
         d = f.loaded
         sel = slice(tok0, tok0 + d.n_tokens)  # the step's tokens in the packed layout
+        rsel = slice(row0, row0 + d.n_rows)  # and its rows
         tok0 += d.n_tokens
+        row0 += d.n_rows
         if d.step in failed:
             out.append(StepOutcome(d.step, f.record(), "failed", error=failed[d.step]))
             continue
         tokens = None
         if job.save_tokens:
             tokens = tokens_table({k: v[sel] for k, v in result.tokens.items()}, d.batch.lengths)
-        out.append(StepOutcome(d.step, f.record(), "done", metrics=rows[d.step], tokens=tokens,
+        try:
+            row_table = step_rows_table({k: v[rsel] for k, v in result.rows.items()}, f)
+        except (RldiagError, OSError, pa.ArrowException) as exc:
+            out.append(StepOutcome(d.step, f.record(), "failed", error=f"{type(exc).__name__}: {exc}"))
+            continue
+        out.append(StepOutcome(d.step, f.record(), "done", metrics=rows[d.step], tokens=tokens, row_table=row_table,
                                rows=d.n_rows, n_tokens=d.n_tokens))
     return out
+
+
+def step_rows_table(rows: dict[str, torch.Tensor], f: Fetched) -> pa.Table:
+    """One step's per-row table: the engine's per-row values (:func:`rldiag.io.outputs.rows_table`)
+    then the batch file's own per-row columns (``uid``, reward components, ids), each once (the
+    engine's values win a shared name)."""
+    table = rows_table(rows, f.task.step)
+    own = row_columns(f.task.step_file())  # a few scalar columns: one small projected read
+    for name in own.column_names:
+        if name not in table.column_names:
+            table = table.append_column(name, own[name])
+    return table
 
 
 def process(fetched: Iterable[Fetched], job: Job, kl_for: Callable[[list[int]], Any],

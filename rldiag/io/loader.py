@@ -376,3 +376,28 @@ def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequ
         rows=layout,
     )
     return StepData(step=sf.step, file=sf.path, batch=batch, uids=uids, n_rows=rows, n_tokens=total)
+
+
+#: columns the per-row table never copies from a batch file: the engine writes its own values of
+#: these (``score``: the row's summed token scores) or they are the table's keys
+ROW_TABLE_SKIP = frozenset(("step", "row"))
+
+
+def row_columns(sf: StepFile, source: bytes | None = None, exclude: frozenset[str] = ROW_TABLE_SKIP) -> pa.Table:
+    """The file's per-row (scalar) columns for the per-row table: ``uid``, reward components,
+    ids, counts, anything not a list (list columns hold one value per token) and not in
+    ``exclude``. Reads only those columns."""
+    schema = read_schema(sf, source)
+    names = [f.name for f in schema if f.name not in exclude and not (
+        pa.types.is_list(f.type) or pa.types.is_large_list(f.type) or pa.types.is_fixed_size_list(f.type)
+        or pa.types.is_struct(f.type) or pa.types.is_map(f.type))]
+    if not names:
+        return pa.table({})
+    table = read_table(sf, names, source)
+    cols = {}
+    for name in names:
+        col = table[name].combine_chunks()
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        cols[name] = col
+    return pa.table(cols)

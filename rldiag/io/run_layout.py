@@ -146,6 +146,15 @@ class ScenarioLayout(OutputLayout[P]):
         """``rows/step_<N:06d>.parquet``: step ``step``'s per-row values."""
         return _join(self.dir, self.ROWS, step_file_name(step))
 
+    rows_dir = Entry("ROWS")
+
+    def row_steps(self) -> list[int]:
+        """The steps that have a per-row file (a listing of ``rows/``)."""
+        d = self.rows_dir
+        if not d.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in d.iterdir() if (m := self.TOKEN_FILE.match(p.name)) and p.is_file())
+
     def token_steps(self) -> list[int]:
         """The steps that have a token file (a listing of ``tokens/``)."""
         d = self.tokens_dir

@@ -87,10 +87,10 @@ def test_per_turn_statistics_worked_example():
     for k, stats in expect.items():
         for stat, value in stats.items():
             assert m[f"rldiag/turns/{k}/{stat}"] == pytest.approx(value, rel=1e-5, abs=1e-6), (k, stat)
-    for k in BUCKETS[3:]:  # no row has a 4th turn: no tokens, no share of the loss, NaN means
+    for k in BUCKETS[3:]:  # no row has a 4th turn: no tokens, no share of the loss, means 0 (not NaN)
         assert m[f"rldiag/turns/{k}/tokens"] == 0.0 and m[f"rldiag/turns/{k}/loss_weight"] == 0.0
         for stat in ("advantage", "ratio", "pg_clipfrac", "is_weight", "rollout_kl"):
-            assert math.isnan(m[f"rldiag/turns/{k}/{stat}"])
+            assert m[f"rldiag/turns/{k}/{stat}"] == 0.0
     assert r.metrics["actor/pg_clipfrac"].item() == pytest.approx(3 / 15)
 
 
@@ -204,7 +204,7 @@ def test_per_turn_statistics_match_a_per_row_reference(rows):
             for stat, key in (("advantage", "adv"), ("ratio", "ratio"), ("pg_clipfrac", "clip"), ("is_weight", "w"),
                               ("rollout_kl", "kl")):
                 if n == 0:
-                    assert math.isnan(got[stat]), (k, stat)
+                    assert got[stat] == 0.0, (k, stat)
                 else:
                     assert got[stat] == pytest.approx(float(np.mean(a[key])), rel=1e-5, abs=1e-5), (k, stat)
 

@@ -5,8 +5,9 @@ turns 1..8 and of every later turn together (``9plus``), and the turns per row.
 
 The statistics are over the tokens the update trains on (the mask after rollout rejection: the
 actor mask itself without ``rollout_rs``): for turn ``k``, ``T_k`` those of its tokens over the
-step. A turn no row of the step has gives ``tokens`` 0, ``loss_weight`` 0 and NaN means: every
-name is written on every step (the metrics table keeps NaN as a float).
+step. A turn no row of the step has gives ``tokens`` 0 and 0 for every other statistic (as the
+mismatch statistics do: a mean over no token is 0, ``tokens`` says there was none), so every name
+is written on every step and ordinary runs hold no NaN.
 
 Vectorised: a token's turn is the running count of its row's turn starts (a mask-1 token whose
 predecessor in the row is mask 0, or the row's first token); the per-turn sums are per-row
@@ -104,7 +105,9 @@ def _turns(st: State) -> None:
         sums["is_weight"] = per_turn(spans.masked_sum(st.diag_is_token, mask))
         sums["rollout_kl"] = per_turn(spans.masked_sum(kl_k1(st.old_lp, batch.rollout_log_probs), mask))
     out = {"tokens": count}
-    out.update({k: v / count for k, v in sums.items()})  # 0 / 0: NaN for a turn without tokens
+    has = count > 0
+    out.update({k: torch.where(has, v / torch.where(has, count, torch.ones_like(count)), torch.zeros_like(v))
+                for k, v in sums.items()})  # a turn without tokens: 0
     if st.loss_weights is not None:
         out["loss_weight"] = per_turn(spans.sum(st.loss_weights))
     for stat, table in out.items():
@@ -127,16 +130,16 @@ TURNS = Stage(
                "response_mask), mean and max over the step's rows", _R),
         Metric(f"{PREFIX}{_K}/tokens", "T_k: actor tokens of turn k (9plus: of every turn after the 8th) over the "
                "step that the update trains on (after rollout rejection); 0 where no row has turn k", _R),
-        Metric(f"{PREFIX}{_K}/advantage", "the mean advantage over the T_k tokens (NaN where T_k = 0)", _R),
+        Metric(f"{PREFIX}{_K}/advantage", "the mean advantage over the T_k tokens (0 where T_k = 0)", _R),
         Metric(f"{PREFIX}{_K}/ratio", "the mean over the T_k tokens of the ratio the policy loss uses (the token "
-               "output ratio; NaN where T_k = 0)", _R, needs=_LOSS),
+               "output ratio; 0 where T_k = 0)", _R, needs=_LOSS),
         Metric(f"{PREFIX}{_K}/pg_clipfrac", "the share of the T_k tokens counted as clipped, by actor/pg_clipfrac's "
-               "definition for the loss_mode (NaN where T_k = 0)", _R, needs=_LOSS,
+               "definition for the loss_mode (0 where T_k = 0)", _R, needs=_LOSS,
                when="every `loss_mode` but gpg, dro, kl_cov"),
         Metric(f"{PREFIX}{_K}/is_weight", "the mean diagnostic token IS weight (rldiag/diag_is: min(exp(old - "
-               "rollout), 2)) over the T_k tokens (NaN where T_k = 0)", _R, needs=_DIAG, when="not `bypass_mode`"),
+               "rollout), 2)) over the T_k tokens (0 where T_k = 0)", _R, needs=_DIAG, when="not `bypass_mode`"),
         Metric(f"{PREFIX}{_K}/rollout_kl", "the mean of old_log_probs - rollout_log_probs over the T_k tokens (k1 "
-               "of KL(pi_old || pi_rollout), the reference KL's convention; NaN where T_k = 0)", _R, needs=_DIAG,
+               "of KL(pi_old || pi_rollout), the reference KL's convention; 0 where T_k = 0)", _R, needs=_DIAG,
                when="not `bypass_mode`"),
         Metric(f"{PREFIX}{_K}/loss_weight", "the T_k tokens' summed weight in actor/pg_loss (the loss's aggregation "
                "weights: turn k's share of the loss; 0 where T_k = 0)", _R, needs=_LOSS),
