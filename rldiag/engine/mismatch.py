@@ -118,7 +118,6 @@ def _sorted_tails(t: ActorTokens, n: int, count: torch.Tensor) -> dict[str, torc
     k2 = 0.5 * sorted_abs * sorted_abs
     counts = count.to(torch.long)
     start = torch.cumsum(counts, 0) - counts
-    end = start + counts
     has = counts > 0
     nan = torch.full((n,), float("nan"), dtype=torch.float64, device=absd.device)
     # the quantile at (count - 1) * q between its two neighbours
