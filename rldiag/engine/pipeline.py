@@ -11,8 +11,12 @@ order of operations of verl's V1 trainer, over one shared state.
 2. ``rollout_correction`` when the batch has ``rollout_log_probs`` and bypass mode is off
    (:mod:`rldiag.engine.rollout_correction`): IS weights, rejection rewrites response_mask
    (rewards at rejected tokens stay), ``rollout_corr/*`` metrics (verl ``rollout_corr_helper``).
-3. ``advantages``: the advantage estimator reads the rewritten mask; ``data_metrics``.
-4. ``layout`` (micro-batches), then the actor's metrics (``actor_loss`` with the IS weights,
+3. ``filter`` (only with ``algorithm.filter_groups.enable`` or ``rldiag.filter.gate_column``): the
+   dropped rows leave the update's mask and denominators (not refilled, as verl would);
+   ``advantages``: the advantage estimator reads the rewritten mask (the kept rows alone after a
+   filter); ``data_metrics``.
+4. ``layout`` (micro-batches), ``filter_weight`` (the no-signal groups out of the denominators,
+   ``rldiag/filter/*``; only with a filter set), then the actor's metrics (``actor_loss`` with the IS weights,
    ``entropy_loss``, ``kl_loss``), the critic's (only where the trainer has a critic: verl's
    ``need_critic``, ``critic.enable`` else ``adv_estimator == gae``), ``total_loss``, and
    ``old_policy`` (what verl logs where it recomputes pi_old). Token-mean denominators count the

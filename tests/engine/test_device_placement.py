@@ -79,6 +79,9 @@ CASES["bypass_mode"] = {RC + "bypass_mode": True}
 CASES["one segment per step"] = {"rldiag.dp_size": 1, "rldiag.mini_batch_size": None, "rldiag.micro_batch_size": None}
 CASES["dp ranks only"] = {"rldiag.mini_batch_size": None, "rldiag.micro_batch_size": None}
 CASES["no trainer.use_v1"] = {"trainer.use_v1": False}
+CASES["filters"] = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+                    "rldiag.filter.gate_column": "fmt", "rldiag.filter.gate_min": 0.5,
+                    "rldiag.filter.drop_no_signal_from_denominator": True, "algorithm.adv_estimator": "grpo"}
 
 
 @pytest.fixture(scope="module")

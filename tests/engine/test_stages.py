@@ -68,6 +68,9 @@ for _version in RELEASES:
     CASES[f"verl={_version}"] = {"rldiag.verl_version": _version}
 CASES["legacy trainer"] = {"trainer.use_v1": False, "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"}
 CASES["gae, adaptive KL"] = {"algorithm.adv_estimator": "gae", "critic.enable": None, "algorithm.kl_ctrl.type": "adaptive"}
+CASES["filters"] = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+                    "rldiag.filter.gate_column": "fmt", "rldiag.filter.gate_min": 0.5,
+                    "rldiag.filter.drop_no_signal_from_denominator": True}
 CASES["nothing optional"] = {k: v for k, v in resolve_settings().values.items() if k in EVERYTHING}
 
 #: keys the engine reads from a run's config beyond the settings schema: what rldiag's capture
@@ -196,7 +199,7 @@ def test_metric_names_are_declared_once():
     assert len(literal) == len(set(literal))
 
 
-@pytest.mark.parametrize("case", ["everything", "bypass_mode", "loss_mode=kl_cov", "gae, adaptive KL"])
+@pytest.mark.parametrize("case", ["everything", "bypass_mode", "loss_mode=kl_cov", "gae, adaptive KL", "filters"])
 def test_the_planned_columns_are_all_a_recompute_needs(rich_run, case):
     """A batch loaded with only the planner's columns recomputes exactly as one with every column
     of the file: a stage reading an undeclared column would differ (or fail) here."""

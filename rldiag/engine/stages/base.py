@@ -23,6 +23,7 @@ from rldiag.engine.batch import Batch
 from rldiag.engine.kl_control import KLControllerState, PresetKLCoefficients
 from rldiag.engine.microbatch import Segmentation
 from rldiag.engine.policy_loss.base import PolicyLossOutput
+from rldiag.engine.segments import seg_sum
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.step_failures import StepErrors
 
@@ -80,6 +81,11 @@ class State:
     diag_is_token: torch.Tensor | None = None  # (tokens,) token-level weights
     diag_is_seq: torch.Tensor | None = None  # (rows,) sequence-level weights
     diag_is_seq_ratio: torch.Tensor | None = None  # (rows,) sequence-level ratios, untruncated
+    # the filters (stages/filter.py): the rows they take out of the update, (rows,) bool, None
+    # when none is set; the update's mask before the filter and the advantages it would have had
+    dropped: torch.Tensor | None = None
+    mask_before: torch.Tensor | None = None
+    adv_before: torch.Tensor | None = None
     # advantages
     use_critic: bool = False
     adv: torch.Tensor = field(init=False)
@@ -97,17 +103,25 @@ class State:
     turn: torch.Tensor = field(init=False)
     loss_weights: torch.Tensor | None = None
 
-    def global_norm_of(self, s: Segmentation) -> AggNorm:
+    def global_norm_of(self, s: Segmentation, filtered: bool = True) -> AggNorm:
         """The global normalisers of a segmentation: verl's ``global_batch_info`` (the original
-        mask's token count, the mini-batch's rows with V1's padding rows)."""
+        mask's token count, the mini-batch's rows with V1's padding rows). ``filtered``: the rows
+        the filters dropped (:attr:`dropped`) are out of both (at least 1 left)."""
         batch, rows = self.batch, self.batch.rows
+        row_tokens = rows.sum(self.mask0.to(torch.float32))
+        tokens, size = s.normaliser(row_tokens, self.token_count), s.batch_size()
+        if filtered and self.dropped is not None:
+            out = self.dropped.to(torch.float32)
+            sid, n = batch.step_ids, batch.n_steps
+            tokens = (tokens - s.normaliser(row_tokens * out, seg_sum(row_tokens * out, sid, n))).clamp_min(1)
+            size = (size - s.normaliser(out, seg_sum(out, sid, n))).clamp_min(1)
         return AggNorm(
             seg_ids=s.seg_ids,
             n_seg=s.n_seg,
             horizon=s.horizon(batch.lengths, batch.max_response_length, self.fixed_width),
             rows=rows,
-            batch_num_tokens=s.normaliser(rows.sum(self.mask0.to(torch.float32)), self.token_count),
-            global_batch_size=s.batch_size(),  # the mini-batch's rows, V1's padding rows included
+            batch_num_tokens=tokens,
+            global_batch_size=size,  # the mini-batch's rows, V1's padding rows included
             loss_scale_factor=self.settings["actor_rollout_ref.actor.loss_scale_factor"],
         )
 
