@@ -18,11 +18,9 @@ from hypothesis import strategies as hst
 
 from rldiag.config.settings import resolve_settings
 from rldiag.engine import pipeline
-from rldiag.engine.aggregation import AggNorm
 from rldiag.engine.batch import Batch
 from rldiag.engine.filtering import flat_groups
-from rldiag.engine.gradient_weight import aggregation_weights, gradient_weight, ppo_not_clipped
-from rldiag.engine.layout import Rows
+from rldiag.engine.gradient_weight import gradient_weight
 from rldiag.engine.pipeline import recompute_batch
 from rldiag.engine.stages import FILTER, FILTER_WEIGHT, STAGES
 from rldiag.errors import ConfigError, MissingInputError
@@ -89,6 +87,9 @@ def test_group_filter_worked_example():
 
 def test_gate_worked_example():
     r = run(example(), **{f"{F}.gate_column": "acc", f"{F}.gate_min": 0.5})
+    # rows out of the update make no metric NaN that was not already
+    nan = {k for k, v in run(example()).metrics.items() if not math.isfinite(float(v[0]))}
+    assert {k for k, v in r.metrics.items() if not math.isfinite(float(v[0]))} <= nan
     # A2 and C1 go (acc 0 < 0.5): A1, A3, B1, B2 stay with 2 + 1 + 2 + 2 tokens
     assert one(r, KEPT) == 4 and one(r, TOKENS) == 7
     # the gradient weight |A| x 1/14 (token-mean, nothing clipped) without the gate:
@@ -111,8 +112,10 @@ def test_every_filter_together():
     # B by the group filter, A2 and C1 by the gate; A1 and A3 are then a flat group (advantages 0)
     assert one(r, KEPT) == 0 and one(r, TOKENS) == 0
     assert one(r, SHARE) == pytest.approx(1.0, rel=1e-6)
-    assert all(math.isfinite(float(v[0])) for k, v in r.metrics.items() if not k.startswith("critic/advantages")
-               and not k.startswith("critic/returns") and not k.startswith("rldiag/mismatch"))
+    # no NaN but the means over no token at all: the advantages' and returns' statistics (verl's
+    # masked_select of nothing), the per-turn means (an empty turn), the mismatch's
+    empty = ("critic/advantages/", "critic/returns/", "rldiag/turns/", "rldiag/mismatch/")
+    assert all(math.isfinite(float(v[0])) for k, v in r.metrics.items() if not k.startswith(empty))
     assert one(r, "actor/pg_loss") == 0.0
 
 
@@ -186,20 +189,32 @@ def test_flat_groups_edge_values():
 
 
 def test_gradient_weight_is_abs_advantage_times_aggregation_weight_unclipped():
-    rows = Rows.from_lengths(torch.tensor([2, 3]))
-    mask = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0])
-    norm = AggNorm(seg_ids=torch.tensor([0, 0]), n_seg=1, horizon=torch.tensor([3]), rows=rows,
-                   batch_num_tokens=torch.tensor([4.0]), global_batch_size=torch.tensor([2.0]))
-    assert aggregation_weights("token-mean", mask, norm).tolist() == pytest.approx([0.25, 0.25, 0.25, 0.0, 0.25])
-    # seq-mean-token-mean: 1 / (T_i + 1e-8) / B, T = (2, 2)
-    w = 1 / (2 + 1e-8) / 2
-    assert aggregation_weights("seq-mean-token-mean", mask, norm).tolist() == pytest.approx([w, w, w, 0.0, w])
     adv = torch.tensor([1.0, -2.0, 0.5, 3.0, -1.0])
-    ratio = torch.tensor([1.3, 0.7, 1.1, 1.0, 3.5])  # clipped: A>0 r>1.2; A<0 r<0.8; A<0 r>c=3
-    assert ppo_not_clipped(adv, ratio, 0.2, 0.2, 3.0).tolist() == [0.0, 0.0, 1.0, 1.0, 0.0]
-    assert ppo_not_clipped(adv, None, 0.2, 0.2, 3.0).tolist() == [1.0] * 5
-    g = gradient_weight(adv, mask, norm, "token-mean", ratio, 0.2, 0.2, 3.0)
-    assert g.tolist() == pytest.approx([0.0, 0.0, 0.125, 0.0, 0.0])
+    weights = torch.tensor([0.25, 0.25, 0.25, 0.0, 0.25])  # token-mean over 4 masked tokens
+    clipped = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.5])  # clip_cov: a probability
+    assert gradient_weight(adv, weights, clipped).tolist() == pytest.approx([0.0, 0.5, 0.125, 0.0, 0.125])
+    assert gradient_weight(adv, weights).tolist() == pytest.approx([0.25, 0.5, 0.125, 0.0, 0.25])
+
+
+@pytest.mark.parametrize("loss_mode", ["vanilla", "gspo", "cispo", "gpg", "clip_cov", "geo_mean"])
+def test_the_share_uses_the_losses_own_weights_and_clip_indicator(loss_mode):
+    """The weights and the clip indicator are the policy loss's own (PolicyLossOutput): the share
+    is the dropped rows' part of sum |A| w (1 - c) of a recompute without the filter."""
+    from rldiag.engine.stages import State
+    from rldiag.engine.step_failures import StepErrors
+
+    batch = example(ratio_a2=0.5)
+    keys = {"actor_rollout_ref.actor.policy_loss.loss_mode": loss_mode}
+    state = State(batch, settings(estimator="grpo", **{k.replace(".", "__"): v for k, v in keys.items()}), None,
+                  StepErrors(batch.steps))
+    for stage in STAGES[: [x.name for x in STAGES].index("actor_loss") + 1]:
+        stage.run(state)
+    out = state.policy
+    g = gradient_weight(state.adv, out.weights, out.clipped)
+    dropped = batch.rows.expand(torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 1.0]))  # the gate drops A2 and C1
+    want = float((g * dropped).sum() / g.sum())
+    r = run(batch, **keys, **{f"{F}.gate_column": "acc", f"{F}.gate_min": 0.5})
+    assert one(r, SHARE) == pytest.approx(want, rel=1e-6)
 
 
 # ---- random batches ------------------------------------------------------------------------------

@@ -27,12 +27,13 @@ from dataclasses import replace
 import torch
 
 from rldiag.engine.advantage import AdvInput, estimate
+from rldiag.engine.aggregation import token_weights
 from rldiag.engine.filtering import DERIVED_METRICS, REWARD_METRIC, flat_groups, no_signal_groups, row_values
 from rldiag.engine.gradient_weight import gradient_weight
-from rldiag.engine.policy_loss.base import clamped_log_ratio
-from rldiag.engine.reward_kl import anchor_column
+from rldiag.engine.policy_loss import PolicyLossInput, policy_loss
 from rldiag.engine.segments import seg_count, seg_sum
 from rldiag.engine.settings import EngineSettings
+from rldiag.engine.stages.actor import ACTOR_LOSS, LOSS_MODE
 from rldiag.engine.stages.base import Metric, Stage, State
 from rldiag.engine.step_failures import StepErrors
 from rldiag.errors import ConfigError
@@ -110,6 +111,7 @@ def estimate_filtered(st: State) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     errors = StepErrors(batch.steps)
     weights = None if st.is_weights is None else st.is_weights[tok]
     adv_k, ret_k = estimate(s.estimator, AdvInput(sub, st.rewards[tok], st.mask[tok], s, errors, rollout_is_weights=weights))
+
     def spread(x: torch.Tensor) -> torch.Tensor:  # the kept rows' tokens back in the batch's layout, 0 elsewhere
         return torch.zeros(batch.n_tokens, dtype=x.dtype, device=x.device).index_copy_(0, tok, x)
 
@@ -121,6 +123,21 @@ def estimate_filtered(st: State) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         bad[idx] = bool(has_rows[idx])
         st.errors.flag(bad, message)
     return adv, ret, before
+
+
+def baseline_weights(st: State, adv: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The aggregation weights and the clip indicator every token had without the filters: the
+    policy loss on ``adv`` and ``mask`` with the unfiltered normalisers (only the aggregation's
+    weights, nothing clipped, without log-probs)."""
+    s, batch = st.settings, st.batch
+    norm = st.global_norm_of(st.segs, filtered=False)
+    if batch.log_probs is None or st.old_lp is None:
+        return token_weights(st.agg_mode, mask, norm), None
+    out = policy_loss(s[LOSS_MODE], PolicyLossInput(
+        old_log_prob=st.old_lp, log_prob=batch.log_probs, advantages=adv, mask=mask, agg_mode=st.agg_mode,
+        norm=norm, settings=s, rollout_is_weights=st.is_weights, dp_size=st.segs.dp_size,
+    ))
+    return (token_weights(st.agg_mode, mask, norm) if out.weights is None else out.weights), out.clipped
 
 
 def _filter_weight(st: State) -> None:
@@ -136,11 +153,7 @@ def _filter_weight(st: State) -> None:
         return
     out = st.dropped.to(torch.float32)
     adv_b = st.adv if st.adv_before is None else st.adv_before
-    ratio = None
-    if batch.log_probs is not None and st.old_lp is not None:
-        ratio = torch.exp(clamped_log_ratio(batch.log_probs, st.old_lp))
-    g = gradient_weight(adv_b, mask_b, st.global_norm_of(st.segs, filtered=False), st.agg_mode, ratio,
-                        s.clip_low, s.clip_high, float(s[f"{ACTOR}.clip_ratio_c"]))
+    g = gradient_weight(adv_b, *baseline_weights(st, adv_b, mask_b))
     row_g = rows.sum(g.to(torch.float64))
     total, lost = seg_sum(row_g, sid, n), seg_sum(row_g * out.to(torch.float64), sid, n)
     share = torch.where(total > 0, lost / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(total))
@@ -157,14 +170,15 @@ FILTER_WEIGHT = Stage(
     "(rldiag.filter.drop_no_signal_from_denominator); the rows the filters kept, the token-mean "
     "denominator left, the share of the gradient weight the dropped rows had",
     _filter_weight,
-    optional_fn=lambda s: ("log_probs", anchor_column(s)),
-    optional=("log_probs", "old_log_probs"),
-    settings=(f"{F}.drop_no_signal_from_denominator", f"{ACTOR}.clip_ratio*", f"{ACTOR}.loss_scale_factor"),
+    optional=ACTOR_LOSS.needs,  # the policy loss's columns, for the weights without the filters
+    optional_fn=ACTOR_LOSS.needs_fn,
+    settings=(f"{F}.drop_no_signal_from_denominator", f"{ACTOR}.policy_loss.*", f"{ACTOR}.clip_ratio*", f"{ACTOR}.tau_*",
+              f"{ACTOR}.loss_scale_factor", f"{ACTOR}.loss_agg_mode", "rldiag.verl_version"),
     metrics=(
         Metric("rldiag/filter/kept_rows", "rows the filters keep in the update", _R, when=_WHEN),
         Metric("rldiag/filter/effective_tokens", "the update's token-mean denominator after the filters: the "
                "original mask's tokens of the kept rows (summed over the step's mini-batches)", _R, when=_WHEN),
         Metric("rldiag/filter/dropped_weight_share", "share of the step's gradient weight (|A| x aggregation weight "
-               "x not clipped, without the filters) on the rows the filters drop", _R, when=_WHEN),
+               "x not clipped, all without the filters) on the rows the filters drop", _R, when=_WHEN),
     ),
 )
