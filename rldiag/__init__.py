@@ -27,7 +27,7 @@ __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
     "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
     "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
-    "LayoutAuditResult", "layout_audit",
+    "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
 _API = frozenset(__all__) - {"__version__"}
@@ -55,7 +55,10 @@ if TYPE_CHECKING:
         mismatch,
         mismatch_tokens,
         recompute,
+        rows,
+        rows_count,
         settings,
+        step_tokens,
         tolerances,
         verify,
     )

@@ -12,6 +12,7 @@
     rldiag.compare(run, base.name, rloo.name).metrics_frame()
     rldiag.diagnose(run).findings_frame()
     rldiag.mismatch(run).causes                        # why rollout and trainer log-probs differ
+    rldiag.rows(run, where="is_weight_seq > 5", sort="-advantage_mean")   # every row of every step, queried
 
 Each function returns a dataclass: :class:`RecomputeResult`, or the report the command prints
 (:class:`VerifyResult`, :class:`CompareResult`, :class:`EstimatorsResult`,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
+    from rldiag.analysis.rows import SIGN_DIFFERS
     from rldiag.analysis.tolerance import Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
     from rldiag.check import CheckReport as CheckResult
@@ -62,7 +64,7 @@ __all__ = [
     "Progress", "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check",
     "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
-    "LayoutAuditResult", "layout_audit",
+    "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "SIGN_DIFFERS",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -85,6 +87,7 @@ _LAZY = {
     "Tolerances": "rldiag.analysis.tolerance:Tolerances",
     "Tol": "rldiag.analysis.tolerance:Tol",
     "Settings": "rldiag.config.settings:Settings",
+    "SIGN_DIFFERS": "rldiag.analysis.rows:SIGN_DIFFERS",
 }
 
 
@@ -457,6 +460,61 @@ def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = N
     if int(step) not in files:
         raise RunDirError(f"{rd.batches_dir}: no batch file for step {step}")
     return _frame(step_tokens(files[int(step)], resolve_settings(rd.path, _overrides(overrides, None))))
+
+
+def step_tokens(run: Run, step: int, scenario: str = "baseline") -> pl.DataFrame:
+    """One step's per-token values under ``scenario``, one row per batch row: ``row`` and list
+    columns of advantages, returns, rewards, the mask after rollout correction, ratio, IS weight,
+    reference KL, turn, loss weight (those the run's columns allow; docs/run-directory.md). The
+    scenario's saved tokens file when it has one for the step; else the step alone recomputed with
+    the scenario's overrides (``baseline``: the run's own settings) into a temporary directory,
+    nothing written into the run."""
+    from rldiag.analysis.scenarios import step_tokens as read_step_tokens
+
+    return _frame(read_step_tokens(run, int(step), scenario))
+
+
+def rows(
+    run: Run,
+    where: str | None = None,
+    sort: str | None = None,
+    limit: int | None = 50,
+    offset: int = 0,
+    scenario: str = "baseline",
+    search: str | None = None,
+    *,
+    other: str | None = None,
+    preview: int = 0,
+) -> pl.DataFrame:
+    """Every row of every step, queried: the scenario's per-row tables (``rows/step_<N>.parquet``,
+    written by every recompute: step, row, length, score, advantage_mean, is_weight_seq, ...,
+    then the batch's uid and scalar columns) filtered, sorted and paged in DuckDB, never loaded
+    whole. ``where``: one SQL boolean expression over the columns (``"is_weight_seq > 5 AND
+    length >= 512"``; a column, function or keyword it may not use is a QueryError naming it).
+    ``sort``: a column, ``"-col"`` for descending (then step, row; default step, row). ``limit``
+    rows (None: all) from ``offset``. ``search``: rows whose response text (the batch files'
+    ``response_tokens``) contains it, case-insensitively. ``other``: a second scenario joined by
+    (step, row), its values as ``other_<name>`` columns (``where=SIGN_DIFFERS``: the rows whose
+    mean advantage changes sign under it). ``preview``: a ``response`` column with the first
+    ``preview`` characters of each returned row's response. A scenario without per-row tables
+    is a RunDirError saying to recompute first."""
+    from rldiag.analysis.rows import query_rows
+
+    return _frame(query_rows(run, where, sort, limit, offset, scenario, search, other=other, preview=preview))
+
+
+def rows_count(
+    run: Run,
+    where: str | None = None,
+    scenario: str = "baseline",
+    search: str | None = None,
+    *,
+    other: str | None = None,
+) -> int:
+    """How many rows :func:`rows` matches with the same ``where``, ``search`` and ``other``."""
+    from rldiag.analysis.rows import count_rows
+
+    return count_rows(run, where, scenario, search, other=other)
 
 
 def layout_audit(

@@ -17,6 +17,7 @@ point at it. The tree::
     +-- ExecutorError            a distributed executor cannot start, or lost work
     +-- CaptureError             writing a run directory from a trainer failed (rldiag.capture)
     +-- StoreError               a run's file cannot be queried (rldiag.store, the app)
+    +-- QueryError               a rows query's filter, sort or scenario is malformed (rldiag.rows)
     +-- WandbImportError         a W&B source cannot be imported (rldiag.importers)
         +-- WandbMissingError    the optional wandb package is not installed
 
@@ -107,6 +108,12 @@ class CaptureError(RldiagError):
 
 class StoreError(RldiagError):
     """A file of the run cannot be queried (unreadable, malformed, or still being written)."""
+
+
+class QueryError(RldiagError):
+    """A query of the per-row tables (:func:`rldiag.rows`) is malformed: its ``where`` expression
+    (a column it does not have, a function or keyword it may not use, a syntax error), its sort
+    column, or a scenario it names."""
 
 
 class WandbImportError(RldiagError):

@@ -4,17 +4,22 @@ else (re)compute it with ``save_tokens``."""
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rldiag.config.settings import find_config_file
-from rldiag.errors import RunDirError, StorageError
-from rldiag.io.fs import RemotePath, relative_to
-from rldiag.io.outputs import sha256_file
-from rldiag.io.run_layout import RunLayout
+from rldiag.errors import ComputeError, RunDirError, StorageError
+from rldiag.io.arrays import read_parquet
+from rldiag.io.fs import RemotePath, arrow_source, relative_to
+from rldiag.io.outputs import list_scenarios, sha256_file
+from rldiag.io.run_layout import RunLayout, ScenarioLayout
 from rldiag.io.rundir import RunDir, parse_steps
 from rldiag.recompute import ProgressFn, recompute
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def read_meta(run: Path | RemotePath, name: str) -> dict | None:
@@ -71,8 +76,6 @@ def ensure_scenario(
     if overrides is None:
         meta = read_meta(rd.path, name)
         if meta is None:
-            from rldiag.io.outputs import list_scenarios
-
             have = ", ".join(list_scenarios(rd.path)) or "none"
             raise RunDirError(f"no scenario {name!r} in {rd.path} (have: {have}); run `rldiag recompute` first")
         overrides = meta.get("overrides", {})
@@ -84,3 +87,32 @@ def ensure_scenario(
     spec = ",".join(str(s) for s in chosen)
     recompute(rd.path, dict(overrides), name=name, steps=spec, device=device, save_tokens=True, progress=progress)
     return True
+
+
+def step_tokens(run: str | Path | RemotePath, step: int, scenario: str = "baseline", device: str = "cpu") -> pa.Table:
+    """One step's per-token values under scenario ``scenario``: its saved
+    ``tokens/step_<N>.parquet`` when it has one, else the step recomputed with the scenario's
+    overrides (from its ``scenario.json``; none for a ``baseline`` not written yet) into a
+    temporary directory, read and removed: nothing is written into the run, so a run rldiag may
+    not write into works too. One row per batch row: ``row`` and the list columns of
+    docs/run-directory.md."""
+    rd = RunDir(run)
+    step = int(step)
+    if step not in {sf.step for sf in rd.step_files()}:
+        raise RunDirError(f"{rd.batches_dir}: no batch file for step {step}")
+    saved = rd.layout.scenario(scenario).tokens_file(step)
+    meta = read_meta(rd.path, scenario)
+    if meta is not None and saved.is_file():
+        source, fs = arrow_source(saved)
+        return read_parquet(source, filesystem=fs)
+    if meta is None and scenario != "baseline":
+        have = ", ".join(list_scenarios(rd.path)) or "none"
+        raise RunDirError(f"no scenario {scenario!r} in {rd.path} (have: {have}); run `rldiag recompute` first")
+    overrides = dict((meta or {}).get("overrides", {}))
+    with tempfile.TemporaryDirectory(prefix="rldiag-step-tokens-") as tmp:
+        target = ScenarioLayout(Path(tmp) / "scenario")
+        rep = recompute(rd.path, overrides, name=scenario, steps=str(step), device=device, save_tokens=True,
+                        reuse=False, target=target)
+        if step in rep.steps_failed:
+            raise ComputeError(f"step {step} under scenario {scenario!r}: {rep.steps_failed[step]}")
+        return read_parquet(str(target.tokens_file(step)))

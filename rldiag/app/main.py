@@ -17,6 +17,7 @@ PAGES = (
     ("metrics.py", "Training metrics", ":material/monitoring:", "metrics"),
     ("whatif.py", "What-if", ":material/science:", "whatif"),
     ("step.py", "Step", ":material/biotech:", "step"),
+    ("rollouts.py", "Rollouts", ":material/table_rows:", "rollouts"),
     ("offpolicy.py", "Off-policy", ":material/alt_route:", "offpolicy"),
     ("health.py", "Health", ":material/health_and_safety:", "health"),
 )

@@ -18,7 +18,7 @@ RUN_KEY = "run_path"
 #: the other runs given on the command line (or in the sidebar), overlaid on the metrics page
 OTHER_RUNS_KEY = "other_runs"
 #: widget keys that belong to one run and are dropped when the run changes
-RUN_SCOPED_PREFIXES = ("m_", "wi_", "st_", "op_", "he_")
+RUN_SCOPED_PREFIXES = ("m_", "wi_", "st_", "op_", "he_", "ro_")
 
 
 @st.cache_resource(show_spinner=False)

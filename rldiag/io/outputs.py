@@ -31,6 +31,7 @@ TOKEN_OUTPUTS = (
     "rollout_is_weights",
     "ref_kl",
     "turn",
+    "loss_weight",
 )
 #: token outputs written as int32 lists (the others: float32; response_mask: int8)
 INT_TOKEN_OUTPUTS = frozenset({"turn"})

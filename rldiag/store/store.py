@@ -275,6 +275,17 @@ class Store:
         src = self.batches.source(step)
         return self.cache.get(("row-text", step, row), file_sig(src.path), lambda: tokentext.row_text(self.db, src, row))
 
+    def row_prompt(self, step: int, row: int) -> list[str] | None:
+        """One row's prompt tokens as text (the batch's ``prompt_tokens``; None without it)."""
+        src = self.batches.source(step)
+        return self.cache.get(("row-prompt", step, row), file_sig(src.path),
+                              lambda: tokentext.row_text(self.db, src, row, tokentext.PROMPT_COLUMN))
+
+    def scenarios_with_rows(self) -> list[str]:
+        """Scenarios that wrote per-row tables (``rows/step_<N>.parquet``), ``baseline`` first."""
+        have = [s for s in self.scenario_names() if self.scenarios.layout(s).row_steps()]
+        return sorted(have, key=lambda s: s != "baseline")
+
     def top_tokens(self, step: int, scenario: str | None, kind: str, k: int = 10) -> pl.DataFrame | None:
         """The step's top-``k`` tokens by ``kind`` (|log ratio|, ref KL, IS weight) with their
         context (:func:`rldiag.store.tokentext.top_tokens`); None without the scenario's tokens."""

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import polars as pl
 
+from rldiag.io.schema import PROMPT_TEXT_COLUMN, RESPONSE_TEXT_COLUMN
 from rldiag.store.batches import BatchSource
 from rldiag.store.db import Db
 
-TEXT_COLUMN = "response_tokens"
+TEXT_COLUMN = RESPONSE_TEXT_COLUMN
+#: the batch column of the prompt's text, one string per prompt token (when the capture wrote it)
+PROMPT_COLUMN = PROMPT_TEXT_COLUMN
 
 #: kind -> (tokens-file column, SQL score of a value ``v`` to rank by, SQL condition on ``v``)
 RANKINGS = {
@@ -21,11 +24,12 @@ RANKINGS = {
 }
 
 
-def row_text(db: Db, src: BatchSource, row: int) -> list[str] | None:
-    """One row's response tokens as text (None: the batch has no ``response_tokens``)."""
-    if not src.has(TEXT_COLUMN):
+def row_text(db: Db, src: BatchSource, row: int, column: str = TEXT_COLUMN) -> list[str] | None:
+    """One row's response tokens as text (None: the batch has no ``response_tokens``);
+    ``column=PROMPT_COLUMN``: its prompt's."""
+    if not src.has(column):
         return None
-    got = db.rows(f"SELECT {TEXT_COLUMN} FROM {src.sql} WHERE row = ?", src.params + [row], where=str(src.path),
+    got = db.rows(f"SELECT {column} FROM {src.sql} WHERE row = ?", src.params + [row], where=str(src.path),
                   arrow=src.arrow)
     return [("" if t is None else str(t)) for t in got[0][0]] if got and got[0][0] is not None else None
 

@@ -3,7 +3,8 @@
 The sample loads and a chart renders; lines appended to metrics.jsonl (a half-written one
 included) appear without a reload; changing the estimator on the what-if page and recomputing
 adds the scenario to its chart; every page renders (Off-policy with its mismatch diagnosis shown
-without a click). Screenshots of each page go to ``$RLDIAG_SCREENSHOTS`` (else the test's tmp dir).
+without a click, Rollouts with its table). Screenshots of each page go to ``$RLDIAG_SCREENSHOTS``
+(else the test's tmp dir).
 """
 
 from __future__ import annotations
@@ -212,6 +213,11 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
     pg.wait_for_selector(CHART)
     pg.get_by_text("Debugging checklist", exact=False).first.wait_for()
     _shoot(pg, shots / "step.png")
+    # every row of every step, in a table shown without a click (the what-if wrote the per-row tables)
+    _goto(pg, "Rollouts")
+    pg.get_by_text(re.compile(r"\d+ rows match")).first.wait_for()
+    pg.wait_for_selector('[data-testid="stDataFrame"]')
+    _shoot(pg, shots / "rollouts.png")
     _goto(pg, "Off-policy")
     # the mismatch diagnosis is computed on open, no click: its cause and confidence in view
     diagnosis = pg.get_by_text(re.compile(r"precision, confidence \d\.\d\d")).first

@@ -95,13 +95,15 @@ def test_per_turn_statistics_worked_example():
 
 
 def test_every_turn_name_is_written_on_every_step():
-    _, r = _worked()
+    b, r = _worked()
     for stat in STATS:
         for k in BUCKETS:
             assert f"rldiag/turns/{k}/{stat}" in r.metrics
     names = {n for n in r.metrics if n.startswith("rldiag/turns/")}
     assert len(names) == len(STATS) * len(BUCKETS) + 2
-    assert TURNS.tokens == ("turn",) and r.tokens["turn"].dtype == torch.int32
+    assert TURNS.tokens == ("turn", "loss_weight") and r.tokens["turn"].dtype == torch.int32
+    # each token's weight in actor/pg_loss: a row's sum is its per-row loss_weight
+    assert torch.allclose(r.rows["loss_weight"].to(torch.float32), b.rows.sum(r.tokens["loss_weight"]).to(torch.float32))
 
 
 def test_without_log_probs_only_the_data_statistics():

@@ -81,6 +81,8 @@ def _turns(st: State) -> None:
     st.metrics[f"{PREFIX}count/mean"] = seg_mean(turns, sid, n)
     st.metrics[f"{PREFIX}count/max"] = seg_max(turns, sid, n)
     st.loss_weights = step_loss_weights(st)
+    if st.loss_weights is not None:
+        st.tokens["loss_weight"] = st.loss_weights
 
     # spans: every row cut at its turn starts; each span lies in one turn (or before the first)
     cut = torch.nonzero(starts | row_starts(rows)).flatten()
@@ -144,6 +146,6 @@ TURNS = Stage(
         Metric(f"{PREFIX}{_K}/loss_weight", "the T_k tokens' summed weight in actor/pg_loss (the loss's aggregation "
                "weights: turn k's share of the loss; 0 where T_k = 0)", _R, needs=_LOSS),
     ),
-    tokens=("turn",),
+    tokens=("turn", "loss_weight"),
     rows=("turns",),
 )

@@ -1,0 +1,89 @@
+"""``rldiag rows RUN``: every row of every step, filtered, sorted and paged.
+
+The scenario's per-row tables (``rows/step_<N>.parquet``, which every recompute writes) queried
+in DuckDB (:func:`rldiag.api.rows`): ``--where`` one SQL boolean expression over the columns
+(``"is_weight_seq > 5 AND length >= 512"``), ``--sort`` a column (``-col``: descending),
+``--search`` text in the responses (the batch files' ``response_tokens``), ``--other`` a second
+scenario joined by (step, row) as ``other_<name>`` columns. Prints a table (with the count of
+matching rows in its title), or with ``--json`` a JSON array of the rows, one object each.
+Exit 0; 1 on an error (a bad filter names the column or word; a scenario without per-row
+tables says to run ``rldiag recompute RUN`` first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+
+from rich.table import Table
+
+from rldiag import api
+from rldiag.cli import exit_codes
+from rldiag.cli.common import console, fmt
+from rldiag.errors import QueryError
+
+#: the columns the table shows first, when the query has them (``--columns`` picks others)
+DEFAULT_COLUMNS = ("step", "row", "uid", "length", "turns", "score", "advantage_mean", "is_weight_seq",
+                   "rollout_kl", "loss_weight", "group_has_signal")
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("rows", help="every row of every step: filter (SQL expression), sort, page, search the text",
+                        add_help=False)
+    # `--sort -advantage_mean`: a word after one dash is a value here, as argparse takes a negative
+    # number (the command has no one-dash option: --help only)
+    sp._negative_number_matcher = re.compile(r"^-[^-]")
+    sp.add_argument("--help", action="help", help="show this help message and exit")
+    sp.add_argument("run", help="the run directory")
+    sp.add_argument("--where", help="a SQL boolean expression over the per-row columns, e.g. 'is_weight_seq > 5'")
+    sp.add_argument("--sort", help="a column to sort by; -COL for descending (default: step, row)")
+    sp.add_argument("--limit", type=int, default=50, help="rows to show (default 50)")
+    sp.add_argument("--offset", type=int, default=0, help="rows to skip first (default 0)")
+    sp.add_argument("--scenario", default="baseline", help="the scenario whose per-row tables to read (default baseline)")
+    sp.add_argument("--search", help="only rows whose response text contains this (case-insensitive)")
+    sp.add_argument("--other", help="a second scenario joined by step and row, as other_<column> columns")
+    sp.add_argument("--columns", help="comma-separated columns to print (default: a few; --json prints all)")
+    sp.add_argument("--json", action="store_true", help="print the rows as a JSON array of objects (every column)")
+    sp.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    frame = api.rows(args.run, args.where, args.sort, args.limit, args.offset, args.scenario, args.search,
+                     other=args.other)
+    if args.json:
+        rows = [{k: _json_value(v) for k, v in r.items()} for r in frame.iter_rows(named=True)]
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return exit_codes.OK
+    count = api.rows_count(args.run, args.where, args.scenario, args.search, other=args.other)
+    if args.columns:
+        cols = [c.strip() for c in args.columns.split(",") if c.strip()]
+        missing = [c for c in cols if c not in frame.columns]
+        if missing:
+            raise QueryError(f"--columns: no column {', '.join(map(repr, missing))}; columns: {', '.join(frame.columns)}")
+    else:
+        cols = [c for c in DEFAULT_COLUMNS if c in frame.columns]
+        cols += [c for c in frame.columns if c.startswith("other_advantage")]
+    t = Table(title=f"{args.run} · {args.scenario}: rows {args.offset + 1 if len(frame) else 0}-"
+                    f"{args.offset + len(frame)} of {count}")
+    for c in cols:
+        t.add_column(c, justify="right" if frame.schema[c].is_numeric() else "left")
+    for r in frame.select(cols).iter_rows():
+        t.add_row(*[_cell(v) for v in r])
+    console.print(t)
+    return exit_codes.OK
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return fmt(v)
+    return "-" if v is None else str(v)
+
+
+def _json_value(v):
+    """A value for JSON: NaN and infinities as null (JSON has neither)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
