@@ -96,6 +96,9 @@ COMBINATIONS: tuple[tuple[str, str], ...] = (
     ("critic/vpred_mean", "mean"),
     ("rldiag/clip_cov/*", "count"),
     ("rldiag/kl_cov/*", "count"),
+    # a token's share of the actor loss: its micro-batch's scale, as the loss is laid out
+    ("rldiag/turns/*/loss_weight", "loss"),
+    ("rldiag/filter/dropped_weight_share", "loss"),
     ("*", "step"),
 )
 _TAIL = ", then a mean over the step's mini-batches"
