@@ -107,7 +107,13 @@ class Stage:
     them); ``needs_fn``: the same under given settings, where they decide (the PPO anchor, a
     registry entry); ``optional`` / ``optional_fn``: columns it reads when the batch has them.
     ``settings``: the keys it reads (``prefix.*`` for a block). ``metrics``, ``tokens``: what it
-    writes. ``checks``: its rows of ``rldiag check``'s metric families."""
+    writes. ``checks``: its rows of ``rldiag check``'s metric families.
+
+    ``uses`` / ``sets``: the :class:`State` fields it reads (beyond ``batch`` and ``settings``;
+    ``metrics:<name>`` for a metric an earlier stage wrote) and those it assigns or changes
+    (``errors`` where it flags a step; the metrics and tokens it writes are those it declares).
+    A sweep (:mod:`rldiag.engine.sweep`) runs a stage once for scenarios that differ only in
+    stages it does not depend on; None (undeclared): it is never moved, nor another stage past it."""
 
     name: str
     doc: str
@@ -120,6 +126,8 @@ class Stage:
     metrics: tuple[Metric, ...] = ()
     tokens: tuple[str, ...] = ()
     checks: tuple[CheckFamily, ...] = ()
+    uses: tuple[str, ...] | None = None
+    sets: tuple[str, ...] | None = None
 
     def required(self, settings: EngineSettings | None = None) -> tuple[str, ...]:
         """The columns it needs (under ``settings`` when given)."""

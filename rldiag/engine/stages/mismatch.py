@@ -68,4 +68,6 @@ MISMATCH = Stage(
         Metric("rldiag/mismatch/{lag_abs_gap_lag0,lag_abs_gap_lagged}", "mean |d| over on-policy (lag 0) and "
                "lagged rows' tokens", _R, needs=("policy_version",)),
     ),
+    uses=("mask0",),
+    sets=(),
 )
