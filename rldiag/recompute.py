@@ -129,9 +129,12 @@ def _known_inputs(run: Path | RemotePath, exclude: str) -> dict[str, dict]:
     return known
 
 
-def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool) -> _Previous:
+def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool,
+              known: dict[str, dict] | None = None) -> _Previous:
+    """What the scenario ``name``'s last write left for reuse; ``known``: the run's input
+    records by file, when the caller has them (default: :func:`_known_inputs`)."""
     target = RunLayout(run).scenario(name)
-    known = _known_inputs(run, name)
+    known = _known_inputs(run, name) if known is None else known
     if not target.meta.is_file():
         return _Previous(known=known)
     try:

@@ -13,6 +13,9 @@
           comparison.json                            written last
           metrics.parquet  tokens.parquet  groups.parquet
         import/wandb.json                            rldiag import-wandb, written last
+        sweeps/<name>/                               rldiag sweep (its scenarios are under scenarios/)
+          sweep.json                                 written last: the grid, the scenarios
+          summary.parquet                            every scenario's metrics, long format
 
 :class:`RunLayout` gives these paths for a run on local disk (:class:`~pathlib.Path`) and in an
 object store (:class:`~rldiag.io.fs.RemotePath`) alike: it only joins names, never touches the
@@ -58,6 +61,7 @@ STEP_FILE = re.compile(r"^step_(\d+)\.(parquet|arrow)$")
 OUTPUT_DIR = "rldiag"
 SCENARIOS_DIR = "scenarios"
 COMPARISONS_DIR = "comparisons"
+SWEEPS_DIR = "sweeps"
 IMPORT_DIR = "import"
 #: Between the two sides of a comparison's directory name (``base__vs__rloo``).
 PAIR_SEP = "__vs__"
@@ -148,6 +152,17 @@ class ComparisonLayout(OutputLayout[P]):
     groups = Entry("GROUPS")
 
 
+@dataclass(frozen=True)
+class SweepLayout(OutputLayout[P]):
+    """``RUN/rldiag/sweeps/<name>/``: one ``rldiag sweep`` (each of its scenarios is written
+    under ``scenarios/`` as ``rldiag recompute`` writes it)."""
+
+    META: ClassVar[str] = "sweep.json"
+    SUMMARY: ClassVar[str] = "summary.parquet"
+
+    summary = Entry("SUMMARY")
+
+
 class RunLayout(Generic[P]):
     """The paths of the run directory ``root``: :class:`Path` for a local run (a path, or a
     string that is not a URI), :class:`RemotePath` for one in an object store (a URI)."""
@@ -214,6 +229,14 @@ class RunLayout(Generic[P]):
     def comparison(self, a: str, b: str) -> ComparisonLayout[P]:
         """Where ``rldiag compare`` writes the comparison of sides ``a`` and ``b``."""
         return ComparisonLayout(self._at(OUTPUT_DIR, COMPARISONS_DIR, f"{a}{PAIR_SEP}{b}"))
+
+    @property
+    def sweeps_dir(self) -> P:
+        return self._at(OUTPUT_DIR, SWEEPS_DIR)
+
+    def sweep(self, name: str) -> SweepLayout[P]:
+        """Where ``rldiag sweep`` writes the sweep ``name``'s summary and record."""
+        return SweepLayout(self._at(OUTPUT_DIR, SWEEPS_DIR, name))
 
     @property
     def import_dir(self) -> P:
