@@ -27,6 +27,7 @@ __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
     "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
     "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
+    "SweepResult", "sweep",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
 _API = frozenset(__all__) - {"__version__"}
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         ImportResult,
         MismatchResult,
         RecomputeResult,
+        SweepResult,
         VerifyResult,
         check,
         compare,
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
         mismatch_tokens,
         recompute,
         settings,
+        sweep,
         tolerances,
         verify,
     )
