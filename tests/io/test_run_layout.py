@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rldiag.io.fs import RemotePath, as_path
-from rldiag.io.run_layout import STEP_FILE, ComparisonLayout, RunLayout, ScenarioLayout, step_file_name
+from rldiag.io.run_layout import STEP_FILE, ComparisonLayout, RunLayout, ScenarioLayout, SweepLayout, step_file_name
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rldiag"
 
@@ -23,6 +23,7 @@ EXPECTED = {
     "output_dir": "rldiag",
     "scenarios_dir": "rldiag/scenarios",
     "comparisons_dir": "rldiag/comparisons",
+    "sweeps_dir": "rldiag/sweeps",
     "import_dir": "rldiag/import",
     "wandb_import_record": "rldiag/import/wandb.json",
 }
@@ -83,6 +84,16 @@ def test_a_scenario_and_a_comparison(root):
     }
 
 
+def test_a_sweep(root):
+    sw = RunLayout(root).sweep("sweep-1a2b3c4d")
+    assert isinstance(sw, SweepLayout) and sw.name == "sweep-1a2b3c4d"
+    assert {k: _rel(getattr(sw, k), root) for k in ("dir", "meta", "summary")} == {
+        "dir": "rldiag/sweeps/sweep-1a2b3c4d",
+        "meta": "rldiag/sweeps/sweep-1a2b3c4d/sweep.json",
+        "summary": "rldiag/sweeps/sweep-1a2b3c4d/summary.parquet",
+    }
+
+
 def test_paths_keep_their_kind():
     assert isinstance(RunLayout("/tmp/x").scenario("a").meta, Path)
     assert isinstance(RunLayout(Path("rel")).batch_file(1), Path)
@@ -116,7 +127,7 @@ def test_token_steps_lists_the_token_files(tmp_path):
 #: the file and directory names of the run directory (exact string constants)
 NAMES = {"run.yaml", "config.yaml", ".hydra/config.yaml", "metrics.jsonl", "batches", "scenarios", "comparisons",
          "import", "wandb.json", "scenario.json", "comparison.json", "metrics.parquet", "tokens.parquet",
-         "groups.parquet", "tokens", "rldiag", "__vs__"}
+         "groups.parquet", "tokens", "rldiag", "__vs__", "sweeps", "sweep.json", "summary.parquet"}
 
 
 #: a step file's name, or the head of one in an f-string (``f"step_{n:06d}.parquet"``)
@@ -147,7 +158,7 @@ def _path_spellings(source: str) -> list[tuple[int, str]]:
                     found.add((side.lineno, side.value))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             v = node.value
-            if v in NAMES - {"batches", "tokens", "rldiag", "import", "scenarios", "comparisons"} or STEP_NAME.match(v):
+            if v in NAMES - {"batches", "tokens", "rldiag", "import", "scenarios", "comparisons", "sweeps"} or STEP_NAME.match(v):
                 found.add((node.lineno, v))
     return sorted(found)
 
