@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -242,7 +243,7 @@ def iter_recompute_many(
                     run(node, later)
             if settled(node):
                 break
-            groups = _group(node.members, lambda i: values(i, idx))
+            groups = _group(node.members, functools.partial(values, idx=idx))
             if any(reads_kl[b] for b in node.pending):
                 _check_kl(node, groups, settings_list)
             for g in groups:
