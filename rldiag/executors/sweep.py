@@ -31,7 +31,7 @@ import torch
 
 from rldiag.config.settings import Settings
 from rldiag.engine.pipeline import initial_kl_state
-from rldiag.engine.requirements import recompute_columns
+from rldiag.engine.requirements import ColumnPlan, recompute_columns
 from rldiag.engine.stages.reward import ANCHOR, REWARD_KL
 from rldiag.engine.sweep import StageHook, iter_recompute_many, stage_keys
 from rldiag.executors import allocator
@@ -75,20 +75,22 @@ class SweepHooks:
     on_stage: StageHook | None = None
 
 
-def load_key(settings: Settings) -> tuple:
+def load_key(settings: Settings, plan: ColumnPlan | None = None) -> tuple:
     """What decides how a step file is parsed for these settings: the columns (the column
-    planner's, less the name in its error message) and the horizons the loader reads."""
-    plan = recompute_columns(settings)
+    planner's, ``plan``, less the name in its error message) and the horizons the loader reads."""
+    plan = plan if plan is not None else recompute_columns(settings)
     return plan.wanted, plan.required, settings["data.max_response_length"], settings["data.max_prompt_length"]
 
 
 def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False,
-               read: Reader | None = None) -> list[Fetched]:
+               read: Reader | None = None, columns: Sequence[ColumnPlan] | None = None) -> list[Fetched]:
     """One step for every scenario (``tasks[i]``: scenario i's task of that step, its previous
     record and whether its previous result may be reused): the file read at most once, hashed
     once, parsed once per :func:`load_key`; a :class:`Fetched` per scenario, as
-    :func:`~rldiag.executors.steps.fetch` would give it."""
+    :func:`~rldiag.executors.steps.fetch` would give it. ``columns``: each scenario's column
+    plan, when the caller has them (default: the column planner's)."""
     read = read or _read_bytes
+    plans = list(columns) if columns is not None else [recompute_columns(job.settings) for job in jobs]
     sf = tasks[0].step_file()
     info, remote = _stat_record(sf, tasks[0].rel)
     for t in tasks:  # a record of this size and mtime: the hash without reading the file
@@ -109,16 +111,15 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
         if t.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
             out[i] = Fetched(t, info)
         else:
-            loads.setdefault(load_key(job.settings), []).append(i)
+            loads.setdefault(load_key(job.settings, plans[i]), []).append(i)
     if loads and content is None:
         content = read(sf.path)
     for idxs in loads.values():
-        settings = jobs[idxs[0]].settings
-        data, error = try_load(sf, settings, recompute_columns(settings), content)
+        data, error = try_load(sf, jobs[idxs[0]].settings, plans[idxs[0]], content)
         errors = {i: error for i in idxs}
-        if data is None and len({recompute_columns(jobs[i].settings).who for i in idxs}) > 1:
+        if data is None and len({plans[i].who for i in idxs}) > 1:
             for i in idxs[1:]:  # the message names who needs a missing column: each scenario's own
-                errors[i] = try_load(sf, jobs[i].settings, recompute_columns(jobs[i].settings), content)[1]
+                errors[i] = try_load(sf, jobs[i].settings, plans[i], content)[1]
         if data is not None and pin:
             data.batch = data.batch.pin_memory()
         for i in idxs:
@@ -208,7 +209,8 @@ class SweepExecutor:
         pin = torch.device(device).type == "cuda"
         rows = [tuple(p.tasks[k] for p in plans) for k in range(len(steps))]
         read = self.hooks.read
-        fetched = prefetched(rows, lambda tasks: fetch_many(tasks, jobs, pin=pin, read=read))
+        columns = [recompute_columns(job.settings) for job in jobs]
+        fetched = prefetched(rows, lambda tasks: fetch_many(tasks, jobs, pin=pin, read=read, columns=columns))
         packers = [Packer(job.pack_tokens) for job in jobs]
         every = torch.get_num_threads()
         with engine_threads(device):
