@@ -220,6 +220,7 @@ class _Scenario:
     report: ScenarioReport | None = None
     writer: StagedWriter | None = None
     inputs: list[dict] = field(default_factory=list)
+    table: pa.Table | None = None  # metrics.parquet, once written
 
 
 def _scenarios(rd: RunDir, grid: dict[str, list[Any]], fixed: dict[str, Any]) -> list[_Scenario]:
@@ -258,7 +259,7 @@ def _summary(scenarios: list[_Scenario], grid: dict[str, list[Any]]) -> pa.Table
     frames = []
     for sc in scenarios:
         assert sc.report is not None
-        table = metrics_table(sc.report.metrics)
+        table = sc.table if sc.table is not None else metrics_table(sc.report.metrics)
         if table.num_columns <= 1 or table.num_rows == 0:
             continue
         wide = pl.from_arrow(table)
@@ -386,7 +387,8 @@ def _commit(sc: _Scenario, save_tokens: bool, seconds: float, label: str) -> Non
 
     assert sc.report is not None and sc.writer is not None
     sc.report.steps_done.sort()
-    sc.writer.write_table(ScenarioLayout.METRICS, metrics_table(sc.report.metrics))
+    sc.table = metrics_table(sc.report.metrics)
+    sc.writer.write_table(ScenarioLayout.METRICS, sc.table)
     sc.report.seconds = seconds
     meta = _scenario_meta(sc.report, sc.overrides, sc.inputs, save_tokens)
     meta["sweep"] = label  # the sweep that wrote it

@@ -19,9 +19,10 @@ The tree is walked depth first (:func:`iter_recompute_many`): each leaf's result
 as soon as it is complete, so memory holds one path of states, not every scenario's tensors.
 
 The reward KL's controller state (``kl_states``, one per scenario) is read by the ``reward_kl``
-stage alone. A fixed controller's state is never read; preset coefficients are compared by
-value; an adaptive controller's state is advanced in place, so scenarios share it only when
-they pass the same object, and then must agree on every setting up to that stage (else
+stage alone. A fixed controller's state is never read; preset coefficients and adaptive
+controllers' values are compared by value. An adaptive controller is advanced in place: the
+stage advances the first scenario's of a branch, and the others' are given its new value. So
+scenarios may also pass one object, but then must agree on every setting up to that stage (else
 :class:`ValueError`: it would be advanced twice).
 """
 
@@ -90,8 +91,10 @@ def _kl_key(kl: KLState, s: EngineSettings) -> object:
         return None
     if isinstance(kl, PresetKLCoefficients):
         return ("preset", tuple(kl.values))
-    if isinstance(kl, KLControllerState) and s.get("algorithm.kl_ctrl.type") != "adaptive":
-        return None  # a fixed controller's coefficient is the setting's
+    if isinstance(kl, KLControllerState):
+        if s.get("algorithm.kl_ctrl.type") != "adaptive":
+            return None  # a fixed controller's coefficient is the setting's
+        return ("adaptive", kl.value)
     return ("object", id(kl))
 
 
@@ -221,6 +224,13 @@ def iter_recompute_many(
             if node.failed is None or idx < node.failed[0]:
                 node.failed = (idx, exc)
             return
+        if reads_kl[idx]:  # the branch's controller advanced: the other scenarios' take its value
+            rep = node.state.kl_state
+            for i in node.members:
+                kl = node.kls[i]
+                if isinstance(rep, KLControllerState) and kl is not rep and _mutable_kl(kl, settings_list[i]):
+                    assert isinstance(kl, KLControllerState)
+                    kl.value = rep.value
         if on_stage is not None:
             on_stage(stages[idx].name, list(node.members))
 

@@ -17,7 +17,8 @@ as a recompute of it would (the same steps, its own reuse decisions and chunks);
 
 Adaptive KL in the reward: each scenario's controller advances over its steps in order
 (:class:`~rldiag.executors.klchain.SequentialChain`); scenarios that agree on the reward-KL
-settings and load the same columns share one chain (they compute the same statistics).
+settings and plan the same columns share one chain (they compute the same statistics), and the
+engine shares the stages of scenarios whose controllers hold the same value.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from rldiag.engine.pipeline import initial_kl_state
 from rldiag.engine.requirements import ColumnPlan, recompute_columns
 from rldiag.engine.stages.reward import ANCHOR, REWARD_KL
 from rldiag.engine.sweep import StageHook, iter_recompute_many, stage_keys
+from rldiag.errors import RldiagError
 from rldiag.executors import allocator
 from rldiag.executors.allocator import engine_threads, tune_host_allocator
 from rldiag.executors.base import Plan
@@ -55,6 +57,7 @@ from rldiag.executors.steps import (
     prefetched,
     try_load,
 )
+from rldiag.io.loader import read_schema
 
 __all__ = ["SweepExecutor", "SweepHooks", "fetch_many", "load_key"]
 
@@ -75,11 +78,14 @@ class SweepHooks:
     on_stage: StageHook | None = None
 
 
-def load_key(settings: Settings, plan: ColumnPlan | None = None) -> tuple:
-    """What decides how a step file is parsed for these settings: the columns (the column
-    planner's, ``plan``, less the name in its error message) and the horizons the loader reads."""
-    plan = plan if plan is not None else recompute_columns(settings)
-    return plan.wanted, plan.required, settings["data.max_response_length"], settings["data.max_prompt_length"]
+def load_key(settings: Settings, plan: ColumnPlan, names: Sequence[str]) -> tuple:
+    """What decides how a file with columns ``names`` is parsed for these settings: the columns
+    the plan reads from it (in order; a file lacking a column the plan requires fails, in a
+    message naming who needs it: a key of its own) and the horizons the loader reads."""
+    horizons = (settings["data.max_response_length"], settings["data.max_prompt_length"])
+    if plan.missing(names):
+        return ("missing", plan, *horizons)
+    return (tuple(plan.select(names)), *horizons)
 
 
 def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False,
@@ -105,15 +111,24 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
         else:
             pending = _hash_pool().submit(hashed_record, dict(info), remote, content)
     out: list[Fetched | None] = [None] * len(tasks)
-    loads: dict[tuple, list[int]] = {}
-    for i, (t, job) in enumerate(zip(tasks, jobs)):
+    todo: list[int] = []
+    for i, t in enumerate(tasks):
         old = t.previous
         if t.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
             out[i] = Fetched(t, info)
         else:
-            loads.setdefault(load_key(job.settings, plans[i]), []).append(i)
-    if loads and content is None:
-        content = read(sf.path)
+            todo.append(i)
+    loads: dict[tuple, list[int]] = {}
+    if todo:
+        if content is None:
+            content = read(sf.path)
+        try:
+            names: Sequence[str] | None = read_schema(sf, content).names
+        except RldiagError:
+            names = None  # unreadable: each load below reports it
+        for i in todo:
+            key = load_key(jobs[i].settings, plans[i], names) if names is not None else ("unreadable", i)
+            loads.setdefault(key, []).append(i)
     for idxs in loads.values():
         data, error = try_load(sf, jobs[idxs[0]].settings, plans[idxs[0]], content)
         errors = {i: error for i in idxs}
@@ -167,7 +182,9 @@ def _kl_controllers(plans: Sequence[Plan]) -> tuple[list[Callable[[list[int]], A
             kl_for.append(_constant(initial_kl_state(s)))
             not_loaded.append(None)
         else:
-            key = (load_key(s), tuple(repr(s.get(k)) for k in reward_keys),
+            cols = recompute_columns(s)
+            key = (cols.wanted, cols.required, s["data.max_response_length"], s["data.max_prompt_length"],
+                   tuple(repr(s.get(k)) for k in reward_keys),
                    tuple((t.step, t.chunk) for t in plan.tasks), tuple((t.step, t.chunk) for t in plan.replay))
             if key not in chains:
                 chains[key] = _SharedChain(SequentialChain(initial_kl_state(s), job, replay_statistics(plan.replay, job)))
