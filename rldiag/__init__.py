@@ -27,6 +27,7 @@ __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
     "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
     "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
+    "LayoutAuditResult", "layout_audit",
     "SweepResult", "sweep",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
         DiagnoseResult,
         EstimatorsResult,
         ImportResult,
+        LayoutAuditResult,
         MismatchResult,
         RecomputeResult,
         SweepResult,
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
         compare_estimators,
         diagnose,
         import_wandb,
+        layout_audit,
         logged,
         mismatch,
         mismatch_tokens,

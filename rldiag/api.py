@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.agreement import TokenAgreement
     from rldiag.analysis.compare import CompareReport as CompareResult
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
+    from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
     from rldiag.analysis.sweep import SweepReport as SweepResult
     from rldiag.analysis.tolerance import Tol, Tolerances
@@ -62,6 +63,7 @@ __all__ = [
     "Progress", "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check",
     "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
+    "LayoutAuditResult", "layout_audit",
     "SweepResult", "sweep",
 ]
 
@@ -78,6 +80,7 @@ _LAZY = {
     "EstimatorsResult": "rldiag.analysis.compare:EstimatorComparison",
     "DiagnoseResult": "rldiag.doctor.doctor:DoctorReport",
     "MismatchResult": "rldiag.analysis.mismatch:MismatchDiagnosis",
+    "LayoutAuditResult": "rldiag.analysis.layout_audit:LayoutAuditResult",
     "SweepResult": "rldiag.analysis.sweep:SweepReport",
     "CheckResult": "rldiag.check:CheckReport",
     "ImportResult": "rldiag.importers.wandb_import:ImportReport",
@@ -438,6 +441,8 @@ def mismatch(
     steps: str | None = None,
     device: str = "cpu",
     examples: bool = True,
+    save_tokens: bool | None = None,
+    write: bool = True,
     progress: Progress | None = None,
 ) -> MismatchResult:
     """Why the rollout engine's log-probs differ from the trainer's: the causes
@@ -446,18 +451,29 @@ def mismatch(
     per-step fingerprints a recompute writes (``rldiag/mismatch/*``: the scenario :func:`recompute`
     writes for ``overrides``, ``baseline`` for none, unchanged steps reused) and the run's
     sampling settings. ``examples``: each cause lists the tokens with the largest gaps (read back
-    from the batch files). ``result.causes`` is empty when the two streams agree."""
-    from rldiag.analysis.mismatch_run import diagnose_rows
-    from rldiag.config.settings import resolve_settings
-    from rldiag.io.rundir import RunDir
+    from the batch files). ``save_tokens``: whether the recompute saves per-token values (None:
+    keep what the scenario saved, so that a diagnosis never drops the tokens an earlier recompute
+    wrote). ``write=False`` writes nothing (a run rldiag may not write into): each step's batch
+    file is read for the statistics' columns alone and no scenario is kept. ``result.causes`` is
+    empty when the two streams agree."""
+    from rldiag.analysis.mismatch_run import diagnose_rows, stream_rows
+    from rldiag.config.settings import resolve_settings, scenario_slug
+    from rldiag.io.rundir import RunDir, parse_steps
     from rldiag.recompute import recompute as run_recompute
 
     rd = RunDir(run)
     opts = _overrides(overrides, None)
-    rep = run_recompute(rd.path, opts, steps=steps, device=device, progress=_by_step(progress))
     resolved = resolve_settings(rd.path, opts)
+    if write:
+        if save_tokens is None:
+            save_tokens = bool(rd.layout.scenario(scenario_slug(opts)).token_steps())
+        rows = run_recompute(rd.path, opts, steps=steps, device=device, save_tokens=save_tokens,
+                             progress=_by_step(progress)).metrics
+    else:
+        every = {sf.step: sf for sf in rd.require_steps()}
+        rows = stream_rows([every[s] for s in parse_steps(steps, sorted(every))], resolved, _by_step(progress))
     files = {sf.step: sf for sf in rd.step_files()} if examples else None
-    return diagnose_rows(rep.metrics, {**resolved.values, **resolved.resolved()}, files, resolved)
+    return diagnose_rows(rows, {**resolved.values, **resolved.resolved()}, files, resolved)
 
 
 def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = None) -> pl.DataFrame:
@@ -475,6 +491,27 @@ def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = N
     if int(step) not in files:
         raise RunDirError(f"{rd.batches_dir}: no batch file for step {step}")
     return _frame(step_tokens(files[int(step)], resolve_settings(rd.path, _overrides(overrides, None))))
+
+
+def layout_audit(
+    run: Run,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    steps: str | None = None,
+    device: str = "cpu",
+    progress: Progress | None = None,
+) -> LayoutAuditResult:
+    """Which metrics are artefacts of the parallel layout, and by how much: ``run`` (its settings
+    plus ``overrides``) recomputed under the layouts verl users change (its own, one batch per
+    step, the micro-batch halved and doubled, DP 1 / 2 / 4, ``use_dynamic_bsz`` on and off, the
+    mini-batch halved, ``trainer.balance_batch`` off for the legacy trainer; those verl would
+    refuse skipped with the reason, duplicates of another folded into it), written to
+    ``RUN/rldiag/sweeps/layout-audit/``. ``result.metrics_frame()``: per metric, whether it is
+    layout-dependent, its relative spread, the layout matching the log best and why;
+    ``result.to_dict()`` is ``rldiag layout-audit --json``. ``progress`` counts layouts x steps."""
+    from rldiag.analysis.layout_audit import layout_audit as run_layout_audit
+
+    return run_layout_audit(run, overrides, steps=steps, device=device, progress=progress)
 
 
 def check(run: str | Path, *, progress: Progress | None = None) -> CheckResult:

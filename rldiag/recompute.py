@@ -37,7 +37,7 @@ from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import is_adaptive
 from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, DEFAULT_PACK_TOKENS, PREFETCH, Job, StepOutcome, StepTask
 from rldiag.io.fs import RemotePath, as_path, is_remote, relative_to
-from rldiag.io.outputs import json_safe, list_scenarios, metrics_table, read_scenario, sha256_file
+from rldiag.io.outputs import json_safe, list_scenarios, metrics_table, read_scenario_at, sha256_file
 from rldiag.io.run_layout import RunLayout, ScenarioLayout
 from rldiag.io.rundir import RunDir, StepFile, parse_steps
 from rldiag.io.staged import StagedWriter, open_staged
@@ -98,6 +98,7 @@ class _Previous:
     inputs: dict[int, dict] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     token_steps: set[int] = field(default_factory=set)  # steps with a tokens file
+    row_steps: set[int] = field(default_factory=set)  # steps with a per-row file
     reusable: bool = False
     known: dict[str, dict] = field(default_factory=dict)  # input records by file, any scenario
 
@@ -130,15 +131,16 @@ def _known_inputs(run: Path | RemotePath, exclude: str) -> dict[str, dict]:
 
 
 def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool,
-              known: dict[str, dict] | None = None) -> _Previous:
-    """What the scenario ``name``'s last write left for reuse; ``known``: the run's input
-    records by file, when the caller has them (default: :func:`_known_inputs`)."""
-    target = RunLayout(run).scenario(name)
+              target: ScenarioLayout | None = None, known: dict[str, dict] | None = None) -> _Previous:
+    """What the scenario ``name``'s last write left for reuse (``target``: its directory, when not
+    the run's ``scenarios/<name>/``); ``known``: the run's input records by file, when the caller
+    has them (default: :func:`_known_inputs`)."""
+    target = target or RunLayout(run).scenario(name)
     known = _known_inputs(run, name) if known is None else known
     if not target.meta.is_file():
         return _Previous(known=known)
     try:
-        meta, table = read_scenario(run, name)
+        meta, table = read_scenario_at(target)
     except (RldiagError, OSError, ValueError, pa.ArrowException):
         return _Previous(known=known)
     inputs = {int(i["step"]): i for i in meta.get("inputs", [])}
@@ -152,7 +154,9 @@ def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens
     done = set(meta.get("steps_done", []))
     metrics = {int(r["step"]): r for r in table.to_pylist() if int(r["step"]) in done}
     token_steps: set[int] = set(target.token_steps()) if save_tokens and same else set()
-    return _Previous(inputs=inputs, metrics=metrics, token_steps=token_steps, reusable=same, known=known)
+    row_steps: set[int] = set(target.row_steps()) if same else set()
+    return _Previous(inputs=inputs, metrics=metrics, token_steps=token_steps, row_steps=row_steps, reusable=same,
+                     known=known)
 
 
 def _plan(rd: RunDir, files: dict[int, StepFile], chosen: list[int], job: Job, prev: _Previous,
@@ -160,7 +164,8 @@ def _plan(rd: RunDir, files: dict[int, StepFile], chosen: list[int], job: Job, p
     def task(step: int, chunk: int) -> StepTask:
         sf = files[step]
         rel = str(relative_to(sf.path, rd.path))
-        reusable = prev.reusable and step in prev.metrics and (not job.save_tokens or step in prev.token_steps)
+        reusable = (prev.reusable and step in prev.metrics and step in prev.row_steps
+                    and (not job.save_tokens or step in prev.token_steps))
         # results are reused only from this scenario; a file's hash may come from any scenario
         previous = prev.inputs.get(step) if reusable else (prev.inputs.get(step) or prev.known.get(rel))
         return StepTask(step=step, file=str(sf.path), rel=rel, chunk=chunk, previous=previous, reusable=reusable)
@@ -196,6 +201,7 @@ def _chunk_ids(steps: list[int], position: dict[int, int], chunk_steps: int) -> 
 def _record(out: StepOutcome, report: ScenarioReport, prev: _Previous, writer: StagedWriter, save_tokens: bool) -> None:
     """One executor outcome into the report and the scenario being written."""
     tokens_rel = ScenarioLayout.tokens_rel(out.step)
+    rows_rel = ScenarioLayout.rows_rel(out.step)
     if out.status == "failed":
         assert out.error is not None  # a failed outcome says why
         report.steps_failed[out.step] = out.error
@@ -205,12 +211,15 @@ def _record(out: StepOutcome, report: ScenarioReport, prev: _Previous, writer: S
         report.metrics.append({k: v for k, v in row.items() if v is not None or k == "step"})
         if save_tokens:
             writer.keep(tokens_rel)
+        writer.keep(rows_rel)
         report.steps_reused.append(out.step)
     else:
         assert out.metrics is not None  # a computed step has its metrics row
         report.metrics.append(out.metrics)
         if out.tokens is not None:
             writer.write_table(tokens_rel, out.tokens)
+        if out.row_table is not None:
+            writer.write_table(rows_rel, out.row_table, compression="zstd")
         report.rows += out.rows
         report.tokens += out.n_tokens
     report.steps_done.append(out.step)
@@ -228,6 +237,7 @@ def recompute(
     reuse: bool = True,
     executor: str | Executor = "local",
     chunk_steps: int = DEFAULT_CHUNK_STEPS,
+    target: ScenarioLayout | None = None,
 ) -> ScenarioReport:
     """Recompute a run under its own settings plus ``overrides`` and write the scenario.
 
@@ -239,7 +249,9 @@ def recompute(
     started but not closed here. Every executor writes the same scenario; steps are packed
     within chunks of ``chunk_steps`` consecutive steps (the unit of a Ray task). Returns the
     report; raises :class:`RldiagError` only for problems that stop the whole scenario (unknown
-    settings, no batches, no executor). Failed steps are in ``report.steps_failed``.
+    settings, no batches, no executor). Failed steps are in ``report.steps_failed``. ``target``:
+    the scenario's directory when it is not ``RUN/rldiag/scenarios/<name>/`` (a sweep's
+    scenario, :attr:`rldiag.io.run_layout.RunLayout.layout_audit`).
     """
     t0 = time.perf_counter()
     rd = RunDir(run)
@@ -253,8 +265,8 @@ def recompute(
         raise ConfigError(f"chunk_steps must be >= 1, not {chunk_steps}")
     files = {sf.step: sf for sf in rd.require_steps()}
     chosen = parse_steps(steps, sorted(files))
-    target = rd.layout.scenario(name)
-    prev = _previous(rd.path, name, settings, save_tokens) if reuse else _Previous()
+    target = target or rd.layout.scenario(name)
+    prev = _previous(rd.path, name, settings, save_tokens, target) if reuse else _Previous()
     ex = get_executor(executor)
     owned = isinstance(executor, str)
     try:
@@ -263,7 +275,8 @@ def recompute(
         plan = _plan(rd, files, chosen, job, prev, chunk_steps)
         report = ScenarioReport(name=name, path=target.dir, settings=settings, device=dev, executor=ex.name)
         inputs: list[dict] = []
-        writer = open_staged(target.dir, marker=ScenarioLayout.META, dirs=(ScenarioLayout.TOKENS,) if save_tokens else ())
+        dirs = (ScenarioLayout.ROWS, ScenarioLayout.TOKENS) if save_tokens else (ScenarioLayout.ROWS,)
+        writer = open_staged(target.dir, marker=ScenarioLayout.META, dirs=dirs)
         try:
             with closing(ex.run(plan)) as outcomes:
                 for i, out in enumerate(outcomes, 1):

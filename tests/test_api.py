@@ -304,3 +304,32 @@ def test_import_wandb_then_doctor(sample, tmp_path):
     d = rldiag.diagnose(out, recompute=False)
     assert d.logged_steps == 30 and d.recompute_error is None
     assert math.isfinite(rldiag.logged(out)["actor/pg_loss"].sum())
+
+
+def test_mismatch_keeps_the_tokens_the_scenario_saved(tmp_path):
+    """A diagnosis recomputes the baseline: tokens an earlier recompute saved stay (the Off-policy
+    page runs it on open, and the Step page reads them)."""
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    run = write_synth_run(tmp_path / "run", SynthSpec(steps=2, seed=5))
+    tokens = run / "rldiag" / "scenarios" / "baseline" / "tokens"
+    api.mismatch(run, examples=False)
+    assert not tokens.exists()  # none saved before: none written
+    api.recompute(run, save_tokens=True)
+    saved = sorted(p.name for p in tokens.iterdir())
+    diag = api.mismatch(run, examples=False)
+    assert sorted(p.name for p in tokens.iterdir()) == saved and diag.steps == [1, 2]
+    api.mismatch(run, examples=False, save_tokens=False)
+    assert not tokens.exists()
+
+
+def test_mismatch_without_writing_equals_the_recomputed_one(sample, tmp_path):
+    """write=False streams the statistics from the batch files and writes nothing; the diagnosis
+    is the one the recompute's metrics give."""
+    run = shutil.copytree(sample, tmp_path / "run", ignore=shutil.ignore_patterns("rldiag"))
+    streamed = rldiag.mismatch(run, write=False)
+    assert not (run / "rldiag").exists()
+    written = rldiag.mismatch(run)
+    assert streamed.confidences == written.confidences and streamed.steps == written.steps
+    for k, v in written.summary.items():
+        assert streamed.summary[k] == pytest.approx(v, rel=1e-9, nan_ok=True), k

@@ -109,8 +109,11 @@ def step_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     # temperature: x ~ slope * y, d correlated with y (its sign that of slope - 1), and d of
     # opposite signs on confident and unconfident tokens (one of them missing: half the weight)
     conf, unconf = g("gap_confident"), g("gap_unconfident")
+    missing = np.isnan(conf) | np.isnan(unconf)
+    if "confident_share" in s and "unconfident_share" in s:  # a mean over no token is written as 0
+        missing |= (g("confident_share") == 0) | (g("unconfident_share") == 0)
     direction = np.sign(slope - 1)
-    flip = np.where(np.isnan(conf) | np.isnan(unconf), 0.6,
+    flip = np.where(missing, 0.6,
                     ((np.sign(conf) == direction) & (np.sign(unconf) == -direction)).astype(np.float64))
     temperature = (gap * _r("slope", np.abs(slope - 1)) * _r("slope_corr", np.abs(corr)) * (np.sign(corr) == direction)
                    * _r("monotone", g("logprob_corr")) * flip * (1 - trunc) * (1 - misaligned) * (1 - out_share))

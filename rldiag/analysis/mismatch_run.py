@@ -9,7 +9,7 @@ Off-policy page draws.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,15 +17,35 @@ import pyarrow as pa
 import torch
 
 from rldiag.analysis.mismatch import PREFIX, Cause, MismatchDiagnosis, diagnose_mismatch
-from rldiag.engine.mismatch import actor_tokens, top_gap_tokens
+from rldiag.engine.mismatch import actor_tokens, mismatch_stats, top_gap_tokens
 from rldiag.engine.requirements import mismatch_columns
 from rldiag.engine.settings import EngineSettings
+from rldiag.engine.stages.mismatch import trainer_column
 from rldiag.io.loader import load_step, read_schema, read_table
 from rldiag.io.rundir import StepFile
 
 TEXT_COLUMN = "response_tokens"
 #: tokens listed per cause as examples
 EXAMPLES = 10
+
+
+def stream_rows(files: Sequence[StepFile], settings: EngineSettings,
+                progress: Callable[[int, int, int], None] | None = None) -> list[dict[str, Any]]:
+    """The ``rldiag/mismatch/*`` metric rows of ``files``, one step at a time, reading only the
+    columns the statistics need and writing nothing (a run rldiag may not write into). Steps
+    without both log-prob columns give no row."""
+    out: list[dict[str, Any]] = []
+    for i, sf in enumerate(files, 1):
+        names = set(read_schema(sf).names)
+        if {"rollout_log_probs", trainer_column(settings)} <= names:
+            b = load_step(sf, settings, mismatch_columns(settings)).batch
+            trainer, mask = _trainer(b, settings), b.loss_mask if b.loss_mask is not None else b.response_mask
+            assert b.rollout_log_probs is not None
+            stats = mismatch_stats(trainer, b.rollout_log_probs, mask, b.rows, b.step_ids, 1, lag=_lag_of(b))
+            out.append({"step": sf.step, **{PREFIX + k: float(v[0]) for k, v in stats.items()}})
+        if progress is not None:
+            progress(i, len(files), sf.step)
+    return out
 
 
 def stats_from_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[list[int], dict[str, np.ndarray]]:
@@ -51,6 +71,12 @@ def _texts(sf: StepFile, rows: np.ndarray, positions: np.ndarray) -> list[str | 
     return out
 
 
+def _trainer(batch: Any, settings: EngineSettings) -> torch.Tensor:
+    out = getattr(batch, trainer_column(settings))
+    assert out is not None  # required by mismatch_columns
+    return out
+
+
 def _lag_of(batch: Any) -> torch.Tensor | None:
     version = batch.extra.get("policy_version")
     if version is None:
@@ -63,9 +89,9 @@ def top_tokens(sf: StepFile, settings: EngineSettings, k: int = EXAMPLES) -> lis
     position, both log-probs, the gap, the token's share of the step's summed KL, its text."""
     data = load_step(sf, settings, mismatch_columns(settings))
     b = data.batch
-    assert b.old_log_probs is not None and b.rollout_log_probs is not None  # required by the plan
+    assert b.rollout_log_probs is not None  # required by the plan
     mask = b.loss_mask if b.loss_mask is not None else b.response_mask
-    top = top_gap_tokens(b.old_log_probs, b.rollout_log_probs, mask, b.rows, b.step_ids, 1, k)
+    top = top_gap_tokens(_trainer(b, settings), b.rollout_log_probs, mask, b.rows, b.step_ids, 1, k)
     rows, pos = top.row.numpy(), top.pos.numpy()
     texts = _texts(sf, rows, pos)
     lag = _lag_of(b)
@@ -119,9 +145,9 @@ def step_tokens(sf: StepFile, settings: EngineSettings) -> pa.Table:
     next to a masked token), ``policy_lag`` (with ``policy_version``) and ``token`` (with text)."""
     data = load_step(sf, settings, mismatch_columns(settings))
     b = data.batch
-    assert b.old_log_probs is not None and b.rollout_log_probs is not None
+    assert b.rollout_log_probs is not None
     mask = b.loss_mask if b.loss_mask is not None else b.response_mask
-    t = actor_tokens(b.old_log_probs, b.rollout_log_probs, mask, b.rows, b.step_ids)
+    t = actor_tokens(_trainer(b, settings), b.rollout_log_probs, mask, b.rows, b.step_ids)
     kl = 0.5 * t.d * t.d
     total = float(kl.sum())
     adj = (t.row[1:] == t.row[:-1]) & (t.pos[1:] == t.pos[:-1] + 1)

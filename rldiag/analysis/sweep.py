@@ -353,7 +353,7 @@ def _run_local(rd: RunDir, scenarios: list[_Scenario], files: dict, chosen: list
         plans = [_plan(rd, files, chosen, Job(settings=sc.settings, device=dev, save_tokens=save_tokens,
                                               pack_tokens=pack_tokens), sc.prev or _Previous(), chunk_steps)
                  for sc in scenarios]
-        dirs = (ScenarioLayout.TOKENS,) if save_tokens else ()
+        dirs = (ScenarioLayout.ROWS, ScenarioLayout.TOKENS) if save_tokens else (ScenarioLayout.ROWS,)
         try:
             for sc in scenarios:
                 target = rd.layout.scenario(sc.name)

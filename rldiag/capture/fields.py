@@ -51,8 +51,10 @@ VERSION_SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 #: Keys that locate tokens rather than hold a column: the response token ids (their width is
-#: the response width) and the attention mask (prompt part + response part).
+#: the response width), the prompt token ids (verl left-pads them; their width is the prompt part
+#: of the attention mask) and the attention mask (prompt part + response part).
 RESPONSES_KEY = "responses"
+PROMPTS_KEY = "prompts"
 ATTENTION_KEY = "attention_mask"
 
 #: Every trainer name consumed by one of the mappings above.

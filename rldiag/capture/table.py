@@ -30,16 +30,30 @@ from rldiag.capture.unpad import StepPayload
 from rldiag.errors import CaptureError
 from rldiag.io.loader import validate_table
 from rldiag.io.rundir import StepFile
-from rldiag.io.schema import LIST_COLUMNS, MASK_LIST_COLUMNS, SCALAR_COLUMNS
+from rldiag.io.schema import (
+    LIST_COLUMNS,
+    MASK_LIST_COLUMNS,
+    PROMPT_TEXT_COLUMN,
+    RESPONSE_TEXT_COLUMN,
+    SCALAR_COLUMNS,
+)
 from rldiag.io.staged import replace_file
 
 _INT32_MAX = np.iinfo(np.int32).max
 
 
-def _list_array(values: np.ndarray, offsets: np.ndarray, large: bool, dtype: pa.DataType) -> pa.Array:
+def _list_array(values: np.ndarray | pa.Array, offsets: np.ndarray, large: bool, dtype: pa.DataType) -> pa.Array:
     cls = pa.LargeListArray if large else pa.ListArray
     off = pa.array(offsets, type=pa.int64() if large else pa.int32())
-    return cls.from_arrays(off, pa.array(values, type=dtype))
+    return cls.from_arrays(off, values if isinstance(values, pa.Array) else pa.array(values, type=dtype))
+
+
+def _offsets(lengths: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``(row offsets, large)``: the cumulative lengths, int64 when they pass int32's range."""
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    large = int(offsets[-1]) > _INT32_MAX
+    return (offsets if large else offsets.astype(np.int32)), large
 
 
 def _row_array(name: str, values: np.ndarray) -> pa.Array:
@@ -53,8 +67,9 @@ def _row_array(name: str, values: np.ndarray) -> pa.Array:
 
 #: The column that numbers the parts of a step written more than once.
 PART_COLUMN = "part"
-#: The optional list<string> column of each response's token strings.
-TOKENS_COLUMN = "response_tokens"
+#: The optional list<string> columns of each response's and each prompt's token strings.
+TOKENS_COLUMN = RESPONSE_TEXT_COLUMN
+PROMPT_TOKENS_COLUMN = PROMPT_TEXT_COLUMN
 
 
 def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
@@ -76,13 +91,10 @@ def payload_table(p: StepPayload, token_text: Callable[[Sequence[int]], list[str
     """The batch table of one step (docs/run-directory.md): ``step``, ``uid``, row scalars, then list columns.
 
     ``token_text``: ids -> strings; with it (and the payload's token ids) the table gets a
-    ``response_tokens`` list<string> column, one string per token of each row."""
-    total = int(p.lengths.sum())
-    large = total > _INT32_MAX
-    offsets = np.zeros(p.n_rows + 1, dtype=np.int64)
-    np.cumsum(p.lengths, out=offsets[1:])
-    if not large:
-        offsets = offsets.astype(np.int32)
+    ``response_tokens`` list<string> column, one string per token of each row, and (with the
+    payload's prompt ids) ``prompt_tokens``, one string per prompt token. Both come from one
+    ``token_text`` call on the step's response ids followed by its prompt ids."""
+    offsets, large = _offsets(p.lengths)
     cols: dict[str, pa.Array] = {"step": pa.array(np.full(p.n_rows, p.step, dtype=np.int64))}
     for name in ("uid", *sorted(k for k in p.rows if k != "uid")):
         cols[name] = _row_array(name, p.rows[name])
@@ -91,9 +103,14 @@ def payload_table(p: StepPayload, token_text: Callable[[Sequence[int]], list[str
             dtype = pa.int8() if name in MASK_LIST_COLUMNS else pa.float32()
             cols[name] = _list_array(p.tokens[name], offsets, large, dtype)
     if token_text is not None and p.token_ids is not None:
-        text = pa.array(token_text(p.token_ids.tolist()), type=pa.string())
-        cols[TOKENS_COLUMN] = (pa.LargeListArray if large else pa.ListArray).from_arrays(
-            pa.array(offsets, type=pa.int64() if large else pa.int32()), text)
+        prompts = (p.prompt_ids, p.prompt_lengths) if p.prompt_ids is not None and p.prompt_lengths is not None else None
+        ids = p.token_ids if prompts is None else np.concatenate([p.token_ids, prompts[0]])
+        text = pa.array(token_text(ids.tolist()), type=pa.string())
+        n = int(p.token_ids.shape[0])  # the response strings first, then the prompt strings
+        cols[TOKENS_COLUMN] = _list_array(text.slice(0, n), offsets, large, pa.string())
+        if prompts is not None:
+            prompt_offsets, prompt_large = _offsets(prompts[1])
+            cols[PROMPT_TOKENS_COLUMN] = _list_array(text.slice(n), prompt_offsets, prompt_large, pa.string())
     return pa.table(cols)
 
 

@@ -26,6 +26,7 @@ from rldiag.capture.fields import (
     ATTENTION_KEY,
     KNOWN_NAMES,
     MASK_SOURCES,
+    PROMPTS_KEY,
     RESPONSES_KEY,
     ROW_SOURCES,
     TOKEN_SOURCES,
@@ -54,6 +55,9 @@ class StepPayload:
         rows: column -> ``(rows,)`` values (numpy; strings as a numpy ``str`` array).
         part: 0 for the first write of the step, K for its (K+1)-th (see ``RunWriter``).
         token_ids: flat ``(sum T_i,)`` int64 response token ids, kept when token text is wanted.
+        prompt_ids: flat ``(sum P_i,)`` int64 prompt token ids (each row's real prompt tokens, in
+            order), kept when token text is wanted and the batch has ``prompts``.
+        prompt_lengths: ``(rows,)`` int64, each row's prompt length P_i (with ``prompt_ids``).
     """
 
     step: int
@@ -63,6 +67,8 @@ class StepPayload:
     rows: dict[str, np.ndarray] = field(default_factory=dict)
     part: int = 0
     token_ids: np.ndarray | None = None
+    prompt_ids: np.ndarray | None = None
+    prompt_lengths: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
@@ -220,7 +226,7 @@ def _row_columns(tensors: dict, non: dict, rows: int, extra_columns: Sequence[st
         arr = np.asarray(hit[1].detach().cpu() if isinstance(hit[1], torch.Tensor) else hit[1])
         kind = "string" if arr.dtype.kind in "OUS" else "int" if arr.dtype.kind in "biu" else "float"
         out[name] = _row_values(arr, name, kind, rows, where)
-    taken = KNOWN_NAMES | {RESPONSES_KEY, ATTENTION_KEY} | set(LIST_COLUMNS) | {"step"}
+    taken = KNOWN_NAMES | {RESPONSES_KEY, PROMPTS_KEY, ATTENTION_KEY} | set(LIST_COLUMNS) | {"step"}
     for name, value in non.items():
         if name in taken or name in out or not isinstance(value, np.ndarray):
             continue
@@ -229,13 +235,37 @@ def _row_columns(tensors: dict, non: dict, rows: int, extra_columns: Sequence[st
     return out
 
 
+def _prompt_ids(prompts: torch.Tensor, prompt_attn: torch.Tensor | None, rows: int,
+                where: Where) -> tuple[np.ndarray, np.ndarray]:
+    """``(flat prompt token ids, prompt lengths)``: the positions where the prompt part of the
+    attention mask is 1 (verl left-pads prompts; any padding works), one gather as for the
+    response columns."""
+    if prompts.ndim != 2 or prompts.shape[0] != rows:
+        raise BatchError(f"has shape {tuple(prompts.shape)}; expected (rows={rows}, prompt width)",
+                         column=PROMPTS_KEY, **where)
+    if prompt_attn is None:
+        if prompts.shape[1] > 0:
+            raise MissingInputError(
+                "prompt text needs the prompt part of attention_mask (rows, prompt + response width) to find "
+                "each prompt's tokens among its padding", column=ATTENTION_KEY, **where)
+        prompt_attn = torch.zeros((rows, 0), dtype=torch.bool, device=prompts.device)
+    if tuple(prompts.shape) != tuple(prompt_attn.shape):
+        raise BatchError(f"has shape {tuple(prompts.shape)}; expected (rows, prompt width) = "
+                         f"{tuple(prompt_attn.shape)}, the prompt part of attention_mask",
+                         column=PROMPTS_KEY, **where)
+    gather = _Gather(prompt_attn.bool(), where)
+    return gather(prompts, PROMPTS_KEY, torch.int64), gather.lengths
+
+
 def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] = (),
                 token_ids: bool = False) -> StepPayload:
     """Unpad one step's batch (see the module docstring) and check its structure.
 
     ``extra_columns`` names further per-row fields to keep (strings allowed); per-row numeric
     fields of the non-tensor batch (e.g. reward components) are kept automatically.
-    ``token_ids``: also keep the response token ids (the ``responses`` tensor), for token text.
+    ``token_ids``: also keep the response token ids (the ``responses`` tensor) and, when the
+    batch has them, the prompt token ids (``prompts``, unpadded by the prompt part of
+    ``attention_mask``), for token text.
     Raises :class:`BatchError` naming step, row and column for a malformed batch.
     """
     where: Where = {"file": str(path), "step": int(step)}
@@ -275,6 +305,8 @@ def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] 
             raise MissingInputError("token text needs the response token ids (a responses tensor (rows, R))",
                                     column=RESPONSES_KEY, **where)
         payload.token_ids = gather(tensors[RESPONSES_KEY], RESPONSES_KEY, torch.int64)
+        if PROMPTS_KEY in tensors:
+            payload.prompt_ids, payload.prompt_lengths = _prompt_ids(tensors[PROMPTS_KEY], prompt_attn, rows, where)
     payload.rows = _row_columns(tensors, non, rows, extra_columns, where)
     if "prompt_length" not in payload.rows and prompt_attn is not None:
         payload.rows["prompt_length"] = prompt_attn.sum(-1).to("cpu", torch.int64).numpy()

@@ -35,9 +35,9 @@ process that imports verl, Ray actors included; importing this module with
   (its metrics carry ``training/global_step``) that ends with no batch captured raises
   :class:`~rldiag.errors.CaptureError`: a capture that silently records nothing is a bug.
 
-``RLDIAG_CAPTURE_TOKENS=1`` also stores each response's token strings (``response_tokens``,
-with the trainer's tokenizer). verl is never imported by rldiag otherwise; its code is only
-wrapped, never copied.
+``RLDIAG_CAPTURE_TOKENS=1`` also stores each response's and each prompt's token strings
+(``response_tokens``, ``prompt_tokens``, with the trainer's tokenizer). verl is never imported
+by rldiag otherwise; its code is only wrapped, never copied.
 """
 
 from __future__ import annotations
@@ -187,6 +187,11 @@ class VerlCapture:
         if pre is not None:
             step["loss_mask"] = pre
         step["attention_mask"] = (torch.arange(width, device=lengths.device) < lengths.unsqueeze(1)).long()
+        if self.tokens:  # the prompt ids, right-padded here, and the prompt part of the attention mask
+            prompts = data["prompts"].to_padded_tensor(padding=0)
+            prompt_attn = torch.arange(prompts.shape[1], device=prompt_length.device) < prompt_length.unsqueeze(1)
+            step["prompts"] = prompts
+            step["attention_mask"] = torch.cat([prompt_attn.to(lengths.device).long(), step["attention_mask"]], 1)
         step = {k: v[keep.to(v.device)] for k, v in step.items()}
         step["prompt_length"] = prompt_length[keep.to(prompt_length.device)]
         # each row's place in the trainer's padded, balanced batch: the update's layout

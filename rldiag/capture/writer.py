@@ -115,7 +115,9 @@ class RunWriter:
         tokenizer: with one (anything with ``convert_ids_to_tokens`` or ``decode``, e.g. a Hugging
             Face tokenizer), each batch file also gets ``response_tokens``, the text of every
             response token (list<string>, the row's length); the batch must then hold
-            ``responses``. The text is made on the writer thread.
+            ``responses``. A batch that also holds ``prompts`` (verl's left-padded prompt ids,
+            unpadded by the prompt part of ``attention_mask``) gets ``prompt_tokens`` too, one
+            string per prompt token. The text is made on the writer thread.
     """
 
     def __init__(

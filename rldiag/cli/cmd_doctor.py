@@ -93,9 +93,9 @@ def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
                 console.print(f"  passed {rid}: {rep.passed[rid]}", markup=False)
     n_info = sum(f.severity == "info" for f in rep.findings)
     n_rules = len(rep.rules)
-    info = f" ({n_info} info, not counted)" if n_info else ""
-    console.print(f"\n{len(rep.findings) - n_info} finding(s){info}; {len(rep.passed)} of {n_rules} rules passed, "
-                  f"{len(rep.not_evaluated)} not evaluated, {len(rep.not_applicable)} not applicable")
+    info = f"; {n_info} for information (not counted)" if n_info else ""
+    console.print(f"\n{len(rep.findings) - n_info} finding(s); {len(rep.passed)} of {n_rules} rules passed, "
+                  f"{len(rep.not_evaluated)} not evaluated, {len(rep.not_applicable)} not applicable{info}")
     if verbose:
         for rid, text in rep.passed.items():
             console.print(f"  passed {rid}: {text}", markup=False)

@@ -5,7 +5,8 @@ code  name              meaning
 ====  ================  ============================================================================
 0     ``OK``            the command did what was asked, and its answer is "all is well": ``check``
                         found no problem, ``recompute`` wrote every step, ``verify`` matched,
-                        ``doctor`` found nothing, ``import-wandb`` wrote the import
+                        ``doctor`` found nothing, ``import-wandb`` wrote the import,
+                        ``layout-audit`` wrote the audit
 1     ``FAILED``        the answer is "no": ``check`` found problems, ``recompute`` has failed
                         steps (the others are written), ``verify`` found a mismatch, ``doctor`` a
                         finding. Also: an error stopped a command (``Type: message`` on stderr),

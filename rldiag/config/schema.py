@@ -81,6 +81,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("algorithm.gdpo_reward_keys", None, "list[str]",
             "gdpo: the reward-component columns to normalise (a comma list on the command line)"),
     Setting("algorithm.gdpo_reward_weights", None, "list[float]", "gdpo: the components' weights (default 1 each)"),
+    # ---- the group filter (DAPO's dynamic sampling; verl's V1 replay buffer)
+    Setting("algorithm.filter_groups.enable", False, "bool",
+            "drop each step's groups (rows sharing a uid) of 2+ rows whose filter_groups.metric is the same on every "
+            "row; on a recorded batch the dropped groups are not refilled (verl samples more prompts)"),
+    Setting("algorithm.filter_groups.metric", "reward", "str",
+            "the group filter's per-row metric: reward (the row's summed token_level_scores), seq_reward (the same), "
+            "seq_final_reward (its summed token_level_rewards, KL penalty included), score, or a scalar column",
+            releases="reward is verl's V1 replay buffer's canonical metric and the default of ppo_trainer.yaml from "
+            "0.9.0; before, only the DAPO recipe filters (its config sets acc; verl's FilterGroupsConfig: null) and "
+            "reads reward as a column"),
     # ---- KL in the reward
     Setting("algorithm.use_kl_in_reward", False, "bool", "subtract a KL penalty to the reference from the token rewards"),
     Setting("algorithm.kl_penalty", "kl", "str", "the KL estimator of the reward penalty", choices="KL_ESTIMATORS"),
@@ -192,6 +202,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rldiag.rows_balanced", None, "bool",
             "the batch files hold each step's rows in the trainer's order after balancing (null: true for a run "
             "rldiag's verl capture wrote)"),
+    Setting("rldiag.filter.drop_no_signal_from_denominator", False, "bool",
+            "groups whose advantages are all 0 leave the update: their rows stay in the batch but count in neither "
+            "the loss nor its denominators (token-mean's token count, seq-mean's row count)"),
+    Setting("rldiag.filter.gate_column", None, "str",
+            "an outcome gate: drop the rows whose scalar column (or seq_reward, seq_final_reward, reward, score) "
+            "is below rldiag.filter.gate_min (null: no gate)"),
+    Setting("rldiag.filter.gate_min", None, "float", "the outcome gate's threshold (rows below it are dropped)"),
     Setting("rldiag.mismatch.enable", True, "bool",
             "compute the rollout-vs-trainer log-prob mismatch fingerprints (rldiag/mismatch/*) when the batches have "
             "rollout_log_probs and old_log_probs"),

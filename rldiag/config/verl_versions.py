@@ -93,6 +93,18 @@ CHANGES: tuple[Change, ...] = (
         commit="release v0.9.1 (2026-09), compute_policy_loss_gspo",
         versions=frozenset({"0.9.1"}),
     ),
+    Change(
+        key="filter_groups_reward_metric",
+        new="algorithm.filter_groups is verl's own (the V1 trainer's replay buffer drops the groups before the "
+        "step); its metric reward is the row's summed token_level_scores (rm_scores, before the KL penalty) and "
+        "is the config's default; other names read the reward's extra info (a batch column)",
+        old="only the DAPO recipe's trainer filters, after the reward and its KL penalty; it derives seq_reward "
+        "(summed token_level_scores) and seq_final_reward (summed token_level_rewards) and reads any other name, "
+        "reward included, from the batch; verl's FilterGroupsConfig default metric is null",
+        commit="verl 0.9.1: trainer/ppo/v1/replay_buffer.py ReplayBuffer._dapo_filtered_keys, "
+        "trainer_base._resolve_filter_groups_metric (0.9.0 and the snapshot taken as their V1 trainer)",
+        versions=frozenset({"0.9.0", "0.9.1", SNAPSHOT}),
+    ),
 )
 
 _BY_KEY = {c.key: c for c in CHANGES}

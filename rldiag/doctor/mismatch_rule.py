@@ -5,8 +5,9 @@ per-step fingerprints. The built-in rule ``rollout_mismatch`` is of this kind.
 Each finding's evidence carries ``cause`` (``sampling_truncation``, ``temperature``,
 ``precision``, ``misaligned``, ``policy_lag``, ``outlier_tokens``), ``confidence`` in [0, 1], the
 steps it holds on (with their per-step confidence), the deciding statistic with its thresholds,
-``trend``: of ``rldiag/mismatch/gap_std`` (the gap's spread) over the run, and ``details``: the run-level statistics, the sampling settings and whether they predict the
-cause, the example tokens. ``precision`` at bf16's level is severity ``info``.
+``trend`` (of ``rldiag/mismatch/gap_std``, the gap's spread, over the run) and ``details``: the
+run-level statistics, the sampling settings and whether they predict the cause, the example
+tokens. ``precision`` at bf16's level is severity ``info``.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ size 1 and each step taken as one global batch:
 
 B is ``global_batch_size`` (rows of the step in the actor path) or, when not given, the number of
 rows with a masked token (verl's fallback, used by the critic path).
+
+Every mode is linear in the token losses: :func:`token_weights` gives each token's weight ``w_t``,
+``aggregate(mode, l, m, norm)[s] = sum_{t in s} w_t l_t`` (a token's share of the aggregate).
 """
 
 from __future__ import annotations
@@ -96,3 +99,33 @@ def agg_seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: AggNor
 def aggregate(mode: str, loss: torch.Tensor, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
     """One value per segment ``(n_seg,)`` of ``loss`` ``(tokens,)`` under ``mode``."""
     return AGG_MODES.get(mode)(loss, mask, norm)
+
+
+def _per_row_weight(mode: str, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    """``(rows,)`` the weight of each of a row's masked tokens under ``mode``."""
+    rows, seg = norm.rows, norm.seg_ids
+    if mode == "token-sum":
+        return torch.ones(rows.n_rows, dtype=torch.float32, device=mask.device)
+    if mode == "token-mean":
+        if norm.batch_num_tokens is not None:
+            denom = norm.batch_num_tokens.to(torch.float32)
+        else:
+            denom = seg_sum(rows.sum(mask).to(torch.float32), seg, norm.n_seg)
+        return 1.0 / denom.index_select(0, seg)
+    q, denom = _seq_denominator(mask, norm)
+    per_row = q / denom.index_select(0, seg)
+    if mode == "seq-mean-token-sum-norm":
+        scale = norm.horizon.to(torch.float32) if norm.loss_scale_factor is None else norm.loss_scale_factor
+        return per_row / (scale.index_select(0, seg) if isinstance(scale, torch.Tensor) else scale)
+    if mode == "seq-mean-token-mean":
+        return per_row / (rows.sum(mask).to(torch.float32) + 1e-8)
+    if mode == "seq-mean-token-sum":
+        return per_row
+    raise NotImplementedError(f"token_weights has no weights for loss_agg_mode {mode!r}")
+
+
+def token_weights(mode: str, mask: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    """Each token's weight in :func:`aggregate` ``(tokens,)``: ``aggregate(mode, l, mask, norm)`` is
+    the per-segment sum of ``w_t l_t`` (up to rounding); 0 outside ``mask``."""
+    AGG_MODES.get(mode)  # an unknown mode: the registry's error, naming the valid ones
+    return mask.to(torch.float32) * norm.rows.expand(_per_row_weight(mode, mask, norm))

@@ -148,8 +148,9 @@ def signal_metrics(
       reward. 0 where the release reproduced carries the return through mask-0 tokens (0.9.0
       on: ``mask_resets_return`` False), which cuts no credit.
     - ``rldiag/advantages/centre_offset``: masked mean of the advantages over their masked
-      population std (0 when every advantage is 0; +-inf for a constant nonzero advantage, which
-      is one whose std is at most ``CONSTANT_REL_STD`` of its mean: float32 rounding).
+      population std (0 when every advantage is 0 or the step has no masked token; +-inf for a
+      constant nonzero advantage, which is one whose std is at most ``CONSTANT_REL_STD`` of its
+      mean: float32 rounding).
     - ``rldiag/rewards/kl_sign_flip_fraction`` (with KL in reward): among non-aborted rows with a
       nonzero summed score, the share whose summed reward has the opposite sign.
     """
@@ -168,7 +169,8 @@ def signal_metrics(
         cut = torch.zeros_like(cut)
     out["rldiag/mask/credit_cut_fraction"] = seg_sum(cut, sid, n) / seg_sum(actor, sid, n)
     # two passes in float32 (centred before squaring), row sums accumulated per step in float64
-    cnt = seg_sum(rows.mask_count(mask).to(torch.float64), sid, n)
+    # a step without a masked token (every row filtered out) has no advantage: offset 0
+    cnt = seg_sum(rows.mask_count(mask).to(torch.float64), sid, n).clamp_min(1)
     mean = seg_sum(rows.masked_sum(advantages, mask).to(torch.float64), sid, n) / cnt
     dev = advantages - rows.expand(mean.to(advantages.dtype)[sid])
     std = (seg_sum(rows.masked_square_sum(dev, mask).to(torch.float64), sid, n) / cnt).sqrt()

@@ -93,6 +93,15 @@ class Segmentation:
         assert self.mini_step is not None  # set with seg_mini
         return seg_mean(seg_sum(x, self.seg_mini, self.n_mini), self.mini_step, self.n_steps)
 
+    def loss_scale(self) -> torch.Tensor:
+        """``(n_seg,)`` each segment's factor in :meth:`loss`, which is linear:
+        ``loss(x) == total(x * loss_scale())`` (1 over the step's mini-batches)."""
+        if self.seg_mini is None:
+            return torch.ones(self.n_seg, dtype=torch.float32, device=self.seg_step.device)
+        assert self.mini_step is not None  # set with seg_mini
+        minis = seg_count(self.mini_step, self.n_steps)
+        return 1.0 / minis.index_select(0, self.seg_step)
+
     def total(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over each step's segments ``(n_seg,) -> (n_steps,)`` (counts)."""
         return seg_sum(x, self.seg_step, self.n_steps)

@@ -20,8 +20,11 @@ each leaves its own mark on the gap ``d = x - y = log(pi_old / pi_rollout)``:
 :func:`mismatch_stats` computes them in one pass over a packed batch's actor tokens (mask 1;
 verl's agent loop stores 0.0 as the rollout log-prob of a tool token, so those are left out);
 deciding which causes hold is :mod:`rldiag.analysis.mismatch`'s. Every input is flat
-``(tokens,)`` (or ``(rows,)``) and every output ``(n_steps,)`` float64, NaN where undefined (a
-step without actor tokens, a constant series).
+``(tokens,)`` (or ``(rows,)``) and every output ``(n_steps,)`` float64: NaN only for a step
+without actor tokens; a statistic with nothing to measure otherwise has its neutral value (a
+correlation or slope of a constant series 0, ``positive_share`` of equal streams 0.5, a mean over
+no token 0 — the ``*_share`` statistics say how many tokens it had), so that the metrics of
+ordinary runs hold no NaN.
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ UNCONFIDENT = math.log(0.05)
 STATS = (
     "tokens", "gap_mean", "gap_std", "gap_abs_mean", "gap_abs_p99", "gap_abs_max", "kl_k2", "top_kl_share",
     "positive_share", "slope", "gap_rollout_corr", "logprob_corr", "gap_confident", "gap_unconfident",
-    "gap_position_corr", "gap_logprob_corr", "pair_abs_gap", "shift_next_abs_gap", "shift_prev_abs_gap",
+    "confident_share", "unconfident_share", "gap_position_corr", "gap_logprob_corr", "pair_abs_gap",
+    "shift_next_abs_gap", "shift_prev_abs_gap",
 )
-LAG_STATS = ("lag_mean", "lag_gap_corr", "lag_gap_slope", "lag_abs_gap_lag0", "lag_abs_gap_lagged")
+LAG_STATS = ("lag_mean", "lag_gap_corr", "lag_gap_slope", "lag_abs_gap_lag0", "lag_abs_gap_lagged", "lag0_share")
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,12 @@ def _mean(v: torch.Tensor, seg: torch.Tensor, n: int, count: torch.Tensor) -> to
     return seg_sum(v, seg, n) / count
 
 
+def _ratio(num: torch.Tensor, den: torch.Tensor, when_zero: float, count: torch.Tensor) -> torch.Tensor:
+    """``num / den``, ``when_zero`` where ``den`` is 0, NaN where the step has no token (``count`` 0)."""
+    out = torch.where(den != 0, num / torch.where(den != 0, den, torch.ones_like(den)), torch.full_like(den, when_zero))
+    return torch.where(count > 0, out, torch.full_like(out, float("nan")))
+
+
 def _moments(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor, n: int,
              count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-segment ``(cov(a, b), var(a), var(b))`` (population), two-pass for accuracy."""
@@ -92,9 +102,9 @@ def _moments(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor, n: int,
 
 
 def _corr(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor, n: int, count: torch.Tensor) -> torch.Tensor:
+    """Pearson correlation per segment; 0 where either series is constant."""
     cov, va, vb = _moments(a, b, seg, n, count)
-    den = (va * vb).sqrt()
-    return torch.where(den > 0, cov / den, torch.full_like(den, float("nan")))
+    return _ratio(cov, (va * vb).sqrt(), 0.0, count)
 
 
 def _sorted_tails(t: ActorTokens, n: int, count: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -106,10 +116,8 @@ def _sorted_tails(t: ActorTokens, n: int, count: torch.Tensor) -> dict[str, torc
         order = order.index_select(0, torch.argsort(t.step.index_select(0, order), stable=True))
     sorted_abs = absd.index_select(0, order)
     k2 = 0.5 * sorted_abs * sorted_abs
-    csum = torch.cat([k2.new_zeros(1), torch.cumsum(k2, 0)])
     counts = count.to(torch.long)
     start = torch.cumsum(counts, 0) - counts
-    end = start + counts
     has = counts > 0
     nan = torch.full((n,), float("nan"), dtype=torch.float64, device=absd.device)
     # the quantile at (count - 1) * q between its two neighbours
@@ -123,34 +131,37 @@ def _sorted_tails(t: ActorTokens, n: int, count: torch.Tensor) -> dict[str, torc
         p99 = torch.where(has, v_lo + (h - lo) * (v_hi - v_lo), nan)
     else:
         p99 = nan
+    # the top tokens' and all tokens' k2 summed per step (not as differences of one running sum
+    # over the pack, so that a step's value is the same whatever steps it is packed with)
     top = torch.ceil(count * TOP_SHARE).to(torch.long)
-    total = csum[end] - csum[start]
-    share = (csum[end] - csum[end - top]) / total
-    share = torch.where(has & (total > 0), share, nan)
-    return {"gap_abs_p99": p99, "top_kl_share": share}
+    step_sorted = t.step.index_select(0, order)
+    rank = torch.arange(sorted_abs.numel(), device=absd.device) - start.index_select(0, step_sorted)
+    in_top = (rank >= (counts - top).index_select(0, step_sorted)).to(torch.float64)
+    total = seg_sum(k2, step_sorted, n)
+    return {"gap_abs_p99": p99, "top_kl_share": _ratio(seg_sum(k2 * in_top, step_sorted, n), total, 0.0, count)}
 
 
 def _shift(t: ActorTokens, n: int) -> dict[str, torch.Tensor]:
     """The rollout series against the trainer's shifted by one position: pairs of actor tokens
     next to each other in a row; ``next``: ``|y_t - x_{t+1}|``, ``prev``: ``|y_{t+1} - x_t|``,
     ``pair``: the unshifted ``|d_t|`` over the same pairs."""
-    if t.d.numel() < 2:
-        nan = torch.full((n,), float("nan"), dtype=torch.float64, device=t.d.device)
-        return {"pair_abs_gap": nan, "shift_next_abs_gap": nan, "shift_prev_abs_gap": nan}
     adj = (t.row[1:] == t.row[:-1]) & (t.pos[1:] == t.pos[:-1] + 1)
     seg = t.step[:-1][adj]
     cnt = seg_count(seg, n, torch.float64)
     pair = (t.d[:-1][adj].abs() + t.d[1:][adj].abs()) * 0.5
     nxt = (t.y[:-1][adj] - t.x[1:][adj]).abs()
     prv = (t.y[1:][adj] - t.x[:-1][adj]).abs()
-    return {"pair_abs_gap": _mean(pair, seg, n, cnt), "shift_next_abs_gap": _mean(nxt, seg, n, cnt),
-            "shift_prev_abs_gap": _mean(prv, seg, n, cnt)}
+    count = seg_count(t.step, n, torch.float64)
+    return {"pair_abs_gap": _ratio(seg_sum(pair, seg, n), cnt, 0.0, count),
+            "shift_next_abs_gap": _ratio(seg_sum(nxt, seg, n), cnt, 0.0, count),
+            "shift_prev_abs_gap": _ratio(seg_sum(prv, seg, n), cnt, 0.0, count)}
 
 
 def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int) -> dict[str, torch.Tensor]:
     """The gap against each row's policy lag ``(rows,)``: over rows with actor tokens, the
-    correlation and least-squares slope of the row's mean ``|d|`` on its lag, the mean lag, and
-    the mean ``|d|`` over the tokens of on-policy (lag 0) and of lagged rows."""
+    correlation and least-squares slope of the row's mean ``|d|`` on its lag (0 when the lag is
+    the same for every row), the mean lag, the mean ``|d|`` over the tokens of on-policy (lag 0)
+    and of lagged rows (0 without such rows), and the share of tokens in on-policy rows."""
     absd = t.d.abs()
     row_tokens = seg_count(t.row, n_rows, torch.float64)
     row_gap = seg_sum(absd, t.row, n_rows) / row_tokens
@@ -163,13 +174,15 @@ def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int) -> dict[st
     cov, vl, _ = _moments(lg, gp, seg, n, cnt)
     tok_lag = lag.index_select(0, t.row)
     on = (tok_lag == 0).to(torch.float64)
+    count = seg_count(t.step, n, torch.float64)
     on_cnt, off_cnt = seg_sum(on, t.step, n), seg_sum(1 - on, t.step, n)
     return {
         "lag_mean": _mean(lg, seg, n, cnt),
         "lag_gap_corr": _corr(lg, gp, seg, n, cnt),
-        "lag_gap_slope": torch.where(vl > 0, cov / vl, torch.full_like(vl, float("nan"))),
-        "lag_abs_gap_lag0": seg_sum(absd * on, t.step, n) / on_cnt,
-        "lag_abs_gap_lagged": seg_sum(absd * (1 - on), t.step, n) / off_cnt,
+        "lag_gap_slope": _ratio(cov, vl, 0.0, cnt),
+        "lag_abs_gap_lag0": _ratio(seg_sum(absd * on, t.step, n), on_cnt, 0.0, count),
+        "lag_abs_gap_lagged": _ratio(seg_sum(absd * (1 - on), t.step, n), off_cnt, 0.0, count),
+        "lag0_share": on_cnt / count,
     }
 
 
@@ -200,17 +213,18 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
         "gap_abs_mean": abs_sum / count,
         "gap_abs_max": seg_max(absd, t.step, n),
         "kl_k2": _mean(0.5 * d * d, t.step, n, count),
-        "positive_share": torch.where(abs_sum > 0, seg_sum(d.clamp_min(0), t.step, n) / abs_sum,
-                                      torch.full_like(abs_sum, float("nan"))),
+        "positive_share": _ratio(seg_sum(d.clamp_min(0), t.step, n), abs_sum, 0.5, count),
     }
     out.update(_sorted_tails(t, n, count))
     cov, _, vy = _moments(t.x, t.y, t.step, n, count)
-    out["slope"] = torch.where(vy > 0, cov / vy, torch.full_like(vy, float("nan")))  # x on y: T_roll / T_train
+    out["slope"] = _ratio(cov, vy, 1.0, count)  # x on y: T_roll / T_train; 1 for a constant rollout series
     out["gap_rollout_corr"] = _corr(d, t.y, t.step, n, count)
     out["logprob_corr"] = _corr(t.x, t.y, t.step, n, count)
     conf, unconf = (t.y >= CONFIDENT).to(torch.float64), (t.y < UNCONFIDENT).to(torch.float64)
-    out["gap_confident"] = seg_sum(d * conf, t.step, n) / seg_sum(conf, t.step, n)
-    out["gap_unconfident"] = seg_sum(d * unconf, t.step, n) / seg_sum(unconf, t.step, n)
+    n_conf, n_unconf = seg_sum(conf, t.step, n), seg_sum(unconf, t.step, n)
+    out["gap_confident"] = _ratio(seg_sum(d * conf, t.step, n), n_conf, 0.0, count)
+    out["gap_unconfident"] = _ratio(seg_sum(d * unconf, t.step, n), n_unconf, 0.0, count)
+    out["confident_share"], out["unconfident_share"] = n_conf / count, n_unconf / count
     out["gap_position_corr"] = _corr(absd, t.pos.to(torch.float64), t.step, n, count)
     out["gap_logprob_corr"] = _corr(absd, t.y.abs(), t.step, n, count)
     out.update(_shift(t, n))

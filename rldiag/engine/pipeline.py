@@ -11,14 +11,20 @@ order of operations of verl's V1 trainer, over one shared state.
 2. ``rollout_correction`` when the batch has ``rollout_log_probs`` and bypass mode is off
    (:mod:`rldiag.engine.rollout_correction`): IS weights, rejection rewrites response_mask
    (rewards at rejected tokens stay), ``rollout_corr/*`` metrics (verl ``rollout_corr_helper``).
-3. ``advantages``: the advantage estimator reads the rewritten mask; ``data_metrics``.
-4. ``layout`` (micro-batches), then the actor's metrics (``actor_loss`` with the IS weights,
+3. ``filter`` (only with ``algorithm.filter_groups.enable`` or ``rldiag.filter.gate_column``): the
+   dropped rows leave the update's mask and denominators (not refilled, as verl would);
+   ``advantages``: the advantage estimator reads the rewritten mask (the kept rows alone after a
+   filter); ``data_metrics``.
+4. ``layout`` (micro-batches), ``filter_weight`` (the no-signal groups out of the denominators,
+   ``rldiag/filter/*``; only with a filter set), then the actor's metrics (``actor_loss`` with the IS weights,
    ``entropy_loss``, ``kl_loss``), the critic's (only where the trainer has a critic: verl's
    ``need_critic``, ``critic.enable`` else ``adv_estimator == gae``), ``total_loss``, and
    ``old_policy`` (what verl logs where it recomputes pi_old). Token-mean denominators count the
    original mask (``loss_mask`` if given). Actor and critic metrics are computed per emulated
    micro-batch (:mod:`rldiag.engine.microbatch`) and combined as verl logs them.
-5. rldiag's own: ``ref_kl``, ``group_signal``.
+5. rldiag's own: ``ref_kl``, ``group_signal``, ``mismatch``; ``diag_is`` (after rollout correction:
+   token- and sequence-level IS weights at threshold 2.0, whatever the correction settings, never
+   in the loss), ``turns`` (after the actor: per-turn statistics) and ``rows`` (per-row values).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class Result:
     metrics: dict[str, torch.Tensor]  # name -> (n_steps,)
     tokens: dict[str, torch.Tensor]  # name -> (tokens,), the batch's packed layout
     failed: dict[int, str] = field(default_factory=dict)  # run step -> message
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (rows,), the batch's packed row order
 
 
 def recompute_batch(
@@ -54,4 +61,5 @@ def recompute_batch(
     state = State(batch, settings, kl_state, StepErrors(batch.steps))
     for stage in STAGES:
         stage.run(state)
-    return Result(steps=list(batch.steps), metrics=state.metrics, tokens=state.tokens, failed=state.errors.failed())
+    return Result(steps=list(batch.steps), metrics=state.metrics, tokens=state.tokens, failed=state.errors.failed(),
+                  rows=state.rows)

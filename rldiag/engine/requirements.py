@@ -118,7 +118,7 @@ def reward_kl_columns(settings: EngineSettings) -> ColumnPlan:
 def mismatch_columns(settings: EngineSettings) -> ColumnPlan:
     """What the mismatch diagnosis reads to look at a step's tokens: the mismatch stage's
     columns (both log-probs required; ``loss_mask``, ``policy_version`` when the file has them)."""
-    return ColumnPlan(wanted=_union((MISMATCH,), settings), required=(BASE_NEED, Need(all_of=MISMATCH.needs)),
+    return ColumnPlan(wanted=_union((MISMATCH,), settings), required=(BASE_NEED, Need(all_of=MISMATCH.required(settings))),
                       who="the rollout-vs-trainer mismatch diagnosis")
 
 

@@ -109,15 +109,16 @@ class _Deps:
     uses: frozenset[str] | None
     sets: frozenset[str]
     metric_reads: frozenset[str]
-    tokens: frozenset[str]
+    tokens: frozenset[str]  # its token and row outputs
 
     @classmethod
     def of(cls, stage: Stage) -> _Deps:
         if stage.uses is None or stage.sets is None:
-            return cls(None, frozenset(), frozenset(), frozenset(stage.tokens))
+            return cls(None, frozenset(), frozenset(), frozenset(stage.tokens) | {f"rows:{r}" for r in stage.rows})
         fields = {u for u in stage.uses if not u.startswith("metrics:")} | set(_ALWAYS_USED)
         reads = {u.split(":", 1)[1] for u in stage.uses if u.startswith("metrics:")}
-        return cls(frozenset(fields | set(stage.sets)), frozenset(stage.sets), frozenset(reads), frozenset(stage.tokens))
+        return cls(frozenset(fields | set(stage.sets)), frozenset(stage.sets), frozenset(reads),
+                   frozenset(stage.tokens) | {f"rows:{r}" for r in stage.rows})
 
 
 def _writes_metric(stage: Stage, names: frozenset[str]) -> bool:
@@ -154,7 +155,7 @@ def _branch(st: State, settings: EngineSettings, kl: KLState) -> State:
     """A copy of ``st`` for a branch: its own dicts and step failures, the same tensors."""
     new = copy.copy(st)
     new.settings, new.kl_state = settings, kl
-    new.metrics, new.tokens = dict(st.metrics), dict(st.tokens)
+    new.metrics, new.tokens, new.rows = dict(st.metrics), dict(st.tokens), dict(st.rows)
     errors = StepErrors(st.errors.steps)
     errors.messages = dict(st.errors.messages)
     new.errors = errors
@@ -266,7 +267,7 @@ def iter_recompute_many(
             yield list(node.members), node.failed[1]
         else:
             yield list(node.members), Result(steps=list(batch.steps), metrics=dict(st.metrics), tokens=dict(st.tokens),
-                                             failed=st.errors.failed())
+                                             failed=st.errors.failed(), rows=dict(st.rows))
 
     for members in _group(list(range(n)), lambda i: _kl_key(kls[i], settings_list[i])):
         state = State(batch, settings_list[members[0]], kls[members[0]], StepErrors(batch.steps))
@@ -299,6 +300,6 @@ def recompute_batch_many(
         assert isinstance(result, Result)  # nothing is caught
         for i in members:
             out[i] = result if i == members[0] else Result(result.steps, dict(result.metrics), dict(result.tokens),
-                                                          dict(result.failed))
+                                                          dict(result.failed), dict(result.rows))
     assert all(r is not None for r in out)
     return [r for r in out if r is not None]

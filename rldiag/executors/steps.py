@@ -35,8 +35,8 @@ from rldiag.engine.requirements import ColumnPlan, recompute_columns
 from rldiag.errors import RldiagError
 from rldiag.executors.allocator import usable_cores
 from rldiag.io.fs import as_path, is_remote
-from rldiag.io.loader import StepData, load_step
-from rldiag.io.outputs import tokens_table
+from rldiag.io.loader import StepData, load_step, row_columns
+from rldiag.io.outputs import rows_table, tokens_table
 from rldiag.io.rundir import StepFile
 
 #: Steps read ahead on the loader thread (bounded: memory stays flat as the run grows). One: the
@@ -91,6 +91,7 @@ class StepOutcome:
     status: str  # "done", "reused" or "failed"
     metrics: dict[str, float] | None = None
     tokens: pa.Table | None = None
+    row_table: pa.Table | None = None  # the per-row table (rows/step_<N>.parquet)
     error: str | None = None
     rows: int = 0
     n_tokens: int = 0
@@ -113,6 +114,9 @@ class Fetched:
         self._record = dict(record or {})
         self._pending = pending
         self._lock = threading.Lock()
+        #: the file's per-row columns (:func:`~rldiag.io.loader.row_columns`) when the fetcher read
+        #: them from the bytes it had (a sweep), or the error that kept them; None: read when needed
+        self.row_columns: pa.Table | BaseException | None = None
 
     def record(self) -> dict:
         """The input record for scenario.json, its hash finished (a copy)."""
@@ -373,7 +377,7 @@ def pack_outcomes(pack: list[Fetched], job: Job, result: Result | BaseException,
     """One outcome per step of a computed pack: its metrics row and, with ``job.save_tokens``,
     its token table; or the error the computation raised (one of :data:`COMPUTE_ERRORS`).
     ``shared``: what outcomes of the same result for the same steps made already (metrics rows,
-    token tables), reused and filled in (a sweep's scenarios that share a result)."""
+    token and row tables), reused and filled in (a sweep's scenarios that share a result)."""
     shared = {} if shared is None else shared
     if isinstance(result, RldiagError):
         msg = f"{type(result).__name__}: {result}"
@@ -385,15 +389,17 @@ def pack_outcomes(pack: list[Fetched], job: Job, result: Result | BaseException,
         msg = f"ComputeError: steps {steps}: {type(result).__name__}: {result}"
         return [StepOutcome(f.task.step, f.record(), "failed", error=msg) for f in pack]
     failed = {s: f"ComputeError: {m}" for s, m in result.failed.items()}
-    if "rows" not in shared:
-        shared["rows"] = _metric_rows(result, {f.task.step for f in pack} - set(failed))
-    rows = shared["rows"]
+    if "metric_rows" not in shared:
+        shared["metric_rows"] = _metric_rows(result, {f.task.step for f in pack} - set(failed))
+    rows = shared["metric_rows"]
     out = []
-    tok0 = 0
+    tok0 = row0 = 0
     for f in pack:
         d = f.loaded
         sel = slice(tok0, tok0 + d.n_tokens)  # the step's tokens in the packed layout
+        rsel = slice(row0, row0 + d.n_rows)  # and its rows
         tok0 += d.n_tokens
+        row0 += d.n_rows
         if d.step in failed:
             out.append(StepOutcome(d.step, f.record(), "failed", error=failed[d.step]))
             continue
@@ -402,9 +408,34 @@ def pack_outcomes(pack: list[Fetched], job: Job, result: Result | BaseException,
             if ("tokens", d.step) not in shared:
                 shared["tokens", d.step] = tokens_table({k: v[sel] for k, v in result.tokens.items()}, d.batch.lengths)
             tokens = shared["tokens", d.step]
-        out.append(StepOutcome(d.step, f.record(), "done", metrics=rows[d.step], tokens=tokens,
+        if ("row_table", d.step) not in shared:
+            try:
+                shared["row_table", d.step] = step_rows_table({k: v[rsel] for k, v in result.rows.items()}, f)
+            except (RldiagError, OSError, pa.ArrowException) as exc:
+                shared["row_table", d.step] = exc
+        row_table = shared["row_table", d.step]
+        if isinstance(row_table, BaseException):
+            out.append(StepOutcome(d.step, f.record(), "failed", error=f"{type(row_table).__name__}: {row_table}"))
+            continue
+        out.append(StepOutcome(d.step, f.record(), "done", metrics=rows[d.step], tokens=tokens, row_table=row_table,
                                rows=d.n_rows, n_tokens=d.n_tokens))
     return out
+
+
+def step_rows_table(rows: dict[str, torch.Tensor], f: Fetched) -> pa.Table:
+    """One step's per-row table: the engine's per-row values (:func:`rldiag.io.outputs.rows_table`)
+    then the batch file's own per-row columns (``uid``, reward components, ids), each once (the
+    engine's values win a shared name)."""
+    table = rows_table(rows, f.task.step)
+    own = f.row_columns
+    if own is None:
+        own = row_columns(f.task.step_file())  # a few scalar columns: one small projected read
+    elif isinstance(own, BaseException):
+        raise own
+    for name in own.column_names:
+        if name not in table.column_names:
+            table = table.append_column(name, own[name])
+    return table
 
 
 def process(fetched: Iterable[Fetched], job: Job, kl_for: Callable[[list[int]], Any],

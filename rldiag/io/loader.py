@@ -32,7 +32,14 @@ from rldiag.errors import BatchError, MissingInputError
 from rldiag.io.arrays import parquet_file, to_numpy
 from rldiag.io.fs import RemotePath, arrow_source, open_input_file
 from rldiag.io.rundir import StepFile, step_number_problem
-from rldiag.io.schema import LIST_COLUMNS, MASK_LIST_COLUMNS, SCALAR_COLUMNS, id_type_problem
+from rldiag.io.schema import (
+    LIST_COLUMNS,
+    MASK_LIST_COLUMNS,
+    RESPONSE_TEXT_COLUMN,
+    SCALAR_COLUMNS,
+    TEXT_LIST_COLUMNS,
+    id_type_problem,
+)
 
 #: columns with a dedicated place in the engine Batch (its token fields, its per-row ones the
 #: schema has); any other column read lands in ``Batch.extra`` (string ids as int64 codes, other
@@ -82,6 +89,21 @@ def token_count(sf: StepFile) -> int:
             return int(pc.sum(pc.list_value_length(table["response_mask"])).as_py() or 0)
     except (pa.ArrowException, OSError, KeyError, ValueError, TypeError):
         return 0
+
+
+def row_count(sf: StepFile) -> int:
+    """The rows of one batch file, from its metadata (Parquet) or its record batches (Arrow IPC),
+    without reading a column."""
+    try:
+        if sf.format == "parquet":
+            return int(_parquet(sf, None).metadata.num_rows)
+        with open_input_file(sf.path) as src:
+            reader = _open_ipc(src)
+            if isinstance(reader, ipc.RecordBatchFileReader):
+                return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            return sum(b.num_rows for b in reader)
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(sf, exc) from exc
 
 
 def _open_ipc(src):
@@ -186,6 +208,25 @@ def _ragged(col: pa.ChunkedArray | pa.Array, name: str, where: dict) -> Ragged:
     return Ragged(values=values, lengths=lengths, offsets=offsets)
 
 
+def _text_lengths(col: pa.ChunkedArray, name: str, where: dict) -> np.ndarray:
+    """A list<string> text column (``response_tokens``, ``prompt_tokens``): its per-row lengths,
+    after checking the type and that no list and no token is null."""
+    arr = col.combine_chunks()
+    t = arr.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
+            pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type)):
+        raise BatchError(f"expected list<string> (one string per token), found type {t}", column=name, **where)
+    if arr.null_count:
+        raise BatchError("the row's list is null", row=_first_true(to_numpy(arr.is_null())), column=name, **where)
+    lengths = to_numpy(pc.list_value_length(arr)).astype(np.int64)
+    flat = pc.list_flatten(arr)
+    if flat.null_count and (idx := _first_true(to_numpy(flat.is_null()))) is not None:
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        row = int(np.searchsorted(offsets, idx, side="right") - 1)
+        raise BatchError(f"token {idx - offsets[row]} is null", row=row, column=name, **where)
+    return lengths
+
+
 def _scalar(col: pa.ChunkedArray, name: str, kind: str, where: dict) -> np.ndarray:
     arr = col.combine_chunks()
     if arr.null_count:
@@ -211,7 +252,8 @@ def _scalar(col: pa.ChunkedArray, name: str, kind: str, where: dict) -> np.ndarr
 
 
 def validate_table(table: pa.Table, sf: StepFile) -> dict[str, Ragged]:
-    """Check one step's table against the schema; return its list columns as ragged arrays.
+    """Check one step's table against the schema; return its list columns as ragged arrays
+    (the text columns, ``response_tokens`` and ``prompt_tokens``, are checked, not returned).
 
     Raises :class:`BatchError` naming file, step, row and column for the first problem.
     """
@@ -249,6 +291,17 @@ def validate_table(table: pa.Table, sf: StepFile) -> dict[str, Ragged]:
                 row=idx, column=name, **where,
             )
         ragged[name] = r
+    for name in TEXT_LIST_COLUMNS:  # for display only: checked here, never handed to the engine
+        if name not in names:
+            continue
+        text_lengths = _text_lengths(table[name], name, where)
+        idx = _first_true(text_lengths != ref.lengths) if name == RESPONSE_TEXT_COLUMN else None
+        if idx is not None:
+            raise BatchError(
+                f"has {text_lengths[idx]} token strings but response_mask has {ref.lengths[idx]} tokens; "
+                "response_tokens holds one string per response token",
+                row=idx, column=name, **where,
+            )
     return ragged
 
 
@@ -359,7 +412,7 @@ def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequ
     extra = {name: tensors.pop(name) for name in list(tensors) if name not in BATCH_COLUMNS}
     token_extra = tuple(extra)
     for name in table.column_names:
-        if name not in BATCH_COLUMNS and name not in extra:
+        if name not in BATCH_COLUMNS and name not in extra and name not in TEXT_LIST_COLUMNS:  # text: display only
             extra[name] = _extra_column(table[name], name, where)
     if "batch_position" in extra:
         _check_positions(extra["batch_position"], where)
@@ -379,3 +432,28 @@ def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequ
         rows=layout,
     )
     return StepData(step=sf.step, file=sf.path, batch=batch, uids=uids, n_rows=rows, n_tokens=total)
+
+
+#: columns the per-row table never copies from a batch file: the engine writes its own values of
+#: these (``score``: the row's summed token scores) or they are the table's keys
+ROW_TABLE_SKIP = frozenset(("step", "row"))
+
+
+def row_columns(sf: StepFile, source: bytes | None = None, exclude: frozenset[str] = ROW_TABLE_SKIP) -> pa.Table:
+    """The file's per-row (scalar) columns for the per-row table: ``uid``, reward components,
+    ids, counts, anything not a list (list columns hold one value per token) and not in
+    ``exclude``. Reads only those columns."""
+    schema = read_schema(sf, source)
+    names = [f.name for f in schema if f.name not in exclude and not (
+        pa.types.is_list(f.type) or pa.types.is_large_list(f.type) or pa.types.is_fixed_size_list(f.type)
+        or pa.types.is_struct(f.type) or pa.types.is_map(f.type))]
+    if not names:
+        return pa.table({})
+    table = read_table(sf, names, source)
+    cols = {}
+    for name in names:
+        col = table[name].combine_chunks()
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        cols[name] = col
+    return pa.table(cols)

@@ -1,5 +1,5 @@
 """Scenario outputs (docs/run-directory.md, "A scenario"): ``metrics.parquet``, ``tokens/step_<N>.parquet``,
-``scenario.json``; and reading them back."""
+``rows/step_<N>.parquet``, ``scenario.json``; and reading them back."""
 
 from __future__ import annotations
 
@@ -30,7 +30,31 @@ TOKEN_OUTPUTS = (
     "pg_losses",
     "rollout_is_weights",
     "ref_kl",
+    "turn",
 )
+#: token outputs written as int32 lists (the others: float32; response_mask: int8)
+INT_TOKEN_OUTPUTS = frozenset({"turn"})
+#: the per-row outputs of the engine (``Result.rows``) in the order ``rows_table`` writes them,
+#: after ``step`` and ``row``
+ROW_OUTPUTS = (
+    "length",
+    "actor_tokens",
+    "turns",
+    "score",
+    "reward",
+    "advantage_mean",
+    "advantage_last",
+    "is_weight_seq",
+    "is_ratio_seq",
+    "rollout_kl",
+    "rollout_kl_k3",
+    "clipped_tokens",
+    "loss_weight",
+    "group_has_signal",
+    "group_size",
+)
+#: per-row outputs written as int64 (the others: float64)
+INT_ROW_OUTPUTS = frozenset({"length", "actor_tokens", "turns", "group_has_signal", "group_size"})
 
 
 def sha256_file(path: Path | RemotePath, chunk: int = 1 << 20) -> str:
@@ -66,9 +90,32 @@ def tokens_table(tokens: dict[str, torch.Tensor], lengths: torch.Tensor, row_off
             raise OutputError(f"token output {name!r} has shape {tuple(flat.shape)}, expected ({total},)")
         if name == "response_mask":
             values = from_numpy(flat.to(torch.int8).numpy())
+        elif name in INT_TOKEN_OUTPUTS:
+            values = from_numpy(flat.to(torch.int32).numpy())
         else:
             values = from_numpy(flat.to(torch.float32).numpy())
         cols[name] = list_type.from_arrays(off, values)
+    return pa.table(cols)
+
+
+def rows_table(rows: dict[str, torch.Tensor], step: int, row_offset: int = 0) -> pa.Table:
+    """One step's per-row outputs ``(rows,)`` (the engine's ``Result.rows`` sliced to the step) as a
+    table: ``step`` int64, ``row`` int64 (``row_offset`` + the row's index), then the outputs in
+    :data:`ROW_OUTPUTS` order, those the step has (int64 counts and flags, float64 values)."""
+    import torch  # here, not at the top: readers of scenarios (the app) never load torch
+
+    present = [name for name in ROW_OUTPUTS if name in rows]
+    n = int(rows[present[0]].shape[0]) if present else 0
+    cols: dict[str, pa.Array] = {
+        "step": from_numpy(np.full(n, int(step), dtype=np.int64)),
+        "row": from_numpy(np.arange(n, dtype=np.int64) + row_offset),
+    }
+    for name in present:
+        t = rows[name].detach().cpu()
+        if t.shape != (n,):
+            raise OutputError(f"row output {name!r} has shape {tuple(t.shape)}, expected ({n},)")
+        dtype = torch.int64 if name in INT_ROW_OUTPUTS else torch.float64
+        cols[name] = from_numpy(t.to(dtype).numpy())
     return pa.table(cols)
 
 
@@ -109,6 +156,14 @@ def read_scenario(run_path: Path | RemotePath | str, name: str) -> tuple[dict, p
     if not sc.meta.is_file():
         have = list_scenarios(run_path)
         raise RunDirError(f"no scenario {name!r} in {run_path}; have: {', '.join(have) or 'none'}")
+    return read_scenario_at(sc)
+
+
+def read_scenario_at(sc: ScenarioLayout) -> tuple[dict, pa.Table]:
+    """(scenario.json, metrics table) of the scenario directory ``sc`` (one of ``scenarios/``, or
+    of a sweep: ``RunLayout(run).layout_audit.scenario(name)``)."""
+    if not sc.meta.is_file():
+        raise RunDirError(f"no scenario in {sc.dir}")
     if is_remote(sc.dir):
         return _read_remote_scenario(sc)
     meta = json.loads(sc.meta.read_text())

@@ -9,6 +9,7 @@
           scenario.json                              written last: marks the scenario complete
           metrics.parquet                            one row per step
           tokens/step_<N:06d>.parquet                with --save-tokens
+          rows/step_<N:06d>.parquet                  per-row values (rldiag.io.outputs.rows_table)
         comparisons/<A>__vs__<B>/                    rldiag compare
           comparison.json                            written last
           metrics.parquet  tokens.parquet  groups.parquet
@@ -16,6 +17,10 @@
         sweeps/<name>/                               rldiag sweep (its scenarios are under scenarios/)
           sweep.json                                 written last: the grid, the scenarios
           summary.parquet                            every scenario's metrics, long format
+        sweeps/layout-audit/                         rldiag layout-audit
+          <layout>/                                  one scenario per layout, as scenarios/<name>/
+          metrics.parquet                            one row per metric (spread, best match, why)
+          audit.json                                 written last: the layouts and the metrics
 
 :class:`RunLayout` gives these paths for a run on local disk (:class:`~pathlib.Path`) and in an
 object store (:class:`~rldiag.io.fs.RemotePath`) alike: it only joins names, never touches the
@@ -61,8 +66,10 @@ STEP_FILE = re.compile(r"^step_(\d+)\.(parquet|arrow)$")
 OUTPUT_DIR = "rldiag"
 SCENARIOS_DIR = "scenarios"
 COMPARISONS_DIR = "comparisons"
-SWEEPS_DIR = "sweeps"
 IMPORT_DIR = "import"
+SWEEPS_DIR = "sweeps"
+#: ``rldiag layout-audit``'s sweep, under ``SWEEPS_DIR``
+LAYOUT_AUDIT_DIR = "layout-audit"
 #: Between the two sides of a comparison's directory name (``base__vs__rloo``).
 PAIR_SEP = "__vs__"
 
@@ -115,6 +122,7 @@ class ScenarioLayout(OutputLayout[P]):
 
     META: ClassVar[str] = "scenario.json"
     TOKENS: ClassVar[str] = "tokens"
+    ROWS: ClassVar[str] = "rows"
     #: A token file's name (``step_000012.parquet``).
     TOKEN_FILE: ClassVar[re.Pattern[str]] = re.compile(r"^step_(\d+)\.parquet$")
     #: Every token file of a scenario, as a glob over ``tokens_dir`` (DuckDB's ``read_parquet``).
@@ -131,6 +139,24 @@ class ScenarioLayout(OutputLayout[P]):
 
     def tokens_file(self, step: int) -> P:
         return _join(self.dir, self.TOKENS, step_file_name(step))
+
+    @classmethod
+    def rows_rel(cls, step: int) -> str:
+        """Step ``step``'s per-row file relative to the scenario (what its writer takes)."""
+        return f"{cls.ROWS}/{step_file_name(step)}"
+
+    def rows_file(self, step: int) -> P:
+        """``rows/step_<N:06d>.parquet``: step ``step``'s per-row values."""
+        return _join(self.dir, self.ROWS, step_file_name(step))
+
+    rows_dir = Entry("ROWS")
+
+    def row_steps(self) -> list[int]:
+        """The steps that have a per-row file (a listing of ``rows/``)."""
+        d = self.rows_dir
+        if not d.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in d.iterdir() if (m := self.TOKEN_FILE.match(p.name)) and p.is_file())
 
     def token_steps(self) -> list[int]:
         """The steps that have a token file (a listing of ``tokens/``)."""
@@ -161,6 +187,18 @@ class SweepLayout(OutputLayout[P]):
     SUMMARY: ClassVar[str] = "summary.parquet"
 
     summary = Entry("SUMMARY")
+
+
+@dataclass(frozen=True)
+class LayoutAuditLayout(OutputLayout[P]):
+    """``RUN/rldiag/sweeps/layout-audit/``: one ``rldiag layout-audit``: a scenario directory per
+    layout (laid out as ``RUN/rldiag/scenarios/<name>/``), the per-metric table and ``audit.json``."""
+
+    META: ClassVar[str] = "audit.json"
+
+    def scenario(self, name: str) -> ScenarioLayout[P]:
+        """The scenario of the layout ``name`` (``own``, ``dp=2``, ``micro_batch_x0.5``, ...)."""
+        return ScenarioLayout(_join(self.dir, name))
 
 
 class RunLayout(Generic[P]):
@@ -237,6 +275,11 @@ class RunLayout(Generic[P]):
     def sweep(self, name: str) -> SweepLayout[P]:
         """Where ``rldiag sweep`` writes the sweep ``name``'s summary and record."""
         return SweepLayout(self._at(OUTPUT_DIR, SWEEPS_DIR, name))
+
+    @property
+    def layout_audit(self) -> LayoutAuditLayout[P]:
+        """Where ``rldiag layout-audit`` writes (:class:`LayoutAuditLayout`)."""
+        return LayoutAuditLayout(self._at(OUTPUT_DIR, SWEEPS_DIR, LAYOUT_AUDIT_DIR))
 
     @property
     def import_dir(self) -> P:

@@ -24,6 +24,12 @@ FLOAT_LIST_COLUMNS = (
 #: list<int8|bool> columns holding 0/1 per token.
 MASK_LIST_COLUMNS = ("response_mask", "loss_mask")
 LIST_COLUMNS = MASK_LIST_COLUMNS + FLOAT_LIST_COLUMNS
+#: list<string> columns, the text of each token for display (the engine never reads them):
+#: ``response_tokens`` has one string per response token (the row's length, like every list
+#: column above); ``prompt_tokens`` one per prompt token, any length.
+RESPONSE_TEXT_COLUMN = "response_tokens"
+PROMPT_TEXT_COLUMN = "prompt_tokens"
+TEXT_LIST_COLUMNS = (RESPONSE_TEXT_COLUMN, PROMPT_TEXT_COLUMN)
 #: scalar columns rldiag understands.
 SCALAR_COLUMNS = {
     "uid": "string",

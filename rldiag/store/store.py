@@ -212,6 +212,14 @@ class Store:
         """Steps with a batch file."""
         return self.batches.steps()
 
+    def inputs_sig(self) -> tuple[tuple[str, int, int], ...]:
+        """``(name, size, mtime_ns)`` of every batch file and of the config files present: what a
+        result computed from the batches and the run's settings is keyed on (it changes when the
+        run writes a step or its config changes)."""
+        paths = [local_path(sf.path) for sf in self.batches.files()] + [local_path(p) for p in self.rd.layout.config_files]
+        return tuple((str(p.relative_to(self.run)), sig.size, sig.mtime_ns) for p in paths
+                     if (sig := file_sig(p)) is not None)
+
     def token_steps(self, scenario: str) -> list[int]:
         return self.scenarios.token_steps(scenario)
 

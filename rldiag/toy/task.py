@@ -25,6 +25,17 @@ VOCAB = DIGITS + 6
 TOKEN_NAMES = [str(d) for d in range(DIGITS)] + ["<pad>", "=", "<eos>", "<call>", "<obs>", "</obs>"]
 
 
+class ToyTokenizer:
+    """The task's vocabulary as a tokenizer for the capture's token text (``RunWriter(...,
+    tokenizer=...)``): ``convert_ids_to_tokens``, as Hugging Face tokenizers name it."""
+
+    _names = np.array(TOKEN_NAMES, dtype=object)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        """The name of each token id (one lookup for all of them)."""
+        return self._names[np.asarray(ids, dtype=np.int64)].tolist()
+
+
 @dataclass
 class Prompts:
     """A batch of prompts.

@@ -26,7 +26,7 @@ from rldiag.toy.config import ToyConfig
 from rldiag.toy.metrics import data_metrics
 from rldiag.toy.model import TinyTransformer, response_logprobs, response_values
 from rldiag.toy.rollout import generate, rollout_engine
-from rldiag.toy.task import VOCAB, sample_prompts, score_responses, with_tool_failures
+from rldiag.toy.task import VOCAB, ToyTokenizer, sample_prompts, score_responses, with_tool_failures
 from rldiag.toy.update import StepTensors, update_actor, update_critic
 
 
@@ -147,8 +147,12 @@ class ToyTrainer:
         queue_size: int = 8,
     ) -> RunSummary:
         """Train ``cfg.steps`` steps, capturing each into ``out_dir`` (nothing is written when
-        ``out_dir`` is None). ``pace_s``: make each step last at least this long (live demos)."""
-        writer = RunWriter(out_dir, config=self.cfg.verl_config(), queue_size=queue_size) if out_dir else None
+        ``out_dir`` is None), with the text of every response and prompt token
+        (``response_tokens``, ``prompt_tokens``: made on the capture's writer thread, outside
+        training and its random streams). ``pace_s``: make each step last at least this long
+        (live demos)."""
+        writer = (RunWriter(out_dir, config=self.cfg.verl_config(), queue_size=queue_size, tokenizer=ToyTokenizer())
+                  if out_dir else None)
         summary = RunSummary()
         try:
             for step in range(1, self.cfg.steps + 1):

@@ -2,8 +2,8 @@
 
 The sample loads and a chart renders; lines appended to metrics.jsonl (a half-written one
 included) appear without a reload; changing the estimator on the what-if page and recomputing
-adds the scenario to its chart; every page renders. Screenshots of each page go to
-``$RLDIAG_SCREENSHOTS`` (else the test's tmp dir).
+adds the scenario to its chart; every page renders (Off-policy with its mismatch diagnosis shown
+without a click). Screenshots of each page go to ``$RLDIAG_SCREENSHOTS`` (else the test's tmp dir).
 """
 
 from __future__ import annotations
@@ -213,6 +213,11 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
     pg.get_by_text("Debugging checklist", exact=False).first.wait_for()
     _shoot(pg, shots / "step.png")
     _goto(pg, "Off-policy")
+    # the mismatch diagnosis is computed on open, no click: its cause and confidence in view
+    diagnosis = pg.get_by_text(re.compile(r"precision, confidence \d\.\d\d")).first
+    diagnosis.wait_for()
+    sync_api.expect(diagnosis).to_be_visible()
+    sync_api.expect(pg.get_by_role("heading", name="Rollout vs trainer log-probs")).to_be_visible()
     pg.wait_for_selector(CHART)
     _shoot(pg, shots / "offpolicy.png")
     _goto(pg, "Health")

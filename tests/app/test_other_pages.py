@@ -34,11 +34,81 @@ def test_offpolicy_panels_and_is_weights(app_run):
 
 
 def test_offpolicy_without_rollout_metrics_says_what_to_do(tmp_path):
+    """Batches without rollout_log_probs: the diagnosis says what it needs and what to set in
+    verl, the rollout_corr panels what they need; nothing raises, no picture is drawn."""
+    import pyarrow.parquet as pq
+
     from rldiag.synth import SynthSpec, write_synth_run
 
     run = write_synth_run(tmp_path / "r", SynthSpec(steps=2))
+    for f in (run / "batches").iterdir():
+        pq.write_table(pq.read_table(f).drop_columns(["rollout_log_probs"]), f)
     at = open_app(run, OFF)
-    assert any("No rollout_corr/* metrics" in i.value for i in at.info)
+    infos = [i.value for i in at.info]
+    assert any("actor_rollout_ref.rollout.calculate_log_probs=True" in i and "rollout_log_probs" in i for i in infos)
+    assert any("No rollout_corr/* metrics" in i for i in infos)
+    assert not at.error and not at.get("plotly_chart")
+    assert at.session_state["op_mismatch"][1].causes == []
+
+
+def test_offpolicy_diagnosis_and_pictures_on_open(tmp_path):
+    """On a copy of the sample, with no button pressed: the precision cause at severity info,
+    its evidence and remedy, and the pictures of the step with the largest KL among its steps;
+    kept over reruns, computed again when the batch files change."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    sample = default_run()
+    if sample is None:
+        pytest.skip("no bundled sample in this checkout")
+    run = tmp_path / "run"
+    shutil.copytree(sample, run, ignore=shutil.ignore_patterns("rldiag"))
+    at = open_app(run, OFF)
+    diag = at.session_state["op_mismatch"][1]
+    assert [c.cause for c in diag.causes] == ["precision"] and diag.causes[0].severity == "info"
+    assert any("precision" in i.value and "symmetric" in i.value for i in at.info)
+    md = [m.value for m in at.markdown]
+    assert any("`precision`" in m and ":blue-badge[info]" in m and "confidence 0.9" in m for m in md)
+    assert any(m.startswith("**Remedy:**") for m in md) and any(m.startswith("**Steps:** 1-") for m in md)
+    assert any(c.value.startswith("Statistic: gap_std") for c in at.caption)
+    titles = [(s["layout"].get("title") or {}).get("text", "") for s in charts(at)]
+    for picture in ("Rollout vs trainer log-prob", "Gap old - rollout", "|Gap| by position", "Lag-0 vs lag-1"):
+        assert any(t.startswith(picture) for t in titles), titles
+    metrics = pq.read_table(run / "rldiag" / "scenarios" / "baseline" / "metrics.parquet").to_pylist()
+    kl = {r["step"]: r["rldiag/mismatch/kl_k2"] for r in metrics}
+    step = at.select_slider(key="op_mm_step").value
+    assert step == max(diag.causes[0].steps, key=kl.__getitem__)
+    top = at.dataframe[-1].value
+    assert len(top) == 20 and list(top["kl_share"]) == sorted(top["kl_share"], reverse=True)
+    assert "Mismatch fingerprints" in [h.value for h in at.subheader]
+    # the slider shows another step's tokens
+    other = diag.steps[0] if step != diag.steps[0] else diag.steps[1]
+    at.select_slider(key="op_mm_step").set_value(other).run()
+    assert not at.exception
+    assert any(t.startswith(f"step {other}") for s in charts(at) for t in subplot_titles(s))
+    # a rerun keeps the diagnosis; a change to the batch files has it computed again
+    at.run()
+    assert at.session_state["op_mismatch"][1] is diag
+    (run / "batches" / "step_000030.parquet").unlink()
+    at.run()
+    assert not at.exception
+    assert at.session_state["op_mismatch"][1].steps == diag.steps[:-1]
+
+
+def test_offpolicy_on_a_read_only_run_writes_nothing(rldiag_home):
+    """The bundled sample itself: the diagnosis streamed from the batch files with nothing
+    written (no baseline scenario), the pictures drawn from the batch files."""
+    sample = default_run()
+    if sample is None:
+        pytest.skip("no bundled sample in this checkout")
+    before = sorted(p.name for p in sample.iterdir())
+    at = open_app(sample, OFF)
+    assert not at.exception
+    diag = at.session_state["op_mismatch"][1]
+    assert [(c.cause, c.severity) for c in diag.causes] == [("precision", "info")]
+    assert any((s["layout"].get("title") or {}).get("text", "").startswith("Rollout vs trainer") for s in charts(at))
+    assert sorted(p.name for p in sample.iterdir()) == before
 
 
 def test_health_findings_and_deeper_look(app_run):
@@ -121,3 +191,32 @@ def test_the_bundled_sample_itself_is_read_only(rldiag_home):
     at = open_app(sample, "views/whatif.py")
     assert at.button(key="wi_run").disabled
     assert any("read-only" in c.value for c in at.caption)
+
+
+def test_health_layout_audit_on_open_cached_on_the_batch_files(app_run):
+    """The Health page audits the layouts on open (the synthetic run: DP 2 and 4 move
+    actor/ppo_kl), shows the layout-dependent metrics and the skipped layouts, and keeps the
+    result while the batch files stay the same."""
+    import os
+
+    at = open_app(app_run, HEALTH)
+    assert "Layout audit" in [h.value for h in at.subheader]
+    key, result = at.session_state["he_layout_audit"]
+    assert (app_run / "rldiag" / "sweeps" / "layout-audit" / "audit.json").is_file()
+    tables = [t.value for t in at.table]
+    dependent = next(t for t in tables if "relative spread" in t.columns)
+    assert dependent["metric"].tolist() == [m.metric for m in result.dependent] and "actor/ppo_kl" in set(dependent["metric"])
+    assert all(dependent["why"].str.len() > 0)
+    skipped = next(t for t in tables if "why skipped" in t.columns)
+    assert set(skipped["layout"]) == {x.name for x in result.skipped} and "balance_batch=off" in set(skipped["layout"])
+    recomputed = next(t for t in tables if "batch layout" in t.columns)
+    assert recomputed["layout"].tolist()[0] == "own" and "one_batch" in recomputed["same as"].tolist()[0]
+    at.run()
+    assert at.session_state["he_layout_audit"][1] is result  # the same batch files: not audited again
+    batch = sorted((app_run / "batches").iterdir())[0]
+    st = batch.stat()
+    os.utime(batch, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    at.run()
+    assert not at.exception
+    new_key, new_result = at.session_state["he_layout_audit"]
+    assert new_key != key and new_result is not result

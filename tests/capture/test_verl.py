@@ -240,6 +240,49 @@ def test_token_text_comes_from_the_trainers_tokenizer(capture_into, monkeypatch,
     keys = list(tq.rows)
     expected = [[f"<{int(i)}>" for i in tq.rows[k]["responses"]] for k in keys]
     assert table["response_tokens"].to_pylist() == expected
+    # the prompts come back nested (unpadded) from the TransferQueue: each row's real tokens
+    assert table["prompt_tokens"].to_pylist() == [[f"<{int(i)}>" for i in tq.rows[k]["prompts"]] for k in keys]
+    assert [len(p) for p in table["prompt_tokens"].to_pylist()] == table["prompt_length"].to_pylist()
+
+
+def test_v1_token_text_skips_the_padding_rows(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+
+    class Vocab:
+        def convert_ids_to_tokens(self, ids):
+            return [f"<{i}>" for i in ids]
+
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=8, padding=2))
+    run = capture_into(tokens=True)
+    _trainer(Trainer, _config("grpo", n=2), tokenizer=Vocab()).fit()
+    table = pq.read_table(run / "batches" / "step_000001.parquet")
+    keys = list(tq.rows)[:6]  # the last two rows are the trainer's divisibility padding
+    assert table["prompt_tokens"].to_pylist() == [[f"<{int(i)}>" for i in tq.rows[k]["prompts"]] for k in keys]
+    assert table["response_tokens"].to_pylist() == [[f"<{int(i)}>" for i in tq.rows[k]["responses"]] for k in keys]
+    _assert_match(run, "advantages")  # the text changes nothing a recompute reads
+
+
+def test_legacy_token_text_of_prompts_and_responses(capture_into, monkeypatch):
+    rt = pytest.importorskip("verl.trainer.ppo.ray_trainer")
+
+    class Vocab:
+        def convert_ids_to_tokens(self, ids):
+            return [f"<{i}>" for i in ids]
+
+    monkeypatch.setattr(rt.RayPPOTrainer, "fit", verl_steps.legacy_fit(n_steps=2, rows=8))
+    run = capture_into(tokens=True)
+    _trainer(rt.RayPPOTrainer, _config("grpo", n=4, mode="legacy"), tokenizer=Vocab()).fit()
+    for step in (1, 2):
+        table = pq.read_table(run / "batches" / f"step_{step:06d}.parquet")
+        t = verl_steps.tensors(step, 8, 4)
+        pl, rl = t["_lengths"]
+        # verl left-pads the prompts: the real tokens are the last prompt_length ones
+        assert table["prompt_tokens"].to_pylist() == [
+            [f"<{int(i)}>" for i in t["prompts"][r, P - int(pl[r]):]] for r in range(8)]
+        assert table["response_tokens"].to_pylist() == [
+            [f"<{int(i)}>" for i in t["responses"][r, : int(rl[r])]] for r in range(8)]
+        assert table["prompt_length"].to_pylist() == pl.tolist()
+    _assert_match(run, "advantages")
 
 
 def test_the_file_logger_on_the_capture_metrics_file_is_refused(capture_into, monkeypatch, v1):

@@ -46,10 +46,10 @@ def test_the_table_per_release():
     table = {v: {c.key for c in CHANGES if has({"rldiag.verl_version": v}, c.key)} for v in RELEASES}
     assert table == {
         "0.8.0": set(),
-        "0.9.0": {"v1_trainer", "reinforce_pp_carry", "critic_global_norm"},
+        "0.9.0": {"v1_trainer", "reinforce_pp_carry", "critic_global_norm", "filter_groups_reward_metric"},
         "0.9.1": {"v1_trainer", "reinforce_pp_carry", "critic_global_norm", "gspo_agg_mode", "v1_pad_rows_128",
-                  "dynamic_bsz_token_limit"},
-        SNAPSHOT: {"v1_trainer", "reinforce_pp_carry", "critic_global_norm"},
+                  "dynamic_bsz_token_limit", "filter_groups_reward_metric"},
+        SNAPSHOT: {"v1_trainer", "reinforce_pp_carry", "critic_global_norm", "filter_groups_reward_metric"},
     }
     assert all(c.commit and c.new and c.old and c.versions <= set(RELEASES) for c in CHANGES)
 

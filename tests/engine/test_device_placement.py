@@ -79,6 +79,9 @@ CASES["bypass_mode"] = {RC + "bypass_mode": True}
 CASES["one segment per step"] = {"rldiag.dp_size": 1, "rldiag.mini_batch_size": None, "rldiag.micro_batch_size": None}
 CASES["dp ranks only"] = {"rldiag.mini_batch_size": None, "rldiag.micro_batch_size": None}
 CASES["no trainer.use_v1"] = {"trainer.use_v1": False}
+CASES["filters"] = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+                    "rldiag.filter.gate_column": "fmt", "rldiag.filter.gate_min": 0.5,
+                    "rldiag.filter.drop_no_signal_from_denominator": True, "algorithm.adv_estimator": "grpo"}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +91,7 @@ def synth_run(tmp_path_factory):
 
 
 def _assert_on_cpu(result: Result) -> None:
-    for kind, tensors in (("metric", result.metrics), ("token output", result.tokens)):
+    for kind, tensors in (("metric", result.metrics), ("token output", result.tokens), ("row output", result.rows)):
         for name, t in tensors.items():
             assert t.device.type == "cpu", f"{kind} {name!r} is on {t.device}, not on the batch's device"
 
@@ -108,6 +111,7 @@ def run_on_meta_default(run: Path, overrides: dict, kl_state=None) -> Result:
 def test_engine_creates_every_tensor_on_the_batch_device(synth_run, case):
     result = run_on_meta_default(synth_run, {**EVERYTHING, **CASES[case]})
     assert "actor/pg_loss" in result.metrics and "advantages" in result.tokens
+    assert "rldiag/turns/1/tokens" in result.metrics and "turn" in result.tokens and "loss_weight" in result.rows
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)

@@ -25,8 +25,10 @@ HS = hsettings(max_examples=30, deadline=None, suppress_health_check=[HealthChec
 
 
 def _corr(a, b):
-    if len(a) < 1 or a.std() == 0 or b.std() == 0:
+    if len(a) < 1:
         return math.nan
+    if a.std() == 0 or b.std() == 0:
+        return 0.0
     return float(np.mean((a - a.mean()) * (b - b.mean())) / (a.std() * b.std()))
 
 
@@ -60,19 +62,19 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
         k2 = 0.5 * d * d
         out["kl_k2"][s] = k2.mean()
         top = math.ceil(0.01 * n)
-        out["top_kl_share"][s] = np.sort(k2)[::-1][:top].sum() / k2.sum() if k2.sum() > 0 else math.nan
-        out["positive_share"][s] = np.clip(d, 0, None).sum() / ad.sum() if ad.sum() > 0 else math.nan
-        out["slope"][s] = np.mean((x - x.mean()) * (y - y.mean())) / y.var() if y.var() > 0 else math.nan
+        out["top_kl_share"][s] = np.sort(k2)[::-1][:top].sum() / k2.sum() if k2.sum() > 0 else 0.0
+        out["positive_share"][s] = np.clip(d, 0, None).sum() / ad.sum() if ad.sum() > 0 else 0.5
+        out["slope"][s] = np.mean((x - x.mean()) * (y - y.mean())) / y.var() if y.var() > 0 else 1.0
         out["gap_rollout_corr"][s] = _corr(d, y)
         out["logprob_corr"][s] = _corr(x, y)
         conf, unconf = y >= math.log(0.5), y < math.log(0.05)
-        out["gap_confident"][s] = d[conf].mean() if conf.any() else math.nan
-        out["gap_unconfident"][s] = d[unconf].mean() if unconf.any() else math.nan
+        out["gap_confident"][s] = d[conf].mean() if conf.any() else 0.0
+        out["gap_unconfident"][s] = d[unconf].mean() if unconf.any() else 0.0
+        out["confident_share"][s], out["unconfident_share"][s] = conf.mean(), unconf.mean()
         out["gap_position_corr"][s] = _corr(ad, np.array(pos, dtype=np.float64))
         out["gap_logprob_corr"][s] = _corr(ad, np.abs(y))
-        if pairs:
-            p = np.array(pairs)
-            out["pair_abs_gap"][s], out["shift_next_abs_gap"][s], out["shift_prev_abs_gap"][s] = p.mean(axis=0)
+        p = np.array(pairs) if pairs else np.zeros((1, 3))
+        out["pair_abs_gap"][s], out["shift_next_abs_gap"][s], out["shift_prev_abs_gap"][s] = p.mean(axis=0)
         if lag is not None:
             rr = np.array(rows)
             urows = np.unique(rr)
@@ -80,10 +82,11 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
             gp = np.array([ad[rr == r].mean() for r in urows])
             out["lag_mean"][s] = lg.mean()
             out["lag_gap_corr"][s] = _corr(lg, gp)
-            out["lag_gap_slope"][s] = np.mean((lg - lg.mean()) * (gp - gp.mean())) / lg.var() if lg.var() > 0 else math.nan
+            out["lag_gap_slope"][s] = np.mean((lg - lg.mean()) * (gp - gp.mean())) / lg.var() if lg.var() > 0 else 0.0
             tl = lag[rr]
-            out["lag_abs_gap_lag0"][s] = ad[tl == 0].mean() if (tl == 0).any() else math.nan
-            out["lag_abs_gap_lagged"][s] = ad[tl != 0].mean() if (tl != 0).any() else math.nan
+            out["lag_abs_gap_lag0"][s] = ad[tl == 0].mean() if (tl == 0).any() else 0.0
+            out["lag_abs_gap_lagged"][s] = ad[tl != 0].mean() if (tl != 0).any() else 0.0
+            out["lag0_share"][s] = (tl == 0).mean()
     return out
 
 
@@ -141,7 +144,8 @@ def test_truncation_is_one_sided_and_a_shift_agrees_shifted():
     give positive_share 0; a rollout series one position ahead agrees with the trainer's next."""
     x = torch.tensor([-0.1, -2.0, -0.5, -3.0, -1.0, -0.2], dtype=torch.float32)
     rows = Rows.from_lengths(torch.tensor([6]))
-    one = mismatch_stats(x, x + torch.tensor([0.0, 0.3, 0.05, 0.4, 0.1, 0.01]), torch.ones(6), rows, torch.zeros(1, dtype=torch.long), 1)
+    step0 = torch.zeros(1, dtype=torch.long)
+    one = mismatch_stats(x, x + torch.tensor([0.0, 0.3, 0.05, 0.4, 0.1, 0.01]), torch.ones(6), rows, step0, 1)
     assert one["positive_share"].item() == 0.0 and one["gap_mean"].item() < 0
     ahead = torch.cat([x[1:], x[-1:]])
     sh = mismatch_stats(x, ahead, torch.ones(6), rows, torch.zeros(1, dtype=torch.long), 1)
@@ -178,6 +182,7 @@ def test_the_stage_writes_the_fingerprints_with_the_lag(lag_run):
     data, res = _recompute(lag_run)
     names = {k.removeprefix("rldiag/mismatch/") for k in res.metrics if k.startswith("rldiag/mismatch/")}
     assert names == set(STATS + LAG_STATS)
+    assert all(torch.isfinite(v).all() for k, v in res.metrics.items() if k.startswith("rldiag/mismatch/"))
     b = data.batch
     lag = data.step - 1 - b.extra["policy_version"]
     want = mismatch_stats(b.old_log_probs, b.rollout_log_probs, b.response_mask, b.rows, b.step_ids, 1, lag=lag)
@@ -187,11 +192,15 @@ def test_the_stage_writes_the_fingerprints_with_the_lag(lag_run):
 
 
 def test_the_stage_runs_whatever_the_correction_settings_and_can_be_switched_off(lag_run):
-    _, plain = _recompute(lag_run)
+    data, plain = _recompute(lag_run, {"algorithm.rollout_correction.rollout_is": "token"})
     _, bypass = _recompute(lag_run, {"algorithm.rollout_correction.bypass_mode": True,
                                      "algorithm.rollout_correction.rollout_is": "token"})
-    # bypass mode compares the trainer's own column, not the anchor
-    torch.testing.assert_close(plain.metrics["rldiag/mismatch/gap_std"], bypass.metrics["rldiag/mismatch/gap_std"])
+    b = data.batch
+    lag = data.step - 1 - b.extra["policy_version"]
+    # decoupled mode compares old_log_probs; bypass mode (old_log_probs is the rollout's, copied) the update's log_probs
+    for res, trainer in ((plain, b.old_log_probs), (bypass, b.log_probs)):
+        want = mismatch_stats(trainer, b.rollout_log_probs, b.response_mask, b.rows, b.step_ids, 1, lag=lag)
+        torch.testing.assert_close(res.metrics["rldiag/mismatch/gap_std"].to(torch.float64), want["gap_std"])
     _, off = _recompute(lag_run, {"rldiag.mismatch.enable": False})
     assert not any(k.startswith("rldiag/mismatch/") for k in off.metrics)
     assert "actor/pg_loss" in off.metrics  # nothing else changes

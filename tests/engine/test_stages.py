@@ -1,7 +1,7 @@
 """The engine's stages and their declarations (rldiag/engine/stages/): docs/metrics.md is the
 table the declarations generate; on rich synthetic runs, with every optional path and every
-registry entry switched on in turn, each stage writes only the metrics and token outputs it
-declares and reads only the settings keys it declares, every declared metric is written by some
+registry entry switched on in turn, each stage writes only the metrics, token outputs and per-row
+outputs it declares and reads only the settings keys it declares, every declared metric is written by some
 configuration, and the columns the planner loads are all a recompute needs."""
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ for _version in RELEASES:
     CASES[f"verl={_version}"] = {"rldiag.verl_version": _version}
 CASES["legacy trainer"] = {"trainer.use_v1": False, "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"}
 CASES["gae, adaptive KL"] = {"algorithm.adv_estimator": "gae", "critic.enable": None, "algorithm.kl_ctrl.type": "adaptive"}
+CASES["filters"] = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+                    "rldiag.filter.gate_column": "fmt", "rldiag.filter.gate_min": 0.5,
+                    "rldiag.filter.drop_no_signal_from_denominator": True}
 CASES["nothing optional"] = {k: v for k, v in resolve_settings().values.items() if k in EVERYTHING}
 
 #: keys the engine reads from a run's config beyond the settings schema: what rldiag's capture
@@ -122,23 +125,26 @@ def _run_stages(run: Path, overrides: dict) -> dict[str, dict[str, set[str]]]:
     state = State(batch, settings, None, StepErrors(batch.steps))
     out = {}
     for stage in STAGES:
-        metrics, tokens = dict(state.metrics), dict(state.tokens)
+        metrics, tokens, rows = dict(state.metrics), dict(state.tokens), dict(state.rows)
         values.read.clear()
         stage.run(state)
         out[stage.name] = {
             "metrics": {k for k, v in state.metrics.items() if metrics.get(k) is not v},
             "tokens": {k for k, v in state.tokens.items() if tokens.get(k) is not v},
+            "rows": {k for k, v in state.rows.items() if rows.get(k) is not v},
             "settings": set(values.read),
         }
     reference = recompute_batch(batch, base)
     assert set(reference.metrics) == set(state.metrics) and set(reference.tokens) == set(state.tokens)
+    assert set(reference.rows) == set(state.rows)
     return out
 
 
 @pytest.fixture(scope="module")
 def written(rich_run):
     """stage -> the metrics, token outputs and settings keys it writes or reads over every case."""
-    out: dict[str, dict[str, set[str]]] = {s.name: {"metrics": set(), "tokens": set(), "settings": set()} for s in STAGES}
+    out: dict[str, dict[str, set[str]]] = {s.name: {"metrics": set(), "tokens": set(), "rows": set(), "settings": set()}
+                                           for s in STAGES}
     for overrides in CASES.values():
         for stage, got in _run_stages(rich_run, overrides).items():
             for kind, names in got.items():
@@ -163,6 +169,7 @@ def test_each_stage_writes_only_what_it_declares(written, stage):
     undeclared = sorted(n for n in got["metrics"] if not _declared(stage, n))
     assert not undeclared, f"stage {stage.name} writes metrics its declaration lacks: {undeclared}"
     assert got["tokens"] == set(stage.tokens), f"stage {stage.name}: token outputs {got['tokens']} declared {stage.tokens}"
+    assert got["rows"] == set(stage.rows), f"stage {stage.name}: per-row outputs {got['rows']} declared {stage.rows}"
 
 
 @pytest.mark.parametrize("stage", [s for s in STAGES if s.metrics], ids=lambda s: s.name)
@@ -192,7 +199,7 @@ def test_metric_names_are_declared_once():
     assert len(literal) == len(set(literal))
 
 
-@pytest.mark.parametrize("case", ["everything", "bypass_mode", "loss_mode=kl_cov", "gae, adaptive KL"])
+@pytest.mark.parametrize("case", ["everything", "bypass_mode", "loss_mode=kl_cov", "gae, adaptive KL", "filters"])
 def test_the_planned_columns_are_all_a_recompute_needs(rich_run, case):
     """A batch loaded with only the planner's columns recomputes exactly as one with every column
     of the file: a stage reading an undeclared column would differ (or fail) here."""
@@ -202,7 +209,10 @@ def test_the_planned_columns_are_all_a_recompute_needs(rich_run, case):
     planned = recompute_batch(pack([load_step(sf, settings, recompute_columns(settings)).batch for sf in files]), settings)
     full = recompute_batch(pack([load_step(sf, settings, every).batch for sf in files]), settings)
     assert planned.metrics.keys() == full.metrics.keys() and planned.tokens.keys() == full.tokens.keys()
+    assert planned.rows.keys() == full.rows.keys()
     for name, value in full.metrics.items():
         assert np.array_equal(planned.metrics[name].numpy(), value.numpy(), equal_nan=True), name
     for name, value in full.tokens.items():
         assert np.array_equal(planned.tokens[name].numpy(), value.numpy(), equal_nan=True), name
+    for name, value in full.rows.items():
+        assert np.array_equal(planned.rows[name].numpy(), value.numpy(), equal_nan=True), name

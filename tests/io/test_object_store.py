@@ -57,7 +57,8 @@ def test_recompute_cli_writes_a_scenario_read_back(s3, run, uri, capsys):
     for rel, rec in meta["outputs"].items():
         data = fs.open_input_stream(f"{s3.bucket}/{scen}/{rel}").read()
         assert (len(data), hashlib.sha256(data).hexdigest()) == (rec["size"], rec["sha256"])
-    assert sorted(meta["outputs"]) == ["metrics.parquet"] + [f"tokens/step_{s:06d}.parquet" for s in range(1, 5)]
+    assert sorted(meta["outputs"]) == (["metrics.parquet"] + [f"rows/step_{s:06d}.parquet" for s in range(1, 5)]
+                                       + [f"tokens/step_{s:06d}.parquet" for s in range(1, 5)])
     for s in range(1, 5):
         remote = pq.read_table(f"{s3.bucket}/{scen}/tokens/step_{s:06d}.parquet", filesystem=fs)
         assert remote.equals(pq.read_table(run / "rldiag" / "scenarios" / "baseline" / "tokens" / f"step_{s:06d}.parquet"))
@@ -79,12 +80,14 @@ def test_reuse_and_stale_objects_are_removed(s3, uri):
     assert again.steps_reused == [1, 2] and again.tokens == 0
     scen = f"{_prefix(uri)}/rldiag/scenarios/s"
     assert s3.keys(scen) == [f"{scen}/{rel}" for rel in
-                             ("metrics.parquet", "scenario.json", "tokens/step_000001.parquet", "tokens/step_000002.parquet")]
+                             ("metrics.parquet", "rows/step_000001.parquet", "rows/step_000002.parquet", "scenario.json",
+                              "tokens/step_000001.parquet", "tokens/step_000002.parquet")]
     meta, table = read_scenario(uri, "s")
     assert table["step"].to_pylist() == [1, 2]
     assert {r["step"]: r for r in table.to_pylist()} == {
         r["step"]: {k: r.get(k) for k in table.column_names} for r in first.metrics if r["step"] <= 2}
-    assert sorted(meta["outputs"]) == ["metrics.parquet", "tokens/step_000001.parquet", "tokens/step_000002.parquet"]
+    assert sorted(meta["outputs"]) == ["metrics.parquet", "rows/step_000001.parquet", "rows/step_000002.parquet",
+                                       "tokens/step_000001.parquet", "tokens/step_000002.parquet"]
 
 
 def test_rewrite_in_the_same_second_with_the_same_size_is_noticed(s3, run, uri):
@@ -208,5 +211,6 @@ def test_doctor_cli_recomputes_the_run_in_the_store(s3, run, uri, capsys):
     assert remote == local and remote["recomputed_steps"] == 4 and remote["recompute_error"] is None
     # its recompute is a scenario of the run, written into the store (reused by the next doctor)
     scen = f"{_prefix(uri)}/rldiag/scenarios/baseline"
-    assert s3.keys(scen) == [f"{scen}/metrics.parquet", f"{scen}/scenario.json"]
+    assert s3.keys(scen) == ([f"{scen}/metrics.parquet"] + [f"{scen}/rows/step_{s:06d}.parquet" for s in range(1, 5)]
+                             + [f"{scen}/scenario.json"])
     assert read_scenario(uri, "baseline")[1]["step"].to_pylist() == [1, 2, 3, 4]

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from rldiag.io.fs import RemotePath, as_path
-from rldiag.io.run_layout import STEP_FILE, ComparisonLayout, RunLayout, ScenarioLayout, SweepLayout, step_file_name
+from rldiag.io.run_layout import (
+    STEP_FILE,
+    ComparisonLayout,
+    LayoutAuditLayout,
+    RunLayout,
+    ScenarioLayout,
+    SweepLayout,
+    step_file_name,
+)
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rldiag"
 
@@ -23,8 +31,8 @@ EXPECTED = {
     "output_dir": "rldiag",
     "scenarios_dir": "rldiag/scenarios",
     "comparisons_dir": "rldiag/comparisons",
-    "sweeps_dir": "rldiag/sweeps",
     "import_dir": "rldiag/import",
+    "sweeps_dir": "rldiag/sweeps",
     "wandb_import_record": "rldiag/import/wandb.json",
 }
 
@@ -94,6 +102,19 @@ def test_a_sweep(root):
     }
 
 
+def test_the_layout_audit(root):
+    audit = RunLayout(root).layout_audit
+    assert isinstance(audit, LayoutAuditLayout)
+    assert {k: _rel(getattr(audit, k), root) for k in ("dir", "meta", "metrics")} == {
+        "dir": "rldiag/sweeps/layout-audit",
+        "meta": "rldiag/sweeps/layout-audit/audit.json",
+        "metrics": "rldiag/sweeps/layout-audit/metrics.parquet",
+    }
+    sc = audit.scenario("dp=2")
+    assert isinstance(sc, ScenarioLayout) and sc.name == "dp=2"
+    assert _rel(sc.meta, root) == "rldiag/sweeps/layout-audit/dp=2/scenario.json"
+
+
 def test_paths_keep_their_kind():
     assert isinstance(RunLayout("/tmp/x").scenario("a").meta, Path)
     assert isinstance(RunLayout(Path("rel")).batch_file(1), Path)
@@ -122,16 +143,23 @@ def test_token_steps_lists_the_token_files(tmp_path):
     assert sc.token_steps() == [3, 12]
 
 
+def test_rows_files(tmp_path):
+    sc = RunLayout(tmp_path).scenario("s")
+    assert sc.rows_file(12) == tmp_path / "rldiag" / "scenarios" / "s" / "rows" / "step_000012.parquet"
+    assert ScenarioLayout.rows_rel(12) == "rows/step_000012.parquet" and ScenarioLayout.ROWS == "rows"
+
+
 # -- the names are spelled in one module ----------------------------------------------------------
 
 #: the file and directory names of the run directory (exact string constants)
 NAMES = {"run.yaml", "config.yaml", ".hydra/config.yaml", "metrics.jsonl", "batches", "scenarios", "comparisons",
-         "import", "wandb.json", "scenario.json", "comparison.json", "metrics.parquet", "tokens.parquet",
-         "groups.parquet", "tokens", "rldiag", "__vs__", "sweeps", "sweep.json", "summary.parquet"}
+         "import", "wandb.json", "sweeps", "layout-audit", "audit.json", "scenario.json", "comparison.json",
+         "metrics.parquet", "tokens.parquet", "groups.parquet", "tokens", "rows", "rldiag", "__vs__", "sweep.json",
+         "summary.parquet"}
 
 
 #: a step file's name, or the head of one in an f-string (``f"step_{n:06d}.parquet"``)
-STEP_NAME = re.compile(r"^(tokens/)?step_(\d*|\d+\.(parquet|arrow))$")
+STEP_NAME = re.compile(r"^(tokens/|rows/)?step_(\d*|\d+\.(parquet|arrow))$")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -158,7 +186,8 @@ def _path_spellings(source: str) -> list[tuple[int, str]]:
                     found.add((side.lineno, side.value))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             v = node.value
-            if v in NAMES - {"batches", "tokens", "rldiag", "import", "scenarios", "comparisons", "sweeps"} or STEP_NAME.match(v):
+            if v in NAMES - {"batches", "tokens", "rows", "rldiag", "import", "scenarios", "comparisons", "sweeps",
+                                  "layout-audit"} or STEP_NAME.match(v):
                 found.add((node.lineno, v))
     return sorted(found)
 

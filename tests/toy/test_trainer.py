@@ -14,7 +14,18 @@ from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir, iter_metrics_lines
 from rldiag.toy import ToyTrainer, grpo_tool, ppo_gae
 from rldiag.toy.algos import masked_whiten
-from rldiag.toy.task import CALL, CLOSE, OPEN, PAD, SEP, sample_prompts, score_responses
+from rldiag.toy.task import (
+    CALL,
+    CLOSE,
+    DIGITS,
+    OPEN,
+    PAD,
+    SEP,
+    TOKEN_NAMES,
+    ToyTokenizer,
+    sample_prompts,
+    score_responses,
+)
 
 ACTOR = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy_loss")
 DATA = ("critic/score/mean", "critic/advantages/mean", "critic/returns/max", "response_length/mean",
@@ -76,6 +87,43 @@ def test_ppo_run_files(ppo_run):
     assert len(set(t.column("uid").to_pylist())) == t.num_rows == 32  # n = 1
     clipfracs = [m["actor/pg_clipfrac"] for _, m in lines]
     assert max(clipfracs) > 0, "clipping occurs"
+
+
+@pytest.mark.parametrize("fixture", ["grpo_run", "ppo_run"])
+def test_the_run_has_the_text_of_every_prompt_and_response_token(fixture, request):
+    run = request.getfixturevalue(fixture)
+    digits, sep = set(TOKEN_NAMES[:DIGITS]), TOKEN_NAMES[SEP]
+    for sf in RunDir(run).step_files():
+        t = pq.read_table(sf.path)
+        prompts, responses = t["prompt_tokens"].to_pylist(), t["response_tokens"].to_pylist()
+        masks = t["response_mask"].to_pylist()
+        assert [len(p) for p in prompts] == t["prompt_length"].to_pylist()
+        assert [len(r) for r in responses] == [len(m) for m in masks]
+        for prompt in prompts:  # 2-4 digits then "=", the left padding gone
+            assert prompt[-1] == sep and set(prompt[:-1]) <= digits and 2 <= len(prompt) - 1 <= 4
+        for response, mask in zip(responses, masks):  # the tool's observation: mask 0, <obs> ... </obs>
+            observed = [w for w, m in zip(response, mask) if m == 0]
+            if observed:  # right after the policy's <call>
+                assert observed[0] == TOKEN_NAMES[OPEN] and set(observed[1:-1]) <= digits
+                assert response[mask.index(0) - 1] == TOKEN_NAMES[CALL]
+
+
+def test_the_toy_tokenizer_names_the_vocabulary():
+    assert ToyTokenizer().convert_ids_to_tokens([3, SEP, PAD, CALL, OPEN, CLOSE]) == [
+        "3", "=", "<pad>", "<call>", "<obs>", "</obs>"]
+
+
+def test_writing_the_text_leaves_the_training_numbers_alone(tmp_path):
+    """The text is made on the capture's writer thread, outside training and its random streams:
+    a run that writes nothing logs the same metrics, bit for bit."""
+    torch.set_num_threads(1)
+    cfg = grpo_tool(steps=2, prompts_per_step=2, n=4)
+    logged: dict[str, list] = {"written": [], "not": []}
+    ToyTrainer(cfg).run(tmp_path, on_step=lambda s, m: logged["written"].append(m))
+    ToyTrainer(cfg).run(None, on_step=lambda s, m: logged["not"].append(m))
+    assert "prompt_tokens" in pq.read_table(RunDir(tmp_path).step_files()[0].path).column_names
+    assert logged["written"] == logged["not"]
+    assert [m for _, m in iter_metrics_lines(RunDir(tmp_path).metrics_file)] == logged["not"]
 
 
 def test_training_is_deterministic(tmp_path):

@@ -1,25 +1,137 @@
-"""Off-policy: how far the rollout policy is from the trainer's (``rollout_corr/*``): IS weights
-and their distribution, effective sample size, KL, chi-squared, PPL gap, rejection fractions."""
+"""Off-policy: why the rollout engine's log-probs differ from the trainer's (the mismatch
+diagnosis, computed on open, and the pictures of its fingerprints on one step), then how far the
+rollout policy is from the trainer's (``rollout_corr/*``): IS weights and their distribution,
+effective sample size, KL, chi-squared, PPL gap, rejection fractions."""
 
+from __future__ import annotations
+
+import polars as pl
 import streamlit as st
 
+from rldiag import api
 from rldiag.app import session
+from rldiag.errors import RldiagError
 from rldiag.store.downsample import DEFAULT_POINTS
+from rldiag.viz import mismatch
 from rldiag.viz.charts import histogram, metric_grid, quantile_band
-from rldiag.viz.offpolicy import baseline_first, panels
+from rldiag.viz.offpolicy import baseline_first, has_rollout_corr, panels
+
+BASELINE = "baseline"
+DIAGNOSIS = "mismatch diagnosis"
 
 st.title("Off-policy")
 store = session.store_or_stop()
 
 
+def diagnosis() -> api.MismatchResult | None:
+    """The run's mismatch diagnosis (:func:`rldiag.api.mismatch`), computed on open with a
+    progress bar and kept in the session until the batch files or the config change; None
+    when it cannot be had (the error or the reason shown)."""
+    key = (str(store.run), store.inputs_sig())
+    cached = st.session_state.get("op_mismatch")
+    if cached is None or cached[0] != key:
+        # a run rldiag may not write into: the statistics alone, streamed, nothing written
+        write = session.can_write(store)
+        bar = st.progress(0.0, text=DIAGNOSIS)
+        progress = session.progress_callback(bar, DIAGNOSIS)
+        try:
+            with session.heavy_work():
+                result: api.MismatchResult | str = api.mismatch(store.run, device="cpu", write=write,
+                                                                   progress=progress)
+        except RldiagError as exc:
+            result = f"{type(exc).__name__}: {exc}"
+        bar.empty()
+        st.session_state["op_mismatch"] = cached = (key, result)
+    result = cached[1]
+    if isinstance(result, str):
+        st.error(result)
+        return None
+    return result
+
+
+def show_diagnosis(diag: api.MismatchResult) -> None:
+    views = mismatch.cause_views(diag)
+    said = mismatch.verdict(diag)
+    if said is not None:
+        box, text = said
+        getattr(st, box)(text)
+    for v in views:
+        with st.container(border=True):
+            st.markdown(f"**{v.title}** · `{v.cause}` · :{v.badge}-badge[{v.severity}] · confidence {v.confidence}")
+            getattr(st, v.box)(v.message)
+            st.caption(f"Statistic: {v.statistic}")
+            st.markdown(f"**Steps:** {v.steps}")
+            st.markdown(f"**Remedy:** {v.remedy}")
+            if v.examples is not None:
+                if v.cause == "outlier_tokens":
+                    st.dataframe(v.examples, hide_index=True, key=f"op_mm_examples_{v.cause}")
+                else:
+                    with st.expander("Tokens with the largest gaps"):
+                        st.dataframe(v.examples, hide_index=True, key=f"op_mm_examples_{v.cause}")
+    for note in diag.notes:
+        st.caption(f"Note: {note}")
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def step_tokens(run: str, step: int, sig: tuple) -> pl.DataFrame:
+    """One step's actor tokens (:func:`rldiag.api.mismatch_tokens`); ``sig`` keys the cache on
+    the batch files."""
+    return api.mismatch_tokens(run, step)
+
+
+def pictures(steps: list[int], preferred: list[int]) -> None:
+    """The fingerprints on one step's tokens, the step picked with a slider."""
+    over = store.joined([mismatch.KL_METRIC, *mismatch.SHIFT_METRICS], [BASELINE])
+    column = store.source_columns([BASELINE])[BASELINE]
+    default = mismatch.default_step(steps, mismatch.metric_by_step(over, mismatch.KL_METRIC, column), preferred)
+    if st.session_state.get("op_mm_step") not in steps:
+        st.session_state["op_mm_step"] = default
+    step = st.select_slider("Step of the pictures", steps, key="op_mm_step") if len(steps) > 1 else steps[0]
+    try:
+        with st.spinner(f"Reading step {step}'s tokens"):
+            tokens = step_tokens(str(store.run), int(step), store.inputs_sig())
+    except RldiagError as exc:
+        session.show_error(exc)
+        return
+    if tokens.is_empty():
+        st.info(f"Step {step} has no actor token with both log-probs.")
+        return
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(mismatch.logprob_figure(tokens), key="op_mm_logprob")
+    c2.plotly_chart(mismatch.gap_figure(tokens), key="op_mm_gap")
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(mismatch.position_figure(tokens), key="op_mm_position")
+    c2.plotly_chart(mismatch.shift_figure(mismatch.shift_agreement(tokens), int(step), over, column), key="op_mm_shift")
+    lags = mismatch.lag_profile(tokens)
+    if lags is not None:
+        st.plotly_chart(mismatch.lag_figure(lags), key="op_mm_lag")
+    st.markdown(f"**Tokens with the largest shares of step {step}'s KL** (gap² / 2)")
+    st.dataframe(mismatch.top_kl_tokens(tokens), hide_index=True, key="op_mm_top")
+
+
+def mismatch_section() -> None:
+    st.subheader("Rollout vs trainer log-probs")
+    diag = diagnosis()
+    if diag is not None:
+        show_diagnosis(diag)
+        if not diag.steps:
+            return
+        steps, preferred = list(diag.steps), list(diag.causes[0].steps) if diag.causes else []
+    else:
+        steps, preferred = store.steps(), []
+    if steps:
+        pictures(steps, preferred)
+
+
 def page() -> None:
+    mismatch_section()
     scenarios = store.scenario_names()
     with_rc = [s for s in scenarios if panels(store.scenario_metric_names(s))]
     if "op_scenarios" not in st.session_state:
         st.session_state["op_scenarios"] = baseline_first(with_rc)[:2]
     overlay = st.multiselect("Recomputed scenarios on the same axes", with_rc, key="op_scenarios")
     groups = panels(store.metric_names(overlay))
-    if not groups:
+    if not has_rollout_corr(groups):
         st.info("No rollout_corr/* metrics: the run logged none and no scenario computed them. They need the "
                 "batches' rollout_log_probs; recompute on the What-if page (rollout_is=token adds IS weights).")
     for title, metrics in groups.items():

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rldiag.engine.aggregation import AggNorm, aggregate
+from rldiag.engine.aggregation import AggNorm, aggregate, token_weights
 from rldiag.engine.segments import step_masked_mean
 from rldiag.engine.settings import EngineSettings
 from rldiag.errors import ConfigError
@@ -57,6 +57,13 @@ class PolicyLossOutput:
     this loss ``(n_seg,)``, logged as the equal-weight mean over a step's segments
     (``AggregationType.MEAN``). ``sums``: rldiag's own counts ``(n_seg,)``, summed per step.
     ``failed``: message -> ``(n_seg,)`` bool, segments on which verl raises.
+
+    Per token, for rldiag's own diagnostics: ``weights`` ``(tokens,)``, each token's weight in its
+    segment's ``pg_loss`` (``pg_loss[s] = sum_{t in s} weights_t pg_losses_t``: the aggregation's
+    weights, 0 outside the mask the loss ran on); ``clipped`` ``(tokens,)`` float, 1 where the
+    token counts toward ``actor/pg_clipfrac`` (clip_cov: the probability it is cut), 0 elsewhere
+    and outside the mask, None for a loss without a clip fraction. Its masked mean over a segment
+    is the segment's ``actor/pg_clipfrac`` (``up``: over the ``A <= 0`` tokens only).
     """
 
     pg_loss: torch.Tensor
@@ -65,6 +72,8 @@ class PolicyLossOutput:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
     failed: dict[str, torch.Tensor] = field(default_factory=dict)
+    weights: torch.Tensor | None = None
+    clipped: torch.Tensor | None = None
 
 
 PolicyLossFn = Callable[[PolicyLossInput], PolicyLossOutput]
@@ -105,6 +114,16 @@ def weighted(losses: torch.Tensor, inp: PolicyLossInput) -> torch.Tensor:
 def agg(losses: torch.Tensor, inp: PolicyLossInput, mode: str | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
     """``agg_loss`` of the token losses per segment with the step's global normalisers."""
     return aggregate(mode or inp.agg_mode, losses, inp.mask if mask is None else mask, inp.norm)
+
+
+def agg_weights(inp: PolicyLossInput, mode: str | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Each token's weight in :func:`agg` with the same arguments ``(tokens,)``."""
+    return token_weights(mode or inp.agg_mode, inp.mask if mask is None else mask, inp.norm)
+
+
+def masked(indicator: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A per-token indicator (bool or float) as float32, 0 outside ``mask``."""
+    return indicator.to(torch.float32) * (mask > 0).to(torch.float32)
 
 
 def zeros(inp: PolicyLossInput) -> torch.Tensor:

@@ -17,14 +17,17 @@ from rldiag.engine.policy_loss.base import (
     PolicyLossInput,
     PolicyLossOutput,
     agg,
+    agg_weights,
     clamped_log_ratio,
     dual_clip_c,
+    masked,
     seg_masked_mean,
     weighted,
     zeros,
 )
 from rldiag.engine.segments import (
     MEAN_EPS,
+    seg_count,
     seg_mean,
     seg_sum,
     step_mask_count,
@@ -76,6 +79,8 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
             # where A < 0 (elsewhere clipped1 <= 0 <= l3)
             "actor/pg_clipfrac_lower": masked_mean_greater(clipped1, l3),
         },
+        weights=agg_weights(inp, mask=mask),
+        clipped=masked(l2 > l1, mask),
     )
 
 
@@ -110,6 +115,8 @@ def up(inp: PolicyLossInput) -> PolicyLossOutput:
             "actor/ppo_kl": seg_masked_mean(-log_ratio, inp),
             "actor/pg_clipfrac_lower": seg_masked_mean(torch.gt(clipped1, l3).float() * (adv < 0).float(), inp),
         },
+        weights=agg_weights(inp),
+        clipped=masked(torch.gt(l2, l1), non_pos),
     )
 
 
@@ -130,8 +137,9 @@ def gspo(inp: PolicyLossInput) -> PolicyLossOutput:
     l1 = -adv * ratio
     l2 = -adv * torch.clamp(ratio, 1 - s.clip_low, 1 + s.clip_high)
     losses = weighted(torch.maximum(l1, l2), inp)
+    mode = None if s.has("gspo_agg_mode") else "seq-mean-token-mean"
     return PolicyLossOutput(
-        pg_loss=agg(losses, inp, mode=None if s.has("gspo_agg_mode") else "seq-mean-token-mean"),
+        pg_loss=agg(losses, inp, mode=mode),
         pg_losses=losses,
         ratio=ratio,
         metrics={
@@ -139,6 +147,8 @@ def gspo(inp: PolicyLossInput) -> PolicyLossOutput:
             "actor/ppo_kl": seg_masked_mean(-log_ratio, inp),
             "actor/pg_clipfrac_lower": zeros(inp),
         },
+        weights=agg_weights(inp, mode=mode),
+        clipped=masked(torch.gt(l2, l1), mask),
     )
 
 
@@ -164,6 +174,8 @@ def sapo(inp: PolicyLossInput) -> PolicyLossOutput:
         ratio=ratio,
         metrics={"actor/pg_clipfrac": zeros(inp), "actor/ppo_kl": seg_masked_mean(-log_ratio, inp),
                  "actor/pg_clipfrac_lower": zeros(inp)},
+        weights=agg_weights(inp, mode="seq-mean-token-mean"),
+        clipped=torch.zeros_like(inp.mask, dtype=torch.float32),
     )
 
 
@@ -186,6 +198,8 @@ def cispo(inp: PolicyLossInput) -> PolicyLossOutput:
             "actor/ppo_kl": seg_masked_mean(-log_ratio, inp),
             "actor/pg_clipfrac_lower": zeros(inp),
         },
+        weights=agg_weights(inp),
+        clipped=masked(ratio != clipped, inp.mask),
     )
 
 
@@ -206,6 +220,8 @@ def _dppo(inp: PolicyLossInput, valid_pos: torch.Tensor, valid_neg: torch.Tensor
             "actor/ppo_kl": seg_masked_mean(-log_ratio, inp),
             "actor/pg_clipfrac_lower": seg_masked_mean((ratio > clip_c).float() * valid, inp),
         },
+        weights=agg_weights(inp),
+        clipped=masked(1.0 - valid, inp.mask),
     )
 
 
@@ -257,6 +273,10 @@ def geo_mean(inp: PolicyLossInput) -> PolicyLossOutput:
         row_loss = row_loss * torch.exp(rows.sum(torch.log(inp.rollout_is_weights + 1e-10) * mask) / count)
     clipped = torch.ne(log_ratio, clamped)
     seg, n = inp.norm.seg_ids, inp.norm.n_seg
+    # pg_loss = sum over the segment's rows of row_loss / (rows * dp_size), each row's loss spread
+    # over its masked tokens: a token's weight is 1 / (T_i rows dp_size)
+    per_row = 1.0 / (seg_count(seg, n).index_select(0, seg) * inp.dp_size)
+    per_row = torch.where(count >= 1, per_row / count, torch.zeros_like(per_row))
     return PolicyLossOutput(
         pg_loss=seg_mean(row_loss, seg, n) / inp.dp_size,
         pg_losses=rows.expand(row_loss) * mask,
@@ -266,5 +286,7 @@ def geo_mean(inp: PolicyLossInput) -> PolicyLossOutput:
             "actor/ppo_kl": seg_masked_mean(-log_ratio, inp),
             "actor/pg_clipfrac_lower": seg_masked_mean((clipped & (adv < 0)).float(), inp),
         },
+        weights=masked(rows.expand(per_row), mask),
+        clipped=masked(clipped & (adv > 0), mask),
     )
 

@@ -16,6 +16,7 @@ from rldiag.engine.policy_loss.base import (
     PolicyLossInput,
     PolicyLossOutput,
     agg,
+    agg_weights,
     positive_setting,
     seg_masked_mean,
     weighted,
@@ -95,6 +96,8 @@ def clip_cov(inp: PolicyLossInput) -> PolicyLossOutput:
         ratio=ratio,
         metrics={"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": seg_masked_mean(-log_ratio, inp)},
         sums={"rldiag/clip_cov/candidates": n_cand.to(torch.float32), "rldiag/clip_cov/clipped": chosen.to(torch.float32)},
+        weights=agg_weights(inp),
+        clipped=torch.where(cand, 1.0 - corr, torch.zeros_like(corr)).to(torch.float32),
     )
 
 
@@ -144,4 +147,5 @@ def kl_cov(inp: PolicyLossInput) -> PolicyLossOutput:
         ratio=ratio,
         metrics={"actor/ppo_kl": seg_masked_mean(log_ratio.abs(), inp)},
         sums={"rldiag/kl_cov/selected": seg_sum(rows.count(top), seg, n)},
+        weights=agg_weights(inp),
     )

@@ -10,6 +10,7 @@ from rldiag.engine.policy_loss.base import (
     PolicyLossInput,
     PolicyLossOutput,
     agg,
+    agg_weights,
     clamped_log_ratio,
     positive_setting,
     seg_masked_mean,
@@ -27,6 +28,7 @@ def gpg(inp: PolicyLossInput) -> PolicyLossOutput:
         pg_loss=agg(losses, inp),
         pg_losses=losses,
         ratio=torch.exp(clamped_log_ratio(inp.log_prob, inp.old_log_prob)),
+        weights=agg_weights(inp),
     )
 
 
@@ -49,6 +51,7 @@ def dro(inp: PolicyLossInput) -> PolicyLossOutput:
         pg_losses=losses,
         ratio=torch.exp(clamped_log_ratio(inp.log_prob, inp.old_log_prob)),
         metrics={"actor/ppo_kl": seg_masked_mean(-log_ratio, inp)},
+        weights=agg_weights(inp),
     )
 
 
@@ -66,4 +69,5 @@ def reinforce(
         pg_losses=losses,
         ratio=torch.exp(clamped_log_ratio(inp.log_prob, rollout_log_prob)),
         metrics={"actor/ppo_kl": seg_masked_mean(rollout_log_prob - inp.log_prob, inp, mask)},
+        weights=agg_weights(inp, mask=mask),
     )

@@ -6,8 +6,12 @@ over one :class:`~rldiag.engine.stages.base.State`.
 The modules: :mod:`.base` (the declaration types, the shared state, metric-name patterns),
 :mod:`.reward` (anchor, reward KL, rollout correction), :mod:`.advantage` (advantages, data
 metrics), :mod:`.actor` (micro-batch layout, policy / entropy / KL losses, their total, the
-old-policy metrics), :mod:`.critic` (value loss), :mod:`.signals` (rldiag's reference KL and
-group signals), :mod:`.mismatch` (the rollout-vs-trainer mismatch fingerprints). ``python -m rldiag.engine.stages`` prints docs/metrics.md's table.
+old-policy metrics), :mod:`.critic` (value loss), :mod:`.filter` (the group filter, the outcome
+gate, the no-signal groups' denominator, the gradient weight they drop), :mod:`.signals` (rldiag's
+reference KL and group signals), :mod:`.mismatch` (the rollout-vs-trainer mismatch fingerprints),
+:mod:`.diag_is` (diagnostic IS weights, never in the loss), :mod:`.turns` (per-turn statistics),
+:mod:`.rows` (per-row values).
+``python -m rldiag.engine.stages`` prints docs/metrics.md's table.
 """
 
 from __future__ import annotations
@@ -16,28 +20,39 @@ from rldiag.engine.stages.actor import ACTOR_LOSS, ENTROPY_LOSS, KL_LOSS, LAYOUT
 from rldiag.engine.stages.advantage import ADVANTAGES, DATA_METRICS
 from rldiag.engine.stages.base import CheckFamily, Metric, Stage, State, expand, pattern_regex
 from rldiag.engine.stages.critic import CRITIC
+from rldiag.engine.stages.diag_is import DIAG_IS
+from rldiag.engine.stages.filter import FILTER, FILTER_WEIGHT
 from rldiag.engine.stages.mismatch import MISMATCH
 from rldiag.engine.stages.reward import ANCHOR, REWARD_KL, ROLLOUT_CORRECTION
+from rldiag.engine.stages.rows import ROWS
 from rldiag.engine.stages.signals import GROUP_SIGNAL, REF_KL
+from rldiag.engine.stages.turns import TURNS
 
 #: verl's order of operations (V1 trainer): pi_old, KL in the reward, rollout correction,
-#: advantages, data metrics, then the actor's and the critic's updates; rldiag's own last
+#: advantages, data metrics, then the actor's and the critic's updates; rldiag's own last. The
+#: filters (stages/filter.py; nothing without their keys) drop rows before the advantages and,
+#: for the no-signal groups, before the actor's loss
 STAGES: tuple[Stage, ...] = (
     ANCHOR,
     REWARD_KL,
     ROLLOUT_CORRECTION,
+    DIAG_IS,
+    FILTER,
     ADVANTAGES,
     DATA_METRICS,
     LAYOUT,
+    FILTER_WEIGHT,
     ACTOR_LOSS,
     ENTROPY_LOSS,
     KL_LOSS,
     CRITIC,
     TOTAL_LOSS,
     OLD_POLICY,
+    TURNS,
     REF_KL,
     GROUP_SIGNAL,
     MISMATCH,
+    ROWS,
 )
 
 __all__ = ["STAGES", "CheckFamily", "Metric", "Stage", "State", "expand", "markdown_table", "pattern_regex"]

@@ -95,6 +95,7 @@ def _actor_loss(st: State) -> None:
     )
     st.metrics.update(combine_policy_loss(out, st.segs, st.errors))
     st.tokens.update(ratio=out.ratio, pg_losses=out.pg_losses)
+    st.policy = out  # its per-token weights and clip indicators: the turns and rows stages
 
 
 def _loss_columns(settings: EngineSettings) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ from rldiag.engine.advantage import ESTIMATORS, AdvInput, estimate
 from rldiag.engine.metrics import data_metrics
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.stages.base import CheckFamily, Metric, Stage, State
+from rldiag.engine.stages.filter import estimate_filtered
 
 
 def estimator_columns(name: str, settings: EngineSettings | None = None) -> tuple[str, ...]:
@@ -31,15 +32,19 @@ def _advantages(st: State) -> None:
     if s.estimator == "gae" and not st.use_critic:
         st.errors.flag_all("algorithm.adv_estimator=gae needs the critic's values, but critic.enable=false "
                            "(verl's need_critic: the trainer builds no critic); set critic.enable=true or null")
-    st.adv, st.ret = estimate(s.estimator, AdvInput(batch, st.rewards, st.mask, s, st.errors,
-                                                    rollout_is_weights=st.is_weights))
+    if st.dropped is None:
+        st.adv, st.ret = estimate(s.estimator, AdvInput(batch, st.rewards, st.mask, s, st.errors,
+                                                        rollout_is_weights=st.is_weights))
+    else:  # the filters dropped rows: the estimator runs on the kept ones (stages/filter.py)
+        st.adv, st.ret, st.adv_before = estimate_filtered(st)
     st.tokens.update(advantages=st.adv, returns=st.ret, token_level_rewards=st.rewards, response_mask=st.mask)
 
 
 ADVANTAGES = Stage(
     "advantages",
     "the advantage estimator algorithm.adv_estimator on the rewards and the rewritten mask "
-    "(verl's compute_advantage); its columns are its registration's needs= / optional=",
+    "(verl's compute_advantage; on the kept rows alone when the filters dropped some); its columns "
+    "are its registration's needs= / optional=",
     _advantages,
     needs_fn=lambda s: estimator_columns(s.estimator, s),
     optional_fn=lambda s: estimator_optional(s.estimator),

@@ -1,5 +1,6 @@
 """What a stage is: a step of verl's order of operations run over a shared :class:`State`, with a
-declaration of what it reads (batch columns, settings) and what it writes (metrics, token outputs).
+declaration of what it reads (batch columns, settings) and what it writes (metrics, token outputs,
+per-row outputs).
 
 The declarations are the one place these facts are written: the column planner
 (:mod:`rldiag.engine.requirements`) derives which columns a load reads from them, ``rldiag check``
@@ -21,6 +22,8 @@ from rldiag.engine.aggregation import AggNorm
 from rldiag.engine.batch import Batch
 from rldiag.engine.kl_control import KLControllerState, PresetKLCoefficients
 from rldiag.engine.microbatch import Segmentation
+from rldiag.engine.policy_loss.base import PolicyLossOutput
+from rldiag.engine.segments import seg_sum
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.step_failures import StepErrors
 
@@ -56,7 +59,8 @@ class CheckFamily:
 @dataclass
 class State:
     """What the stages share for one packed batch: the inputs, what earlier stages produced,
-    and the results (``metrics``: name -> ``(n_steps,)``; ``tokens``: name -> ``(tokens,)``)."""
+    and the results (``metrics``: name -> ``(n_steps,)``; ``tokens``: name -> ``(tokens,)``; ``rows``:
+    name -> ``(rows,)``, the batch's packed row order; not to be confused with ``batch.rows``, the layout)."""
 
     batch: Batch
     settings: EngineSettings
@@ -64,6 +68,7 @@ class State:
     errors: StepErrors
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     tokens: dict[str, torch.Tensor] = field(default_factory=dict)
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)
     # anchor
     bypass: bool = False
     mask0: torch.Tensor = field(init=False)  # the original mask (loss_mask, else response_mask)
@@ -72,6 +77,15 @@ class State:
     rewards: torch.Tensor = field(init=False)  # token_level_rewards
     mask: torch.Tensor = field(init=False)  # response_mask after rejection
     is_weights: torch.Tensor | None = None
+    # diagnostic IS weights (diag_is; never enter the loss): TIS at 2.0 on the original mask
+    diag_is_token: torch.Tensor | None = None  # (tokens,) token-level weights
+    diag_is_seq: torch.Tensor | None = None  # (rows,) sequence-level weights
+    diag_is_seq_ratio: torch.Tensor | None = None  # (rows,) sequence-level ratios, untruncated
+    # the filters (stages/filter.py): the rows they take out of the update, (rows,) bool, None
+    # when none is set; the update's mask before the filter and the advantages it would have had
+    dropped: torch.Tensor | None = None
+    mask_before: torch.Tensor | None = None
+    adv_before: torch.Tensor | None = None
     # advantages
     use_critic: bool = False
     adv: torch.Tensor = field(init=False)
@@ -83,18 +97,31 @@ class State:
     token_count: torch.Tensor = field(init=False)  # (n_steps,) the original mask's tokens
     actor_norm: AggNorm = field(init=False)
     agg_mode: str = ""
+    # the actor's policy loss (actor_loss), None without log_probs and pi_old
+    policy: PolicyLossOutput | None = None
+    # turns (turns): each token's turn (0: not an actor token), each token's weight in actor/pg_loss
+    turn: torch.Tensor = field(init=False)
+    loss_weights: torch.Tensor | None = None
 
-    def global_norm_of(self, s: Segmentation) -> AggNorm:
+    def global_norm_of(self, s: Segmentation, filtered: bool = True) -> AggNorm:
         """The global normalisers of a segmentation: verl's ``global_batch_info`` (the original
-        mask's token count, the mini-batch's rows with V1's padding rows)."""
+        mask's token count, the mini-batch's rows with V1's padding rows). ``filtered``: the rows
+        the filters dropped (:attr:`dropped`) are out of both (at least 1 left)."""
         batch, rows = self.batch, self.batch.rows
+        row_tokens = rows.sum(self.mask0.to(torch.float32))
+        tokens, size = s.normaliser(row_tokens, self.token_count), s.batch_size()
+        if filtered and self.dropped is not None:
+            out = self.dropped.to(torch.float32)
+            sid, n = batch.step_ids, batch.n_steps
+            tokens = (tokens - s.normaliser(row_tokens * out, seg_sum(row_tokens * out, sid, n))).clamp_min(1)
+            size = (size - s.normaliser(out, seg_sum(out, sid, n))).clamp_min(1)
         return AggNorm(
             seg_ids=s.seg_ids,
             n_seg=s.n_seg,
             horizon=s.horizon(batch.lengths, batch.max_response_length, self.fixed_width),
             rows=rows,
-            batch_num_tokens=s.normaliser(rows.sum(self.mask0.to(torch.float32)), self.token_count),
-            global_batch_size=s.batch_size(),  # the mini-batch's rows, V1's padding rows included
+            batch_num_tokens=tokens,
+            global_batch_size=size,  # the mini-batch's rows, V1's padding rows included
             loss_scale_factor=self.settings["actor_rollout_ref.actor.loss_scale_factor"],
         )
 
@@ -106,14 +133,16 @@ class Stage:
     ``needs``: the columns it needs to write its metrics (as ``rldiag check`` and the docs name
     them); ``needs_fn``: the same under given settings, where they decide (the PPO anchor, a
     registry entry); ``optional`` / ``optional_fn``: columns it reads when the batch has them.
-    ``settings``: the keys it reads (``prefix.*`` for a block). ``metrics``, ``tokens``: what it
-    writes. ``checks``: its rows of ``rldiag check``'s metric families.
+    ``settings``: the keys it reads (``prefix.*`` for a block). ``metrics``, ``tokens``, ``rows``:
+    what it writes (per step, per token, per row). ``checks``: its rows of ``rldiag check``'s
+    metric families.
 
     ``uses`` / ``sets``: the :class:`State` fields it reads (beyond ``batch`` and ``settings``;
     ``metrics:<name>`` for a metric an earlier stage wrote) and those it assigns or changes
-    (``errors`` where it flags a step; the metrics and tokens it writes are those it declares).
-    A sweep (:mod:`rldiag.engine.sweep`) runs a stage once for scenarios that differ only in
-    stages it does not depend on; None (undeclared): it is never moved, nor another stage past it."""
+    (``errors`` where it flags a step; the metrics, tokens and rows it writes are those it
+    declares). A sweep (:mod:`rldiag.engine.sweep`) runs a stage once for scenarios that differ
+    only in stages it does not depend on; None (undeclared): it is never moved, nor another
+    stage past it."""
 
     name: str
     doc: str
@@ -125,6 +154,7 @@ class Stage:
     settings: tuple[str, ...] = ()
     metrics: tuple[Metric, ...] = ()
     tokens: tuple[str, ...] = ()
+    rows: tuple[str, ...] = ()
     checks: tuple[CheckFamily, ...] = ()
     uses: tuple[str, ...] | None = None
     sets: tuple[str, ...] | None = None

@@ -1,18 +1,28 @@
 """rldiag's rollout-vs-trainer mismatch fingerprints (:mod:`rldiag.engine.mismatch`) per step, as
-``rldiag/mismatch/<statistic>``: computed whenever the batch has both ``rollout_log_probs`` and
-the trainer's ``old_log_probs``, whatever the run's rollout-correction settings (bypass mode
-included: the trainer's column, not the anchor, is compared). Which causes they point to is
-:mod:`rldiag.analysis.mismatch`'s to decide."""
+``rldiag/mismatch/<statistic>``: computed whenever the batch has ``rollout_log_probs`` and the
+trainer's log-probs, whatever the run's rollout-correction settings. The trainer's log-probs are
+``old_log_probs``, except in bypass mode, where verl never recomputes them (it copies
+``rollout_log_probs`` over ``old_log_probs``: verl's ``apply_bypass_mode``) and the trainer's own
+are the update's ``log_probs``. Which causes they point to is :mod:`rldiag.analysis.mismatch`'s
+to decide."""
 
 from __future__ import annotations
 
 import torch
 
 from rldiag.engine.mismatch import mismatch_stats
+from rldiag.engine.settings import EngineSettings
 from rldiag.engine.stages.base import Metric, Stage, State
 
 ENABLE = "rldiag.mismatch.enable"
 PREFIX = "rldiag/mismatch/"
+BYPASS = "algorithm.rollout_correction.bypass_mode"
+
+
+def trainer_column(settings: EngineSettings) -> str:
+    """The column holding the trainer's log-probs of the sampled tokens: ``old_log_probs``, or the
+    update's ``log_probs`` in bypass mode (where ``old_log_probs`` is the rollout's, copied)."""
+    return "log_probs" if settings[BYPASS] else "old_log_probs"
 
 
 def policy_lag(st: State) -> torch.Tensor | None:
@@ -27,9 +37,10 @@ def policy_lag(st: State) -> torch.Tensor | None:
 
 def _mismatch(st: State) -> None:
     batch = st.batch
-    if batch.old_log_probs is None or batch.rollout_log_probs is None or not st.settings[ENABLE]:
+    trainer = getattr(batch, trainer_column(st.settings))
+    if trainer is None or batch.rollout_log_probs is None or not st.settings[ENABLE]:
         return
-    stats = mismatch_stats(batch.old_log_probs, batch.rollout_log_probs, st.mask0, batch.rows, batch.step_ids,
+    stats = mismatch_stats(trainer, batch.rollout_log_probs, st.mask0, batch.rows, batch.step_ids,
                            batch.n_steps, lag=policy_lag(st))
     st.metrics.update({PREFIX + k: v for k, v in stats.items()})
 
@@ -42,8 +53,9 @@ MISMATCH = Stage(
     "tails, lag), whatever the rollout-correction settings",
     _mismatch,
     needs=("rollout_log_probs", "old_log_probs"),
+    needs_fn=lambda s: ("rollout_log_probs", trainer_column(s)),
     optional=("loss_mask", "policy_version"),
-    settings=(ENABLE,),
+    settings=(ENABLE, BYPASS),
     metrics=(
         Metric("rldiag/mismatch/tokens", "actor tokens compared (mask 1, both log-probs finite)", _R),
         Metric("rldiag/mismatch/{gap_mean,gap_std}", f"mean and std of {_D}", _R),
@@ -57,7 +69,9 @@ MISMATCH = Stage(
         Metric("rldiag/mismatch/{gap_rollout_corr,logprob_corr}", "correlation of d with the rollout log-prob; "
                "of the two log-probs", _R),
         Metric("rldiag/mismatch/{gap_confident,gap_unconfident}", "mean d over tokens the rollout gave "
-               "p >= 0.5 (< 0.05)", _R),
+               "p >= 0.5 (< 0.05); 0 without such tokens", _R),
+        Metric("rldiag/mismatch/{confident_share,unconfident_share}", "share of tokens the rollout gave p >= 0.5 "
+               "(< 0.05)", _R),
         Metric("rldiag/mismatch/{gap_position_corr,gap_logprob_corr}", "correlation of |d| with the position in "
                "the response; with |rollout log-prob|", _R),
         Metric("rldiag/mismatch/{pair_abs_gap,shift_next_abs_gap,shift_prev_abs_gap}", "over pairs of adjacent "
@@ -66,7 +80,8 @@ MISMATCH = Stage(
                "policy_version): its mean, the correlation and slope of the row's mean |d| on it", _R,
                needs=("policy_version",)),
         Metric("rldiag/mismatch/{lag_abs_gap_lag0,lag_abs_gap_lagged}", "mean |d| over on-policy (lag 0) and "
-               "lagged rows' tokens", _R, needs=("policy_version",)),
+               "lagged rows' tokens (0 without such rows)", _R, needs=("policy_version",)),
+        Metric("rldiag/mismatch/lag0_share", "share of tokens in on-policy (lag 0) rows", _R, needs=("policy_version",)),
     ),
     uses=("mask0",),
     sets=(),

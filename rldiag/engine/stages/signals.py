@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from rldiag.engine.batch import Batch
 from rldiag.engine.kl import KL_ESTIMATORS, kl_estimate, kl_k1, kl_row_sums
 from rldiag.engine.metrics import signal_metrics
 from rldiag.engine.segments import MEAN_EPS, seg_count, seg_std, seg_sum, step_mask_count
@@ -50,14 +51,19 @@ REF_KL = Stage(
 )
 
 
+def group_flatness(batch: Batch, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per group ``(n_groups,)``: its rows, whether it has 2+ rows, and whether those rows' summed
+    ``rewards`` are all equal (no group-relative signal)."""
+    _, gstd, gcnt = seg_std(batch.rows.sum(rewards), batch.group_ids, batch.n_groups)
+    multi = gcnt > 1
+    return gcnt, multi, multi & (gstd == 0)
+
+
 def _group_signal(st: State) -> None:
     batch, s, m = st.batch, st.settings, st.metrics
     sid, n, rows = batch.step_ids, batch.n_steps, batch.rows
-    seq_scores = rows.sum(st.rewards)
-    _, gstd, gcnt = seg_std(seq_scores, batch.group_ids, batch.n_groups)
+    gcnt, multi, flat = group_flatness(batch, st.rewards)
     group_step = torch.zeros(batch.n_groups, dtype=torch.long, device=sid.device).index_copy_(0, batch.group_ids, sid)
-    multi = gcnt > 1
-    flat = multi & (gstd == 0)
     m["rldiag/groups/count"] = seg_count(group_step, n)
     m["rldiag/groups/no_signal_fraction"] = seg_sum(flat.float(), group_step, n) / seg_sum(multi.float(), group_step, n)
     m["rldiag/groups/singleton_fraction"] = seg_sum((gcnt == 1).float(), group_step, n) / seg_count(group_step, n)

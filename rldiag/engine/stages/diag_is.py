@@ -1,0 +1,77 @@
+"""Diagnostic rollout IS weights: what verl's token-level and sequence-level truncated IS (TIS,
+``rollout_is=token`` / ``sequence`` with ``rollout_is_threshold=2.0``) would weigh each token and
+row by, computed whenever the batch has ``rollout_log_probs`` and the trainer's ``old_log_probs``
+(not in bypass mode, where pi_old is the rollout's), whatever the run's rollout-correction
+settings. They are diagnostics only: the loss, the mask and the IS weights it uses
+(``rollout_is_weights``) are never touched.
+
+The weights and their statistics are :func:`rldiag.engine.rollout_correction.is_weights`' own, on
+the original mask, so ``rldiag/diag_is/token/<stat>`` equals ``rollout_corr/rollout_is_<stat>``
+of a run with ``rollout_is=token``, ``rollout_is_threshold=2.0`` (``seq/``: ``rollout_is=sequence``),
+without batch normalisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rldiag.engine.rollout_correction import IS_LEVELS, SAFETY_BOUND, CorrectionConfig, is_weights
+from rldiag.engine.segments import step_mask_count
+from rldiag.engine.stages.base import Metric, Stage, State
+
+#: the truncation threshold of the diagnostic weights (verl's default rollout_is_threshold)
+THRESHOLD = 2.0
+#: the statistics written per level: ``rollout_corr/rollout_is_<stat>`` of that level
+STATS = ("mean", "max", "min", "std", "eff_sample_size", "ratio_fraction_high", "ratio_fraction_low")
+PREFIX = "rldiag/diag_is/"
+LEVELS = {"token": "token", "seq": "sequence"}  # name part -> rollout_is level
+
+
+def _diag_is(st: State) -> None:
+    batch = st.batch
+    if batch.rollout_log_probs is None or st.old_lp is None or st.bypass:
+        return
+    rows, sid, n = batch.rows, batch.step_ids, batch.n_steps
+    log_ratio = st.old_lp - batch.rollout_log_probs
+    empty = step_mask_count(st.mask0, rows, sid, n) == 0  # no statistic: NaN, never a failed step
+    nan = torch.full((n,), float("nan"), dtype=torch.float32, device=sid.device)
+    for part, level in LEVELS.items():
+        w, m = is_weights(log_ratio, st.mask0, CorrectionConfig(level, THRESHOLD), rows, sid, n)
+        for stat in STATS:
+            st.metrics[f"{PREFIX}{part}/{stat}"] = torch.where(empty, nan, m[f"rollout_is_{stat}"].to(torch.float32))
+        if level == "token":
+            st.diag_is_token = w
+    _, row_log = IS_LEVELS.get("sequence")(log_ratio, st.mask0, rows)
+    assert row_log is not None  # the sequence level gives the rows' summed log-ratios
+    ratio = torch.exp(torch.clamp(row_log, -SAFETY_BOUND, SAFETY_BOUND))
+    st.diag_is_seq_ratio, st.diag_is_seq = ratio, ratio.clamp(max=THRESHOLD)
+    st.rows.update(is_weight_seq=st.diag_is_seq, is_ratio_seq=st.diag_is_seq_ratio)
+
+
+_R = "rldiag"
+_WHEN = "not `bypass_mode`; whatever `rollout_is` says"
+_TOK = "w = min(exp(old - rollout), 2) per actor token"
+_SEQ = "w = min(exp(sum of the row's old - rollout), 2) per row, on its actor tokens"
+DIAG_IS = Stage(
+    "diag_is",
+    "diagnostic TIS weights at threshold 2.0, token and sequence level, on the original mask, "
+    "whatever the rollout-correction settings; never in the loss",
+    _diag_is,
+    needs=("rollout_log_probs", "old_log_probs"),
+    optional=("loss_mask",),
+    metrics=(
+        Metric(f"{PREFIX}token/{{mean,max,min,std}}", f"{_TOK}: over the step's actor tokens (= "
+               "rollout_corr/rollout_is_* under rollout_is=token, threshold 2.0; NaN: no actor token)", _R, when=_WHEN),
+        Metric(f"{PREFIX}token/eff_sample_size", "1 / mean(normalised w^2) of the token weights", _R, when=_WHEN),
+        Metric(f"{PREFIX}token/ratio_fraction_{{high,low}}", "share of actor tokens whose ratio is above 2 (below "
+               "0.5)", _R, when=_WHEN),
+        Metric(f"{PREFIX}seq/{{mean,max,min,std}}", f"{_SEQ}: mean and std over the step's actor tokens; max and "
+               "min: of the rows' untruncated ratios (= rollout_corr/rollout_is_* under rollout_is=sequence, "
+               "threshold 2.0)", _R, when=_WHEN),
+        Metric(f"{PREFIX}seq/eff_sample_size", "1 / mean(normalised w^2) of the sequence weights over actor tokens",
+               _R, when=_WHEN),
+        Metric(f"{PREFIX}seq/ratio_fraction_{{high,low}}", "share of the step's rows whose sequence ratio is above 2 "
+               "(below 0.5)", _R, when=_WHEN),
+    ),
+    rows=("is_weight_seq", "is_ratio_seq"),
+)

@@ -1,0 +1,62 @@
+"""Per-row values (``Result.rows``: name -> ``(rows,)``, the batch's packed row order), the rows/
+files of a scenario (:func:`rldiag.io.outputs.rows_table`; docs/run-directory.md).
+
+"Actor tokens" are the tokens the update trains on: mask 1 of the mask after rollout rejection
+(``loss_mask``, else ``response_mask``, when ``rollout_rs`` is off), as the turns' statistics
+(:mod:`.turns`). A mean over a row without one is NaN. The rows' uid, reward components and
+ids come from the batch file, added by the writer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rldiag.engine.kl import k3_from_diff, kl_k1
+from rldiag.engine.layout import Rows
+from rldiag.engine.stages.base import Stage, State
+from rldiag.engine.stages.signals import group_flatness
+
+
+def last_masked(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """``(rows,)`` ``values`` at each row's last token of ``mask``, NaN for a row without one."""
+    nan = torch.full((rows.n_rows,), float("nan"), dtype=values.dtype, device=values.device)
+    if rows.n_tokens == 0:
+        return nan
+    index = torch.arange(rows.n_tokens, dtype=torch.float64, device=values.device)
+    last = rows.amax(torch.where(mask > 0, index, torch.full_like(index, -1.0)), empty=-1.0)
+    found = values.index_select(0, last.clamp(min=0).to(torch.long))
+    return torch.where(last >= 0, found, nan)
+
+
+def _rows(st: State) -> None:
+    batch, out = st.batch, st.rows
+    rows, mask = batch.rows, st.mask
+    actor = rows.mask_count(mask)
+    out["length"] = batch.lengths.to(torch.long)
+    out["actor_tokens"] = actor.to(torch.long)
+    out["score"] = rows.sum(batch.token_level_scores)
+    out["reward"] = rows.sum(st.rewards)
+    out["advantage_mean"] = rows.masked_sum(st.adv, mask) / actor  # 0 / 0: NaN without an actor token
+    out["advantage_last"] = last_masked(st.adv, mask, rows)
+    if st.diag_is_token is not None and batch.rollout_log_probs is not None and st.old_lp is not None:
+        d = kl_k1(st.old_lp, batch.rollout_log_probs)
+        out["rollout_kl"] = rows.masked_sum(d, mask) / actor
+        out["rollout_kl_k3"] = rows.masked_sum(k3_from_diff(d), mask) / actor
+    if st.policy is not None and st.policy.clipped is not None:
+        out["clipped_tokens"] = rows.sum(st.policy.clipped)
+    if st.loss_weights is not None:
+        out["loss_weight"] = rows.sum(st.loss_weights)
+    gcnt, multi, flat = group_flatness(batch, st.rewards)
+    out["group_has_signal"] = (multi & ~flat).index_select(0, batch.group_ids).to(torch.int8)
+    out["group_size"] = gcnt.index_select(0, batch.group_ids).to(torch.long)
+
+
+ROWS = Stage(
+    "rows",
+    "per-row values: length, actor tokens, score, reward, advantages, rollout KL, clipped tokens, "
+    "the row's share of the loss, its group's signal and size (the scenario's rows/ files)",
+    _rows,
+    optional=("loss_mask", "rollout_log_probs", "old_log_probs"),
+    rows=("length", "actor_tokens", "score", "reward", "advantage_mean", "advantage_last", "rollout_kl",
+          "rollout_kl_k3", "clipped_tokens", "loss_weight", "group_has_signal", "group_size"),
+)

@@ -1,0 +1,149 @@
+"""Turns as a unit: a turn is a maximal run of actor tokens (mask 1 of the original mask:
+``loss_mask`` when the batch has it, else ``response_mask``) inside a row, numbered from 1 in its
+row; tool-observation tokens (mask 0) belong to no turn (turn 0). Per step, the statistics of
+turns 1..8 and of every later turn together (``9plus``), and the turns per row.
+
+The statistics are over the tokens the update trains on (the mask after rollout rejection: the
+actor mask itself without ``rollout_rs``): for turn ``k``, ``T_k`` those of its tokens over the
+step. A turn no row of the step has gives ``tokens`` 0 and 0 for every other statistic (as the
+mismatch statistics do: a mean over no token is 0, ``tokens`` says there was none), so every name
+is written on every step and ordinary runs hold no NaN.
+
+Vectorised: a token's turn is the running count of its row's turn starts (a mask-1 token whose
+predecessor in the row is mask 0, or the row's first token); the per-turn sums are per-row
+segment reductions over *spans* (each row cut at its turn starts, so a span is one turn and the
+tool tokens after it, or a row's leading tool tokens), then per (step, turn).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rldiag.engine.kl import kl_k1
+from rldiag.engine.layout import Rows
+from rldiag.engine.segments import seg_max, seg_mean, seg_sum
+from rldiag.engine.stages.base import Metric, Stage, State
+
+#: turns reported one by one; later turns are pooled as ``9plus``
+MAX_TURN = 8
+BUCKETS = tuple(str(k) for k in range(1, MAX_TURN + 1)) + (f"{MAX_TURN + 1}plus",)
+PREFIX = "rldiag/turns/"
+
+
+def turn_index(mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """``(tokens,)`` int64: each token's turn in its row (1, 2, ...: the maximal runs of ``mask``
+    1 in order), 0 where ``mask`` is 0. No loop over rows: a cumulative count of turn starts less
+    the count before the row."""
+    on = mask > 0
+    n = rows.n_tokens
+    if n == 0:
+        return torch.zeros(0, dtype=torch.long, device=mask.device)
+    starts = turn_starts(on, rows)
+    count = torch.cumsum(starts.to(torch.long), 0)
+    first = rows.offsets[:-1].clamp(max=n - 1)  # an empty row's entry is never read
+    before = (count - starts.to(torch.long)).index_select(0, first)
+    return (count - rows.expand(before)) * on.to(torch.long)
+
+
+def turn_starts(on: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """``(tokens,)`` bool: the token starts a turn (``on``, and the row's first token or after an off one)."""
+    prev = torch.zeros_like(on)
+    prev[1:] = on[:-1]
+    return on & ~(prev & ~row_starts(rows))
+
+
+def row_starts(rows: Rows) -> torch.Tensor:
+    """``(tokens,)`` bool: the token is its row's first."""
+    out = torch.zeros(rows.n_tokens, dtype=torch.bool, device=rows.device)
+    out[rows.offsets[:-1][rows.lengths > 0]] = True
+    return out
+
+
+def step_loss_weights(st: State) -> torch.Tensor | None:
+    """``(tokens,)`` each token's weight in its step's ``actor/pg_loss`` (the loss's aggregation
+    weights over the step's micro-batches, averaged over mini-batches as verl logs it): a row's sum
+    is its share of the loss. None without the actor's loss."""
+    if st.policy is None or st.policy.weights is None:
+        return None
+    scale = st.segs.loss_scale().index_select(0, st.segs.seg_ids)
+    return st.policy.weights * st.batch.rows.expand(scale)
+
+
+def _turns(st: State) -> None:
+    batch = st.batch
+    rows, sid, n = batch.rows, batch.step_ids, batch.n_steps
+    on0 = st.mask0 > 0
+    st.turn = turn_index(st.mask0, rows)
+    st.tokens["turn"] = st.turn.to(torch.int32)
+    starts = turn_starts(on0, rows)
+    turns = rows.count(starts)
+    st.rows["turns"] = turns.to(torch.long)
+    st.metrics[f"{PREFIX}count/mean"] = seg_mean(turns, sid, n)
+    st.metrics[f"{PREFIX}count/max"] = seg_max(turns, sid, n)
+    st.loss_weights = step_loss_weights(st)
+
+    # spans: every row cut at its turn starts; each span lies in one turn (or before the first)
+    cut = torch.nonzero(starts | row_starts(rows)).flatten()
+    spans = Rows.from_offsets(torch.cat([cut, torch.full((1,), rows.n_tokens, dtype=torch.long, device=cut.device)]))
+    span_turn = st.turn.index_select(0, cut)
+    nb = len(BUCKETS)
+    key = sid.index_select(0, rows.row_ids.index_select(0, cut)) * nb + (span_turn.clamp(min=1, max=nb) - 1)
+    live = span_turn > 0  # a row's leading tool tokens: no turn
+
+    def per_turn(span_sums: torch.Tensor) -> torch.Tensor:  # (spans,) -> (n_steps, buckets)
+        x = span_sums.to(torch.float64)
+        return seg_sum(torch.where(live, x, torch.zeros_like(x)), key, n * nb).view(n, nb)
+
+    mask = st.mask
+    count = per_turn(spans.mask_count(mask))
+    sums = {"advantage": per_turn(spans.masked_sum(st.adv, mask))}
+    if st.policy is not None:
+        sums["ratio"] = per_turn(spans.masked_sum(st.policy.ratio, mask))
+        if st.policy.clipped is not None:
+            sums["pg_clipfrac"] = per_turn(spans.sum(st.policy.clipped))
+    if st.diag_is_token is not None and batch.rollout_log_probs is not None and st.old_lp is not None:
+        sums["is_weight"] = per_turn(spans.masked_sum(st.diag_is_token, mask))
+        sums["rollout_kl"] = per_turn(spans.masked_sum(kl_k1(st.old_lp, batch.rollout_log_probs), mask))
+    out = {"tokens": count}
+    has = count > 0
+    out.update({k: torch.where(has, v / torch.where(has, count, torch.ones_like(count)), torch.zeros_like(v))
+                for k, v in sums.items()})  # a turn without tokens: 0
+    if st.loss_weights is not None:
+        out["loss_weight"] = per_turn(spans.sum(st.loss_weights))
+    for stat, table in out.items():
+        for b, bucket in enumerate(BUCKETS):
+            st.metrics[f"{PREFIX}{bucket}/{stat}"] = table[:, b].to(torch.float32)
+
+
+_R = "rldiag"
+_K = "{" + ",".join(BUCKETS) + "}"
+_LOSS = ("log_probs", "old_log_probs")
+_DIAG = ("rollout_log_probs", "old_log_probs")
+TURNS = Stage(
+    "turns",
+    "each token's turn (maximal runs of actor tokens in a row, from 1); per turn 1..8 and 9plus the "
+    "tokens, advantages, ratios, clipping, diagnostic IS weights, rollout KL and loss share",
+    _turns,
+    optional=("loss_mask", "log_probs", "old_log_probs", "rollout_log_probs"),
+    metrics=(
+        Metric(f"{PREFIX}count/{{mean,max}}", "turns per row (maximal runs of actor tokens: loss_mask, else "
+               "response_mask), mean and max over the step's rows", _R),
+        Metric(f"{PREFIX}{_K}/tokens", "T_k: actor tokens of turn k (9plus: of every turn after the 8th) over the "
+               "step that the update trains on (after rollout rejection); 0 where no row has turn k", _R),
+        Metric(f"{PREFIX}{_K}/advantage", "the mean advantage over the T_k tokens (0 where T_k = 0)", _R),
+        Metric(f"{PREFIX}{_K}/ratio", "the mean over the T_k tokens of the ratio the policy loss uses (the token "
+               "output ratio; 0 where T_k = 0)", _R, needs=_LOSS),
+        Metric(f"{PREFIX}{_K}/pg_clipfrac", "the share of the T_k tokens counted as clipped, by actor/pg_clipfrac's "
+               "definition for the loss_mode (0 where T_k = 0)", _R, needs=_LOSS,
+               when="every `loss_mode` but gpg, dro, kl_cov"),
+        Metric(f"{PREFIX}{_K}/is_weight", "the mean diagnostic token IS weight (rldiag/diag_is: min(exp(old - "
+               "rollout), 2)) over the T_k tokens (0 where T_k = 0)", _R, needs=_DIAG, when="not `bypass_mode`"),
+        Metric(f"{PREFIX}{_K}/rollout_kl", "the mean of old_log_probs - rollout_log_probs over the T_k tokens (k1 "
+               "of KL(pi_old || pi_rollout), the reference KL's convention; 0 where T_k = 0)", _R, needs=_DIAG,
+               when="not `bypass_mode`"),
+        Metric(f"{PREFIX}{_K}/loss_weight", "the T_k tokens' summed weight in actor/pg_loss (the loss's aggregation "
+               "weights: turn k's share of the loss; 0 where T_k = 0)", _R, needs=_LOSS),
+    ),
+    tokens=("turn",),
+    rows=("turns",),
+)
