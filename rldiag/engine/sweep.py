@@ -75,12 +75,14 @@ def differing_keys(settings_list: Sequence[SweepSettings]) -> set[str]:
             or k not in first}
 
 
-def stage_keys(stage: Stage, keys: Iterable[str]) -> tuple[str, ...]:
-    """The keys of ``keys`` that ``stage`` reads: those its ``settings`` patterns match, and the
-    other names of a matched key (:data:`ALIASES`)."""
-    patterns = list(stage.settings)
+def stage_keys(stage: Stage, keys: Iterable[str], settings: EngineSettings | None = None) -> tuple[str, ...]:
+    """The keys of ``keys`` that ``stage`` reads (under ``settings``, when given and the stage's
+    ``settings_fn`` says): those its patterns match, and the other names of a matched key
+    (:data:`ALIASES`)."""
+    declared = stage.settings_fn(settings) if settings is not None and stage.settings_fn is not None else stage.settings
+    patterns = list(declared)
     for key, others in ALIASES.items():
-        if any(fnmatch.fnmatchcase(key, p) for p in stage.settings):
+        if any(fnmatch.fnmatchcase(key, p) for p in declared):
             patterns += others
     return tuple(sorted(k for k in keys if any(fnmatch.fnmatchcase(k, p) for p in patterns)))
 
@@ -109,16 +111,17 @@ class _Deps:
     uses: frozenset[str] | None
     sets: frozenset[str]
     metric_reads: frozenset[str]
-    tokens: frozenset[str]  # its token and row outputs
+    outputs: frozenset[str]  # its token and row outputs, and the row outputs it reads ("rows:<name>")
 
     @classmethod
     def of(cls, stage: Stage) -> _Deps:
+        outputs = frozenset(stage.tokens) | {f"rows:{r}" for r in stage.rows}
         if stage.uses is None or stage.sets is None:
-            return cls(None, frozenset(), frozenset(), frozenset(stage.tokens) | {f"rows:{r}" for r in stage.rows})
-        fields = {u for u in stage.uses if not u.startswith("metrics:")} | set(_ALWAYS_USED)
+            return cls(None, frozenset(), frozenset(), outputs)
+        fields = {u for u in stage.uses if ":" not in u} | set(_ALWAYS_USED)
         reads = {u.split(":", 1)[1] for u in stage.uses if u.startswith("metrics:")}
-        return cls(frozenset(fields | set(stage.sets)), frozenset(stage.sets), frozenset(reads),
-                   frozenset(stage.tokens) | {f"rows:{r}" for r in stage.rows})
+        outputs |= {u for u in stage.uses if u.startswith("rows:")}
+        return cls(frozenset(fields | set(stage.sets)), frozenset(stage.sets), frozenset(reads), outputs)
 
 
 def _writes_metric(stage: Stage, names: frozenset[str]) -> bool:
@@ -127,8 +130,8 @@ def _writes_metric(stage: Stage, names: frozenset[str]) -> bool:
 
 def commute(a: Stage, b: Stage) -> bool:
     """Whether ``a`` and ``b`` give the same state run in either order: both declared, neither
-    reads or writes a field the other writes, reads a metric the other writes, or writes a token
-    output the other writes."""
+    reads or writes a field the other writes, reads a metric the other writes, or writes (or
+    reads) a token or row output the other writes."""
     da, db = _Deps.of(a), _Deps.of(b)
     if da.uses is None or db.uses is None:
         return False
@@ -136,7 +139,7 @@ def commute(a: Stage, b: Stage) -> bool:
         return False
     if _writes_metric(b, da.metric_reads) or _writes_metric(a, db.metric_reads):
         return False
-    return not (da.tokens & db.tokens)
+    return not (da.outputs & db.outputs)
 
 
 @dataclass
@@ -197,6 +200,16 @@ def iter_recompute_many(
         raise ValueError(f"{len(kls)} KL states for {n} settings")
     differ = differing_keys(settings_list) if n > 1 else set()
     keys = [stage_keys(stage, differ) for stage in stages]
+    own: dict[tuple[int, int], tuple[str, ...]] = {}  # (stage, scenario) -> the keys it reads there
+
+    def keys_of(members: list[int], idx: int) -> tuple[str, ...]:
+        """The keys stage ``idx`` reads for any of ``members`` (each under its own settings)."""
+        if stages[idx].settings_fn is None or not differ:
+            return keys[idx]
+        for i in members:
+            if (idx, i) not in own:
+                own[idx, i] = stage_keys(stages[idx], differ, settings_list[i])
+        return tuple(sorted({k for i in members for k in own[idx, i]}))
     reads_kl = [stage.uses is None or "kl_state" in stage.uses for stage in stages]
     swaps: dict[tuple[int, int], bool] = {}
 
@@ -205,15 +218,16 @@ def iter_recompute_many(
             swaps[later, before] = commute(stages[later], stages[before])
         return swaps[later, before]
 
-    def values(i: int, idx: int) -> tuple:
+    def values(i: int, which: tuple[str, ...]) -> tuple:
         vals = settings_list[i].values
-        return tuple(vals.get(k, _MISSING) for k in keys[idx])
+        return tuple(vals.get(k, _MISSING) for k in which)
 
     def agree(node: _Node, idx: int) -> bool:
-        if not keys[idx]:
+        which = keys_of(node.members, idx)
+        if not which:
             return True
-        first = values(node.members[0], idx)
-        return all(values(i, idx) == first for i in node.members[1:])
+        first = values(node.members[0], which)
+        return all(values(i, which) == first for i in node.members[1:])
 
     def run(node: _Node, idx: int) -> None:
         node.pending.remove(idx)
@@ -254,7 +268,7 @@ def iter_recompute_many(
                     run(node, later)
             if settled(node):
                 break
-            groups = _group(node.members, functools.partial(values, idx=idx))
+            groups = _group(node.members, functools.partial(values, which=keys_of(node.members, idx)))
             if any(reads_kl[b] for b in node.pending):
                 _check_kl(node, groups, settings_list)
             for g in groups:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import torch
 
 from rldiag.config.settings import Settings
@@ -57,7 +58,7 @@ from rldiag.executors.steps import (
     prefetched,
     try_load,
 )
-from rldiag.io.loader import read_schema
+from rldiag.io.loader import read_schema, row_columns
 
 __all__ = ["SweepExecutor", "SweepHooks", "fetch_many", "load_key"]
 
@@ -139,6 +140,16 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
             data.batch = data.batch.pin_memory()
         for i in idxs:
             out[i] = Fetched(tasks[i], info, data=data, error=errors[i] if data is None else None, pending=pending)
+    if loads:  # the per-row table's own columns, from the same bytes (rather than a read per scenario)
+        own: pa.Table | BaseException
+        try:
+            own = row_columns(sf, content)
+        except (RldiagError, OSError, pa.ArrowException) as exc:
+            own = exc
+        for i in todo:
+            fetched = out[i]
+            assert fetched is not None
+            fetched.row_columns = own
     content = None
     return [f for f in out if f is not None]
 

@@ -20,6 +20,7 @@ import rldiag
 from rldiag.analysis.sweep import estimate_token_bytes, sweep, sweep_name, yaml_text
 from rldiag.errors import ConfigError, DiskSpaceError
 from rldiag.executors.sweep import SweepHooks
+from rldiag.io.outputs import TOKEN_OUTPUTS
 from rldiag.io.run_layout import RunLayout
 from rldiag.io.rundir import RunDir
 from rldiag.recompute import recompute
@@ -124,6 +125,15 @@ def test_tokens_equal_a_recompute_with_tokens(run):
         for f in files:
             assert pq.read_table(scenario_dir(run, name) / "tokens" / f).equals(
                 pq.read_table(scenario_dir(run, "ref") / "tokens" / f)), (name, f)
+        rows = sorted(p.name for p in RunLayout(run).scenario(name).rows_dir.iterdir())
+        assert rows == sorted(p.name for p in RunLayout(run).scenario("ref").rows_dir.iterdir()) and len(rows) == 3
+        for f in rows:
+            got = pq.read_table(RunLayout(run).scenario(name).rows_dir / f)
+            want = pq.read_table(RunLayout(run).scenario("ref").rows_dir / f)
+            assert got.column_names == want.column_names, (name, f)
+            for col in want.column_names:
+                x, y = got[col].to_pylist(), want[col].to_pylist()
+                assert all(a == b or (a != a and b != b) for a, b in zip(x, y)) and len(x) == len(y), (name, f, col)
 
 
 # -- (c) read once, (d) shared stages --------------------------------------------------------------
@@ -137,6 +147,22 @@ def test_each_step_file_is_read_once_for_eight_scenarios(run):
     again = Reads()  # unchanged files, hashes known from the records: nothing to read at all
     rep = sweep(run, {CLIP: [0.1, 0.2, 0.3, 0.4]}, estimators=["grpo", "rloo"], hooks=SweepHooks(read=again))
     assert again.count == {} and all(r == [1, 2, 3] for r in rep.steps_reused.values())
+
+
+def test_the_fetcher_reads_once_for_every_scenario_and_the_row_tables(run):
+    from rldiag.config.settings import resolve_settings
+    from rldiag.executors.steps import Job, StepTask
+    from rldiag.executors.sweep import fetch_many
+
+    sf = RunDir(run).require_steps()[0]
+    jobs = [Job(resolve_settings(run, {"algorithm.adv_estimator": e}), "cpu", False) for e in ("grpo", "rloo", "remax")]
+    task = StepTask(step=sf.step, file=str(sf.path), rel=sf.path.name, chunk=0)
+    reads = Reads()
+    got = fetch_many([task] * 3, jobs, read=reads)
+    assert reads.count == {sf.path.name: 1}
+    assert got[0].data is got[1].data is not None and got[2].data is None and "reward_baselines" in str(got[2].error)
+    assert isinstance(got[0].row_columns, pa.Table) and got[0].row_columns is got[1].row_columns
+    assert got[0].record()["sha256"] == got[2].record()["sha256"]
 
 
 def test_scenarios_loading_other_columns_still_read_each_file_once(tmp_path):
@@ -249,7 +275,7 @@ def test_save_tokens_refuses_what_would_not_fit(run):
     assert rep.ok
     tokens = sum(len(m) for m in pq.read_table(RunLayout(run).scenario(next(iter(rep.scenarios))).tokens_file(1))
                  ["response_mask"].to_pylist())
-    assert estimate_token_bytes([tokens], 2) == tokens * 8 * 4 * 2
+    assert estimate_token_bytes([tokens], 2) == tokens * len(TOKEN_OUTPUTS) * 4 * 2
 
 
 # -- failures, errors ------------------------------------------------------------------------------

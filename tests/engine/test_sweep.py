@@ -4,6 +4,7 @@ agree on it; and the State fields each stage declares it uses and sets are those
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 from dataclasses import replace
 
@@ -14,21 +15,21 @@ from rldiag.config.settings import resolve_settings
 from rldiag.engine.batch import pack
 from rldiag.engine.kl_control import KLControllerState, PresetKLCoefficients, initial_kl_state
 from rldiag.engine.pipeline import Result, recompute_batch
-from rldiag.engine.requirements import recompute_columns
 from rldiag.engine.stages import STAGES, Stage, State
 from rldiag.engine.step_failures import StepErrors
 from rldiag.engine.sweep import commute, iter_recompute_many, recompute_batch_many, stage_keys
 from rldiag.errors import MissingInputError
-from rldiag.io.loader import load_step
+from rldiag.io.loader import load_step, read_schema
 from rldiag.io.rundir import RunDir
-from tests.engine.test_stages import CASES, EVERYTHING, rich_run  # noqa: F401 - the fixture
+from tests.engine.test_stages import CASES, EVERYTHING, _run_stages, rich_run  # noqa: F401 - the fixture
 
 A = "actor_rollout_ref.actor."
 RC = "algorithm.rollout_correction."
 
 
 def _batch(run, settings):
-    return pack([load_step(sf, settings, recompute_columns(settings)).batch for sf in RunDir(run).require_steps()])
+    """Every step of ``run`` packed, with every column of its files (what any scenario reads)."""
+    return pack([load_step(sf, settings, read_schema(sf).names).batch for sf in RunDir(run).require_steps()])
 
 
 def assert_same(got: Result, want: Result) -> None:
@@ -60,6 +61,12 @@ GRIDS = {
         A + "loss_agg_mode": ["token-mean", "seq-mean-token-mean"],
         "critic.loss_agg_mode": [None, "token-mean"],
     },
+    "filters x clip": {
+        "algorithm.filter_groups.enable": [False, True],
+        "rldiag.filter.drop_no_signal_from_denominator": [False, True],
+        A + "clip_ratio": [0.1, 0.28],
+        "algorithm.adv_estimator": ["grpo", "rloo"],
+    },
     "bypass, verl versions, KL": {
         RC + "bypass_mode": [False, True],
         "rldiag.verl_version": ["0.8.0", None],
@@ -71,7 +78,7 @@ GRIDS = {
 
 @pytest.mark.parametrize("name", list(GRIDS))
 def test_each_result_is_the_recompute_of_its_settings(rich_run, name):  # noqa: F811
-    settings = _grid(rich_run, GRIDS[name], {RC + "rollout_is_threshold": 2.0})
+    settings = _grid(rich_run, GRIDS[name], {RC + "rollout_is_threshold": 2.0, "algorithm.filter_groups.metric": "acc"})
     batch = _batch(rich_run, settings[0])
     many = recompute_batch_many(batch, settings)
     assert len(many) == len(settings)
@@ -86,7 +93,7 @@ def test_a_clip_ratio_grid_shares_everything_but_the_policy_loss(rich_run):  # n
     many = recompute_batch_many(batch, settings, on_stage=lambda stage, who: runs.setdefault(stage, []).append(who))
     for got, s in zip(many, settings):
         assert_same(got, recompute_batch(batch, s))
-    per_scenario = {"actor_loss", "total_loss"}
+    per_scenario = {"actor_loss", "total_loss", "turns", "rows"}  # the last two read the policy loss's output
     assert set(runs) == {s.name for s in STAGES}
     for stage, calls in runs.items():
         if stage in per_scenario:
@@ -164,21 +171,23 @@ def test_stage_keys_follow_the_declarations():
 # -- the declarations of the State fields each stage uses and sets --------------------------------
 
 
-class _Metrics(dict):
-    def __init__(self, values, log):
+class _Outputs(dict):
+    """The state's metrics (or rows) dict, logging each entry read as ``<prefix>:<name>``."""
+
+    def __init__(self, values, log, prefix):
         super().__init__(values)
-        self.log = log
+        self.log, self.prefix = log, prefix
 
     def __getitem__(self, key):
-        self.log.add(f"metrics:{key}")
+        self.log.add(f"{self.prefix}:{key}")
         return super().__getitem__(key)
 
     def get(self, key, default=None):
-        self.log.add(f"metrics:{key}")
+        self.log.add(f"{self.prefix}:{key}")
         return super().get(key, default)
 
     def __contains__(self, key):
-        self.log.add(f"metrics:{key}")
+        self.log.add(f"{self.prefix}:{key}")
         return super().__contains__(key)
 
 
@@ -208,11 +217,12 @@ def _fields_touched(run, overrides):
         read, assigned = set(), set()
         before = dict(st.errors.messages)
         st.__dict__["_read"], st.__dict__["_set"] = read, assigned
-        st.__dict__["metrics"] = _Metrics(st.__dict__["metrics"], read)
+        st.__dict__["metrics"] = _Outputs(st.__dict__["metrics"], read, "metrics")
+        st.__dict__["rows"] = _Outputs(st.__dict__["rows"], read, "rows")
         stage.run(st)
         st.__dict__["_read"] = st.__dict__["_set"] = None
         flagged = st.errors.messages != before
-        out[stage.name] = (read - {"batch", "settings", "metrics", "tokens"}, assigned, flagged)
+        out[stage.name] = (read - {"batch", "settings", "metrics", "tokens", "rows"}, assigned, flagged)
     return out
 
 
@@ -233,6 +243,17 @@ def test_each_stage_touches_only_the_fields_it_declares(touched, stage):
     sets = set(stage.sets)
     undeclared = sorted((read - {"errors"}) - set(stage.uses) - sets)
     assert not undeclared, f"stage {stage.name} reads fields its declaration lacks: {undeclared}"
-    assert assigned - {"metrics", "tokens"} <= sets, f"stage {stage.name} sets {sorted(assigned - sets)}"
+    assert assigned - {"metrics", "tokens", "rows"} <= sets, f"stage {stage.name} sets {sorted(assigned - sets)}"
     if "errors" in read or flagged:
         assert "errors" in sets, f"stage {stage.name} flags steps: declare sets=(..., 'errors')"
+
+
+@pytest.mark.parametrize("stage", [s for s in STAGES if s.settings_fn is not None], ids=lambda s: s.name)
+def test_a_stage_reads_the_settings_its_settings_fn_names(rich_run, stage):  # noqa: F811
+    """Where a stage's settings_fn narrows its keys under given settings, it reads no other key
+    there (the sweep compares scenarios on those alone)."""
+    for name, overrides in CASES.items():
+        read = _run_stages(rich_run, overrides)[stage.name]["settings"]
+        named = stage.settings_fn(resolve_settings(rich_run, {**EVERYTHING, **overrides}))
+        extra = sorted(k for k in read if not any(fnmatch.fnmatchcase(k, p) for p in named))
+        assert not extra, f"case {name}: stage {stage.name} reads {extra} beyond its settings_fn"

@@ -58,7 +58,7 @@ LAYOUT = Stage(
     _layout,
     optional=("prompt_length", "batch_position"),
     settings=LAYOUT_SETTINGS,
-    uses=("mask0",),
+    uses=("mask0", "dropped"),
     sets=("segs", "critic_segs", "errors", "fixed_width", "token_count", "actor_norm", "agg_mode"),
 )
 
@@ -131,7 +131,7 @@ ACTOR_LOSS = Stage(
     tokens=("ratio", "pg_losses"),
     checks=(CheckFamily("actor/* (pg_loss, pg_clipfrac, ppo_kl)", 1),),
     uses=("old_lp", "adv", "mask", "agg_mode", "actor_norm", "is_weights", "segs"),
-    sets=("errors",),
+    sets=("errors", "policy"),
 )
 
 

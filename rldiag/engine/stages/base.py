@@ -137,6 +137,10 @@ class Stage:
     what it writes (per step, per token, per row). ``checks``: its rows of ``rldiag check``'s
     metric families.
 
+    ``settings_fn``: the keys it reads under given settings, where they decide (a stage that does
+    nothing unless a feature is on reads the feature's keys alone when it is off); a sweep compares
+    scenarios on these.
+
     ``uses`` / ``sets``: the :class:`State` fields it reads (beyond ``batch`` and ``settings``;
     ``metrics:<name>`` for a metric an earlier stage wrote) and those it assigns or changes
     (``errors`` where it flags a step; the metrics, tokens and rows it writes are those it
@@ -152,6 +156,7 @@ class Stage:
     optional: tuple[str, ...] = ()
     optional_fn: ColumnsFn | None = None
     settings: tuple[str, ...] = ()
+    settings_fn: ColumnsFn | None = None
     metrics: tuple[Metric, ...] = ()
     tokens: tuple[str, ...] = ()
     rows: tuple[str, ...] = ()

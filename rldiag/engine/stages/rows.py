@@ -59,4 +59,6 @@ ROWS = Stage(
     optional=("loss_mask", "rollout_log_probs", "old_log_probs"),
     rows=("length", "actor_tokens", "score", "reward", "advantage_mean", "advantage_last", "rollout_kl",
           "rollout_kl_k3", "clipped_tokens", "loss_weight", "group_has_signal", "group_size"),
+    uses=("adv", "diag_is_token", "loss_weights", "mask", "old_lp", "policy", "rewards"),
+    sets=(),
 )

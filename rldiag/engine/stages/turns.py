@@ -146,4 +146,6 @@ TURNS = Stage(
     ),
     tokens=("turn",),
     rows=("turns",),
+    uses=("adv", "diag_is_token", "mask", "mask0", "old_lp", "policy", "segs"),
+    sets=("loss_weights", "turn"),
 )
