@@ -317,6 +317,8 @@ def sweep(
     name = name or sweep_name(g)
     if "/" in name or name.startswith(".") or not name.strip():
         raise ConfigError(f"--name {name!r}: a sweep name is one path component, not hidden")
+    if rd.layout.sweep(name).dir == rd.layout.layout_audit.dir:
+        raise ConfigError(f"--name {name!r}: that directory is rldiag layout-audit's; choose another name")
     if chunk_steps < 1:
         raise ConfigError(f"chunk_steps must be >= 1, not {chunk_steps}")
     scenarios = _scenarios(rd, g, fixed)

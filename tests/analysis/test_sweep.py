@@ -306,6 +306,12 @@ def test_a_wrong_grid_is_a_config_error(run, grid, estimators, overrides, match)
         sweep(run, grid, overrides, estimators=estimators)
 
 
+def test_a_name_is_one_path_component_and_not_the_layout_audits(run):
+    for name, match in (("a/b", "one path component"), (".x", "not hidden"), ("layout-audit", "layout-audit's")):
+        with pytest.raises(ConfigError, match=match):
+            sweep(run, {CLIP: [0.1, 0.2]}, name=name)
+
+
 # -- the API and (i) the command line --------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from rldiag.engine.policy_loss.base import PolicyLossOutput
 from rldiag.engine.segments import seg_sum
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.step_failures import StepErrors
+
+if TYPE_CHECKING:
+    from rldiag.engine.stages.turns import TurnSpans
 
 ColumnsFn = Callable[[EngineSettings], tuple[str, ...]]
 
@@ -101,6 +105,7 @@ class State:
     policy: PolicyLossOutput | None = None
     # turns (turns): each token's turn (0: not an actor token), each token's weight in actor/pg_loss
     turn: torch.Tensor = field(init=False)
+    turn_spans: TurnSpans | None = None  # the rows cut at their turns (turns), for the loss's part (turns_loss)
     loss_weights: torch.Tensor | None = None
 
     def global_norm_of(self, s: Segmentation, filtered: bool = True) -> AggNorm:
