@@ -30,6 +30,12 @@ tokens/s, the ratios b/a and c/b, and peak RSS. Usage:
   .venv/bin/python bench/bench_recompute.py --workloads tail16k,tail32k --process-repeat 3
   .venv/bin/python bench/bench_recompute.py --steps 20 --rows 512 --tokens 1024 --estimators grpo,gae
   .venv/bin/python bench/bench_recompute.py --memory              # peak memory, 10 vs 100 steps
+  .venv/bin/python bench/bench_recompute.py --sweep --workloads uniform,tail16k --scale 0.25
+
+``--sweep``: whole processes instead, `rldiag recompute RUN --no-reuse` against `rldiag sweep RUN
+--no-reuse` of 8 scenarios (2 estimators x 4 clip ratios) and of 32 (2 x 16): wall time and peak
+RSS, their ratios to the one recompute, and the time ratios less each process's fixed cost (the
+same commands on a one-step run of 8 rows x 64 tokens).
 """
 
 from __future__ import annotations
@@ -236,8 +242,9 @@ def proc_child(cmd_json: str) -> None:
     cmd = json.loads(cmd_json)
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    print(json.dumps({"seconds": time.perf_counter() - t0,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                      "peak_rss_mb": usage.ru_maxrss / 1024}))
 
 
 def measure_process(cmd: list[str], fresh: Path | None = None) -> dict:
@@ -313,6 +320,64 @@ def whole_process_table(runs: dict[str, Path], repeat: int) -> None:
     print()
 
 
+#: the sweeps --sweep measures: 2 estimators x 4 and x 16 clip ratios
+SWEEP_CLIPS = {8: [0.1, 0.15, 0.2, 0.28], 32: [round(0.05 + 0.02 * i, 2) for i in range(16)]}
+
+
+def _sweep_cmds(run: Path, rldiag_cli: str) -> dict[str, tuple[list[str], Path]]:
+    """name -> (command, the output it writes, removed before each run)."""
+    out = {"recompute": ([rldiag_cli, "recompute", str(run), "--no-reuse", "--device", "cpu", "--name", "bench-process",
+                          "--no-progress"], run / "rldiag" / "scenarios" / "bench-process")}
+    for n, clips in SWEEP_CLIPS.items():
+        out[f"sweep{n}"] = ([rldiag_cli, "sweep", str(run), "--no-reuse", "--device", "cpu", "--estimators", "grpo,rloo",
+                             "--grid", "actor_rollout_ref.actor.clip_ratio=" + ",".join(map(str, clips)),
+                             "--name", f"bench-sweep{n}", "--no-progress"], run / "rldiag" / "scenarios")
+    return out
+
+
+def _sweep_measure(run: Path, repeat: int, rldiag_cli: str) -> dict[str, dict]:
+    cmds = _sweep_cmds(run, rldiag_cli)
+    got: dict[str, dict | None] = dict.fromkeys(cmds)
+    for _ in range(repeat):  # alternating, best of each
+        for name, (cmd, fresh) in cmds.items():
+            got[name] = best(got[name], measure_process(cmd, fresh=fresh))
+    return {k: v for k, v in got.items() if v is not None}
+
+
+def sweep_table(runs: dict[str, Path], repeat: int) -> None:
+    rldiag_cli = str(Path(sys.executable).with_name("rldiag"))
+    tiny = make_run(Path(next(iter(runs.values()))).parent / "fixed-1-8-64", 1, 8, 64)
+    fixed = _sweep_measure(tiny, repeat, rldiag_cli)
+    print("fixed cost of each process (one step of 8 rows x 64 tokens): "
+          + ", ".join(f"{k} {v['seconds']:.2f} s {v['peak_rss_mb']:.0f} MB" for k, v in fixed.items()))
+    cols = [("workload", "<10"), ("steps x rows", ">13"), ("Mtokens", ">8"), ("recompute s", ">12"),
+            ("sweep8 s", ">9"), ("x", ">6"), ("sweep32 s", ">10"), ("x", ">6"), ("recompute MB", ">13"),
+            ("sweep8 MB", ">10"), ("x", ">6"), ("sweep32 MB", ">11"), ("x", ">6"), ("work x8", ">8"), ("work x32", ">9"),
+            ("cpu x8", ">7"), ("cpu x32", ">8")]
+    hdr = " ".join(format(name, spec) for name, spec in cols)
+    print("whole processes: `rldiag recompute RUN --no-reuse` vs `rldiag sweep RUN --no-reuse` of 8 scenarios "
+          "(2 estimators x 4 clip ratios) and 32 (2 x 16);")
+    print("x: the sweep's ratio to the one recompute; work x: the time ratio less each process's fixed cost;")
+    print("cpu x: the same with CPU seconds (user + system), which a busy shared machine disturbs less")
+    print(hdr)
+    print("-" * len(hdr))
+    for name, run in runs.items():
+        steps, rows, tokens, _ = run_shape(run)
+        m = _sweep_measure(run, repeat, rldiag_cli)
+        r, s8, s32 = m["recompute"], m["sweep8"], m["sweep32"]
+        work = max(_less(r, fixed["recompute"], "seconds"), 1e-3)
+        cpu = max(_less(r, fixed["recompute"], "cpu_seconds"), 1e-3)
+        print(f"{name:<10} {f'{steps} x {rows // steps}':>13} {tokens / 1e6:>8.2f} {r['seconds']:>12.2f} "
+              f"{s8['seconds']:>9.2f} {s8['seconds'] / r['seconds']:>6.2f} {s32['seconds']:>10.2f} "
+              f"{s32['seconds'] / r['seconds']:>6.2f} {r['peak_rss_mb']:>13.0f} {s8['peak_rss_mb']:>10.0f} "
+              f"{s8['peak_rss_mb'] / r['peak_rss_mb']:>6.2f} {s32['peak_rss_mb']:>11.0f} "
+              f"{s32['peak_rss_mb'] / r['peak_rss_mb']:>6.2f} "
+              f"{_less(s8, fixed['sweep8'], 'seconds') / work:>8.2f} {_less(s32, fixed['sweep32'], 'seconds') / work:>9.2f} "
+              f"{_less(s8, fixed['sweep8'], 'cpu_seconds') / cpu:>7.2f} "
+              f"{_less(s32, fixed['sweep32'], 'cpu_seconds') / cpu:>8.2f}")
+    print()
+
+
 WORK = {"read": work_read, "rldiag": work_rldiag, "known": work_known, "prime": work_prime, "ref": work_ref}
 
 
@@ -375,6 +440,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="shrink the long-tailed workloads' rows, cap and median by this factor (tests)")
     ap.add_argument("--process-repeat", type=int, default=2, help="best of N for the whole-process table")
+    ap.add_argument("--sweep", action="store_true",
+                    help="whole processes: one recompute vs sweeps of 8 and 32 scenarios, on --workloads")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--proc", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -402,6 +469,9 @@ def main() -> None:
                                          capped=CAPPED_SHARE.get(name, TAIL_CAPPED), capped_rows=at_cap)
         else:
             raise SystemExit(f"unknown workload {name!r}; choose from uniform, {', '.join(TAILED)}")
+    if args.sweep:
+        sweep_table(runs, args.process_repeat)
+        return
     if runs:
         whole_process_table(runs, args.process_repeat)
     if args.memory:

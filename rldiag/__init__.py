@@ -28,6 +28,7 @@ __all__ = [
     "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
     "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens",
+    "SweepResult", "sweep",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
 _API = frozenset(__all__) - {"__version__"}
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
         LayoutAuditResult,
         MismatchResult,
         RecomputeResult,
+        SweepResult,
         VerifyResult,
         check,
         compare,
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
         rows_count,
         settings,
         step_tokens,
+        sweep,
         tolerances,
         verify,
     )

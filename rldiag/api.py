@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
     from rldiag.analysis.rows import SIGN_DIFFERS
+    from rldiag.analysis.sweep import SweepReport as SweepResult
     from rldiag.analysis.tolerance import Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
     from rldiag.check import CheckReport as CheckResult
@@ -65,6 +66,7 @@ __all__ = [
     "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "SIGN_DIFFERS",
+    "SweepResult", "sweep",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -81,6 +83,7 @@ _LAZY = {
     "DiagnoseResult": "rldiag.doctor.doctor:DoctorReport",
     "MismatchResult": "rldiag.analysis.mismatch:MismatchDiagnosis",
     "LayoutAuditResult": "rldiag.analysis.layout_audit:LayoutAuditResult",
+    "SweepResult": "rldiag.analysis.sweep:SweepReport",
     "CheckResult": "rldiag.check:CheckReport",
     "ImportResult": "rldiag.importers.wandb_import:ImportReport",
     "TokenAgreement": "rldiag.analysis.agreement:TokenAgreement",
@@ -380,6 +383,37 @@ def compare_estimators(
 
     return run_compare_estimators(run, list(estimators), steps=steps, device=device,
                                   progress=update if progress is not None else None, on_scenario=on_scenario)
+
+
+def sweep(
+    run: Run,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    estimators: Sequence[str] | None = None,
+    name: str | None = None,
+    steps: str | None = None,
+    save_tokens: bool = False,
+    reuse: bool = True,
+    device: str = "auto",
+    executor: str | Executor = "local",
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Many what-ifs from one read of the run: one scenario per combination of ``grid`` (verl's
+    dotted key -> the values to try; ``estimators`` is short for ``algorithm.adv_estimator``),
+    each with the fixed ``overrides`` too, written as :func:`recompute` writes it (named by the
+    slug of its overrides), and ``RUN/rldiag/sweeps/<name>/`` (``summary.parquet``, ``sweep.json``;
+    default name ``sweep-`` and 8 hex digits of the grid's hash). Each step file is read,
+    validated and hashed once, and each stage of the engine runs once for the scenarios that
+    agree on its settings; unchanged steps of each scenario are reused (``reuse=False``: not).
+    ``save_tokens`` refuses when the token tables would not fit on the disk. ``executor="ray"``
+    (or :func:`ray_executor`): each scenario recomputed on its own on the cluster.
+    ``result.summary_frame()``: every scenario, step and metric; ``result.table_frame()``: the
+    mean over the steps per scenario."""
+    from rldiag.analysis.sweep import sweep as run_sweep
+
+    return run_sweep(run, grid, overrides, estimators=estimators, name=name, steps=steps, save_tokens=save_tokens,
+                     reuse=reuse, device=device, executor=executor, progress=_by_step(progress))
 
 
 def diagnose(

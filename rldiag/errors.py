@@ -13,6 +13,7 @@ point at it. The tree::
     |   +-- MissingInputError    the settings need a column the batch does not have
     +-- ComputeError             verl would raise on this input; the step fails
     +-- OutputError              writing results failed
+    |   +-- DiskSpaceError       the outputs asked for would not fit on the disk
     +-- StorageError             an object store (s3://...) cannot be reached or refused a request
     +-- ExecutorError            a distributed executor cannot start, or lost work
     +-- CaptureError             writing a run directory from a trainer failed (rldiag.capture)
@@ -83,6 +84,10 @@ class ComputeError(RldiagError):
 
 class OutputError(RldiagError):
     """Writing results failed."""
+
+
+class DiskSpaceError(OutputError):
+    """The outputs asked for would not fit on the disk (``rldiag sweep --save-tokens``)."""
 
 
 class StorageError(RldiagError):

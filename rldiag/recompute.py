@@ -131,9 +131,12 @@ def _known_inputs(run: Path | RemotePath, exclude: str) -> dict[str, dict]:
 
 
 def _previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool,
-              target: ScenarioLayout | None = None) -> _Previous:
+              target: ScenarioLayout | None = None, known: dict[str, dict] | None = None) -> _Previous:
+    """What the scenario ``name``'s last write left for reuse (``target``: its directory, when not
+    the run's ``scenarios/<name>/``); ``known``: the run's input records by file, when the caller
+    has them (default: :func:`_known_inputs`)."""
     target = target or RunLayout(run).scenario(name)
-    known = _known_inputs(run, name)
+    known = _known_inputs(run, name) if known is None else known
     if not target.meta.is_file():
         return _Previous(known=known)
     try:

@@ -304,14 +304,20 @@ def resolve_settings(
 def scenario_slug(overrides: Mapping[str, Any]) -> str:
     """Default scenario name: ``baseline`` with no overrides, else a readable slug of them.
 
-    ``{"algorithm.adv_estimator": "rloo"}`` -> ``adv_estimator=rloo``.
+    ``{"algorithm.adv_estimator": "rloo"}`` -> ``adv_estimator=rloo``. Each key is named by its
+    last part, except keys that share their last part with another key of ``overrides``, which
+    are named in full (``actor_rollout_ref.actor.loss_agg_mode=...__critic.loss_agg_mode=...``).
     """
     if not overrides:
         return "baseline"
+    lasts: dict[str, int] = {}
+    for key in overrides:
+        lasts[key.split(".")[-1]] = lasts.get(key.split(".")[-1], 0) + 1
     parts = []
     for key in sorted(overrides):
         value = overrides[key]
         text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-        parts.append(f"{key.split('.')[-1]}={text}")
+        last = key.split(".")[-1]
+        parts.append(f"{key if lasts[last] > 1 else last}={text}")
     slug = "__".join(parts)
     return re.sub(r"[^A-Za-z0-9._=+-]+", "-", slug)[:120]

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 import torch
@@ -114,6 +114,9 @@ class Fetched:
         self._record = dict(record or {})
         self._pending = pending
         self._lock = threading.Lock()
+        #: the file's per-row columns (:func:`~rldiag.io.loader.row_columns`) when the fetcher read
+        #: them from the bytes it had (a sweep), or the error that kept them; None: read when needed
+        self.row_columns: pa.Table | BaseException | None = None
 
     def record(self) -> dict:
         """The input record for scenario.json, its hash finished (a copy)."""
@@ -225,27 +228,37 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
                 pending = _hash_pool().submit(hashed_record, dict(info), remote, content)
         if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
             return Fetched(task, info)
-    try:
-        plan = columns if columns is not None else recompute_columns(job.settings)
-        data = load_step(sf, job.settings, plan, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES)
-    except RldiagError as exc:
-        return Fetched(task, info, error=f"{type(exc).__name__}: {exc}", pending=pending)
-    except Exception as exc:  # noqa: BLE001 - whatever a malformed file provokes fails its step alone
-        return Fetched(task, info, error=f"BatchError: {sf.path} (step {sf.step}): cannot load: "
-                                         f"{type(exc).__name__}: {exc}", pending=pending)
-    finally:
-        content = None
+    plan = columns if columns is not None else recompute_columns(job.settings)
+    data, error = try_load(sf, job.settings, plan, content)
+    content = None
+    if data is None:
+        return Fetched(task, info, error=error, pending=pending)
     if pin:
         data.batch = data.batch.pin_memory()
     return Fetched(task, info, data=data, pending=pending)
 
 
-class Prefetched:
+def try_load(sf: StepFile, settings: Settings, plan: ColumnPlan, content: bytes | None) -> tuple[StepData | None, str | None]:
+    """The step loaded with ``plan`` (from ``content`` when its bytes were read), or the error
+    that fails it (``Type: message``)."""
+    try:
+        return load_step(sf, settings, plan, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES), None
+    except RldiagError as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed file provokes fails its step alone
+        return None, f"BatchError: {sf.path} (step {sf.step}): cannot load: {type(exc).__name__}: {exc}"
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Prefetched(Generic[T, R]):
     """``fn(task)`` for each task in order, run up to ``depth`` tasks ahead on one background
     thread (an iterator of :class:`Fetched`). The thread is shut down when iteration ends, is
     abandoned, or fails."""
 
-    def __init__(self, tasks: Iterable[StepTask], fn: Callable[[StepTask], Fetched], depth: int = PREFETCH):
+    def __init__(self, tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH):
         self._tasks, self._fn, self._depth = tasks, fn, max(1, depth)
         self._queue: deque = deque()
         self._exhausted = False
@@ -255,7 +268,7 @@ class Prefetched:
         """Whether the loader has nothing left to do: every task submitted and finished."""
         return self._exhausted and all(f.done() for f in self._queue)
 
-    def __iter__(self) -> Iterator[Fetched]:
+    def __iter__(self) -> Iterator[R]:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldiag-load")
         queue = self._queue
         it = iter(self._tasks)
@@ -280,35 +293,51 @@ class Prefetched:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def prefetched(tasks: Iterable[StepTask], fn: Callable[[StepTask], Fetched], depth: int = PREFETCH) -> Prefetched:
+def prefetched(tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH) -> Prefetched[T, R]:
     """``fn(task)`` for each task in order, run up to ``depth`` tasks ahead (see :class:`Prefetched`)."""
     return Prefetched(tasks, fn, depth)
+
+
+class Packer:
+    """:func:`packs` one step at a time: :meth:`push` a fetched step, get the units it completes
+    (packs, lists, and the step itself when it was not loaded), in step order; :meth:`flush`
+    the last pack. A sweep keeps one per scenario, since the steps each reuses differ."""
+
+    def __init__(self, pack_tokens: int):
+        self.pack_tokens = pack_tokens
+        self._pending: list[Fetched] = []
+        self._slots = 0
+
+    def push(self, f: Fetched) -> list[Fetched | list[Fetched]]:
+        out: list[Fetched | list[Fetched]] = []
+        if f.data is None:
+            out += self.flush()
+            out.append(f)
+            return out
+        size = f.data.n_tokens
+        if self._pending and (self._slots + size > self.pack_tokens or f.task.chunk != self._pending[0].task.chunk):
+            out += self.flush()
+        self._pending.append(f)
+        self._slots += size
+        if self._slots >= self.pack_tokens:  # full: compute it now rather than after the next step's load
+            out += self.flush()
+        return out
+
+    def flush(self) -> list[Fetched | list[Fetched]]:
+        if not self._pending:
+            return []
+        pack, self._pending, self._slots = self._pending, [], 0
+        return [pack]
 
 
 def packs(fetched: Iterable[Fetched], pack_tokens: int) -> Iterator[Fetched | list[Fetched]]:
     """Loaded steps grouped into packs (lists), in step order; a step that was not loaded (failed
     or reused) is yielded alone and ends the pack before it. A pack holds consecutive steps of one
     chunk, up to ``pack_tokens`` slots (a step larger than that is a pack of its own)."""
-    pending: list[Fetched] = []
-    slots = 0
+    packer = Packer(pack_tokens)
     for f in fetched:
-        if f.data is None:
-            if pending:
-                yield pending
-                pending, slots = [], 0
-            yield f
-            continue
-        size = f.data.n_tokens
-        if pending and (slots + size > pack_tokens or f.task.chunk != pending[0].task.chunk):
-            yield pending
-            pending, slots = [], 0
-        pending.append(f)
-        slots += size
-        if slots >= pack_tokens:  # full: compute it now rather than after the next step's load
-            yield pending
-            pending, slots = [], 0
-    if pending:
-        yield pending
+        yield from packer.push(f)
+    yield from packer.flush()
 
 
 def _metric_rows(result: Result, steps_ok: set[int]) -> dict[int, dict[str, float]]:
@@ -323,22 +352,46 @@ def _metric_rows(result: Result, steps_ok: set[int]) -> dict[int, dict[str, floa
     return out
 
 
+#: what a pack's computation may raise and fail its steps with, rather than stop the recompute
+COMPUTE_ERRORS: tuple[type[BaseException], ...] = (RldiagError, RuntimeError, ValueError, IndexError, TypeError,
+                                                   ArithmeticError)
+
+
+def pack_batch(pack: list[Fetched], job: Job):
+    """The pack's steps as one batch on ``job.device``."""
+    return pack_batches([f.loaded.batch for f in pack]).to(torch.device(job.device))
+
+
 def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
     """Recompute one pack on ``job.device``; one outcome per step, in order."""
-    batch = pack_batches([f.loaded.batch for f in pack]).to(torch.device(job.device))
+    batch = pack_batch(pack, job)
     try:
         result = recompute_batch(batch, job.settings, kl_state)
-    except RldiagError as exc:
-        msg = f"{type(exc).__name__}: {exc}"
+    except COMPUTE_ERRORS as exc:
+        return pack_outcomes(pack, job, exc)
+    return pack_outcomes(pack, job, result)
+
+
+def pack_outcomes(pack: list[Fetched], job: Job, result: Result | BaseException,
+                  shared: dict | None = None) -> list[StepOutcome]:
+    """One outcome per step of a computed pack: its metrics row and, with ``job.save_tokens``,
+    its token table; or the error the computation raised (one of :data:`COMPUTE_ERRORS`).
+    ``shared``: what outcomes of the same result for the same steps made already (metrics rows,
+    token and row tables), reused and filled in (a sweep's scenarios that share a result)."""
+    shared = {} if shared is None else shared
+    if isinstance(result, RldiagError):
+        msg = f"{type(result).__name__}: {result}"
         return [StepOutcome(f.task.step, f.record(), "failed", error=msg) for f in pack]
-    except (RuntimeError, ValueError, IndexError, TypeError, ArithmeticError) as exc:
+    if isinstance(result, BaseException):
         # the engine's own failure on these inputs (a bug or an input it does not foresee): the
         # pack's steps fail with it, and every other step is still computed and written
         steps = ", ".join(str(f.task.step) for f in pack)
-        msg = f"ComputeError: steps {steps}: {type(exc).__name__}: {exc}"
+        msg = f"ComputeError: steps {steps}: {type(result).__name__}: {result}"
         return [StepOutcome(f.task.step, f.record(), "failed", error=msg) for f in pack]
     failed = {s: f"ComputeError: {m}" for s, m in result.failed.items()}
-    rows = _metric_rows(result, {f.task.step for f in pack} - set(failed))
+    if "metric_rows" not in shared:
+        shared["metric_rows"] = _metric_rows(result, {f.task.step for f in pack} - set(failed))
+    rows = shared["metric_rows"]
     out = []
     tok0 = row0 = 0
     for f in pack:
@@ -352,11 +405,17 @@ def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
             continue
         tokens = None
         if job.save_tokens:
-            tokens = tokens_table({k: v[sel] for k, v in result.tokens.items()}, d.batch.lengths)
-        try:
-            row_table = step_rows_table({k: v[rsel] for k, v in result.rows.items()}, f)
-        except (RldiagError, OSError, pa.ArrowException) as exc:
-            out.append(StepOutcome(d.step, f.record(), "failed", error=f"{type(exc).__name__}: {exc}"))
+            if ("tokens", d.step) not in shared:
+                shared["tokens", d.step] = tokens_table({k: v[sel] for k, v in result.tokens.items()}, d.batch.lengths)
+            tokens = shared["tokens", d.step]
+        if ("row_table", d.step) not in shared:
+            try:
+                shared["row_table", d.step] = step_rows_table({k: v[rsel] for k, v in result.rows.items()}, f)
+            except (RldiagError, OSError, pa.ArrowException) as exc:
+                shared["row_table", d.step] = exc
+        row_table = shared["row_table", d.step]
+        if isinstance(row_table, BaseException):
+            out.append(StepOutcome(d.step, f.record(), "failed", error=f"{type(row_table).__name__}: {row_table}"))
             continue
         out.append(StepOutcome(d.step, f.record(), "done", metrics=rows[d.step], tokens=tokens, row_table=row_table,
                                rows=d.n_rows, n_tokens=d.n_tokens))
@@ -368,7 +427,11 @@ def step_rows_table(rows: dict[str, torch.Tensor], f: Fetched) -> pa.Table:
     then the batch file's own per-row columns (``uid``, reward components, ids), each once (the
     engine's values win a shared name)."""
     table = rows_table(rows, f.task.step)
-    own = row_columns(f.task.step_file())  # a few scalar columns: one small projected read
+    own = f.row_columns
+    if own is None:
+        own = row_columns(f.task.step_file())  # a few scalar columns: one small projected read
+    elif isinstance(own, BaseException):
+        raise own
     for name in own.column_names:
         if name not in table.column_names:
             table = table.append_column(name, own[name])

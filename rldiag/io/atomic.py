@@ -140,17 +140,27 @@ def write_file_atomic(path: Path, writer: Callable[[Path], None]) -> None:
         raise
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths with Linux ``renameat2(RENAME_EXCHANGE)``; False if unsupported."""
+@cache
+def _renameat2():
+    """libc's ``renameat2``, looked up once (``find_library`` runs ``ldconfig``: 10 ms a call,
+    paid by every directory a sweep's scenarios replace); None where there is none."""
     libc_name = ctypes.util.find_library("c")
     if not libc_name:
-        return False
+        return None
     try:
         libc = ctypes.CDLL(libc_name, use_errno=True)
         fn = libc.renameat2
     except (OSError, AttributeError):
-        return False
+        return None
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths with Linux ``renameat2(RENAME_EXCHANGE)``; False if unsupported."""
+    fn = _renameat2()
+    if fn is None:
+        return False
     rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
     return rc == 0
 

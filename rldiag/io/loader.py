@@ -73,6 +73,24 @@ def read_schema(sf: StepFile, source: bytes | None = None) -> pa.Schema:
         raise _unreadable(sf, exc) from exc
 
 
+def token_count(sf: StepFile) -> int:
+    """About how many tokens the step holds, without reading its data: the values of
+    ``response_mask`` in a Parquet file's footer (a row without a token counts one), or the
+    column's list lengths of an Arrow file (memory-mapped, locally). An estimate for sizing
+    outputs; 0 when the file cannot be read (its load reports why)."""
+    try:
+        if sf.format == "parquet":
+            meta = _parquet(sf, None).metadata
+            cols = [j for j in range(meta.num_columns)
+                    if meta.schema.column(j).path.split(".")[0] == "response_mask"]
+            return sum(meta.row_group(g).column(j).num_values for g in range(meta.num_row_groups) for j in cols[:1])
+        with pa.memory_map(str(sf.path)) as src:
+            table = _open_ipc(src).read_all()
+            return int(pc.sum(pc.list_value_length(table["response_mask"])).as_py() or 0)
+    except (pa.ArrowException, OSError, KeyError, ValueError, TypeError):
+        return 0
+
+
 def row_count(sf: StepFile) -> int:
     """The rows of one batch file, from its metadata (Parquet) or its record batches (Arrow IPC),
     without reading a column."""

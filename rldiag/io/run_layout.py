@@ -14,6 +14,9 @@
           comparison.json                            written last
           metrics.parquet  tokens.parquet  groups.parquet
         import/wandb.json                            rldiag import-wandb, written last
+        sweeps/<name>/                               rldiag sweep (its scenarios are under scenarios/)
+          sweep.json                                 written last: the grid, the scenarios
+          summary.parquet                            every scenario's metrics, long format
         sweeps/layout-audit/                         rldiag layout-audit
           <layout>/                                  one scenario per layout, as scenarios/<name>/
           metrics.parquet                            one row per metric (spread, best match, why)
@@ -176,6 +179,17 @@ class ComparisonLayout(OutputLayout[P]):
 
 
 @dataclass(frozen=True)
+class SweepLayout(OutputLayout[P]):
+    """``RUN/rldiag/sweeps/<name>/``: one ``rldiag sweep`` (each of its scenarios is written
+    under ``scenarios/`` as ``rldiag recompute`` writes it)."""
+
+    META: ClassVar[str] = "sweep.json"
+    SUMMARY: ClassVar[str] = "summary.parquet"
+
+    summary = Entry("SUMMARY")
+
+
+@dataclass(frozen=True)
 class LayoutAuditLayout(OutputLayout[P]):
     """``RUN/rldiag/sweeps/layout-audit/``: one ``rldiag layout-audit``: a scenario directory per
     layout (laid out as ``RUN/rldiag/scenarios/<name>/``), the per-metric table and ``audit.json``."""
@@ -257,6 +271,10 @@ class RunLayout(Generic[P]):
     @property
     def sweeps_dir(self) -> P:
         return self._at(OUTPUT_DIR, SWEEPS_DIR)
+
+    def sweep(self, name: str) -> SweepLayout[P]:
+        """Where ``rldiag sweep`` writes the sweep ``name``'s summary and record."""
+        return SweepLayout(self._at(OUTPUT_DIR, SWEEPS_DIR, name))
 
     @property
     def layout_audit(self) -> LayoutAuditLayout[P]:

@@ -65,3 +65,11 @@ def test_scenario_slug():
     assert scenario_slug({}) == "baseline"
     assert scenario_slug({"algorithm.adv_estimator": "rloo"}) == "adv_estimator=rloo"
     assert scenario_slug({"algorithm.lam": 0.95, "algorithm.use_kl_in_reward": True}) == "lam=0.95__use_kl_in_reward=true"
+
+
+def test_scenario_slug_names_keys_in_full_where_their_last_parts_collide():
+    both = {"actor_rollout_ref.actor.loss_agg_mode": "token-mean", "critic.loss_agg_mode": "seq-mean-token-mean",
+            "algorithm.lam": 0.9}
+    assert scenario_slug(both) == ("actor_rollout_ref.actor.loss_agg_mode=token-mean__lam=0.9__"
+                                   "critic.loss_agg_mode=seq-mean-token-mean")
+    assert scenario_slug({"critic.loss_agg_mode": "token-mean"}) == "loss_agg_mode=token-mean"  # alone: as before

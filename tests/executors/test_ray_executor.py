@@ -191,3 +191,25 @@ def test_ray_reads_and_writes_object_storage(cluster, run):
     assert [i["sha256"] for i in meta["inputs"]] == [i["sha256"] for i in read_scenario(run, "kl")[0]["inputs"]]
     assert cluster.keys("runs/ray/rldiag/scenarios/kl/tokens") == [
         f"runs/ray/rldiag/scenarios/kl/tokens/step_{s:06d}.parquet" for s in range(1, 7)]
+
+
+def test_sweep_on_ray_writes_what_the_local_sweep_writes(cluster, run, tmp_path):
+    """``rldiag sweep --executor ray``: each scenario recomputed on its own on the cluster, the
+    same scenarios as the local sweep (which shares reads and stages)."""
+    from polars.testing import assert_frame_equal
+
+    from rldiag.analysis.sweep import sweep
+    from tests.analysis.test_sweep import assert_metrics_close
+
+    grid = {"actor_rollout_ref.actor.clip_ratio": [0.1, 0.2]}
+    local = sweep(run, grid, estimators=["grpo", "rloo"], save_tokens=True, reuse=False, name="s")
+    scen = run / "rldiag" / "scenarios"
+    for name in local.scenarios:
+        shutil.copytree(scen / name, tmp_path / name)
+    dist = sweep(run, grid, estimators=["grpo", "rloo"], save_tokens=True, reuse=False, executor="ray", name="s")
+    assert dist.scenarios == local.scenarios and dist.executor == "ray" and dist.notes
+    for name in local.scenarios:
+        assert_metrics_close(scen / name / "metrics.parquet", tmp_path / name / "metrics.parquet")
+        for f in (tmp_path / name / "tokens").iterdir():
+            assert pq.read_table(f).equals(pq.read_table(scen / name / "tokens" / f.name)), (name, f.name)
+    assert_frame_equal(dist.summary_frame(), local.summary_frame())

@@ -16,6 +16,7 @@ from rldiag.io.run_layout import (
     LayoutAuditLayout,
     RunLayout,
     ScenarioLayout,
+    SweepLayout,
     step_file_name,
 )
 
@@ -91,6 +92,16 @@ def test_a_scenario_and_a_comparison(root):
     }
 
 
+def test_a_sweep(root):
+    sw = RunLayout(root).sweep("sweep-1a2b3c4d")
+    assert isinstance(sw, SweepLayout) and sw.name == "sweep-1a2b3c4d"
+    assert {k: _rel(getattr(sw, k), root) for k in ("dir", "meta", "summary")} == {
+        "dir": "rldiag/sweeps/sweep-1a2b3c4d",
+        "meta": "rldiag/sweeps/sweep-1a2b3c4d/sweep.json",
+        "summary": "rldiag/sweeps/sweep-1a2b3c4d/summary.parquet",
+    }
+
+
 def test_the_layout_audit(root):
     audit = RunLayout(root).layout_audit
     assert isinstance(audit, LayoutAuditLayout)
@@ -143,7 +154,8 @@ def test_rows_files(tmp_path):
 #: the file and directory names of the run directory (exact string constants)
 NAMES = {"run.yaml", "config.yaml", ".hydra/config.yaml", "metrics.jsonl", "batches", "scenarios", "comparisons",
          "import", "wandb.json", "sweeps", "layout-audit", "audit.json", "scenario.json", "comparison.json",
-         "metrics.parquet", "tokens.parquet", "groups.parquet", "tokens", "rows", "rldiag", "__vs__"}
+         "metrics.parquet", "tokens.parquet", "groups.parquet", "tokens", "rows", "rldiag", "__vs__", "sweep.json",
+         "summary.parquet"}
 
 
 #: a step file's name, or the head of one in an f-string (``f"step_{n:06d}.parquet"``)

@@ -9,8 +9,8 @@ metrics), :mod:`.actor` (micro-batch layout, policy / entropy / KL losses, their
 old-policy metrics), :mod:`.critic` (value loss), :mod:`.filter` (the group filter, the outcome
 gate, the no-signal groups' denominator, the gradient weight they drop), :mod:`.signals` (rldiag's
 reference KL and group signals), :mod:`.mismatch` (the rollout-vs-trainer mismatch fingerprints),
-:mod:`.diag_is` (diagnostic IS weights, never in the loss), :mod:`.turns` (per-turn statistics),
-:mod:`.rows` (per-row values).
+:mod:`.diag_is` (diagnostic IS weights, never in the loss), :mod:`.turns` (per-turn statistics; the
+policy loss's part in ``turns_loss``), :mod:`.rows` (per-row values; the loss's in ``rows_loss``).
 ``python -m rldiag.engine.stages`` prints docs/metrics.md's table.
 """
 
@@ -24,9 +24,9 @@ from rldiag.engine.stages.diag_is import DIAG_IS
 from rldiag.engine.stages.filter import FILTER, FILTER_WEIGHT
 from rldiag.engine.stages.mismatch import MISMATCH
 from rldiag.engine.stages.reward import ANCHOR, REWARD_KL, ROLLOUT_CORRECTION
-from rldiag.engine.stages.rows import ROWS
+from rldiag.engine.stages.rows import ROWS, ROWS_LOSS
 from rldiag.engine.stages.signals import GROUP_SIGNAL, REF_KL
-from rldiag.engine.stages.turns import TURNS
+from rldiag.engine.stages.turns import TURNS, TURNS_LOSS
 
 #: verl's order of operations (V1 trainer): pi_old, KL in the reward, rollout correction,
 #: advantages, data metrics, then the actor's and the critic's updates; rldiag's own last. The
@@ -49,10 +49,12 @@ STAGES: tuple[Stage, ...] = (
     TOTAL_LOSS,
     OLD_POLICY,
     TURNS,
+    TURNS_LOSS,
     REF_KL,
     GROUP_SIGNAL,
     MISMATCH,
     ROWS,
+    ROWS_LOSS,
 )
 
 __all__ = ["STAGES", "CheckFamily", "Metric", "Stage", "State", "expand", "markdown_table", "pattern_regex"]

@@ -58,6 +58,8 @@ LAYOUT = Stage(
     _layout,
     optional=("prompt_length", "batch_position"),
     settings=LAYOUT_SETTINGS,
+    uses=("mask0", "dropped"),
+    sets=("segs", "critic_segs", "errors", "fixed_width", "token_count", "actor_norm", "agg_mode"),
 )
 
 
@@ -128,6 +130,8 @@ ACTOR_LOSS = Stage(
     ),
     tokens=("ratio", "pg_losses"),
     checks=(CheckFamily("actor/* (pg_loss, pg_clipfrac, ppo_kl)", 1),),
+    uses=("old_lp", "adv", "mask", "agg_mode", "actor_norm", "is_weights", "segs"),
+    sets=("errors", "policy"),
 )
 
 
@@ -143,6 +147,8 @@ ENTROPY_LOSS = Stage(
     needs=("entropy",),
     metrics=(Metric("actor/entropy_loss", "the current policy's entropy, aggregated as the loss is", _A),),
     checks=(CheckFamily("actor/entropy_loss", 2),),
+    uses=("segs", "agg_mode", "mask", "actor_norm"),
+    sets=(),
 )
 
 
@@ -167,6 +173,8 @@ KL_LOSS = Stage(
         Metric("actor/kl_coef", "kl_loss_coef", _A, when="`actor_rollout_ref.actor.use_kl_loss`"),
     ),
     checks=(CheckFamily("actor/kl_loss (use_kl_loss)", 3),),
+    uses=("segs", "agg_mode", "mask", "actor_norm"),
+    sets=(),
 )
 
 
@@ -192,6 +200,8 @@ TOTAL_LOSS = Stage(
     optional=("entropy", "ref_log_prob"),
     settings=(f"{ACTOR}.entropy_coeff",),
     metrics=(Metric("actor/loss", "the total loss the actor's update minimises, summed over micro-batches", _A),),
+    uses=("metrics:actor/pg_loss", "metrics:actor/entropy_loss", "metrics:actor/kl_loss", "metrics:actor/kl_coef"),
+    sets=(),
 )
 
 
@@ -228,4 +238,6 @@ OLD_POLICY = Stage(
         Metric("training/rollout_actor_probs_pearson_corr", "Pearson correlation of p_old and p_rollout", _T,
                needs=("rollout_log_probs", "old_log_probs"), when="not `bypass_mode`"),
     ),
+    uses=("bypass", "fixed_width", "agg_mode", "mask0"),
+    sets=(),
 )

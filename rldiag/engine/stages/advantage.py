@@ -51,6 +51,8 @@ ADVANTAGES = Stage(
     settings=("algorithm.adv_estimator", "algorithm.gamma", "algorithm.lam", "algorithm.norm_adv_by_std_in_grpo",
               "algorithm.gdpo_reward_*", "critic.enable", "rldiag.verl_version"),
     tokens=("advantages", "returns", "token_level_rewards", "response_mask"),
+    uses=("rewards", "mask", "is_weights", "dropped", "mask_before"),
+    sets=("use_critic", "adv", "ret", "adv_before", "errors"),
 )
 
 
@@ -92,4 +94,6 @@ DATA_METRICS = Stage(
         CheckFamily("num_turns/*", 11, needs=("num_turns",)),
         CheckFamily("tool_call_counts/*", 12, needs=("tool_call_counts",)),
     ),
+    uses=("rewards", "adv", "ret", "mask", "use_critic"),
+    sets=(),
 )

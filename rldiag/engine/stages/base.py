@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from rldiag.engine.policy_loss.base import PolicyLossOutput
 from rldiag.engine.segments import seg_sum
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.step_failures import StepErrors
+
+if TYPE_CHECKING:
+    from rldiag.engine.stages.turns import TurnSpans
 
 ColumnsFn = Callable[[EngineSettings], tuple[str, ...]]
 
@@ -101,6 +105,7 @@ class State:
     policy: PolicyLossOutput | None = None
     # turns (turns): each token's turn (0: not an actor token), each token's weight in actor/pg_loss
     turn: torch.Tensor = field(init=False)
+    turn_spans: TurnSpans | None = None  # the rows cut at their turns (turns), for the loss's part (turns_loss)
     loss_weights: torch.Tensor | None = None
 
     def global_norm_of(self, s: Segmentation, filtered: bool = True) -> AggNorm:
@@ -135,7 +140,18 @@ class Stage:
     registry entry); ``optional`` / ``optional_fn``: columns it reads when the batch has them.
     ``settings``: the keys it reads (``prefix.*`` for a block). ``metrics``, ``tokens``, ``rows``:
     what it writes (per step, per token, per row). ``checks``: its rows of ``rldiag check``'s
-    metric families."""
+    metric families.
+
+    ``settings_fn``: the keys it reads under given settings, where they decide (a stage that does
+    nothing unless a feature is on reads the feature's keys alone when it is off); a sweep compares
+    scenarios on these.
+
+    ``uses`` / ``sets``: the :class:`State` fields it reads (beyond ``batch`` and ``settings``;
+    ``metrics:<name>`` for a metric an earlier stage wrote) and those it assigns or changes
+    (``errors`` where it flags a step; the metrics, tokens and rows it writes are those it
+    declares). A sweep (:mod:`rldiag.engine.sweep`) runs a stage once for scenarios that differ
+    only in stages it does not depend on; None (undeclared): it is never moved, nor another
+    stage past it."""
 
     name: str
     doc: str
@@ -145,10 +161,13 @@ class Stage:
     optional: tuple[str, ...] = ()
     optional_fn: ColumnsFn | None = None
     settings: tuple[str, ...] = ()
+    settings_fn: ColumnsFn | None = None
     metrics: tuple[Metric, ...] = ()
     tokens: tuple[str, ...] = ()
     rows: tuple[str, ...] = ()
     checks: tuple[CheckFamily, ...] = ()
+    uses: tuple[str, ...] | None = None
+    sets: tuple[str, ...] | None = None
 
     def required(self, settings: EngineSettings | None = None) -> tuple[str, ...]:
         """The columns it needs (under ``settings`` when given)."""

@@ -51,4 +51,7 @@ CRITIC = Stage(
         Metric("critic/vpred_mean", "the masked mean of vpreds", _C, when=_WHEN),
     ),
     checks=(CheckFamily("critic/vf_loss (vpreds)", 6),),
+    uses=("use_critic", "segs", "critic_segs", "actor_norm", "ret", "mask", "mask0", "fixed_width", "token_count",
+          "dropped"),
+    sets=(),
 )

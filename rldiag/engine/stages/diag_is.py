@@ -74,4 +74,6 @@ DIAG_IS = Stage(
                "(below 0.5)", _R, when=_WHEN),
     ),
     rows=("is_weight_seq", "is_ratio_seq"),
+    uses=("bypass", "mask0", "old_lp"),
+    sets=("diag_is_token", "diag_is_seq", "diag_is_seq_ratio"),
 )

@@ -89,6 +89,8 @@ FILTER = Stage(
     _filter,
     needs_fn=_filter_columns,
     settings=(f"{FG}.enable", f"{FG}.metric", f"{F}.gate_column", f"{F}.gate_min", "rldiag.verl_version"),
+    uses=("rewards", "mask"),
+    sets=("dropped", "mask", "mask_before"),
 )
 
 
@@ -162,6 +164,15 @@ def _filter_weight(st: State) -> None:
     st.metrics["rldiag/filter/dropped_weight_share"] = share.to(torch.float32)
 
 
+def _filter_weight_settings(s: EngineSettings) -> tuple[str, ...]:
+    """The keys ``filter_weight`` reads: with no filter on (the filter stage dropped nothing),
+    ``drop_no_signal_from_denominator`` alone (and the keys that say the filters are off)."""
+    off = (f"{F}.drop_no_signal_from_denominator", f"{FG}.enable", f"{F}.gate_column")
+    if s[f"{F}.drop_no_signal_from_denominator"] or s[f"{FG}.enable"] or s[f"{F}.gate_column"] is not None:
+        return FILTER_WEIGHT.settings + off[1:]
+    return off
+
+
 _R = "rldiag"
 _WHEN = "`algorithm.filter_groups.enable`, `rldiag.filter.gate_column` or `rldiag.filter.drop_no_signal_from_denominator`"
 FILTER_WEIGHT = Stage(
@@ -174,6 +185,7 @@ FILTER_WEIGHT = Stage(
     optional_fn=ACTOR_LOSS.needs_fn,
     settings=(f"{F}.drop_no_signal_from_denominator", f"{ACTOR}.policy_loss.*", f"{ACTOR}.clip_ratio*", f"{ACTOR}.tau_*",
               f"{ACTOR}.loss_scale_factor", f"{ACTOR}.loss_agg_mode", "rldiag.verl_version"),
+    settings_fn=_filter_weight_settings,
     metrics=(
         Metric("rldiag/filter/kept_rows", "rows the filters keep in the update", _R, when=_WHEN),
         Metric("rldiag/filter/effective_tokens", "the update's token-mean denominator after the filters: the "
@@ -181,4 +193,6 @@ FILTER_WEIGHT = Stage(
         Metric("rldiag/filter/dropped_weight_share", "share of the step's gradient weight (|A| x aggregation weight "
                "x not clipped, all without the filters) on the rows the filters drop", _R, when=_WHEN),
     ),
+    uses=("adv", "adv_before", "agg_mode", "fixed_width", "is_weights", "mask0", "mask_before", "old_lp", "segs", "token_count"),
+    sets=("actor_norm", "dropped", "mask"),
 )

@@ -83,4 +83,6 @@ MISMATCH = Stage(
                "lagged rows' tokens (0 without such rows)", _R, needs=("policy_version",)),
         Metric("rldiag/mismatch/lag0_share", "share of tokens in on-policy (lag 0) rows", _R, needs=("policy_version",)),
     ),
+    uses=("mask0",),
+    sets=(),
 )

@@ -35,6 +35,8 @@ ANCHOR = Stage(
     # bypass mode's update: pi_rollout is the anchor, the current policy the ratio's numerator
     checks=(CheckFamily("algorithm.rollout_correction.bypass_mode (old_log_probs := rollout_log_probs)", 9,
                         needs=("rollout_log_probs", "log_probs")),),
+    uses=(),
+    sets=("mask0", "bypass", "old_lp"),
 )
 
 
@@ -67,6 +69,8 @@ REWARD_KL = Stage(
                "reward", when="`algorithm.use_kl_in_reward`"),
     ),
     checks=(CheckFamily("KL in reward (use_kl_in_reward)", 4),),
+    uses=("kl_state",),
+    sets=("rewards",),
 )
 
 
@@ -137,4 +141,6 @@ ROLLOUT_CORRECTION = Stage(
         CheckFamily("rollout_corr/*", 7),
         CheckFamily("algorithm.rollout_correction rollout_is / rollout_rs (IS weights, rejection)", 8),
     ),
+    uses=("bypass", "old_lp", "mask0"),
+    sets=("mask", "is_weights", "errors"),
 )

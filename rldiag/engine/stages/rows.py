@@ -42,21 +42,37 @@ def _rows(st: State) -> None:
         d = kl_k1(st.old_lp, batch.rollout_log_probs)
         out["rollout_kl"] = rows.masked_sum(d, mask) / actor
         out["rollout_kl_k3"] = rows.masked_sum(k3_from_diff(d), mask) / actor
-    if st.policy is not None and st.policy.clipped is not None:
-        out["clipped_tokens"] = rows.sum(st.policy.clipped)
-    if st.loss_weights is not None:
-        out["loss_weight"] = rows.sum(st.loss_weights)
     gcnt, multi, flat = group_flatness(batch, st.rewards)
     out["group_has_signal"] = (multi & ~flat).index_select(0, batch.group_ids).to(torch.int8)
     out["group_size"] = gcnt.index_select(0, batch.group_ids).to(torch.long)
 
 
+def _rows_loss(st: State) -> None:
+    rows, out = st.batch.rows, st.rows
+    if st.policy is not None and st.policy.clipped is not None:
+        out["clipped_tokens"] = rows.sum(st.policy.clipped)
+    if st.loss_weights is not None:
+        out["loss_weight"] = rows.sum(st.loss_weights)
+
+
 ROWS = Stage(
     "rows",
-    "per-row values: length, actor tokens, score, reward, advantages, rollout KL, clipped tokens, "
-    "the row's share of the loss, its group's signal and size (the scenario's rows/ files)",
+    "per-row values: length, actor tokens, score, reward, advantages, rollout KL, its group's signal "
+    "and size (the scenario's rows/ files; the policy loss's part: rows_loss)",
     _rows,
     optional=("loss_mask", "rollout_log_probs", "old_log_probs"),
     rows=("length", "actor_tokens", "score", "reward", "advantage_mean", "advantage_last", "rollout_kl",
-          "rollout_kl_k3", "clipped_tokens", "loss_weight", "group_has_signal", "group_size"),
+          "rollout_kl_k3", "group_has_signal", "group_size"),
+    uses=("adv", "diag_is_token", "mask", "old_lp", "rewards"),
+    sets=(),
+)
+
+ROWS_LOSS = Stage(
+    "rows_loss",
+    "per-row values of the policy loss: clipped tokens, the row's share of the loss",
+    _rows_loss,
+    optional=("log_probs", "old_log_probs"),
+    rows=("clipped_tokens", "loss_weight"),
+    uses=("loss_weights", "policy"),
+    sets=(),
 )

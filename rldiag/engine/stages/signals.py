@@ -46,6 +46,8 @@ REF_KL = Stage(
         Metric("rldiag/ref_kl/current/{k1,k2,k3}", "KL(pi || pi_ref) over masked tokens", _R, needs=("log_probs",)),
     ),
     tokens=("ref_kl",),
+    uses=("mask", "old_lp"),
+    sets=(),
 )
 
 
@@ -92,4 +94,6 @@ GROUP_SIGNAL = Stage(
         Metric("rldiag/rewards/kl_sign_flip_fraction", "share of rows with a nonzero score whose summed reward "
                "has the opposite sign", _R, when="`algorithm.use_kl_in_reward`"),
     ),
+    uses=("rewards", "adv", "mask"),
+    sets=(),
 )

@@ -17,6 +17,8 @@ tool tokens after it, or a row's leading tool tokens), then per (step, turn).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rldiag.engine.kl import kl_k1
@@ -69,6 +71,40 @@ def step_loss_weights(st: State) -> torch.Tensor | None:
     return st.policy.weights * st.batch.rows.expand(scale)
 
 
+def _per_turn(key: torch.Tensor, live: torch.Tensor, n: int, span_sums: torch.Tensor) -> torch.Tensor:
+    x = span_sums.to(torch.float64)
+    nb = len(BUCKETS)
+    return seg_sum(torch.where(live, x, torch.zeros_like(x)), key, n * nb).view(n, nb)
+
+
+@dataclass(frozen=True)
+class TurnSpans:
+    """Every row cut at its turn starts (a span lies in one turn, or before the first), and what
+    sums over spans per (step, turn bucket) need: what ``turns`` finds and ``turns_loss`` reuses."""
+
+    spans: Rows
+    key: torch.Tensor  # (spans,) step * buckets + bucket
+    live: torch.Tensor  # (spans,) the span is in a turn (a row's leading tool tokens are not)
+    n_steps: int
+    count: torch.Tensor  # (n_steps, buckets) T_k, the trained-on tokens of each turn bucket
+
+    def per_turn(self, span_sums: torch.Tensor) -> torch.Tensor:
+        """``(spans,)`` -> ``(n_steps, buckets)``: summed per step and turn bucket."""
+        return _per_turn(self.key, self.live, self.n_steps, span_sums)
+
+    def means(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-token means over each bucket's T_k tokens (0 where it has none)."""
+        has = self.count > 0
+        return {k: torch.where(has, v / torch.where(has, self.count, torch.ones_like(self.count)), torch.zeros_like(v))
+                for k, v in sums.items()}
+
+
+def _write(st: State, out: dict[str, torch.Tensor]) -> None:
+    for stat, table in out.items():
+        for b, bucket in enumerate(BUCKETS):
+            st.metrics[f"{PREFIX}{bucket}/{stat}"] = table[:, b].to(torch.float32)
+
+
 def _turns(st: State) -> None:
     batch = st.batch
     rows, sid, n = batch.rows, batch.step_ids, batch.n_steps
@@ -80,9 +116,6 @@ def _turns(st: State) -> None:
     st.rows["turns"] = turns.to(torch.long)
     st.metrics[f"{PREFIX}count/mean"] = seg_mean(turns, sid, n)
     st.metrics[f"{PREFIX}count/max"] = seg_max(turns, sid, n)
-    st.loss_weights = step_loss_weights(st)
-    if st.loss_weights is not None:
-        st.tokens["loss_weight"] = st.loss_weights
 
     # spans: every row cut at its turn starts; each span lies in one turn (or before the first)
     cut = torch.nonzero(starts | row_starts(rows)).flatten()
@@ -91,30 +124,30 @@ def _turns(st: State) -> None:
     nb = len(BUCKETS)
     key = sid.index_select(0, rows.row_ids.index_select(0, cut)) * nb + (span_turn.clamp(min=1, max=nb) - 1)
     live = span_turn > 0  # a row's leading tool tokens: no turn
-
-    def per_turn(span_sums: torch.Tensor) -> torch.Tensor:  # (spans,) -> (n_steps, buckets)
-        x = span_sums.to(torch.float64)
-        return seg_sum(torch.where(live, x, torch.zeros_like(x)), key, n * nb).view(n, nb)
-
     mask = st.mask
-    count = per_turn(spans.mask_count(mask))
-    sums = {"advantage": per_turn(spans.masked_sum(st.adv, mask))}
-    if st.policy is not None:
-        sums["ratio"] = per_turn(spans.masked_sum(st.policy.ratio, mask))
-        if st.policy.clipped is not None:
-            sums["pg_clipfrac"] = per_turn(spans.sum(st.policy.clipped))
+    ts = TurnSpans(spans, key, live, n, _per_turn(key, live, n, spans.mask_count(mask)))
+    st.turn_spans = ts
+    sums = {"advantage": ts.per_turn(spans.masked_sum(st.adv, mask))}
     if st.diag_is_token is not None and batch.rollout_log_probs is not None and st.old_lp is not None:
-        sums["is_weight"] = per_turn(spans.masked_sum(st.diag_is_token, mask))
-        sums["rollout_kl"] = per_turn(spans.masked_sum(kl_k1(st.old_lp, batch.rollout_log_probs), mask))
-    out = {"tokens": count}
-    has = count > 0
-    out.update({k: torch.where(has, v / torch.where(has, count, torch.ones_like(count)), torch.zeros_like(v))
-                for k, v in sums.items()})  # a turn without tokens: 0
+        sums["is_weight"] = ts.per_turn(spans.masked_sum(st.diag_is_token, mask))
+        sums["rollout_kl"] = ts.per_turn(spans.masked_sum(kl_k1(st.old_lp, batch.rollout_log_probs), mask))
+    _write(st, {"tokens": ts.count, **ts.means(sums)})
+
+
+def _turns_loss(st: State) -> None:
+    ts = st.turn_spans
+    assert ts is not None  # the turns stage ran
+    st.loss_weights = step_loss_weights(st)
+    sums = {}
+    if st.policy is not None:
+        sums["ratio"] = ts.per_turn(ts.spans.masked_sum(st.policy.ratio, st.mask))
+        if st.policy.clipped is not None:
+            sums["pg_clipfrac"] = ts.per_turn(ts.spans.sum(st.policy.clipped))
+    out = ts.means(sums)
     if st.loss_weights is not None:
-        out["loss_weight"] = per_turn(spans.sum(st.loss_weights))
-    for stat, table in out.items():
-        for b, bucket in enumerate(BUCKETS):
-            st.metrics[f"{PREFIX}{bucket}/{stat}"] = table[:, b].to(torch.float32)
+        st.tokens["loss_weight"] = st.loss_weights
+        out["loss_weight"] = ts.per_turn(ts.spans.sum(st.loss_weights))
+    _write(st, out)
 
 
 _R = "rldiag"
@@ -124,28 +157,43 @@ _DIAG = ("rollout_log_probs", "old_log_probs")
 TURNS = Stage(
     "turns",
     "each token's turn (maximal runs of actor tokens in a row, from 1); per turn 1..8 and 9plus the "
-    "tokens, advantages, ratios, clipping, diagnostic IS weights, rollout KL and loss share",
+    "tokens, advantages, diagnostic IS weights and rollout KL (the policy loss's part: turns_loss)",
     _turns,
-    optional=("loss_mask", "log_probs", "old_log_probs", "rollout_log_probs"),
+    optional=("loss_mask", "old_log_probs", "rollout_log_probs"),
     metrics=(
         Metric(f"{PREFIX}count/{{mean,max}}", "turns per row (maximal runs of actor tokens: loss_mask, else "
                "response_mask), mean and max over the step's rows", _R),
         Metric(f"{PREFIX}{_K}/tokens", "T_k: actor tokens of turn k (9plus: of every turn after the 8th) over the "
                "step that the update trains on (after rollout rejection); 0 where no row has turn k", _R),
         Metric(f"{PREFIX}{_K}/advantage", "the mean advantage over the T_k tokens (0 where T_k = 0)", _R),
-        Metric(f"{PREFIX}{_K}/ratio", "the mean over the T_k tokens of the ratio the policy loss uses (the token "
-               "output ratio; 0 where T_k = 0)", _R, needs=_LOSS),
-        Metric(f"{PREFIX}{_K}/pg_clipfrac", "the share of the T_k tokens counted as clipped, by actor/pg_clipfrac's "
-               "definition for the loss_mode (0 where T_k = 0)", _R, needs=_LOSS,
-               when="every `loss_mode` but gpg, dro, kl_cov"),
         Metric(f"{PREFIX}{_K}/is_weight", "the mean diagnostic token IS weight (rldiag/diag_is: min(exp(old - "
                "rollout), 2)) over the T_k tokens (0 where T_k = 0)", _R, needs=_DIAG, when="not `bypass_mode`"),
         Metric(f"{PREFIX}{_K}/rollout_kl", "the mean of old_log_probs - rollout_log_probs over the T_k tokens (k1 "
                "of KL(pi_old || pi_rollout), the reference KL's convention; 0 where T_k = 0)", _R, needs=_DIAG,
                when="not `bypass_mode`"),
+    ),
+    tokens=("turn",),
+    rows=("turns",),
+    uses=("adv", "diag_is_token", "mask", "mask0", "old_lp"),
+    sets=("turn", "turn_spans"),
+)
+
+TURNS_LOSS = Stage(
+    "turns_loss",
+    "per turn 1..8 and 9plus the policy loss's part: ratios, clipping and loss share (each token's "
+    "weight in actor/pg_loss), over the turns the turns stage found",
+    _turns_loss,
+    optional=("loss_mask", "log_probs", "old_log_probs"),
+    metrics=(
+        Metric(f"{PREFIX}{_K}/ratio", "the mean over the T_k tokens of the ratio the policy loss uses (the token "
+               "output ratio; 0 where T_k = 0)", _R, needs=_LOSS),
+        Metric(f"{PREFIX}{_K}/pg_clipfrac", "the share of the T_k tokens counted as clipped, by actor/pg_clipfrac's "
+               "definition for the loss_mode (0 where T_k = 0)", _R, needs=_LOSS,
+               when="every `loss_mode` but gpg, dro, kl_cov"),
         Metric(f"{PREFIX}{_K}/loss_weight", "the T_k tokens' summed weight in actor/pg_loss (the loss's aggregation "
                "weights: turn k's share of the loss; 0 where T_k = 0)", _R, needs=_LOSS),
     ),
-    tokens=("turn", "loss_weight"),
-    rows=("turns",),
+    tokens=("loss_weight",),
+    uses=("mask", "policy", "segs", "turn_spans"),
+    sets=("loss_weights",),
 )
