@@ -316,6 +316,8 @@ def sweep_results() -> None:
     if st.session_state.get("wi_sw_name") not in names:
         st.session_state["wi_sw_name"] = names[0]  # the latest
     name = st.selectbox("Sweep", names, key="wi_sw_name")
+    if name is None:
+        return
     summary = api.sweep_summary(store.run, name)
     keys = vsweep.swept_keys(summary)
     available = vsweep.metric_names(summary)
