@@ -81,3 +81,14 @@ def test_choosing_a_scenario_shows_its_panels(tiny_run):
     metrics = at.multiselect(key="wi_sw_metrics").value
     assert len(panels) == len(metrics) > 0
     assert all(scenario in series_names(p) for p in panels)
+
+
+def test_the_api_lists_and_reads_saved_sweeps(tiny_run):
+    from rldiag.errors import ConfigError
+
+    assert api.sweeps(tiny_run) == []
+    rep = api.sweep(tiny_run, {LOW: [0.1, 0.3]}, device="cpu")
+    assert api.sweeps(tiny_run) == [rep.name]
+    assert api.sweep_summary(tiny_run, rep.name).equals(rep.summary_frame())
+    with pytest.raises(ConfigError, match="no sweep"):
+        api.sweep_summary(tiny_run, "nope")
