@@ -28,7 +28,7 @@ __all__ = [
     "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
     "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens",
-    "SweepResult", "sweep",
+    "SweepResult", "sweep", "sweep_summary", "sweeps",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
 _API = frozenset(__all__) - {"__version__"}
@@ -62,6 +62,8 @@ if TYPE_CHECKING:
         settings,
         step_tokens,
         sweep,
+        sweep_summary,
+        sweeps,
         tolerances,
         verify,
     )

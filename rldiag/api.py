@@ -66,7 +66,7 @@ __all__ = [
     "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "SIGN_DIFFERS",
-    "SweepResult", "sweep",
+    "SweepResult", "sweep", "sweep_summary", "sweeps",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -414,6 +414,37 @@ def sweep(
 
     return run_sweep(run, grid, overrides, estimators=estimators, name=name, steps=steps, save_tokens=save_tokens,
                      reuse=reuse, device=device, executor=executor, progress=_by_step(progress))
+
+
+def sweeps(run: Run) -> list[str]:
+    """The sweeps written into the run (``RUN/rldiag/sweeps/<name>/`` with its ``summary.parquet``
+    and ``sweep.json``: complete), the latest first (by the time its ``sweep.json`` was written)."""
+    from rldiag.io.run_layout import RunLayout
+
+    root = RunLayout(run).sweeps_dir
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        layout = RunLayout(run).sweep(d.name)
+        if d.is_dir() and layout.summary.is_file() and layout.meta.is_file():
+            found.append((layout.meta.stat().st_mtime_ns, d.name))
+    return [name for _, name in sorted(found, reverse=True)]
+
+
+def sweep_summary(run: Run, name: str) -> pl.DataFrame:
+    """The saved sweep ``name``'s ``summary.parquet``, as :meth:`SweepResult.summary_frame` gives
+    it: ``scenario``, ``step``, ``metric``, ``value`` and one string column per swept key (its
+    value as YAML text). Raises :class:`~rldiag.errors.ConfigError` when there is no such sweep."""
+    from rldiag.errors import ConfigError
+    from rldiag.io.arrays import read_parquet
+    from rldiag.io.fs import arrow_source
+    from rldiag.io.run_layout import RunLayout
+
+    path = RunLayout(run).sweep(name).summary
+    if not path.is_file():
+        raise ConfigError(f"no sweep {name!r} in {run} (no {path})")
+    return _frame(read_parquet(*arrow_source(path)))
 
 
 def diagnose(

@@ -14,6 +14,7 @@ from rldiag.errors import RldiagError
 from rldiag.io.run_layout import STEP_FILE
 from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.viz import comparison, whatif
+from rldiag.viz import sweep as vsweep
 from rldiag.viz.charts import agreement_figure
 from rldiag.viz.echarts import PANEL_HEIGHT, metric_panel
 from rldiag.viz.metric_groups import default_selection
@@ -209,6 +210,19 @@ def run_compare(name: str) -> bool:
     return True
 
 
+def metric_panels(metrics: list[str], shown: list[str], prefix: str) -> None:
+    """Each metric over the steps for the logged values and the scenarios ``shown``, two panels a row."""
+    joined = store.joined(metrics, shown, points=DEFAULT_POINTS)
+    columns = store.source_columns(shown)
+    grid: Sequence[Any] = ()
+    for k, metric in enumerate(metrics):  # ECharts, as on the metrics page: no wait for plotly's bundle
+        if k % 2 == 0:
+            grid = st.columns(2)
+        panel = metric_panel(joined, metric, columns, selectable=False)
+        with grid[k % 2]:
+            st.echarts_chart(panel.spec, key=f"{prefix}:{metric}", height=PANEL_HEIGHT, renderer="svg")
+
+
 def results(name: str) -> None:
     scenarios = store.scenario_names()
     shown = [s for s in (BASELINE, name) if s in scenarios]
@@ -223,15 +237,7 @@ def results(name: str) -> None:
     metrics = st.multiselect("Metrics", names, key="wi_metrics")
     if not metrics:
         return
-    joined = store.joined(metrics, shown, points=DEFAULT_POINTS)
-    columns = store.source_columns(shown)
-    grid: Sequence[Any] = ()
-    for k, metric in enumerate(metrics):  # ECharts, as on the metrics page: no wait for plotly's bundle
-        if k % 2 == 0:
-            grid = st.columns(2)
-        panel = metric_panel(joined, metric, columns, selectable=False)
-        with grid[k % 2]:
-            st.echarts_chart(panel.spec, key=f"wi_chart:{metric}", height=PANEL_HEIGHT, renderer="svg")
+    metric_panels(metrics, shown, "wi_chart")
     st.caption("Mean over steps of each source; the last columns give the scenario minus the baseline.")
     st.dataframe(store.summary(metrics, shown), hide_index=True)
     if name == BASELINE or name not in scenarios:
@@ -257,6 +263,120 @@ def results(name: str) -> None:
         st.dataframe(saved.metrics, hide_index=True)
 
 
+def sweep_grid(base: dict) -> dict[str, list[Any]] | None:
+    """The sweep's widgets: one or two keys and each one's values (None: a value list is not valid)."""
+    keys = vsweep.sweepable_keys()
+    picked = st.multiselect("Keys to sweep (one or two)", keys, max_selections=2, key="wi_sw_keys")
+    grid: dict[str, list[Any]] = {}
+    ok = True
+    cols = st.columns(max(1, len(picked)))
+    for col, key in zip(cols, picked):
+        if key == whatif.ESTIMATOR:
+            names = whatif.options().estimators
+            grid[key] = col.multiselect(f"{key} values", names, default=[n for n in [base[key]] if n in names],
+                                        key="wi_sw_vals_estimator")
+            continue
+        w = schema.widget(key)
+        text = col.text_input(f"{key} values", vsweep.values_text(vsweep.default_values(w.lo, w.hi)),
+                              key=f"wi_sw_vals:{key}", help=f"Numbers separated by commas, from {w.lo:g} to {w.hi:g}")
+        try:
+            grid[key] = vsweep.parse_values(text)
+        except ValueError as exc:
+            col.error(f"{key}: {exc}")
+            ok = False
+    if not ok or not grid or not all(grid.values()):
+        return None
+    return grid
+
+
+def run_sweep(grid: dict[str, list[Any]]) -> None:
+    bar = st.progress(0.0, text="sweep: starting")
+    report = api.sweep(store.run, grid, progress=session.progress_callback(bar, "sweep"))
+    failed = sum(len(v) for v in report.steps_failed.values())
+    bar.progress(1.0, text=f"sweep {report.name}: {len(report.scenarios)} scenarios in {report.seconds:.1f} s"
+                           + (f", {failed} step(s) failed" if failed else ""))
+    st.session_state["wi_sw_name"] = report.name
+    st.session_state.pop("wi_sw_scenario", None)
+
+
+def _pick_from_chart(event: Any, key: str) -> None:
+    """A point or cell clicked in a chart opens its scenario (set before the scenario box is drawn)."""
+    picked = vsweep.selected_scenario(event)
+    last = st.session_state.get("wi_sw_last_pick", {})
+    if picked and last.get(key) != picked:
+        st.session_state["wi_sw_scenario"] = picked
+    st.session_state["wi_sw_last_pick"] = {**last, key: picked}
+
+
+def sweep_results() -> None:
+    names = api.sweeps(store.run)
+    if not names:
+        st.caption("No sweep in this run yet: pick keys and values above and press **Run the sweep**.")
+        return
+    if st.session_state.get("wi_sw_name") not in names:
+        st.session_state["wi_sw_name"] = names[0]  # the latest
+    name = st.selectbox("Sweep", names, key="wi_sw_name")
+    if name is None:
+        return
+    summary = api.sweep_summary(store.run, name)
+    keys = vsweep.swept_keys(summary)
+    available = vsweep.metric_names(summary)
+    if not available:
+        st.info(f"Sweep `{name}` has no metrics.")
+        return
+    chosen = st.session_state.get("wi_sw_metrics")
+    if chosen is None:
+        chosen = [m for m in whatif.WHATIF_METRICS if m in available] or available[:2]
+    st.session_state["wi_sw_metrics"] = [m for m in chosen if m in available]
+    metrics = st.multiselect("Sweep metrics", available, key="wi_sw_metrics")
+    st.caption(f"Swept: {', '.join(f'`{k}`' for k in keys)}. Each point is a scenario's mean over its steps; "
+               "click one (or pick it below) to see its metrics over the steps.")
+    if len(keys) > 2:
+        st.info("This sweep has more than two keys: its means are in the table; its scenarios below.")
+    grid: Sequence[Any] = ()
+    for k, metric in enumerate(metrics if len(keys) <= 2 else []):
+        if k % 2 == 0:
+            grid = st.columns(2)
+        fig = vsweep.line_figure(summary, keys[0], metric) if len(keys) == 1 else \
+            vsweep.heatmap_figure(summary, keys, metric)
+        chart_key = f"wi_sw_chart:{metric}"
+        with grid[k % 2]:
+            event = st.plotly_chart(fig, key=chart_key, on_select="rerun", selection_mode="points")
+        _pick_from_chart(event, chart_key)
+    if metrics:
+        with st.expander("Means over the steps"):
+            st.dataframe(vsweep.means(summary, metrics), hide_index=True)
+    options = vsweep.scenarios(summary)
+    if st.session_state.get("wi_sw_scenario") not in options:
+        st.session_state.pop("wi_sw_scenario", None)
+    scenario = st.selectbox("Scenario of the sweep", options, index=None, placeholder="click a point or pick one",
+                            key="wi_sw_scenario")
+    if scenario is None or not metrics:
+        return
+    if scenario not in store.scenario_names():
+        st.warning(f"Scenario `{scenario}` is no longer in the run.")
+        return
+    shown = list(dict.fromkeys(s for s in (BASELINE, scenario) if s in store.scenario_names()))
+    st.markdown(f"**`{scenario}`** over the steps")
+    metric_panels([m for m in metrics if m in store.metric_names(shown)], shown, "wi_sw_panel")
+
+
+def sweep_section(base: dict, allowed: bool) -> None:
+    """Sweep one or two settings: run one (a button: it may be long), and see the latest one
+    written into the run without a click."""
+    st.subheader("Sweep")
+    grid = sweep_grid(base)
+    if grid:
+        st.caption(f"{vsweep.scenario_count(grid)} scenario(s), each recomputed over every step.")
+    if st.button("Run the sweep", key="wi_sw_run", disabled=not (allowed and grid)):
+        assert grid is not None
+        with session.heavy_work():
+            run_sweep(grid)
+    sweep_results()
+
+
+base: dict | None = None  # the run's own settings, once read
+allowed = False
 with session.guard():
     settings = api.settings(store.run)
     base = whatif.base_values(settings)
@@ -277,3 +397,7 @@ with session.guard():
             run_scenarios(name, ovr)
     failed_steps_note(name)
     results(name)
+
+if base is not None:
+    with session.guard():
+        sweep_section(base, allowed)
