@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rldiag.engine.batch import Batch
 from rldiag.engine.layout import Rows
 from rldiag.engine.pipeline import recompute_batch
-from rldiag.engine.stages.turns import BUCKETS, TURNS, turn_index
+from rldiag.engine.stages.turns import BUCKETS, TURNS, TURNS_LOSS, turn_index
 from tests.conftest import make_batch, settings
 
 HS = hsettings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -101,7 +101,7 @@ def test_every_turn_name_is_written_on_every_step():
             assert f"rldiag/turns/{k}/{stat}" in r.metrics
     names = {n for n in r.metrics if n.startswith("rldiag/turns/")}
     assert len(names) == len(STATS) * len(BUCKETS) + 2
-    assert TURNS.tokens == ("turn", "loss_weight") and r.tokens["turn"].dtype == torch.int32
+    assert TURNS.tokens == ("turn",) and TURNS_LOSS.tokens == ("loss_weight",) and r.tokens["turn"].dtype == torch.int32
     # each token's weight in actor/pg_loss: a row's sum is its per-row loss_weight
     assert torch.allclose(r.rows["loss_weight"].to(torch.float32), b.rows.sum(r.tokens["loss_weight"]).to(torch.float32))
 
