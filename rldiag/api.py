@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
+    from rldiag.analysis.scenarios import StepTokens as StepTokensResult
     from rldiag.analysis.tolerance import Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
     from rldiag.check import CheckReport as CheckResult
@@ -62,7 +63,7 @@ __all__ = [
     "Progress", "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check",
     "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
-    "LayoutAuditResult", "layout_audit",
+    "LayoutAuditResult", "layout_audit", "StepTokensResult", "step_tokens",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -79,6 +80,7 @@ _LAZY = {
     "DiagnoseResult": "rldiag.doctor.doctor:DoctorReport",
     "MismatchResult": "rldiag.analysis.mismatch:MismatchDiagnosis",
     "LayoutAuditResult": "rldiag.analysis.layout_audit:LayoutAuditResult",
+    "StepTokensResult": "rldiag.analysis.scenarios:StepTokens",
     "CheckResult": "rldiag.check:CheckReport",
     "ImportResult": "rldiag.importers.wandb_import:ImportReport",
     "TokenAgreement": "rldiag.analysis.agreement:TokenAgreement",
@@ -286,6 +288,25 @@ def recompute(
     return RecomputeResult.from_report(rep)
 
 
+def step_tokens(
+    run: Run,
+    step: int,
+    scenario: str = "baseline",
+    *,
+    device: str = "cpu",
+    progress: Progress | None = None,
+) -> StepTokensResult:
+    """One step's per-token outputs of ``scenario`` (advantages, ratio, IS weight, ...), for a
+    page or a notebook that looks at that step: the scenario's own tokens file when its recompute
+    saved tokens, else a one-step recompute with ``save_tokens`` into the scenario's token cache
+    (``RUN/rldiag/cache/<scenario>/``, the few steps looked at last kept and reused while their
+    batch files and the settings stay the same). ``result.path`` is the tokens file (None with
+    ``result.error`` when the step fails)."""
+    from rldiag.analysis.scenarios import step_tokens as run_step_tokens
+
+    return run_step_tokens(run, step, scenario, device=device, progress=_by_step(progress))
+
+
 def ray_executor(address: str | None = None, gpus_per_task: float = 1.0) -> Executor:
     """An executor that spreads a recompute's steps over a Ray cluster (``pip install
     'rldiag[ray]'``): ``address`` the cluster to join (default ``RAY_ADDRESS``, else a local Ray),
@@ -296,10 +317,14 @@ def ray_executor(address: str | None = None, gpus_per_task: float = 1.0) -> Exec
     return RayExecutor(address=address, gpus_per_task=gpus_per_task)
 
 
+#: the modules :func:`warm_up` imports (a process that forks workers may preload them by name)
+WARM_MODULES = ("rldiag.recompute", "rldiag.analysis.verify", "rldiag.analysis.compare", "rldiag.doctor")
+
+
 def warm_up() -> None:
     """Import the modules the recompute, verify, compare and doctor need (torch, the engine), so
     that the first call does not wait for them (the app does this before it serves)."""
-    for module in ("rldiag.recompute", "rldiag.analysis.verify", "rldiag.analysis.compare", "rldiag.doctor"):
+    for module in WARM_MODULES:
         importlib.import_module(module)
 
 

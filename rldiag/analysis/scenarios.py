@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,62 @@ def ensure_scenario(
     spec = ",".join(str(s) for s in chosen)
     recompute(rd.path, dict(overrides), name=name, steps=spec, device=device, save_tokens=True, progress=progress)
     return True
+
+
+#: steps whose on-demand per-token outputs a scenario's token cache keeps (the nearest to the step asked for)
+CACHE_STEPS = 32
+
+
+@dataclass
+class StepTokens:
+    """Where one step's per-token outputs of a scenario are (:func:`step_tokens`)."""
+
+    step: int
+    scenario: str
+    #: the tokens file; None when the step could not be computed (``error`` says why)
+    path: Path | RemotePath | None
+    #: ``"scenario"`` (the scenario saved them), ``"cache"`` (the token cache had or got them)
+    source: str
+    error: str | None = None
+    computed: bool = False  # recomputed by this call (not found)
+
+
+def step_tokens(
+    run: str | Path | RemotePath,
+    step: int,
+    name: str = "baseline",
+    device: str = "cpu",
+    progress: ProgressFn | None = None,
+) -> StepTokens:
+    """Step ``step``'s per-token outputs of scenario ``name``: its own tokens file when it saved
+    one, else those of its token cache (``RUN/rldiag/cache/<name>/``, laid out as a scenario),
+    recomputed there for this step (with the scenario's overrides; none for a scenario not
+    written yet, which must then be the run's own settings, ``baseline``) unless the cache is
+    current for it. The cache keeps the :data:`CACHE_STEPS` steps nearest to the last one asked
+    for; each recompute reuses the cached steps whose batch file and settings did not change."""
+    from rldiag.config.settings import scenario_slug
+    from rldiag.errors import ConfigError
+
+    rd = RunDir(run)
+    files = [sf.step for sf in rd.require_steps()]
+    step = int(step)
+    if step not in files:
+        raise RunDirError(f"{rd.batches_dir}: no batch file for step {step}")
+    own = rd.layout.scenario(name)
+    if own.tokens_file(step).is_file():
+        return StepTokens(step, name, own.tokens_file(step), "scenario")
+    meta = read_meta(rd.path, name)
+    if meta is not None:
+        overrides = dict(meta.get("overrides") or {})
+    elif name == scenario_slug({}):
+        overrides = {}
+    else:
+        raise ConfigError(f"no scenario {name!r} in {rd.path}: its per-token outputs cannot be computed")
+    cache = rd.layout.token_cache(name)
+    kept = sorted((s for s in cache.token_steps() if s != step and s in set(files)), key=lambda s: (abs(s - step), s))
+    chosen = sorted({*kept[:CACHE_STEPS - 1], step})
+    rep = recompute(rd.path, overrides, name=name, steps=",".join(map(str, chosen)), device=device,
+                    save_tokens=True, progress=progress, target=cache)
+    if step in rep.steps_failed:
+        return StepTokens(step, name, None, "cache", error=rep.steps_failed[step], computed=True)
+    return StepTokens(step, name, cache.tokens_file(step), "cache", computed=step not in rep.steps_reused)
