@@ -21,20 +21,34 @@ names with '/', grouped by prefix) and a few small batches, then measures:
     memory         the server's resident memory after all of the above
     what-if        on the what-if run (--whatif): three what-ifs from the page, each from
                    Recompute until the compare's result is drawn, and the server's memory
+  pages on open (--pages; a fresh copy of the bundled sample and a server started fresh for
+  each page, headless chromium): from navigating to the page's URL until its content is drawn,
+  nothing pressed (target: 5 s each): Training metrics (a panel), What-if (a panel), Step (the
+  groups with the baseline's advantages, the checklist), Off-policy (the mismatch diagnosis and
+  a picture), Health (the findings with the baseline's signals; the first findings, from the
+  logged metrics, in the notes), Rollouts where the app has it (a table or chart)
+  the app's baseline (--baseline STEPSxROWSxTOKENS, or --baseline-steps with the default
+  shape): a synthetic run opened in a server started fresh, from navigating to its first page
+  until the background worker has written the baseline of every step, against `rldiag
+  recompute --no-reuse --device cpu` on another copy of the run (target: 1.3x); the free disk
+  is checked first (two copies of the run and their outputs)
 
 Usage:
   .venv/bin/python bench/bench_app.py                      # 10,000 steps x 150 metrics
   .venv/bin/python bench/bench_app.py --steps 2000 --metrics 50 --no-browser
+  .venv/bin/python bench/bench_app.py --only pages,baseline --baseline-steps 50
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -257,6 +271,160 @@ def bench_browser(run: Path, names: list[str], sample: Path | None,
     return rows
 
 
+#: (title, url path, what "drawn" is: a CSS selector or a regular expression of text, and for
+#: Health the text of its findings from the logged metrics alone) of each page on open
+PAGE_CONTENT = (
+    ("Training metrics", "metrics", {"css": "PANEL"}),
+    ("What-if", "whatif", {"css": "PANEL"}),
+    ("Step", "step", {"text": r"advantage · baseline", "css": ".js-plotly-plot .main-svg",
+                      "also": r"Debugging checklist"}),
+    ("Off-policy", "offpolicy", {"text": r"confidence \d\.\d\d", "css": ".js-plotly-plot .main-svg"}),
+    ("Health", "health", {"text": r"over \d+ logged and (?<n>\d+) recomputed steps", "full": True,
+                          "first": r"over \d+ logged and \d+ recomputed steps"}),
+    ("Rollouts", "rollouts", {"css": '[data-testid="stDataFrame"], .js-plotly-plot .main-svg'}),
+)
+
+
+def _fresh_sample(root: Path, name: str) -> Path:
+    from rldiag.viz.runs import default_run
+
+    sample = default_run()
+    if sample is None:
+        raise SystemExit("no bundled sample run")
+    dest = root / "pages" / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(sample, dest, ignore=shutil.ignore_patterns("rldiag"))
+    return dest
+
+
+def _wait_text(pg, pattern: str, timeout_ms: int, want_n: int | None = None) -> None:
+    """Until a text node matches ``pattern`` (with group ``n`` equal to ``want_n`` when given)."""
+    js = """([p, n]) => { const re = new RegExp(p); const walk = document.createTreeWalker(document.body, 4);
+        for (let t = walk.nextNode(); t; t = walk.nextNode()) { const m = re.exec(t.textContent);
+          if (m && (n === null || (m.groups && +m.groups.n === n))) return true; } return false; }"""
+    pg.wait_for_function(js, arg=[pattern, want_n], timeout=timeout_ms)
+
+
+def bench_pages(root: Path) -> list[tuple[str, float, str]]:
+    """Each page on open, on a fresh copy of the sample served fresh: navigation -> content drawn."""
+    from playwright.sync_api import sync_playwright
+
+    from rldiag.app.main import PAGES
+    from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
+
+    exe = chromium_path()
+    if exe is None:
+        return [("pages on open", float("nan"), "skipped: no chromium (apt-get install chromium)")]
+    urls = {u for *_, u in PAGES}
+    rows = []
+    with sync_playwright() as p:
+        for title, url, want in PAGE_CONTENT:
+            if url not in urls:
+                continue
+            run = _fresh_sample(root, url)
+            steps = len(list((run / "batches").iterdir()))
+            with AppServer(run, timeout=180) as srv, tempfile.TemporaryDirectory() as profile:
+                ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True,
+                                                           args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+                pg = ctx.new_page()
+                pg.set_default_timeout(180_000)
+                t0 = time.perf_counter()
+                pg.goto(f"{srv.url}/{url}", wait_until="commit")
+                note = f"{steps} steps"
+                if "first" in want:
+                    _wait_text(pg, want["first"], 180_000)
+                    note += f"; first findings (logged metrics) after {time.perf_counter() - t0:.2f} s"
+                if "text" in want:
+                    _wait_text(pg, want["text"], 180_000, steps if want.get("full") else None)
+                if "css" in want:
+                    pg.wait_for_selector(panel_selector() if want["css"] == "PANEL" else want["css"], state="attached")
+                if "also" in want:
+                    _wait_text(pg, want["also"], 180_000)
+                t = time.perf_counter() - t0
+                errors = pg.locator('[data-testid="stException"]').count()
+                note += f"; load average {os.getloadavg()[0]:.1f}"
+                rows.append((f"page on open: {title} (fresh sample copy)", t,
+                             note + (f"; {errors} exception(s) shown!" if errors else "") +
+                             ("; within 5 s" if t <= 5 else "; OVER the 5 s target")))
+                print(f"{rows[-1][0]}: {t:.2f} s ({rows[-1][2]})", file=sys.stderr)
+                ctx.close()
+    return rows
+
+
+def _run_bytes(steps: int, rows: int, length: int) -> int:
+    """About the bytes a synthetic run of this shape takes on disk (eight float columns a token)."""
+    return int(steps * rows * (0.75 * length) * 8 * 4)
+
+
+def check_disk(root: Path, need: int) -> None:
+    free = shutil.disk_usage(root).free
+    if free < need:
+        raise SystemExit(f"not enough free disk under {root}: {free / 2**30:.1f} GB free, the benchmark needs about "
+                         f"{need / 2**30:.1f} GB (use --dir elsewhere, or fewer --baseline-steps)")
+
+
+def bench_baseline(root: Path, steps: int, rows: int, length: int, browser: bool) -> list[tuple[str, float, str]]:
+    """The app's background baseline of a synthetic run against ``rldiag recompute --no-reuse``."""
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    check_disk(root, 3 * _run_bytes(steps, rows, length) + 2**30)
+    base = root / "baseline"
+    if base.exists():
+        shutil.rmtree(base)
+    spec = SynthSpec(steps=steps, prompts=max(1, rows // 8), n=8, min_len=max(1, length // 2), max_len=length, seed=5)
+    app_run = write_synth_run(base / "app", spec)
+    cli_run = base / "cli"
+    shutil.copytree(app_run, cli_run)
+    size = sum(f.stat().st_size for f in (app_run / "batches").iterdir())
+    shape = f"{steps} steps x {rows} rows x up to {length} tokens, {size / 2**20:.0f} MB of batches"
+    cmd = [sys.executable, "-m", "rldiag.cli.main", "recompute", str(cli_run), "--no-reuse", "--device", "cpu"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    t_cli = time.perf_counter() - t0
+    cli_meta = json.loads((cli_run / "rldiag" / "scenarios" / "baseline" / "scenario.json").read_text())
+    rows_out = [("baseline: rldiag recompute --no-reuse (CLI, wall)", t_cli,
+                 f"{shape}; its recompute {cli_meta['seconds']:.2f} s; load average {os.getloadavg()[0]:.1f}")]
+    if not browser:
+        return rows_out
+    from playwright.sync_api import sync_playwright
+
+    from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
+
+    exe = chromium_path()
+    if exe is None:
+        return rows_out + [("baseline: the app", float("nan"), "skipped: no chromium")]
+    meta_file = app_run / "rldiag" / "scenarios" / "baseline" / "scenario.json"
+    with AppServer(app_run, timeout=180) as srv, sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS)
+        pg = ctx.new_page()
+        t0 = time.perf_counter()
+        pg.goto(srv.url, wait_until="commit")
+        deadline = t0 + 3600
+        meta: dict = {}
+        while time.perf_counter() < deadline:  # the worker writes scenario.json last
+            try:
+                meta = json.loads(meta_file.read_text())
+            except (OSError, ValueError):
+                meta = {}
+            if len(meta.get("steps_done", [])) + len(meta.get("steps_failed", {})) >= steps:
+                break
+            time.sleep(0.05)
+        t_app = time.perf_counter() - t0
+        ctx.close()
+    rows_out += [
+        ("baseline: the app (page opened -> every step written)", t_app,
+         f"the worker's recompute {meta.get('seconds', float('nan')):.2f} s; load average {os.getloadavg()[0]:.1f}"),
+        ("baseline: app / CLI (wall)", t_app / t_cli, "ratio, not seconds; target 1.3"),
+        ("baseline: app / CLI (the recomputes alone)", meta.get("seconds", float("nan")) / cli_meta["seconds"],
+         "ratio, not seconds"),
+    ]
+    return rows_out
+
+
+PARTS = ("store", "whatif", "browser", "pages", "baseline")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10_000)
@@ -264,7 +432,18 @@ def main() -> None:
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--whatif", default="100x256x512", help="what-if run STEPSxROWSxTOKENS ('' to skip)")
     ap.add_argument("--dir", type=Path, help="where to write the run (default: a temporary directory)")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"the parts to run, of {','.join(PARTS)}")
+    ap.add_argument("--baseline", default="", help="the app's baseline run STEPSxROWSxTOKENS (default: "
+                    "--baseline-steps x 256 x 512)")
+    ap.add_argument("--baseline-steps", type=int, default=100, help="steps of the app's baseline run")
     args = ap.parse_args()
+    parts = {p.strip() for p in args.only.split(",") if p.strip()}
+    unknown = parts - set(PARTS)
+    if unknown:
+        ap.error(f"--only: unknown part(s) {', '.join(sorted(unknown))}; of {', '.join(PARTS)}")
+    if args.no_browser:
+        parts -= {"browser", "pages"}
+    shape = [int(v) for v in (args.baseline or f"{args.baseline_steps}x256x512").lower().split("x")]
 
     from rich.console import Console
     from rich.table import Table
@@ -273,13 +452,23 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.dir or Path(tmp)
-        t, (run, names) = timed(lambda: make_run(root / "bigrun", args.steps, args.metrics))
-        print(f"generated {run} ({args.steps} steps x {args.metrics} metrics) in {t:.1f} s", file=sys.stderr)
-        rows = bench_store(run, names)
-        if args.whatif:
+        root.mkdir(parents=True, exist_ok=True)
+        # the app's own directory (mirrors, recent runs) in the benchmark's, never the user's
+        os.environ["RLDIAG_HOME"] = str(root / "rldiag-home")
+        rows = []
+        if parts & {"store", "browser"}:
+            t, (run, names) = timed(lambda: make_run(root / "bigrun", args.steps, args.metrics))
+            print(f"generated {run} ({args.steps} steps x {args.metrics} metrics) in {t:.1f} s", file=sys.stderr)
+        if "store" in parts:
+            rows += bench_store(run, names)
+        if args.whatif and parts & {"whatif", "browser"}:
             rows += bench_whatif(root, *(int(v) for v in args.whatif.lower().split("x")))
-        if not args.no_browser:
+        if "browser" in parts:
             rows += bench_browser(run, names, default_run(), root / "whatif" if args.whatif else None)
+        if "pages" in parts:
+            rows += bench_pages(root)
+        if "baseline" in parts:
+            rows += bench_baseline(root, *shape, browser=not args.no_browser)
     table = Table(title=f"rldiag app: {args.steps:,} steps x {args.metrics} metrics")
     table.add_column("measure")
     table.add_column("seconds", justify="right")

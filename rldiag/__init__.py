@@ -27,7 +27,7 @@ __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
     "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
     "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
-    "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens",
+    "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame",
     "SweepResult", "sweep", "sweep_summary", "sweeps",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         rows,
         rows_count,
         settings,
+        step_token_frame,
         step_tokens,
         sweep,
         sweep_summary,

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
     from rldiag.analysis.rows import SIGN_DIFFERS
+    from rldiag.analysis.scenarios import StepTokens as StepTokensResult
     from rldiag.analysis.sweep import SweepReport as SweepResult
     from rldiag.analysis.tolerance import Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
@@ -65,8 +66,8 @@ __all__ = [
     "Progress", "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check",
     "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
-    "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "SIGN_DIFFERS",
-    "SweepResult", "sweep", "sweep_summary", "sweeps",
+    "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame", "SIGN_DIFFERS",
+    "StepTokensResult", "SweepResult", "sweep", "sweep_summary", "sweeps",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -84,6 +85,7 @@ _LAZY = {
     "MismatchResult": "rldiag.analysis.mismatch:MismatchDiagnosis",
     "LayoutAuditResult": "rldiag.analysis.layout_audit:LayoutAuditResult",
     "SweepResult": "rldiag.analysis.sweep:SweepReport",
+    "StepTokensResult": "rldiag.analysis.scenarios:StepTokens",
     "CheckResult": "rldiag.check:CheckReport",
     "ImportResult": "rldiag.importers.wandb_import:ImportReport",
     "TokenAgreement": "rldiag.analysis.agreement:TokenAgreement",
@@ -292,6 +294,25 @@ def recompute(
     return RecomputeResult.from_report(rep)
 
 
+def step_tokens(
+    run: Run,
+    step: int,
+    scenario: str = "baseline",
+    *,
+    device: str = "cpu",
+    progress: Progress | None = None,
+) -> StepTokensResult:
+    """One step's per-token outputs of ``scenario`` (advantages, ratio, IS weight, ...), for a
+    page or a notebook that looks at that step: the scenario's own tokens file when its recompute
+    saved tokens, else a one-step recompute with ``save_tokens`` into the scenario's token cache
+    (``RUN/rldiag/cache/<scenario>/``, the few steps looked at last kept and reused while their
+    batch files and the settings stay the same). ``result.path`` is the tokens file (None with
+    ``result.error`` when the step fails)."""
+    from rldiag.analysis.scenarios import step_tokens as run_step_tokens
+
+    return run_step_tokens(run, step, scenario, device=device, progress=_by_step(progress))
+
+
 def ray_executor(address: str | None = None, gpus_per_task: float = 1.0) -> Executor:
     """An executor that spreads a recompute's steps over a Ray cluster (``pip install
     'rldiag[ray]'``): ``address`` the cluster to join (default ``RAY_ADDRESS``, else a local Ray),
@@ -302,10 +323,14 @@ def ray_executor(address: str | None = None, gpus_per_task: float = 1.0) -> Exec
     return RayExecutor(address=address, gpus_per_task=gpus_per_task)
 
 
+#: the modules :func:`warm_up` imports (a process that forks workers may preload them by name)
+WARM_MODULES = ("rldiag.recompute", "rldiag.analysis.verify", "rldiag.analysis.compare", "rldiag.doctor")
+
+
 def warm_up() -> None:
     """Import the modules the recompute, verify, compare and doctor need (torch, the engine), so
     that the first call does not wait for them (the app does this before it serves)."""
-    for module in ("rldiag.recompute", "rldiag.analysis.verify", "rldiag.analysis.compare", "rldiag.doctor"):
+    for module in WARM_MODULES:
         importlib.import_module(module)
 
 
@@ -527,16 +552,21 @@ def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = N
     return _frame(step_tokens(files[int(step)], resolve_settings(rd.path, _overrides(overrides, None))))
 
 
-def step_tokens(run: Run, step: int, scenario: str = "baseline") -> pl.DataFrame:
-    """One step's per-token values under ``scenario``, one row per batch row: ``row`` and list
-    columns of advantages, returns, rewards, the mask after rollout correction, ratio, IS weight,
-    reference KL, turn, loss weight (those the run's columns allow; docs/run-directory.md). The
-    scenario's saved tokens file when it has one for the step; else the step alone recomputed with
-    the scenario's overrides (``baseline``: the run's own settings) into a temporary directory,
-    nothing written into the run."""
-    from rldiag.analysis.scenarios import step_tokens as read_step_tokens
+def step_token_frame(run: Run, step: int, scenario: str = "baseline") -> pl.DataFrame:
+    """One step's per-token values under ``scenario`` as a frame, one row per batch row: ``row``
+    and list columns of advantages, returns, rewards, the mask after rollout correction, ratio,
+    IS weight, reference KL, turn, loss weight (those the run's columns allow;
+    docs/run-directory.md): :func:`step_tokens`'s file read back. Raises
+    :class:`~rldiag.errors.ComputeError` when the step cannot be computed."""
+    from rldiag.errors import ComputeError
+    from rldiag.io.arrays import read_parquet
+    from rldiag.io.fs import arrow_source
 
-    return _frame(read_step_tokens(run, int(step), scenario))
+    got = step_tokens(run, int(step), scenario)
+    if got.path is None:
+        raise ComputeError(f"step {step} under scenario {scenario!r}: {got.error}")
+    source, fs = arrow_source(got.path)
+    return _frame(read_parquet(source, filesystem=fs))
 
 
 def rows(

@@ -4,22 +4,21 @@ else (re)compute it with ``save_tokens``."""
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rldiag.config.settings import find_config_file
-from rldiag.errors import ComputeError, RunDirError, StorageError
-from rldiag.io.arrays import read_parquet
-from rldiag.io.fs import RemotePath, arrow_source, relative_to
+from rldiag.errors import RunDirError, StorageError
+from rldiag.io.fs import RemotePath, relative_to
 from rldiag.io.outputs import list_scenarios, sha256_file
-from rldiag.io.run_layout import RunLayout, ScenarioLayout
+from rldiag.io.run_layout import RunLayout
 from rldiag.io.rundir import RunDir, parse_steps
 from rldiag.recompute import ProgressFn, recompute
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    pass
 
 
 def read_meta(run: Path | RemotePath, name: str) -> dict | None:
@@ -89,30 +88,60 @@ def ensure_scenario(
     return True
 
 
-def step_tokens(run: str | Path | RemotePath, step: int, scenario: str = "baseline", device: str = "cpu") -> pa.Table:
-    """One step's per-token values under scenario ``scenario``: its saved
-    ``tokens/step_<N>.parquet`` when it has one, else the step recomputed with the scenario's
-    overrides (from its ``scenario.json``; none for a ``baseline`` not written yet) into a
-    temporary directory, read and removed: nothing is written into the run, so a run rldiag may
-    not write into works too. One row per batch row: ``row`` and the list columns of
-    docs/run-directory.md."""
+#: steps whose on-demand per-token outputs a scenario's token cache keeps (the nearest to the step asked for)
+CACHE_STEPS = 32
+
+
+@dataclass
+class StepTokens:
+    """Where one step's per-token outputs of a scenario are (:func:`step_tokens`)."""
+
+    step: int
+    scenario: str
+    #: the tokens file; None when the step could not be computed (``error`` says why)
+    path: Path | RemotePath | None
+    #: ``"scenario"`` (the scenario saved them), ``"cache"`` (the token cache had or got them)
+    source: str
+    error: str | None = None
+    computed: bool = False  # recomputed by this call (not found)
+
+
+def step_tokens(
+    run: str | Path | RemotePath,
+    step: int,
+    name: str = "baseline",
+    device: str = "cpu",
+    progress: ProgressFn | None = None,
+) -> StepTokens:
+    """Step ``step``'s per-token outputs of scenario ``name``: its own tokens file when it saved
+    one, else those of its token cache (``RUN/rldiag/cache/<name>/``, laid out as a scenario),
+    recomputed there for this step (with the scenario's overrides; none for a scenario not
+    written yet, which must then be the run's own settings, ``baseline``) unless the cache is
+    current for it. The cache keeps the :data:`CACHE_STEPS` steps nearest to the last one asked
+    for; each recompute reuses the cached steps whose batch file and settings did not change."""
+    from rldiag.config.settings import scenario_slug
+    from rldiag.errors import ConfigError
+
     rd = RunDir(run)
+    files = [sf.step for sf in rd.require_steps()]
     step = int(step)
-    if step not in {sf.step for sf in rd.step_files()}:
+    if step not in files:
         raise RunDirError(f"{rd.batches_dir}: no batch file for step {step}")
-    saved = rd.layout.scenario(scenario).tokens_file(step)
-    meta = read_meta(rd.path, scenario)
-    if meta is not None and saved.is_file():
-        source, fs = arrow_source(saved)
-        return read_parquet(source, filesystem=fs)
-    if meta is None and scenario != "baseline":
-        have = ", ".join(list_scenarios(rd.path)) or "none"
-        raise RunDirError(f"no scenario {scenario!r} in {rd.path} (have: {have}); run `rldiag recompute` first")
-    overrides = dict((meta or {}).get("overrides", {}))
-    with tempfile.TemporaryDirectory(prefix="rldiag-step-tokens-") as tmp:
-        target = ScenarioLayout(Path(tmp) / "scenario")
-        rep = recompute(rd.path, overrides, name=scenario, steps=str(step), device=device, save_tokens=True,
-                        reuse=False, target=target)
-        if step in rep.steps_failed:
-            raise ComputeError(f"step {step} under scenario {scenario!r}: {rep.steps_failed[step]}")
-        return read_parquet(str(target.tokens_file(step)))
+    own = rd.layout.scenario(name)
+    if own.tokens_file(step).is_file():
+        return StepTokens(step, name, own.tokens_file(step), "scenario")
+    meta = read_meta(rd.path, name)
+    if meta is not None:
+        overrides = dict(meta.get("overrides") or {})
+    elif name == scenario_slug({}):
+        overrides = {}
+    else:
+        raise ConfigError(f"no scenario {name!r} in {rd.path}: its per-token outputs cannot be computed")
+    cache = rd.layout.token_cache(name)
+    kept = sorted((s for s in cache.token_steps() if s != step and s in set(files)), key=lambda s: (abs(s - step), s))
+    chosen = sorted({*kept[:CACHE_STEPS - 1], step})
+    rep = recompute(rd.path, overrides, name=name, steps=",".join(map(str, chosen)), device=device,
+                    save_tokens=True, progress=progress, target=cache)
+    if step in rep.steps_failed:
+        return StepTokens(step, name, None, "cache", error=rep.steps_failed[step], computed=True)
+    return StepTokens(step, name, cache.tokens_file(step), "cache", computed=step not in rep.steps_reused)

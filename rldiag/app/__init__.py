@@ -91,10 +91,11 @@ def serve(runs: Sequence[str | Path], port: int | None = None, address: str | No
     """Serve the app in this process (blocks until the server stops)."""
     from streamlit.web import cli as stcli
 
-    from rldiag.app import memory
+    from rldiag.app import memory, worker
 
     memory.limit_arenas()  # before the server's threads: each could keep an arena of its own
     preload(runs)
+    worker.prepare()  # the background baseline's fork server imports its modules while the server starts
     argv = ["streamlit", "run", str(APP_SCRIPT), *streamlit_options(port, address, headless)]
     if runs:
         argv += ["--", *(str(r) for r in runs)]

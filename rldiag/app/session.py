@@ -1,4 +1,5 @@
-"""The run the app shows, its :class:`~rldiag.store.Store`, the picker, and errors shown in the page."""
+"""The run the app shows, its :class:`~rldiag.store.Store`, the picker, the background baseline's
+status, and errors shown in the page."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ from pathlib import Path
 
 import streamlit as st
 
-from rldiag.app import memory, preloaded_db, preloaded_store
+from rldiag.app import memory, preloaded_db, preloaded_store, worker
 from rldiag.errors import RldiagError
 from rldiag.store import Db, Store
 from rldiag.viz import runs
+from rldiag.viz.baseline import large_note, progress_text
 from rldiag.viz.progress import progress_state
+
+#: seconds between two looks at the background baseline's progress (while a page is open)
+BASELINE_REFRESH_S = 1.0
 
 RUN_KEY = "run_path"
 #: the other runs given on the command line (or in the sidebar), overlaid on the metrics page
@@ -45,10 +50,11 @@ def open_run(path: str | Path) -> None:
 
 
 def _open_sample() -> None:
-    try:
-        open_run(runs.sample_copy())
-    except (OSError, RldiagError) as exc:
-        st.session_state["pk_error"] = f"{type(exc).__name__}: {exc}"
+    sample = runs.default_run()
+    if sample is None:
+        st.session_state["pk_error"] = f"No bundled sample run under {runs.samples_dir()}"
+    else:
+        open_run(sample)
 
 
 def _open_typed() -> None:
@@ -96,8 +102,9 @@ def picker() -> None:
         for i, p in enumerate(recent):
             st.button(p, key=f"pk_recent_{i}", on_click=open_run, args=(p,))
     if runs.default_run() is not None:
-        st.button("Open the bundled sample (a copy in your rldiag directory)", key="pk_sample", on_click=_open_sample,
-                  help=f"Copied to {runs.user_dir() / 'samples'}, so that recomputing it writes there, never into the install.")
+        st.button("Open the bundled sample", key="pk_sample", on_click=_open_sample,
+                  help=f"A real GRPO run with tool calls. It lives inside the install, which rldiag never writes: what "
+                       f"rldiag computes for it goes to {runs.user_dir() / 'runs'}.")
     if st.session_state.get("pk_error"):
         st.error(st.session_state.pop("pk_error"))
 
@@ -115,7 +122,86 @@ def store_or_stop() -> Store:
         st.stop()
     if not runs.is_bundled(store.run):
         runs.remember_run(store.run)
+    note = runs.output_note(store.run)
+    if note:
+        st.sidebar.caption(note)
+    baseline_status(store)
     return store
+
+
+# -- the background baseline (rldiag.app.worker) -------------------------------------------------
+
+
+def _worker(store: Store) -> worker.BaselineWorker | None:
+    """The run's baseline worker, None when the app computes nothing on open (``off``, or a run
+    rldiag may write nowhere for)."""
+    if worker.MODE == "off" or not runs.writable(store.run):
+        return None
+    return worker.worker_for(store)
+
+
+def baseline_state(store: Store) -> worker.Snapshot | None:
+    """Where the run's background baseline stands (None: there is none)."""
+    w = _worker(store)
+    return w.snapshot() if w is not None else None
+
+
+@contextlib.contextmanager
+def baseline_lock(store: Store):
+    """Around a write of the baseline scenario from a page: never at the same time as the worker."""
+    w = _worker(store)
+    with w.exclusive() if w is not None else contextlib.nullcontext():
+        yield
+
+
+@contextlib.contextmanager
+def tokens_lock(store: Store):
+    """Around a write of the run's token cache (one session at a time)."""
+    w = _worker(store)
+    with w.tokens_lock() if w is not None else contextlib.nullcontext():
+        yield
+
+
+def baseline_status(store: Store) -> worker.Snapshot | None:
+    """Start the run's background baseline (first open), and show where it stands: a progress bar
+    while it computes, refreshed every second; the page is drawn again whenever the worker wrote
+    (the pages show the steps done so far). Synchronous workers (tests) have done their work
+    by the time this returns."""
+    w = _worker(store)
+    if w is None:
+        return None
+    snap = w.ensure()
+    if w.synchronous:
+        _draw_baseline(snap)
+    else:
+        _baseline_live(worker.key_of(store), (snap.version, snap.passes))
+    return w.snapshot()
+
+
+def _draw_baseline(snap: worker.Snapshot) -> None:
+    if snap.busy:
+        frac, text = progress_text(snap.done, snap.total, snap.what, snap.covered, snap.steps, snap.large,
+                                   snap.chunk, snap.chunks)
+        st.progress(frac, text=text)
+        if snap.large:
+            st.caption(large_note(snap.steps, snap.total_bytes, snap.chunk_size))
+    elif snap.error:
+        st.warning(f"The baseline (the run's own settings) could not be computed: {snap.error}")
+    elif snap.failed:
+        bad = sorted(snap.failed.items())
+        st.caption(f"The baseline left out {len(bad)} step(s) that could not be recomputed: "
+                   + "; ".join(f"step {k}: {v}" for k, v in bad[:3]) + ("; ..." if len(bad) > 3 else ""))
+
+
+@st.fragment(run_every=BASELINE_REFRESH_S)
+def _baseline_live(key: tuple[str, str], seen: tuple[int, int]) -> None:
+    w = worker.lookup(key)
+    if w is None:
+        return
+    snap = w.ensure()  # a page still open keeps the worker going
+    if (snap.version, snap.passes) != seen:
+        st.rerun()  # the whole page: it shows what the worker wrote
+    _draw_baseline(snap)
 
 
 def other_stores() -> dict[str, Store]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rldiag.analysis.logged import logged_metrics
-from rldiag.config.settings import resolve_settings
+from rldiag.config.settings import resolve_settings, scenario_slug
 from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Passed, Skip
 from rldiag.doctor.rule import Rule
 from rldiag.doctor.rules import load_rules
@@ -76,8 +76,10 @@ def _stream(rd: RunDir, overrides: Mapping[str, Any], steps: str | None, table: 
             report: DoctorReport, device: str, progress: ProgressFn | None) -> None:
     """Recompute the chosen steps through :func:`rldiag.recompute.recompute` (its scenario is
     kept, so a later doctor or ``recompute`` reuses every unchanged step) and add each step's
-    metrics, the engine's ``rldiag/...`` health signals included, to ``table``."""
-    rep = run_recompute(rd.path, overrides, steps=steps, device=device, progress=progress)
+    metrics, the engine's ``rldiag/...`` health signals included, to ``table``. Per-token outputs
+    the scenario saved are kept (recomputed for changed steps), never dropped."""
+    tokens = bool(rd.layout.scenario(scenario_slug(dict(overrides))).token_steps())
+    rep = run_recompute(rd.path, overrides, steps=steps, device=device, save_tokens=tokens, progress=progress)
     for step, msg in rep.steps_failed.items():
         report.recompute_failed[step] = msg
     for row in rep.metrics:

@@ -21,20 +21,42 @@
           <layout>/                                  one scenario per layout, as scenarios/<name>/
           metrics.parquet                            one row per metric (spread, best match, why)
           audit.json                                 written last: the layouts and the metrics
+        cache/<name>/                                per-token outputs of scenario <name> computed on
+                                                     demand for a few steps (the app's Step page),
+                                                     laid out as scenarios/<name>/
+
+    $RLDIAG_HOME/                                    default ~/.cache/rldiag ($XDG_CACHE_HOME/rldiag)
+      runs/<key>/                                    RUN/rldiag/ of a run rldiag may not write into:
+                                                     <key> the first 16 hex digits of the SHA-256 of
+                                                     the run's resolved path (or its URI)
+        source.json                                  which run the mirror belongs to
+
+Where ``RUN/rldiag/`` is (:func:`output_dir_of`): ``RUN/rldiag/`` itself when rldiag may write
+there (it exists and is writable, or it does not and ``RUN`` is writable), else the run's
+*mirror* ``$RLDIAG_HOME/runs/<key>/``, which then plays its part for every command, readers and
+writers alike. A run inside rldiag's install (the bundled samples) and one named in
+``$RLDIAG_READ_ONLY`` are always mirrored; a run in an object store keeps its outputs in the
+store unless ``$RLDIAG_READ_ONLY`` names it (no request is made to find out).
 
 :class:`RunLayout` gives these paths for a run on local disk (:class:`~pathlib.Path`) and in an
 object store (:class:`~rldiag.io.fs.RemotePath`) alike: it only joins names, never touches the
 files (except :meth:`ScenarioLayout.token_steps`, a listing). Modules name files through it
 (``RunLayout(run).scenario(name).metrics``), and writers take the names relative to the
 directory they write (``ScenarioLayout.METRICS``, ``ScenarioLayout.tokens_rel(12)``,
-``RunLayout.WANDB_IMPORT``): see :mod:`rldiag.io.staged`.
+``RunLayout.WANDB_IMPORT``): see :mod:`rldiag.io.staged`. Finding where ``RUN/rldiag/`` is
+(:attr:`RunLayout.output_dir`) looks at the run's permissions once per layout, and creates the
+mirror when it is the answer.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar, cast, overload
 
@@ -70,6 +92,8 @@ IMPORT_DIR = "import"
 SWEEPS_DIR = "sweeps"
 #: ``rldiag layout-audit``'s sweep, under ``SWEEPS_DIR``
 LAYOUT_AUDIT_DIR = "layout-audit"
+#: Per-token outputs computed on demand for a few steps, one scenario directory per scenario name.
+CACHE_DIR = "cache"
 #: Between the two sides of a comparison's directory name (``base__vs__rloo``).
 PAIR_SEP = "__vs__"
 
@@ -80,6 +104,135 @@ def step_file_name(step: int, fmt: str = "parquet", width: int = 6) -> str:
     if fmt not in STEP_FORMATS:
         raise ValueError(f"a step file is one of {', '.join(STEP_FORMATS)}, not {fmt!r}")
     return f"step_{int(step):0{max(1, width)}d}.{fmt}"
+
+
+# -- rldiag's own directory, and the mirrors of runs it may not write into --------------------------
+
+#: where rldiag keeps what belongs to no run directory it may write into (recent runs, mirrors)
+HOME_VAR = "RLDIAG_HOME"
+#: runs (paths or URIs, ``os.pathsep``-separated) rldiag must not write into: each is mirrored
+READ_ONLY_VAR = "RLDIAG_READ_ONLY"
+#: the default home's name under ``$XDG_CACHE_HOME`` (else ``~/.cache``)
+HOME_NAME = "rldiag"
+#: the mirrors of read-only runs, under the home
+MIRRORS_DIR = "runs"
+#: a mirror's record of its run, in the mirror
+MIRROR_SOURCE = "source.json"
+#: hex digits of a mirror's key
+MIRROR_KEY_LEN = 16
+#: rldiag's install: never written (its bundled sample runs are mirrored)
+INSTALL_DIR = Path(__file__).resolve().parents[1]
+
+
+def rldiag_home(env: Mapping[str, str] | None = None) -> Path:
+    """``$RLDIAG_HOME``, else ``$XDG_CACHE_HOME/rldiag``, else ``~/.cache/rldiag``."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    if environ.get(HOME_VAR):
+        return Path(environ[HOME_VAR])
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / HOME_NAME
+
+
+def run_identity(root: str | os.PathLike | AnyPath) -> str:
+    """What a run's mirror is keyed on: its resolved path, or its URI (no trailing slash)."""
+    p = as_path(root)
+    return str(p).rstrip("/") if isinstance(p, RemotePath) else os.path.realpath(p)
+
+
+def mirror_key(root: str | os.PathLike | AnyPath) -> str:
+    """The first 16 hex digits of the SHA-256 of :func:`run_identity`."""
+    return hashlib.sha256(run_identity(root).encode()).hexdigest()[:MIRROR_KEY_LEN]
+
+
+def mirror_dir(root: str | os.PathLike | AnyPath, env: Mapping[str, str] | None = None) -> Path:
+    """``$RLDIAG_HOME/runs/<key>/``: where the outputs of the run ``root`` go when rldiag may not
+    write into it (laid out as ``RUN/rldiag/``)."""
+    return rldiag_home(env) / MIRRORS_DIR / mirror_key(root)
+
+
+def _within(identity: str, base: str) -> bool:
+    base = base.rstrip("/") or "/"
+    return identity == base or identity.startswith(base if base.endswith("/") else base + "/")
+
+
+@lru_cache(maxsize=4096)
+def _inside_install(real: str) -> bool:
+    return _within(real, str(INSTALL_DIR))
+
+
+def declared_read_only(root: str | os.PathLike | AnyPath, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the run is inside rldiag's install or at or under a path (URI) of ``$RLDIAG_READ_ONLY``."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    p = as_path(root)
+    ident = run_identity(p)
+    # the install's bundled samples may be a link out of it (a checkout's rldiag/app/samples)
+    if isinstance(p, Path) and (_inside_install(ident) or _inside_install(os.path.abspath(p))):
+        return True
+    for entry in read_only_entries(environ.get(READ_ONLY_VAR) or ""):
+        if _within(ident, entry if "://" in entry else os.path.realpath(entry)):
+            return True
+    return False
+
+
+def read_only_entries(text: str) -> list[str]:
+    """``$RLDIAG_READ_ONLY``'s paths and URIs: ``os.pathsep``-separated, a URI's ``scheme://``
+    kept whole (``/data/a:s3://bucket/run``)."""
+    out: list[str] = []
+    for piece in text.split(os.pathsep):
+        if out and piece.startswith("//") and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", out[-1]):
+            out[-1] += os.pathsep + piece
+        else:
+            out.append(piece)
+    return [e.strip() for e in out if e.strip()]
+
+
+def run_is_writable(root: str | os.PathLike | AnyPath, env: Mapping[str, str] | None = None) -> bool:
+    """Whether rldiag may write ``RUN/rldiag/`` of the run: not declared read-only, and (on local
+    disk) ``RUN/rldiag`` writable where it exists, else ``RUN`` itself. A run that does not exist
+    counts as writable (there is nothing to mirror). An object store is not asked."""
+    p = as_path(root)
+    if declared_read_only(p, env):
+        return False
+    if isinstance(p, RemotePath):
+        return True
+    out = p / OUTPUT_DIR
+    if out.is_dir():
+        return os.access(out, os.W_OK)
+    return not p.exists() or os.access(p, os.W_OK)
+
+
+def output_dir_of(root: str | os.PathLike | AnyPath, env: Mapping[str, str] | None = None) -> AnyPath:
+    """Where the run's ``RUN/rldiag/`` is: in the run when rldiag may write there
+    (:func:`run_is_writable`), else its mirror (:func:`mirror_dir`), made here with its
+    ``source.json`` (best effort: a home that cannot be written is found out by the writer)."""
+    p = as_path(root)
+    if run_is_writable(p, env):
+        return p / OUTPUT_DIR
+    mirror = mirror_dir(p, env)
+    _make_mirror(mirror, run_identity(p))
+    return mirror
+
+
+def _make_mirror(mirror: Path, identity: str) -> None:
+    record = mirror / MIRROR_SOURCE
+    if record.is_file():
+        return
+    try:
+        mirror.mkdir(parents=True, exist_ok=True)
+        tmp = mirror / f".{MIRROR_SOURCE}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"run": identity}, indent=1) + "\n")
+        os.replace(tmp, record)
+    except OSError:
+        pass
+
+
+def mirror_source(mirror: Path) -> str | None:
+    """The run a mirror belongs to (its ``source.json``), None when unknown."""
+    try:
+        got = json.loads((mirror / MIRROR_SOURCE).read_text())
+    except (OSError, ValueError):
+        return None
+    return got.get("run") if isinstance(got, dict) and isinstance(got.get("run"), str) else None
 
 
 class Entry:
@@ -208,7 +361,7 @@ class RunLayout(Generic[P]):
     #: ``rldiag import-wandb``'s record, relative to the run (written last by the import).
     WANDB_IMPORT: ClassVar[str] = f"{OUTPUT_DIR}/{IMPORT_DIR}/wandb.json"
 
-    __slots__ = ("root",)
+    __slots__ = ("root", "_out")
 
     @overload
     def __init__(self: RunLayout[Path], root: Path) -> None: ...
@@ -218,12 +371,16 @@ class RunLayout(Generic[P]):
     def __init__(self: RunLayout[AnyPath], root: str | os.PathLike | AnyPath) -> None: ...
     def __init__(self, root):
         self.root = as_path(root)
+        self._out: AnyPath | None = None
 
     def __repr__(self) -> str:
         return f"RunLayout({str(self.root)!r})"
 
     def _at(self, *names: str) -> P:
         return _join(cast(P, self.root), *names)
+
+    def _out_at(self, *names: str) -> P:
+        return _join(self.output_dir, *names)
 
     # -- what a trainer writes -------------------------------------------------------------------
     @property
@@ -251,26 +408,45 @@ class RunLayout(Generic[P]):
     # -- what rldiag writes ----------------------------------------------------------------------
     @property
     def output_dir(self) -> P:
-        return self._at(OUTPUT_DIR)
+        """``RUN/rldiag/``, or the run's mirror ``$RLDIAG_HOME/runs/<key>/`` when rldiag may not
+        write into the run (:func:`output_dir_of`; looked up once per layout). A mirror is local
+        disk, also for a run in an object store."""
+        if self._out is None:
+            self._out = output_dir_of(self.root)
+        return cast(P, self._out)
+
+    @property
+    def mirrored(self) -> bool:
+        """Whether the run's outputs are in its mirror rather than in ``RUN/rldiag/``."""
+        return self.output_dir != self._at(OUTPUT_DIR)
 
     @property
     def scenarios_dir(self) -> P:
-        return self._at(OUTPUT_DIR, SCENARIOS_DIR)
+        return self._out_at(SCENARIOS_DIR)
 
     def scenario(self, name: str) -> ScenarioLayout[P]:
-        return ScenarioLayout(self._at(OUTPUT_DIR, SCENARIOS_DIR, name))
+        return ScenarioLayout(self._out_at(SCENARIOS_DIR, name))
+
+    @property
+    def cache_dir(self) -> P:
+        return self._out_at(CACHE_DIR)
+
+    def token_cache(self, name: str) -> ScenarioLayout[P]:
+        """``RUN/rldiag/cache/<name>/``: scenario ``name``'s per-token outputs recomputed on
+        demand for a few steps, laid out as a scenario (``scenario.json`` written last)."""
+        return ScenarioLayout(self._out_at(CACHE_DIR, name))
 
     @property
     def comparisons_dir(self) -> P:
-        return self._at(OUTPUT_DIR, COMPARISONS_DIR)
+        return self._out_at(COMPARISONS_DIR)
 
     def comparison(self, a: str, b: str) -> ComparisonLayout[P]:
         """Where ``rldiag compare`` writes the comparison of sides ``a`` and ``b``."""
-        return ComparisonLayout(self._at(OUTPUT_DIR, COMPARISONS_DIR, f"{a}{PAIR_SEP}{b}"))
+        return ComparisonLayout(self._out_at(COMPARISONS_DIR, f"{a}{PAIR_SEP}{b}"))
 
     @property
     def sweeps_dir(self) -> P:
-        return self._at(OUTPUT_DIR, SWEEPS_DIR)
+        return self._out_at(SWEEPS_DIR)
 
     def sweep(self, name: str) -> SweepLayout[P]:
         """Where ``rldiag sweep`` writes the sweep ``name``'s summary and record."""
@@ -279,8 +455,9 @@ class RunLayout(Generic[P]):
     @property
     def layout_audit(self) -> LayoutAuditLayout[P]:
         """Where ``rldiag layout-audit`` writes (:class:`LayoutAuditLayout`)."""
-        return LayoutAuditLayout(self._at(OUTPUT_DIR, SWEEPS_DIR, LAYOUT_AUDIT_DIR))
+        return LayoutAuditLayout(self._out_at(SWEEPS_DIR, LAYOUT_AUDIT_DIR))
 
+    # the import's record is part of the run directory the import writes (never mirrored)
     @property
     def import_dir(self) -> P:
         return self._at(OUTPUT_DIR, IMPORT_DIR)

@@ -3,7 +3,9 @@
 ``metrics.parquet`` (one row per step, one column per metric) is unpivoted to a long table
 ``(step, metric, value)`` per scenario, materialised once per version of the file (a scenario is
 replaced atomically, so a new version has a new inode and modification time). Token outputs
-``tokens/step_<N:06d>.parquet`` are read where a query needs them.
+``tokens/step_<N:06d>.parquet`` are read where a query needs them: the scenario's own, else
+those its token cache holds (``RUN/rldiag/cache/<name>/``: steps whose tokens were computed on
+demand, :func:`rldiag.api.step_tokens`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,18 @@ class Scenarios:
     def names(self) -> list[str]:
         return list_scenarios(self.run)
 
+    def cached_names(self) -> list[str]:
+        """Scenarios with a token cache (steps whose tokens were computed on demand)."""
+        root = local_path(RunLayout(self.run).cache_dir)
+        if not root.is_dir():
+            return []
+        return sorted(p.name for p in root.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and ScenarioLayout(p).meta.is_file())
+
+    def cache_layout(self, name: str) -> ScenarioLayout[Path]:
+        """The paths of scenario ``name``'s token cache (on local disk)."""
+        return ScenarioLayout(local_path(RunLayout(self.run).token_cache(name).dir))
+
     def dir(self, name: str) -> Path:
         return self.layout(name).dir
 
@@ -44,6 +58,8 @@ class Scenarios:
     def meta(self, name: str) -> dict:
         """``scenario.json`` of one scenario (cached on its size and modification time)."""
         path = self.layout(name).meta
+        if not path.is_file() and self.cache_layout(name).meta.is_file():
+            path = self.cache_layout(name).meta  # not written yet: its token cache's record
         sig = file_sig(path)
         if sig is None:
             raise StoreError(f"no scenario {name!r} in {self.run}; have: {', '.join(self.names()) or 'none'}")
@@ -100,8 +116,11 @@ class Scenarios:
         return self.layout(name).token_steps()
 
     def tokens_file(self, name: str, step: int) -> Path | None:
-        p = self.layout(name).tokens_file(step)
-        return p if p.is_file() else None
+        """The scenario's tokens file of ``step``, else its token cache's (None: neither)."""
+        for p in (self.layout(name).tokens_file(step), self.cache_layout(name).tokens_file(step)):
+            if p.is_file():
+                return p
+        return None
 
     def token_columns(self, name: str, step: int) -> list[str]:
         p = self.tokens_file(name, step)

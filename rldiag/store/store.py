@@ -232,9 +232,11 @@ class Store:
         return path, self.scenarios.token_columns(scenario, step)
 
     def scenarios_with_tokens(self, step: int, column: str | None = None) -> list[str]:
-        """Scenarios that saved tokens for ``step`` (having ``column``, when given)."""
+        """Scenarios that saved tokens for ``step`` (having ``column``, when given), or whose
+        token cache holds them (a scenario not written yet included)."""
         out = []
-        for s in self.scenario_names():
+        names = self.scenario_names()
+        for s in names + [c for c in self.scenarios.cached_names() if c not in names]:
             t = self._tokens(s, step)
             if t is not None and (column is None or column in t[1]):
                 out.append(s)

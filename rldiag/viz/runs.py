@@ -1,11 +1,10 @@
 """Which runs the app opens: the command line, else ``$RLDIAG_RUN``, else none (the picker).
 
 The picker offers a path box, the runs opened recently (kept in a small JSON file of the user's
-rldiag directory) and the bundled sample. The bundled sample lives inside the install, which
-must never be written: it is opened as a copy in the user's rldiag directory, where a
-recompute can write its outputs. That copy is on local disk by design (the app reads runs on
-local disk only, :func:`rldiag.store.cache.local_path`); it is written through the staged
-writer (:mod:`rldiag.io.staged`) like every run directory rldiag writes.
+rldiag directory, ``$RLDIAG_HOME``) and the bundled sample. The bundled sample lives inside the
+install, which is never written: it is opened where it is, and what rldiag computes for it goes
+to its mirror ``$RLDIAG_HOME/runs/<key>/`` (:func:`rldiag.io.run_layout.output_dir_of`), as for
+any run rldiag may not write into.
 """
 
 from __future__ import annotations
@@ -16,20 +15,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rldiag.io.atomic import write_bytes_atomic
-from rldiag.io.run_layout import BATCHES_DIR, METRICS_FILE, RUN_CONFIG, STEP_FORMATS, RunLayout
-from rldiag.io.staged import open_staged
+from rldiag.io.run_layout import HOME_VAR, READ_ONLY_VAR, STEP_FORMATS, RunLayout, rldiag_home
 
 #: the bundled sample runs, in order of preference
 PREFERRED_SAMPLES = ("grpo-tool", "ppo-gae")
 ENV_VAR = "RLDIAG_RUN"
-#: where rldiag keeps the user's state (recent runs, sample copies); default ~/.cache/rldiag
-HOME_VAR = "RLDIAG_HOME"
-#: the user's rldiag directory under ``$XDG_CACHE_HOME`` (not a run directory's ``rldiag/``)
-USER_DIR_NAME = "rldiag"
+#: the recent runs, in the user's rldiag directory (``$RLDIAG_HOME``, default ~/.cache/rldiag:
+#: :func:`rldiag.io.run_layout.rldiag_home`, which also holds the mirrors of read-only runs)
 RECENT_FILE = "recent_runs.json"
 RECENT_MAX = 10
-#: what a run directory's copy takes from a sample (never its outputs)
-SAMPLE_FILES = (RUN_CONFIG, METRICS_FILE, BATCHES_DIR)
 
 
 def samples_dir() -> Path:
@@ -88,12 +82,9 @@ def initial_run(argv: Sequence[str], env: dict | None = None) -> str:
 # -- the user's rldiag directory --------------------------------------------------------------
 
 
-def user_dir(env: dict | None = None) -> Path:
-    environ: Mapping[str, str] = os.environ if env is None else env
-    if environ.get(HOME_VAR):
-        return Path(environ[HOME_VAR])
-    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / USER_DIR_NAME
+def user_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The user's rldiag directory (:func:`rldiag.io.run_layout.rldiag_home`)."""
+    return rldiag_home(env)
 
 
 def recent_runs(env: dict | None = None) -> list[str]:
@@ -126,40 +117,26 @@ def is_bundled(path: str | Path) -> bool:
         return False
 
 
-def sample_copy(env: dict | None = None, sample: Path | None = None) -> Path:
-    """A user-writable copy of the bundled sample (made once, atomically: staged beside it and
-    swapped in), to open in the app. Local disk only, by design: the app reads local runs."""
-    src = sample or default_run()
-    if src is None:
-        from rldiag.errors import RunDirError
-
-        raise RunDirError(f"no bundled sample run under {samples_dir()}")
-    dest = user_dir(env) / "samples" / src.name
-    if has_batches(dest):
-        return dest
-    with open_staged(dest) as writer:
-        for name in SAMPLE_FILES:
-            s = src / name
-            if s.is_dir():
-                writer.add_tree(name, s)
-            elif s.is_file():
-                writer.add_file(name, s)
-        writer.commit()
-    return dest
-
-
 def writable(run: str | Path) -> bool:
-    """Whether rldiag may write its outputs (``RUN/rldiag``) in ``run``."""
-    run = Path(run)
-    if is_bundled(run):
-        return False
-    out = RunLayout(run).output_dir
-    return os.access(out if out.exists() else run, os.W_OK)
+    """Whether rldiag may write the run's outputs: in ``RUN/rldiag``, or in its mirror under
+    ``$RLDIAG_HOME`` when the run itself is read-only (:attr:`RunLayout.output_dir`)."""
+    out = Path(RunLayout(Path(run)).output_dir)
+    while not out.exists() and out.parent != out:
+        out = out.parent
+    return os.access(out, os.W_OK)
 
 
-READ_ONLY = ("This run is read-only here (the bundled sample inside the install, or a directory you cannot "
-             "write): recomputing is off. Open the sample from the picker (it makes a copy you can write) or a "
-             "run directory of your own.")
+def output_note(run: str | Path) -> str | None:
+    """Where rldiag keeps what it computes for a run it may not write into (None: in the run)."""
+    layout = RunLayout(Path(run))
+    if not layout.mirrored:
+        return None
+    return (f"This run is read-only here (the bundled sample inside the install, a read-only directory, or one "
+            f"named in ${READ_ONLY_VAR}): rldiag keeps what it computes for it in `{layout.output_dir}`.")
+
+
+READ_ONLY = ("rldiag can write neither into this run nor into its mirror under your rldiag directory "
+             f"(${HOME_VAR}): recomputing is off. Set {HOME_VAR} to a directory you can write.")
 
 HOW_TO = """No run is open. Give one:
 

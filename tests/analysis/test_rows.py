@@ -158,7 +158,7 @@ def test_without_per_row_tables_the_error_says_to_recompute(tmp_path):
 
 def test_step_tokens_saved_or_recomputed_in_a_temporary_directory(run):
     before = sorted(p.relative_to(run) for p in (run / "rldiag").rglob("*"))
-    t = rldiag.step_tokens(run, 2)  # the baseline saved no tokens: recomputed aside
+    t = rldiag.step_token_frame(run, 2)  # the baseline saved no tokens: recomputed aside
     assert sorted(p.relative_to(run) for p in (run / "rldiag").rglob("*")) == before  # nothing written into the run
     assert t["row"].to_list() == list(range(16))
     assert {"advantages", "ratio", "loss_weight", "turn", "response_mask"} <= set(t.columns)
@@ -167,6 +167,6 @@ def test_step_tokens_saved_or_recomputed_in_a_temporary_directory(run):
     assert np.allclose(adv, rows["advantage_mean"].to_numpy(), atol=1e-6)
     assert np.allclose([sum(w) for w in t["loss_weight"].to_list()], rows["loss_weight"].to_numpy(), atol=1e-6)
     saved = rldiag.recompute(run, name="tok", save_tokens=True, steps="2", device="cpu")
-    assert rldiag.step_tokens(run, 2, "tok").equals(saved.token_frame(2))
+    assert rldiag.step_token_frame(run, 2, "tok").equals(saved.token_frame(2))
     with pytest.raises(RunDirError, match="no batch file for step 99"):
-        rldiag.step_tokens(run, 99)
+        rldiag.step_token_frame(run, 99)

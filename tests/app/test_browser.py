@@ -3,8 +3,9 @@
 The sample loads and a chart renders; lines appended to metrics.jsonl (a half-written one
 included) appear without a reload; changing the estimator on the what-if page and recomputing
 adds the scenario to its chart; every page renders (Off-policy with its mismatch diagnosis shown
-without a click, Rollouts with its table). Screenshots of each page go to ``$RLDIAG_SCREENSHOTS``
-(else the test's tmp dir).
+without a click, Rollouts with its table). On a fresh copy of the sample, Step, Off-policy and
+Health draw their content (from the baseline the app computes on open, in the background) without
+any button pressed. Screenshots of each page go to ``$RLDIAG_SCREENSHOTS`` (else the test's tmp dir).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rldiag.io.run_layout import mirror_dir
 from rldiag.synth import SynthSpec, write_synth_run
 from rldiag.viz.charts import LOGGED_COLOUR
 from rldiag.viz.echarts import GRID_TOP
@@ -272,8 +274,10 @@ def test_picker_sample_click_to_step_and_cancel(browser_env, tmp_path):
             pg.get_by_text("No run is open", exact=False).wait_for()
             pg.get_by_role("button", name="Open the bundled sample", exact=False).click()
             pg.wait_for_selector(PANEL)
-            copy = home / "samples" / default_run().name
-            assert (copy / "batches").is_dir()
+            # the sample is opened where it is (inside the install, never written): its outputs go
+            # to its mirror under $RLDIAG_HOME
+            copy = mirror_dir(default_run(), env={"RLDIAG_HOME": str(home)})
+            assert copy.parent == home / "runs" and (copy / "source.json").is_file()
             # a click on a point of a panel's line opens that step on the Step page
             clicked = _click_a_point(pg)
             pg.get_by_role("heading", name="Step").wait_for()
@@ -286,11 +290,44 @@ def test_picker_sample_click_to_step_and_cancel(browser_env, tmp_path):
             # so, and otherwise that nothing was written, and the run directory must agree
             note = pg.get_by_text("Cancelled:", exact=False).or_(pg.get_by_text("had finished before Cancel", exact=False))
             note.first.wait_for()
-            written = (copy / "rldiag" / "scenarios" / f"adv_estimator={target}").exists()
+            written = (copy / "scenarios" / f"adv_estimator={target}").exists()
             assert written == pg.get_by_text("had finished before Cancel", exact=False).is_visible()
             if written:
-                assert (copy / "rldiag" / "scenarios" / f"adv_estimator={target}" / "scenario.json").is_file()
+                assert (copy / "scenarios" / f"adv_estimator={target}" / "scenario.json").is_file()
+            assert not (default_run() / "rldiag").exists()
             assert not pg.locator('[data-testid="stException"]').count()
+        finally:
+            ctx.close()
+    assert_no_stack_trace(tmp_path / "streamlit.log")
+
+
+def test_a_fresh_copy_draws_every_page_without_a_click(browser_env, browser_run, tmp_path):
+    """As a new user: ``rldiag app`` on a fresh copy of the sample, straight to Step, Off-policy
+    and Health (and Rollouts where the app has it): each draws its content, with the baseline's
+    values, and no button is pressed; the baseline the app computed in the background is on disk."""
+    sync_api = browser_env
+    from rldiag.app.main import PAGES
+
+    with AppServer(browser_run, log=tmp_path / "streamlit.log") as srv, sync_api.sync_playwright() as p:
+        ctx, pg = _browser(tmp_path, sync_api, p)
+        try:
+            pg.goto(srv.url + "/step")
+            pg.get_by_role("heading", name="Step").wait_for()
+            pg.get_by_text("advantage · baseline", exact=False).first.wait_for()  # the groups chart's legend
+            pg.get_by_text("Debugging checklist", exact=False).first.wait_for()
+            pg.wait_for_selector(CHART)
+            _goto(pg, "Off-policy")
+            pg.get_by_text(re.compile(r"precision, confidence \d\.\d\d")).first.wait_for(timeout=120_000)
+            pg.wait_for_selector(CHART)
+            _goto(pg, "Health")
+            # the doctor with the baseline's signals: every sample step recomputed
+            pg.get_by_text(re.compile(r"over \d+ logged and 30 recomputed steps")).first.wait_for(timeout=120_000)
+            pg.get_by_text("Rules without a finding").wait_for()
+            if any(u == "rollouts" for *_, u in PAGES):
+                _goto(pg, "Rollouts")
+                pg.wait_for_selector('[data-testid="stDataFrame"], ' + CHART)
+            assert not pg.locator('[data-testid="stException"]').count()
+            assert (browser_run / "rldiag" / "scenarios" / "baseline" / "scenario.json").is_file()
         finally:
             ctx.close()
     assert_no_stack_trace(tmp_path / "streamlit.log")

@@ -69,13 +69,17 @@ from rldiag.cli.cmd_app import app_command
 import argparse
 cmd = app_command(argparse.Namespace(runs=[], port=None, address=None, headless=True))
 from streamlit.testing.v1 import AppTest
+from rldiag.app import worker
+from rldiag.io.run_layout import RunLayout
+worker.MODE = "sync"  # the baseline computed on open, before the page is drawn
 sample = runs.default_run()
-copy = runs.sample_copy()
 at = AppTest.from_file(cmd[4], default_timeout=120)
-at.session_state["run_path"] = str(copy)
+at.session_state["run_path"] = str(sample)
 at.run()
-print(json.dumps(dict(rldiag=rldiag.__file__, script=cmd[4], sample=str(sample), copy=str(copy),
-                      bundled=runs.is_bundled(sample), writable=runs.writable(copy),
+out = RunLayout(sample).output_dir
+print(json.dumps(dict(rldiag=rldiag.__file__, script=cmd[4], sample=str(sample), out=str(out),
+                      baseline=(out / "scenarios" / "baseline" / "scenario.json").is_file(),
+                      bundled=runs.is_bundled(sample), writable=runs.writable(sample),
                       errors=[str(e.value) for e in at.exception], charts=len(at.get("echarts_chart")))))
 """
     got = subprocess.run([str(py), "-c", probe], check=True, capture_output=True, text=True, cwd=elsewhere, env=env)
@@ -83,7 +87,9 @@ print(json.dumps(dict(rldiag=rldiag.__file__, script=cmd[4], sample=str(sample),
     assert info["rldiag"].startswith(str(site)), info  # the wheel's rldiag, not the checkout's
     assert info["script"].startswith(str(site)) and Path(info["script"]).is_file()
     assert info["sample"].startswith(str(site)) and info["bundled"]
-    assert info["copy"].startswith(str(tmp_path / "home")) and info["writable"]
+    # the install is never written: the sample's outputs go to its mirror under $RLDIAG_HOME
+    assert info["out"].startswith(str(tmp_path / "home" / "runs")) and info["writable"] and info["baseline"]
+    assert not (Path(info["sample"]) / "rldiag").exists()
     assert info["errors"] == [] and info["charts"] >= 1
     # the console script resolves the packaged script too
     script = py.parent / "rldiag"

@@ -174,6 +174,13 @@ def test_no_metrics_logged_is_said_so(tmp_path):
     run = write_synth_run(tmp_path / "r", SynthSpec(steps=2, write_metrics=False))
     at = open_app(run)
     assert any("No metrics logged yet" in i.value for i in at.info)
+    # the baseline computed on open is drawn meanwhile
+    assert panels(at) and all(series_names(p) == ["baseline"] for p in panels(at).values())
+    empty = write_synth_run(tmp_path / "e", SynthSpec(steps=2, write_metrics=False))
+    for f in (empty / "batches").iterdir():
+        f.unlink()
+    at = open_app(empty)
+    assert any("No metrics logged yet" in i.value for i in at.info)
     assert not panels(at)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -96,9 +97,11 @@ def test_offpolicy_diagnosis_and_pictures_on_open(tmp_path):
     assert at.session_state["op_mismatch"][1].steps == diag.steps[:-1]
 
 
-def test_offpolicy_on_a_read_only_run_writes_nothing(rldiag_home):
-    """The bundled sample itself: the diagnosis streamed from the batch files with nothing
-    written (no baseline scenario), the pictures drawn from the batch files."""
+def test_offpolicy_on_a_read_only_run_computes_into_its_mirror(rldiag_home):
+    """The bundled sample itself (inside the install, never written): the baseline and the
+    diagnosis are computed into its mirror under $RLDIAG_HOME, and drawn."""
+    from rldiag.io.run_layout import mirror_dir
+
     sample = default_run()
     if sample is None:
         pytest.skip("no bundled sample in this checkout")
@@ -109,14 +112,15 @@ def test_offpolicy_on_a_read_only_run_writes_nothing(rldiag_home):
     assert [(c.cause, c.severity) for c in diag.causes] == [("precision", "info")]
     assert any((s["layout"].get("title") or {}).get("text", "").startswith("Rollout vs trainer") for s in charts(at))
     assert sorted(p.name for p in sample.iterdir()) == before
+    mirror = mirror_dir(sample)
+    assert mirror.is_relative_to(rldiag_home / "runs") and (mirror / "scenarios" / "baseline" / "scenario.json").is_file()
+    assert any(str(mirror) in c.value for c in at.sidebar.caption)  # the page says where its outputs are
 
 
-def test_health_findings_and_deeper_look(app_run):
+def test_health_findings_with_the_baseline_on_open(app_run):
+    """No toggle, no click: the doctor reads the logged metrics and the background baseline's."""
     at = open_app(app_run, HEALTH)
-    line = next(c.value for c in at.caption if "recomputed steps" in c.value)
-    assert "over 4 logged and 0 recomputed steps" in line
-    at.toggle(key="he_recompute").set_value(True).run()
-    assert not at.exception
+    assert not at.toggle and not at.info
     line = next(c.value for c in at.caption if "recomputed steps" in c.value)
     assert "over 4 logged and 6 recomputed steps" in line
     report = at.session_state["he_report"][1]
@@ -124,13 +128,30 @@ def test_health_findings_and_deeper_look(app_run):
     assert len(shown) == len(report.findings)
     rules = at.dataframe[-1].value["rule"].tolist()
     assert set(rules) == set(report.passed) | set(report.not_evaluated) | set(report.not_applicable)
+    at.run()
+    assert at.session_state["he_report"][1] is report  # nothing changed: not run again
+
+
+def test_health_on_a_fresh_copy_of_the_sample(tmp_path):
+    import shutil
+
+    sample = default_run()
+    if sample is None:
+        pytest.skip("no bundled sample in this checkout")
+    run = tmp_path / "run"
+    shutil.copytree(sample, run, ignore=shutil.ignore_patterns("rldiag"))
+    at = open_app(run, HEALTH)
+    report = at.session_state["he_report"][1]
+    assert report.recomputed_steps == 30 and report.recompute_error is None
+    assert any("over 30 logged and 30 recomputed steps" in c.value for c in at.caption)
+    assert at.get("page_link")  # its findings' steps, linked
+    meta = json.loads((run / "rldiag" / "scenarios" / "baseline" / "scenario.json").read_text())
+    assert meta["steps_reused"] == list(range(1, 31))  # the doctor read back what the worker wrote
 
 
 def test_health_links_open_the_step_page(tmp_path):
     """A planted failure (responses clipped at max length) gives a finding whose steps link to
     the Step page."""
-    import json
-
     from rldiag.synth import SynthSpec, write_synth_run
 
     run = write_synth_run(tmp_path / "r", SynthSpec(steps=3))
@@ -139,7 +160,8 @@ def test_health_links_open_the_step_page(tmp_path):
     at = open_app(run, HEALTH)
     assert any("length_clipped" in m.value for m in at.markdown)
     links = [el.proto for el in at.get("page_link")]
-    assert [(p.page, p.label, p.query_string) for p in links] == [("step", f"step {s}", f"step={s}") for s in (1, 2, 3)]
+    # (the baseline's signals may add findings on the same steps)
+    assert {(p.page, p.label, p.query_string) for p in links} == {("step", f"step {s}", f"step={s}") for s in (1, 2, 3)}
 
 
 def test_a_broken_run_is_an_error_in_the_page(tmp_path):
@@ -169,28 +191,38 @@ def test_the_picker_opens_a_typed_path_and_remembers_it(app_run, rldiag_home):
     assert again.text_input(key="run_path").value == str(app_run.resolve())
 
 
-def test_the_bundled_sample_opens_as_a_writable_copy(rldiag_home):
+def test_the_bundled_sample_opens_in_place_with_its_outputs_in_the_mirror(rldiag_home):
+    from rldiag.io.run_layout import mirror_dir
+
     sample = default_run()
     if sample is None:
         pytest.skip("no bundled sample in this checkout")
     before = sorted(p.name for p in sample.iterdir())
     at = open_app(None)
-    assert not panels(at)  # no run given: the picker, not the sample inside the install
+    assert not panels(at)  # no run given: the picker
     at.button(key="pk_sample").click().run()
     opened = Path(at.text_input(key="run_path").value)
-    assert opened == rldiag_home / "samples" / sample.name and runs.writable(opened)
+    assert opened == sample and runs.is_bundled(opened) and runs.writable(opened)
     assert panels(at), "the sample's metrics panels"
+    assert (mirror_dir(sample) / "scenarios" / "baseline").is_dir()  # the baseline, computed on open
     assert sorted(p.name for p in sample.iterdir()) == before  # the install is untouched
 
 
-def test_the_bundled_sample_itself_is_read_only(rldiag_home):
+def test_the_bundled_sample_recomputes_into_its_mirror(rldiag_home):
     sample = default_run()
     if sample is None:
         pytest.skip("no bundled sample in this checkout")
-    assert runs.is_bundled(sample) and not runs.writable(sample)
+    assert runs.is_bundled(sample) and runs.writable(sample)
     at = open_app(sample, "views/whatif.py")
+    assert not at.button(key="wi_run").disabled
+    assert any("read-only here" in c.value for c in at.sidebar.caption)
+
+
+def test_a_run_rldiag_can_write_nowhere_has_recomputing_off(app_run, monkeypatch):
+    monkeypatch.setattr(runs, "writable", lambda run: False)
+    at = open_app(app_run, "views/whatif.py")
     assert at.button(key="wi_run").disabled
-    assert any("read-only" in c.value for c in at.caption)
+    assert any("can write neither" in c.value for c in at.caption)
 
 
 def test_health_layout_audit_on_open_cached_on_the_batch_files(app_run):

@@ -87,7 +87,7 @@ def test_opening_a_row_shows_its_transcript_and_group(app_run):
     at.selectbox(key="ro_open").set_value(6).run()
     step, row, uid = int(table["step"][6]), int(table["row"][6]), table["uid"][6]
     assert any(f"Step {step}, row {row}" in h.value for h in at.subheader)
-    tokens = rldiag.step_tokens(app_run, step)  # the baseline's saved tokens
+    tokens = rldiag.step_token_frame(app_run, step)  # the baseline's saved tokens
     assert _html(at).count('class="tok') == len(tokens["advantages"][row])
     group = at.dataframe[1].value  # the group table
     assert row in group["row"].tolist() and len(group) == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
+import pytest
 
 from rldiag.recompute import recompute
 from rldiag.viz.charts import mask_spans
@@ -54,16 +55,44 @@ def test_a_link_to_a_step_opens_it(app_run):
     assert at.selectbox(key="st_step").value == 4
 
 
-def test_without_tokens_the_page_offers_to_recompute(app_run):
+def test_without_tokens_the_step_is_computed_on_demand(app_run):
+    """No scenario saved tokens: the baseline is computed on open (without tokens: the
+    background worker) and the chosen step's tokens on demand into the token cache; the page
+    is drawn whole without a click, and the next step gets its own tokens the same way."""
     shutil.rmtree(app_run / "rldiag")
     at = open_app(app_run, PAGE)
-    assert any("No scenario saved per-token outputs" in i.value for i in at.info)
-    items = _checklist(at)
-    assert len(items) == 8 and "Needs a scenario with saved tokens" in items[1]
-    at.button(key="st_recompute").click().run()
-    assert not at.exception
+    assert not at.info and not at.get("button")
     assert at.selectbox(key="st_a").value == "baseline"
     assert "advantage · baseline" in trace_names(charts(at)[0])
+    cache = app_run / "rldiag" / "cache" / "baseline" / "tokens"
+    assert sorted(p.name for p in cache.iterdir()) == ["step_000001.parquet"]
+    assert not (app_run / "rldiag" / "scenarios" / "baseline" / "tokens").exists()
+    items = _checklist(at)
+    assert len(items) == 8 and not any("Needs a scenario with saved tokens" in i for i in items)
+    at.selectbox(key="st_step").set_value(4).run()
+    assert not at.exception
+    assert sorted(p.name for p in cache.iterdir()) == ["step_000001.parquet", "step_000004.parquet"]
+    groups = charts(at)[0]
+    assert groups["data"][0]["x"][0][0].startswith("s4-") and "advantage · baseline" in trace_names(groups)
+
+
+def test_a_fresh_copy_of_the_sample_draws_the_step_without_a_click(tmp_path):
+    """As a new user opens it: the Step page of a fresh copy of the sample has its groups, the
+    heat strip and the checklist, with the baseline's advantages, and no button to press."""
+    from rldiag.viz.runs import default_run
+
+    sample = default_run()
+    if sample is None:
+        pytest.skip("no bundled sample in this checkout")
+    run = tmp_path / "run"
+    shutil.copytree(sample, run, ignore=shutil.ignore_patterns("rldiag"))
+    at = open_app(run, PAGE)
+    assert not at.get("button") and not at.warning and not at.error
+    groups, strip = charts(at)
+    assert "advantage · baseline" in trace_names(groups) and strip["data"][0]["y"][0] == "advantage"
+    assert len(_checklist(at)) == 8
+    meta = (run / "rldiag" / "scenarios" / "baseline" / "scenario.json")
+    assert meta.is_file()  # the background baseline (synchronous in tests)
 
 
 def _add_text(run):

@@ -212,3 +212,111 @@ def test_the_spelling_check_finds_spellings():
     assert _path_spellings('p = run / "metrics.jsonl"\nq = f"step_{n:06d}.parquet"\nr = root / "rldiag"\n') == [
         (1, "metrics.jsonl"), (2, "step_"), (3, "rldiag")]
     assert _path_spellings('d = {"batches": 1}\nprint("no metrics.jsonl here")\nf(dest="batches")\n') == []
+
+
+# -- where RUN/rldiag is: the run, or its mirror under $RLDIAG_HOME ------------------------------
+
+
+def test_rldiag_home_resolution(tmp_path):
+    from rldiag.io.run_layout import rldiag_home
+
+    assert rldiag_home({"RLDIAG_HOME": str(tmp_path / "h")}) == tmp_path / "h"
+    assert rldiag_home({"XDG_CACHE_HOME": str(tmp_path / "xdg")}) == tmp_path / "xdg" / "rldiag"
+    assert rldiag_home({}) == Path.home() / ".cache" / "rldiag"
+
+
+def test_a_writable_run_keeps_its_outputs(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLDIAG_HOME", str(tmp_path / "home"))
+    run = tmp_path / "run"
+    run.mkdir()
+    layout = RunLayout(run)
+    assert layout.output_dir == run / "rldiag" and not layout.mirrored
+    assert not (tmp_path / "home").exists()
+
+
+def test_a_read_only_run_is_mirrored_under_the_home(tmp_path, monkeypatch):
+    """A run named in $RLDIAG_READ_ONLY (the test hook: as root, chmod does not stop a write, and
+    os.access says yes) writes into $RLDIAG_HOME/runs/<16 hex of the SHA-256 of its resolved path>,
+    laid out as RUN/rldiag; a link to it resolves to the same mirror."""
+    import hashlib
+    import json
+    import os
+
+    from rldiag.io.run_layout import mirror_dir, mirror_source, run_is_writable
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("RLDIAG_HOME", str(home))
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    monkeypatch.setenv("RLDIAG_READ_ONLY", os.pathsep.join([str(tmp_path / "elsewhere"), str(tmp_path / "runs")]))
+    key = hashlib.sha256(str(run.resolve()).encode()).hexdigest()[:16]
+    layout = RunLayout(run)
+    assert not run_is_writable(run) and layout.mirrored
+    assert layout.output_dir == home / "runs" / key == mirror_dir(run)
+    assert layout.scenario("baseline").meta == home / "runs" / key / "scenarios" / "baseline" / "scenario.json"
+    assert layout.comparison("a", "b").dir == home / "runs" / key / "comparisons" / "a__vs__b"
+    assert layout.layout_audit.dir == home / "runs" / key / "sweeps" / "layout-audit"
+    assert layout.token_cache("baseline").dir == home / "runs" / key / "cache" / "baseline"
+    assert layout.batch_file(3) == run / "batches" / "step_000003.parquet"  # the inputs stay the run's
+    assert mirror_source(layout.output_dir) == str(run.resolve())
+    assert json.loads((layout.output_dir / "source.json").read_text()) == {"run": str(run.resolve())}
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    assert RunLayout(link).output_dir == layout.output_dir
+    assert RunLayout(tmp_path / "runs-other").output_dir == tmp_path / "runs-other" / "rldiag"  # a prefix is not a parent
+
+
+def test_write_permission_decides(tmp_path, monkeypatch):
+    """os.access(W_OK) on RUN/rldiag where it exists, else on RUN."""
+    import os
+
+    from rldiag.io import run_layout
+
+    monkeypatch.setenv("RLDIAG_HOME", str(tmp_path / "home"))
+    run = tmp_path / "run"
+    (run / "rldiag").mkdir(parents=True)
+    asked = []
+
+    def access(path, mode):
+        asked.append(Path(path))
+        return False
+
+    monkeypatch.setattr(run_layout.os, "access", access)
+    assert RunLayout(run).mirrored and asked == [run / "rldiag"]
+    (run / "rldiag").rmdir()
+    asked.clear()
+    assert RunLayout(run).mirrored and asked == [run]
+    monkeypatch.setattr(run_layout.os, "access", lambda path, mode: mode == os.W_OK)
+    assert not RunLayout(run).mirrored
+
+
+def test_the_install_is_never_written(tmp_path, monkeypatch):
+    from rldiag.io.run_layout import INSTALL_DIR
+
+    monkeypatch.setenv("RLDIAG_HOME", str(tmp_path / "home"))
+    sample = INSTALL_DIR / "app" / "samples" / "grpo-tool"
+    layout = RunLayout(sample)
+    assert layout.mirrored and layout.output_dir.is_relative_to(tmp_path / "home" / "runs")
+
+
+def test_a_store_run_keeps_writing_into_the_store_unless_declared_read_only(root, tmp_path, monkeypatch):
+    import hashlib
+
+    if isinstance(root, Path):
+        pytest.skip("the object-store case")
+    monkeypatch.setenv("RLDIAG_HOME", str(tmp_path / "home"))
+    assert _rel(RunLayout(root).output_dir, root) == "rldiag"  # no request made to find out
+    monkeypatch.setenv("RLDIAG_READ_ONLY", "s3://bucket/runs")
+    key = hashlib.sha256(b"s3://bucket/runs/run").hexdigest()[:16]
+    layout = RunLayout(root)
+    assert layout.output_dir == tmp_path / "home" / "runs" / key and layout.mirrored
+    assert isinstance(layout.scenario("baseline").dir, Path) and isinstance(layout.batch_file(1), RemotePath)
+
+
+def test_read_only_entries_keep_uris_whole():
+    import os
+
+    from rldiag.io.run_layout import read_only_entries
+
+    text = os.pathsep.join(["/data/a", "s3://bucket/run", "", "gs://b/x/"])
+    assert read_only_entries(text) == ["/data/a", "s3://bucket/run", "gs://b/x/"]

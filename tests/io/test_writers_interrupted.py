@@ -1,8 +1,8 @@
 """Every writer of a run directory goes through the staged writer (rldiag.io.staged), and a write
 interrupted part way leaves the previous state, on local disk and in an object store: a
 recompute's scenario, a compare's comparison, the capture's step files (which a trainer writes
-on local disk: an object store cannot take its metrics appends), the app's sample copy (local by
-design). The W&B import's are in tests/importers (test_wandb_online, test_import_object_store)."""
+on local disk: an object store cannot take its metrics appends). The W&B import's are in
+tests/importers (test_wandb_online, test_import_object_store)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from rldiag.io.outputs import read_scenario
 from rldiag.io.run_layout import RunLayout
 from rldiag.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
-from rldiag.viz import runs
 
 #: the driver module (``rldiag.recompute`` as an attribute is the API's function, see rldiag/__init__.py)
 recompute_mod = importlib.import_module("rldiag.recompute")
@@ -121,33 +120,3 @@ def test_an_interrupted_step_write_of_the_capture_leaves_the_previous_file(tmp_p
 def test_the_capture_writes_local_disk_only():
     with pytest.raises(CaptureError, match="cannot append to metrics.jsonl"):
         RunWriter("s3://bucket/run")
-
-
-def test_the_sample_copy_is_staged_and_swapped_in(tmp_path, monkeypatch):
-    sample = write_synth_run(tmp_path / "sample", SynthSpec(steps=2, seed=1))
-    recompute(sample, name="s", device="cpu")  # outputs are never copied
-    env = {runs.HOME_VAR: str(tmp_path / "home")}
-    real = runs.open_staged
-
-    def interrupted(target, **kw):
-        writer = real(target, **kw)
-        add_file = writer.add_file
-
-        def add(rel, src, move=False):
-            if rel == "metrics.jsonl":
-                raise OutputError("interrupted")
-            add_file(rel, src, move)
-
-        writer.add_file = add  # type: ignore[method-assign]
-        return writer
-
-    monkeypatch.setattr(runs, "open_staged", interrupted)
-    with pytest.raises(OutputError, match="interrupted"):
-        runs.sample_copy(env, sample)
-    samples = tmp_path / "home" / "samples"
-    assert list(samples.iterdir()) == []  # no copy, no staging directory
-    monkeypatch.setattr(runs, "open_staged", real)
-    copy = runs.sample_copy(env, sample)
-    assert copy == samples / "sample" and runs.writable(copy)
-    assert sorted(snapshot(copy)) == ["batches/step_1.parquet", "batches/step_2.parquet", "metrics.jsonl", "run.yaml"]
-    assert snapshot(copy)["batches/step_1.parquet"] == (sample / "batches" / "step_1.parquet").read_bytes()

@@ -1,5 +1,10 @@
-"""Health: the doctor's findings, each with the steps behind it (links to the Step page); the layout
-audit (which metrics are artefacts of the parallel layout)."""
+"""Health: the doctor's findings over the logged metrics and the background baseline, each with the
+steps behind it (links to the Step page); the layout audit (which metrics are artefacts of the
+parallel layout)."""
+
+from __future__ import annotations
+
+import contextlib
 
 import streamlit as st
 
@@ -13,18 +18,36 @@ st.title("Health")
 store = session.store_or_stop()
 
 
-def page() -> None:
-    deep = st.toggle("Recompute the run for the doctor's own signals (slower)", key="he_recompute", value=False,
-                     disabled=not session.can_write(store))
-    key = (str(store.run), deep, store.status().size, tuple(store.steps()), tuple(store.scenario_names()))
+def doctor() -> tuple[api.DiagnoseResult, bool]:
+    """The doctor's report and whether it has the recomputed signals: the run's logged metrics
+    and the background baseline's (read back by :func:`rldiag.api.diagnose`, every unchanged step
+    reused) once the baseline is up to date; until then the last full report of the session, else
+    the logged metrics alone. Kept until the logged metrics, the batch files, the config or the
+    baseline change, or "Run the doctor again"."""
+    snap = session.baseline_state(store)
+    waiting = snap is not None and snap.busy
+    full = not waiting and session.can_write(store)
+    key = (str(store.run), full, store.status().size, store.inputs_sig(), snap.version if snap else 0)
     cached = st.session_state.get("he_report")
+    if waiting and cached is not None and cached[2]:
+        return cached[1], True  # the last full report, while the baseline catches up
     if cached is None or cached[0] != key or st.button("Run the doctor again", key="he_again"):
         bar = st.progress(0.0, text="doctor")
-        report = api.diagnose(store.run, recompute=deep, device="cpu",
-                              progress=session.progress_callback(bar, "doctor"))
+        with session.baseline_lock(store) if full else contextlib.nullcontext():
+            report = api.diagnose(store.run, recompute=full, device="cpu",
+                                  progress=session.progress_callback(bar, "doctor"))
         bar.empty()
-        st.session_state["he_report"] = (key, report)
-    report = st.session_state["he_report"][1]
+        st.session_state["he_report"] = cached = (key, report, full)
+    return cached[1], bool(cached[2])
+
+
+def page() -> None:
+    report, full = doctor()
+    snap = session.baseline_state(store)
+    if snap is not None and snap.busy:
+        st.info("The baseline is being computed (above): the findings below "
+                + ("are those of its last version" if full else "are the logged metrics' alone")
+                + "; the doctor's own signals join when it is done.")
     views = health.finding_views(report)
     st.caption(health.coverage_line(report))
     if report.recompute_error:
@@ -60,9 +83,14 @@ def layout_audit_section() -> None:
         return
     if not session.can_write(store):
         return
+    snap = session.baseline_state(store)
+    busy = snap is not None and snap.busy  # the baseline first: then the audit (both take the CPU)
+    if busy and "he_layout_audit" not in st.session_state:
+        st.info("The layout audit runs once the baseline (above) is computed.")
+        return
     key = (str(store.run), layout_audit.batch_key(files))
     cached = st.session_state.get("he_layout_audit")
-    if cached is None or cached[0] != key or st.button("Audit the layouts again", key="he_layout_again"):
+    if (not busy and (cached is None or cached[0] != key)) or st.button("Audit the layouts again", key="he_layout_again"):
         bar = st.progress(0.0, text="layout audit")
         try:
             result = api.layout_audit(store.run, device="cpu", progress=session.progress_callback(bar, "layout audit"))

@@ -39,6 +39,9 @@ def controls():
         st.info(f"No metrics logged yet: {store.rd.metrics_file} is missing or holds no numeric value, and no "
                 "scenario was recomputed. The page follows the file and shows metrics as soon as they are logged.")
         return None
+    if not store.logged_names():
+        st.info(f"No metrics logged yet: {store.rd.metrics_file} is missing or holds no numeric value. The panels "
+                "show the recomputed ones; the page follows the file and adds the logged ones as they come.")
     groups = group_by_prefix(names)
 
     c1, c2 = st.columns([3, 2])
@@ -55,8 +58,14 @@ def controls():
 
     c3, c4 = st.columns([3, 2])
     if "m_scenarios" not in st.session_state:
-        st.session_state["m_scenarios"] = [s for s in scenarios if s == "baseline"]
-    overlay = c3.multiselect("Recomputed scenarios on the same axes", scenarios, key="m_scenarios")
+        st.session_state["m_scenarios"] = []
+    if st.session_state.get("m_scenarios_auto", True) and "baseline" in scenarios \
+            and "baseline" not in st.session_state["m_scenarios"]:
+        # the baseline joins the panels when the background worker has written it, until the
+        # overlay is changed by hand
+        st.session_state["m_scenarios"] = ["baseline", *st.session_state["m_scenarios"]]
+    overlay = c3.multiselect("Recomputed scenarios on the same axes", scenarios, key="m_scenarios",
+                             on_change=lambda: st.session_state.update(m_scenarios_auto=False))
     smoothing = c4.slider("EMA smoothing", 0.0, 0.99, 0.0, 0.01, key="m_ema")
 
     c5, c6, c7 = st.columns([1, 1, 2])

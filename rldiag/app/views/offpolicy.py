@@ -1,5 +1,5 @@
 """Off-policy: why the rollout engine's log-probs differ from the trainer's (the mismatch
-diagnosis, computed on open, and the pictures of its fingerprints on one step), then how far the
+diagnosis, computed on open from the background baseline, and the pictures of its fingerprints on one step), then how far the
 rollout policy is from the trainer's (``rollout_corr/*``): IS weights and their distribution,
 effective sample size, KL, chi-squared, PPL gap, rejection fractions."""
 
@@ -24,18 +24,23 @@ store = session.store_or_stop()
 
 
 def diagnosis() -> api.MismatchResult | None:
-    """The run's mismatch diagnosis (:func:`rldiag.api.mismatch`), computed on open with a
-    progress bar and kept in the session until the batch files or the config change; None
-    when it cannot be had (the error or the reason shown)."""
+    """The run's mismatch diagnosis (:func:`rldiag.api.mismatch`): once the background baseline
+    is up to date, from its per-step fingerprints (every unchanged step reused), kept in the
+    session until the batch files or the config change; None while the baseline is being
+    computed, or when it cannot be had (the error or the reason shown)."""
     key = (str(store.run), store.inputs_sig())
     cached = st.session_state.get("op_mismatch")
     if cached is None or cached[0] != key:
-        # a run rldiag may not write into: the statistics alone, streamed, nothing written
-        write = session.can_write(store)
+        snap = session.baseline_state(store)
+        if snap is not None and snap.busy:
+            st.info("The diagnosis reads the baseline's per-step fingerprints: it shows here as soon as the "
+                    "baseline (above) is computed. The pictures below are drawn from the batch files meanwhile.")
+            return None
+        write = session.can_write(store)  # else the statistics alone, streamed, nothing written
         bar = st.progress(0.0, text=DIAGNOSIS)
         progress = session.progress_callback(bar, DIAGNOSIS)
         try:
-            with session.heavy_work():
+            with session.baseline_lock(store), session.heavy_work():
                 result: api.MismatchResult | str = api.mismatch(store.run, device="cpu", write=write,
                                                                    progress=progress)
         except RldiagError as exc:
@@ -127,13 +132,20 @@ def page() -> None:
     mismatch_section()
     scenarios = store.scenario_names()
     with_rc = [s for s in scenarios if panels(store.scenario_metric_names(s))]
-    if "op_scenarios" not in st.session_state:
+    if st.session_state.get("op_scenarios_auto", True):
+        # until the overlay is changed by hand: the baseline (and one more), as scenarios appear
         st.session_state["op_scenarios"] = baseline_first(with_rc)[:2]
-    overlay = st.multiselect("Recomputed scenarios on the same axes", with_rc, key="op_scenarios")
+    overlay = st.multiselect("Recomputed scenarios on the same axes", with_rc, key="op_scenarios",
+                             on_change=lambda: st.session_state.update(op_scenarios_auto=False))
     groups = panels(store.metric_names(overlay))
     if not has_rollout_corr(groups):
-        st.info("No rollout_corr/* metrics: the run logged none and no scenario computed them. They need the "
-                "batches' rollout_log_probs; recompute on the What-if page (rollout_is=token adds IS weights).")
+        snap = session.baseline_state(store)
+        if snap is not None and snap.busy:
+            st.info("No rollout_corr/* metrics yet: the run logged none, and the baseline that computes them is "
+                    "under way (above).")
+        else:
+            st.info("No rollout_corr/* metrics: the run logged none and no scenario computed them. They need the "
+                    "batches' rollout_log_probs; recompute on the What-if page (rollout_is=token adds IS weights).")
     for title, metrics in groups.items():
         st.subheader(title)
         joined = store.joined(metrics, overlay, points=DEFAULT_POINTS)

@@ -40,7 +40,7 @@ store = session.store_or_stop()
 def step_tokens(run: str, scenario: str, step: int, sig: tuple) -> pl.DataFrame:
     """One step's per-token values under ``scenario`` (:func:`rldiag.api.step_tokens`: its saved
     tokens, else the step recomputed aside); ``sig`` keys the cache on the run's files."""
-    return api.step_tokens(run, step, scenario)
+    return api.step_token_frame(run, step, scenario)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

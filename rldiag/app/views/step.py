@@ -13,6 +13,7 @@ from rldiag.viz.tokentext import COLOURINGS, token_html, top_rows
 
 #: tokens listed per ranking
 TOP_K = 10
+BASELINE = "baseline"
 
 st.title("Step")
 store = session.store_or_stop()
@@ -35,20 +36,34 @@ def pick_step(steps: list[int]) -> int:
     return step
 
 
+def step_tokens(step: int) -> None:
+    """The baseline's per-token values of ``step``, computed on demand when no scenario has them
+    (a one-step recompute into the baseline's token cache: well under a second for a step of a
+    thousand rows); a step that failed is not tried again until the run's files change."""
+    key = (str(store.run), step, store.inputs_sig())
+    failed = st.session_state.setdefault("st_tokens_failed", {})
+    if key in failed:
+        st.warning(f"Step {step}'s per-token values could not be computed: {failed[key]}")
+        return
+    with st.spinner(f"Computing step {step}'s per-token values (the run's own settings)"):
+        with session.tokens_lock(store), session.heavy_work():
+            got = api.step_tokens(store.run, step, BASELINE, device="cpu")
+    if got.error:
+        failed[key] = got.error
+        st.warning(f"Step {step}'s per-token values could not be computed: {got.error}")
+
+
 def pick_scenarios(step: int) -> tuple[str | None, str | None]:
     have = store.scenarios_with_tokens(step)
+    if BASELINE not in have and session.can_write(store):
+        step_tokens(step)
+        have = store.scenarios_with_tokens(step)
     if not have:
-        st.info("No scenario saved per-token outputs for this step, so advantages, ratios and IS weights are "
-                "not available. Recompute the run's own settings with tokens (or use the What-if page).")
-        if st.button("Recompute baseline with tokens", key="st_recompute", disabled=not session.can_write(store)):
-            bar = st.progress(0.0)
-            with session.heavy_work():
-                api.recompute(store.run, name="baseline", save_tokens=True,
-                              progress=session.progress_callback(bar, "baseline"))
-            st.rerun()
+        st.info("No scenario has per-token outputs for this step, so advantages, ratios and IS weights are "
+                "not available (rldiag cannot write this run's outputs).")
         return None, None
     c1, c2 = st.columns(2)
-    a = c1.selectbox("Scenario A", have, key="st_a", index=have.index("baseline") if "baseline" in have else 0)
+    a = c1.selectbox("Scenario A", have, key="st_a", index=have.index(BASELINE) if BASELINE in have else 0)
     rest = [s for s in have if s != a]
     b = c2.selectbox("Scenario B", ["(none)"] + rest, key="st_b", index=1 if rest else 0)
     return a, (None if b == "(none)" else b)

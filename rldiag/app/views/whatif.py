@@ -1,6 +1,7 @@
 """What-if: recompute the run under other settings and see baseline, scenario and logged values
 side by side, with the compare command's agreement of the advantages."""
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -119,15 +120,20 @@ def cancelled_note(what: str, name: str) -> None:
 
 
 def run_scenarios(name: str, ovr: dict) -> None:
-    """Recompute the baseline (when missing) and the scenario; the steps that failed are kept
+    """Recompute the baseline (when missing, or without per-token outputs) and the scenario; the steps that failed are kept
     to leave them out of the compare and to name them."""
     bar = st.progress(0.0, text="starting")
     cancel_button("recompute", name)
     failed: dict[int, str] = {}
-    if BASELINE not in store.scenario_names() and name != BASELINE:
-        base = api.recompute(store.run, name=BASELINE, save_tokens=True, progress=session.progress_callback(bar, BASELINE))
-        failed.update(base.steps_failed)
-    report = api.recompute(store.run, ovr, name=name, save_tokens=True, progress=session.progress_callback(bar, name))
+    if name != BASELINE:
+        # the compare needs the baseline's per-token outputs: the background baseline saves none
+        with session.baseline_lock(store):
+            if BASELINE not in store.scenario_names() or not store.token_steps(BASELINE):
+                base = api.recompute(store.run, name=BASELINE, save_tokens=True,
+                                     progress=session.progress_callback(bar, BASELINE))
+                failed.update(base.steps_failed)
+    with session.baseline_lock(store) if name == BASELINE else contextlib.nullcontext():
+        report = api.recompute(store.run, ovr, name=name, save_tokens=True, progress=session.progress_callback(bar, name))
     failed.update(report.steps_failed)
     st.session_state.setdefault("wi_failed", {})[name] = failed
     bar.progress(1.0, text=f"{name}: {len(report.steps_done)} steps in {report.seconds:.1f} s"
