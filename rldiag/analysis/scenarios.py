@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rldiag.config.settings import find_config_file
 from rldiag.errors import RunDirError, StorageError
@@ -16,9 +16,6 @@ from rldiag.io.outputs import list_scenarios, sha256_file
 from rldiag.io.run_layout import RunLayout
 from rldiag.io.rundir import RunDir, parse_steps
 from rldiag.recompute import ProgressFn, recompute
-
-if TYPE_CHECKING:
-    pass
 
 
 def read_meta(run: Path | RemotePath, name: str) -> dict | None:
