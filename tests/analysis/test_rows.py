@@ -156,10 +156,9 @@ def test_without_per_row_tables_the_error_says_to_recompute(tmp_path):
         rldiag.rows(path)
 
 
-def test_step_tokens_saved_or_recomputed_in_a_temporary_directory(run):
-    before = sorted(p.relative_to(run) for p in (run / "rldiag").rglob("*"))
-    t = rldiag.step_token_frame(run, 2)  # the baseline saved no tokens: recomputed aside
-    assert sorted(p.relative_to(run) for p in (run / "rldiag").rglob("*")) == before  # nothing written into the run
+def test_step_tokens_saved_or_recomputed_into_the_token_cache(run):
+    t = rldiag.step_token_frame(run, 2)  # the baseline saved no tokens: recomputed into its token cache
+    assert (run / "rldiag" / "cache" / "baseline" / "tokens" / "step_000002.parquet").is_file()
     assert t["row"].to_list() == list(range(16))
     assert {"advantages", "ratio", "loss_weight", "turn", "response_mask"} <= set(t.columns)
     rows = rldiag.rows(run, where="step = 2", limit=None)
