@@ -55,3 +55,26 @@ def test_bench_prints_a_row_per_estimator(tmp_path):
     # (b) is cold: it left its scenario, and (b') a new one next to the scenario it took hashes from
     scen = tmp_path / "run-2-16-32" / "rldiag" / "scenarios"
     assert {"bench-grpo", "bench-known-grpo", "bench-hashes"} <= {p.name for p in scen.iterdir()}
+
+
+def test_bench_mismatch_prints_a_row_per_workload(tmp_path):
+    """bench/bench_mismatch.py: the mismatch stage on and off, whole processes, at the smallest size."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_mismatch.py"), "--dir", str(tmp_path), "--steps", "2",
+         "--rows", "16", "--tokens", "32", "--workloads", "uniform,step8k32k", "--scale", "0.02", "--repeat", "1",
+         "--in-process"],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    lines = out.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("workload"))
+    assert "CPU ratio" in lines[top] and "without MB" in lines[top]
+    work = {line.split()[0]: line.split() for line in lines[top + 2: top + 4]}
+    assert set(work) == {"uniform", "step8k32k"}
+    for name, cells in work.items():
+        on, off, ratio = float(cells[5]), float(cells[6]), float(cells[7])
+        assert on > 0 and off > 0 and _ratio_of_printed(ratio, on, off), (name, cells)
+        assert float(cells[8]) > 0 and float(cells[9]) > 0 and float(cells[10]) > 0  # CPU seconds and ratio
+        assert float(cells[11]) > 0 and float(cells[12]) > 0  # peak RSS with and without
+        with_cols, without_cols = cells[13].split("/")
+        assert int(with_cols) > 0 and int(without_cols) == 0, (name, cells)  # the stage ran, and only when on
+    assert any(line.strip().startswith("recompute_batch with the stage") for line in lines[top:])
