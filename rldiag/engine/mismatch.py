@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rldiag.engine.layout import Rows
@@ -83,6 +84,84 @@ def actor_tokens(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, r
     return ActorTokens(x, y, x - y, step_ids.index_select(0, row), row, pos, index)
 
 
+class _Steps:
+    """Per-step reductions over flat values ``(n,)`` keyed by ``step`` ``(n,)`` in ``[0, n_steps)``.
+
+    Sums are taken in the values' order, one after another, as :func:`seg_sum` (``index_add_``)
+    takes them, so they are the same values. Where the steps are contiguous and in order (a
+    packed batch's tokens) and on the CPU, each step's sum is the last of a running sum
+    (``cumsum``) over its slice, written over one scratch array that every sum reuses: about 2.5
+    times faster than ``index_add_``, and no array of the batch's size allocated (and
+    page-faulted in) per sum (bench/bench_mismatch.py)."""
+
+    def __init__(self, step: torch.Tensor, n: int, sizes: list[int] | None = None,
+                 scratch: torch.Tensor | None = None):
+        self.step, self.n = step, n
+        self.count = seg_count(step, n, torch.float64)
+        if sizes is None and step.device.type == "cpu" and (step.numel() < 2 or bool((step[1:] >= step[:-1]).all())):
+            sizes = self.count.to(torch.long).tolist()
+        self.sizes = sizes  # each step's tokens where they are contiguous and in order, else None
+        self._scratch = scratch
+
+    def scratch(self, numel: int) -> torch.Tensor:
+        """A float64 array of ``numel`` values, shared by every sum of these steps: what is
+        written to it lasts until the next sum."""
+        if self._scratch is None or self._scratch.numel() < numel:
+            self._scratch = torch.empty(numel, dtype=torch.float64, device=self.step.device)
+        return self._scratch[:numel]
+
+    def drop_last(self) -> _Steps:
+        """The same steps without the last value (``step[:-1]``), sharing the scratch array."""
+        sizes = None
+        if self.sizes is not None:
+            sizes = list(self.sizes)
+            filled = [i for i, k in enumerate(sizes) if k]
+            if filled:
+                sizes[filled[-1]] -= 1
+        return _Steps(self.step[:-1], self.n, sizes, self.scratch(max(self.step.numel() - 1, 0)))
+
+    def sum(self, v: torch.Tensor, in_scratch: bool = False) -> torch.Tensor:
+        """Each step's sum of ``v``; ``in_scratch``: ``v`` is (a prefix of) :meth:`scratch`,
+        which the running sum overwrites."""
+        if self.sizes is None:
+            return seg_sum(v, self.step, self.n)
+        if not in_scratch:
+            v = self.scratch(v.numel()).copy_(v)
+
+        def last(p: torch.Tensor) -> torch.Tensor:
+            return p.cumsum_(0)[-1:].clone() if p.numel() else p.new_zeros(1)
+
+        if self.n == 1:
+            return last(v)
+        return torch.cat([last(p) for p in v.split(self.sizes)])
+
+    def product_sum(self, a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
+        """Each step's sum of ``a * b``."""
+        return self.sum(torch.mul(a, b, out=self.scratch(a.numel())), in_scratch=True)
+
+    def mean(self, v: torch.Tensor, in_scratch: bool = False) -> torch.Tensor:
+        return self.sum(v, in_scratch) / self.count
+
+    def per_value(self, m: torch.Tensor) -> torch.Tensor:
+        """A per-step ``m`` ``(n_steps,)`` for each value: broadcast where there is one step,
+        else gathered (``index_select``: ``m[step]`` is an advanced-indexing gather several times
+        slower on the CPU, with the same values)."""
+        return m if self.n == 1 else m.index_select(0, self.step)
+
+    def dev(self, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``v`` less its step's mean, written to ``out`` (which may be ``v``)."""
+        m = self.mean(v)
+        if self.n == 1:
+            return torch.sub(v, m, out=out)
+        return torch.sub(v, torch.index_select(m, 0, self.step), out=out)
+
+    def max(self, v: torch.Tensor) -> torch.Tensor:
+        if self.sizes is None:
+            return seg_max(v, self.step, self.n)
+        nan = v.new_full((), float("nan"))
+        return torch.stack([p.max() if p.numel() else nan for p in v.split(self.sizes)])
+
+
 def _mean(v: torch.Tensor, seg: torch.Tensor, n: int, count: torch.Tensor) -> torch.Tensor:
     return seg_sum(v, seg, n) / count
 
@@ -93,30 +172,55 @@ def _ratio(num: torch.Tensor, den: torch.Tensor, when_zero: float, count: torch.
     return torch.where(count > 0, out, torch.full_like(out, float("nan")))
 
 
+def _dev(v: torch.Tensor, seg: torch.Tensor, n: int, count: torch.Tensor) -> torch.Tensor:
+    return v - _mean(v, seg, n, count).index_select(0, seg)
+
+
 def _moments(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor, n: int,
              count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-segment ``(cov(a, b), var(a), var(b))`` (population), two-pass for accuracy."""
-    da = a - _mean(a, seg, n, count)[seg]
-    db = b - _mean(b, seg, n, count)[seg]
+    da, db = _dev(a, seg, n, count), _dev(b, seg, n, count)
     return (seg_sum(da * db, seg, n) / count, seg_sum(da * da, seg, n) / count, seg_sum(db * db, seg, n) / count)
+
+
+def _corr_of(cov: torch.Tensor, va: torch.Tensor, vb: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Pearson correlation from the moments; 0 where either series is constant."""
+    return _ratio(cov, (va * vb).sqrt(), 0.0, count)
 
 
 def _corr(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor, n: int, count: torch.Tensor) -> torch.Tensor:
     """Pearson correlation per segment; 0 where either series is constant."""
-    cov, va, vb = _moments(a, b, seg, n, count)
-    return _ratio(cov, (va * vb).sqrt(), 0.0, count)
+    return _corr_of(*_moments(a, b, seg, n, count), count)
 
 
-def _sorted_tails(t: ActorTokens, n: int, count: torch.Tensor) -> dict[str, torch.Tensor]:
+def _sort(v: torch.Tensor) -> torch.Tensor:
+    """``v`` sorted ascending (values only). On the CPU NumPy's sort: the same values, about
+    eight times faster than ``torch.sort`` on float64 (its SIMD quicksort; bench/bench_mismatch.py)."""
+    if v.device.type == "cpu":
+        return torch.from_numpy(np.sort(v.numpy()))
+    return torch.sort(v).values
+
+
+def _sorted_abs(absd: torch.Tensor, steps: _Steps) -> torch.Tensor:
+    """``|d|`` sorted ascending within each step, the steps in order. The steps of a packed batch
+    are contiguous and in order, so each step's slice is sorted on its own (only the values are
+    needed: no argsort, no stable sort by step)."""
+    sizes = steps.sizes
+    if sizes is None:
+        absd = absd.index_select(0, torch.argsort(steps.step, stable=True))
+        sizes = steps.count.to(torch.long).tolist()
+    if len(sizes) == 1:
+        return _sort(absd)
+    return torch.cat([_sort(part) for part in torch.split(absd, sizes)])
+
+
+def _sorted_tails(absd: torch.Tensor, steps: _Steps) -> dict[str, torch.Tensor]:
     """``gap_abs_p99`` (linear interpolation, as ``torch.quantile``) and ``top_kl_share`` from
-    one sort of ``|d|`` grouped by step."""
-    absd = t.d.abs()
-    order = torch.argsort(absd, stable=True)
-    if n > 1:
-        order = order.index_select(0, torch.argsort(t.step.index_select(0, order), stable=True))
-    sorted_abs = absd.index_select(0, order)
-    k2 = 0.5 * sorted_abs * sorted_abs
+    ``|d|`` sorted within each step."""
+    n, count = steps.n, steps.count
     counts = count.to(torch.long)
+    sorted_abs = _sorted_abs(absd, steps)
+    k2 = torch.mul(sorted_abs, 0.5, out=steps.scratch(sorted_abs.numel())).mul_(sorted_abs)
     start = torch.cumsum(counts, 0) - counts
     has = counts > 0
     nan = torch.full((n,), float("nan"), dtype=torch.float64, device=absd.device)
@@ -134,27 +238,45 @@ def _sorted_tails(t: ActorTokens, n: int, count: torch.Tensor) -> dict[str, torc
     # the top tokens' and all tokens' k2 summed per step (not as differences of one running sum
     # over the pack, so that a step's value is the same whatever steps it is packed with)
     top = torch.ceil(count * TOP_SHARE).to(torch.long)
-    step_sorted = t.step.index_select(0, order)
-    rank = torch.arange(sorted_abs.numel(), device=absd.device) - start.index_select(0, step_sorted)
+    top_sum, total = _top_and_total(k2, counts, top, start, n)
+    return {"gap_abs_p99": p99, "top_kl_share": _ratio(top_sum, total, 0.0, count)}
+
+
+def _top_and_total(k2: torch.Tensor, counts: torch.Tensor, top: torch.Tensor, start: torch.Tensor,
+                   n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per step, of ``k2`` sorted ascending within each step (the steps in order, ``counts``
+    values each, ``start`` the first's index): the sum of its last ``top`` values and the sum of
+    all, added one after another from the step's first value as ``seg_sum`` adds them (over the
+    top values only, the others counting as zeros there), so the same values. On the CPU as
+    running sums over each step's slice; ``k2`` is overwritten."""
+    if k2.device.type == "cpu":
+        tops, totals = [], []
+        for p, k in zip(k2.split(counts.tolist()), top.tolist()):
+            tops.append(p[p.numel() - k:].cumsum(0)[-1:] if k else p.new_zeros(1))
+            totals.append(p.cumsum_(0)[-1:].clone() if p.numel() else p.new_zeros(1))
+        return torch.cat(tops), torch.cat(totals)
+    step_sorted = torch.repeat_interleave(torch.arange(n, device=k2.device), counts)
+    rank = torch.arange(k2.numel(), device=k2.device) - start.index_select(0, step_sorted)
     in_top = (rank >= (counts - top).index_select(0, step_sorted)).to(torch.float64)
-    total = seg_sum(k2, step_sorted, n)
-    return {"gap_abs_p99": p99, "top_kl_share": _ratio(seg_sum(k2 * in_top, step_sorted, n), total, 0.0, count)}
+    return seg_sum(k2 * in_top, step_sorted, n), seg_sum(k2, step_sorted, n)
 
 
-def _shift(t: ActorTokens, n: int) -> dict[str, torch.Tensor]:
+def _shift(t: ActorTokens, steps: _Steps, absd: torch.Tensor) -> dict[str, torch.Tensor]:
     """The rollout series against the trainer's shifted by one position: pairs of actor tokens
     next to each other in a row; ``next``: ``|y_t - x_{t+1}|``, ``prev``: ``|y_{t+1} - x_t|``,
     ``pair``: the unshifted ``|d_t|`` over the same pairs."""
-    adj = (t.row[1:] == t.row[:-1]) & (t.pos[1:] == t.pos[:-1] + 1)
-    seg = t.step[:-1][adj]
-    cnt = seg_count(seg, n, torch.float64)
-    pair = (t.d[:-1][adj].abs() + t.d[1:][adj].abs()) * 0.5
-    nxt = (t.y[:-1][adj] - t.x[1:][adj]).abs()
-    prv = (t.y[1:][adj] - t.x[:-1][adj]).abs()
-    count = seg_count(t.step, n, torch.float64)
-    return {"pair_abs_gap": _ratio(seg_sum(pair, seg, n), cnt, 0.0, count),
-            "shift_next_abs_gap": _ratio(seg_sum(nxt, seg, n), cnt, 0.0, count),
-            "shift_prev_abs_gap": _ratio(seg_sum(prv, seg, n), cnt, 0.0, count)}
+    # each pair by its first token, as a weight 1 or 0: the sums over all tokens equal those over
+    # the pairs alone (every term is >= 0, so adding 0 changes nothing), without gathering the pairs
+    adj = ((t.row[1:] == t.row[:-1]) & (t.pos[1:] == t.pos[:-1] + 1)).to(torch.float64)
+    first = steps.drop_last()
+    cnt = first.sum(adj)
+    k = adj.numel()
+    pair = first.sum(torch.add(absd[:-1], absd[1:], out=first.scratch(k)).mul_(0.5).mul_(adj), in_scratch=True)
+    nxt = first.sum(torch.sub(t.y[:-1], t.x[1:], out=first.scratch(k)).abs_().mul_(adj), in_scratch=True)
+    prv = first.sum(torch.sub(t.y[1:], t.x[:-1], out=first.scratch(k)).abs_().mul_(adj), in_scratch=True)
+    count = steps.count
+    return {"pair_abs_gap": _ratio(pair, cnt, 0.0, count), "shift_next_abs_gap": _ratio(nxt, cnt, 0.0, count),
+            "shift_prev_abs_gap": _ratio(prv, cnt, 0.0, count)}
 
 
 def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int) -> dict[str, torch.Tensor]:
@@ -200,36 +322,56 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
     Returns ``name -> (n_steps,)`` float64.
     """
     t = actor_tokens(old, rollout, mask, rows, step_ids)
-    n = n_steps
-    count = seg_count(t.step, n, torch.float64)
+    steps = _Steps(t.step, n_steps)
+    count = steps.count
     d, absd = t.d, t.d.abs()
-    mean = _mean(d, t.step, n, count)
-    dev = d - mean[t.step]
-    abs_sum = seg_sum(absd, t.step, n)
+    # each series' deviations from its step's mean taken once, in three arrays reused throughout,
+    # and shared by the moments below (each statistic is the same expression as on its own, so
+    # the same values); every product and running sum goes to the steps' scratch array
+    dev, dev_x, dev_y = torch.empty_like(d), torch.empty_like(d), torch.empty_like(d)
+    mean = steps.mean(d)
+    steps.dev(d, out=dev)
+    abs_sum = steps.sum(absd)
+    abs_mean = abs_sum / count
+
+    def m2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return steps.product_sum(a, b) / count
+
+    var_d = m2(dev, dev)
     out = {
         "tokens": count,
         "gap_mean": mean,
-        "gap_std": (seg_sum(dev * dev, t.step, n) / count).sqrt(),
-        "gap_abs_mean": abs_sum / count,
-        "gap_abs_max": seg_max(absd, t.step, n),
-        "kl_k2": _mean(0.5 * d * d, t.step, n, count),
-        "positive_share": _ratio(seg_sum(d.clamp_min(0), t.step, n), abs_sum, 0.5, count),
+        "gap_std": var_d.sqrt(),
+        "gap_abs_mean": abs_mean,
+        "gap_abs_max": steps.max(absd),
+        "kl_k2": steps.sum(torch.mul(d, 0.5, out=steps.scratch(d.numel())).mul_(d), in_scratch=True) / count,
+        "positive_share": _ratio(steps.sum(torch.clamp_min(d, 0, out=steps.scratch(d.numel())), in_scratch=True),
+                                 abs_sum, 0.5, count),
     }
-    out.update(_sorted_tails(t, n, count))
-    cov, _, vy = _moments(t.x, t.y, t.step, n, count)
-    out["slope"] = _ratio(cov, vy, 1.0, count)  # x on y: T_roll / T_train; 1 for a constant rollout series
-    out["gap_rollout_corr"] = _corr(d, t.y, t.step, n, count)
-    out["logprob_corr"] = _corr(t.x, t.y, t.step, n, count)
-    conf, unconf = (t.y >= CONFIDENT).to(torch.float64), (t.y < UNCONFIDENT).to(torch.float64)
-    n_conf, n_unconf = seg_sum(conf, t.step, n), seg_sum(unconf, t.step, n)
-    out["gap_confident"] = _ratio(seg_sum(d * conf, t.step, n), n_conf, 0.0, count)
-    out["gap_unconfident"] = _ratio(seg_sum(d * unconf, t.step, n), n_unconf, 0.0, count)
+    out.update(_sorted_tails(absd, steps))
+    steps.dev(t.x, out=dev_x)
+    steps.dev(t.y, out=dev_y)
+    cov_xy, var_x, var_y = m2(dev_x, dev_y), m2(dev_x, dev_x), m2(dev_y, dev_y)
+    out["slope"] = _ratio(cov_xy, var_y, 1.0, count)  # x on y: T_roll / T_train; 1 for a constant rollout series
+    out["gap_rollout_corr"] = _corr_of(m2(dev, dev_y), var_d, var_y, count)
+    out["logprob_corr"] = _corr_of(cov_xy, var_x, var_y, count)
+    conf = dev.copy_(t.y >= CONFIDENT)  # 1.0 / 0.0, over dev (done with)
+    n_conf = steps.sum(conf)
+    out["gap_confident"] = _ratio(steps.product_sum(d, conf), n_conf, 0.0, count)
+    unconf = dev.copy_(t.y < UNCONFIDENT)
+    n_unconf = steps.sum(unconf)
+    out["gap_unconfident"] = _ratio(steps.product_sum(d, unconf), n_unconf, 0.0, count)
     out["confident_share"], out["unconfident_share"] = n_conf / count, n_unconf / count
-    out["gap_position_corr"] = _corr(absd, t.pos.to(torch.float64), t.step, n, count)
-    out["gap_logprob_corr"] = _corr(absd, t.y.abs(), t.step, n, count)
-    out.update(_shift(t, n))
+    dev_abs = steps.dev(absd, out=dev_x)
+    var_abs = m2(dev_abs, dev_abs)
+    other = steps.dev(dev_y.copy_(t.pos), out=dev_y)
+    out["gap_position_corr"] = _corr_of(m2(dev_abs, other), var_abs, m2(other, other), count)
+    other = steps.dev(torch.abs(t.y, out=dev_y), out=dev_y)
+    out["gap_logprob_corr"] = _corr_of(m2(dev_abs, other), var_abs, m2(other, other), count)
+    del dev, dev_x, dev_y, dev_abs, other, conf, unconf
+    out.update(_shift(t, steps, absd))
     if lag is not None:
-        out.update(_lag(t, lag, rows.n_rows, n))
+        out.update(_lag(t, lag, rows.n_rows, n_steps))
     return out
 
 
