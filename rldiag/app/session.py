@@ -91,7 +91,7 @@ def other_run_paths() -> list[str]:
 
 
 def picker() -> None:
-    """No run open: a path box, the recent runs, and the bundled sample (opened as a copy)."""
+    """No run open: a path box, the recent runs, and the bundled sample (opened in place, mirrored)."""
     st.info(runs.HOW_TO)
     c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
     c1.text_input("Run directory", key="pk_path", placeholder="/path/to/RUN")
