@@ -2,7 +2,8 @@
 
 ``main.py`` is the Streamlit script (``streamlit run`` runs it; the checkout's ``app/main.py``
 is a thin entry point to it), ``views/`` the pages, ``session.py`` the glue they share, and
-``samples/`` the bundled sample runs (read-only: the app opens a user-writable copy of them).
+``samples/`` the bundled sample runs (never written: what rldiag computes for them goes to their
+mirrors under ``$RLDIAG_HOME``), ``worker.py`` the baseline computed in the background on open.
 Importing this package does not import Streamlit (the CLI builds the command without it).
 
 ``rldiag app`` serves the app in its own process, after :func:`preload`: the runs' logged

@@ -16,8 +16,11 @@ from rldiag.viz import runs
 from rldiag.viz.baseline import large_note, progress_text
 from rldiag.viz.progress import progress_state
 
-#: seconds between two looks at the background baseline's progress (while a page is open)
+#: seconds between two looks at the background baseline (while a page is open): while it computes,
+#: and while it waits for the run's next step (each look reruns a fragment, which costs the server
+#: a few tenths of a second of CPU whatever the fragment does)
 BASELINE_REFRESH_S = 1.0
+BASELINE_IDLE_REFRESH_S = 5.0
 
 RUN_KEY = "run_path"
 #: the other runs given on the command line (or in the sidebar), overlaid on the metrics page
@@ -91,7 +94,7 @@ def other_run_paths() -> list[str]:
 
 
 def picker() -> None:
-    """No run open: a path box, the recent runs, and the bundled sample (opened as a copy)."""
+    """No run open: a path box, the recent runs, and the bundled sample (opened in place, mirrored)."""
     st.info(runs.HOW_TO)
     c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
     c1.text_input("Run directory", key="pk_path", placeholder="/path/to/RUN")
@@ -174,8 +177,14 @@ def baseline_status(store: Store) -> worker.Snapshot | None:
     if w.synchronous:
         _draw_baseline(snap)
     else:
-        _baseline_live(worker.key_of(store), (snap.version, snap.passes))
+        live = _baseline_live if snap.busy else _baseline_idle
+        live(worker.key_of(store), _generation(snap))
     return w.snapshot()
+
+
+def _generation(snap: worker.Snapshot) -> tuple[int, int, bool]:
+    """What, when it moves, has the page drawn again: a write, a pass ended, a pass started."""
+    return snap.version, snap.passes, snap.busy
 
 
 def _draw_baseline(snap: worker.Snapshot) -> None:
@@ -193,15 +202,26 @@ def _draw_baseline(snap: worker.Snapshot) -> None:
                    + "; ".join(f"step {k}: {v}" for k, v in bad[:3]) + ("; ..." if len(bad) > 3 else ""))
 
 
-@st.fragment(run_every=BASELINE_REFRESH_S)
-def _baseline_live(key: tuple[str, str], seen: tuple[int, int]) -> None:
+def _look(key: tuple[str, str], seen: tuple[int, int, bool]) -> None:
     w = worker.lookup(key)
     if w is None:
         return
     snap = w.ensure()  # a page still open keeps the worker going
-    if (snap.version, snap.passes) != seen:
-        st.rerun()  # the whole page: it shows what the worker wrote
+    if _generation(snap) != seen:
+        st.rerun()  # the whole page: it shows what the worker wrote (and the right fragment)
     _draw_baseline(snap)
+
+
+@st.fragment(run_every=BASELINE_REFRESH_S)
+def _baseline_live(key: tuple[str, str], seen: tuple[int, int, bool]) -> None:
+    """While the baseline computes: its progress bar, every second."""
+    _look(key, seen)
+
+
+@st.fragment(run_every=BASELINE_IDLE_REFRESH_S)
+def _baseline_idle(key: tuple[str, str], seen: tuple[int, int, bool]) -> None:
+    """While the worker waits for the run's next step: a look now and then."""
+    _look(key, seen)
 
 
 def other_stores() -> dict[str, Store]:

@@ -4,9 +4,10 @@ When a page opens a run, :func:`worker_for` gives the run's :class:`BaselineWork
 in a registry guarded by a lock, whatever the sessions and reruns) and :meth:`~BaselineWorker.ensure`
 starts its thread if it is not running. The thread recomputes the ``baseline`` scenario (the
 run's own settings, :func:`rldiag.api.recompute` on the CPU; unchanged steps reused, so a run
-opened before costs a look at its files) in a child process of its own, kept while the worker
-runs (the recompute's Python does not compete with the server's pages for the interpreter's
-lock, a 1.5-2.5x slowdown on a 2-core machine in a thread, and its memory is not the server's).
+opened before costs a look at its files) in a child process of its own, kept for the chunks of
+one pass (the recompute's Python does not compete with the server's pages for the interpreter's
+lock, a 1.5-2.5x slowdown on a 2-core machine in a thread, and its memory is not the server's:
+it goes back to the system when the pass ends).
 Children come from multiprocessing's fork server, which has imported the recompute's modules
 (torch, the engine) once: ``rldiag app`` starts it with the server (:func:`prepare`), so the
 first page's worker does not wait for those imports. The worker then keeps the baseline current: it looks at the batch files and
@@ -271,7 +272,9 @@ class BaselineWorker:
         except (RldiagError, OSError) as exc:
             failed, error = {}, f"{type(exc).__name__}: {exc}"
         finally:
-            if not self.isolate:
+            if self.isolate:
+                self._end_child(wait=True)  # its memory back to the system until the next pass
+            else:
                 memory.release()
         if error is not None:
             self._set(state="failed", passes=self._snap.passes + 1, error=error)

@@ -43,6 +43,9 @@ def test_computes_on_open_then_follows_new_steps(run):
     store = Store(run)
     w = worker.BaselineWorker(store, poll_seconds=3600)  # looks again only when poked
     assert w.isolate
+    children = []
+    child_up = w._child_up
+    w._child_up = lambda: children.append(child_up()) or children[-1]  # type: ignore[method-assign]
     try:
         first = w.ensure()
         assert first.busy  # nothing done yet: the pages show progress
@@ -55,12 +58,11 @@ def test_computes_on_open_then_follows_new_steps(run):
         snap = w.wait(lambda s: s.version >= 2 and s.settled, WAIT)
         assert snap.steps == 4 and _meta(store)["steps_done"] == [1, 2, 3, 4]
         assert _meta(store)["steps_reused"] == [1, 2, 3]
-        assert w._child is not None and w._child[0].is_alive()  # one child, kept between recomputes
-        child = w._child[0]
+        assert len(children) == 2 and w._child is None  # one child a pass, ended with it
+        assert not any(proc.is_alive() for proc, _ in children)
     finally:
         w.stop(WAIT)
     assert not w.alive and w.snapshot().state == "stopped"
-    assert not child.is_alive()
 
 
 def test_one_worker_per_run_whatever_the_sessions(run, monkeypatch):
