@@ -27,3 +27,23 @@ def test_capped_rows_puts_exactly_that_many_rows_at_the_cap():
 def test_unknown_distribution_is_refused():
     with pytest.raises(ConfigError, match="SynthSpec.lengths: unknown length distribution .zipf.; use uniform or lognormal"):
         draw_lengths(SynthSpec(lengths="zipf"), 4, np.random.default_rng(0))
+
+
+def test_text_columns_have_one_word_per_token_and_leave_the_numbers_unchanged(tmp_path):
+    import pyarrow.parquet as pq
+
+    from rldiag import api
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    base = dict(steps=2, prompts=3, n=4, lengths="lognormal", median_len=20, max_len=64, capped=0.1)
+    plain = write_synth_run(tmp_path / "plain", SynthSpec(**base))
+    text = write_synth_run(tmp_path / "text", SynthSpec(**base, text=True))
+    for f in sorted((text / "batches").iterdir()):
+        t = pq.read_table(f)
+        lengths = [len(m) for m in t["response_mask"].to_pylist()]
+        assert [len(w) for w in t["response_tokens"].to_pylist()] == lengths
+        assert [len(w) for w in t["prompt_tokens"].to_pylist()] == t["prompt_length"].to_pylist()
+        assert all(w.startswith(" ") and len(w) > 1 for row in t["response_tokens"].to_pylist() for w in row)
+        assert t.drop_columns(["response_tokens", "prompt_tokens"]).equals(pq.read_table(plain / "batches" / f.name))
+    rep = api.check(text)  # the checker accepts the text columns
+    assert rep.ok, rep.problems

@@ -50,6 +50,9 @@ class SynthSpec:
     #: the estimator-specific columns too (traj_uid, step_index, session_id, output_index,
     #: reward_baselines, sum_pi_squared, reward components acc and fmt), so every estimator runs
     extra_columns: bool = False
+    #: ``response_tokens`` and ``prompt_tokens`` (one word per token), drawn from their own random
+    #: stream, so a run with text has the same numbers as the run without
+    text: bool = False
 
 
 def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.ndarray:
@@ -66,11 +69,13 @@ def draw_lengths(spec: SynthSpec, rows: int, rng: np.random.Generator) -> np.nda
     return lengths
 
 
-def list_array(values: np.ndarray, lengths: np.ndarray, dtype: pa.DataType) -> pa.ListArray:
-    """A list column of ``dtype`` from flat ``values`` ``(sum(lengths),)`` and per-row ``lengths``."""
+def list_array(values: np.ndarray | pa.Array, lengths: np.ndarray, dtype: pa.DataType) -> pa.ListArray:
+    """A list column of ``dtype`` from flat ``values`` ``(sum(lengths),)`` (numpy, or an arrow
+    array of that type) and per-row ``lengths``."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, type=dtype))
+    flat = values if isinstance(values, pa.Array) else pa.array(values, type=dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat)
 
 
 def synth_step_table(spec: SynthSpec, step: int, rng: np.random.Generator) -> pa.Table:
@@ -127,7 +132,29 @@ def synth_step_table(spec: SynthSpec, step: int, rng: np.random.Generator) -> pa
             "sum_pi_squared": list_array((pi**2 + rng.uniform(0, 1, total) * (1 - pi**2)).astype(np.float32),
                                          lengths, pa.float32()),
         })
+    if spec.text:
+        cols.update(synth_text(spec, step, lengths, np.asarray(cols["prompt_length"])))
     return pa.table(cols)
+
+
+#: the words of the synthetic text: a small vocabulary with a long-tailed (Zipf-like) frequency
+WORDS = pa.array([" " + w for w in "the a of to and is in that it for on with as this by be are at from or an we "
+                  "x y z let so then sum value answer step check case call tool result find prove number".split()]
+                 + [f" w{i}" for i in range(2000)], pa.string())
+
+
+def synth_text(spec: SynthSpec, step: int, lengths: np.ndarray, prompt_lengths: np.ndarray) -> dict[str, pa.Array]:
+    """``response_tokens`` ``(rows, length)`` and ``prompt_tokens`` ``(rows, prompt_length)``
+    list<string> columns: one word (with its leading space) per token, Zipf-distributed."""
+    rng = np.random.default_rng([spec.seed, step, 7])
+    rank = np.arange(1, len(WORDS) + 1, dtype=np.float64)
+    p = 1.0 / rank
+    p /= p.sum()
+    out = {}
+    for name, lens in (("response_tokens", lengths), ("prompt_tokens", prompt_lengths)):
+        words = WORDS.take(pa.array(rng.choice(len(WORDS), size=int(lens.sum()), p=p)))
+        out[name] = list_array(words, lens, pa.string())
+    return out
 
 
 def write_synth_run(path: str | Path, spec: SynthSpec | None = None) -> Path:
