@@ -445,9 +445,6 @@ def main() -> None:
         parts -= {"browser", "pages"}
     shape = [int(v) for v in (args.baseline or f"{args.baseline_steps}x256x512").lower().split("x")]
 
-    from rich.console import Console
-    from rich.table import Table
-
     from rldiag.viz.runs import default_run
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -469,7 +466,15 @@ def main() -> None:
             rows += bench_pages(root)
         if "baseline" in parts:
             rows += bench_baseline(root, *shape, browser=not args.no_browser)
-    table = Table(title=f"rldiag app: {args.steps:,} steps x {args.metrics} metrics")
+    print_table(f"rldiag app: {args.steps:,} steps x {args.metrics} metrics", rows)
+
+
+def print_table(title: str, rows: list[tuple[str, float, str]]) -> None:
+    """The benchmark's table: one line per measure, its seconds (or the ratio its notes name)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
     table.add_column("measure")
     table.add_column("seconds", justify="right")
     table.add_column("notes")

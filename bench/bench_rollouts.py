@@ -202,8 +202,7 @@ def main() -> None:
     ap.add_argument("--no-cli", action="store_true", help="skip the CLI recompute to compare with")
     args = ap.parse_args()
 
-    from rich.console import Console
-    from rich.table import Table
+    from bench_app import print_table  # this script's folder is on the path when it runs
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.dir or Path(tmp)
@@ -237,14 +236,7 @@ def main() -> None:
         if not args.no_cli:
             t_app = next(s for name, s, _ in rows if name.startswith("the app's baseline"))
             rows.append(("the app's baseline / the CLI's (wall)", t_app / t_cli, "ratio, not seconds; target 1.3"))
-    table = Table(title=f"rldiag app, Rollouts: {shape}")
-    table.add_column("measure")
-    table.add_column("seconds", justify="right")
-    table.add_column("notes")
-    for name, secs, note in rows:
-        table.add_row(name, f"{secs:.3f}", note)
-    Console().print(table)
-
+    print_table(f"rldiag app, Rollouts: {shape}", rows)
 
 if __name__ == "__main__":
     main()
