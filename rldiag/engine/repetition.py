@@ -63,13 +63,13 @@ def compression_ratios(text: pa.Array | pa.ChunkedArray, mask: np.ndarray, windo
     lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
     keep = np.asarray(mask) > 0
     flat = pc.list_flatten(arr).filter(pa.array(keep))
-    per_row = np.add.reduceat(keep.astype(np.int64), np.r_[0, np.cumsum(lengths)[:-1]]) if len(keep) else lengths * 0
-    per_row = np.where(lengths > 0, per_row, 0)  # reduceat gives an empty row its next row's first value
+    kept_before = np.r_[0, np.cumsum(keep, dtype=np.int64)]  # actor tokens before each position
+    ends = np.cumsum(lengths)
+    per_row = kept_before[ends] - kept_before[ends - lengths]
     offsets = pa.array(np.r_[0, np.cumsum(per_row)].astype(np.int32 if len(flat) < 2**31 else np.int64))
     kept = (pa.LargeListArray if offsets.type == pa.int64() else pa.ListArray).from_arrays(offsets, flat)
-    joined = pc.binary_join(kept, "")
-    return np.array([compression_ratio(s.encode("utf-8"), window) if s else np.nan
-                     for s in joined.to_pylist()], dtype=np.float32)
+    tails = pc.binary_slice(pc.cast(pc.binary_join(kept, ""), pa.binary()), -window)  # Arrow cuts the tails
+    return np.array([compression_ratio(b, window) if b else np.nan for b in tails.to_pylist()], dtype=np.float32)
 
 
 def repetition_metrics(ratio: torch.Tensor, actor_tokens: torch.Tensor, step_ids: torch.Tensor,
