@@ -4,7 +4,6 @@ numbers on hand-built inputs, and the top share against a brute-force per-step s
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -97,9 +96,9 @@ def test_repetition_metrics_counts_judged_rows():
     assert got["compression_ratio_mean"].tolist() == pytest.approx([0.275, 0.15])
 
 
-def test_compression_cost_of_a_long_tailed_step():
-    """1,024 rows, lognormal lengths (median 600 tokens, cap 16k): the text's ratios stay well
-    under a second (the window bounds each row's compression at 4 KB)."""
+def test_compression_of_a_long_tailed_step_is_finite_and_not_repetitive():
+    """1,024 rows, lognormal lengths (median 600 tokens, cap 16k) of words drawn at random: every
+    row gets a finite ratio, none as low as a loop's (its cost: bench/bench_recompute.py)."""
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.lognormal(np.log(600), 1.0, 1024).astype(int) + 1, 16384)
     vocab = np.array([f" w{k}" for k in range(5000)])
@@ -107,6 +106,5 @@ def test_compression_cost_of_a_long_tailed_step():
     offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
     text = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
     mask = np.ones(int(lengths.sum()), np.int8)
-    t0 = time.perf_counter()
     got = compression_ratios(text, mask)
-    assert time.perf_counter() - t0 < 5.0 and np.isfinite(got).all() and (got > 0.3).all()
+    assert got.shape == (1024,) and np.isfinite(got).all() and (got > 0.3).all()
