@@ -209,6 +209,9 @@ SETTINGS: tuple[Setting, ...] = (
             "an outcome gate: drop the rows whose scalar column (or seq_reward, seq_final_reward, reward, score) "
             "is below rldiag.filter.gate_min (null: no gate)"),
     Setting("rldiag.filter.gate_min", None, "float", "the outcome gate's threshold (rows below it are dropped)"),
+    Setting("rldiag.reward_components", None, "list[str]",
+            "per-row batch columns that are reward components (e.g. acc,fmt): the health stage writes each one's step "
+            "mean and the top one's share, for the doctor's reward_hacking_component (null: none)"),
     Setting("rldiag.mismatch.enable", True, "bool",
             "compute the rollout-vs-trainer log-prob mismatch fingerprints (rldiag/mismatch/*) when the batches have "
             "rollout_log_probs and old_log_probs"),

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from rldiag.config.settings import read_yaml
+from rldiag.doctor import composite as _while_kind  # noqa: F401  (registers kind while)
 from rldiag.doctor import mismatch_rule as _mismatch_kind  # noqa: F401  (registers kind mismatch)
 from rldiag.doctor.evaluators import RULE_KINDS
 from rldiag.doctor.rule import Rule

@@ -26,6 +26,7 @@ import torch
 
 from rldiag.engine.batch import ROW_FIELDS, TOKEN_FIELDS, Batch
 from rldiag.engine.layout import Rows, row_ids_of
+from rldiag.engine.repetition import COMPRESSION_COLUMN, compression_ratios
 from rldiag.engine.requirements import BASE_NEED, ColumnPlan
 from rldiag.engine.settings import EngineSettings
 from rldiag.errors import BatchError, MissingInputError
@@ -416,6 +417,9 @@ def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequ
             extra[name] = _extra_column(table[name], name, where)
     if "batch_position" in extra:
         _check_positions(extra["batch_position"], where)
+    if RESPONSE_TEXT_COLUMN in table.column_names:  # the text's one number for the engine: its compressibility
+        mask = ragged["loss_mask"] if "loss_mask" in ragged else ragged["response_mask"]
+        extra[COMPRESSION_COLUMN] = torch.from_numpy(compression_ratios(table[RESPONSE_TEXT_COLUMN], mask.values))
     batch = Batch(
         response_mask=tensors.pop("response_mask"),
         token_level_scores=tensors.pop("token_level_scores"),

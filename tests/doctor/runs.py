@@ -32,6 +32,8 @@ class StepArrays:
     entropy: list[np.ndarray]
     values: list[np.ndarray] = field(default_factory=list)
     rng: np.random.Generator | None = None
+    text: list[list[str] | None] = field(default_factory=list)  # a row's token strings (None: random words)
+    columns: dict[str, np.ndarray] = field(default_factory=dict)  # more per-row columns (reward components)
 
     @property
     def rows(self) -> int:
@@ -59,6 +61,7 @@ def _step(rng: np.random.Generator, step: int, prompts: int, n: int, tool_prob: 
     for name in ("mask", "old", "cur", "rollout", "ref", "entropy"):
         getattr(s, name).extend([None] * rows)
     for i in range(rows):
+        s.text.append(None)
         s.set_length(i, int(rng.integers(8, 25)))
         if rng.random() < tool_prob:  # a tool observation in the middle of the row
             L = len(s.mask[i])
@@ -73,12 +76,14 @@ def _list(rows: list[np.ndarray], t: pa.DataType) -> pa.Array:
 
 def write_run(path: Path, steps: int = 9, prompts: int = 8, n: int = 8, seed: int = 0, config: dict | None = None,
               plant: Callable[[int, StepArrays], None] | None = None, tool_prob: float = 0.3,
-              logged: Callable[[int, StepArrays], dict] | None = None, critic: bool = False) -> Path:
-    """Write a run; ``logged(step, arrays)`` gives the metrics.jsonl entry of a step."""
+              logged: Callable[[int, StepArrays], dict] | None = None, critic: bool = False, max_len: int = MAX_LEN,
+              text: bool = False) -> Path:
+    """Write a run; ``logged(step, arrays)`` gives the metrics.jsonl entry of a step. ``text``: write
+    ``response_tokens`` too (a row's ``text`` where the plant set it, else random words)."""
     root = Path(path)
     (root / "batches").mkdir(parents=True)
     cfg = config or {"algorithm": {"adv_estimator": "grpo"}}
-    cfg = {**cfg, "data": {"max_response_length": MAX_LEN}}
+    cfg = {**cfg, "data": {"max_response_length": max_len}}
     (root / "run.yaml").write_text(yaml.safe_dump(cfg))
     rng = np.random.default_rng(seed)
     lines = []
@@ -99,12 +104,24 @@ def write_run(path: Path, steps: int = 9, prompts: int = 8, n: int = 8, seed: in
         }
         if critic:
             cols["values"] = _list(s.values, pa.float32())
+        if text:
+            cols["response_tokens"] = pa.array([t if t is not None and len(t) == len(m) else _words(rng, len(m))
+                                                for t, m in zip(s.text, s.mask, strict=True)], pa.list_(pa.string()))
+        cols.update({k: pa.array(v) for k, v in s.columns.items()})
         pq.write_table(pa.table(cols), root / "batches" / f"step_{step}.parquet")
         if logged is not None:
             lines.append(json.dumps({"step": step, "data": logged(step, s)}))
     if lines:
         (root / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return root
+
+
+_VOCAB = np.array(["".join(chr(97 + c) for c in np.random.default_rng(k).integers(0, 26, 2 + k % 6)) for k in range(400)])
+
+
+def _words(rng: np.random.Generator, n: int) -> list[str]:
+    """``n`` tokens of random words (each with its leading space): text that does not repeat."""
+    return [" " + w for w in rng.choice(_VOCAB, n)]
 
 
 def healthy_logs(step: int, s: StepArrays) -> dict:

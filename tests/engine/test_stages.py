@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -54,6 +55,7 @@ EVERYTHING = {
     LOSS + "rollout_correction.rollout_rs": "token_k1",
     LOSS + "rollout_correction.rollout_rs_threshold": 4.0,
     "algorithm.gdpo_reward_keys": "acc,fmt",
+    "rldiag.reward_components": "acc,fmt",
 }
 CASES: dict[str, dict] = {"everything": {}}
 for _name in ESTIMATORS.names():
@@ -95,6 +97,8 @@ def rich_run(tmp_path_factory):
         t = t.append_column("tool_call_counts", pa.array(rng.integers(0, 3, rows), pa.int64()))
         step = int(t["step"][0].as_py())
         t = t.append_column("policy_version", pa.array(step - 1 - rng.integers(0, 3, rows), pa.int64()))
+        lengths = pc.list_value_length(t["response_mask"]).to_numpy()  # each row's text, one string per token
+        t = t.append_column("response_tokens", pa.array([["ab "] * int(n) for n in lengths], pa.list_(pa.string())))
         pq.write_table(t, f)
     return run
 

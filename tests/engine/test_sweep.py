@@ -93,7 +93,7 @@ def test_a_clip_ratio_grid_shares_everything_but_the_policy_loss(rich_run):  # n
     many = recompute_batch_many(batch, settings, on_stage=lambda stage, who: runs.setdefault(stage, []).append(who))
     for got, s in zip(many, settings):
         assert_same(got, recompute_batch(batch, s))
-    per_scenario = {"actor_loss", "total_loss", "turns_loss", "rows_loss"}  # the last two read the policy loss
+    per_scenario = {"actor_loss", "total_loss", "turns_loss", "rows_loss", "health"}  # the last three read the policy loss
     assert set(runs) == {s.name for s in STAGES}
     for stage, calls in runs.items():
         if stage in per_scenario:

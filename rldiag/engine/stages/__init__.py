@@ -8,7 +8,8 @@ The modules: :mod:`.base` (the declaration types, the shared state, metric-name 
 metrics), :mod:`.actor` (micro-batch layout, policy / entropy / KL losses, their total, the
 old-policy metrics), :mod:`.critic` (value loss), :mod:`.filter` (the group filter, the outcome
 gate, the no-signal groups' denominator, the gradient weight they drop), :mod:`.signals` (rldiag's
-reference KL and group signals), :mod:`.mismatch` (the rollout-vs-trainer mismatch fingerprints),
+reference KL and group signals), :mod:`.health` (the gradient weight's concentration, empty and
+repetitive outputs, the score's spread, reward components), :mod:`.mismatch` (the rollout-vs-trainer mismatch fingerprints),
 :mod:`.diag_is` (diagnostic IS weights, never in the loss), :mod:`.turns` (per-turn statistics; the
 policy loss's part in ``turns_loss``), :mod:`.rows` (per-row values; the loss's in ``rows_loss``).
 ``python -m rldiag.engine.stages`` prints docs/metrics.md's table.
@@ -22,6 +23,7 @@ from rldiag.engine.stages.base import CheckFamily, Metric, Stage, State, expand,
 from rldiag.engine.stages.critic import CRITIC
 from rldiag.engine.stages.diag_is import DIAG_IS
 from rldiag.engine.stages.filter import FILTER, FILTER_WEIGHT
+from rldiag.engine.stages.health import HEALTH
 from rldiag.engine.stages.mismatch import MISMATCH
 from rldiag.engine.stages.reward import ANCHOR, REWARD_KL, ROLLOUT_CORRECTION
 from rldiag.engine.stages.rows import ROWS, ROWS_LOSS
@@ -52,6 +54,7 @@ STAGES: tuple[Stage, ...] = (
     TURNS_LOSS,
     REF_KL,
     GROUP_SIGNAL,
+    HEALTH,
     MISMATCH,
     ROWS,
     ROWS_LOSS,

@@ -1,0 +1,110 @@
+"""The health stage's pure functions (rldiag/engine/health.py, rldiag/engine/repetition.py): exact
+numbers on hand-built inputs, and the top share against a brute-force per-step sort."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rldiag.engine.health import component_means, empty_fraction, group_std_mean, top_weight_share, weight_share
+from rldiag.engine.repetition import compression_ratio, compression_ratios, repetition_metrics
+
+
+def test_top_share_hand_built():
+    # step 0: 100 actor tokens, one of weight 10 and 99 of weight 1, plus a non-actor token of weight 50
+    # step 1: 250 actor tokens, weights 1..250: ceil(2.5) = 3 top tokens, 250 + 249 + 248 of 31375
+    g = torch.cat([torch.tensor([10.0] + [1.0] * 99 + [50.0]), torch.arange(1, 251, dtype=torch.float32)])
+    step = torch.cat([torch.zeros(101, dtype=torch.long), torch.ones(250, dtype=torch.long)])
+    actor = torch.ones(351, dtype=torch.bool)
+    actor[100] = False
+    got = top_weight_share(g, step, actor, 3)
+    assert got[0].item() == pytest.approx(10 / 109)
+    assert got[1].item() == pytest.approx(747 / 31375)
+    assert math.isnan(got[2].item())  # a step without tokens
+    assert top_weight_share(torch.zeros(4), torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool), 1).isnan().all()
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 100), st.booleans()), min_size=1, max_size=400),
+       st.sampled_from([0.01, 0.1, 0.5]))
+def test_top_share_is_a_per_step_sort(tokens, frac):
+    step = torch.tensor([t[0] for t in tokens])
+    g = torch.tensor([t[1] for t in tokens], dtype=torch.float32)
+    actor = torch.tensor([t[2] for t in tokens])
+    got = top_weight_share(g, step, actor, 4, frac)
+    for s in range(4):
+        w = np.sort(g[(step == s) & actor].double().numpy())[::-1]
+        if w.sum() == 0:
+            assert math.isnan(got[s].item())
+            continue
+        k = max(1, math.ceil(len(w) * frac - 1e-9))
+        assert got[s].item() == pytest.approx(w[:k].sum() / w.sum(), rel=1e-5)
+        assert got[s].item() >= k / len(w) - 1e-6  # the top k carry at least their share of the count
+
+
+def test_weight_share_empty_and_group_std():
+    g = torch.tensor([1.0, 3.0, 0.0, 2.0, 2.0])
+    on = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.0])
+    got = weight_share(g, on, torch.tensor([0, 0, 0, 1, 1]), 2)
+    assert got.tolist() == pytest.approx([0.25, 0.25])
+    assert empty_fraction(torch.tensor([3.0, 0.0, 5.0, 2.0]), torch.tensor([3, 2, 0, 4]), torch.tensor([0, 0, 0, 1]),
+                          2).tolist() == pytest.approx([2 / 3, 0.0])
+    # groups: {1, 0, 1} (std 0.57735), {0, 0} (0), {1} (single: out); step 1: only {2, 4} (std sqrt 2)
+    values = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 2.0, 4.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3])
+    got = group_std_mean(values, groups, 4, torch.tensor([0, 0, 0, 1]), 3)
+    assert got[0].item() == pytest.approx(np.std([1, 0, 1], ddof=1) / 2)
+    assert got[1].item() == pytest.approx(math.sqrt(2))
+    assert math.isnan(got[2].item())
+
+
+def test_component_means_and_top_share():
+    means, share = component_means({"acc": torch.tensor([1.0, 0.0, 0.0, 0.0]), "fmt": torch.tensor([1.0, 1.0, 1.0, -1.0])},
+                                   torch.tensor([0, 0, 1, 1]), 2)
+    assert means["acc"].tolist() == pytest.approx([0.5, 0.0]) and means["fmt"].tolist() == pytest.approx([1.0, 0.0])
+    assert share[0].item() == pytest.approx(2 / 3) and math.isnan(share[1].item())  # every mean 0: undefined
+    _, none = component_means({}, torch.tensor([0]), 1)
+    assert none.isnan().all()
+
+
+def test_compression_ratio_of_known_strings():
+    assert compression_ratio(b"a" * 1000) == pytest.approx(17 / 1000)  # zlib level 6: 17 bytes
+    assert compression_ratio(b"hello world") == pytest.approx(19 / 11)  # short text: the header dominates
+    assert compression_ratio(b"x" * 100 + b"abcd" * 1024) == pytest.approx(31 / 4096)  # only the last 4 KB
+    assert math.isnan(compression_ratio(b""))
+
+
+def test_compression_ratios_join_the_actor_tokens():
+    text = pa.array([["ab", "cd", "ef"], [], ["xyz"] * 3, ["q"], []], pa.list_(pa.string()))
+    mask = np.array([1, 0, 1, 1, 1, 1, 0], np.int8)  # row 0: "abef"; row 2: "xyzxyzxyz"; row 3: masked out
+    got = compression_ratios(text, mask)
+    assert got[0] == pytest.approx(compression_ratio(b"abef")) and got[2] == pytest.approx(compression_ratio(b"xyz" * 3))
+    assert np.isnan(got[1]) and np.isnan(got[3]) and np.isnan(got[4]) and len(got) == 5
+
+
+def test_repetition_metrics_counts_judged_rows():
+    ratio = torch.tensor([0.05, 0.5, 0.1, float("nan"), 0.15])
+    tokens = torch.tensor([100.0, 100.0, 10.0, 100.0, 64.0])  # row 2 too short to judge, row 3 without text
+    got = repetition_metrics(ratio, tokens, torch.tensor([0, 0, 0, 0, 1]), 2)
+    assert got["repetition_fraction"].tolist() == pytest.approx([0.25, 1.0])
+    assert got["compression_ratio_mean"].tolist() == pytest.approx([0.275, 0.15])
+
+
+def test_compression_of_a_long_tailed_step_is_finite_and_not_repetitive():
+    """1,024 rows, lognormal lengths (median 600 tokens, cap 16k) of words drawn at random: every
+    row gets a finite ratio, none as low as a loop's (its cost: bench/bench_recompute.py)."""
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.lognormal(np.log(600), 1.0, 1024).astype(int) + 1, 16384)
+    vocab = np.array([f" w{k}" for k in range(5000)])
+    flat = vocab[rng.integers(0, 5000, int(lengths.sum()))]
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    text = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+    mask = np.ones(int(lengths.sum()), np.int8)
+    got = compression_ratios(text, mask)
+    assert got.shape == (1024,) and np.isfinite(got).all() and (got > 0.3).all()
