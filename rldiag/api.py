@@ -482,15 +482,18 @@ def diagnose(
     recompute: bool = True,
     device: str = "cpu",
     progress: Progress | None = None,
+    counterfactual: bool = True,
 ) -> DiagnoseResult:
     """The doctor: the health rules (built in, plus ``rules_files``) over the run's logged
     metrics and, unless ``recompute`` is False, its recomputed ones (written as the scenario
     :func:`recompute` writes for these overrides, ``baseline`` for none; unchanged steps reused).
-    ``result.healthy``; ``result.findings_frame()``: one row per finding, most severe first."""
+    ``result.healthy``; ``result.findings_frame()``: one row per finding, most severe first.
+    ``counterfactual``: each finding whose rule names the settings that address it carries what
+    they change on its window's batches (``finding.counterfactual``; computed in memory)."""
     from rldiag.doctor import diagnose as run_diagnose
 
     return run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
-                        recompute=recompute, device=device, progress=_by_step(progress))
+                        recompute=recompute, device=device, progress=_by_step(progress), counterfactual=counterfactual)
 
 
 def mismatch(
