@@ -185,8 +185,16 @@ def counterfactuals(run: str | Path | RemotePath, rule: Rule, finding: Finding,
     return entries
 
 
+#: prefixes a sentence leaves out of a key (what is left still names the setting)
+_PREFIXES = ("actor_rollout_ref.actor.", "algorithm.rollout_correction.", "algorithm.", "rldiag.")
+
+
 def _short(key: str) -> str:
-    return key.rsplit(".", 1)[-1]
+    """``clip_ratio_high``, ``rollout_is``, ``filter_groups.enable``: the key less its usual prefix."""
+    for prefix in _PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
 
 
 def _show(v: Any) -> str:

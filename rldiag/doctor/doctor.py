@@ -5,7 +5,9 @@ written like ``rldiag recompute`` writes it, so unchanged steps are reused next 
 step's metrics and the engine's ``rldiag/...`` health signals; together with ``metrics.jsonl``
 they feed the rules (:mod:`.rules`), each evaluated by its kind (:mod:`.evaluators`). A rule is *not applicable* when its ``when``
 settings do not hold, *not evaluated* when its metric is missing or has too few steps, and
-otherwise passes or gives a finding with its evidence and the reason it matters.
+otherwise passes or gives a finding with its evidence and the reason it matters. A finding whose
+rule names the settings that address it (``addresses``) then carries what they change on its
+window's batches (:mod:`.counterfactual`, in memory; one update on recorded data).
 """
 
 from __future__ import annotations

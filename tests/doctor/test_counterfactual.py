@@ -181,7 +181,8 @@ def test_builtin_addresses_name_only_recomputed_settings():
 
 
 def test_own_value_and_sentences():
-    settings = {HIGH: None, "actor_rollout_ref.actor.clip_ratio": 0.2, "algorithm.kl_penalty": "kl"}
+    settings = {HIGH: None, "actor_rollout_ref.actor.clip_ratio": 0.2, "algorithm.kl_penalty": "kl",
+                "algorithm.filter_groups.enable": False}
     assert own_value(settings, HIGH) == 0.2 and own_value(settings, "algorithm.kl_penalty") == "kl"
     entries = [
         {"settings": {HIGH: 0.28}, "metric": CLIPFRAC, "statistic": "mean", "window": [340, 360], "with": 0.09,
@@ -190,12 +191,15 @@ def test_own_value_and_sentences():
          "window": [340, 360], "with": 0.04, "without": 0.19},
         {"settings": {"algorithm.kl_penalty": "kl"}, "metric": "x/y", "statistic": "max over the last 20 of the "
          "window's 40 steps", "window": [341, 360], "with": 1.0, "without": 2.0},
+        {"settings": {"algorithm.filter_groups.enable": True}, "metric": "a/b", "statistic": "mean",
+         "window": [1, 2], "with": 0.5, "without": float("nan")},
     ]
     assert describe(entries, settings) == [
         "with clip_ratio_high=0.28 instead of 0.2 on steps 340-360, actor/pg_clipfrac on these batches is 0.09 "
         "instead of 0.31 and the clipped tokens carry 4% of the gradient weight instead of 19%",
         "with kl_penalty=kl on steps 341-360 (max over the last 20 of the window's 40 steps), x/y on these batches "
         "is 1 instead of 2",
+        "with filter_groups.enable=true instead of false on steps 1-2, a/b on these batches is 0.5 instead of nan",
     ]
 
 
