@@ -13,7 +13,6 @@ import sys
 from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
-from rldiag.doctor.counterfactual import CAVEAT, describe
 
 
 def add_parser(sub) -> None:
@@ -72,7 +71,7 @@ def _print_finding(f, settings: dict) -> bool:
         console.print(f"  token: step {ex['step']} row {ex['row']} position {ex['position']}{token}: old "
                       f"{fmt(ex['old_log_prob'])}, rollout {fmt(ex['rollout_log_prob'])}, {ex['kl_share']:.0%} of the "
                       f"step's KL{lag}", markup=False)
-    for line in describe(f.counterfactual, settings):
+    for line in api.describe_counterfactual(f.counterfactual, settings):
         console.print(f"  if: {line}", markup=False)
     if f.remedy:
         console.print(f"  what to do: {f.remedy}", markup=False)
@@ -101,7 +100,7 @@ def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
             if rid in rep.passed:
                 console.print(f"  passed {rid}: {rep.passed[rid]}", markup=False)
     if shown:
-        console.print(f"\n(\"if\" lines: {CAVEAT})", markup=False)
+        console.print(f"\n(\"if\" lines: {api.COUNTERFACTUAL_CAVEAT})", markup=False)
     for rid, why in rep.counterfactual_errors.items():
         err_console.print(f"counterfactual of {rid} not computed: {why}", markup=False)
     n_info = sum(f.severity == "info" for f in rep.findings)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rldiag.doctor.counterfactual import describe
+from rldiag import api
 
 SEVERITY_ICONS = {"critical": ":red[:material/report:]", "warning": ":orange[:material/warning:]",
                   "info": ":blue[:material/info:]"}
@@ -48,7 +48,7 @@ def finding_views(report) -> list[FindingView]:
             icon=SEVERITY_ICONS.get(f.severity, ":material/info:"), title=f.title, rule=f.rule, severity=f.severity,
             message=f.message, why=f.remedy or f.why, metric=ev.metric, statistic=ev.statistic,
             steps=steps[:MAX_LINKS], more_steps=max(0, len(steps) - MAX_LINKS),
-            counterfactual=describe(f.counterfactual, report.settings),
+            counterfactual=api.describe_counterfactual(f.counterfactual, report.settings),
             counterfactual_rows=counterfactual_rows(f.counterfactual),
         ))
     return out

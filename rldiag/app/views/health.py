@@ -11,7 +11,6 @@ import streamlit as st
 from rldiag import api
 from rldiag.app import session
 from rldiag.app.main import page_path
-from rldiag.doctor.counterfactual import CAVEAT
 from rldiag.errors import RldiagError
 from rldiag.viz import health, layout_audit
 
@@ -75,7 +74,7 @@ def page() -> None:
                 for line in v.counterfactual:
                     st.markdown(f"- {line}")
                 st.dataframe(v.counterfactual_rows, hide_index=True)
-                st.caption(f"Counterfactual: {CAVEAT}.")
+                st.caption(f"Counterfactual: {api.COUNTERFACTUAL_CAVEAT}.")
     with st.expander("Rules without a finding"):
         st.dataframe(health.outcome_rows(report), hide_index=True)
     layout_audit_section()
