@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from rldiag.check import CheckReport as CheckResult
     from rldiag.config.settings import Settings
     from rldiag.doctor import DoctorReport as DiagnoseResult
+    from rldiag.doctor.counterfactual import CAVEAT as COUNTERFACTUAL_CAVEAT
+    from rldiag.doctor.counterfactual import describe as describe_counterfactual
     from rldiag.executors import Executor
     from rldiag.importers.wandb_import import ImportReport as ImportResult
     from rldiag.importers.wandb_online import ApiFactory
@@ -67,7 +69,8 @@ __all__ = [
     "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame", "SIGN_DIFFERS",
-    "StepTokensResult", "SweepResult", "sweep", "sweep_summary", "sweeps",
+    "StepTokensResult", "SweepResult", "sweep", "sweep_summary", "sweeps", "COUNTERFACTUAL_CAVEAT",
+    "describe_counterfactual",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -93,6 +96,9 @@ _LAZY = {
     "Tol": "rldiag.analysis.tolerance:Tol",
     "Settings": "rldiag.config.settings:Settings",
     "SIGN_DIFFERS": "rldiag.analysis.rows:SIGN_DIFFERS",
+    # a doctor finding's counterfactual in words (the sentences the CLI and the app show) and its caveat
+    "describe_counterfactual": "rldiag.doctor.counterfactual:describe",
+    "COUNTERFACTUAL_CAVEAT": "rldiag.doctor.counterfactual:CAVEAT",
 }
 
 
@@ -482,15 +488,18 @@ def diagnose(
     recompute: bool = True,
     device: str = "cpu",
     progress: Progress | None = None,
+    counterfactual: bool = True,
 ) -> DiagnoseResult:
     """The doctor: the health rules (built in, plus ``rules_files``) over the run's logged
     metrics and, unless ``recompute`` is False, its recomputed ones (written as the scenario
     :func:`recompute` writes for these overrides, ``baseline`` for none; unchanged steps reused).
-    ``result.healthy``; ``result.findings_frame()``: one row per finding, most severe first."""
+    ``result.healthy``; ``result.findings_frame()``: one row per finding, most severe first.
+    ``counterfactual``: each finding whose rule names the settings that address it carries what
+    they change on its window's batches (``finding.counterfactual``; computed in memory)."""
     from rldiag.doctor import diagnose as run_diagnose
 
     return run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
-                        recompute=recompute, device=device, progress=_by_step(progress))
+                        recompute=recompute, device=device, progress=_by_step(progress), counterfactual=counterfactual)
 
 
 def mismatch(

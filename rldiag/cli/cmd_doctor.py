@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
     sp.add_argument("--steps", help="12, 10:20, 10:, :20 or 1,5,9 (default: all)")
     sp.add_argument("--logged-only", action="store_true", help="use metrics.jsonl only, do not recompute")
     sp.add_argument("--device", default="cpu", help="auto, cpu or cuda (default cpu)")
+    sp.add_argument("--no-counterfactual", action="store_true",
+                    help="do not recompute each finding's window under the settings that address it")
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
     sp.add_argument("-v", "--verbose", action="store_true", help="also list passed, skipped and inapplicable rules")
     add_progress_flags(sp)
@@ -32,7 +34,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     with progress_bar("doctor", enabled=args.progress) as bar:
         rep = api.diagnose(args.run, overrides_from_args(args), rules_files=args.rules or (), steps=args.steps,
-                           recompute=not args.logged_only, device=args.device, progress=bar)
+                           recompute=not args.logged_only, device=args.device, progress=bar,
+                           counterfactual=not args.no_counterfactual)
     if args.json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
     else:
@@ -45,7 +48,8 @@ ROLLOUT_RULES = ("rollout_kl_growing", "rollout_chi2_growing", "rollout_ppl_gap_
 _COLOURS = {"critical": "red", "warning": "yellow", "info": "cyan"}
 
 
-def _print_finding(f) -> None:
+def _print_finding(f, settings: dict) -> bool:
+    """Print one finding; True when it showed a counterfactual."""
     color = _COLOURS.get(f.severity, "yellow")
     console.print(f"\n[{color}]{f.severity.upper()}[/{color}] [bold]{f.title}[/bold] ({f.rule})")
     console.print(f"  seen: {f.message}", markup=False)
@@ -67,10 +71,13 @@ def _print_finding(f) -> None:
         console.print(f"  token: step {ex['step']} row {ex['row']} position {ex['position']}{token}: old "
                       f"{fmt(ex['old_log_prob'])}, rollout {fmt(ex['rollout_log_prob'])}, {ex['kl_share']:.0%} of the "
                       f"step's KL{lag}", markup=False)
+    for line in api.describe_counterfactual(f.counterfactual, settings):
+        console.print(f"  if: {line}", markup=False)
     if f.remedy:
         console.print(f"  what to do: {f.remedy}", markup=False)
     else:
         console.print(f"  why it matters: {f.why}", markup=False)
+    return bool(f.counterfactual)
 
 
 def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
@@ -82,15 +89,20 @@ def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
         err_console.print(f"{len(rep.recompute_failed)} step(s) could not be recomputed: "
                           + ", ".join(str(s) for s in sorted(rep.recompute_failed)), markup=False)
     rollout = [f for f in rep.findings if f.rule in ROLLOUT_RULES]
+    shown = False
     for f in [f for f in rep.findings if f.rule not in ROLLOUT_RULES]:
-        _print_finding(f)
+        shown |= _print_finding(f, rep.settings)
     if rollout or any(r in rep.passed for r in ROLLOUT_RULES):
         console.print("\n[bold]Rollout vs trainer log-probs[/bold] (how large, whether it grows, and why)")
         for f in rollout:
-            _print_finding(f)
+            shown |= _print_finding(f, rep.settings)
         for rid in ROLLOUT_RULES:
             if rid in rep.passed:
                 console.print(f"  passed {rid}: {rep.passed[rid]}", markup=False)
+    if shown:
+        console.print(f"\n(\"if\" lines: {api.COUNTERFACTUAL_CAVEAT})", markup=False)
+    for rid, why in rep.counterfactual_errors.items():
+        err_console.print(f"counterfactual of {rid} not computed: {why}", markup=False)
     n_info = sum(f.severity == "info" for f in rep.findings)
     n_rules = len(rep.rules)
     info = f"; {n_info} for information (not counted)" if n_info else ""

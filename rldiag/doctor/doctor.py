@@ -5,7 +5,9 @@ written like ``rldiag recompute`` writes it, so unchanged steps are reused next 
 step's metrics and the engine's ``rldiag/...`` health signals; together with ``metrics.jsonl``
 they feed the rules (:mod:`.rules`), each evaluated by its kind (:mod:`.evaluators`). A rule is *not applicable* when its ``when``
 settings do not hold, *not evaluated* when its metric is missing or has too few steps, and
-otherwise passes or gives a finding with its evidence and the reason it matters.
+otherwise passes or gives a finding with its evidence and the reason it matters. A finding whose
+rule names the settings that address it (``addresses``) then carries what they change on its
+window's batches (:mod:`.counterfactual`, in memory; one update on recorded data).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class DoctorReport:
     recompute_failed: dict[int, str] = field(default_factory=dict)
     recompute_error: str | None = None  # why the run could not be recomputed at all
     rules: dict[str, str] = field(default_factory=dict)  # rule id -> file it comes from
+    # rule id -> why (part of) its findings' counterfactual could not be computed
+    counterfactual_errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -96,6 +100,7 @@ def diagnose(
     device: str = "cpu",
     rules: list[Rule] | None = None,
     progress: ProgressFn | None = None,
+    counterfactual: bool = True,
 ) -> DoctorReport:
     """Run the health rules over ``run``.
 
@@ -109,6 +114,10 @@ def diagnose(
         device: ``cpu``, ``cuda`` or ``auto`` for the recompute.
         rules: use these rules instead of loading them (``rules_files`` is then ignored).
         progress: ``progress(done, total, step)`` during the recompute.
+        counterfactual: for each finding (severity above info) whose rule has ``addresses``,
+            recompute its window's batches under those settings and fill
+            ``finding.counterfactual`` (:mod:`.counterfactual`); only when the run was
+            recomputed. What could not be computed is in ``report.counterfactual_errors``.
 
     Returns a :class:`DoctorReport`; ``report.findings`` is empty for a healthy run. Raises
     :class:`RldiagError` when the run or a rules file cannot be read.
@@ -153,4 +162,27 @@ def diagnose(
             report.passed[rule.id] = outcome.detail
     order = {"critical": 0, "warning": 1, "info": 2}
     report.findings.sort(key=lambda f: order.get(f.severity, 3))
+    if counterfactual and recompute and chosen and report.recompute_error is None:
+        _attach_counterfactuals(rd, report, rule_list, dict(overrides or {}), device)
     return report
+
+
+def _attach_counterfactuals(rd: RunDir, report: DoctorReport, rule_list: list[Rule], overrides: dict[str, Any],
+                            device: str) -> None:
+    """Each counted finding's counterfactual (info findings never count, so are left alone); a
+    failure records its reason under the rule's id and never fails the doctor."""
+    from rldiag.doctor.counterfactual import compute
+
+    by_id = {r.id: r for r in rule_list}
+    for f in report.findings:
+        rule = by_id.get(f.rule)
+        if rule is None or not rule.addresses or f.severity == "info":
+            continue
+        try:
+            f.counterfactual, errors = compute(rd, rule, f, overrides, device)
+        except Exception as exc:  # noqa: BLE001  (a counterfactual never fails the doctor)
+            f.counterfactual, errors = [], [f"{type(exc).__name__}: {exc}"]
+        if errors:
+            seen = report.counterfactual_errors.get(f.rule)
+            text = "; ".join(errors)
+            report.counterfactual_errors[f.rule] = text if seen is None or seen == text else f"{seen}; {text}"

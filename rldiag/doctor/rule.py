@@ -27,6 +27,9 @@ class Rule:
     min_steps: int = 1
     params: dict[str, Any] = field(default_factory=dict)
     origin: str = ""  # the file that defined (or last overrode) it
+    # the settings that address it (rules.yaml's ``addresses``, checked and completed by
+    # :mod:`.rules`): {"settings": [{key: value}, ...], "metrics": [...], "statistic": "mean"}; {}: none
+    addresses: dict[str, Any] = field(default_factory=dict)
 
     def applies(self, settings: Mapping[str, Any]) -> bool:
         """Whether every ``when`` condition holds: the setting equals the value, or is one of a list."""

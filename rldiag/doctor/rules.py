@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from rldiag.config.settings import read_yaml
+from rldiag.config.settings import known_keys, read_yaml, resolve_settings
 from rldiag.doctor import composite as _while_kind  # noqa: F401  (registers kind while)
 from rldiag.doctor import mismatch_rule as _mismatch_kind  # noqa: F401  (registers kind mismatch)
 from rldiag.doctor.evaluators import RULE_KINDS
@@ -27,7 +28,11 @@ BUILTIN_RULES = Path(__file__).with_name("rules.yaml")
 SEVERITIES = ("warning", "critical")
 SOURCES = ("any", "logged", "recomputed")
 #: keys every rule may have, whatever its kind.
-COMMON_KEYS = {"id", "kind", "title", "why", "severity", "enabled", "when", "source", "window", "min_steps", "metric"}
+COMMON_KEYS = {"id", "kind", "title", "why", "severity", "enabled", "when", "source", "window", "min_steps", "metric",
+               "addresses"}
+#: how a counterfactual reduces a metric over the window's steps
+ADDRESS_STATISTICS = ("mean", "median", "max", "last")
+ADDRESS_KEYS = ("settings", "metrics", "statistic")
 
 
 def read_rules_file(path: Path) -> list[dict]:
@@ -77,15 +82,71 @@ def _build(raw: dict, origin: str) -> Rule:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"{where}: '{name}' must be a positive integer, got {v!r}")
     params = {k: v for k, v in raw.items() if k not in COMMON_KEYS}
+    addresses = _addresses(raw.get("addresses"), raw.get("metric"), where)
     rule = Rule(id=rid, kind=kind, title=raw["title"].strip(), why=" ".join(raw["why"].split()), severity=severity,
                 metric=raw.get("metric"), source=source, when=dict(when), window=window, min_steps=min_steps,
-                params=params, origin=origin)
+                params=params, origin=origin, addresses=addresses)
     check = meta.check
     if check is not None:
         problem = check(rule)
         if problem:
             raise ConfigError(f"{where}: {problem}")
     return rule
+
+
+def _recomputed_key(key: str) -> bool:
+    """Whether an engine stage reads ``key`` (so a recompute under another value can differ)."""
+    from rldiag.engine.stages import STAGES
+    from rldiag.engine.sweep import stage_keys
+
+    return any(stage_keys(stage, [key]) for stage in STAGES)
+
+
+def _addresses(raw: Any, metric: Any, where: str) -> dict[str, Any]:
+    """A rule's ``addresses`` checked and completed (``metrics`` defaults to the rule's metric,
+    ``statistic`` to mean); {} when absent. Each alternative's keys must be settings an engine
+    stage reads: a setting whose effect a recompute cannot show (a learning rate) is refused."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: 'addresses' must be a mapping with 'settings' (and optionally 'metrics', "
+                          "'statistic')")
+    unknown = sorted(set(raw) - set(ADDRESS_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown))} under 'addresses'; "
+                          f"valid: {', '.join(ADDRESS_KEYS)}")
+    alternatives = raw.get("settings")
+    if not isinstance(alternatives, list) or not alternatives:
+        raise ConfigError(f"{where}: 'addresses.settings' must be a non-empty list of mappings "
+                          "(verl dotted keys -> value), one per alternative")
+    known = set(known_keys())
+    out_settings = []
+    for i, alt in enumerate(alternatives):
+        if not isinstance(alt, Mapping) or not alt:
+            raise ConfigError(f"{where}: 'addresses.settings' #{i + 1} must be a non-empty mapping of settings")
+        for key in alt:
+            if not isinstance(key, str) or key not in known:
+                raise ConfigError(f"{where}: 'addresses.settings' #{i + 1}: unknown setting {key!r} "
+                                  "(see docs/settings.md)")
+            if not _recomputed_key(key):
+                raise ConfigError(f"{where}: 'addresses.settings' #{i + 1}: {key} is read by no engine stage, so a "
+                                  "recompute cannot show its effect")
+        try:
+            resolve_settings(None, dict(alt))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: 'addresses.settings' #{i + 1}: {exc}") from None
+        out_settings.append(dict(alt))
+    metrics = raw.get("metrics", [metric] if metric is not None else None)
+    if metrics is None:
+        raise ConfigError(f"{where}: 'addresses.metrics' is required when the rule has no 'metric'")
+    if (not isinstance(metrics, list) or not metrics
+            or not all(isinstance(m, str) and m.strip() for m in metrics)):
+        raise ConfigError(f"{where}: 'addresses.metrics' must be a non-empty list of metric names")
+    statistic = raw.get("statistic", "mean")
+    if statistic not in ADDRESS_STATISTICS:
+        raise ConfigError(f"{where}: 'addresses.statistic' must be one of {', '.join(ADDRESS_STATISTICS)}, "
+                          f"got {statistic!r}")
+    return {"settings": out_settings, "metrics": list(dict.fromkeys(metrics)), "statistic": statistic}
 
 
 def load_rules(extra: Iterable[str | Path] = (), builtin: bool = True) -> list[Rule]:

@@ -3,7 +3,10 @@ runs it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from rldiag import api
 
 SEVERITY_ICONS = {"critical": ":red[:material/report:]", "warning": ":orange[:material/warning:]",
                   "info": ":blue[:material/info:]"}
@@ -23,6 +26,17 @@ class FindingView:
     statistic: str
     steps: list[int]  # the steps to link (at most MAX_LINKS)
     more_steps: int
+    # the finding's counterfactual (the doctor computed it): a sentence per alternative, a row per entry
+    counterfactual: list[str] = field(default_factory=list)
+    counterfactual_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def counterfactual_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A finding's counterfactual as table rows: the settings (``key=value``, comma-joined), the
+    metric, its statistic, the steps, with and without (as the doctor reported them)."""
+    return [{"settings": ", ".join(f"{k}={v}" for k, v in e["settings"].items()), "metric": e["metric"],
+             "statistic": e["statistic"], "steps": f"{e['window'][0]}-{e['window'][1]}", "with": e["with"],
+             "without": e["without"]} for e in entries]
 
 
 def finding_views(report) -> list[FindingView]:
@@ -34,6 +48,8 @@ def finding_views(report) -> list[FindingView]:
             icon=SEVERITY_ICONS.get(f.severity, ":material/info:"), title=f.title, rule=f.rule, severity=f.severity,
             message=f.message, why=f.remedy or f.why, metric=ev.metric, statistic=ev.statistic,
             steps=steps[:MAX_LINKS], more_steps=max(0, len(steps) - MAX_LINKS),
+            counterfactual=api.describe_counterfactual(f.counterfactual, report.settings),
+            counterfactual_rows=counterfactual_rows(f.counterfactual),
         ))
     return out
 

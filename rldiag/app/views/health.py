@@ -52,6 +52,8 @@ def page() -> None:
     st.caption(health.coverage_line(report))
     if report.recompute_error:
         st.warning(f"Recompute skipped: {report.recompute_error}")
+    for rid, why in report.counterfactual_errors.items():
+        st.caption(f"Counterfactual of `{rid}` not computed: {why}")
     if report.healthy:
         st.success(f"No finding: {len(report.passed)} rules passed over {report.logged_steps} logged and "
                    f"{report.recomputed_steps} recomputed steps.")
@@ -67,6 +69,12 @@ def page() -> None:
                                                   icon=":material/biotech:")
                 if v.more_steps:
                     st.caption(f"and {v.more_steps} more steps")
+            if v.counterfactual:
+                st.markdown("**What the settings that address it change on these batches**")
+                for line in v.counterfactual:
+                    st.markdown(f"- {line}")
+                st.dataframe(v.counterfactual_rows, hide_index=True)
+                st.caption(f"Counterfactual: {api.COUNTERFACTUAL_CAVEAT}.")
     with st.expander("Rules without a finding"):
         st.dataframe(health.outcome_rows(report), hide_index=True)
     layout_audit_section()
