@@ -5,7 +5,8 @@ that grows by one step at a time) and, on each :meth:`LiveDoctor.evaluate`, runs
 path as ``rldiag doctor`` (:func:`rldiag.doctor.evaluate.evaluate_rules`) and turns the difference
 from the previous evaluation into :class:`HealthEvent` s. ``rldiag doctor --follow``
 (:mod:`rldiag.doctor.follow`) and the capture hook both stand on it; it does no I/O of its own
-(a rule naming causes reads example tokens from the batch files when ``run`` is given).
+(with ``run`` given, a rule naming causes reads example tokens back from the batch files for the
+findings an event reports).
 
 A finding is identified by its ``rule`` plus ``evidence.cause`` (``rollout_mismatch`` gives one
 finding per cause; other rules have none). Between two evaluations an identity
@@ -112,22 +113,29 @@ class LiveDoctor:
     def evaluate(self, step: int) -> list[HealthEvent]:
         """Run the rules on the data so far; the events since the previous evaluation, at ``step``:
         fired and changed in the order of the findings (most severe first), then cleared."""
-        self.results = evaluate_rules(self.rules, self.table, self.settings, run=self.run,
-                                      engine_settings=self.engine_settings)
+        # without the run: a rule reading example tokens back from the batch files does so only
+        # for the findings an event reports (below), not at every step
+        self.results = evaluate_rules(self.rules, self.table, self.settings)
         self.step = int(step)
         self.evaluations += 1
         events: list[HealthEvent] = []
         now: dict[Identity, Finding] = {}
         for f in self.results.findings:
             key = identity(f)
-            f.counterfactual = list(self._counterfactual.get(key, []))
             now[key] = f
             before = self._reported.get(key)
             if key not in self._active:
                 self._since[key] = self.step
-                events.append(self._emit("fired", f, self.step))
+                events.append(HealthEvent("fired", self.step, f))
             elif before is not None and _changed(before, f):
-                events.append(self._emit("changed", f, self.step))
+                events.append(HealthEvent("changed", self.step, f))
+        full = self._with_run({ev.finding.rule for ev in events})
+        for ev in events:
+            ev.finding = now[identity(ev.finding)] = full.get(identity(ev.finding), ev.finding)
+            self._reported[identity(ev.finding)] = ev.finding
+            self.counts[ev.event] += 1
+        for key, f in now.items():
+            f.counterfactual = list(self._counterfactual.get(key, []))
         for key, f in self._active.items():
             if key not in now:
                 events.append(HealthEvent("cleared", self.step, f))
@@ -138,10 +146,13 @@ class LiveDoctor:
         self._active = now
         return events
 
-    def _emit(self, kind: str, f: Finding, step: int) -> HealthEvent:
-        self._reported[identity(f)] = f
-        self.counts[kind] += 1
-        return HealthEvent(kind, step, f)
+    def _with_run(self, rule_ids: set[str]) -> dict[Identity, Finding]:
+        """The findings of the rules ``rule_ids`` evaluated again with the run (example tokens)."""
+        if self.run is None or not rule_ids:
+            return {}
+        rules = [r for r in self.rules if r.id in rule_ids]
+        res = evaluate_rules(rules, self.table, self.settings, run=self.run, engine_settings=self.engine_settings)
+        return {identity(f): f for f in res.findings}
 
     def attach_counterfactual(self, key: Identity, counterfactual: list[dict[str, Any]]) -> HealthEvent:
         """Set an active finding's ``counterfactual`` (kept on it at later evaluations): a
@@ -152,8 +163,9 @@ class LiveDoctor:
             raise LiveDoctorError(f"no active finding {key[0]}{'/' + key[1] if key[1] else ''}")
         self._counterfactual[key] = list(counterfactual)
         f = replace(f, counterfactual=list(counterfactual))  # the events already out keep their finding
-        self._active[key] = f
-        return self._emit("changed", f, self._since[key])
+        self._active[key] = self._reported[key] = f
+        self.counts["changed"] += 1
+        return HealthEvent("changed", self._since[key], f)
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -170,8 +182,12 @@ class LiveDoctor:
 
     def standing(self) -> list[HealthEvent]:
         """One ``fired`` event per active finding, at the step it fired, with the finding as it is
-        now: what a reader joining late needs (``doctor --follow`` prints these after catching up
-        with a run's existing steps)."""
+        now (example tokens included): what a reader joining late needs (``doctor --follow``
+        prints these after catching up with a run's existing steps)."""
+        for key, f in self._with_run({f.rule for f in self._active.values()}).items():
+            if key in self._active:
+                f.counterfactual = self._active[key].counterfactual
+                self._active[key] = f
         return sorted((HealthEvent("fired", self._since[k], f) for k, f in self._active.items()),
                       key=lambda e: e.step)
 
@@ -207,4 +223,4 @@ def _changed(before: Finding, now: Finding) -> bool:
     a, b = before.evidence.confidence, now.evidence.confidence
     if (a is None) != (b is None):
         return True
-    return a is not None and b is not None and abs(b - a) >= CONFIDENCE_STEP
+    return a is not None and b is not None and abs(b - a) >= CONFIDENCE_STEP - 1e-9  # 0.7 - 0.6 counts
