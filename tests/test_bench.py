@@ -78,3 +78,22 @@ def test_bench_mismatch_prints_a_row_per_workload(tmp_path):
         with_cols, without_cols = cells[13].split("/")
         assert int(with_cols) > 0 and int(without_cols) == 0, (name, cells)  # the stage ran, and only when on
     assert any(line.strip().startswith("recompute_batch with the stage") for line in lines[top:])
+
+
+def test_bench_doctor_follow_prints_the_fired_delay_and_the_evaluation_cost(tmp_path):
+    """bench/bench_doctor_follow.py at the smallest size: the follower printed entropy_collapse's
+    fired line at the step the rule first holds, and both evaluation costs were measured."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_doctor_follow.py"), "--dir", str(tmp_path), "--steps", "12",
+         "--collapse-at", "5", "--rate", "5", "--prompts", "2", "--n", "4", "--eval-steps", "60", "--eval-repeat", "3",
+         "--idle-timeout", "8", "--warmup", "2"],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    lines = out.splitlines()
+    fired = next(line for line in lines if line.startswith("entropy_collapse fired")).split()
+    assert fired[2] == fired[-1] and float(fired[3]) >= 0, fired  # fired at the step it first holds
+    assert any(line.startswith("changed (counterfactual)") for line in lines)
+    top = next(i for i, line in enumerate(lines) if line.split()[:2] == ["steps", "columns"])
+    rows = [line.split() for line in lines[top + 2:] if line.strip()]
+    assert [int(r[0]) for r in rows] == [6, 60]
+    assert all(float(x) > 0 for r in rows for x in r[1:]), rows

@@ -6,7 +6,8 @@ code  name              meaning
 0     ``OK``            the command did what was asked, and its answer is "all is well": ``check``
                         found no problem, ``recompute`` wrote every step, ``verify`` matched,
                         ``doctor`` found nothing, ``import-wandb`` wrote the import,
-                        ``layout-audit`` wrote the audit, ``rows`` printed the rows
+                        ``layout-audit`` wrote the audit, ``rows`` printed the rows;
+                        ``doctor --follow`` ended by its idle timeout (its events were the answer)
 1     ``FAILED``        the answer is "no": ``check`` found problems, ``recompute`` has failed
                         steps (the others are written), ``verify`` found a mismatch, ``doctor`` a
                         finding. Also: an error stopped a command (``Type: message`` on stderr),
@@ -15,7 +16,7 @@ code  name              meaning
                         ``verify`` / ``doctor`` could not check the run at all (an unreadable run,
                         config or rules file, missing columns): for these two, 1 would read as a
                         mismatch or a finding
-130   ``INTERRUPTED``   Ctrl-C
+130   ``INTERRUPTED``   Ctrl-C (how ``doctor --follow`` ends when it has no idle timeout)
 ====  ================  ============================================================================
 
 :data:`ERROR_EXIT` says which code an error (:class:`~rldiag.errors.RldiagError`) gives, by command;
