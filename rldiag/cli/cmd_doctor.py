@@ -12,6 +12,7 @@ clears while the run writes: a line each, or with ``--json`` one JSON object per
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
@@ -31,7 +32,7 @@ def add_parser(sub) -> None:
     sp.add_argument("--steps", help="12, 10:20, 10:, :20 or 1,5,9 (default: all)")
     sp.add_argument("--logged-only", action="store_true", help="use metrics.jsonl only, do not recompute")
     sp.add_argument("--device", default="cpu", help="auto, cpu or cuda (default cpu)")
-    sp.add_argument("--no-counterfactual", action="store_true",
+    sp.add_argument("--no-counterfactual", dest="counterfactual", action="store_false",
                     help="do not recompute each finding's window under the settings that address it")
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
     sp.add_argument("-v", "--verbose", action="store_true", help="also list passed, skipped and inapplicable rules")
@@ -40,8 +41,6 @@ def add_parser(sub) -> None:
     sp.add_argument("--poll", type=float, default=0.5, help="with --follow: seconds between looks (default 0.5)")
     sp.add_argument("--idle-timeout", type=float, default=None,
                     help="with --follow: stop (exit 0) after this many seconds without a new metrics line or batch file")
-    sp.add_argument("--no-counterfactual", dest="counterfactual", action="store_false",
-                    help="with --follow: do not compute what the addressing settings would change")
     add_progress_flags(sp)
     sp.set_defaults(func=run)
 
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar("doctor", enabled=args.progress) as bar:
         rep = api.diagnose(args.run, overrides_from_args(args), rules_files=args.rules or (), steps=args.steps,
                            recompute=not args.logged_only, device=args.device, progress=bar,
-                           counterfactual=not args.no_counterfactual)
+                           counterfactual=args.counterfactual)
     if args.json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
     else:
@@ -143,7 +142,8 @@ def follow(args: argparse.Namespace) -> int:
     """``--follow``: events as they happen; exit 0 at the idle timeout, 130 on Ctrl-C."""
     if args.steps:
         raise ConfigError("--steps cannot be combined with --follow (it follows every step the run writes)")
-    on_event = _json_line if args.json else _event_line
+    run_settings = api.settings(args.run, overrides_from_args(args)).resolved()
+    on_event = _json_line if args.json else functools.partial(_event_line, settings=run_settings)
     try:
         summary = api.follow_doctor(args.run, overrides_from_args(args), rules_files=args.rules or (),
                                     recompute=not args.logged_only, device=args.device, poll_seconds=args.poll,
@@ -165,24 +165,15 @@ def _label(f) -> str:
     return f"{f.rule}/{f.evidence.cause}" if f.evidence.cause else f.rule
 
 
-def _event_line(ev: api.HealthEvent) -> None:
+def _event_line(ev: api.HealthEvent, settings: dict) -> None:
     f = ev.finding
     color = _COLOURS.get(f.severity, "yellow") if ev.event != "cleared" else "green"
     head = f"step {ev.step:>6}  [{color}]{ev.event:<7}[/{color}] {f.severity.upper():<8} "
     if ev.event == "changed" and f.counterfactual:
-        tail = "counterfactual: " + "; ".join(_counterfactual_text(c) for c in f.counterfactual)
+        tail = "; ".join(api.describe_counterfactual(f.counterfactual, settings))
     else:
         tail = f.message
     console.print(head + escape(f"{f.title} ({_label(f)}): {tail}"))
-
-
-def _counterfactual_text(c: dict) -> str:
-    settings = ", ".join(f"{k}={v}" for k, v in (c.get("settings") or {}).items())
-    window = c.get("window") or []
-    span = f" over steps {window[0]}..{window[-1]}" if window else ""
-    return (f"{settings}: {c.get('statistic', '')} of {c.get('metric', '')}{span} "
-            f"{fmt(c['with']) if isinstance(c.get('with'), (int, float)) else c.get('with')} "
-            f"(now {fmt(c['without']) if isinstance(c.get('without'), (int, float)) else c.get('without')})")
 
 
 def _print_summary(summary: api.FollowDoctorResult, out) -> None:
