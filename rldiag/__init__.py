@@ -28,7 +28,7 @@ __all__ = [
     "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
     "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame",
-    "SweepResult", "sweep", "sweep_summary", "sweeps",
+    "SweepResult", "sweep", "sweep_summary", "sweeps", "FollowDoctorResult", "HealthEvent", "follow_doctor",
 ]
 #: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
 _API = frozenset(__all__) - {"__version__"}
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
         CompareResult,
         DiagnoseResult,
         EstimatorsResult,
+        FollowDoctorResult,
+        HealthEvent,
         ImportResult,
         LayoutAuditResult,
         MismatchResult,
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
         compare,
         compare_estimators,
         diagnose,
+        follow_doctor,
         import_wandb,
         layout_audit,
         logged,

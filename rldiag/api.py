@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
+    import threading
+
     import polars as pl
 
     from rldiag.analysis.agreement import TokenAgreement
@@ -55,6 +57,9 @@ if TYPE_CHECKING:
     from rldiag.check import CheckReport as CheckResult
     from rldiag.config.settings import Settings
     from rldiag.doctor import DoctorReport as DiagnoseResult
+    from rldiag.doctor.follow import CounterfactualFn
+    from rldiag.doctor.follow import FollowSummary as FollowDoctorResult
+    from rldiag.doctor.live import HealthEvent
     from rldiag.executors import Executor
     from rldiag.importers.wandb_import import ImportReport as ImportResult
     from rldiag.importers.wandb_online import ApiFactory
@@ -67,7 +72,8 @@ __all__ = [
     "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame", "SIGN_DIFFERS",
-    "StepTokensResult", "SweepResult", "sweep", "sweep_summary", "sweeps",
+    "StepTokensResult", "SweepResult", "sweep", "sweep_summary", "sweeps", "FollowDoctorResult", "HealthEvent",
+    "follow_doctor",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -82,6 +88,8 @@ _LAZY = {
     "CompareResult": "rldiag.analysis.compare:CompareReport",
     "EstimatorsResult": "rldiag.analysis.compare:EstimatorComparison",
     "DiagnoseResult": "rldiag.doctor.doctor:DoctorReport",
+    "FollowDoctorResult": "rldiag.doctor.follow:FollowSummary",
+    "HealthEvent": "rldiag.doctor.live:HealthEvent",
     "MismatchResult": "rldiag.analysis.mismatch:MismatchDiagnosis",
     "LayoutAuditResult": "rldiag.analysis.layout_audit:LayoutAuditResult",
     "SweepResult": "rldiag.analysis.sweep:SweepReport",
@@ -491,6 +499,40 @@ def diagnose(
 
     return run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
                         recompute=recompute, device=device, progress=_by_step(progress))
+
+
+def follow_doctor(
+    run: Run,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    estimator: str | None = None,
+    rules_files: Iterable[str | Path] = (),
+    recompute: bool = True,
+    device: str = "cpu",
+    poll_seconds: float = 0.5,
+    idle_timeout: float | None = None,
+    on_event: Callable[[HealthEvent], None] | None = None,
+    stop: threading.Event | None = None,
+    counterfactual: bool = True,
+    counterfactual_fn: CounterfactualFn | None = None,
+) -> FollowDoctorResult:
+    """``rldiag doctor --follow``: the doctor of a run that is still writing. Catches up with the
+    steps on disk (each finding that holds at the end once, as a ``fired`` event at the step from
+    which it held), then looks every ``poll_seconds`` for new ``metrics.jsonl`` lines and batch
+    files (recomputed as :func:`recompute` with ``follow=True`` does, unchanged steps reused) and
+    calls ``on_event(event)`` (a ``HealthEvent``: ``event.to_dict()`` is ``{"event": "fired" |
+    "changed" | "cleared", "step": N, "finding": {...}}``) for each finding that fires, changes
+    or clears. Returns after ``idle_timeout`` seconds without a new line or file, or once
+    ``stop`` is set (never otherwise: Ctrl-C, a ``KeyboardInterrupt``, ends it). After a finding
+    fires, what the settings that address it would change is computed in the background
+    (``counterfactual_fn``, default ``rldiag.doctor.counterfactual.counterfactuals`` where
+    installed; ``counterfactual=False``: none) and arrives as a ``changed`` event."""
+    from rldiag.doctor.follow import DoctorFollower
+
+    follower = DoctorFollower(run, _overrides(overrides, estimator), rules_files=rules_files, recompute=recompute,
+                              device=device, on_event=on_event, counterfactual=counterfactual,
+                              counterfactual_fn=counterfactual_fn)
+    return follower.follow(poll_seconds=poll_seconds, idle_timeout=idle_timeout, stop=stop)
 
 
 def mismatch(

@@ -2,6 +2,11 @@
 
 Exit 0: no finding; 1: at least one finding; 2: the run or a rules file cannot be read (see
 :mod:`rldiag.cli.exit_codes`).
+
+``--follow`` (:func:`rldiag.api.follow_doctor`) prints an event per finding that fires, changes or
+clears while the run writes: a line each, or with ``--json`` one JSON object per line on stdout
+(``{"event", "step", "finding"}``) and the summary on stderr. It ends with exit 0 after
+``--idle-timeout`` seconds without a new metrics line or batch file, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -10,9 +15,12 @@ import argparse
 import json
 import sys
 
+from rich.markup import escape
+
 from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
+from rldiag.errors import ConfigError
 
 
 def add_parser(sub) -> None:
@@ -25,11 +33,20 @@ def add_parser(sub) -> None:
     sp.add_argument("--device", default="cpu", help="auto, cpu or cuda (default cpu)")
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
     sp.add_argument("-v", "--verbose", action="store_true", help="also list passed, skipped and inapplicable rules")
+    sp.add_argument("--follow", action="store_true",
+                    help="keep watching the run as it writes: print each finding when it fires, changes or clears")
+    sp.add_argument("--poll", type=float, default=0.5, help="with --follow: seconds between looks (default 0.5)")
+    sp.add_argument("--idle-timeout", type=float, default=None,
+                    help="with --follow: stop (exit 0) after this many seconds without a new metrics line or batch file")
+    sp.add_argument("--no-counterfactual", dest="counterfactual", action="store_false",
+                    help="with --follow: do not compute what the addressing settings would change")
     add_progress_flags(sp)
     sp.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.follow:
+        return follow(args)
     with progress_bar("doctor", enabled=args.progress) as bar:
         rep = api.diagnose(args.run, overrides_from_args(args), rules_files=args.rules or (), steps=args.steps,
                            recompute=not args.logged_only, device=args.device, progress=bar)
@@ -105,3 +122,66 @@ def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
             console.print(f"  not applicable {rid}: {text}", markup=False)
     if rep.healthy:
         console.print("[green]no problem found[/green]")
+
+
+# ---- --follow ------------------------------------------------------------------------------------
+
+
+def follow(args: argparse.Namespace) -> int:
+    """``--follow``: events as they happen; exit 0 at the idle timeout, 130 on Ctrl-C."""
+    if args.steps:
+        raise ConfigError("--steps cannot be combined with --follow (it follows every step the run writes)")
+    on_event = _json_line if args.json else _event_line
+    try:
+        summary = api.follow_doctor(args.run, overrides_from_args(args), rules_files=args.rules or (),
+                                    recompute=not args.logged_only, device=args.device, poll_seconds=args.poll,
+                                    idle_timeout=args.idle_timeout, on_event=on_event,
+                                    counterfactual=args.counterfactual)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return exit_codes.INTERRUPTED
+    _print_summary(summary, err_console if args.json else console)
+    return exit_codes.OK
+
+
+def _json_line(ev: api.HealthEvent) -> None:
+    sys.stdout.write(json.dumps(ev.to_dict()) + "\n")
+    sys.stdout.flush()
+
+
+def _label(f) -> str:
+    return f"{f.rule}/{f.evidence.cause}" if f.evidence.cause else f.rule
+
+
+def _event_line(ev: api.HealthEvent) -> None:
+    f = ev.finding
+    color = _COLOURS.get(f.severity, "yellow") if ev.event != "cleared" else "green"
+    head = f"step {ev.step:>6}  [{color}]{ev.event:<7}[/{color}] {f.severity.upper():<8} "
+    if ev.event == "changed" and f.counterfactual:
+        tail = "counterfactual: " + "; ".join(_counterfactual_text(c) for c in f.counterfactual)
+    else:
+        tail = f.message
+    console.print(head + escape(f"{f.title} ({_label(f)}): {tail}"))
+
+
+def _counterfactual_text(c: dict) -> str:
+    settings = ", ".join(f"{k}={v}" for k, v in (c.get("settings") or {}).items())
+    window = c.get("window") or []
+    span = f" over steps {window[0]}..{window[-1]}" if window else ""
+    return (f"{settings}: {c.get('statistic', '')} of {c.get('metric', '')}{span} "
+            f"{fmt(c['with']) if isinstance(c.get('with'), (int, float)) else c.get('with')} "
+            f"(now {fmt(c['without']) if isinstance(c.get('without'), (int, float)) else c.get('without')})")
+
+
+def _print_summary(summary: api.FollowDoctorResult, out) -> None:
+    ev = summary.events
+    active = ", ".join(f"{_label(f)} ({f.severity})" for f in summary.active) or "none"
+    out.print(f"followed {summary.run} to step {summary.step} ({summary.reason}): {ev['fired']} fired, "
+              f"{ev['changed']} changed, {ev['cleared']} cleared; active: {active}", markup=False)
+    if summary.recompute_error:
+        out.print(f"recompute unavailable: {summary.recompute_error}", markup=False)
+    if summary.recompute_failed:
+        out.print(f"{len(summary.recompute_failed)} step(s) could not be recomputed: "
+                  + ", ".join(str(s) for s in sorted(summary.recompute_failed)), markup=False)
+    for label, error in summary.counterfactual_errors.items():
+        out.print(f"counterfactual of {label} failed: {error}", markup=False)

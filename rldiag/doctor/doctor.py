@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from rldiag.analysis.logged import logged_metrics
 from rldiag.config.settings import resolve_settings, scenario_slug
-from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Passed, Skip
+from rldiag.doctor.evaluate import evaluate_rules
+from rldiag.doctor.evaluators import Finding
 from rldiag.doctor.rule import Rule
 from rldiag.doctor.rules import load_rules
 from rldiag.doctor.signals import SignalTable
@@ -137,20 +138,7 @@ def diagnose(
     report.logged_steps, report.recomputed_steps = table.logged_steps, table.recomputed_steps
     # the run's keys with the derived ones resolved (critic.enable as verl's need_critic decides it)
     effective = {**settings.values, **settings.resolved()}
-    ctx = Context(settings=effective, series=table.series, run=rd, engine_settings=settings)
-    for rule in rule_list:
-        if not rule.applies(effective):
-            report.not_applicable[rule.id] = ", ".join(f"{k}={effective.get(k)!r}" for k in rule.when)
-            continue
-        outcome = RULE_KINDS.get(rule.kind)(rule, ctx)
-        if isinstance(outcome, list):
-            report.findings.extend(outcome)
-        elif isinstance(outcome, Finding):
-            report.findings.append(outcome)
-        elif isinstance(outcome, Skip):
-            report.not_evaluated[rule.id] = outcome.reason
-        elif isinstance(outcome, Passed):
-            report.passed[rule.id] = outcome.detail
-    order = {"critical": 0, "warning": 1, "info": 2}
-    report.findings.sort(key=lambda f: order.get(f.severity, 3))
+    res = evaluate_rules(rule_list, table, effective, run=rd, engine_settings=settings)
+    report.findings, report.passed = res.findings, res.passed
+    report.not_evaluated, report.not_applicable = res.not_evaluated, res.not_applicable
     return report

@@ -65,6 +65,7 @@ class Finding:
     message: str  # one line: what was seen
     evidence: Evidence
     remedy: str = ""  # what to do about it, where the rule knows more than its why
+    counterfactual: list[dict[str, Any]] = field(default_factory=list)  # what the addressing settings change on the window's batches  # noqa: E501
 
 
 @dataclass

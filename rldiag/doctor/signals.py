@@ -11,49 +11,134 @@ metrics of a recompute under the run's settings, among them the engine's health 
 - ``rldiag/rewards/kl_sign_flip_fraction``: among non-aborted rows with a nonzero score, the
   share whose summed ``token_level_rewards`` has the opposite sign of the summed score (only
   with ``algorithm.use_kl_in_reward``).
+
+The table grows step by step (``rldiag doctor --follow`` adds each new step to the same table):
+each metric of each source is a pair of growable numpy arrays, so that a rule evaluated after
+every step reads arrays rather than rebuilding them from Python dicts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 import numpy as np
 
 from rldiag.doctor.evaluators import Series
 
 
-@dataclass
+class Column:
+    """One metric of one source: ``steps`` (int64, increasing, unique) and ``values``
+    (float64), in buffers that double when full. Appending a later step is O(1) amortised; a
+    step seen again overwrites its value (a resumed run logs a step twice: the later line wins);
+    an earlier step not seen yet is inserted (O(n), rare)."""
+
+    __slots__ = ("_steps", "_values", "n", "version")
+
+    def __init__(self, capacity: int = 64) -> None:
+        self._steps = np.empty(capacity, dtype=np.int64)
+        self._values = np.empty(capacity, dtype=np.float64)
+        self.n = 0
+        self.version = 0  # bumped on every change: caches of merged series compare it
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self._steps[:self.n]
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._values[:self.n]
+
+    def set(self, step: int, value: float) -> None:
+        n = self.n
+        self.version += 1
+        if n and step <= self._steps[n - 1]:
+            i = int(np.searchsorted(self._steps[:n], step))
+            if self._steps[i] == step:
+                self._values[i] = value
+                return
+            self._steps = np.insert(self._steps[:n], i, step)
+            self._values = np.insert(self._values[:n], i, value)
+            self.n = n + 1
+            return
+        if n == len(self._steps):
+            self._steps = np.concatenate([self._steps, np.empty(max(n, 64), dtype=np.int64)])
+            self._values = np.concatenate([self._values, np.empty(max(n, 64), dtype=np.float64)])
+        self._steps[n] = step
+        self._values[n] = value
+        self.n = n + 1
+
+
+def _tail(steps: np.ndarray, values: np.ndarray, tail: int) -> tuple[np.ndarray, np.ndarray]:
+    """The shortest suffix holding ``tail`` finite values (all of it when it has fewer): what a
+    rule with ``window: tail`` looks at, without touching the steps before it."""
+    k = tail
+    while k < len(values) and np.count_nonzero(np.isfinite(values[-k:])) < tail:
+        k *= 2
+    return steps[-k:], values[-k:]
+
+
 class SignalTable:
-    """``metric -> {step: value}`` per source."""
+    """``metric -> Column`` per source (``logged``, ``recomputed``)."""
 
-    logged: dict[str, dict[int, float]] = field(default_factory=dict)
-    recomputed: dict[str, dict[int, float]] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.logged: dict[str, Column] = {}
+        self.recomputed: dict[str, Column] = {}
+        self._steps: dict[str, set[int]] = {"logged": set(), "recomputed": set()}
+        self._merged: dict[str, tuple[tuple[int, int], Series]] = {}  # name -> (versions, logged over recomputed)
 
-    def add_logged(self, step: int, values: dict[str, float]) -> None:
+    def _add(self, source: str, step: int, values: Mapping[str, float]) -> None:
+        columns = self.logged if source == "logged" else self.recomputed
         for k, v in values.items():
-            self.logged.setdefault(k, {})[step] = float(v)
+            col = columns.get(k)
+            if col is None:
+                col = columns[k] = Column()
+            col.set(int(step), float(v))
+        if values:
+            self._steps[source].add(int(step))
 
-    def add_recomputed(self, step: int, values: dict[str, float]) -> None:
-        for k, v in values.items():
-            self.recomputed.setdefault(k, {})[step] = float(v)
+    def add_logged(self, step: int, values: Mapping[str, float]) -> None:
+        self._add("logged", step, values)
 
-    def series(self, name: str, source: str = "any") -> Series | None:
+    def add_recomputed(self, step: int, values: Mapping[str, float]) -> None:
+        self._add("recomputed", step, values)
+
+    def series(self, name: str, source: str = "any", tail: int | None = None) -> Series | None:
         """The metric over steps: ``logged``, ``recomputed``, or ``any`` (logged where present,
-        recomputed elsewhere). None when the chosen source has no value."""
-        lg = self.logged.get(name, {}) if source in ("any", "logged") else {}
-        rc = self.recomputed.get(name, {}) if source in ("any", "recomputed") else {}
-        merged = {**rc, **lg}
-        if not merged:
+        recomputed elsewhere). None when the chosen source has no value. ``tail``: only the last
+        steps, as many as hold ``tail`` finite values (a rule's ``window``)."""
+        lg = self.logged.get(name) if source in ("any", "logged") else None
+        rc = self.recomputed.get(name) if source in ("any", "recomputed") else None
+        if lg is not None and rc is not None:
+            s = self._merge(name, lg, rc)
+        elif lg is not None or rc is not None:
+            col = lg if lg is not None else rc
+            assert col is not None
+            s = Series(name=name, steps=col.steps, values=col.values, source="logged" if lg is not None else "recomputed")
+        else:
             return None
-        steps = np.array(sorted(merged), dtype=np.int64)
-        values = np.array([merged[s] for s in steps], dtype=np.float64)
-        used = (["logged"] if lg else []) + (["recomputed"] if any(s not in lg for s in rc) else [])
-        return Series(name=name, steps=steps, values=values, source="+".join(used))
+        if tail is not None and len(s.steps) > tail:
+            steps, values = _tail(s.steps, s.values, tail)
+            s = Series(name=s.name, steps=steps, values=values, source=s.source)
+        return s
+
+    def _merge(self, name: str, lg: Column, rc: Column) -> Series:
+        versions = (lg.version, rc.version)
+        cached = self._merged.get(name)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
+        steps = np.union1d(lg.steps, rc.steps)
+        values = np.empty(len(steps), dtype=np.float64)
+        values[np.searchsorted(steps, rc.steps)] = rc.values
+        values[np.searchsorted(steps, lg.steps)] = lg.values  # logged wins where both have the step
+        used = ["logged"] + (["recomputed"] if len(steps) > lg.n else [])
+        s = Series(name=name, steps=steps, values=values, source="+".join(used))
+        self._merged[name] = (versions, s)
+        return s
 
     @property
     def logged_steps(self) -> int:
-        return len({s for d in self.logged.values() for s in d})
+        return len(self._steps["logged"])
 
     @property
     def recomputed_steps(self) -> int:
-        return len({s for d in self.recomputed.values() for s in d})
+        return len(self._steps["recomputed"])

@@ -144,14 +144,37 @@ def _line_step(obj: object) -> tuple[int | None, str]:
     return step, ""
 
 
+def metrics_record(raw: bytes) -> tuple[int, dict] | str | None:
+    """One line of ``metrics.jsonl`` (without its newline) as ``(step, payload)``; None for a blank
+    line; a string saying why for a line that is not a JSON object with an integer step (0 to
+    :data:`MAX_STEP`). Accepts verl's file-logger form ``{"step": 12, "data": {...}}`` and the flat
+    form; the payload is as logged (any JSON values)."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than Python's stack
+        return "nested too deeply" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
+    step, why = _line_step(obj)
+    if step is None:
+        return why
+    payload = obj["data"] if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
+    return step, payload
+
+
+def numeric_metrics(payload: dict) -> dict[str, int | float]:
+    """The values of a line's payload that are numbers (booleans are not)."""
+    return {k: v for k, v in payload.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def iter_metrics_records(path: Path | RemotePath, skipped: list[tuple[int, str]] | None = None) -> Iterator[tuple[int, dict]]:
     """Every complete line of ``metrics.jsonl`` as ``(step, payload)``, in file order, with the
-    payload as logged (any JSON values).
+    payload as logged (any JSON values; :func:`metrics_record`).
 
-    Accepts verl's file-logger form ``{"step": 12, "data": {...}}`` and the flat form. A last line
-    without its newline (still being written) is skipped; a complete line that is not a JSON
-    object with an integer step (0 to :data:`MAX_STEP`) is skipped too (training logs may hold
-    other noise), never raised: ``skipped``, when given, gets ``(line number, why)`` for each.
+    A last line without its newline (still being written) is skipped; a complete line that is
+    not a JSON object with an integer step is skipped too (training logs may hold other noise),
+    never raised: ``skipped``, when given, gets ``(line number, why)`` for each.
     """
     if not path.is_file():
         return
@@ -161,27 +184,63 @@ def iter_metrics_records(path: Path | RemotePath, skipped: list[tuple[int, str]]
     if lines and lines[-1] != b"":
         lines = lines[:-1]  # incomplete last line: picked up once complete
     for number, raw in enumerate(lines, 1):
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            obj = json.loads(raw)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than Python's stack
+        rec = metrics_record(raw)
+        if isinstance(rec, str):
             if skipped is not None:
-                why = "nested too deeply" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
-                skipped.append((number, why))
-            continue
-        step, why = _line_step(obj)
-        if step is None:
-            if skipped is not None:
-                skipped.append((number, why))
-            continue
-        payload = obj["data"] if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
-        yield step, payload
+                skipped.append((number, rec))
+        elif rec is not None:
+            yield rec
+
+
+class MetricsTail:
+    """``metrics.jsonl`` read as it grows: each :meth:`read` returns the lines completed since the
+    last one, reading from the byte offset where it stopped. A last line without its newline
+    (the trainer is still writing it) is kept until its newline arrives, as
+    :func:`iter_metrics_records` skips it; a file that became shorter (rewritten) is read again
+    from its start. ``skipped`` collects ``(line number, why)`` of the lines that are not metrics."""
+
+    def __init__(self, path: Path | RemotePath) -> None:
+        self.path = path
+        self.offset = 0  # bytes consumed, the partial last line included
+        self.lines = 0  # complete lines read
+        self.skipped: list[tuple[int, str]] = []
+        self._partial = b""
+
+    def read(self) -> list[tuple[int, dict[str, int | float]]]:
+        """The new complete lines as ``(step, {name: number})``, in file order."""
+        if not self.path.is_file():
+            return []
+        data = self._new_bytes()
+        if not data:
+            return []
+        self.offset += len(data)
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        out = []
+        for raw in complete:
+            self.lines += 1
+            rec = metrics_record(raw)
+            if isinstance(rec, str):
+                self.skipped.append((self.lines, rec))
+            elif rec is not None:
+                out.append((rec[0], numeric_metrics(rec[1])))
+        return out
+
+    def _new_bytes(self) -> bytes:
+        if isinstance(self.path, RemotePath):  # an object is read whole (no seek on its stream)
+            whole = self.path.read_bytes()
+            if len(whole) < self.offset:
+                self.offset, self.lines, self._partial = 0, 0, b""
+            return whole[self.offset:]
+        with self.path.open("rb") as fh:
+            fh.seek(0, 2)
+            if fh.tell() < self.offset:  # rewritten shorter: start over
+                self.offset, self.lines, self._partial = 0, 0, b""
+            fh.seek(self.offset)
+            return fh.read()
 
 
 def iter_metrics_lines(path: Path | RemotePath, skipped: list[tuple[int, str]] | None = None) -> Iterator[tuple[int, dict]]:
     """Logged metrics as ``(step, {name: number})``, in file order (see
     :func:`iter_metrics_records`); values that are not numbers are left out."""
     for step, payload in iter_metrics_records(path, skipped):
-        yield step, {k: v for k, v in payload.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        yield step, numeric_metrics(payload)
