@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding
+from rldiag.doctor.evaluate import evaluate_rules
+from rldiag.doctor.evaluators import Finding
+from rldiag.doctor.live import LiveDoctor
 from rldiag.doctor.rule import Rule
 from rldiag.doctor.rules import load_rules
 from rldiag.doctor.signals import SignalTable
@@ -70,7 +72,13 @@ def stop_level(value: str | None) -> int | None:
 
 
 class StepDoctor(Protocol):
-    """What the hook needs of a live doctor (``rldiag.doctor.live.LiveDoctor``'s interface)."""
+    """What the hook needs of a live doctor (:class:`rldiag.doctor.live.LiveDoctor`'s interface):
+    its data, its evaluation and its verdicts; and its ``rules``, ``table`` and ``settings``, to
+    find and leave out a rule whose evaluation raises."""
+
+    rules: list[Rule]
+    table: SignalTable
+    settings: dict[str, Any]
 
     def add_logged(self, step: int, values: Mapping[str, float]) -> None: ...
 
@@ -86,60 +94,6 @@ class StepDoctor(Protocol):
 def needs_recompute(rule: Rule) -> bool:
     """Whether ``rule`` reads a signal only a recompute gives."""
     return rule.source == "recomputed" or rule.kind == "mismatch" or (rule.metric or "").startswith("rldiag/")
-
-
-class RuleDoctor:
-    """The rules evaluated step by step over a growing :class:`SignalTable` (each rule by its
-    kind's evaluator, as ``rldiag doctor`` does, over every step so far). A rule that raises is
-    reported once (a ``logging`` warning) and counts as not evaluated at that step.
-
-    ``settings``: the run's settings (verl's dotted keys, derived ones resolved) for the rules'
-    ``when``; ``run`` / ``engine_settings``: what a rule may read example tokens with (None in
-    the capture: a rule on the training thread reads no batch file)."""
-
-    def __init__(self, settings: Mapping[str, Any], rules: list[Rule] | None = None, run: Any = None,
-                 engine_settings: Any = None):
-        self.settings = dict(settings)
-        self.rules = [r for r in (rules if rules is not None else load_rules()) if r.applies(self.settings)]
-        self.table = SignalTable()
-        self._ctx = Context(settings=self.settings, series=self.table.series, run=run, engine_settings=engine_settings)
-        self._active: dict[str, list[Finding]] = {}
-        self._warned: set[str] = set()
-
-    def add_logged(self, step: int, values: Mapping[str, float]) -> None:
-        self.table.add_logged(int(step), dict(values))
-
-    def add_recomputed(self, step: int, values: Mapping[str, float]) -> None:
-        self.table.add_recomputed(int(step), dict(values))
-
-    def evaluate(self, step: int) -> list[Finding]:
-        """Evaluate every rule over the steps so far; returns the findings that became active."""
-        fired: list[Finding] = []
-        for rule in self.rules:
-            try:
-                outcome = RULE_KINDS.get(rule.kind)(rule, self._ctx)
-            except Exception as exc:  # noqa: BLE001 - one rule's failure skips that rule only
-                if rule.id not in self._warned:
-                    self._warned.add(rule.id)
-                    log.warning("rldiag doctor: rule %s failed at step %d and is skipped: %s: %s", rule.id, step,
-                                type(exc).__name__, exc)
-                self._active.pop(rule.id, None)
-                continue
-            now = outcome if isinstance(outcome, list) else [outcome] if isinstance(outcome, Finding) else []
-            if now and rule.id not in self._active:
-                fired.extend(now)
-            if now:
-                self._active[rule.id] = now
-            else:
-                self._active.pop(rule.id, None)
-        return fired
-
-    def active(self) -> list[Finding]:
-        return [f for found in self._active.values() for f in found]
-
-    def levels(self) -> dict[str, int]:
-        return {r.id: max((LEVELS.get(f.severity, 0) for f in self._active.get(r.id, [])), default=0)
-                for r in self.rules}
 
 
 def _numbers(data: Mapping[str, Any]) -> dict[str, float]:
@@ -200,7 +154,7 @@ def build_hook(run_dir: str | Path, submit: Callable[[Callable[[], Any]], Future
     settings the engine cannot recompute gets the logged-metric rules only (a warning says so)."""
     settings, effective = run_settings(run_dir)
     chosen = [r for r in (rules if rules is not None else load_rules()) if r.applies(effective)]
-    doctor = (make_doctor or RuleDoctor)(effective, chosen)
+    doctor = make_doctor(effective, chosen) if make_doctor is not None else LiveDoctor(effective, chosen)
     recompute: StepRecompute | None = None
     if any(needs_recompute(r) for r in chosen):
         try:
@@ -310,7 +264,7 @@ class HealthHook:
             if values:
                 self.doctor.add_recomputed(done, values)
         self.doctor.add_logged(step, _numbers(data))
-        self.doctor.evaluate(step)
+        self._evaluate(step)
         levels = {k: int(v) for k, v in self.doctor.levels().items()}
         active = [f for f in self.doctor.active() if LEVELS.get(f.severity, 0) > 0]
         out = {PREFIX + rule: level for rule, level in levels.items()}
@@ -318,6 +272,31 @@ class HealthHook:
         self.stop = (sorted({f.rule for f in active if LEVELS.get(f.severity, 0) >= self.stop_at})
                      if self.stop_at is not None else [])
         return out
+
+    def _evaluate(self, step: int) -> None:
+        """``doctor.evaluate(step)``; when it raises, each rule is tried alone (on the doctor's
+        table, leaving its state alone), the ones that raise are reported (once per rule) and
+        left out of this step's evaluation, and the others are evaluated."""
+        try:
+            self.doctor.evaluate(step)
+            return
+        except Exception:  # noqa: BLE001 - found rule by rule below
+            pass
+        rules = list(self.doctor.rules)
+        good = []
+        for rule in rules:
+            try:
+                evaluate_rules([rule], self.doctor.table, self.doctor.settings)
+            except Exception as exc:  # noqa: BLE001 - this rule is skipped at this step
+                self._warn_once(f"rule:{rule.id}", "rldiag doctor: rule %s failed at step %d and is skipped "
+                                "(reported once): %s: %s", rule.id, step, type(exc).__name__, exc)
+            else:
+                good.append(rule)
+        self.doctor.rules = good
+        try:
+            self.doctor.evaluate(step)
+        finally:
+            self.doctor.rules = rules  # tried again next step; its level stays 0 while it fails
 
     def close(self) -> None:
         """Forget queued recomputes (their results would appear in no log)."""
