@@ -273,6 +273,14 @@ class HealthHook:
                      if self.stop_at is not None else [])
         return out
 
+    def stop_message(self, step: int, when: str = "after this step") -> str:
+        """The line that says why training stops after ``step``: each rule that asked, its
+        severity, title and what was seen."""
+        found = {f.rule: f for f in self.doctor.active() if f.rule in self.stop}
+        what = "; ".join(f"{rule} ({f.severity}): {f.title}: {f.message}" for rule, f in found.items())
+        level = "critical" if self.stop_at == 2 else "warning"
+        return f"rldiag doctor: {ENV_STOP}={level}: stopping training {when}, step {step}: {what}"
+
     def _evaluate(self, step: int) -> None:
         """``doctor.evaluate(step)``; when it raises, each rule is tried alone (on the doctor's
         table, leaving its state alone), the ones that raise are reported (once per rule) and

@@ -257,11 +257,8 @@ class VerlCapture:
         if self.stopping_at is not None:
             return
         self.stopping_at = step
-        found = {f.rule: f for f in health.doctor.active() if f.rule in health.stop}
-        what = "; ".join(f"{rule} ({f.severity}): {f.title}: {f.message}" for rule, f in found.items())
         when = "after this step" if self.kind == "v1" else "after the next step (verl's legacy loop)"
-        health_log.warning("rldiag doctor: %s=%s: stopping training %s, step %d: %s", ENV_STOP,
-                           "critical" if self.stop_at == 2 else "warning", when, step, what)
+        health_log.warning(health.stop_message(step, when))
         if self.trainer is not None:
             self.trainer.total_training_steps = step
 
