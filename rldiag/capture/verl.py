@@ -36,7 +36,10 @@ process that imports verl, Ray actors included; importing this module with
   :class:`~rldiag.errors.CaptureError`: a capture that silently records nothing is a bug.
 
 ``RLDIAG_CAPTURE_TOKENS=1`` also stores each response's and each prompt's token strings
-(``response_tokens``, ``prompt_tokens``, with the trainer's tokenizer). verl is never imported
+(``response_tokens``, ``prompt_tokens``, with the trainer's tokenizer). ``RLDIAG_DOCTOR=1`` runs
+the doctor's rules at each step's ``Tracking.log`` and logs ``rldiag/health/*`` with the step's
+metrics; ``RLDIAG_DOCTOR_STOP=critical`` (or ``warning``) stops training on such a finding
+(:mod:`rldiag.capture.health`, docs/capture.md). verl is never imported
 by rldiag otherwise; its code is only wrapped, never copied.
 """
 
