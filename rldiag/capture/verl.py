@@ -36,7 +36,10 @@ process that imports verl, Ray actors included; importing this module with
   :class:`~rldiag.errors.CaptureError`: a capture that silently records nothing is a bug.
 
 ``RLDIAG_CAPTURE_TOKENS=1`` also stores each response's and each prompt's token strings
-(``response_tokens``, ``prompt_tokens``, with the trainer's tokenizer). verl is never imported
+(``response_tokens``, ``prompt_tokens``, with the trainer's tokenizer). ``RLDIAG_DOCTOR=1`` runs
+the doctor's rules at each step's ``Tracking.log`` and logs ``rldiag/health/*`` with the step's
+metrics; ``RLDIAG_DOCTOR_STOP=critical`` (or ``warning``) stops training on such a finding
+(:mod:`rldiag.capture.health`, docs/capture.md). verl is never imported
 by rldiag otherwise; its code is only wrapped, never copied.
 """
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import importlib.abc
+import logging
 import os
 import sys
 import threading
@@ -57,7 +61,9 @@ import torch
 
 from rldiag.capture.config import plain
 from rldiag.capture.fields import VERSION_SOURCES
+from rldiag.capture.health import ENV_DOCTOR, ENV_STOP, DoctorFactory, HealthHook, build_hook, env_flag, stop_level
 from rldiag.capture.writer import RunWriter
+from rldiag.doctor.rule import Rule
 from rldiag.errors import CaptureError
 from rldiag.io.run_layout import RunLayout
 
@@ -82,14 +88,20 @@ VERSION_TAGS = tuple(name for names in VERSION_SOURCES.values() for name in name
 
 _WRAPPED = "__rldiag_capture__"
 
+health_log = logging.getLogger("rldiag.capture.health")
+
 
 class VerlCapture:
     """The capture state of one process: the run directory, the writer (open while ``fit``
     runs), the trainer being captured and the mask kept before rollout rejection."""
 
-    def __init__(self, run_dir: str | Path, tokens: bool = False):
+    def __init__(self, run_dir: str | Path, tokens: bool = False, doctor: bool = False, stop_at: int | None = None,
+                 make_doctor: DoctorFactory | None = None, rules: list[Rule] | None = None):
         self.run_dir = Path(run_dir)
         self.tokens = tokens
+        self.doctor, self.stop_at, self.make_doctor, self.rules = doctor, stop_at, make_doctor, rules
+        self.health: HealthHook | None = None
+        self.stopping_at: int | None = None  # the step after which the doctor stopped training
         self.writer: RunWriter | None = None
         self.trainer: Any = None
         self.kind: str | None = None
@@ -108,12 +120,22 @@ class VerlCapture:
         tokenizer = getattr(trainer, "tokenizer", None) if self.tokens else None
         if self.tokens and tokenizer is None:
             raise CaptureError(f"{ENV_TOKENS} is set but the trainer has no tokenizer")
-        self.trainer, self.kind = trainer, kind
+        self.trainer, self.kind, self.stopping_at = trainer, kind, None
         self.writer = RunWriter(self.run_dir, config=run_config(config, kind), tokenizer=tokenizer)
+        if self.doctor:
+            try:
+                self.health = build_hook(self.run_dir, self.writer.run_on_writer, stop_at=self.stop_at,
+                                         make_doctor=self.make_doctor, rules=self.rules)
+            except Exception as exc:  # noqa: BLE001 - no doctor, but training and capture go on
+                health_log.warning("rldiag doctor: not started, training goes on without it: %s: %s",
+                                   type(exc).__name__, exc)
 
     def finish(self) -> None:
         """``fit`` returned (or raised): write what is queued and close."""
         writer, self.writer, self.trainer, self._pre_mask = self.writer, None, None, None
+        health, self.health = self.health, None
+        if health is not None:
+            health.close()
         if writer is not None:
             writer.close()
 
@@ -207,8 +229,17 @@ class VerlCapture:
                 step[key] = np.array([(t or {}).get(key) for t in tags], dtype=object)[keep.numpy()]
         self._open_writer().write_batch(self.step, step)
 
+    def health_keys(self, step: int, data: Any) -> Any:
+        """``Tracking.log`` is about to log ``data``: with the doctor on and a batch captured for
+        ``step``, a copy of it with the ``rldiag/health/*`` keys added; else ``data`` itself."""
+        if self.health is None or self.writer is None or self.writer.parts(step) == 0:
+            return data
+        keys = self.health.on_log(step, data)
+        return {**data, **keys} if keys else data
+
     def end_step(self, step: int, data: dict) -> None:
-        """``Tracking.log``: the metrics line, then the end-of-step barrier."""
+        """``Tracking.log``: the metrics line, then the end-of-step barrier; then, with the
+        doctor on, the step's recompute is queued and a stop it asked for is made."""
         writer = self._open_writer()
         writer.log_metrics(step, data)
         writer.sync()
@@ -217,6 +248,22 @@ class VerlCapture:
                 f"rldiag capture: training step {step} ended with no batch captured; the {self.kind} trainer's "
                 f"advantage step ({'compute_advantage' if self.kind == 'legacy' else 'PPOTrainer._compute_advantage'}) "
                 "did not run through the capture (a subclass that overrides it without calling super()?)")
+        if self.health is not None and writer.parts(step) > 0:
+            self.health.after_step(step)
+            if self.health.stop:
+                self._stop_after(step, self.health)
+
+    def _stop_after(self, step: int, health: HealthHook) -> None:
+        """Lower the trainer's ``total_training_steps`` to ``step``: verl's V1 loop then ends
+        after this step, the legacy loop after the next one (docs/capture.md, *Stopping*). Once:
+        a later step (the legacy loop's last) does not lower it again."""
+        if self.stopping_at is not None:
+            return
+        self.stopping_at = step
+        when = "after this step" if self.kind == "v1" else "after the next step (verl's legacy loop)"
+        health_log.warning(health.stop_message(step, when))
+        if self.trainer is not None:
+            self.trainer.total_training_steps = step
 
 
 def _get(config: Any, dotted: str) -> Any:
@@ -333,9 +380,12 @@ def _patch_tracking(module: Any) -> None:
 
     @functools.wraps(log)
     def log_and_capture(self, data, step, *args, **kwargs):
+        session = _SESSION
+        if session is not None and session.active:
+            data = session.health_keys(int(step), data)
         out = log(self, data, step, *args, **kwargs)
-        if _SESSION is not None and _SESSION.active:
-            _SESSION.end_step(int(step), dict(data))
+        if session is not None and session.active:
+            session.end_step(int(step), dict(data))
         return out
 
     _set(module.Tracking, "log", log_and_capture)
@@ -393,19 +443,30 @@ def _apply(name: str, module: Any) -> None:
         PATCHES[name](module)
 
 
-def install(run_dir: str | Path | None = None, *, tokens: bool | None = None) -> VerlCapture:
+def install(run_dir: str | Path | None = None, *, tokens: bool | None = None, doctor: bool | None = None,
+            stop: str | None = None, make_doctor: DoctorFactory | None = None,
+            rules: list[Rule] | None = None) -> VerlCapture:
     """Capture every ``fit`` of verl's trainers in this process into ``run_dir`` (default:
     ``$RLDIAG_CAPTURE_DIR``). ``tokens``: also store token text (default: ``$RLDIAG_CAPTURE_TOKENS``).
+    ``doctor``: run the doctor's rules after each step and log ``rldiag/health/*`` with the
+    step's metrics (default: ``$RLDIAG_DOCTOR``); ``stop``: ``critical`` or ``warning``, stop
+    training after a step with such a finding active (default: ``$RLDIAG_DOCTOR_STOP``);
+    ``make_doctor(settings, rules)``: the live doctor to use (:mod:`rldiag.capture.health`);
+    ``rules``: the rules it evaluates (default: the built-in ones).
     Idempotent; :func:`uninstall` undoes it."""
     global _SESSION
     run_dir = run_dir if run_dir is not None else os.environ.get(ENV_DIR)
     if not run_dir:
         raise CaptureError(f"rldiag.capture.verl.install needs a run directory (or {ENV_DIR} in the environment)")
     if tokens is None:
-        tokens = os.environ.get(ENV_TOKENS, "").strip().lower() in ("1", "true", "yes", "on")
+        tokens = env_flag(os.environ.get(ENV_TOKENS))
+    if doctor is None:
+        doctor = env_flag(os.environ.get(ENV_DOCTOR))
+    stop_at = stop_level(stop if stop is not None else os.environ.get(ENV_STOP))
     if _SESSION is not None and _SESSION.active:
         raise CaptureError(f"a capture into {_SESSION.run_dir} is running in this process")
-    _SESSION = VerlCapture(run_dir, tokens=tokens)
+    _SESSION = VerlCapture(run_dir, tokens=tokens, doctor=doctor, stop_at=stop_at, make_doctor=make_doctor,
+                           rules=rules)
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     for name in PATCHES:  # CORRECTION_MODULE first: the trainers' own references are patched after

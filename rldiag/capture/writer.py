@@ -33,7 +33,8 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,16 @@ class RunWriter:
         self._put(("metrics", line))
         self.stats.train_thread_s += time.perf_counter() - t0
 
+    def run_on_writer(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn()`` on the writer thread once everything queued before it is written (a
+        step's batch file is then on disk). Returns a :class:`~concurrent.futures.Future` with
+        its result or its exception; neither is raised by the writer's own calls (``fn`` is not
+        part of the run directory). Its time counts in ``stats.writer_thread_s``."""
+        self._check()
+        done: Future = Future()
+        self._put(("call", (fn, done)))
+        return done
+
     def flush(self) -> None:
         """Wait until everything queued so far is written; raise what failed meanwhile."""
         if not self._closed:
@@ -279,6 +290,13 @@ class RunWriter:
                         self.stats.parts += 1
                     except BaseException as exc:  # noqa: BLE001 - reported on the training thread
                         self._record(f"step {payload.step}" + (f" part {payload.part}" if payload.part else ""), exc)
+                elif kind == "call":
+                    fn, done = payload
+                    if done.set_running_or_notify_cancel():
+                        try:
+                            done.set_result(fn())
+                        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on it
+                            done.set_exception(exc)
                 elif kind == "sync":
                     try:
                         self._metrics.sync()

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from rldiag.capture import CaptureStats, RunWriter
+from rldiag.capture.health import HealthHook, build_hook
+from rldiag.capture.health import log as health_log
 from rldiag.toy.algos import gae_advantages, grpo_advantages, kl_penalty, masked_mean
 from rldiag.toy.config import ToyConfig
 from rldiag.toy.metrics import data_metrics
@@ -45,6 +47,8 @@ class RunSummary:
     step_seconds: list[float] = field(default_factory=list)  # wall time per step, capture included
     capture: CaptureStats | None = None
     last_metrics: dict[str, float] = field(default_factory=dict)
+    health_seconds: list[float] = field(default_factory=list)  # the doctor's time per step, training thread
+    stopped_after: int | None = None  # the step after which the doctor stopped training
 
 
 class ToyTrainer:
@@ -63,6 +67,7 @@ class ToyTrainer:
                            if self.critic is not None else None)
         self.rng = np.random.default_rng(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.total_training_steps = cfg.steps  # the loop runs while step <= this (verl V1's condition)
 
     def train_step(self, step: int) -> StepResult:
         cfg = self.cfg
@@ -145,21 +150,40 @@ class ToyTrainer:
         pace_s: float = 0.0,
         on_step: Callable[[int, dict[str, float]], None] | None = None,
         queue_size: int = 8,
+        doctor: bool = False,
+        stop_at: int | None = None,
     ) -> RunSummary:
         """Train ``cfg.steps`` steps, capturing each into ``out_dir`` (nothing is written when
         ``out_dir`` is None), with the text of every response and prompt token
         (``response_tokens``, ``prompt_tokens``: made on the capture's writer thread, outside
         training and its random streams). ``pace_s``: make each step last at least this long
-        (live demos)."""
+        (live demos). ``doctor``: run the doctor's rules after each step as the verl capture
+        does with ``RLDIAG_DOCTOR=1`` (:mod:`rldiag.capture.health`; needs ``out_dir``): the
+        ``rldiag/health/*`` keys join the logged metrics; ``stop_at`` (1 warning, 2 critical):
+        a finding that severe stops training after its step, by lowering
+        ``self.total_training_steps`` as the verl capture lowers the trainer's."""
         writer = (RunWriter(out_dir, config=self.cfg.verl_config(), queue_size=queue_size, tokenizer=ToyTokenizer())
                   if out_dir else None)
+        hook: HealthHook | None = None
+        if doctor and writer is not None:
+            assert out_dir is not None  # a writer has a directory
+            hook = build_hook(out_dir, writer.run_on_writer, stop_at=stop_at)
         summary = RunSummary()
+        step = 1
         try:
-            for step in range(1, self.cfg.steps + 1):
+            while step <= self.total_training_steps:
                 t0 = time.perf_counter()
                 result = self.train_step(step)
                 if writer is not None:
                     writer.write_batch(step, result.batch)
+                    if hook is not None:
+                        th = time.perf_counter()
+                        result.metrics.update(hook.on_log(step, result.metrics))
+                        hook.after_step(step)
+                        summary.health_seconds.append(time.perf_counter() - th)
+                        if hook.stop and summary.stopped_after is None:
+                            health_log.warning(hook.stop_message(step))
+                            summary.stopped_after = self.total_training_steps = step
                     writer.log_metrics(step, result.metrics)
                 summary.step_seconds.append(time.perf_counter() - t0)
                 summary.last_metrics = result.metrics
@@ -167,7 +191,10 @@ class ToyTrainer:
                     on_step(step, result.metrics)
                 if pace_s > 0:
                     time.sleep(max(0.0, pace_s - (time.perf_counter() - t0)))
+                step += 1
         finally:
+            if hook is not None:
+                hook.close()
             if writer is not None:
                 writer.close()
                 summary.capture = writer.stats

@@ -41,19 +41,6 @@ def _config(estimator: str, n: int, kl_in_reward: bool = False, rollout_correcti
     })
 
 
-@pytest.fixture
-def capture_into(tmp_path):
-    """``install`` into a run directory; always undone."""
-    run = tmp_path / "run"
-
-    def start(**kw):
-        capture.install(run, **kw)
-        return run
-
-    yield start
-    capture.uninstall()
-
-
 def _trainer(cls, config, **attrs):
     from verl.trainer.ppo import core_algos
     from verl.utils.tracking import Tracking
@@ -143,18 +130,7 @@ def test_without_weight_versions_there_is_no_policy_version_column(capture_into,
 
 @pytest.fixture
 def v1(monkeypatch):
-    tb = verl_steps.import_v1(monkeypatch)
-    tq = verl_steps.FakeTQ()
-    monkeypatch.setattr(tb, "tq", tq)
-
-    class Trainer(tb.PPOTrainer):
-        def on_step_end(self):
-            pass
-
-        def on_sample_end(self):
-            pass
-
-    return tb, tq, Trainer
+    return verl_steps.v1_trainer(monkeypatch)
 
 
 def test_v1_grpo_with_rejection_sampling_verifies_as_a_match(capture_into, monkeypatch, v1):

@@ -288,3 +288,20 @@ def test_a_step_whose_parts_do_not_all_have_versions_gets_no_version_column(tmp_
     assert one["policy_version"].to_pylist() == [0, 0, 0, 1, 0, 1] and one["part"].to_pylist() == [0] * 3 + [1] * 3
     assert "policy_version" not in two.column_names and two["policy_version_min"].to_pylist() == [1] * 6
     assert not {"policy_version", "policy_version_min"} & set(three.column_names) and three.num_rows == 6
+
+
+def test_run_on_writer_runs_after_what_was_queued_and_keeps_its_own_errors(tmp_path):
+    with RunWriter(tmp_path / "run") as run:
+        run.write_batch(1, _dataproto(1))
+        seen = run.run_on_writer(lambda: pq.read_table(run.batch_path(1)).num_rows)
+
+        def fails():
+            raise ValueError("not the writer's")
+
+        failed = run.run_on_writer(fails)
+        run.write_batch(2, _dataproto(2))
+        assert seen.result() == pq.read_table(run.batch_path(1)).num_rows > 0  # the step file was on disk
+        with pytest.raises(ValueError, match="not the writer's"):
+            failed.result()
+        run.sync()  # the function's error is not the writer's: nothing raised here
+    assert run.stats.steps == 2

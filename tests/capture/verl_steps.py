@@ -71,11 +71,15 @@ def dataproto(step: int, rows: int, n: int, fields: tuple[str, ...], versions: b
 
 
 def legacy_fit(n_steps: int, rows: int, hang_at: int | None = None, marker: str | None = None,
-               versions: bool = False):
+               versions: bool = False, extra=None):
     """A ``RayPPOTrainer.fit`` body: the advantage block of each step, then ``Tracking.log``.
     ``hang_at``: at that step, after the advantage block, create ``marker`` and wait forever
     (the step in flight when the test kills the process). ``versions``: the batches carry the
-    agent loop's per-row ``min_global_steps`` / ``max_global_steps``."""
+    agent loop's per-row ``min_global_steps`` / ``max_global_steps``. ``extra(step)``: more metrics
+    logged with the step's (the actor's, say). The loop ends as ``RayPPOTrainer.fit``'s does:
+    ``is_last_step = global_steps >= total_training_steps`` taken at the start of a step, and
+    the return after the step's log when it was the last (``n_steps`` is the initial
+    ``total_training_steps``)."""
     import verl.trainer.ppo.ray_trainer as rt
     from verl.trainer.ppo.metric_utils import compute_data_metrics
 
@@ -83,8 +87,11 @@ def legacy_fit(n_steps: int, rows: int, hang_at: int | None = None, marker: str 
         algo = self.config.algorithm
         fields = ("prompts", "responses", "attention_mask", "response_mask", "token_level_scores", "old_log_probs",
                   "ref_log_prob", "values", "rollout_log_probs")
-        for step in range(1, n_steps + 1):
-            self.global_steps = step
+        self.total_training_steps = n_steps
+        self.global_steps = 1
+        while True:
+            step = self.global_steps
+            is_last_step = self.global_steps >= self.total_training_steps
             metrics: dict = {}
             batch = dataproto(step, rows, self.config.actor_rollout_ref.rollout.n, fields, versions)
             if algo.use_kl_in_reward:
@@ -107,7 +114,12 @@ def legacy_fit(n_steps: int, rows: int, hang_at: int | None = None, marker: str 
                 open(marker, "w").close()
                 threading.Event().wait()
             metrics["training/global_step"] = step
+            if extra is not None:
+                metrics.update(extra(step))
             self.logger.log(data=metrics, step=step)
+            self.global_steps += 1
+            if is_last_step:
+                return
 
     return fit
 
@@ -198,18 +210,25 @@ def v1_rows(tq: FakeTQ, step: int, part: int, rows: int, n: int, padding: int = 
     return Meta(keys, tags)
 
 
-def v1_fit(tq: FakeTQ, n_steps: int, rows: int, parts: int = 1, padding: int = 0, versions: bool = False):
+def v1_fit(tq: FakeTQ, n_steps: int, rows: int, parts: int = 1, padding: int = 0, versions: bool = False,
+           extra=None):
     """A V1 ``PPOTrainer.fit`` body: ``parts`` batches per step through the V1 trainer's own
     ``_compute_advantage`` (``separate_async`` hands over ``parameter_sync_step`` of them), then
     the data metrics of the last one as ``_compute_metrics`` computes them, then ``Tracking.log``.
-    ``versions``: the rows' tags carry their weight versions (:func:`v1_rows`)."""
+    ``versions``: the rows' tags carry their weight versions (:func:`v1_rows`). ``extra(step)``:
+    more metrics logged with the step's. The loop runs while ``global_steps <=
+    total_training_steps`` and returns after the log of the step it found last, as V1's
+    ``PPOTrainer.fit`` (``n_steps`` is the initial ``total_training_steps``)."""
     from verl import DataProto
     from verl.trainer.ppo.metric_utils import compute_data_metrics
 
     def fit(self, agent_loop_manager=None):
         n = self.config.actor_rollout_ref.rollout.n
-        for step in range(1, n_steps + 1):
-            self.global_steps = step
+        self.total_training_steps = n_steps
+        self.global_steps = 1
+        while self.global_steps <= self.total_training_steps:
+            step = self.global_steps
+            is_last_step = self.global_steps >= self.total_training_steps
             metrics: dict = {}
             for part in range(parts):
                 meta = v1_rows(tq, step, part, rows, n, padding, versions)
@@ -227,7 +246,12 @@ def v1_fit(tq: FakeTQ, n_steps: int, rows: int, parts: int = 1, padding: int = 0
             batch = DataProto(batch=data).select_idxs(keep)
             metrics.update(compute_data_metrics(batch=batch, use_critic=self.use_critic))
             metrics["training/global_step"] = step
+            if extra is not None:
+                metrics.update(extra(step))
             self.logger.log(data=metrics, step=step)
+            self.global_steps += 1
+            if is_last_step:
+                return
 
     return fit
 
@@ -246,3 +270,20 @@ def import_v1(monkeypatch):
         return importlib.import_module("verl.trainer.ppo.v1.trainer_base")
     except ModuleNotFoundError as exc:  # one of the V1 trainer's own imports is not installed
         pytest.skip(f"verl's V1 trainer module does not import here: {exc}")
+
+
+def v1_trainer(monkeypatch):
+    """``(module, tq, Trainer)``: verl's V1 trainer module with :class:`FakeTQ` as its TransferQueue,
+    and a ``PPOTrainer`` subclass with the hooks the test bodies do not need left empty."""
+    tb = import_v1(monkeypatch)
+    tq = FakeTQ()
+    monkeypatch.setattr(tb, "tq", tq)
+
+    class Trainer(tb.PPOTrainer):
+        def on_step_end(self):
+            pass
+
+        def on_sample_end(self):
+            pass
+
+    return tb, tq, Trainer
