@@ -21,6 +21,7 @@ checks the free disk first, then:
 Usage:
   .venv/bin/python bench/bench_rollouts.py                          # 100 steps x 1,024 rows
   .venv/bin/python bench/bench_rollouts.py --steps 20 --rows 256 --dir /data/bench
+  .venv/bin/python bench/bench_rollouts.py --dir /data/bench --keep    # the same run again
 """
 
 from __future__ import annotations
@@ -204,6 +205,8 @@ def main() -> None:
     ap.add_argument("--capped", type=float, default=0.02, help="share of the rows at the cap")
     ap.add_argument("--dir", type=Path, help="where to write the runs (default: a temporary directory)")
     ap.add_argument("--no-cli", action="store_true", help="skip the CLI recompute to compare with")
+    ap.add_argument("--keep", action="store_true", help="with --dir: reuse the run written there the last time "
+                    "with the same shape (its outputs removed) instead of writing it again")
     args = ap.parse_args()
 
     from bench_app import print_table  # this script's folder is on the path when it runs
@@ -217,10 +220,19 @@ def main() -> None:
         if free < need:
             raise SystemExit(f"not enough free disk under {root}: {free / 2**30:.1f} GB free, about "
                              f"{need / 2**30:.1f} GB needed (use --dir elsewhere, or fewer --steps)")
-        for d in ("app", "cli"):
-            shutil.rmtree(root / d, ignore_errors=True)
+        shape_file = root / "shape.json"
+        want = json.dumps([args.steps, args.rows, args.median, args.cap, args.capped])
         t0 = time.perf_counter()
-        run = make_run(root / "app", args.steps, args.rows, args.median, args.cap, args.capped)
+        if args.keep and shape_file.is_file() and shape_file.read_text() == want:
+            run = root / "app"  # the run of the last time, its outputs removed
+            for d in (run / "rldiag", root / "cli", root / "rldiag-home"):
+                shutil.rmtree(d, ignore_errors=True)
+        else:
+            for d in ("app", "cli"):
+                shutil.rmtree(root / d, ignore_errors=True)
+            shape_file.unlink(missing_ok=True)
+            run = make_run(root / "app", args.steps, args.rows, args.median, args.cap, args.capped)
+            shape_file.write_text(want)
         size = sum(f.stat().st_size for f in (run / "batches").iterdir())
         shape = (f"{args.steps} steps x {args.rows} rows, median {args.median} tokens, {args.capped:.0%} at "
                  f"{args.cap:,}; {size / 2**30:.2f} GB of batches")
