@@ -3,10 +3,14 @@ covers, and what the pages say about it.
 
 A run of a few hundred steps is recomputed in one go (``steps`` None: every step, the unchanged
 ones reused). A larger one (more than :data:`LARGE_STEPS` steps, or more than
-:data:`LARGE_BYTES` of batch files) goes from its latest steps backwards, a chunk of at most
-:data:`CHUNK_STEPS` steps (and about :data:`CHUNK_BYTES`) at a time: each recompute covers the
-steps done so far plus the next chunk (a ``--steps`` spec), so the baseline scenario holds more
-steps after each one and the pages fill in from the end of training.
+:data:`LARGE_BYTES` of batch files) goes from its latest steps backwards, a chunk at a time:
+each recompute covers the steps done so far plus the next chunk (a ``--steps`` spec), so the
+baseline scenario holds more steps after each one and the pages fill in from the end of
+training. The chunks grow: the first holds at most :data:`FIRST_CHUNK_STEPS` steps and about
+:data:`FIRST_CHUNK_BYTES`, each next one twice that, up to :data:`CHUNK_STEPS` steps and about
+:data:`CHUNK_BYTES`; so the pages have the latest steps within seconds, and the later chunks pay
+a recompute's fixed cost (its settings, the reuse check, the scenario's metrics rewritten) over
+many steps.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from dataclasses import dataclass
 
 #: a run with more steps than this is recomputed in chunks, from its latest steps backwards
 LARGE_STEPS = 200
-#: ... and so is one whose batch files hold more bytes than this
-LARGE_BYTES = 2 * 2**30
+#: ... and so is one whose batch files hold more bytes than this (about 15 s of recompute on 2 cores)
+LARGE_BYTES = 512 * 2**20
 #: the steps of one chunk at most
 CHUNK_STEPS = 50
 #: about the bytes of batch files of one chunk (a chunk has at least one step)
 CHUNK_BYTES = 512 * 2**20
+#: the first chunk's limits, doubled for each next chunk up to the two above
+FIRST_CHUNK_STEPS = 2
+FIRST_CHUNK_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,8 @@ class BaselinePlan:
 
 def plan_baseline(sizes: Sequence[tuple[int, int]], done: Iterable[int] = (), *, large_steps: int | None = None,
                   large_bytes: int | None = None, chunk_steps: int | None = None,
-                  chunk_bytes: int | None = None) -> BaselinePlan:
+                  chunk_bytes: int | None = None, first_steps: int | None = None,
+                  first_bytes: int | None = None) -> BaselinePlan:
     """The plan for the steps ``sizes`` (``(step, bytes of its batch file)``) when the baseline
     already has the steps ``done``; the thresholds default to the module's constants (read at
     each call)."""
@@ -50,6 +58,8 @@ def plan_baseline(sizes: Sequence[tuple[int, int]], done: Iterable[int] = (), *,
     large_bytes = LARGE_BYTES if large_bytes is None else large_bytes
     chunk_steps = max(1, CHUNK_STEPS if chunk_steps is None else chunk_steps)
     chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    first_steps = max(1, FIRST_CHUNK_STEPS if first_steps is None else first_steps)
+    first_bytes = FIRST_CHUNK_BYTES if first_bytes is None else first_bytes
     steps = tuple(sorted(s for s, _ in sizes))
     size_of = dict(sizes)
     total = sum(size_of.values())
@@ -61,10 +71,16 @@ def plan_baseline(sizes: Sequence[tuple[int, int]], done: Iterable[int] = (), *,
     chunks: list[tuple[int, ...]] = []
     chunk: list[int] = []
     used = 0
+    def limits(k: int) -> tuple[int, int]:  # the k-th chunk's (steps, bytes), from 0
+        grow = 2 ** min(k, 62)
+        return min(chunk_steps, first_steps * grow), min(chunk_bytes, first_bytes * grow)
+
+    max_steps, max_bytes = limits(0)
     for s in pending:
-        if chunk and (len(chunk) >= chunk_steps or used + size_of[s] > chunk_bytes):
+        if chunk and (len(chunk) >= max_steps or used + size_of[s] > max_bytes):
             chunks.append(tuple(chunk))
             chunk, used = [], 0
+            max_steps, max_bytes = limits(len(chunks))
         chunk.append(s)
         used += size_of[s]
     if chunk:

@@ -176,10 +176,18 @@ def test_exclusive_keeps_the_worker_out(run):
 def test_plan_small_and_large():
     small = plan_baseline([(s, 10) for s in range(1, 31)])
     assert not small.large and small.chunks == ((),)
-    big = plan_baseline([(s, 10) for s in range(1, 11)], done=[9, 10, 42], large_steps=5, chunk_steps=3)
+    big = plan_baseline([(s, 10) for s in range(1, 11)], done=[9, 10, 42], large_steps=5, chunk_steps=3,
+                        first_steps=3)
     assert big.large and big.done == (9, 10) and big.chunks == ((8, 7, 6), (5, 4, 3), (2, 1))
-    by_bytes = plan_baseline([(1, 5), (2, 5), (3, 5)], large_bytes=10, chunk_bytes=9)
+    by_bytes = plan_baseline([(1, 5), (2, 5), (3, 5)], large_bytes=10, chunk_bytes=9, first_bytes=9)
     assert by_bytes.large and by_bytes.chunks == ((3,), (2,), (1,))
+    # the chunks grow from the first's limits, doubling, up to the chunk's: steps ...
+    grow = plan_baseline([(s, 1) for s in range(1, 21)], large_steps=5, chunk_steps=6, first_steps=1)
+    assert grow.chunks == ((20,), (19, 18), (17, 16, 15, 14), (13, 12, 11, 10, 9, 8), (7, 6, 5, 4, 3, 2), (1,))
+    # ... and bytes (a step bigger than the limit is a chunk of its own)
+    by_size = plan_baseline([(s, 10) for s in range(1, 9)], large_bytes=1, chunk_bytes=40, first_bytes=5,
+                            chunk_steps=50, first_steps=50)
+    assert by_size.chunks == ((8,), (7,), (6, 5), (4, 3, 2, 1))
     done = plan_baseline([(s, 1) for s in range(1, 4)], done=[1, 2, 3], large_steps=1)
     assert done.large and done.chunks == ((),)  # nothing pending: one recompute, every step reused
 

@@ -36,17 +36,30 @@ st.title("Rollouts")
 store = session.store_or_stop()
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
-def step_tokens(run: str, scenario: str, step: int, sig: tuple) -> pl.DataFrame:
-    """One step's per-token values under ``scenario`` (:func:`rldiag.api.step_tokens`: its saved
-    tokens, else the step recomputed aside); ``sig`` keys the cache on the run's files."""
-    return api.step_token_frame(run, step, scenario)
+@st.cache_data(max_entries=256, show_spinner=False)
+def row_values(run: str, scenario: str, step: int, row: int, column: str, sig: tuple) -> list | None:
+    """One row's per-token ``column`` under ``scenario`` (None: the scenario has none): from
+    :func:`rldiag.api.step_token_frame` (its saved tokens, else the step recomputed aside into the
+    run's token cache, on disk). Only the row's values are kept in memory, not the step's frame
+    (1,024 rows of a long-tailed step are a million tokens); ``sig`` keys the cache on the run's
+    files."""
+    with session.heavy_work():  # the step's arrays go back to the system afterwards
+        frame = api.step_token_frame(run, step, scenario)
+        got = frame.filter(pl.col("row") == row)
+        values = got[column][0].to_list() if column in frame.columns and len(got) else None
+        del frame, got
+    return values
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
-def gap_tokens(run: str, step: int, sig: tuple) -> pl.DataFrame:
-    """One step's rollout-vs-trainer gap per actor token (:func:`rldiag.api.mismatch_tokens`)."""
-    return api.mismatch_tokens(run, step)
+@st.cache_data(max_entries=256, show_spinner=False)
+def row_gaps(run: str, step: int, row: int, n: int, sig: tuple) -> list:
+    """One row's rollout-vs-trainer gap per token (``n`` of them; None off the actor tokens),
+    from :func:`rldiag.api.mismatch_tokens`; only the row's values are kept in memory."""
+    with session.heavy_work():
+        gaps = api.mismatch_tokens(run, step)
+        mine = gaps.filter(pl.col("row") == row)
+        del gaps
+    return values_at(n, mine["position"].to_list(), mine["gap"].to_list())
 
 
 def filters(scenario: str, other: str | None, columns: dict[str, pl.DataType]) -> tuple[str | None, str | None, str | None]:
@@ -127,17 +140,12 @@ def transcript(scenario: str, step: int, row: int) -> None:
     try:
         if q.column == GAP:
             with st.spinner(f"Reading step {step}'s log-prob gaps"):
-                gaps = gap_tokens(str(store.run), step, store.inputs_sig())
-            mine = gaps.filter(pl.col("row") == row)
-            values = values_at(len(mask), mine["position"].to_list(), mine["gap"].to_list())
+                values = row_gaps(str(store.run), step, row, len(mask), store.inputs_sig())
         else:
             sig = (store.inputs_sig(), file_sig(store.scenarios.layout(scenario).meta))
             with st.spinner(f"Computing step {step}'s per-token values under {scenario}"):
-                tokens = step_tokens(str(store.run), scenario, step, sig)
-            got = tokens.filter(pl.col("row") == row)
-            if q.column in tokens.columns and len(got):
-                values = got[q.column][0].to_list()
-            else:
+                values = row_values(str(store.run), scenario, step, row, q.column, sig)
+            if values is None:
                 note = f"Scenario `{scenario}` has no {q.label} for this step ({q.help})."
     except RldiagError as exc:
         note = f"No {q.label}: {type(exc).__name__}: {exc}"
