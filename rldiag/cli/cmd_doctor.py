@@ -96,14 +96,19 @@ def _print_finding(f, settings: dict) -> bool:
     return bool(f.counterfactual)
 
 
+def _print_recompute_problems(error: str | None, failed: dict[int, str], out) -> None:
+    """Why the run (or some of its steps) could not be recomputed."""
+    if error:
+        out.print(f"recompute unavailable: {error}", markup=False)
+    if failed:
+        out.print(f"{len(failed)} step(s) could not be recomputed: " + ", ".join(str(s) for s in sorted(failed)),
+                  markup=False)
+
+
 def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
     console.print(f"doctor {rep.run}: {len(rep.steps)} batch steps, logged metrics for {rep.logged_steps} steps, "
                   f"recomputed {rep.recomputed_steps}", markup=False)
-    if rep.recompute_error:
-        err_console.print(f"recompute unavailable: {rep.recompute_error}", markup=False)
-    if rep.recompute_failed:
-        err_console.print(f"{len(rep.recompute_failed)} step(s) could not be recomputed: "
-                          + ", ".join(str(s) for s in sorted(rep.recompute_failed)), markup=False)
+    _print_recompute_problems(rep.recompute_error, rep.recompute_failed, err_console)
     rollout = [f for f in rep.findings if f.rule in ROLLOUT_RULES]
     shown = False
     for f in [f for f in rep.findings if f.rule not in ROLLOUT_RULES]:
@@ -181,10 +186,6 @@ def _print_summary(summary: api.FollowDoctorResult, out) -> None:
     active = ", ".join(f"{_label(f)} ({f.severity})" for f in summary.active) or "none"
     out.print(f"followed {summary.run} to step {summary.step} ({summary.reason}): {ev['fired']} fired, "
               f"{ev['changed']} changed, {ev['cleared']} cleared; active: {active}", markup=False)
-    if summary.recompute_error:
-        out.print(f"recompute unavailable: {summary.recompute_error}", markup=False)
-    if summary.recompute_failed:
-        out.print(f"{len(summary.recompute_failed)} step(s) could not be recomputed: "
-                  + ", ".join(str(s) for s in sorted(summary.recompute_failed)), markup=False)
+    _print_recompute_problems(summary.recompute_error, summary.recompute_failed, out)
     for label, error in summary.counterfactual_errors.items():
         out.print(f"counterfactual of {label} failed: {error}", markup=False)
