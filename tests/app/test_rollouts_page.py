@@ -27,8 +27,17 @@ def _html(at) -> str:
     return bodies[0]
 
 
+def test_the_table_opens_on_the_latest_step_first(app_run):
+    at = open_app(app_run, PAGE)
+    table = at.dataframe[0].value
+    last = max(rldiag.rows(app_run, limit=None)["step"].to_list())
+    assert table[["step", "row"]].values.tolist()[:2] == [[last, 0], [last, 1]]  # then the step's rows in order
+    assert any(f"Step {last}, row 0" in h.value for h in at.subheader)
+
+
 def test_the_table_shows_on_open_with_the_first_rows_transcript_and_group(app_run):
     at = open_app(app_run, PAGE)
+    at.toggle(key="ro_desc").set_value(False).run()  # oldest first
     table = at.dataframe[0].value
     assert len(table) == 50 and list(table.columns[:3]) == ["step", "row", "uid"]  # 72 rows: page 1 of 2
     assert table[["step", "row"]].values.tolist()[:2] == [[1, 0], [1, 1]]
@@ -83,6 +92,7 @@ def test_a_bad_filter_names_the_column_and_the_page_goes_on(app_run):
 
 def test_opening_a_row_shows_its_transcript_and_group(app_run):
     at = open_app(app_run, PAGE)
+    at.toggle(key="ro_desc").set_value(False).run()
     table = at.dataframe[0].value
     at.selectbox(key="ro_open").set_value(6).run()
     step, row, uid = int(table["step"][6]), int(table["row"][6]), table["uid"][6]

@@ -86,7 +86,9 @@ def filters(scenario: str, other: str | None, columns: dict[str, pl.DataType]) -
     s1, s2, s3 = st.columns([3, 2, 1], vertical_alignment="bottom")
     search = s1.text_input("Search the responses", key="ro_search", placeholder="text in the response (any case)")
     sort = s2.selectbox("Sort by", list(columns), key="ro_sort")
-    desc = s3.toggle("Descending", key="ro_desc")
+    desc = s3.toggle("Descending", key="ro_desc", value=True,
+                     help="On by default: the latest steps first (those of a run still training, and the first the "
+                          "background baseline computes)")
     typed = st.text_input("Filter (SQL expression)", key="ro_where",
                           placeholder="is_weight_seq > 5 AND length >= 512",
                           help="One boolean expression over the table's columns: comparisons, AND / OR / NOT, "
