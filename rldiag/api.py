@@ -602,21 +602,27 @@ def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = N
     return _frame(step_tokens(files[int(step)], resolve_settings(rd.path, _overrides(overrides, None))))
 
 
-def step_token_frame(run: Run, step: int, scenario: str = "baseline") -> pl.DataFrame:
+def step_token_frame(run: Run, step: int, scenario: str = "baseline", *,
+                     columns: Sequence[str] | None = None) -> pl.DataFrame:
     """One step's per-token values under ``scenario`` as a frame, one row per batch row: ``row``
     and list columns of advantages, returns, rewards, the mask after rollout correction, ratio,
     IS weight, reference KL, turn, loss weight (those the run's columns allow;
-    docs/run-directory.md): :func:`step_tokens`'s file read back. Raises
-    :class:`~rldiag.errors.ComputeError` when the step cannot be computed."""
+    docs/run-directory.md): :func:`step_tokens`'s file read back; ``columns``: only those (and
+    ``row``; a name the file lacks is left out). Raises :class:`~rldiag.errors.ComputeError` when
+    the step cannot be computed."""
     from rldiag.errors import ComputeError
-    from rldiag.io.arrays import read_parquet
+    from rldiag.io.arrays import parquet_file
     from rldiag.io.fs import arrow_source
 
     got = step_tokens(run, int(step), scenario)
     if got.path is None:
         raise ComputeError(f"step {step} under scenario {scenario!r}: {got.error}")
     source, fs = arrow_source(got.path)
-    return _frame(read_parquet(source, filesystem=fs))
+    pf = parquet_file(source, fs)
+    if columns is None:
+        return _frame(pf.read())
+    have = set(pf.schema_arrow.names)
+    return _frame(pf.read(columns=["row"] + [c for c in columns if c != "row" and c in have]))
 
 
 def rows(

@@ -52,3 +52,9 @@ def test_a_scenario_of_other_settings_uses_its_overrides(run):
         api.step_tokens(run, 2, "nope")
     with pytest.raises(RldiagError, match="no batch file for step 9"):
         api.step_tokens(run, 9)
+
+
+def test_the_frame_reads_only_the_columns_asked_for(run):
+    whole = api.step_token_frame(run, 2)
+    some = api.step_token_frame(run, 2, columns=["ratio", "no_such_column", "row"])
+    assert some.columns == ["row", "ratio"] and some.equals(whole.select(["row", "ratio"]))

@@ -44,7 +44,7 @@ def row_values(run: str, scenario: str, step: int, row: int, column: str, sig: t
     (1,024 rows of a long-tailed step are a million tokens); ``sig`` keys the cache on the run's
     files."""
     with session.heavy_work():  # the step's arrays go back to the system afterwards
-        frame = api.step_token_frame(run, step, scenario)
+        frame = api.step_token_frame(run, step, scenario, columns=[column])
         got = frame.filter(pl.col("row") == row)
         values = got[column][0].to_list() if column in frame.columns and len(got) else None
         del frame, got
