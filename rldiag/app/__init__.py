@@ -79,6 +79,22 @@ def preload(runs: Sequence[str | Path]) -> None:
     import rldiag.viz.health  # noqa: F401
 
 
+def start_baselines() -> None:
+    """Start the background baseline (:mod:`rldiag.app.worker`) of each preloaded run that rldiag
+    may write for: ``rldiag app RUN`` begins its work while the server starts, not when the first
+    page asks (a page then finds it done, or under way)."""
+    from rldiag.app import worker
+    from rldiag.viz import runs as run_list
+
+    if worker.MODE != "thread":
+        return
+    with _lock:
+        stores = list(_preloaded.values())
+    for store in stores:
+        if run_list.writable(store.run):
+            worker.worker_for(store).ensure()
+
+
 def preloaded_db() -> Db | None:
     return _shared_db.get("")
 
@@ -97,6 +113,7 @@ def serve(runs: Sequence[str | Path], port: int | None = None, address: str | No
     memory.limit_arenas()  # before the server's threads: each could keep an arena of its own
     preload(runs)
     worker.prepare()  # the background baseline's fork server imports its modules while the server starts
+    start_baselines()
     argv = ["streamlit", "run", str(APP_SCRIPT), *streamlit_options(port, address, headless)]
     if runs:
         argv += ["--", *(str(r) for r in runs)]

@@ -201,3 +201,24 @@ def test_steps_spec_and_span_text():
     with pytest.raises(ValueError):
         steps_spec(set(), steps)
     assert span_text([5, 1, 2, 3, 9]) == "1-3, 5, 9"
+
+
+def test_rldiag_app_starts_the_baseline_of_its_runs_before_a_page_asks(run, monkeypatch):
+    """``rldiag app RUN`` (rldiag.app.serve): each preloaded run's worker starts with the server,
+    so the first page finds the baseline done or under way; in ``sync`` / ``off`` mode none does."""
+    import rldiag.app as app_pkg
+
+    monkeypatch.setattr(app_pkg, "_preloaded", {})
+    app_pkg.preload([run])
+    monkeypatch.setattr(worker, "MODE", "sync")
+    app_pkg.start_baselines()
+    assert worker.lookup(worker.key_of(Store(run))) is None
+    monkeypatch.setattr(worker, "MODE", "thread")
+    try:
+        app_pkg.start_baselines()
+        w = worker.lookup(worker.key_of(Store(run)))
+        assert w is not None and not w.synchronous
+        snap = w.wait(lambda s: s.passes >= 1, WAIT)
+        assert snap.error is None and _meta(Store(run))["steps_done"] == [1, 2, 3]
+    finally:
+        worker.stop_all(WAIT)
