@@ -26,6 +26,9 @@ a batch without text never match.
 from __future__ import annotations
 
 import difflib
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,28 +302,69 @@ def _arrow_text(path: Path, step: int) -> pa.Table | None:
                      TEXT_COLUMN: table[TEXT_COLUMN]})
 
 
+#: the last searches' matches, by (run, text, the batch files' paths, sizes and mtimes): a page
+#: counts its rows and then reads them, each with the same search, and pages through them after
+_HITS: OrderedDict[tuple, pa.Table] = OrderedDict()
+_HITS_KEEP = 8
+_HITS_LOCK = threading.Lock()
+
+
+def _files_sig(run: Path) -> tuple | None:
+    """The run's batch files as (path, size, mtime_ns); None for a run in an object store."""
+    if is_remote(run):
+        return None
+    out = []
+    for sf in RunDir(run).step_files():
+        try:
+            st = os.stat(str(sf.path))
+        except OSError:
+            return None
+        out.append((str(sf.path), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def search_hits(con: duckdb.DuckDBPyConnection, run: Path, search: str) -> pa.Table | None:
+    """``(step, row)`` of every response whose text contains ``search`` (any case); None when no
+    batch has text. The last few searches are kept while the batch files stay the same."""
+    sig = _files_sig(run)
+    key = (str(run), search.lower(), sig)
+    if sig is not None:
+        with _HITS_LOCK:
+            if key in _HITS:
+                _HITS.move_to_end(key)
+                return _HITS[key]
+    texts = _texts(con, run)
+    if texts is None:
+        return None
+    for name, table in texts.arrow.items():
+        con.register(name, table)
+    hits = _table(con, f"SELECT DISTINCT step, row FROM ({texts.sql}) WHERE contains(lower(text), lower($search))",
+                  {**texts.params, "search": search}, "the response text")
+    if sig is not None:
+        with _HITS_LOCK:
+            _HITS[key] = hits
+            while len(_HITS) > _HITS_KEEP:
+                _HITS.popitem(last=False)
+    return hits
+
+
 # ---- the queries -------------------------------------------------------------------------------
 
 
 def _where(con, q: RowsQuery, names: list[str], params: dict, where: str | None,
-           search: str | None) -> tuple[str, str, dict]:
-    """(the WITH clauses, the WHERE clause, every parameter)."""
+           search: str | None) -> tuple[str, dict]:
+    """(the WHERE clause, every parameter)."""
     conds = []
-    ctes = []
     if where is not None and where.strip():
         conds.append(f"({check_expression(where.strip(), names)})")
     if search is not None and search != "":
-        texts = _texts(con, q.run)
-        if texts is None:
+        hits = search_hits(con, q.run, search)
+        if hits is None:
             conds.append("false")  # no batch has text: nothing matches
         else:
-            for name, table in texts.arrow.items():
-                con.register(name, table)
-            params = {**params, **texts.params, "search": search}
-            ctes.append(f"hits AS (SELECT DISTINCT step, row FROM ({texts.sql}) "
-                        "WHERE contains(lower(text), lower($search)))")
-            conds.append("(step, row) IN (SELECT step, row FROM hits)")
-    return (", " + ", ".join(ctes) if ctes else ""), (f"WHERE {' AND '.join(conds)}" if conds else ""), params
+            con.register("search_hits", hits)
+            conds.append("(step, row) IN (SELECT step, row FROM search_hits)")
+    return (f"WHERE {' AND '.join(conds)}" if conds else ""), params
 
 
 def query_rows(run: Any, where: str | None = None, sort: str | None = None, limit: int | None = 50, offset: int = 0,
@@ -337,10 +381,10 @@ def query_rows(run: Any, where: str | None = None, sort: str | None = None, limi
     q = _source(run, scenario, other)
     with _connect() as con:
         names, other_cols, params = _schema(con, q)
-        ctes, cond, params = _where(con, q, names, params, where, search)
+        cond, params = _where(con, q, names, params, where, search)
         page = f" LIMIT {int(limit)}" if limit is not None else ""
         page += f" OFFSET {int(offset)}" if offset else ""
-        sql = f"WITH {_relation_sql(q, other_cols)}{ctes} SELECT * FROM r {cond} {_order(sort, names)}{page}"
+        sql = f"WITH {_relation_sql(q, other_cols)} SELECT * FROM r {cond} {_order(sort, names)}{page}"
         table = _table(con, sql, params, f"where {where!r}" if where else f"scenario {scenario!r}")
         if preview > 0:
             table = _with_preview(con, q.run, table, int(preview))
@@ -353,8 +397,8 @@ def count_rows(run: Any, where: str | None = None, scenario: str = "baseline", s
     q = _source(run, scenario, other)
     with _connect() as con:
         names, other_cols, params = _schema(con, q)
-        ctes, cond, params = _where(con, q, names, params, where, search)
-        sql = f"WITH {_relation_sql(q, other_cols)}{ctes} SELECT count(*) FROM r {cond}"
+        cond, params = _where(con, q, names, params, where, search)
+        sql = f"WITH {_relation_sql(q, other_cols)} SELECT count(*) FROM r {cond}"
         got = _run(con, sql, params, f"where {where!r}" if where else f"scenario {scenario!r}").fetchone()
         return int(got[0]) if got else 0
 

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import rldiag
+from rldiag.analysis import rows as rows_mod
 from rldiag.analysis.rows import SIGN_DIFFERS, check_expression
 from rldiag.errors import QueryError, RunDirError
 from rldiag.synth import SynthSpec, write_synth_run
@@ -126,6 +127,25 @@ def test_search_over_the_response_text(run, every):
     assert rldiag.rows_count(run, search="no such text") == 0
     # a quote in the text searched for is text, not SQL
     assert rldiag.rows_count(run, search="'; DROP TABLE r; --") == 0
+
+
+def test_a_search_is_kept_until_a_batch_file_changes(tmp_path):
+    path = write_synth_run(tmp_path / "run", SynthSpec(steps=2, prompts=2, n=4, min_len=6, max_len=12, seed=6))
+    add_text(path)
+    rldiag.recompute(path, device="cpu")
+    first = rldiag.rows(path, search="answer", limit=None).select("step", "row").rows()
+    assert first == [(1, 0), (1, 5), (2, 0), (2, 5)]
+    key = next(k for k in rows_mod._HITS if k[0] == str(path) and k[1] == "answer")
+    rldiag.rows_count(path, search="ANSWER")  # the same search, any case: the kept matches
+    assert list(rows_mod._HITS)[-1] == key
+    # step 2 rewritten (a run still writing replaces a file): its new text is searched, not the kept one
+    f = path / "batches" / "step_2.parquet"
+    t = pq.read_table(f)
+    texts = t["response_tokens"].to_pylist()
+    texts[1] = ["the answer"] + texts[1][1:]
+    pq.write_table(t.set_column(t.column_names.index("response_tokens"), "response_tokens",
+                                pa.array(texts, pa.list_(pa.string()))), f)
+    assert rldiag.rows_count(path, search="answer") == 5
 
 
 def test_preview_of_the_page_rows(run):
