@@ -99,6 +99,7 @@ COMBINATIONS: tuple[tuple[str, str], ...] = (
     # a token's share of the actor loss: its micro-batch's scale, as the loss is laid out
     ("rldiag/turns/*/loss_weight", "loss"),
     ("rldiag/filter/dropped_weight_share", "loss"),
+    ("rldiag/grad_weight/*", "loss"),  # shares of the gradient weight: the loss's aggregation, as laid out
     ("*", "step"),
 )
 _TAIL = ", then a mean over the step's mini-batches"

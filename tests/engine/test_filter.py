@@ -87,9 +87,11 @@ def test_group_filter_worked_example():
 
 def test_gate_worked_example():
     r = run(example(), **{f"{F}.gate_column": "acc", f"{F}.gate_min": 0.5})
-    # rows out of the update make no metric NaN that was not already
+    # rows out of the update make no metric NaN that was not already, but the shares of the
+    # gradient weight: the kept rows' advantages are all 0 (below), a share of no weight is undefined
     nan = {k for k, v in run(example()).metrics.items() if not math.isfinite(float(v[0]))}
-    assert {k for k, v in r.metrics.items() if not math.isfinite(float(v[0]))} <= nan
+    now = {k for k, v in r.metrics.items() if not math.isfinite(float(v[0]))}
+    assert now - nan == {"rldiag/grad_weight/top1pct_share", "rldiag/grad_weight/clipped_share"}
     # A2 and C1 go (acc 0 < 0.5): A1, A3, B1, B2 stay with 2 + 1 + 2 + 2 tokens
     assert one(r, KEPT) == 4 and one(r, TOKENS) == 7
     # the gradient weight |A| x 1/14 (token-mean, nothing clipped) without the gate:
@@ -113,8 +115,8 @@ def test_every_filter_together():
     assert one(r, KEPT) == 0 and one(r, TOKENS) == 0
     assert one(r, SHARE) == pytest.approx(1.0, rel=1e-6)
     # no NaN but the means over no token at all: the advantages' and returns' statistics (verl's
-    # masked_select of nothing), the per-turn means (an empty turn), the mismatch's
-    empty = ("critic/advantages/", "critic/returns/", "rldiag/turns/", "rldiag/mismatch/")
+    # masked_select of nothing), the per-turn means (an empty turn), the mismatch's, the shares of no gradient weight
+    empty = ("critic/advantages/", "critic/returns/", "rldiag/turns/", "rldiag/mismatch/", "rldiag/grad_weight/")
     assert all(math.isfinite(float(v[0])) for k, v in r.metrics.items() if not k.startswith(empty))
     assert one(r, "actor/pg_loss") == 0.0
 
