@@ -353,10 +353,7 @@ def _follow(run, overrides, name, poll_seconds, idle_timeout, on_update, ex: Exe
     last_change = time.monotonic()
     report: ScenarioReport | None = None
     while True:
-        state = {}
-        for sf in rd.step_files():
-            st = sf.path.stat()
-            state[sf.step] = (st.st_size, st.st_mtime_ns)
+        state = rd.listing()
         # a file that could not be read yet changes (size or mtime) when its writer finishes,
         # so looking at the listing is enough: no re-run while nothing changed
         if state and state != seen:

@@ -26,7 +26,6 @@ a batch without text never match.
 from __future__ import annotations
 
 import difflib
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -310,17 +309,14 @@ _HITS_LOCK = threading.Lock()
 
 
 def _files_sig(run: Path) -> tuple | None:
-    """The run's batch files as (path, size, mtime_ns); None for a run in an object store."""
+    """The run's batch files' ``(step, size, mtime_ns)``; None for a run in an object store (whose
+    mtimes may be missing) or when a file cannot be looked at."""
     if is_remote(run):
         return None
-    out = []
-    for sf in RunDir(run).step_files():
-        try:
-            st = os.stat(str(sf.path))
-        except OSError:
-            return None
-        out.append((str(sf.path), st.st_size, st.st_mtime_ns))
-    return tuple(out)
+    try:
+        return tuple((step, *sig) for step, sig in RunDir(run).listing().items())
+    except OSError:
+        return None
 
 
 def search_hits(con: duckdb.DuckDBPyConnection, run: Path, search: str) -> pa.Table | None:

@@ -235,10 +235,7 @@ class DoctorFollower:
         self._listing_changed = False
         if not self.recompute or self.recompute_error is not None:
             return {}
-        listing = {}
-        for sf in self.rd.step_files():
-            st = sf.path.stat()
-            listing[sf.step] = (st.st_size, st.st_mtime_ns)
+        listing = self.rd.listing()
         if not listing or listing == self._listing:
             return {}
         self._listing, self._listing_changed = listing, True

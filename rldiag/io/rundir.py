@@ -76,6 +76,15 @@ class RunDir:
             by_step[step] = p
         return [StepFile(s, by_step[s]) for s in sorted(by_step)]
 
+    def listing(self) -> dict[int, tuple[int, int]]:
+        """Each batch file's ``(size, mtime_ns)`` by step: what a follower compares between two
+        looks (a file still being written changes one or the other when its writer finishes)."""
+        out = {}
+        for sf in self.step_files():
+            st = sf.path.stat()
+            out[sf.step] = (int(st.st_size), int(st.st_mtime_ns))
+        return out
+
     def require_steps(self) -> list[StepFile]:
         files = self.step_files()
         if not files:

@@ -14,6 +14,23 @@ from streamlit.testing.v1 import AppTest
 APP = Path(__file__).resolve().parents[2] / "rldiag" / "app" / "main.py"
 
 
+def fresh_sample(tmp_path: Path) -> Path:
+    """A copy of the bundled sample without its outputs, as a new user opens it (the test is
+    skipped in a checkout without the sample)."""
+    import shutil
+
+    import pytest
+
+    from rldiag.viz.runs import default_run
+
+    sample = default_run()
+    if sample is None:
+        pytest.skip("no bundled sample in this checkout")
+    run = tmp_path / "run"
+    shutil.copytree(sample, run, ignore=shutil.ignore_patterns("rldiag"))
+    return run
+
+
 def logged_from_scenario(run: Path, scenario: str = "baseline", steps=None, extra: dict | None = None) -> list[str]:
     """metrics.jsonl lines in verl's form, as a trainer would have logged them: the scenario's
     metrics nudged by 1% (so logged and recomputed lines differ), plus ``extra`` metrics."""

@@ -10,7 +10,7 @@ import pytest
 from rldiag.recompute import recompute
 from rldiag.viz import runs
 from rldiag.viz.runs import default_run
-from tests.app.helpers import charts, open_app, panels, subplot_titles
+from tests.app.helpers import charts, fresh_sample, open_app, panels, subplot_titles
 
 OFF = "views/offpolicy.py"
 HEALTH = "views/health.py"
@@ -56,15 +56,10 @@ def test_offpolicy_diagnosis_and_pictures_on_open(tmp_path):
     """On a copy of the sample, with no button pressed: the precision cause at severity info,
     its evidence and remedy, and the pictures of the step with the largest KL among its steps;
     kept over reruns, computed again when the batch files change."""
-    import shutil
 
     import pyarrow.parquet as pq
 
-    sample = default_run()
-    if sample is None:
-        pytest.skip("no bundled sample in this checkout")
-    run = tmp_path / "run"
-    shutil.copytree(sample, run, ignore=shutil.ignore_patterns("rldiag"))
+    run = fresh_sample(tmp_path)
     at = open_app(run, OFF)
     diag = at.session_state["op_mismatch"][1]
     assert [c.cause for c in diag.causes] == ["precision"] and diag.causes[0].severity == "info"
@@ -133,13 +128,8 @@ def test_health_findings_with_the_baseline_on_open(app_run):
 
 
 def test_health_on_a_fresh_copy_of_the_sample(tmp_path):
-    import shutil
 
-    sample = default_run()
-    if sample is None:
-        pytest.skip("no bundled sample in this checkout")
-    run = tmp_path / "run"
-    shutil.copytree(sample, run, ignore=shutil.ignore_patterns("rldiag"))
+    run = fresh_sample(tmp_path)
     at = open_app(run, HEALTH)
     report = at.session_state["he_report"][1]
     assert report.recomputed_steps == 30 and report.recompute_error is None

@@ -5,11 +5,10 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
-import pytest
 
 from rldiag.recompute import recompute
 from rldiag.viz.charts import mask_spans
-from tests.app.helpers import charts, open_app, trace_names
+from tests.app.helpers import charts, fresh_sample, open_app, trace_names
 
 PAGE = "views/step.py"
 RLOO = "adv_estimator=rloo"
@@ -79,13 +78,8 @@ def test_without_tokens_the_step_is_computed_on_demand(app_run):
 def test_a_fresh_copy_of_the_sample_draws_the_step_without_a_click(tmp_path):
     """As a new user opens it: the Step page of a fresh copy of the sample has its groups, the
     heat strip and the checklist, with the baseline's advantages, and no button to press."""
-    from rldiag.viz.runs import default_run
 
-    sample = default_run()
-    if sample is None:
-        pytest.skip("no bundled sample in this checkout")
-    run = tmp_path / "run"
-    shutil.copytree(sample, run, ignore=shutil.ignore_patterns("rldiag"))
+    run = fresh_sample(tmp_path)
     at = open_app(run, PAGE)
     assert not at.get("button") and not at.warning and not at.error
     groups, strip = charts(at)
