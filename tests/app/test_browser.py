@@ -114,6 +114,14 @@ def _logged_to(step: int) -> str:
     return f"() => {PANEL_LABELS}.some(l => /logged steps \\d+-{step}(;|$)/.test(l))"
 
 
+def _baseline_drawn(pg, steps: int) -> None:
+    """Until the background baseline (started when the run opened) is drawn on the panels for
+    every one of the run's ``steps`` batch steps and its progress bar is gone: the page is drawn
+    again when the baseline lands, and a chart drawn again drops a click or a drag in flight."""
+    pg.wait_for_function(f"() => !document.querySelector('[data-testid=\"stProgress\"]') && "
+                         f"{PANEL_LABELS}.some(l => /baseline steps 1-{steps}(;|$)/.test(l))")
+
+
 def _click_a_point(pg) -> int:
     """Click the middle point of the first panel's logged line (its symbols are 6 px paths);
     the step it stands for, from the panel's description (the sample logs every step)."""
@@ -191,6 +199,7 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
 
     # 3. an x range brushed on a panel zooms every panel to those steps
     pg.wait_for_function(_logged_to(latest + 2))
+    _baseline_drawn(pg, len(list((browser_run / "batches").iterdir())))
     _brush(pg, 0.35, 0.65)
     pg.wait_for_function(f"() => {PANEL_LABELS}.every(l => {{ const m = /logged steps (\\d+)-(\\d+)/.exec(l);"
                          f" return m && +m[1] > 1 && +m[2] < {latest + 2}; }})")
@@ -279,6 +288,7 @@ def test_picker_sample_click_to_step_and_cancel(browser_env, tmp_path):
             copy = mirror_dir(default_run(), env={"RLDIAG_HOME": str(home)})
             assert copy.parent == home / "runs" and (copy / "source.json").is_file()
             # a click on a point of a panel's line opens that step on the Step page
+            _baseline_drawn(pg, len(list((default_run() / "batches").iterdir())))
             clicked = _click_a_point(pg)
             pg.get_by_role("heading", name="Step").wait_for()
             step = pg.get_by_role("combobox", name="Step", exact=True).input_value()
