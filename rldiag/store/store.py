@@ -1,4 +1,4 @@
-"""The store: every query the app makes about one run, over one DuckDB connection.
+"""The store: every query the app makes about one run, over one DuckDB connection of its own.
 
 Sources: the logged ``metrics.jsonl`` (followed live, :mod:`rldiag.store.logged`), the
 scenarios' Parquet outputs (:mod:`rldiag.store.scenarios`) and the batch files
@@ -24,6 +24,7 @@ from rldiag.store.comparisons import SavedComparison, saved_comparison
 from rldiag.store.db import Db, quote_ident
 from rldiag.store.downsample import DEFAULT_POINTS, m4_sql
 from rldiag.store.logged import LoggedMetrics
+from rldiag.store.sandbox import served_dirs
 from rldiag.store.scenarios import Scenarios
 
 LOGGED = "logged"
@@ -43,12 +44,13 @@ class LiveStatus:
 
 
 class Store:
-    """All queries about one run directory."""
+    """All queries about one run directory, on a connection of its own that reads only the run's
+    directories (:mod:`rldiag.store.sandbox`; ``db``: one opened with those directories)."""
 
     def __init__(self, run: str | Path, db: Db | None = None):
         self.run = local_path(as_path(run))  # a URI is refused before any request to its store
         self.rd = RunDir(self.run)
-        self.db = db or Db()
+        self.db = db or Db(served_dirs(self.run))
         self.cache = SigCache()
         self.logged = LoggedMetrics(self.db, local_path(self.rd.metrics_file))
         self.scenarios = Scenarios(self.db, self.run, self.cache)
