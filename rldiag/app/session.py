@@ -12,6 +12,7 @@ import streamlit as st
 from rldiag.app import memory, preloaded_store, worker
 from rldiag.errors import RldiagError
 from rldiag.store import Store
+from rldiag.store.sandbox import served_dirs
 from rldiag.viz import runs
 from rldiag.viz.baseline import large_note, progress_text
 from rldiag.viz.progress import progress_state
@@ -29,10 +30,15 @@ OTHER_RUNS_KEY = "other_runs"
 RUN_SCOPED_PREFIXES = ("m_", "wi_", "st_", "op_", "he_", "ro_")
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
 def _store(path: str) -> Store:
     """The run's store (``rldiag app``'s, opened before the server started), each run with a
-    DuckDB connection of its own that reads only the run's directories."""
+    DuckDB connection of its own that reads only the run's directories (and its mirror: another
+    ``$RLDIAG_HOME`` is another store)."""
+    return _open_store(path, tuple(served_dirs(path)))
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _open_store(path: str, dirs: tuple[str, ...]) -> Store:
     return preloaded_store(path) or Store(path)
 
 
