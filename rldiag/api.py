@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
-    from rldiag.analysis.rows import SIGN_DIFFERS
     from rldiag.analysis.scenarios import StepTokens as StepTokensResult
     from rldiag.analysis.sweep import SweepReport as SweepResult
     from rldiag.analysis.tolerance import Tol, Tolerances
@@ -67,6 +66,7 @@ if TYPE_CHECKING:
     from rldiag.importers.wandb_online import ApiFactory
     from rldiag.io.fs import RemotePath
     from rldiag.recompute import ScenarioReport
+    from rldiag.store.rows import SIGN_DIFFERS
 
 __all__ = [
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
@@ -102,7 +102,7 @@ _LAZY = {
     "Tolerances": "rldiag.analysis.tolerance:Tolerances",
     "Tol": "rldiag.analysis.tolerance:Tol",
     "Settings": "rldiag.config.settings:Settings",
-    "SIGN_DIFFERS": "rldiag.analysis.rows:SIGN_DIFFERS",
+    "SIGN_DIFFERS": "rldiag.store.rows:SIGN_DIFFERS",
     # a doctor finding's counterfactual in words (the sentences the CLI and the app show) and its caveat
     "describe_counterfactual": "rldiag.doctor.counterfactual:describe",
     "COUNTERFACTUAL_CAVEAT": "rldiag.doctor.counterfactual:CAVEAT",
@@ -649,7 +649,7 @@ def rows(
     mean advantage changes sign under it). ``preview``: a ``response`` column with the first
     ``preview`` characters of each returned row's response. A scenario without per-row tables
     is a RunDirError saying to recompute first."""
-    from rldiag.analysis.rows import query_rows
+    from rldiag.store.rows import query_rows
 
     return _frame(query_rows(run, where, sort, limit, offset, scenario, search, other=other, preview=preview))
 
@@ -663,7 +663,7 @@ def rows_count(
     other: str | None = None,
 ) -> int:
     """How many rows :func:`rows` matches with the same ``where``, ``search`` and ``other``."""
-    from rldiag.analysis.rows import count_rows
+    from rldiag.store.rows import count_rows
 
     return count_rows(run, where, scenario, search, other=other)
 

@@ -17,10 +17,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rldiag"
 BEHIND_THE_API = ("rldiag.recompute", "rldiag.check", "rldiag.analysis", "rldiag.doctor", "rldiag.importers",
                   "rldiag.executors", "rldiag.engine")
 #: the layers above the API (rldiag.api may be imported by them, never the other way round)
-ABOVE_THE_API = ("rldiag.store", "rldiag.viz", "rldiag.app", "rldiag.cli")
+ABOVE_THE_API = ("rldiag.viz", "rldiag.app", "rldiag.cli")
 #: the modules at or below the API
 UNDER_THE_API = ("api.py", "recompute.py", "check.py", "errors.py", "registry.py", "engine", "config", "io",
-                 "executors", "analysis", "doctor", "importers")
+                 "executors", "analysis", "doctor", "importers", "store")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -81,6 +81,11 @@ def test_the_command_line_and_the_app_call_only_the_api():
 
 def test_store_and_viz_never_import_the_app_or_the_command_line():
     assert violations(sources("store", "viz"), ("rldiag.app", "rldiag.cli")) == []
+
+
+def test_the_store_imports_nothing_behind_the_api():
+    """rldiag.rows queries through the store: the app's data layer sits beside the API, below it."""
+    assert violations(sources("store"), BEHIND_THE_API + ("rldiag.api",)) == []
 
 
 def test_nothing_under_the_api_imports_the_layers_above_it():
