@@ -72,7 +72,7 @@ def _trajectories(inp: AdvInput, name: str, with_steps: bool) -> tuple[torch.Ten
 
 
 @ESTIMATORS.register(
-    "step_gae", needs=("values", "traj_uid", "step_index"),
+    "step_gae", needs=("values", "traj_uid", "step_index"), whitens="step",
     source="Claw-R1 step-level GAE (one response = one action); arXiv:1506.02438",
 )
 def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,6 +117,7 @@ def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 @ESTIMATORS.register(
     "token_gae_cross_step",
     needs=("values", "traj_uid", "step_index"),
+    whitens="step",
     source="Claw-R1 token-level cross-step GAE; arXiv:1506.02438",
 )
 def token_gae_cross_step(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +148,7 @@ def token_gae_cross_step(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, returns
 
 
-@ESTIMATORS.register("traj_grpo", needs=("traj_uid",), source="Claw-R1 trajectory-level GRPO; arXiv:2402.03300")
+@ESTIMATORS.register("traj_grpo", needs=("traj_uid",), whitens="group", source="Claw-R1 trajectory-level GRPO; arXiv:2402.03300")
 def traj_grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Trajectory-level GRPO; see the module docstring. Honours ``norm_adv_by_std_in_grpo``."""
     b, m = inp.batch, inp.mask
