@@ -200,7 +200,7 @@ def test_a_tied_step_matches_verl_within_the_rounding_noise(tmp_path, name, scor
     """64 one-token rows (4 groups of 16), each scoring ``score``, values 0: GAE's and REINFORCE++'s
     whitened quantity is ``score`` at every token, gdpo's a constant below the sum of its weights,
     GRPO's groups are tied; those agree with verl within the tie bound (verl's masked_whiten of 64
-    x 0.1: 7.5e-5, rldiag's 6.0e-4), everything else to float32 tolerance."""
+    x 0.1: -7.5e-5, rldiag's 6.0e-4), everything else to float32 tolerance."""
     rows, n = 64, 16
     lengths = np.ones(rows, dtype=np.int64)
     from rldiag.synth import list_array
