@@ -39,14 +39,15 @@ from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
 from rldiag.engine.requirements import recompute_columns
 from rldiag.errors import ComputeError, RldiagError
+from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import chain, replay_statistics
 from rldiag.executors.steps import Job, StepTask
 from rldiag.io.arrays import rows_frame
 from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
-from rldiag.io.rundir import RunDir, StepFile, parse_steps
-from rldiag.recompute import check_settings, resolve_device
+from rldiag.io.rundir import RunDir, StepFile, Steps, parse_steps
+from rldiag.scenario.plan import check_settings
 
 if TYPE_CHECKING:
     import polars as pl
@@ -323,7 +324,7 @@ _CONTROLLER_KEYS = ("algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algor
 def verify_run(
     run: str | Path | RemotePath,
     overrides: Mapping[str, Any] | None = None,
-    steps: str | None = None,
+    steps: Steps = None,
     tolerances: Tolerances | None = None,
     masked_only: bool = False,
     candidates: bool = True,

@@ -173,7 +173,7 @@ class StepRecompute:
     def __init__(self, run_dir: str | Path, settings: Settings):
         from rldiag.engine.pipeline import initial_kl_state
         from rldiag.engine.requirements import recompute_columns
-        from rldiag.recompute import check_settings
+        from rldiag.scenario.plan import check_settings
 
         self.run_dir = Path(run_dir)
         self.settings = settings
