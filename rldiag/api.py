@@ -75,8 +75,8 @@ if TYPE_CHECKING:
 __all__ = [
     # functions
     "check", "compare", "compare_estimators", "describe_counterfactual", "diagnose", "follow_doctor", "import_wandb",
-    "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "rows", "rows_count",
-    "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
+    "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "reusable_steps", "rows",
+    "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
     "warm_up",
     # results
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "FollowDoctorResult", "HealthEvent",
@@ -315,6 +315,20 @@ def recompute(
     rep = run_follow(run, _overrides(overrides, estimator), poll_seconds=poll_seconds, idle_timeout=idle_timeout,
                      on_update=update, **options)
     return RecomputeResult.from_report(rep)
+
+
+def reusable_steps(run: Run, name: str = "baseline", overrides: Mapping[str, Any] | None = None, *,
+                   estimator: str | None = None, save_tokens: bool = False) -> list[int]:
+    """The steps of scenario ``name`` that :func:`recompute` (with these ``overrides`` and
+    ``save_tokens``) would reuse rather than compute, should their batch files be unchanged
+    (the recompute checks each file's size, mtime and SHA-256): those its last write holds
+    under the same settings and rldiag version, with their per-row (and per-token) files; none
+    when the scenario does not exist or was written otherwise (an adaptive KL controller: never).
+    The recompute's own planner decides it (the app's background baseline plans its chunks with it)."""
+    from rldiag.io.fs import as_path
+    from rldiag.scenario.plan import reusable_steps as plan_reusable
+
+    return plan_reusable(as_path(run), name, settings(run, overrides, estimator=estimator), save_tokens)
 
 
 def step_tokens(
@@ -572,12 +586,13 @@ def mismatch(
     sampling settings. ``examples``: each cause lists the tokens with the largest gaps (read back
     from the batch files). ``save_tokens``: whether the recompute saves per-token values (None:
     keep what the scenario saved, so that a diagnosis never drops the tokens an earlier recompute
-    wrote). ``write=False`` writes nothing (a run rldiag may not write into): each step's batch
-    file is read for the statistics' columns alone and no scenario is kept. ``result.causes`` is
+    wrote). ``write=False`` writes nothing (a run rldiag may not write into): the steps are
+    recomputed in memory (the same metrics, nothing kept). ``result.causes`` is
     empty when the two streams agree."""
-    from rldiag.analysis.mismatch_run import diagnose_rows, stream_rows
+    from rldiag.analysis.mismatch_run import diagnose_rows
     from rldiag.config.settings import resolve_settings, scenario_slug
-    from rldiag.io.rundir import RunDir, parse_steps
+    from rldiag.io.rundir import RunDir
+    from rldiag.scenario.memory import recompute_in_memory
     from rldiag.scenario.recompute import recompute as run_recompute
 
     rd = RunDir(run)
@@ -589,8 +604,8 @@ def mismatch(
         rows = run_recompute(rd.path, opts, steps=steps, device=device, save_tokens=save_tokens,
                              progress=_by_step(progress)).metrics
     else:
-        every = {sf.step: sf for sf in rd.require_steps()}
-        rows = stream_rows([every[s] for s in parse_steps(steps, sorted(every))], resolved, _by_step(progress))
+        (kept,) = recompute_in_memory(rd, [resolved], steps, device, progress=_by_step(progress))
+        rows = [{"step": step, **values} for step, values in sorted(kept.metrics.items())]
     files = {sf.step: sf for sf in rd.step_files()} if examples else None
     return diagnose_rows(rows, {**resolved.values, **resolved.resolved()}, files, resolved)
 

@@ -324,7 +324,7 @@ def test_mismatch_keeps_the_tokens_the_scenario_saved(tmp_path):
 
 
 def test_mismatch_without_writing_equals_the_recomputed_one(sample, tmp_path):
-    """write=False streams the statistics from the batch files and writes nothing; the diagnosis
+    """write=False recomputes the steps in memory and writes nothing; the diagnosis
     is the one the recompute's metrics give."""
     run = shutil.copytree(sample, tmp_path / "run", ignore=shutil.ignore_patterns("rldiag"))
     streamed = rldiag.mismatch(run, write=False)

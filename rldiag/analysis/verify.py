@@ -36,7 +36,7 @@ from rldiag.analysis.candidates import candidate_overrides, describe, is_layout,
 from rldiag.analysis.logged import LOGGED_TOKEN_COLUMNS, logged_metrics, read_logged_tokens, row_token_of
 from rldiag.analysis.tolerance import Tolerances, diff
 from rldiag.config.settings import Settings, resolve_settings
-from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
+from rldiag.engine.pipeline import KLControllerState, initial_kl_state
 from rldiag.engine.requirements import recompute_columns
 from rldiag.errors import ComputeError, RldiagError
 from rldiag.executors.device import resolve_device
@@ -47,6 +47,7 @@ from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, StepFile, Steps, parse_steps
+from rldiag.scenario.memory import recompute_step
 from rldiag.scenario.plan import check_settings
 
 if TYPE_CHECKING:
@@ -240,9 +241,8 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
     Raises :class:`RldiagError` when the step cannot be loaded or verl would raise on it.
     """
     names = set(read_schema(sf, source).names)
-    data = load_step(sf, settings, recompute_columns(settings), source=source)
+    data, result = recompute_step(sf, settings, kl_state, device=device, source=source)
     batch = data.batch
-    result = recompute_batch(batch.to(device), settings, kl_state)
     if result.failed:
         raise ComputeError(result.failed.get(sf.step) or next(iter(result.failed.values())))
     lengths = batch.lengths.numpy().astype(np.int64)
