@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rldiag.api import *  # noqa: F403 - the API's names, for type checkers
 
 #: the names offered besides the API's (``__all__`` is ``rldiag.api.__all__`` plus these)
-OWN = ("__version__",)
+_OWN = ("__version__",)
 
 
 def __getattr__(name: str) -> Any:
@@ -35,7 +35,7 @@ def __getattr__(name: str) -> Any:
     api = _api()
 
     if name == "__all__":
-        return [*OWN, *api.__all__]
+        return [*_OWN, *api.__all__]
     if name in api.__all__:
         value = getattr(api, name)
         globals()[name] = value
