@@ -3,7 +3,7 @@ own (function-level imports included), and no import cycle between modules.
 
 Layers, from the ground up (a unit may import its own layer's other units and every layer below):
 
-    errors, registry, version < engine < config < io < store < executors < recompute, check
+    errors, registry, version < engine < config < io < store < executors < scenario
     < analysis, doctor, capture, importers, synth < api < viz, toy < app, cli
 
 ``capture``, ``importers`` and ``synth`` sit beside analysis and doctor (they write or fake run
@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("io",),
     ("store",),
     ("executors",),
-    ("recompute", "check"),
+    ("scenario",),
     ("analysis", "doctor", "capture", "importers", "synth"),
     ("api",),
     ("viz", "toy"),

@@ -14,12 +14,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "rldiag"
 
 #: what the command line and the app must reach through rldiag.api
-BEHIND_THE_API = ("rldiag.recompute", "rldiag.check", "rldiag.analysis", "rldiag.doctor", "rldiag.importers",
+BEHIND_THE_API = ("rldiag.scenario", "rldiag.analysis", "rldiag.doctor", "rldiag.importers",
                   "rldiag.executors", "rldiag.engine")
 #: the layers above the API (rldiag.api may be imported by them, never the other way round)
 ABOVE_THE_API = ("rldiag.viz", "rldiag.app", "rldiag.cli")
 #: the modules at or below the API
-UNDER_THE_API = ("api.py", "recompute.py", "check.py", "errors.py", "registry.py", "engine", "config", "io",
+UNDER_THE_API = ("api.py", "scenario", "errors.py", "registry.py", "engine", "config", "io",
                  "executors", "analysis", "doctor", "importers", "store")
 
 
@@ -93,11 +93,12 @@ def test_nothing_under_the_api_imports_the_layers_above_it():
 
 
 @pytest.mark.parametrize("source, found, banned", [
-    ("from rldiag.recompute import recompute\n", ["rldiag.recompute", "rldiag.recompute.recompute"], True),
+    ("from rldiag.scenario.recompute import recompute\n", ["rldiag.scenario.recompute", "rldiag.scenario.recompute.recompute"],
+     True),
     ("def f():\n    import rldiag.doctor.doctor as d\n", ["rldiag.doctor.doctor"], True),
     ("from rldiag import analysis\n", ["rldiag", "rldiag.analysis"], True),
     ("from ..engine import kl\n", ["rldiag.engine", "rldiag.engine.kl"], True),
-    ("import importlib\nimportlib.import_module('rldiag.check')\n", ["importlib", "rldiag.check"], True),
+    ("import importlib\nimportlib.import_module('rldiag.analysis.check')\n", ["importlib", "rldiag.analysis.check"], True),
     ("from . import session\n", ["rldiag.app", "rldiag.app.session"], False),
     ("from rldiag import api\n", ["rldiag", "rldiag.api"], False),
     ("from rldiag.checkpoint import x\n", ["rldiag.checkpoint", "rldiag.checkpoint.x"], False),

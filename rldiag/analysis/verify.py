@@ -37,17 +37,19 @@ from rldiag.analysis.logged import LOGGED_TOKEN_COLUMNS, logged_metrics, read_lo
 from rldiag.analysis.tolerance import Tolerances, diff, whitened_constant_noise
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.advantage import ESTIMATORS
-from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
+from rldiag.engine.pipeline import KLControllerState, initial_kl_state
 from rldiag.engine.requirements import recompute_columns
 from rldiag.errors import ComputeError, RldiagError
+from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import chain, replay_statistics
 from rldiag.executors.steps import Job, StepTask
 from rldiag.io.arrays import rows_frame
 from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
-from rldiag.io.rundir import RunDir, StepFile, parse_steps
-from rldiag.recompute import check_settings, resolve_device
+from rldiag.io.rundir import RunDir, StepFile, Steps, parse_steps
+from rldiag.scenario.memory import recompute_step
+from rldiag.scenario.plan import check_settings
 
 if TYPE_CHECKING:
     import polars as pl
@@ -271,9 +273,8 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
     Raises :class:`RldiagError` when the step cannot be loaded or verl would raise on it.
     """
     names = set(read_schema(sf, source).names)
-    data = load_step(sf, settings, recompute_columns(settings), source=source)
+    data, result = recompute_step(sf, settings, kl_state, device=device, source=source)
     batch = data.batch
-    result = recompute_batch(batch.to(device), settings, kl_state)
     if result.failed:
         raise ComputeError(result.failed.get(sf.step) or next(iter(result.failed.values())))
     lengths = batch.lengths.numpy().astype(np.int64)
@@ -359,7 +360,7 @@ _CONTROLLER_KEYS = ("algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algor
 def verify_run(
     run: str | Path | RemotePath,
     overrides: Mapping[str, Any] | None = None,
-    steps: str | None = None,
+    steps: Steps = None,
     tolerances: Tolerances | None = None,
     masked_only: bool = False,
     candidates: bool = True,

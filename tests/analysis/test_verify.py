@@ -219,7 +219,7 @@ def test_a_mismatch_wins_over_an_unverifiable_step(tmp_path):
 def test_the_verl_release_that_matches_is_named(tmp_path):
     # REINFORCE++ on tool spans, logged by verl 0.8.0 (the reset at mask 0), the run recording no
     # version: verify under the snapshot mismatches and names rldiag.verl_version=0.8.0
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
     from rldiag.synth import SynthSpec, write_synth_run
 
     cfg = {"algorithm": {"adv_estimator": "reinforce_plus_plus", "gamma": 0.9}}

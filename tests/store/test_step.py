@@ -9,7 +9,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.store import Store, StoreError
 
 RLOO = "adv_estimator=rloo"
