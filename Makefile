@@ -2,14 +2,19 @@
 #   make sample   set up, then recompute the bundled sample run under RLOO
 #   make test     set up, then run the test suite (everything; CI runs this)
 #   make test-fast  the same without the tests marked slow (browser, Ray, subprocesses, benchmarks)
+#   make test-order the whole suite twice in two random orders (pytest-randomly seeds), each in parallel
 #   make lint     ruff over the tree (rules in pyproject.toml)
 #   make typecheck  mypy over the whole package (rldiag/)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SAMPLE ?= samples/grpo-tool
+# the tests run in parallel, one process per core (pytest-xdist); a test marked
+# xdist_group("NAME") runs in the same process as the others of its group (a Ray cluster, a wheel)
+JOBS   ?= auto
+PYTEST := $(BIN)/python -m pytest -n $(JOBS) --dist loadgroup
 
-.PHONY: setup sample test test-fast lint typecheck bench clean
+.PHONY: setup sample test test-fast test-order lint typecheck bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,12 +36,18 @@ sample: setup
 	$(BIN)/rldiag recompute $(SAMPLE) --estimator rloo --save-tokens
 
 test: setup
-	@rc=0; $(BIN)/python -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PYTEST) -p no:randomly $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
 
 test-fast: setup
-	@rc=0; $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PYTEST) -p no:randomly -m "not slow" $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; rc=0; fi; exit $$rc
+
+# no order dependence: the same suite in two other orders (the seeds are printed; rerun one with
+# `make test-order SEEDS=N`)
+SEEDS ?= 1 2
+test-order: setup
+	@for seed in $(SEEDS); do $(PYTEST) --randomly-seed=$$seed $(PYTEST_ARGS) || exit $$?; done
 
 lint: setup
 	$(BIN)/ruff check .

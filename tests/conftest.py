@@ -23,6 +23,28 @@ from rldiag.engine.batch import Batch  # noqa: E402
 from rldiag.synth import SynthSpec, write_synth_run  # noqa: E402
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one worker per core: each worker's torch takes one core, not every core (two
+    # workers of two threads each on two cores wait for each other at every operation; the results
+    # do not depend on the thread count: tests/engine/test_thread_count.py)
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first (a stable sort: the others keep their order): the parallel run hands
+    tests out in this order, and a long test started last would run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def rldiag_home(tmp_path, monkeypatch):
+    """Each test's own rldiag directory (mirrors of read-only runs, the app's recent runs), never
+    the user's ~/.cache/rldiag, nor one another test writes at the same time."""
+    home = tmp_path / "rldiag-home"
+    monkeypatch.setenv("RLDIAG_HOME", str(home))
+    return home
+
+
 def make_batch(
     scores=None,
     mask=None,

@@ -10,14 +10,6 @@ from tests.app.helpers import logged_from_scenario
 
 
 @pytest.fixture(autouse=True)
-def rldiag_home(tmp_path, monkeypatch):
-    """The user's rldiag directory (recent runs, mirrors of read-only runs) of each test, never ~/.cache."""
-    home = tmp_path / "rldiag-home"
-    monkeypatch.setenv("RLDIAG_HOME", str(home))
-    return home
-
-
-@pytest.fixture(autouse=True)
 def baseline_worker_sync(monkeypatch):
     """The app's background baseline runs inline on the page's script thread (deterministic: the
     page is drawn after it); every worker is dropped after the test."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("install")]  # one wheel and venv per run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,8 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # built from a copy of the sources: pip builds in the source tree (build/, *.egg-info), and the
+    # checkout is shared with the other test processes of a parallel run
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "rldiag")  # never a sample's outputs
+    shutil.copytree(ROOT / "samples", src / "samples", ignore=ignore)
+    shutil.copytree(ROOT / "rldiag", src / "rldiag", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                    str(ROOT)], check=True, cwd=out)
+                    str(src)], check=True, cwd=out)
     (whl,) = out.glob("rldiag-*.whl")
     return whl
 

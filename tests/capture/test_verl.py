@@ -307,6 +307,7 @@ def test_two_environment_variables_turn_it_on_in_any_process_that_imports_verl(t
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # never beside the executor tests' Ray cluster on 2 cores
 def test_in_a_ray_actor_killed_mid_step_the_finished_steps_verify(tmp_path):
     """verl runs the trainer in a Ray actor: the capture is turned on there by the actor's
     environment alone, and an actor killed while step 3 is in flight (no exit hook, no close)

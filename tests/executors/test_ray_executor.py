@@ -28,7 +28,10 @@ from rldiag.synth import SynthSpec, write_synth_run  # noqa: E402
 from tests.kl_runs import KL, KL_LIVE, poison, rejected_after_capture  # noqa: E402
 from tests.scenario_utils import assert_same_scenario  # noqa: E402
 
-pytestmark = pytest.mark.slow  # runs a subprocess / a cluster: `make test-fast` leaves it out
+pytestmark = [
+    pytest.mark.slow,  # runs a subprocess / a cluster: `make test-fast` leaves it out
+    pytest.mark.xdist_group("ray"),  # one test process starts the module's cluster (`make test` runs in parallel)
+]
 
 
 
