@@ -165,6 +165,10 @@ ASK_TOKEN = ("This app asks for an access token. Open the URL `rldiag app` print
              f"`?{TOKEN_PARAM}=...`), or type the token below.")
 
 
+SHARED_HOW_TO = """No run is open. This app is shared: it opens the runs it was started with (listed below) and
+the runs under its `--root` directories (type the path of one below)."""
+
+
 def shared_note(acc: Access) -> str:
     roots = " and the runs under its --root directories" if acc.roots else ""
     return (f"Shared mode (served on {acc.where}): only the runs this app was started with{roots} open. Nothing "

@@ -98,11 +98,11 @@ def other_run_paths() -> list[str]:
 
 def picker() -> None:
     """No run open: a path box, the recent runs, and the bundled sample (opened in place, mirrored)."""
-    st.info(runs.HOW_TO)
+    acc = gate.policy()
+    st.info(access.SHARED_HOW_TO if acc.shared else runs.HOW_TO)
     c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
     c1.text_input("Run directory", key="pk_path", placeholder="/path/to/RUN")
     c2.button("Open", key="pk_open", on_click=_open_typed, type="primary")
-    acc = gate.policy()
     if acc.shared:  # the runs it serves, never the server's recent runs nor its install's sample
         served = acc.served_runs()
         if served:

@@ -12,11 +12,15 @@ Rules on logged metrics see step N's own metrics in the log of step N. Rules on 
 signal (``source: recomputed``, an ``rldiag/...`` metric, kind ``mismatch``) need step N's batch
 recomputed: that runs on the capture's writer thread once the step's batch file is written, while
 the trainer runs step N+1, so those verdicts appear in the log of step N+1 (the log of N+1
-first waits for that recompute: the lag is exactly one step, never more). The last step's
-recompute is never in any log (there is no later one).
+first waits for that recompute, at most ``wait_s``: the lag is one step unless the recompute is
+slower than training; then its verdicts come with a later log, and the steps that end while one
+is still running get no recompute). The last step's recompute is never in any log (there is no
+later one).
 
-Nothing here raises into the training loop: a rule or a recompute that fails is reported once
-(a ``logging`` warning, once per rule / per cause) and skipped; the run goes on.
+Nothing here raises into the training loop: a rule that raises, a rules file that cannot be read
+(``RLDIAG_DOCTOR_RULES``: the built-in rules are used), a recompute that fails (``MemoryError``
+included) or that is slower than training are reported once (a ``logging`` warning, once per
+rule / per cause) and skipped; the run goes on.
 
 ``RLDIAG_DOCTOR_STOP=critical`` (or ``warning``): when a finding of that severity or worse is
 active at a step's log, the hook asks the trainer to stop after that step (:attr:`HealthHook.stop`:
@@ -27,8 +31,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,6 +54,8 @@ log = logging.getLogger("rldiag.capture.health")
 
 ENV_DOCTOR = "RLDIAG_DOCTOR"
 ENV_STOP = "RLDIAG_DOCTOR_STOP"
+#: YAML rules files merged over the built-in rules (``os.pathsep``-separated), as ``doctor --rules``
+ENV_RULES = "RLDIAG_DOCTOR_RULES"
 PREFIX = "rldiag/health/"
 FINDINGS_KEY = PREFIX + "findings"
 LEVELS = {"info": 0, "warning": 1, "critical": 2}
@@ -146,14 +153,28 @@ def run_settings(run_dir: str | Path) -> tuple[Settings, dict[str, Any]]:
 DoctorFactory = Callable[[Mapping[str, Any], list[Rule]], StepDoctor]
 
 
+def rules_or_builtin(rules_files: Sequence[str | Path] = ()) -> list[Rule]:
+    """The built-in rules with ``rules_files`` merged over them; when a file cannot be read or is
+    malformed, a warning names it and the built-in rules alone are used."""
+    if rules_files:
+        try:
+            return load_rules(rules_files)
+        except Exception as exc:  # noqa: BLE001 - a bad rules file never stops training
+            log.warning("rldiag doctor: the rules file(s) %s cannot be used, so the built-in rules alone are "
+                        "evaluated: %s: %s", ", ".join(map(str, rules_files)), type(exc).__name__, exc)
+    return load_rules()
+
+
 def build_hook(run_dir: str | Path, submit: Callable[[Callable[[], Any]], Future], *, stop_at: int | None = None,
-               make_doctor: DoctorFactory | None = None, rules: list[Rule] | None = None) -> HealthHook:
+               make_doctor: DoctorFactory | None = None, rules: list[Rule] | None = None,
+               rules_files: Sequence[str | Path] = ()) -> HealthHook:
     """The hook for a capture into ``run_dir`` (its ``run.yaml`` written): the built-in rules
-    (or ``rules``) that apply to the run, ``make_doctor(settings, rules)`` (default
-    :class:`RuleDoctor`), recomputes queued with ``submit`` when a rule needs one. A run whose
-    settings the engine cannot recompute gets the logged-metric rules only (a warning says so)."""
+    with ``rules_files`` merged over them (:func:`rules_or_builtin`), or ``rules``, that apply to
+    the run, ``make_doctor(settings, rules)`` (default :class:`RuleDoctor`), recomputes queued
+    with ``submit`` when a rule needs one. A run whose settings the engine cannot recompute gets
+    the logged-metric rules only (a warning says so)."""
     settings, effective = run_settings(run_dir)
-    chosen = [r for r in (rules if rules is not None else load_rules()) if r.applies(effective)]
+    chosen = [r for r in (rules if rules is not None else rules_or_builtin(rules_files)) if r.applies(effective)]
     doctor = make_doctor(effective, chosen) if make_doctor is not None else LiveDoctor(effective, chosen)
     recompute: StepRecompute | None = None
     if any(needs_recompute(r) for r in chosen):
@@ -206,12 +227,15 @@ class HealthHook:
     ``doctor``: a :class:`StepDoctor`; ``rules``: the rules it evaluates (to decide whether any
     needs a recompute); ``submit``: runs a function on the capture's writer thread after what is
     queued (``RunWriter.run_on_writer``), None for no recompute; ``recompute``: step -> its
-    recomputed metrics; ``stop_at``: the lowest level that stops (1 warning, 2 critical)."""
+    recomputed metrics; ``stop_at``: the lowest level that stops (1 warning, 2 critical);
+    ``wait_s``: the longest a log waits for an earlier step's recompute."""
 
     def __init__(self, doctor: StepDoctor, rules: list[Rule], *,
                  submit: Callable[[Callable[[], Any]], Future] | None = None,
-                 recompute: Callable[[int], Mapping[str, float]] | None = None, stop_at: int | None = None):
+                 recompute: Callable[[int], Mapping[str, float]] | None = None, stop_at: int | None = None,
+                 wait_s: float = 30.0):
         self.doctor = doctor
+        self.wait_s = float(wait_s)
         self.recomputed_rules = [r.id for r in rules if needs_recompute(r)]
         self.submit = submit if (recompute is not None and self.recomputed_rules) else None
         self.recompute = recompute
@@ -240,6 +264,10 @@ class HealthHook:
         """Step ``step``'s batch is queued: queue its recompute behind it (writer thread)."""
         if self.submit is None:
             return
+        if any(not f.done() for _, f in self._pending):  # slower than training: this step is skipped
+            self._warn_once("behind", "rldiag doctor: the recompute of step %d is still running at the end of step "
+                            "%d; steps that end meanwhile get no recompute (reported once)", self._pending[0][0], step)
+            return
         try:
             self._pending.append((int(step), self.submit(lambda: self._recompute_quietly(int(step)))))
         except Exception as exc:  # noqa: BLE001 - a closed or failed writer: no recompute, training goes on
@@ -259,8 +287,16 @@ class HealthHook:
 
     def _on_log(self, step: int, data: Mapping[str, Any]) -> dict[str, int]:
         while self._pending and self._pending[0][0] < step:
-            done, future = self._pending.pop(0)
-            values = future.result()  # waits on the writer thread's own completion
+            done, future = self._pending[0]
+            try:
+                values = future.result(timeout=self.wait_s)  # waits on the writer thread's own completion
+            except FutureTimeout:  # taken in at a later log
+                self._warn_once("slow", "rldiag doctor: the recompute of step %d took longer than %.0f s; its "
+                                "verdicts come with a later log (reported once)", done, self.wait_s)
+                break
+            except CancelledError:
+                values = None
+            self._pending.pop(0)
             if values:
                 self.doctor.add_recomputed(done, values)
         self.doctor.add_logged(step, _numbers(data))

@@ -183,6 +183,9 @@ class RunWriter:
         self.on_error = on_error
         self.max_wait_s = float(max_wait_s)
         self.faults = FaultLog()
+        self.stats = CaptureStats()
+        self._lock = threading.Lock()
+        self._dropped: set[int] = set()  # steps a part of which was not written
         self.path = Path(path)
         self.layout = RunLayout(self.path)
         self.disk = WriterDisk(self.layout)
@@ -195,17 +198,16 @@ class RunWriter:
         except OSError as exc:
             if on_error == "raise":
                 raise
-            self._fault("setup", str(self.batches_dir), exc, "nothing is written until it can be", errors=1)
+            self.fault("setup", str(self.batches_dir), exc, "nothing is written until it can be", errors=1)
         self.compression = compression
         self.extra_columns = tuple(extra_columns)
         self.tokenizer = tokenizer
         self._token_text = None if tokenizer is None else (lambda ids: token_strings(tokenizer, ids))
         self._parts: dict[int, int] = {}  # step -> writes of it by this writer
-        self.stats = CaptureStats()
         self._queue = Backlog(queue_size, max_queue_bytes)
         # writer-thread failures not reported yet: (what, exception, kind of fault, warning text)
         self._errors: list[tuple[str, BaseException, str, str]] = []
-        self._lock = threading.Lock()
+        self._sync_done: threading.Event | None = None  # the last end-of-step barrier ("warn")
         self._closed = False
         if config is not None:
             self.write_config(config)
@@ -240,7 +242,7 @@ class RunWriter:
         except OSError as exc:
             if self.on_error == "raise":
                 raise
-            self._fault("config", str(path), exc, "run.yaml is not written", errors=1)
+            self.fault("config", str(path), exc, "run.yaml is not written", errors=1)
             return path
 
     def fault_metrics(self) -> dict[str, int]:
@@ -268,7 +270,8 @@ class RunWriter:
             if self.on_error == "raise":
                 self._parts[step] = part
                 raise
-            self._fault("batch", str(path), exc, f"step {step}'s batch is not written", dropped=1, errors=1)
+            self.fault("batch", str(path), exc, f"step {step}'s batch is not written", dropped=1, errors=1,
+                       step=step)
             return part
         payload.part = part
         if part == 0 and path.exists():
@@ -277,14 +280,19 @@ class RunWriter:
                           "again (a resumed run), so its file is replaced", stacklevel=2)
         size = payload_bytes(payload)
         if not self._put(("batch", payload), size):
-            self._fault("queue", str(path), None, f"the writer is behind (its queue holds {self._queue.bytes()} "
-                        f"bytes, {self._queue.waiting()} batches): step {step}'s batch is dropped", dropped=1)
+            self.fault("queue", str(path), None, f"the writer is behind (its queue holds {self._queue.bytes()} "
+                        f"bytes, {self._queue.waiting()} batches): step {step}'s batch is dropped", dropped=1, step=step)
         self.stats.train_thread_s += time.perf_counter() - t0
         return part
 
     def parts(self, step: int) -> int:
         """How many times this writer was given ``step`` (0 if never)."""
         return self._parts.get(int(step), 0)
+
+    def dropped(self, step: int) -> bool:
+        """Whether a part of ``step`` handed to this writer was not written (so far)."""
+        with self._lock:
+            return int(step) in self._dropped
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Queue one line ``{"step": N, "data": {...}}`` for ``metrics.jsonl`` (verl's file logger)."""
@@ -324,9 +332,20 @@ class RunWriter:
         (batch files are fsynced as they are written, ``metrics.jsonl`` here); report what failed.
         After it returns, a kill of the process (or of the machine) loses nothing queued before
         (with ``"warn"``, when the disk kept up within ``max_wait_s``)."""
-        if not self._closed:
-            self._put(_SYNC)
-        self.flush()
+        if self.on_error == "raise" or self._closed:
+            if not self._closed:
+                self._put(_SYNC)
+            self.flush()
+            return
+        pending = self._sync_done
+        if pending is None or pending.is_set():  # else the writer is behind: no new barrier, no wait
+            done = self._sync_done = threading.Event()
+            self._put(("sync", done))
+            pending = done if done.wait(self.max_wait_s) else None
+        if pending is None or not pending.is_set():
+            self.fault("behind", str(self.path), None, f"the writer is more than {self.max_wait_s:g} s behind "
+                       "training: the end of a step no longer waits for its writes (they are not fsynced yet)")
+        self._check(closed_ok=True)
 
     def _drain(self) -> None:
         """``SIGTERM``: the pending writes get ``max_wait_s`` to finish (a batch file still being
@@ -347,7 +366,7 @@ class RunWriter:
             waiting = self._queue.waiting()
             self._thread.join(None if self.on_error == "raise" else max(10.0, self.max_wait_s * (waiting + 1)))
             if self._thread.is_alive():
-                self._fault("close", str(self.path), None, f"the writer did not finish in time; {waiting} queued "
+                self.fault("close", str(self.path), None, f"the writer did not finish in time; {waiting} queued "
                             "batch(es) are dropped", dropped=waiting)
             else:
                 _OPEN.discard(self)
@@ -380,13 +399,19 @@ class RunWriter:
         if self._closed and not closed_ok:
             if self.on_error == "raise":
                 raise CaptureError(f"the run writer for {self.path} is closed")
-            self._fault("closed", str(self.path), None, "the writer is closed: what is handed to it is not written")
+            self.fault("closed", str(self.path), None, "the writer is closed: what is handed to it is not written")
             return False
         return True
 
-    def _fault(self, what: str, path: str, exc: BaseException | None, skipped: str, *, dropped: int = 0,
-               errors: int = 0) -> None:
-        """Count a fault and warn it once (``"warn"``; the training thread)."""
+    def fault(self, what: str, path: str, exc: BaseException | None, skipped: str, *, dropped: int = 0,
+              errors: int = 0, step: int | None = None) -> None:
+        """Count a fault (``dropped`` steps, ``errors``) and warn it once per kind (``what`` and
+        the exception's type and errno): its cause, ``path`` and what is ``skipped``. For the
+        capture's own callers too (the verl capture's faults around the writer). ``step``: the
+        step whose batch is dropped (:meth:`dropped`)."""
+        if step is not None and dropped:
+            with self._lock:
+                self._dropped.add(int(step))
         self.faults.count(dropped=dropped, errors=errors)
         self.stats.dropped_steps, self.stats.errors = self.faults.dropped_steps, self.faults.errors
         why = f"{cause(exc)}: " if exc is not None else ""
@@ -429,6 +454,8 @@ class RunWriter:
                     except BaseException as exc:  # noqa: BLE001
                         self._record(METRICS_FILE, exc, "metrics", str(self.metrics_file),
                                      "the metrics lines so far may not be fsynced")
+                    if payload is not None:
+                        payload.set()
                 else:
                     self._append(payload)
                 self.stats.writer_thread_s += time.perf_counter() - t0
@@ -438,16 +465,11 @@ class RunWriter:
                     self.disk.close()
 
     def _again(self, fn: Callable[[], Any]) -> Any:
-        """``fn()``; when it fails because the run directory (or ``batches/``) is gone, the
-        directories (and ``run.yaml``) are made again and ``fn`` is tried once more."""
-        try:
-            return fn()
-        except FileNotFoundError:
-            if not self.disk.make_dirs():
-                raise
-            if self._config is not None and not (self.layout.root / RUN_CONFIG).exists():
-                self.disk.write_config(self._config)
-            return fn()
+        """``fn()`` in a run directory that exists: one removed (or replaced by an empty one)
+        while the run trains is made again, with its ``batches/`` and ``run.yaml``."""
+        if self.disk.make_dirs() and self._config is not None and not (self.layout.root / RUN_CONFIG).exists():
+            self.disk.write_config(self._config)
+        return fn()
 
     def _write_batch(self, payload: StepPayload) -> None:
         try:
@@ -456,6 +478,8 @@ class RunWriter:
             self.stats.parts += 1
         except BaseException as exc:  # noqa: BLE001 - reported on the training thread
             step = f"step {payload.step}" + (f" part {payload.part}" if payload.part else "")
+            with self._lock:
+                self._dropped.add(payload.step)
             self._record(step, exc, "batch", str(payload.path), f"{step}'s batch is not written", dropped=1)
 
     def _append(self, line: str) -> None:

@@ -47,8 +47,10 @@ def test_shared_mode_in_a_browser(tmp_path):
             # the token, and a path outside the served runs: refused, nothing of it listed
             pg.goto(f"{srv.base_url}/?token={TOKEN}&run=/etc")
             pg.get_by_text("/etc: this app is shared", exact=False).wait_for()
+            pg.get_by_role("button", name=str(run)).wait_for()  # the picker lists the served run only
             body = pg.inner_text("body")
-            assert "passwd" not in body and "Runs served here" in body and str(run) in body
+            assert "passwd" not in body and "hosts" not in body  # nothing of /etc is listed
+            assert "Recent runs" not in body and "bundled sample" not in body
             assert not pg.locator(PANEL).count()
             # the named run opens, read-only
             pg.goto(f"{srv.base_url}/?token={TOKEN}&run={run}")

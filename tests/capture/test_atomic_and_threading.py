@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import rldiag.capture.table as table_mod
 import rldiag.capture.diskio as diskio_mod
+import rldiag.capture.table as table_mod
 from rldiag.capture import RunWriter, unpad_batch, write_step_file
 from rldiag.errors import CaptureError
 from rldiag.io.rundir import STEP_FILE, RunDir
