@@ -115,9 +115,11 @@ class VerlCapture:
 
     def __init__(self, run_dir: str | Path, tokens: bool = False, doctor: bool = False, stop_at: int | None = None,
                  make_doctor: DoctorFactory | None = None, rules: list[Rule] | None = None, on_error: str = "warn",
-                 rules_files: list[str] | None = None, writer_options: dict | None = None):
+                 rules_files: list[str] | None = None, writer_options: dict | None = None,
+                 health_options: dict | None = None):
         self.run_dir = Path(run_dir)
         self.writer_options = dict(writer_options or {})
+        self.health_options = dict(health_options or {})
         self.tokens = tokens
         self.doctor, self.stop_at, self.make_doctor, self.rules = doctor, stop_at, make_doctor, rules
         self.rules_files = list(rules_files or [])
@@ -149,7 +151,8 @@ class VerlCapture:
         if self.doctor:
             try:
                 self.health = build_hook(self.run_dir, self.writer.run_on_writer, stop_at=self.stop_at,
-                                         make_doctor=self.make_doctor, rules=self.rules, rules_files=self.rules_files)
+                                         make_doctor=self.make_doctor, rules=self.rules, rules_files=self.rules_files,
+                                         **self.health_options)
             except Exception as exc:  # noqa: BLE001 - no doctor, but training and capture go on
                 health_log.warning("rldiag doctor: not started, training goes on without it: %s: %s",
                                    type(exc).__name__, exc)
@@ -515,7 +518,8 @@ def _apply(name: str, module: Any) -> None:
 def install(run_dir: str | Path | None = None, *, tokens: bool | None = None, doctor: bool | None = None,
             stop: str | None = None, make_doctor: DoctorFactory | None = None,
             rules: list[Rule] | None = None, on_error: str = "warn",
-            rules_files: list[str] | None = None, writer_options: dict | None = None) -> VerlCapture:
+            rules_files: list[str] | None = None, writer_options: dict | None = None,
+            health_options: dict | None = None) -> VerlCapture:
     """Capture every ``fit`` of verl's trainers in this process into ``run_dir`` (default:
     ``$RLDIAG_CAPTURE_DIR``). ``tokens``: also store token text (default: ``$RLDIAG_CAPTURE_TOKENS``).
     ``doctor``: run the doctor's rules after each step and log ``rldiag/health/*`` with the
@@ -526,7 +530,9 @@ def install(run_dir: str | Path | None = None, *, tokens: bool | None = None, do
     over them, default ``$RLDIAG_DOCTOR_RULES``: a file that cannot be read is warned and left
     out). ``on_error``: ``"warn"`` (faults warned once and counted, training never stopped) or
     ``"raise"``; ``writer_options``: more :class:`~rldiag.capture.RunWriter` keywords
-    (``max_queue_bytes``, ``max_wait_s``). Idempotent; :func:`uninstall` undoes it."""
+    (``max_queue_bytes``, ``max_wait_s``, ``wait_share``); ``health_options``: the doctor
+    hook's (``wait_s``, ``slow_s``: :class:`~rldiag.capture.health.HealthHook`). Idempotent;
+    :func:`uninstall` undoes it."""
     global _SESSION
     run_dir = run_dir if run_dir is not None else os.environ.get(ENV_DIR)
     if not run_dir:
@@ -541,7 +547,8 @@ def install(run_dir: str | Path | None = None, *, tokens: bool | None = None, do
     if rules_files is None:
         rules_files = [p for p in os.environ.get(ENV_RULES, "").split(os.pathsep) if p]
     _SESSION = VerlCapture(run_dir, tokens=tokens, doctor=doctor, stop_at=stop_at, make_doctor=make_doctor,
-                           rules=rules, on_error=on_error, rules_files=rules_files, writer_options=writer_options)
+                           rules=rules, on_error=on_error, rules_files=rules_files, writer_options=writer_options,
+                           health_options=health_options)
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     for name in PATCHES:  # CORRECTION_MODULE first: the trainers' own references are patched after

@@ -17,8 +17,9 @@ What the writer does when something fails is its ``on_error`` policy:
   which the trainer logs with its metrics from the first fault on); the next write is tried as
   usual, so capture resumes by itself when the fault clears (a removed run directory is made
   again, ``run.yaml`` with it). The queue is bounded in bytes (``max_queue_bytes``): when the
-  disk is slower than training, a step's batch waits at most ``max_wait_s`` for room and is
-  then dropped (counted); the end-of-step barrier waits at most as long. A malformed batch is
+  disk is slower than training, a step's batch waits for room at most ``max_wait_s`` and at
+  most ``wait_share`` (5 %) of a training step, and is then dropped (counted); the end-of-step
+  barrier waits at most as long (then the step's writes are fsynced later). A malformed batch is
   dropped (counted) rather than raised. Nothing half-written stays: a batch file appears whole
   (a hidden temporary renamed into place) and a ``metrics.jsonl`` line that failed part-way is
   cut off again.
@@ -101,6 +102,7 @@ class CaptureStats:
     max_queue_bytes: int = 0
     dropped_steps: int = 0  # batches not written (failed, dropped on a full queue, malformed)
     errors: int = 0  # failed writes, appends, fsyncs
+    late_syncs: int = 0  # end-of-step barriers that did not wait for the writer ("warn": it was behind)
 
 
 def payload_bytes(payload: StepPayload) -> int:
@@ -157,6 +159,9 @@ class RunWriter:
         max_queue_bytes: the bytes of queued batches (their unpadded arrays) the writer may hold.
         max_wait_s: with ``"warn"``, the longest the training thread waits for room in the queue
             (then the step's batch is dropped), for the end-of-step barrier, and on ``SIGTERM``.
+        wait_share: with ``"warn"``, those waits are also at most this share of a training step
+            (the time between two steps' first writes; None: ``max_wait_s`` alone), so that a
+            writer slower than training costs it no more than that share.
         handle_sigterm: on ``SIGTERM``, let pending writes finish first, then run the handler
             that was there before (installed only when made on the main thread).
     """
@@ -173,6 +178,7 @@ class RunWriter:
         on_error: str = "warn",
         max_queue_bytes: int = 1 << 30,
         max_wait_s: float = 1.0,
+        wait_share: float | None = 0.05,
         handle_sigterm: bool = False,
     ):
         if is_uri(str(path)):
@@ -182,6 +188,9 @@ class RunWriter:
             raise CaptureError(f"on_error={on_error!r}: expected one of {', '.join(ON_ERROR)}")
         self.on_error = on_error
         self.max_wait_s = float(max_wait_s)
+        self.wait_share = wait_share
+        self._step_s: float | None = None  # the time between the last two steps' first writes
+        self._step_t: float | None = None
         self.faults = FaultLog()
         self.stats = CaptureStats()
         self._lock = threading.Lock()
@@ -264,6 +273,7 @@ class RunWriter:
         path = self.batch_path(step)
         part = self._parts.get(step, 0)
         self._parts[step] = part + 1
+        self._time_step(part)
         try:
             payload = unpad_batch(batch, step, path, self.extra_columns, token_ids=self._token_text is not None)
         except RldiagError as exc:
@@ -318,7 +328,22 @@ class RunWriter:
         return done
 
     def _wait(self) -> float | None:
-        return None if self.on_error == "raise" else self.max_wait_s
+        return None if self.on_error == "raise" else self.patience()
+
+    def patience(self) -> float:
+        """The longest the training thread waits on the writer (``"warn"``): ``max_wait_s``, and
+        at most ``wait_share`` of a training step once one was timed."""
+        if self.wait_share is None or self._step_s is None:
+            return self.max_wait_s
+        return min(self.max_wait_s, self.wait_share * self._step_s)
+
+    def _time_step(self, part: int) -> None:
+        if part:
+            return
+        now = time.perf_counter()
+        if self._step_t is not None:
+            self._step_s = now - self._step_t
+        self._step_t = now
 
     def flush(self) -> None:
         """Wait until everything queued so far is written (with ``"warn"``, at most
@@ -341,10 +366,9 @@ class RunWriter:
         if pending is None or pending.is_set():  # else the writer is behind: no new barrier, no wait
             done = self._sync_done = threading.Event()
             self._put(("sync", done))
-            pending = done if done.wait(self.max_wait_s) else None
-        if pending is None or not pending.is_set():
-            self.fault("behind", str(self.path), None, f"the writer is more than {self.max_wait_s:g} s behind "
-                       "training: the end of a step no longer waits for its writes (they are not fsynced yet)")
+            pending = done if done.wait(self.patience()) else None
+        if pending is None or not pending.is_set():  # not a fault: a batch dropped later is the one warned
+            self.stats.late_syncs += 1
         self._check(closed_ok=True)
 
     def _drain(self) -> None:
@@ -426,7 +450,7 @@ class RunWriter:
                     raise CaptureError("the capture writer thread stopped")
             ok = True
         else:
-            ok = self._queue.put(item, size, timeout=self.max_wait_s)
+            ok = self._queue.put(item, size, timeout=self.patience())
         self.stats.max_queue = max(self.stats.max_queue, self._queue.waiting())
         self.stats.max_queue_bytes = max(self.stats.max_queue_bytes, self._queue.bytes())
         return ok

@@ -154,6 +154,7 @@ class ToyTrainer:
         stop_at: int | None = None,
         rules_files: Sequence[str | Path] = (),
         writer_options: dict | None = None,
+        health_options: dict | None = None,
     ) -> RunSummary:
         """Train ``cfg.steps`` steps, capturing each into ``out_dir`` (nothing is written when
         ``out_dir`` is None), with the text of every response and prompt token
@@ -170,7 +171,8 @@ class ToyTrainer:
         verl capture's): a fault is warned once and counted in the step's metrics
         (``rldiag/capture/dropped_steps``, ``rldiag/capture/errors``, from the first fault on);
         ``SIGTERM`` lets pending writes finish first. ``writer_options``: more ``RunWriter``
-        keywords (``on_error``, ``max_queue_bytes``, ``max_wait_s``)."""
+        keywords (``on_error``, ``max_queue_bytes``, ``max_wait_s``, ``wait_share``);
+        ``health_options``: the doctor hook's (``wait_s``, ``slow_s``)."""
         options = {"on_error": "warn", "handle_sigterm": True, **(writer_options or {})}
         writer = (RunWriter(out_dir, config=self.cfg.verl_config(), queue_size=queue_size, tokenizer=ToyTokenizer(),
                             **options) if out_dir else None)
@@ -178,7 +180,8 @@ class ToyTrainer:
         if doctor and writer is not None:
             assert out_dir is not None  # a writer has a directory
             try:
-                hook = build_hook(out_dir, writer.run_on_writer, stop_at=stop_at, rules_files=rules_files)
+                hook = build_hook(out_dir, writer.run_on_writer, stop_at=stop_at, rules_files=rules_files,
+                                  **(health_options or {}))
             except Exception as exc:  # noqa: BLE001 - no doctor, but training and capture go on
                 if writer.on_error == "raise":
                     raise

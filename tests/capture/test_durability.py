@@ -100,7 +100,7 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_durability import _batch
     from rldiag.capture import RunWriter
-    run = RunWriter({run!r}, queue_size=4, max_wait_s=600)  # the barrier waits for the disk (it keeps up)
+    run = RunWriter({run!r}, queue_size=4, max_wait_s=600, wait_share=None)  # the barrier waits for the disk
     for step in (1, 2, 3):
         run.write_batch(step, _batch(4, seed=step))
         run.log_metrics(step, {{"x": float(step)}})
