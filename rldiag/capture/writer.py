@@ -262,7 +262,8 @@ class RunWriter:
 
     def write_batch(self, step: int, batch: Any) -> int:
         """Queue one step's batch: a mapping of padded ``(rows, R)`` tensors (plus ``uid``) or a
-        DataProto-like object. Structural problems raise :class:`~rldiag.errors.BatchError` here.
+        DataProto-like object. Structural problems raise :class:`~rldiag.errors.BatchError` here
+        with ``on_error="raise"``; with ``"warn"`` the step is dropped (warned once, counted).
 
         Returns the part number: 0 for the first write of ``step`` by this writer, K for the
         (K+1)-th, whose rows are appended to the step's file (nothing is replaced)."""
