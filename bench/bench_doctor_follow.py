@@ -132,8 +132,19 @@ def live(args: argparse.Namespace, base: Path) -> dict:
         for line in follower.stdout:
             lines.append((time.time(), json.loads(line)))
 
+    rss: list[tuple[float, int]] = []  # (time, the follower's resident memory in kB)
+
+    def sample() -> None:
+        while follower.poll() is None:
+            kb = rss_kb(follower.pid)
+            if kb is not None:
+                rss.append((time.time(), kb))
+            time.sleep(args.rss_every)
+
     reader = threading.Thread(target=read)
     reader.start()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     time.sleep(args.warmup)  # the follower imports and catches up with the empty run
     times = base / "times.jsonl"
     subprocess.run([sys.executable, __file__, "--writer", str(src), str(dst), "--steps", str(args.steps), "--rate",
@@ -153,8 +164,20 @@ def live(args: argparse.Namespace, base: Path) -> dict:
     out = {"target_step": target, "fired_step": fired[0][1]["step"] if fired else None, "events": len(lines),
            "fired_s": fired[0][0] - written[fired[0][1]["step"]] if fired else None,
            "changed_s": changed[0][0] - fired[0][0] if changed and fired else None, "counterfactual": have_cf,
-           "rc": follower.returncode, "summary": err.strip().splitlines()[-1] if err.strip() else ""}
+           "rc": follower.returncode, "summary": err.strip().splitlines()[-1] if err.strip() else "",
+           "rss": rss, "written": written}
     return out
+
+
+def rss_kb(pid: int) -> int | None:
+    """A process's resident memory (kB, ``VmRSS`` of ``/proc/PID/status``); None when gone or not Linux."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 # ---- 2. evaluation cost -------------------------------------------------------------------------
@@ -217,6 +240,7 @@ def main() -> None:
     p.add_argument("--eval-steps", type=int, default=10_000)
     p.add_argument("--eval-repeat", type=int, default=50)
     p.add_argument("--skip-live", action="store_true")
+    p.add_argument("--rss-every", type=float, default=0.5, help="seconds between two looks at the follower's memory")
     args = p.parse_args()
     if args.writer:
         writer(Path(args.writer[0]), Path(args.writer[1]), args.steps, args.rate, args.collapse_at, Path(args.times))

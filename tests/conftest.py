@@ -22,7 +22,6 @@ from rldiag.config.settings import resolve_settings  # noqa: E402 - the profiles
 from rldiag.engine.batch import Batch  # noqa: E402
 from rldiag.synth import SynthSpec, write_synth_run  # noqa: E402
 
-
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs one worker per core: each worker's torch takes one core, not every core (two
     # workers of two threads each on two cores wait for each other at every operation; the results

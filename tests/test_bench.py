@@ -97,3 +97,25 @@ def test_bench_doctor_follow_prints_the_fired_delay_and_the_evaluation_cost(tmp_
     rows = [line.split() for line in lines[top + 2:] if line.strip()]
     assert [int(r[0]) for r in rows] == [6, 60]
     assert all(float(x) > 0 for r in rows for x in r[1:]), rows
+
+
+def test_bench_capture_faults_prints_a_row_per_fault_and_the_follow_delay(tmp_path):
+    """bench/bench_capture_faults.py at the smallest size: every fault trained every step, each
+    disk fault was counted and warned once, and the follower fired at the step the rule holds."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_capture_faults.py"), "--dir", str(tmp_path), "--steps", "4",
+         "--rounds", "1", "--follow-steps", "12", "--collapse-at", "5", "--rate", "5", "--prompts", "2", "--n", "4",
+         "--idle-timeout", "8", "--follow-warmup", "2"],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    lines = out.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("fault"))
+    rows = {line[:28].strip(): line[28:].split() for line in lines[top + 2: top + 12]}
+    assert len(rows) == 10 and all(cells[0] == "4" for cells in rows.values()), rows
+    for name in ("ENOSPC on batch files", "EACCES on batch files"):
+        assert rows[name][3:] == ["2", "2", "1"], rows[name]  # steps 3-4 dropped, counted, one warning
+    assert rows["ENOSPC on metrics.jsonl"][3:] == ["0", "2", "1"]
+    assert rows["none"][3:] == ["0", "0", "0"]
+    fired = next(line for line in lines if line.startswith("entropy_collapse fired")).split()
+    assert fired[3] == fired[-1].rstrip(")"), fired  # fired at the step it first holds
+    assert any(line.startswith("follower resident memory") for line in lines)

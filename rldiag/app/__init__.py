@@ -97,12 +97,33 @@ def preloaded_store(path: str) -> Store | None:
     return _preloaded.get(str(path))
 
 
+def print_urls_with_token(token: str | None) -> None:
+    """Streamlit's printed URLs (and the one the browser opens) get ``?token=T``: its bootstrap
+    builds them all with ``server_util.get_url``, which is wrapped here (this process only)."""
+    if not token:
+        return
+    from streamlit.web.server import server_util
+
+    from rldiag.app.access import url_with_token
+
+    plain = getattr(server_util.get_url, "__wrapped__", server_util.get_url)
+
+    def get_url(host_ip: str) -> str:
+        return url_with_token(plain(host_ip), token)
+
+    get_url.__wrapped__ = plain  # type: ignore[attr-defined]
+    server_util.get_url = get_url
+
+
 def serve(runs: Sequence[str | Path], port: int | None = None, address: str | None = None,
-          headless: bool = False) -> int:
-    """Serve the app in this process (blocks until the server stops)."""
+          headless: bool = False, token: str | None = None) -> int:
+    """Serve the app in this process (blocks until the server stops); with ``token``, the URLs
+    it prints carry it (:func:`print_urls_with_token`)."""
     from streamlit.web import cli as stcli
 
     from rldiag.app import memory, worker
+
+    print_urls_with_token(token)
 
     memory.limit_arenas()  # before the server's threads: each could keep an arena of its own
     preload(runs)

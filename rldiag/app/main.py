@@ -31,9 +31,10 @@ def page_path(name: str) -> str:
 def render() -> None:
     import streamlit as st
 
-    from rldiag.app import session
+    from rldiag.app import gate, session
 
     st.set_page_config(page_title="rldiag", page_icon=":material/monitor_heart:", layout="wide")
+    gate.door()  # the token, and in shared mode the runs it serves (rldiag.app.access)
     pages = [st.Page(page_path(f), title=t, icon=i, url_path=u, default=k == 0)
              for k, (f, t, i, u) in enumerate(PAGES)]
     nav = st.navigation(pages)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from rldiag.app import memory, preloaded_store, worker
+from rldiag.app import access, gate, memory, preloaded_store, worker
 from rldiag.errors import RldiagError
 from rldiag.store import Store
 from rldiag.store.sandbox import served_dirs
@@ -83,6 +83,9 @@ def sidebar() -> None:
         st.query_params["run"] = path
     elif "run" in st.query_params:
         del st.query_params["run"]
+    acc = gate.policy()
+    if acc.shared:
+        st.sidebar.caption(access.shared_note(acc))
 
 
 def run_path() -> str:
@@ -97,16 +100,24 @@ def other_run_paths() -> list[str]:
 
 def picker() -> None:
     """No run open: a path box, the recent runs, and the bundled sample (opened in place, mirrored)."""
-    st.info(runs.HOW_TO)
+    acc = gate.policy()
+    st.info(access.SHARED_HOW_TO if acc.shared else runs.HOW_TO)
     c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
     c1.text_input("Run directory", key="pk_path", placeholder="/path/to/RUN")
     c2.button("Open", key="pk_open", on_click=_open_typed, type="primary")
-    recent = runs.recent_runs()
-    if recent:
-        st.markdown("**Recent runs**")
-        for i, p in enumerate(recent):
-            st.button(p, key=f"pk_recent_{i}", on_click=open_run, args=(p,))
-    if runs.default_run() is not None:
+    if acc.shared:  # the runs it serves, never the server's recent runs nor its install's sample
+        served = acc.served_runs()
+        if served:
+            st.markdown("**Runs served here**")
+            for i, p in enumerate(served):
+                st.button(p, key=f"pk_served_{i}", on_click=open_run, args=(p,))
+    else:
+        recent = runs.recent_runs()
+        if recent:
+            st.markdown("**Recent runs**")
+            for i, p in enumerate(recent):
+                st.button(p, key=f"pk_recent_{i}", on_click=open_run, args=(p,))
+    if not acc.shared and runs.default_run() is not None:
         st.button("Open the bundled sample", key="pk_sample", on_click=_open_sample,
                   help=f"A real GRPO run with tool calls. It lives inside the install, which rldiag never writes: what "
                        f"rldiag computes for it goes to {runs.user_dir() / 'runs'}.")
@@ -120,12 +131,17 @@ def store_or_stop() -> Store:
     if not path:
         picker()
         st.stop()
+    acc = gate.policy()
+    if not acc.allows(path):
+        st.error(acc.refusal(path))
+        picker()
+        st.stop()
     try:
         store = _store(path)
     except RldiagError as exc:
         show_error(exc)
         st.stop()
-    if not runs.is_bundled(store.run):
+    if not acc.shared and not runs.is_bundled(store.run):
         runs.remember_run(store.run)
     note = runs.output_note(store.run)
     if note:
@@ -229,7 +245,11 @@ def _baseline_idle(key: tuple[str, str], seen: tuple[int, int, bool]) -> None:
 def other_stores() -> dict[str, Store]:
     """The overlaid runs that open (label -> store); a broken one is shown as an error and left out."""
     out = {}
+    acc = gate.policy()
     for p in other_run_paths():
+        if not acc.allows(p):
+            st.error(acc.refusal(p))
+            continue
         try:
             out[p] = _store(p)
         except RldiagError as exc:

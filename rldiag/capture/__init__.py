@@ -7,7 +7,9 @@
 
 Modules: ``fields`` (verl field names -> batch columns), ``unpad`` (padded tensors -> flat
 columns, on the training thread), ``table`` (Arrow table, validation, atomic Parquet write),
-``config`` (run.yaml), ``writer`` (the background writer). See docs/capture.md.
+``config`` (run.yaml), ``writer`` (the background writer and its error policy), ``diskio`` (its
+one I/O seam), ``backlog`` (its queue, bounded in bytes), ``faults`` (faults warned once and
+counted; SIGTERM). See docs/capture.md.
 """
 
 from rldiag.capture.config import config_yaml, write_config

@@ -12,11 +12,16 @@ Rules on logged metrics see step N's own metrics in the log of step N. Rules on 
 signal (``source: recomputed``, an ``rldiag/...`` metric, kind ``mismatch``) need step N's batch
 recomputed: that runs on the capture's writer thread once the step's batch file is written, while
 the trainer runs step N+1, so those verdicts appear in the log of step N+1 (the log of N+1
-first waits for that recompute: the lag is exactly one step, never more). The last step's
-recompute is never in any log (there is no later one).
+first waits for that recompute: the lag is one step). A recompute slower than training (longer
+than a step and than ``slow_s``, or than ``wait_s``) is warned once, and from then on no log
+waits: the verdicts come with a later log, and the steps that end while one is still running
+get no recompute. The last step's recompute is never in any log (there is no
+later one).
 
-Nothing here raises into the training loop: a rule or a recompute that fails is reported once
-(a ``logging`` warning, once per rule / per cause) and skipped; the run goes on.
+Nothing here raises into the training loop: a rule that raises, a rules file that cannot be read
+(``RLDIAG_DOCTOR_RULES``: the built-in rules are used), a recompute that fails (``MemoryError``
+included) or that is slower than training are reported once (a ``logging`` warning, once per
+rule / per cause) and skipped; the run goes on.
 
 ``RLDIAG_DOCTOR_STOP=critical`` (or ``warning``): when a finding of that severity or worse is
 active at a step's log, the hook asks the trainer to stop after that step (:attr:`HealthHook.stop`:
@@ -27,8 +32,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,6 +56,8 @@ log = logging.getLogger("rldiag.capture.health")
 
 ENV_DOCTOR = "RLDIAG_DOCTOR"
 ENV_STOP = "RLDIAG_DOCTOR_STOP"
+#: YAML rules files merged over the built-in rules (``os.pathsep``-separated), as ``doctor --rules``
+ENV_RULES = "RLDIAG_DOCTOR_RULES"
 PREFIX = "rldiag/health/"
 FINDINGS_KEY = PREFIX + "findings"
 LEVELS = {"info": 0, "warning": 1, "critical": 2}
@@ -146,14 +155,29 @@ def run_settings(run_dir: str | Path) -> tuple[Settings, dict[str, Any]]:
 DoctorFactory = Callable[[Mapping[str, Any], list[Rule]], StepDoctor]
 
 
+def rules_or_builtin(rules_files: Sequence[str | Path] = ()) -> list[Rule]:
+    """The built-in rules with ``rules_files`` merged over them; when a file cannot be read or is
+    malformed, a warning names it and the built-in rules alone are used."""
+    if rules_files:
+        try:
+            return load_rules(rules_files)
+        except Exception as exc:  # noqa: BLE001 - a bad rules file never stops training
+            log.warning("rldiag doctor: the rules file(s) %s cannot be used, so the built-in rules alone are "
+                        "evaluated: %s: %s", ", ".join(map(str, rules_files)), type(exc).__name__, exc)
+    return load_rules()
+
+
 def build_hook(run_dir: str | Path, submit: Callable[[Callable[[], Any]], Future], *, stop_at: int | None = None,
-               make_doctor: DoctorFactory | None = None, rules: list[Rule] | None = None) -> HealthHook:
+               make_doctor: DoctorFactory | None = None, rules: list[Rule] | None = None,
+               rules_files: Sequence[str | Path] = (), **options: Any) -> HealthHook:
     """The hook for a capture into ``run_dir`` (its ``run.yaml`` written): the built-in rules
-    (or ``rules``) that apply to the run, ``make_doctor(settings, rules)`` (default
-    :class:`RuleDoctor`), recomputes queued with ``submit`` when a rule needs one. A run whose
-    settings the engine cannot recompute gets the logged-metric rules only (a warning says so)."""
+    with ``rules_files`` merged over them (:func:`rules_or_builtin`), or ``rules``, that apply to
+    the run, ``make_doctor(settings, rules)`` (default :class:`RuleDoctor`), recomputes queued
+    with ``submit`` when a rule needs one. A run whose settings the engine cannot recompute gets
+    the logged-metric rules only (a warning says so). ``options``: :class:`HealthHook`'s
+    ``wait_s`` and ``slow_s``."""
     settings, effective = run_settings(run_dir)
-    chosen = [r for r in (rules if rules is not None else load_rules()) if r.applies(effective)]
+    chosen = [r for r in (rules if rules is not None else rules_or_builtin(rules_files)) if r.applies(effective)]
     doctor = make_doctor(effective, chosen) if make_doctor is not None else LiveDoctor(effective, chosen)
     recompute: StepRecompute | None = None
     if any(needs_recompute(r) for r in chosen):
@@ -162,7 +186,7 @@ def build_hook(run_dir: str | Path, submit: Callable[[Callable[[], Any]], Future
         except RldiagError as exc:
             log.warning("rldiag doctor: the run's settings cannot be recomputed, so rules on recomputed signals "
                         "are not evaluated: %s: %s", type(exc).__name__, exc)
-    return HealthHook(doctor, chosen, submit=submit, recompute=recompute, stop_at=stop_at)
+    return HealthHook(doctor, chosen, submit=submit, recompute=recompute, stop_at=stop_at, **options)
 
 
 class StepRecompute:
@@ -202,12 +226,22 @@ class HealthHook:
     ``doctor``: a :class:`StepDoctor`; ``rules``: the rules it evaluates (to decide whether any
     needs a recompute); ``submit``: runs a function on the capture's writer thread after what is
     queued (``RunWriter.run_on_writer``), None for no recompute; ``recompute``: step -> its
-    recomputed metrics; ``stop_at``: the lowest level that stops (1 warning, 2 critical)."""
+    recomputed metrics; ``stop_at``: the lowest level that stops (1 warning, 2 critical);
+    ``wait_s``: the longest a log waits for an earlier step's recompute; a recompute that took
+    longer than the training step and than ``slow_s`` seconds makes the later logs wait for none."""
 
     def __init__(self, doctor: StepDoctor, rules: list[Rule], *,
                  submit: Callable[[Callable[[], Any]], Future] | None = None,
-                 recompute: Callable[[int], Mapping[str, float]] | None = None, stop_at: int | None = None):
+                 recompute: Callable[[int], Mapping[str, float]] | None = None, stop_at: int | None = None,
+                 wait_s: float = 30.0, slow_s: float = 0.0):
         self.doctor = doctor
+        self.wait_s = float(wait_s)
+        self.slow_s = float(slow_s)
+        self.behind = False  # a recompute was slower than a step (and than slow_s): logs no longer wait
+        self.broken = False  # the doctor's evaluation failed with no rule to blame: no more health keys
+        self._bad: set[str] = set()  # rules that raised: left out
+        self._took: dict[int, float] = {}  # step -> seconds its recompute took (writer thread)
+        self._last_log: float | None = None
         self.recomputed_rules = [r.id for r in rules if needs_recompute(r)]
         self.submit = submit if (recompute is not None and self.recomputed_rules) else None
         self.recompute = recompute
@@ -224,6 +258,7 @@ class HealthHook:
 
     def _recompute_quietly(self, step: int) -> Mapping[str, float] | None:
         assert self.recompute is not None
+        t0 = time.perf_counter()
         try:
             return self.recompute(step)
         except Exception as exc:  # noqa: BLE001 - a failed recompute skips that step's signals
@@ -231,10 +266,16 @@ class HealthHook:
                             "(reported once): %s: %s", step, ", ".join(self.recomputed_rules), type(exc).__name__,
                             exc)
             return None
+        finally:
+            self._took[int(step)] = time.perf_counter() - t0
 
     def after_step(self, step: int) -> None:
         """Step ``step``'s batch is queued: queue its recompute behind it (writer thread)."""
         if self.submit is None:
+            return
+        if any(not f.done() for _, f in self._pending):  # slower than training: this step is skipped
+            self._warn_once("behind", "rldiag doctor: the recompute of step %d is still running at the end of step "
+                            "%d; steps that end meanwhile get no recompute (reported once)", self._pending[0][0], step)
             return
         try:
             self._pending.append((int(step), self.submit(lambda: self._recompute_quietly(int(step)))))
@@ -246,6 +287,8 @@ class HealthHook:
         """The health keys for step ``step``'s log: the recomputes of earlier steps taken in
         (waited for), ``data``'s numbers added, the rules evaluated. Never raises; {} when the
         doctor itself failed."""
+        if self.broken:
+            return {}
         try:
             return self._on_log(int(step), data)
         except Exception as exc:  # noqa: BLE001 - the doctor never stops training by failing
@@ -254,9 +297,21 @@ class HealthHook:
             return {}
 
     def _on_log(self, step: int, data: Mapping[str, Any]) -> dict[str, int]:
+        now = time.perf_counter()
+        step_s, self._last_log = (now - self._last_log if self._last_log is not None else None), now
         while self._pending and self._pending[0][0] < step:
-            done, future = self._pending.pop(0)
-            values = future.result()  # waits on the writer thread's own completion
+            done, future = self._pending[0]
+            try:  # waits on the writer thread's own completion; not at all once recomputes are too slow
+                values = future.result(timeout=0 if self.behind else self.wait_s)
+            except FutureTimeout:  # taken in at a later log
+                self._slow(done, self.wait_s)
+                break
+            except CancelledError:
+                values = None
+            self._pending.pop(0)
+            took = self._took.pop(done, 0.0)
+            if step_s is not None and took > max(step_s, self.slow_s):
+                self._slow(done, took)
             if values:
                 self.doctor.add_recomputed(done, values)
         self.doctor.add_logged(step, _numbers(data))
@@ -269,6 +324,13 @@ class HealthHook:
                      if self.stop_at is not None else [])
         return out
 
+    def _slow(self, step: int, seconds: float) -> None:
+        """A recompute slower than training: from now on no log waits for one."""
+        self.behind = True
+        self._warn_once("slow", "rldiag doctor: the recompute of step %d ran %.2f s or more, longer than a training step; "
+                        "from now on no step waits for it: its verdicts come with a later log, and the steps that end "
+                        "while one runs get none (reported once)", step, seconds)
+
     def stop_message(self, step: int, when: str = "after this step") -> str:
         """The line that says why training stops after ``step``: each rule that asked, its
         severity, title and what was seen."""
@@ -278,29 +340,38 @@ class HealthHook:
         return f"rldiag doctor: {ENV_STOP}={level}: stopping training {when}, step {step}: {what}"
 
     def _evaluate(self, step: int) -> None:
-        """``doctor.evaluate(step)``; when it raises, each rule is tried alone (on the doctor's
-        table, leaving its state alone), the ones that raise are reported (once per rule) and
-        left out of this step's evaluation, and the others are evaluated."""
-        try:
-            self.doctor.evaluate(step)
-            return
-        except Exception:  # noqa: BLE001 - found rule by rule below
-            pass
+        """``doctor.evaluate(step)`` without the rules found to raise; when it raises, each rule
+        is tried alone (on the doctor's table, leaving its state alone), the ones that raise are
+        reported (once per rule) and left out from then on (their level stays 0), and the others
+        are evaluated. When none raises alone, the doctor itself fails: :attr:`broken`, and no
+        later step evaluates (the search is not paid at every step)."""
         rules = list(self.doctor.rules)
-        good = []
-        for rule in rules:
-            try:
-                evaluate_rules([rule], self.doctor.table, self.doctor.settings)
-            except Exception as exc:  # noqa: BLE001 - this rule is skipped at this step
-                self._warn_once(f"rule:{rule.id}", "rldiag doctor: rule %s failed at step %d and is skipped "
-                                "(reported once): %s: %s", rule.id, step, type(exc).__name__, exc)
-            else:
-                good.append(rule)
-        self.doctor.rules = good
         try:
-            self.doctor.evaluate(step)
+            self.doctor.rules = [r for r in rules if r.id not in self._bad]
+            try:
+                self.doctor.evaluate(step)
+                return
+            except Exception:  # noqa: BLE001 - found rule by rule below
+                pass
+            good = []
+            for rule in self.doctor.rules:
+                try:
+                    evaluate_rules([rule], self.doctor.table, self.doctor.settings)
+                except Exception as exc:  # noqa: BLE001 - this rule is left out
+                    self._bad.add(rule.id)
+                    self._warn_once(f"rule:{rule.id}", "rldiag doctor: rule %s failed at step %d and is skipped "
+                                    "(reported once): %s: %s", rule.id, step, type(exc).__name__, exc)
+                else:
+                    good.append(rule)
+            blamed = len(good) < len(self.doctor.rules)
+            self.doctor.rules = good
+            try:
+                self.doctor.evaluate(step)
+            except Exception:
+                self.broken = not blamed
+                raise
         finally:
-            self.doctor.rules = rules  # tried again next step; its level stays 0 while it fails
+            self.doctor.rules = rules
 
     def close(self) -> None:
         """Forget queued recomputes (their results would appear in no log)."""

@@ -32,8 +32,15 @@ process that imports verl, Ray actors included; importing this module with
 - ``verl.utils.tracking.Tracking.log``, the trainers' last act of a step: the metrics go to
   ``metrics.jsonl`` and then ``RunWriter.sync()`` runs, so each step is on disk, fsynced, when
   it ends (a kill loses at most the step in flight; no exit hook is relied on). A training step
-  (its metrics carry ``training/global_step``) that ends with no batch captured raises
-  :class:`~rldiag.errors.CaptureError`: a capture that silently records nothing is a bug.
+  (its metrics carry ``training/global_step``) that ends with no batch captured is warned (a
+  capture that silently records nothing is a bug) and counted.
+
+The capture never stops training (``on_error="warn"``, :mod:`rldiag.capture.writer`): a fault
+(a full disk, a removed directory, a batch it cannot read, a trainer with no tokenizer for
+``RLDIAG_CAPTURE_TOKENS``, verl's file logger pointed at the capture's ``metrics.jsonl``) is
+warned once and counted in the step's logged metrics (``rldiag/capture/dropped_steps``,
+``rldiag/capture/errors``, from the first fault on); ``install(on_error="raise")`` raises them
+instead. ``RLDIAG_DOCTOR_STOP`` is the one deliberate stop.
 
 ``RLDIAG_CAPTURE_TOKENS=1`` also stores each response's and each prompt's token strings
 (``response_tokens``, ``prompt_tokens``, with the trainer's tokenizer). ``RLDIAG_DOCTOR=1`` runs
@@ -51,6 +58,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -60,8 +68,18 @@ import numpy as np
 import torch
 
 from rldiag.capture.config import plain
+from rldiag.capture.faults import CaptureWarning
 from rldiag.capture.fields import VERSION_SOURCES
-from rldiag.capture.health import ENV_DOCTOR, ENV_STOP, DoctorFactory, HealthHook, build_hook, env_flag, stop_level
+from rldiag.capture.health import (
+    ENV_DOCTOR,
+    ENV_RULES,
+    ENV_STOP,
+    DoctorFactory,
+    HealthHook,
+    build_hook,
+    env_flag,
+    stop_level,
+)
 from rldiag.capture.writer import RunWriter
 from rldiag.doctor.rule import Rule
 from rldiag.errors import CaptureError
@@ -96,10 +114,17 @@ class VerlCapture:
     runs), the trainer being captured and the mask kept before rollout rejection."""
 
     def __init__(self, run_dir: str | Path, tokens: bool = False, doctor: bool = False, stop_at: int | None = None,
-                 make_doctor: DoctorFactory | None = None, rules: list[Rule] | None = None):
+                 make_doctor: DoctorFactory | None = None, rules: list[Rule] | None = None, on_error: str = "warn",
+                 rules_files: list[str] | None = None, writer_options: dict | None = None,
+                 health_options: dict | None = None):
         self.run_dir = Path(run_dir)
+        self.writer_options = dict(writer_options or {})
+        self.health_options = dict(health_options or {})
         self.tokens = tokens
         self.doctor, self.stop_at, self.make_doctor, self.rules = doctor, stop_at, make_doctor, rules
+        self.rules_files = list(rules_files or [])
+        self.on_error = on_error
+        self.write_metrics = True  # False while verl's own file logger writes metrics.jsonl
         self.health: HealthHook | None = None
         self.stopping_at: int | None = None  # the step after which the doctor stopped training
         self.writer: RunWriter | None = None
@@ -116,16 +141,18 @@ class VerlCapture:
         if self.writer is not None:  # a nested fit (a subclass calling super().fit()): one writer
             return
         config = getattr(trainer, "config", None)
-        self._refuse_a_second_metrics_writer(config)
+        self.write_metrics = self._check_file_logger(config)
         tokenizer = getattr(trainer, "tokenizer", None) if self.tokens else None
         if self.tokens and tokenizer is None:
-            raise CaptureError(f"{ENV_TOKENS} is set but the trainer has no tokenizer")
+            self._config_fault(f"{ENV_TOKENS} is set but the trainer has no tokenizer: token text is not stored")
         self.trainer, self.kind, self.stopping_at = trainer, kind, None
-        self.writer = RunWriter(self.run_dir, config=run_config(config, kind), tokenizer=tokenizer)
+        self.writer = RunWriter(self.run_dir, config=run_config(config, kind), tokenizer=tokenizer,
+                                **{"on_error": self.on_error, "handle_sigterm": True, **self.writer_options})
         if self.doctor:
             try:
                 self.health = build_hook(self.run_dir, self.writer.run_on_writer, stop_at=self.stop_at,
-                                         make_doctor=self.make_doctor, rules=self.rules)
+                                         make_doctor=self.make_doctor, rules=self.rules, rules_files=self.rules_files,
+                                         **self.health_options)
             except Exception as exc:  # noqa: BLE001 - no doctor, but training and capture go on
                 health_log.warning("rldiag doctor: not started, training goes on without it: %s: %s",
                                    type(exc).__name__, exc)
@@ -148,15 +175,39 @@ class VerlCapture:
         assert self.writer is not None, "no capture is open (fit is not running)"
         return self.writer
 
-    def _refuse_a_second_metrics_writer(self, config: Any) -> None:
+    def _config_fault(self, message: str) -> None:
+        """A configuration problem found as ``fit`` starts: raised with ``on_error="raise"``,
+        else warned (training and the rest of the capture go on)."""
+        if self.on_error == "raise":
+            raise CaptureError(message)
+        warnings.warn(f"rldiag.capture: {message}", CaptureWarning, stacklevel=4)
+
+    def _check_file_logger(self, config: Any) -> bool:
+        """Whether the capture writes ``metrics.jsonl``: not when verl's file logger writes the
+        same file (it truncates it when it opens; its lines are the capture's own form)."""
         target = os.environ.get("VERL_FILE_LOGGER_PATH")
         loggers = _get(config, "trainer.logger") or []
         loggers = [loggers] if isinstance(loggers, str) else list(loggers)
         if target and "file" in loggers and Path(target).resolve() == RunLayout(self.run_dir).metrics_file.resolve():
-            raise CaptureError(
+            self._config_fault(
                 f"VERL_FILE_LOGGER_PATH={target} is the capture's own metrics.jsonl: verl's file logger "
-                "truncates it when it opens and would interleave lines with the capture; point it elsewhere "
-                "(the capture writes the metrics itself)")
+                "truncates it when it opens and would interleave lines with the capture; the capture leaves "
+                "metrics.jsonl to verl's file logger (point it elsewhere to have the capture write it)")
+            return False
+        return True
+
+    def guarded(self, what: str, fn: Callable[[], Any]) -> None:
+        """``fn()``, the capture of one step: with ``on_error="warn"`` a failure is warned once
+        and counted (the step's batch is not written), never raised into training."""
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - the capture never stops training
+            writer = self.writer
+            if writer is None or self.on_error == "raise":
+                raise
+            step = self.step
+            writer.fault(what, str(writer.batch_path(step)), exc, f"step {step}'s batch is not captured",
+                         dropped=1, errors=1, step=step)
 
     # -- one step -----------------------------------------------------------------------------
     def keep_mask_before_correction(self, data: Any) -> None:
@@ -169,7 +220,7 @@ class VerlCapture:
         pre, self._pre_mask = self._pre_mask, None
         if pre is None:
             return None
-        if pre.shape[0] != rows:
+        if pre.shape[0] != rows:  # the step's batch is not captured (guarded)
             raise CaptureError(f"step {self.step}: the mask kept before rollout correction has {pre.shape[0]} rows, "
                                f"the batch {rows}")
         if pre.shape[1] >= width:
@@ -229,26 +280,36 @@ class VerlCapture:
                 step[key] = np.array([(t or {}).get(key) for t in tags], dtype=object)[keep.numpy()]
         self._open_writer().write_batch(self.step, step)
 
+    def _captured(self, step: int) -> bool:
+        return self.writer is not None and self.writer.parts(step) > 0 and not self.writer.dropped(step)
+
     def health_keys(self, step: int, data: Any) -> Any:
-        """``Tracking.log`` is about to log ``data``: with the doctor on and a batch captured for
-        ``step``, a copy of it with the ``rldiag/health/*`` keys added; else ``data`` itself."""
-        if self.health is None or self.writer is None or self.writer.parts(step) == 0:
-            return data
-        keys = self.health.on_log(step, data)
+        """``Tracking.log`` is about to log ``data``: a copy of it with the capture's fault counts
+        (once a fault happened) and, with the doctor on and a batch captured for ``step``, the
+        ``rldiag/health/*`` keys added; else ``data`` itself."""
+        keys: dict[str, Any] = {}
+        if self.health is not None and self.writer is not None and self.writer.parts(step) > 0:
+            keys.update(self.health.on_log(step, data))
+        if self.writer is not None:
+            keys.update(self.writer.fault_metrics())
         return {**data, **keys} if keys else data
 
     def end_step(self, step: int, data: dict) -> None:
         """``Tracking.log``: the metrics line, then the end-of-step barrier; then, with the
         doctor on, the step's recompute is queued and a stop it asked for is made."""
         writer = self._open_writer()
-        writer.log_metrics(step, data)
+        if self.write_metrics:
+            writer.log_metrics(step, data)
         writer.sync()
         if "training/global_step" in data and writer.parts(step) == 0:
-            raise CaptureError(
-                f"rldiag capture: training step {step} ended with no batch captured; the {self.kind} trainer's "
-                f"advantage step ({'compute_advantage' if self.kind == 'legacy' else 'PPOTrainer._compute_advantage'}) "
-                "did not run through the capture (a subclass that overrides it without calling super()?)")
-        if self.health is not None and writer.parts(step) > 0:
+            advantage = "compute_advantage" if self.kind == "legacy" else "PPOTrainer._compute_advantage"
+            message = (f"rldiag capture: training step {step} ended with no batch captured; the {self.kind} trainer's "
+                       f"advantage step ({advantage}) did not run through the capture (a subclass that overrides it "
+                       "without calling super()?)")
+            if self.on_error == "raise":
+                raise CaptureError(message)
+            writer.fault("no batch", str(writer.batch_path(step)), None, message, dropped=1, step=step)
+        if self.health is not None and self._captured(step):
             self.health.after_step(step)
             if self.health.stop:
                 self._stop_after(step, self.health)
@@ -349,8 +410,9 @@ def _patch_legacy(module: Any) -> None:
     @functools.wraps(compute_advantage)
     def compute_advantage_and_capture(data, *args, **kwargs):
         out = compute_advantage(data, *args, **kwargs)
-        if _SESSION is not None and _SESSION.active and _SESSION.kind == "legacy":
-            _SESSION.capture_dataproto(out)
+        session = _SESSION
+        if session is not None and session.active and session.kind == "legacy":
+            session.guarded("batch", lambda: session.capture_dataproto(out))
         return out
 
     _set(module, "compute_advantage", compute_advantage_and_capture)
@@ -367,7 +429,8 @@ def _patch_v1(module: Any) -> None:
     def compute_advantage_and_capture(self, batch, *args, **kwargs):
         out = compute(self, batch, *args, **kwargs)
         if _SESSION is not None and _SESSION.active and _SESSION.kind == "v1":
-            _SESSION.capture_v1(module.tq, batch)  # the trainer's own meta: keys and padding tags
+            session = _SESSION  # the trainer's own meta: keys and padding tags
+            session.guarded("batch", lambda: session.capture_v1(module.tq, batch))
         return out
 
     _set(cls, "_compute_advantage", compute_advantage_and_capture)
@@ -385,7 +448,16 @@ def _patch_tracking(module: Any) -> None:
             data = session.health_keys(int(step), data)
         out = log(self, data, step, *args, **kwargs)
         if session is not None and session.active:
-            session.end_step(int(step), dict(data))
+            logged = dict(data)
+            try:
+                session.end_step(int(step), logged)
+            except Exception as exc:  # noqa: BLE001 - the capture never stops training
+                if session.on_error == "raise":
+                    raise
+                writer = session.writer
+                if writer is not None:
+                    writer.fault("end of step", str(writer.path), exc, f"step {step}'s end (its metrics line, "
+                                 "fsync or health) is skipped", errors=1)
         return out
 
     _set(module.Tracking, "log", log_and_capture)
@@ -445,15 +517,22 @@ def _apply(name: str, module: Any) -> None:
 
 def install(run_dir: str | Path | None = None, *, tokens: bool | None = None, doctor: bool | None = None,
             stop: str | None = None, make_doctor: DoctorFactory | None = None,
-            rules: list[Rule] | None = None) -> VerlCapture:
+            rules: list[Rule] | None = None, on_error: str = "warn",
+            rules_files: list[str] | None = None, writer_options: dict | None = None,
+            health_options: dict | None = None) -> VerlCapture:
     """Capture every ``fit`` of verl's trainers in this process into ``run_dir`` (default:
     ``$RLDIAG_CAPTURE_DIR``). ``tokens``: also store token text (default: ``$RLDIAG_CAPTURE_TOKENS``).
     ``doctor``: run the doctor's rules after each step and log ``rldiag/health/*`` with the
     step's metrics (default: ``$RLDIAG_DOCTOR``); ``stop``: ``critical`` or ``warning``, stop
     training after a step with such a finding active (default: ``$RLDIAG_DOCTOR_STOP``);
     ``make_doctor(settings, rules)``: the live doctor to use (:mod:`rldiag.capture.health`);
-    ``rules``: the rules it evaluates (default: the built-in ones).
-    Idempotent; :func:`uninstall` undoes it."""
+    ``rules``: the rules it evaluates (default: the built-in ones, with ``rules_files`` merged
+    over them, default ``$RLDIAG_DOCTOR_RULES``: a file that cannot be read is warned and left
+    out). ``on_error``: ``"warn"`` (faults warned once and counted, training never stopped) or
+    ``"raise"``; ``writer_options``: more :class:`~rldiag.capture.RunWriter` keywords
+    (``max_queue_bytes``, ``max_wait_s``, ``wait_share``); ``health_options``: the doctor
+    hook's (``wait_s``, ``slow_s``: :class:`~rldiag.capture.health.HealthHook`). Idempotent;
+    :func:`uninstall` undoes it."""
     global _SESSION
     run_dir = run_dir if run_dir is not None else os.environ.get(ENV_DIR)
     if not run_dir:
@@ -465,8 +544,11 @@ def install(run_dir: str | Path | None = None, *, tokens: bool | None = None, do
     stop_at = stop_level(stop if stop is not None else os.environ.get(ENV_STOP))
     if _SESSION is not None and _SESSION.active:
         raise CaptureError(f"a capture into {_SESSION.run_dir} is running in this process")
+    if rules_files is None:
+        rules_files = [p for p in os.environ.get(ENV_RULES, "").split(os.pathsep) if p]
     _SESSION = VerlCapture(run_dir, tokens=tokens, doctor=doctor, stop_at=stop_at, make_doctor=make_doctor,
-                           rules=rules)
+                           rules=rules, on_error=on_error, rules_files=rules_files, writer_options=writer_options,
+                           health_options=health_options)
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     for name in PATCHES:  # CORRECTION_MODULE first: the trainers' own references are patched after

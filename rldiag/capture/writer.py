@@ -8,13 +8,35 @@ atomically and appends the metrics lines, in call order (both through :mod:`rldi
 store cannot append to ``metrics.jsonl``. When the queue is full the training
 thread waits (back-pressure: memory stays bounded when the disk is slower than training).
 
-A failure on the writer thread is never lost: it is raised as :class:`CaptureError` on the
-next call to the writer (``write_batch``, ``log_metrics``, ``flush``, ``sync``) or on
-``close()``; the writer goes on with the items after it. A writer still open when the
-interpreter exits is closed then (its queued steps written, its errors printed to stderr); but
-an exit hook does not run when the process is killed, nor reliably inside a Ray actor, so a
-trainer calls ``sync()`` at the end of each step: everything queued is then on disk, fsynced,
-and a kill loses at most the step in flight.
+What the writer does when something fails is its ``on_error`` policy:
+
+- ``"warn"`` (the default; the verl capture's and the toy trainer's): the capture never stops
+  or slows training. A failed write (a full disk, a permission denied, a run directory removed
+  or replaced) is warned once per cause, with the path and what is skipped, and counted
+  (:meth:`RunWriter.fault_metrics`: ``rldiag/capture/dropped_steps``, ``rldiag/capture/errors``,
+  which the trainer logs with its metrics from the first fault on); the next write is tried as
+  usual, so capture resumes by itself when the fault clears (a removed run directory is made
+  again, ``run.yaml`` with it). The queue is bounded in bytes (``max_queue_bytes``): when the
+  disk is slower than training, a step's batch waits for room at most ``max_wait_s`` and at
+  most ``wait_share`` (5 %) of a training step, and is then dropped (counted); the end-of-step
+  barrier waits at most as long (then the step's writes are fsynced later). A malformed batch is
+  dropped (counted) rather than raised. Nothing half-written stays: a batch file appears whole
+  (a hidden temporary renamed into place) and a ``metrics.jsonl`` line that failed part-way is
+  cut off again.
+- ``"raise"``: a failure on the writer thread is never lost: it is raised as
+  :class:`CaptureError` on the next call to the writer (``write_batch``, ``log_metrics``,
+  ``flush``, ``sync``) or on ``close()``; the writer goes on with the items after it. When the
+  queue is full the training thread waits (back-pressure). A malformed batch raises at once.
+
+Every file operation of the writer thread goes through one seam,
+:class:`rldiag.capture.diskio.WriterDisk` (where tests inject faults). With ``handle_sigterm``
+(a trainer's main thread), ``SIGTERM`` first lets the pending writes finish within
+``max_wait_s`` (or drops them whole), then runs the handler that was there before.
+
+A writer still open when the interpreter exits is closed then (its queued steps written, its
+errors printed to stderr); but an exit hook does not run when the process is killed, nor
+reliably inside a Ray actor, so a trainer calls ``sync()`` at the end of each step: everything
+queued is then on disk, fsynced, and a kill loses at most the step in flight.
 
 Writing one step twice (verl's ``separate_async`` trainer hands over a step in
 ``parameter_sync_step`` parts) keeps both writes: the second is appended to the first as part 1
@@ -27,7 +49,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import queue
 import sys
 import threading
 import time
@@ -39,14 +60,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rldiag.capture.config import write_config
-from rldiag.capture.table import token_strings, write_step_file
-from rldiag.capture.unpad import unpad_batch
-from rldiag.errors import CaptureError
+from rldiag.capture.backlog import Backlog
+from rldiag.capture.config import config_yaml, plain
+from rldiag.capture.diskio import WriterDisk
+from rldiag.capture.faults import ON_ERROR, FaultLog, SigtermChain, cause
+from rldiag.capture.table import token_strings
+from rldiag.capture.unpad import StepPayload, unpad_batch
+from rldiag.errors import CaptureError, RldiagError
 from rldiag.io.atomic import remove_stale
 from rldiag.io.fs import is_uri
-from rldiag.io.run_layout import METRICS_FILE, RunLayout
-from rldiag.io.staged import LineAppender
+from rldiag.io.run_layout import METRICS_FILE, RUN_CONFIG, RunLayout
 
 _STOP = object()
 _SYNC = ("sync", None)
@@ -76,6 +99,17 @@ class CaptureStats:
     train_thread_s: float = 0.0
     writer_thread_s: float = 0.0
     max_queue: int = 0
+    max_queue_bytes: int = 0
+    dropped_steps: int = 0  # batches not written (failed, dropped on a full queue, malformed)
+    errors: int = 0  # failed writes, appends, fsyncs
+    late_syncs: int = 0  # end-of-step barriers that did not wait for the writer ("warn": it was behind)
+
+
+def payload_bytes(payload: StepPayload) -> int:
+    """The memory a queued step holds: its arrays' bytes."""
+    arrays = [payload.lengths, *payload.tokens.values(), *payload.rows.values(), payload.token_ids,
+              payload.prompt_ids, payload.prompt_lengths]
+    return max(1, sum(int(getattr(a, "nbytes", 0)) for a in arrays if a is not None))
 
 
 def _number(value: Any) -> Any:
@@ -119,6 +153,17 @@ class RunWriter:
             ``responses``. A batch that also holds ``prompts`` (verl's left-padded prompt ids,
             unpadded by the prompt part of ``attention_mask``) gets ``prompt_tokens`` too, one
             string per prompt token. The text is made on the writer thread.
+        on_error: ``"warn"`` (default: faults warned once, counted, training never stopped nor
+            held up) or ``"raise"`` (faults raised on the next call; a full queue makes the
+            trainer wait); see the module docstring.
+        max_queue_bytes: the bytes of queued batches (their unpadded arrays) the writer may hold.
+        max_wait_s: with ``"warn"``, the longest the training thread waits for room in the queue
+            (then the step's batch is dropped), for the end-of-step barrier, and on ``SIGTERM``.
+        wait_share: with ``"warn"``, those waits are also at most this share of a training step
+            (the time between two steps' first writes; None: ``max_wait_s`` alone), so that a
+            writer slower than training costs it no more than that share.
+        handle_sigterm: on ``SIGTERM``, let pending writes finish first, then run the handler
+            that was there before (installed only when made on the main thread).
     """
 
     def __init__(
@@ -130,31 +175,54 @@ class RunWriter:
         compression: str = "zstd",
         extra_columns: Sequence[str] = (),
         tokenizer: Any = None,
+        on_error: str = "warn",
+        max_queue_bytes: int = 1 << 30,
+        max_wait_s: float = 1.0,
+        wait_share: float | None = 0.05,
+        handle_sigterm: bool = False,
     ):
         if is_uri(str(path)):
             raise CaptureError(f"{path}: the capture writes a run directory on local (or shared) disk; an object "
                                "store cannot append to metrics.jsonl (copy the directory there afterwards)")
+        if on_error not in ON_ERROR:
+            raise CaptureError(f"on_error={on_error!r}: expected one of {', '.join(ON_ERROR)}")
+        self.on_error = on_error
+        self.max_wait_s = float(max_wait_s)
+        self.wait_share = wait_share
+        self._step_s: float | None = None  # the time between the last two steps' first writes
+        self._step_t: float | None = None
+        self.faults = FaultLog()
+        self.stats = CaptureStats()
+        self._lock = threading.Lock()
+        self._dropped: set[int] = set()  # steps a part of which was not written
         self.path = Path(path)
         self.layout = RunLayout(self.path)
-        self.batches_dir.mkdir(parents=True, exist_ok=True)
-        # temporary files of a writer killed mid-write (never those of one still running)
-        remove_stale(self.batches_dir)
-        remove_stale(self.path)
+        self.disk = WriterDisk(self.layout)
+        self._config: dict | None = None  # run.yaml's tree, written again into a run directory made again
+        try:
+            self.disk.make_dirs()
+            # temporary files of a writer killed mid-write (never those of one still running)
+            remove_stale(self.batches_dir)
+            remove_stale(self.path)
+        except OSError as exc:
+            if on_error == "raise":
+                raise
+            self.fault("setup", str(self.batches_dir), exc, "nothing is written until it can be", errors=1)
         self.compression = compression
         self.extra_columns = tuple(extra_columns)
         self.tokenizer = tokenizer
         self._token_text = None if tokenizer is None else (lambda ids: token_strings(tokenizer, ids))
         self._parts: dict[int, int] = {}  # step -> writes of it by this writer
-        self.stats = CaptureStats()
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(queue_size)))
-        self._errors: list[tuple[str, BaseException]] = []
-        self._lock = threading.Lock()
+        self._queue = Backlog(queue_size, max_queue_bytes)
+        # writer-thread failures not reported yet: (what, exception, kind of fault, warning text)
+        self._errors: list[tuple[str, BaseException, str, str]] = []
+        self._sync_done: threading.Event | None = None  # the last end-of-step barrier ("warn")
         self._closed = False
-        self._metrics = LineAppender(self.metrics_file)  # metrics.jsonl, opened on the first line
         if config is not None:
             self.write_config(config)
         self._thread = threading.Thread(target=self._run, name="rldiag-capture-writer", daemon=True)
         self._thread.start()
+        self._sigterm = SigtermChain(self._drain) if handle_sigterm else None
         _OPEN.add(self)
 
     # -- layout -----------------------------------------------------------------------------
@@ -171,29 +239,60 @@ class RunWriter:
 
     # -- training-thread API -------------------------------------------------------------------
     def write_config(self, config: Any) -> Path:
-        """Write (or replace) ``run.yaml`` now, atomically."""
-        self._check()
-        return write_config(self.path, config)
+        """Write (or replace) ``run.yaml`` now, atomically. A config that is not a mapping raises
+        (a configuration error, found before step 1); with ``"warn"``, a failed write is warned."""
+        if not self._check():
+            return self.layout.root / RUN_CONFIG
+        config_yaml(config)  # raises on a config that is not a mapping
+        self._config = plain(config)
+        path = self.layout.root / RUN_CONFIG
+        try:
+            return self.disk.write_config(self._config)
+        except OSError as exc:
+            if self.on_error == "raise":
+                raise
+            self.fault("config", str(path), exc, "run.yaml is not written", errors=1)
+            return path
+
+    def fault_metrics(self) -> dict[str, int]:
+        """``rldiag/capture/dropped_steps`` and ``rldiag/capture/errors`` for the trainer's
+        metrics, once a fault happened (empty before). Faults found so far are reported first."""
+        self._check(closed_ok=True)
+        return self.faults.metrics()
 
     def write_batch(self, step: int, batch: Any) -> int:
         """Queue one step's batch: a mapping of padded ``(rows, R)`` tensors (plus ``uid``) or a
-        DataProto-like object. Structural problems raise :class:`~rldiag.errors.BatchError` here.
+        DataProto-like object. Structural problems raise :class:`~rldiag.errors.BatchError` here
+        with ``on_error="raise"``; with ``"warn"`` the step is dropped (warned once, counted).
 
         Returns the part number: 0 for the first write of ``step`` by this writer, K for the
         (K+1)-th, whose rows are appended to the step's file (nothing is replaced)."""
-        self._check()
+        if not self._check():
+            return self._parts.get(int(step), 0)
         t0 = time.perf_counter()
         step = int(step)
         path = self.batch_path(step)
         part = self._parts.get(step, 0)
-        payload = unpad_batch(batch, step, path, self.extra_columns, token_ids=self._token_text is not None)
+        self._parts[step] = part + 1
+        self._time_step(part)
+        try:
+            payload = unpad_batch(batch, step, path, self.extra_columns, token_ids=self._token_text is not None)
+        except RldiagError as exc:
+            if self.on_error == "raise":
+                self._parts[step] = part
+                raise
+            self.fault("batch", str(path), exc, f"step {step}'s batch is not written", dropped=1, errors=1,
+                       step=step)
+            return part
         payload.part = part
         if part == 0 and path.exists():
             self.stats.replaced_steps += 1
             warnings.warn(f"rldiag.capture: {path} was written by an earlier run; step {step} is written "
                           "again (a resumed run), so its file is replaced", stacklevel=2)
-        self._parts[step] = part + 1
-        self._put(("batch", payload))
+        size = payload_bytes(payload)
+        if not self._put(("batch", payload), size):
+            self.fault("queue", str(path), None, f"the writer is behind (its queue holds {self._queue.bytes()} "
+                        f"bytes, {self._queue.waiting()} batches): step {step}'s batch is dropped", dropped=1, step=step)
         self.stats.train_thread_s += time.perf_counter() - t0
         return part
 
@@ -201,9 +300,15 @@ class RunWriter:
         """How many times this writer was given ``step`` (0 if never)."""
         return self._parts.get(int(step), 0)
 
+    def dropped(self, step: int) -> bool:
+        """Whether a part of ``step`` handed to this writer was not written (so far)."""
+        with self._lock:
+            return int(step) in self._dropped
+
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Queue one line ``{"step": N, "data": {...}}`` for ``metrics.jsonl`` (verl's file logger)."""
-        self._check()
+        if not self._check():
+            return
         t0 = time.perf_counter()
         data = {str(k): _number(v) for k, v in metrics.items()}
         line = json.dumps({"step": int(step), "data": data}, allow_nan=True)
@@ -214,33 +319,82 @@ class RunWriter:
         """Run ``fn()`` on the writer thread once everything queued before it is written (a
         step's batch file is then on disk). Returns a :class:`~concurrent.futures.Future` with
         its result or its exception; neither is raised by the writer's own calls (``fn`` is not
-        part of the run directory). Its time counts in ``stats.writer_thread_s``."""
-        self._check()
+        part of the run directory). Its time counts in ``stats.writer_thread_s``. A closed writer
+        (with ``"warn"``) gives a cancelled future."""
         done: Future = Future()
+        if not self._check():
+            done.cancel()
+            return done
         self._put(("call", (fn, done)))
         return done
 
+    def _wait(self) -> float | None:
+        return None if self.on_error == "raise" else self.patience()
+
+    def patience(self) -> float:
+        """The longest the training thread waits on the writer (``"warn"``): ``max_wait_s``, and
+        at most ``wait_share`` of a training step once one was timed."""
+        if self.wait_share is None or self._step_s is None:
+            return self.max_wait_s
+        return min(self.max_wait_s, self.wait_share * self._step_s)
+
+    def _time_step(self, part: int) -> None:
+        if part:
+            return
+        now = time.perf_counter()
+        if self._step_t is not None:
+            self._step_s = now - self._step_t
+        self._step_t = now
+
     def flush(self) -> None:
-        """Wait until everything queued so far is written; raise what failed meanwhile."""
+        """Wait until everything queued so far is written (with ``"warn"``, at most
+        ``max_wait_s``); report what failed meanwhile."""
         if not self._closed:
-            self._queue.join()
+            self._queue.join(self._wait())
         self._check(closed_ok=True)
 
     def sync(self) -> None:
         """The end-of-step barrier: wait until everything queued so far is written and fsynced
-        (batch files are fsynced as they are written, ``metrics.jsonl`` here); raise what failed.
-        After it returns, a kill of the process (or of the machine) loses nothing queued before."""
+        (batch files are fsynced as they are written, ``metrics.jsonl`` here); report what failed.
+        After it returns, a kill of the process (or of the machine) loses nothing queued before
+        (with ``"warn"``, when the disk kept up within ``max_wait_s``)."""
+        if self.on_error == "raise" or self._closed:
+            if not self._closed:
+                self._put(_SYNC)
+            self.flush()
+            return
+        pending = self._sync_done
+        if pending is None or pending.is_set():  # else the writer is behind: no new barrier, no wait
+            done = self._sync_done = threading.Event()
+            self._put(("sync", done))
+            pending = done if done.wait(self.patience()) else None
+        if pending is None or not pending.is_set():  # not a fault: a batch dropped later is the one warned
+            self.stats.late_syncs += 1
+        self._check(closed_ok=True)
+
+    def _drain(self) -> None:
+        """``SIGTERM``: the pending writes get ``max_wait_s`` to finish (a batch file still being
+        written then is never put in place: dropped whole)."""
         if not self._closed:
             self._put(_SYNC)
-        self.flush()
+            self._queue.join(self.max_wait_s)
 
     def close(self) -> None:
-        """Write what is queued, stop the writer thread, raise what failed. Idempotent."""
+        """Write what is queued, stop the writer thread, report what failed. Idempotent. With
+        ``"warn"``, a writer stuck on its disk is left behind after ``max_wait_s`` per queued
+        batch (at least 10 s): what it had not written is dropped whole."""
         if not self._closed:
             self._closed = True
+            if self._sigterm is not None:
+                self._sigterm.remove()
             self._queue.put(_STOP)
-            self._thread.join()
-            _OPEN.discard(self)
+            waiting = self._queue.waiting()
+            self._thread.join(None if self.on_error == "raise" else max(10.0, self.max_wait_s * (waiting + 1)))
+            if self._thread.is_alive():
+                self.fault("close", str(self.path), None, f"the writer did not finish in time; {waiting} queued "
+                            "batch(es) are dropped", dropped=waiting)
+            else:
+                _OPEN.discard(self)
         self._check(closed_ok=True)
 
     def __enter__(self) -> RunWriter:
@@ -256,40 +410,62 @@ class RunWriter:
             pass
 
     # -- internals ---------------------------------------------------------------------------
-    def _check(self, closed_ok: bool = False) -> None:
+    def _check(self, closed_ok: bool = False) -> bool:
+        """Report the writer thread's failures: raised together (``"raise"``), else warned (once
+        per cause: :meth:`_fault` warned them as they came)."""
         with self._lock:
             errors, self._errors = self._errors, []
-        if errors:
-            what = "; ".join(f"{w}: {type(e).__name__}: {e}" for w, e in errors)
-            raise CaptureError(f"the capture writer failed ({len(errors)}): {what}", errors) from errors[0][1]
+        if errors and self.on_error == "raise":
+            what = "; ".join(f"{w}: {type(e).__name__}: {e}" for w, e, _, _ in errors)
+            raise CaptureError(f"the capture writer failed ({len(errors)}): {what}",
+                               [(w, e) for w, e, _, _ in errors]) from errors[0][1]
+        for _, exc, kind, message in errors:
+            self.faults.warn(kind, exc, message)
         if self._closed and not closed_ok:
-            raise CaptureError(f"the run writer for {self.path} is closed")
+            if self.on_error == "raise":
+                raise CaptureError(f"the run writer for {self.path} is closed")
+            self.fault("closed", str(self.path), None, "the writer is closed: what is handed to it is not written")
+            return False
+        return True
 
-    def _put(self, item) -> None:
-        while True:
-            try:
-                self._queue.put(item, timeout=1.0)
-                break
-            except queue.Full:
+    def fault(self, what: str, path: str, exc: BaseException | None, skipped: str, *, dropped: int = 0,
+              errors: int = 0, step: int | None = None) -> None:
+        """Count a fault (``dropped`` steps, ``errors``) and warn it once per kind (``what`` and
+        the exception's type and errno): its cause, ``path`` and what is ``skipped``. For the
+        capture's own callers too (the verl capture's faults around the writer). ``step``: the
+        step whose batch is dropped (:meth:`dropped`)."""
+        if step is not None and dropped:
+            with self._lock:
+                self._dropped.add(int(step))
+        self.faults.count(dropped=dropped, errors=errors)
+        self.stats.dropped_steps, self.stats.errors = self.faults.dropped_steps, self.faults.errors
+        why = f"{cause(exc)}: " if exc is not None else ""
+        self.faults.warn(what, exc, f"{why}{path}: {skipped}")
+
+    def _put(self, item, size: int = 0) -> bool:
+        """Queue ``item``; a batch (``size`` bytes) waits for room at most ``max_wait_s`` with
+        ``"warn"`` (False: not queued), as long as it takes with ``"raise"``."""
+        if self.on_error == "raise" or size == 0:
+            while not self._queue.put(item, size, timeout=1.0):
                 if not self._thread.is_alive():  # pragma: no cover - the loop catches everything
-                    raise CaptureError("the capture writer thread stopped") from None
-        self.stats.max_queue = max(self.stats.max_queue, self._queue.qsize())
+                    raise CaptureError("the capture writer thread stopped")
+            ok = True
+        else:
+            ok = self._queue.put(item, size, timeout=self.patience())
+        self.stats.max_queue = max(self.stats.max_queue, self._queue.waiting())
+        self.stats.max_queue_bytes = max(self.stats.max_queue_bytes, self._queue.bytes())
+        return ok
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            item, size = self._queue.get()
             try:
                 if item is _STOP:
                     return
                 t0 = time.perf_counter()
                 kind, payload = item
                 if kind == "batch":
-                    try:
-                        self.stats.bytes += write_step_file(payload, self.compression, self._token_text)
-                        self.stats.steps += int(payload.part == 0)
-                        self.stats.parts += 1
-                    except BaseException as exc:  # noqa: BLE001 - reported on the training thread
-                        self._record(f"step {payload.step}" + (f" part {payload.part}" if payload.part else ""), exc)
+                    self._write_batch(payload)
                 elif kind == "call":
                     fn, done = payload
                     if done.set_running_or_notify_cancel():
@@ -299,22 +475,52 @@ class RunWriter:
                             done.set_exception(exc)
                 elif kind == "sync":
                     try:
-                        self._metrics.sync()
+                        self.disk.sync_lines()
                     except BaseException as exc:  # noqa: BLE001
-                        self._record(METRICS_FILE, exc)
+                        self._record(METRICS_FILE, exc, "metrics", str(self.metrics_file),
+                                     "the metrics lines so far may not be fsynced")
+                    if payload is not None:
+                        payload.set()
                 else:
-                    try:
-                        self._metrics.append(payload)
-                        self.stats.metric_lines += 1
-                    except BaseException as exc:  # noqa: BLE001
-                        self._record(METRICS_FILE, exc)
+                    self._append(payload)
                 self.stats.writer_thread_s += time.perf_counter() - t0
             finally:
-                self._queue.task_done()
+                self._queue.task_done(size)
                 if item is _STOP:
-                    self._metrics.close()
+                    self.disk.close()
 
-    def _record(self, what: str, exc: BaseException) -> None:
+    def _again(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` in a run directory that exists: one removed (or replaced by an empty one)
+        while the run trains is made again, with its ``batches/`` and ``run.yaml``."""
+        if self.disk.make_dirs() and self._config is not None and not (self.layout.root / RUN_CONFIG).exists():
+            self.disk.write_config(self._config)
+        return fn()
+
+    def _write_batch(self, payload: StepPayload) -> None:
+        try:
+            self.stats.bytes += self._again(lambda: self.disk.write_step(payload, self.compression, self._token_text))
+            self.stats.steps += int(payload.part == 0)
+            self.stats.parts += 1
+        except BaseException as exc:  # noqa: BLE001 - reported on the training thread
+            step = f"step {payload.step}" + (f" part {payload.part}" if payload.part else "")
+            with self._lock:
+                self._dropped.add(payload.step)
+            self._record(step, exc, "batch", str(payload.path), f"{step}'s batch is not written", dropped=1)
+
+    def _append(self, line: str) -> None:
+        try:
+            self._again(lambda: self.disk.append_line(line))
+            self.stats.metric_lines += 1
+        except BaseException as exc:  # noqa: BLE001
+            step = line[:40].split(",", 1)[0].removeprefix('{"step": ')
+            self._record(METRICS_FILE, exc, "metrics", str(self.metrics_file), f"step {step}'s metrics line is "
+                         "not written")
+
+    def _record(self, what: str, exc: BaseException, kind: str = "", path: str = "", skipped: str = "",
+                dropped: int = 0) -> None:
+        """A failure on the writer thread: counted now, reported on the training thread's next
+        call (raised with ``"raise"``, warned once per cause with ``"warn"``)."""
+        self.faults.count(dropped=dropped, errors=1)
+        self.stats.dropped_steps, self.stats.errors = self.faults.dropped_steps, self.faults.errors
         with self._lock:
-            self._errors.append((what, exc))
-
+            self._errors.append((what, exc, kind or what, f"{cause(exc)}: {path}: {skipped}"))

@@ -484,23 +484,51 @@ class LineAppender:
     """Lines appended to a local file (``metrics.jsonl``), each with its newline in one
     ``write`` on an ``O_APPEND`` descriptor, so readers (which skip a last line without its
     newline) see whole lines only. A torn last line left by a killed writer is ended first
-    (:func:`end_torn_line`). Local only: an object store cannot append to an object."""
+    (:func:`end_torn_line`). Local only: an object store cannot append to an object.
 
-    def __init__(self, path: AnyPath):
+    A line is written whole or not at all: when a write fails part-way (a full disk), the file
+    is cut back to its length before the line. A file removed or replaced under the appender
+    (its directory deleted, or renamed and made again) is opened again at its path, the
+    directory made again if needed. ``opener`` and ``write`` are ``os.open`` and ``os.write``
+    unless given (the capture writer's I/O seam, :class:`rldiag.capture.diskio.WriterDisk`)."""
+
+    def __init__(self, path: AnyPath, opener: Callable[[Path, int, int], int] | None = None,
+                 write: Callable[[int, bytes | memoryview], int] | None = None):
         if isinstance(path, RemotePath):
             raise StorageError(f"{path}: an object store cannot append to a file; write the run directory on "
                                "local (or shared) disk and copy it to the store afterwards")
         self.path = path
+        self._open = opener or os.open
+        self._write = write or os.write
         self._fd: int | None = None
 
+    def _current(self) -> bool:
+        """Whether the open descriptor is still the file at :attr:`path`."""
+        assert self._fd is not None
+        try:
+            here, mine = os.stat(self.path), os.fstat(self._fd)
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
+
     def append(self, line: str) -> None:
+        if self._fd is not None and not self._current():
+            self.close()  # removed or replaced: append to the file now at the path
         if self._fd is None:
             end_torn_line(self.path)
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._fd = self._open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         data = memoryview((line + "\n").encode("utf-8"))
-        while data:
-            data = data[os.write(self._fd, data):]
+        start = os.fstat(self._fd).st_size
+        try:
+            while data:
+                data = data[self._write(self._fd, data):]
+        except BaseException:
+            try:  # no part of the line stays behind
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise
 
     def sync(self) -> None:
         """Everything appended so far on disk (fsync)."""
@@ -509,6 +537,5 @@ class LineAppender:
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
+            fd, self._fd = self._fd, None
+            os.close(fd)

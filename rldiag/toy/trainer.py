@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -152,6 +152,9 @@ class ToyTrainer:
         queue_size: int = 8,
         doctor: bool = False,
         stop_at: int | None = None,
+        rules_files: Sequence[str | Path] = (),
+        writer_options: dict | None = None,
+        health_options: dict | None = None,
     ) -> RunSummary:
         """Train ``cfg.steps`` steps, capturing each into ``out_dir`` (nothing is written when
         ``out_dir`` is None), with the text of every response and prompt token
@@ -161,13 +164,29 @@ class ToyTrainer:
         does with ``RLDIAG_DOCTOR=1`` (:mod:`rldiag.capture.health`; needs ``out_dir``): the
         ``rldiag/health/*`` keys join the logged metrics; ``stop_at`` (1 warning, 2 critical):
         a finding that severe stops training after its step, by lowering
-        ``self.total_training_steps`` as the verl capture lowers the trainer's."""
-        writer = (RunWriter(out_dir, config=self.cfg.verl_config(), queue_size=queue_size, tokenizer=ToyTokenizer())
-                  if out_dir else None)
+        ``self.total_training_steps`` as the verl capture lowers the trainer's; ``rules_files``:
+        rules merged over the built-in ones (a file that cannot be read is warned and left out).
+
+        The capture never stops nor holds up training (``RunWriter(on_error="warn")``, as the
+        verl capture's): a fault is warned once and counted in the step's metrics
+        (``rldiag/capture/dropped_steps``, ``rldiag/capture/errors``, from the first fault on);
+        ``SIGTERM`` lets pending writes finish first. ``writer_options``: more ``RunWriter``
+        keywords (``on_error``, ``max_queue_bytes``, ``max_wait_s``, ``wait_share``);
+        ``health_options``: the doctor hook's (``wait_s``, ``slow_s``)."""
+        options = {"on_error": "warn", "handle_sigterm": True, **(writer_options or {})}
+        writer = (RunWriter(out_dir, config=self.cfg.verl_config(), queue_size=queue_size, tokenizer=ToyTokenizer(),
+                            **options) if out_dir else None)
         hook: HealthHook | None = None
         if doctor and writer is not None:
             assert out_dir is not None  # a writer has a directory
-            hook = build_hook(out_dir, writer.run_on_writer, stop_at=stop_at)
+            try:
+                hook = build_hook(out_dir, writer.run_on_writer, stop_at=stop_at, rules_files=rules_files,
+                                  **(health_options or {}))
+            except Exception as exc:  # noqa: BLE001 - no doctor, but training and capture go on
+                if writer.on_error == "raise":
+                    raise
+                health_log.warning("rldiag doctor: not started, training goes on without it: %s: %s",
+                                   type(exc).__name__, exc)
         summary = RunSummary()
         step = 1
         try:
@@ -179,12 +198,15 @@ class ToyTrainer:
                     if hook is not None:
                         th = time.perf_counter()
                         result.metrics.update(hook.on_log(step, result.metrics))
-                        hook.after_step(step)
+                        if not writer.dropped(step):  # a dropped batch has nothing to recompute
+                            hook.after_step(step)
                         summary.health_seconds.append(time.perf_counter() - th)
                         if hook.stop and summary.stopped_after is None:
                             health_log.warning(hook.stop_message(step))
                             summary.stopped_after = self.total_training_steps = step
+                    result.metrics.update(writer.fault_metrics())
                     writer.log_metrics(step, result.metrics)
+                    writer.sync()  # the end-of-step barrier, as the verl capture's (bounded: "warn")
                 summary.step_seconds.append(time.perf_counter() - t0)
                 summary.last_metrics = result.metrics
                 if on_step is not None:

@@ -1,8 +1,9 @@
 """Serve the app on a local port, and find a local chromium to look at it (tests, bench).
 
-``AppServer`` runs ``rldiag app RUN`` as a subprocess bound to 127.0.0.1 on a
-free port, waits until Streamlit's health endpoint answers, and stops it (its whole process
-group) on exit. ``chromium_path`` finds Debian's chromium; ``CHROMIUM_ARGS`` are the flags a
+``AppServer`` runs ``rldiag app RUN`` as a subprocess bound to 127.0.0.1 (or ``address``) on a
+free port, without an access token unless given one (``token``: :attr:`AppServer.url` carries
+it), waits until Streamlit's health endpoint answers, and stops it (its whole process group) on
+exit. ``chromium_path`` finds Debian's chromium; ``CHROMIUM_ARGS`` are the flags a
 headless chromium needs in a container.
 """
 
@@ -49,8 +50,12 @@ class AppServer:
     """``with AppServer(run) as srv: srv.url`` -- the app on 127.0.0.1, stopped on exit."""
 
     def __init__(self, run: str | Path | None, port: int | None = None, timeout: float = 60.0,
-                 extra_env: dict[str, str] | None = None, log: Path | None = None):
+                 extra_env: dict[str, str] | None = None, log: Path | None = None, *,
+                 address: str | None = "127.0.0.1", token: str | None = None, extra_args: tuple[str, ...] = ()):
         self.run = run
+        self.address = address  # None: rldiag app's default
+        self.token = token
+        self.extra_args = tuple(extra_args)
         self.port = port or free_port()
         self.timeout = timeout
         self.extra_env = extra_env or {}
@@ -60,13 +65,20 @@ class AppServer:
         self.ready_after = 0.0  # seconds from start until the health endpoint answered
 
     @property
-    def url(self) -> str:
+    def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The app's address (with ``?token=T`` when it has a token)."""
+        return self.base_url + (f"/?token={self.token}" if self.token else "")
 
     def command(self) -> list[str]:
         runs = [] if self.run is None else ([self.run] if isinstance(self.run, (str, Path)) else list(self.run))
-        return [sys.executable, "-m", "rldiag.cli.main", "app", *map(str, runs), "--port", str(self.port),
-                "--address", "127.0.0.1", "--headless"]
+        address = ["--address", self.address] if self.address else []
+        token = ["--token", self.token] if self.token else ["--no-token"]
+        return [sys.executable, "-m", "rldiag.cli.main", "app", *map(str, runs), "--port", str(self.port), *address,
+                *token, "--headless", *self.extra_args]
 
     def __enter__(self) -> AppServer:
         env = dict(os.environ, **self.extra_env)
@@ -87,7 +99,7 @@ class AppServer:
             if proc.poll() is not None:
                 raise RuntimeError(f"streamlit exited with {proc.returncode} (log: {self.log})")
             try:
-                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=1) as r:
+                with urllib.request.urlopen(f"{self.base_url}/_stcore/health", timeout=1) as r:
                     if r.status == 200:
                         self.ready_after = time.perf_counter() - self.started_at
                         return

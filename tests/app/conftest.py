@@ -10,6 +10,28 @@ from tests.app.helpers import logged_from_scenario
 
 
 @pytest.fixture(autouse=True)
+def loopback_app(monkeypatch):
+    """The app as served on loopback (``server.address`` 127.0.0.1) with no token, as tests open it
+    in AppTest; a test changes either. The serving variables and ``$RLDIAG_READ_ONLY`` (a shared
+    app adds to it) come back as they were after the test."""
+    import os
+
+    from streamlit import config
+
+    from rldiag.app.access import ROOTS_VAR, TOKEN_VAR
+    from rldiag.io.run_layout import READ_ONLY_VAR
+
+    for var in (TOKEN_VAR, ROOTS_VAR, READ_ONLY_VAR):  # recorded (a missing one too), so put back after
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+        if var != READ_ONLY_VAR or not os.environ[var]:
+            monkeypatch.delenv(var)
+    before = config.get_option("server.address")
+    config.set_option("server.address", "127.0.0.1")
+    yield
+    config.set_option("server.address", before)
+
+
+@pytest.fixture(autouse=True)
 def baseline_worker_sync(monkeypatch):
     """The app's background baseline runs inline on the page's script thread (deterministic: the
     page is drawn after it); every worker is dropped after the test."""

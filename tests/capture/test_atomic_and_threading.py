@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+import rldiag.capture.diskio as diskio_mod
 import rldiag.capture.table as table_mod
-import rldiag.capture.writer as writer_mod
 from rldiag.capture import RunWriter, unpad_batch, write_step_file
 from rldiag.errors import CaptureError
 from rldiag.io.rundir import STEP_FILE, RunDir
@@ -63,14 +63,14 @@ def test_a_step_written_twice_keeps_both_parts_in_one_file(tmp_path):
 
 def test_files_are_written_on_the_writer_thread_in_call_order(tmp_path, monkeypatch):
     threads, order = [], []
-    real = writer_mod.write_step_file
+    real = diskio_mod.write_step_file
 
     def record(payload, compression, token_text=None):
         threads.append(threading.current_thread().name)
         order.append(payload.step)
         return real(payload, compression, token_text)
 
-    monkeypatch.setattr(writer_mod, "write_step_file", record)
+    monkeypatch.setattr(diskio_mod, "write_step_file", record)
     with RunWriter(tmp_path) as run:
         for step in (3, 1, 2):
             run.write_batch(step, _batch(seed=step))
@@ -84,7 +84,7 @@ def test_the_queue_is_bounded_and_the_trainer_waits_for_a_slow_disk(tmp_path, mo
     """With the writer thread held on step 1 and the queue (2 slots) full, the trainer's next
     write_batch waits: when the trainer is about to write step 4, exactly steps 1-3 have been
     handed over, and step 4 is handed over only once the disk moves again."""
-    real = writer_mod.write_step_file
+    real = diskio_mod.write_step_file
     about_to_write_4 = threading.Event()
     returned: list[int] = []
     seen_when_released: list[list[int]] = []
@@ -95,8 +95,8 @@ def test_the_queue_is_bounded_and_the_trainer_waits_for_a_slow_disk(tmp_path, mo
             seen_when_released.append(list(returned))
         return real(payload, compression, token_text)
 
-    monkeypatch.setattr(writer_mod, "write_step_file", slow)
-    run = RunWriter(tmp_path, queue_size=2)
+    monkeypatch.setattr(diskio_mod, "write_step_file", slow)
+    run = RunWriter(tmp_path, queue_size=2, on_error="raise")
 
     def trainer():
         for step in range(1, 9):
@@ -115,15 +115,15 @@ def test_the_queue_is_bounded_and_the_trainer_waits_for_a_slow_disk(tmp_path, mo
 
 
 def test_a_writer_failure_is_reported_once_then_writing_goes_on(tmp_path, monkeypatch):
-    real = writer_mod.write_step_file
+    real = diskio_mod.write_step_file
 
     def flaky(payload, compression, token_text=None):
         if payload.step == 2:
             raise OSError("no space left on device")
         return real(payload, compression, token_text)
 
-    monkeypatch.setattr(writer_mod, "write_step_file", flaky)
-    run = RunWriter(tmp_path)
+    monkeypatch.setattr(diskio_mod, "write_step_file", flaky)
+    run = RunWriter(tmp_path, on_error="raise")
     run.write_batch(1, _batch())
     run.write_batch(2, _batch())
     with pytest.raises(CaptureError, match="step 2: OSError: no space left"):

@@ -57,7 +57,7 @@ def test_separate_async_parts_are_all_kept_and_load_as_one_batch_in_order(tmp_pa
 
 
 def test_a_part_with_other_fields_is_refused_loudly(tmp_path):
-    run = RunWriter(tmp_path)
+    run = RunWriter(tmp_path, on_error="raise")
     run.write_batch(1, _batch(4, seed=1))
     other = _batch(4, seed=2)
     other["ref_log_prob"] = -torch.rand(4, 5)
@@ -100,7 +100,7 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_durability import _batch
     from rldiag.capture import RunWriter
-    run = RunWriter({run!r}, queue_size=4)
+    run = RunWriter({run!r}, queue_size=4, max_wait_s=600, wait_share=None)  # the barrier waits for the disk
     for step in (1, 2, 3):
         run.write_batch(step, _batch(4, seed=step))
         run.log_metrics(step, {{"x": float(step)}})
@@ -164,7 +164,7 @@ def test_token_text_is_stored_per_response_token(tmp_path, tokenizer, text):
 def test_token_text_needs_the_response_ids(tmp_path):
     batch = _batch(2)
     del batch["responses"]
-    run = RunWriter(tmp_path, tokenizer=_Vocab())
+    run = RunWriter(tmp_path, tokenizer=_Vocab(), on_error="raise")
     with pytest.raises(MissingInputError, match="responses"):
         run.write_batch(1, batch)
     run.close()

@@ -117,7 +117,7 @@ def test_without_prompts_only_the_response_text_is_stored(tmp_path):
 def test_prompt_text_needs_the_prompt_part_of_the_attention_mask(tmp_path):
     dp = _dataproto(seed=7)
     dp.batch["attention_mask"] = dp.batch["attention_mask"][:, P:]  # the response part only
-    run = RunWriter(tmp_path, tokenizer=_Vocab())
+    run = RunWriter(tmp_path, tokenizer=_Vocab(), on_error="raise")
     with pytest.raises(MissingInputError, match="prompt part of attention_mask") as err:
         run.write_batch(1, dp)
     assert err.value.column == "attention_mask" and err.value.step == 1
@@ -127,7 +127,7 @@ def test_prompt_text_needs_the_prompt_part_of_the_attention_mask(tmp_path):
 def test_prompts_wider_than_the_prompt_part_of_the_mask_are_refused(tmp_path):
     dp = _dataproto(seed=8)
     dp.batch["prompts"] = torch.cat([dp.batch["prompts"], dp.batch["prompts"][:, :1]], 1)
-    run = RunWriter(tmp_path, tokenizer=_Vocab())
+    run = RunWriter(tmp_path, tokenizer=_Vocab(), on_error="raise")
     with pytest.raises(BatchError, match=r"expected \(rows, prompt width\) = \(6, 5\)") as err:
         run.write_batch(1, dp)
     assert err.value.column == "prompts"

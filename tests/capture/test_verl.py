@@ -5,6 +5,7 @@ model and no GPU; then ``rldiag verify`` must find every logged number reproduce
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 import rldiag.capture.verl as capture  # noqa: E402
 from rldiag.analysis.verify import verify_run  # noqa: E402
+from rldiag.capture.faults import CaptureWarning  # noqa: E402
 from rldiag.errors import CaptureError  # noqa: E402
 from tests.capture import verl_steps  # noqa: E402
 from tests.capture.verl_steps import P, R  # noqa: E402
@@ -186,9 +188,7 @@ def test_v1_rows_without_version_tags_get_no_policy_version_column(capture_into,
     assert not {"policy_version", "policy_version_min"} & names
 
 
-def test_a_training_step_with_no_batch_captured_fails_loudly(capture_into, monkeypatch, v1):
-    tb, tq, Trainer = v1
-
+def _overriding(Trainer, tq):
     class Overriding(Trainer):  # its own advantage step, not calling the base class's
         def _compute_advantage(self, batch, metrics):
             zeros = [r.float() * 0 for r in tq.kv_batch_get(keys=batch.keys, partition_id="train",
@@ -196,8 +196,31 @@ def test_a_training_step_with_no_batch_captured_fails_loudly(capture_into, monke
             tq.put_rows(batch.keys, {"advantages": zeros, "returns": zeros})
             return batch
 
+    return Overriding
+
+
+def test_a_training_step_with_no_batch_captured_fails_loudly(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+
+    Overriding = _overriding(Trainer, tq)
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=2, rows=8))
+    run = capture_into()
+    with pytest.warns(CaptureWarning, match="training step 1 ended with no batch captured") as seen:
+        _trainer(Overriding, _config("grpo", n=4)).fit()  # training goes on to its last step
+    assert sum("no batch captured" in str(w.message) for w in seen) == 1  # warned once
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    # counted in the trainer's metrics from the next log on (the fault is found at the end of step 1)
+    assert "rldiag/capture/dropped_steps" not in lines[0]["data"]
+    assert lines[1]["data"]["rldiag/capture/dropped_steps"] == 1 and lines[1]["data"]["rldiag/capture/errors"] == 0
+
+
+def test_a_training_step_with_no_batch_captured_raises_when_asked(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+
+    Overriding = _overriding(Trainer, tq)
     monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=8))
-    capture_into()
+    capture_into(on_error="raise")
     with pytest.raises(CaptureError, match="training step 1 ended with no batch captured"):
         _trainer(Overriding, _config("grpo", n=4)).fit()
 
@@ -268,6 +291,18 @@ def test_the_file_logger_on_the_capture_metrics_file_is_refused(capture_into, mo
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run / "metrics.jsonl"))
     cfg = _config("grpo", n=2)
     cfg.trainer.logger = ["console", "file"]
+    with pytest.warns(CaptureWarning, match="VERL_FILE_LOGGER_PATH.*leaves metrics.jsonl to verl's file logger"):
+        _trainer(Trainer, cfg).fit()
+    assert (run / "batches" / "step_000001.parquet").is_file() and not (run / "metrics.jsonl").exists()
+
+
+def test_the_file_logger_on_the_capture_metrics_file_raises_when_asked(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=4))
+    run = capture_into(on_error="raise")
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run / "metrics.jsonl"))
+    cfg = _config("grpo", n=2)
+    cfg.trainer.logger = ["console", "file"]
     with pytest.raises(CaptureError, match="VERL_FILE_LOGGER_PATH"):
         _trainer(Trainer, cfg).fit()
 
@@ -329,3 +364,85 @@ def test_in_a_ray_actor_killed_mid_step_the_finished_steps_verify(tmp_path):
     assert [s for s, _ in iter_metrics_lines(run / "metrics.jsonl")] == [1, 2]
     report = verify_run(run, steps="1:2", candidates=False)
     assert report.status == "match", {n: f.mismatches for n, f in report.fields.items() if f.mismatches}
+
+
+# ---- faults in verl's own V1 loop: training goes on (rldiag.capture.faults) -------------------------
+
+
+def _fault_lines(run):
+    return {x["step"]: x["data"] for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_v1_a_full_disk_on_a_batch_write_is_warned_once_and_counted(capture_into, monkeypatch, v1):
+    import errno
+    import os
+
+    from rldiag.capture.diskio import WriterDisk
+
+    tb, tq, Trainer = v1
+    real = WriterDisk.write_step
+
+    def full(self, payload, compression, token_text):
+        if payload.step in (2, 3):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(payload.path))
+        return real(self, payload, compression, token_text)
+
+    monkeypatch.setattr(WriterDisk, "write_step", full)
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=4, rows=8))
+    run = capture_into(writer_options={"max_wait_s": 120.0})
+    trainer = _trainer(Trainer, _config("grpo", n=4))
+    with pytest.warns(CaptureWarning) as seen:
+        trainer.fit()
+    assert trainer.global_steps == 5  # every step trained
+    faults = [str(w.message) for w in seen if issubclass(w.category, CaptureWarning)]
+    assert len(faults) == 1 and "ENOSPC" in faults[0] and "step_000002.parquet" in faults[0]
+    assert sorted(p.name for p in (run / "batches").iterdir()) == ["step_000001.parquet", "step_000004.parquet"]
+    lines = _fault_lines(run)
+    assert sorted(lines) == [1, 2, 3, 4]
+    # a step's fault is in its own log when the writer got there first, else in the next one's
+    # (the end-of-step barrier waits for it): never later
+    counts = [lines[s].get("rldiag/capture/dropped_steps", 0) for s in (1, 2, 3, 4)]
+    assert counts[0] == 0 and counts[1] in (0, 1) and counts[2] in (1, 2) and counts[3] == 2
+
+
+def test_v1_a_capture_bug_drops_the_step_and_training_goes_on(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    real = capture.VerlCapture.capture_v1
+
+    def buggy(self, tq_, meta):
+        if self.step == 1:
+            raise IndexError("a bug of the capture")
+        return real(self, tq_, meta)
+
+    monkeypatch.setattr(capture.VerlCapture, "capture_v1", buggy)
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=2, rows=8))
+    run = capture_into()
+    with pytest.warns(CaptureWarning, match="IndexError: a bug of the capture.*step 1's batch is not captured"):
+        _trainer(Trainer, _config("grpo", n=4)).fit()
+    assert sorted(p.name for p in (run / "batches").iterdir()) == ["step_000002.parquet"]
+    lines = _fault_lines(run)
+    assert lines[1]["rldiag/capture/dropped_steps"] == 1 and lines[2]["rldiag/capture/errors"] == 1
+
+
+def test_v1_the_run_directory_removed_while_training_is_made_again(capture_into, monkeypatch, v1):
+    import shutil
+
+    tb, tq, Trainer = v1
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=3, rows=8))
+    run = capture_into()
+    from verl.utils.tracking import Tracking
+
+    log = Tracking.log
+
+    def log_then_remove(self, data, step, *args, **kwargs):
+        out = log(self, data, step, *args, **kwargs)
+        if step == 1:
+            shutil.rmtree(run)
+        return out
+
+    monkeypatch.setattr(Tracking, "log", log_then_remove)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)  # nothing lost: nothing to warn
+        _trainer(Trainer, _config("grpo", n=4)).fit()
+    assert sorted(p.name for p in (run / "batches").iterdir()) == ["step_000002.parquet", "step_000003.parquet"]
+    assert sorted(_fault_lines(run)) == [2, 3] and (run / "run.yaml").is_file()

@@ -148,7 +148,7 @@ def test_config_goes_to_run_yaml_from_dicts_dataclasses_and_omegaconf_like(tmp_p
 
 def test_malformed_batches_fail_at_once_naming_row_and_column(tmp_path):
     b = _dataproto()
-    with RunWriter(tmp_path) as run:
+    with RunWriter(tmp_path, on_error="raise") as run:
         bad = _dataproto()
         bad.batch["response_mask"] = MASK.clone()
         bad.batch["response_mask"][1, 4] = 1  # inside the padding of row 1
@@ -167,7 +167,7 @@ def test_malformed_batches_fail_at_once_naming_row_and_column(tmp_path):
 
 
 def test_value_errors_surface_on_the_next_call_naming_step_row_column(tmp_path):
-    run = RunWriter(tmp_path)
+    run = RunWriter(tmp_path, on_error="raise")
     bad = _dataproto()
     bad.batch["ref_log_prob"] = bad.batch["ref_log_prob"].clone()
     bad.batch["ref_log_prob"][2, 1] = float("nan")
@@ -185,7 +185,7 @@ def test_value_errors_surface_on_the_next_call_naming_step_row_column(tmp_path):
 
 
 def test_errors_are_never_lost_on_close(tmp_path):
-    run = RunWriter(tmp_path)
+    run = RunWriter(tmp_path, on_error="raise")
     bad = _dataproto()
     bad.batch["values"] = torch.full((3, 6), float("inf"))
     run.write_batch(1, bad)
@@ -218,7 +218,7 @@ def test_a_mask_that_is_not_zero_or_one_is_refused_before_the_int8_cast(tmp_path
     bad = _dataproto()
     bad.batch["response_mask"] = MASK.float()
     bad.batch["response_mask"][2, 1] = 0.5
-    with RunWriter(tmp_path) as run:
+    with RunWriter(tmp_path, on_error="raise") as run:
         with pytest.raises(BatchError) as err:
             run.write_batch(4, bad)
     assert (err.value.step, err.value.row, err.value.column) == (4, 2, "response_mask")
@@ -270,7 +270,7 @@ def test_a_weight_version_is_written_only_when_every_row_has_one(tmp_path, high,
     (np.array([True, False, True]), None, "expected whole numbers"),
 ])
 def test_a_weight_version_that_is_not_a_whole_number_is_refused(tmp_path, high, row, message):
-    with RunWriter(tmp_path) as run:
+    with RunWriter(tmp_path, on_error="raise") as run:
         with pytest.raises(BatchError, match=message) as err:
             run.write_batch(2, _versioned(high, None))
     assert (err.value.step, err.value.row, err.value.column) == (2, row, "max_global_steps")

@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 import streamlit as st
 
-from rldiag.app import session
+from rldiag.app import gate, session
 from rldiag.app.main import page_path
 from rldiag.store.downsample import DEFAULT_POINTS
 from rldiag.viz.echarts import PANEL_HEIGHT, Panel, metric_panel, panel_action
@@ -227,6 +227,9 @@ def export(view: dict) -> None:
         full = store.joined([metric], view["overlay"], view["lo"], view["hi"])
         if view["x"] != "step":
             full = store.with_wall_time(full)
+        if gate.policy().shared:  # a download is served by Streamlit's media endpoint, which asks no token
+            st.caption("Downloads are off in shared mode: Streamlit serves them without asking for the token.")
+            return
         st.download_button("Download CSV", panel_csv(full, metric, store.source_columns(view["overlay"])),
                            file_name=f"{metric.replace('/', '_')}.csv", mime="text/csv", key="m_csv")
 
