@@ -75,7 +75,7 @@ __all__ = [
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame", "SIGN_DIFFERS",
     "StepTokensResult", "SweepResult", "sweep", "sweep_summary", "sweeps", "COUNTERFACTUAL_CAVEAT",
-    "describe_counterfactual", "FollowDoctorResult", "HealthEvent", "follow_doctor",
+    "describe_counterfactual", "FollowDoctorResult", "HealthEvent", "follow_doctor", "WhatifOptions", "whatif_options",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -164,6 +164,32 @@ def settings(run: Run, overrides: Mapping[str, Any] | None = None, *, estimator:
     from rldiag.io.fs import as_path
 
     return resolve_settings(as_path(run), _overrides(overrides, estimator))
+
+
+@dataclass(frozen=True)
+class WhatifOptions:
+    """What the app's What-if page offers for a run: the settings it edits (the schema's rows
+    marked ``whatif``, rldiag/config/schema.py), the run's own value of each (an inherited null
+    resolved: ``clip_ratio_high`` null is ``clip_ratio``), the values each string key takes (its
+    registry's keys, or the schema row's ``values``), and the estimators that need groups of
+    several responses per prompt (registered with ``grouped=True``)."""
+
+    keys: tuple[str, ...]
+    base: dict[str, Any]
+    choices: dict[str, list[str]]
+    grouped: tuple[str, ...]
+
+
+def whatif_options(settings: Settings) -> WhatifOptions:
+    """The What-if page's keys and choices for ``settings`` (:func:`settings` of the run)."""
+    from rldiag.config.choices import choices, grouped_estimators
+    from rldiag.config.schema import SETTINGS
+
+    rows = [s for s in SETTINGS if s.whatif]
+    listed = {s.key: choices(s) for s in rows}
+    return WhatifOptions(keys=tuple(s.key for s in rows), base={s.key: settings.effective(s.key) for s in rows},
+                         choices={k: v for k, v in listed.items() if v is not None},
+                         grouped=tuple(grouped_estimators()))
 
 
 def tolerances(

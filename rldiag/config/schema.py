@@ -46,6 +46,8 @@ class Setting:
     #: the key whose value a null of this one takes (verl's interpolations, e.g. the critic's batch keys the
     #: actor's); :func:`effective` reads it, for every reader of a setting (Settings, the engine, the doctor)
     inherits: str | None = None
+    #: the app's What-if page edits it (a number widget's bounds: ``widget``; the choices: ``choices`` / ``values``)
+    whatif: bool = False
 
     @property
     def valid(self) -> Range:
@@ -76,11 +78,11 @@ _R = "actor_rollout_ref.rollout"
 
 SETTINGS: tuple[Setting, ...] = (
     # ---- advantage estimation
-    Setting("algorithm.adv_estimator", "gae", "str", "the advantage estimator", choices="ESTIMATORS"),
+    Setting("algorithm.adv_estimator", "gae", "str", "the advantage estimator", choices="ESTIMATORS", whatif=True),
     Setting("algorithm.gamma", 1.0, "float", "discount factor of the returns", Range(0.0, 1.0, why="a discount factor")),
     Setting("algorithm.lam", 1.0, "float", "GAE's lambda", Range(0.0, 1.0, why="GAE's lambda")),
     Setting("algorithm.norm_adv_by_std_in_grpo", True, "bool",
-            "divide GRPO's group-centred scores by the group's std (false: Dr. GRPO)"),
+            "divide GRPO's group-centred scores by the group's std (false: Dr. GRPO)", whatif=True),
     Setting("algorithm.gdpo_reward_keys", None, "list[str]",
             "gdpo: the reward-component columns to normalise (a comma list on the command line)"),
     Setting("algorithm.gdpo_reward_weights", None, "list[float]", "gdpo: the components' weights (default 1 each)"),
@@ -95,39 +97,43 @@ SETTINGS: tuple[Setting, ...] = (
             "0.9.0; before, only the DAPO recipe filters (its config sets acc; verl's FilterGroupsConfig: null) and "
             "reads reward as a column"),
     # ---- KL in the reward
-    Setting("algorithm.use_kl_in_reward", False, "bool", "subtract a KL penalty to the reference from the token rewards"),
-    Setting("algorithm.kl_penalty", "kl", "str", "the KL estimator of the reward penalty", choices="KL_ESTIMATORS"),
-    Setting("algorithm.kl_ctrl.type", "fixed", "str", "the KL coefficient's controller", values=("fixed", "adaptive")),
+    Setting("algorithm.use_kl_in_reward", False, "bool", "subtract a KL penalty to the reference from the token rewards",
+            whatif=True),
+    Setting("algorithm.kl_penalty", "kl", "str", "the KL estimator of the reward penalty", choices="KL_ESTIMATORS", whatif=True),
+    Setting("algorithm.kl_ctrl.type", "fixed", "str", "the KL coefficient's controller", values=("fixed", "adaptive"),
+            whatif=True),
     Setting("algorithm.kl_ctrl.kl_coef", 0.001, "float", "the (initial) KL coefficient", _NONNEG,
-            widget=Widget("kl_ctrl.kl_coef", 0.0, 1000.0, 0.001, "%.4f")),
+            widget=Widget("kl_ctrl.kl_coef", 0.0, 1000.0, 0.001, "%.4f"), whatif=True),
     Setting("algorithm.kl_ctrl.target_kl", 0.1, "float", "the adaptive controller's target KL", _NONNEG),
     Setting("algorithm.kl_ctrl.horizon", 10000, "int", "the adaptive controller's horizon",
             Range(1, INT32_MAX, why="steps; the adaptive controller divides by it")),
     # ---- rollout correction (the algorithm's block)
     Setting(f"{_RC}.rollout_is", None, "str", "IS weights of the rollout policy: token or sequence (null: off)",
-            choices="IS_LEVELS"),
+            choices="IS_LEVELS", whatif=True),
     Setting(f"{_RC}.rollout_is_threshold", 2.0, "str",
-            "truncate IS weights above it, or lower_upper to zero them outside (a number or a string)"),
-    Setting(f"{_RC}.rollout_is_batch_normalize", False, "bool", "normalise the IS weights to mean 1 over the batch"),
-    Setting(f"{_RC}.rollout_rs", None, "str", "rejection sampling options, a comma list (null: off)", choices="RS_OPTIONS"),
-    Setting(f"{_RC}.rollout_rs_threshold", None, "str", "the rejection options' thresholds"),
-    Setting(f"{_RC}.bypass_mode", False, "bool", "use the rollout's log-probs as the PPO anchor (no recomputed pi_old)"),
+            "truncate IS weights above it, or lower_upper to zero them outside (a number or a string)", whatif=True),
+    Setting(f"{_RC}.rollout_is_batch_normalize", False, "bool", "normalise the IS weights to mean 1 over the batch", whatif=True),
+    Setting(f"{_RC}.rollout_rs", None, "str", "rejection sampling options, a comma list (null: off)", choices="RS_OPTIONS",
+            whatif=True),
+    Setting(f"{_RC}.rollout_rs_threshold", None, "str", "the rejection options' thresholds", whatif=True),
+    Setting(f"{_RC}.bypass_mode", False, "bool", "use the rollout's log-probs as the PPO anchor (no recomputed pi_old)",
+            whatif=True),
     # ---- the actor's loss
-    Setting(f"{_P}.loss_mode", "vanilla", "str", "the policy loss", choices="POLICY_LOSSES"),
+    Setting(f"{_P}.loss_mode", "vanilla", "str", "the policy loss", choices="POLICY_LOSSES", whatif=True),
     Setting(f"{_A}.clip_ratio", 0.2, "float", "PPO's clip range (both sides unless low / high are set)", _NONNEG),
     Setting(f"{_A}.clip_ratio_low", None, "float", "the lower clip range", _NONNEG,
-            widget=Widget("clip_ratio_low", 0.0, 10.0, 0.01, "%.3f"), inherits=f"{_A}.clip_ratio"),
+            widget=Widget("clip_ratio_low", 0.0, 10.0, 0.01, "%.3f"), inherits=f"{_A}.clip_ratio", whatif=True),
     Setting(f"{_A}.clip_ratio_high", None, "float", "the upper clip range", _NONNEG,
-            widget=Widget("clip_ratio_high", 0.0, 10.0, 0.01, "%.3f"), inherits=f"{_A}.clip_ratio"),
+            widget=Widget("clip_ratio_high", 0.0, 10.0, 0.01, "%.3f"), inherits=f"{_A}.clip_ratio", whatif=True),
     Setting(f"{_A}.clip_ratio_c", 3.0, "float", "dual-clip PPO's bound for negative advantages (> 1)",
-            widget=Widget("clip_ratio_c (dual clip)", 1.0, 100.0, 0.5)),
-    Setting(f"{_A}.loss_agg_mode", "token-mean", "str", "how token losses are aggregated", choices="AGG_MODES"),
+            widget=Widget("clip_ratio_c (dual clip)", 1.0, 100.0, 0.5), whatif=True),
+    Setting(f"{_A}.loss_agg_mode", "token-mean", "str", "how token losses are aggregated", choices="AGG_MODES", whatif=True),
     Setting(f"{_A}.loss_scale_factor", None, "float", "a fixed divisor of seq-mean-token-sum-norm (null: the horizon)",
             _DIVISOR),
-    Setting(f"{_A}.use_kl_loss", False, "bool", "add a KL-to-reference term to the actor's loss"),
-    Setting(f"{_A}.kl_loss_type", "low_var_kl", "str", "the KL estimator of the KL loss", choices="KL_ESTIMATORS"),
+    Setting(f"{_A}.use_kl_loss", False, "bool", "add a KL-to-reference term to the actor's loss", whatif=True),
+    Setting(f"{_A}.kl_loss_type", "low_var_kl", "str", "the KL estimator of the KL loss", choices="KL_ESTIMATORS", whatif=True),
     Setting(f"{_A}.kl_loss_coef", 0.001, "float", "the KL loss's coefficient", _NONNEG,
-            widget=Widget("kl_loss_coef", 0.0, 1000.0, 0.001, "%.4f")),
+            widget=Widget("kl_loss_coef", 0.0, 1000.0, 0.001, "%.4f"), whatif=True),
     Setting(f"{_A}.entropy_coeff", 0.0, "float", "the entropy bonus's coefficient"),
     Setting(f"{_A}.tau_pos", 1.0, "float", "SAPO's temperature for positive advantages",
             Range(0.0, FLOAT32_MAX, lo_open=True, why="SAPO divides by it")),

@@ -38,6 +38,7 @@ def test_widget_bounds_are_valid_values(s):
 
 
 def test_choices_name_real_registries():
+    from rldiag.config.choices import REGISTRIES, registry
     from rldiag.engine.advantage import ESTIMATORS
     from rldiag.engine.aggregation import AGG_MODES
     from rldiag.engine.kl import KL_ESTIMATORS
@@ -46,6 +47,7 @@ def test_choices_name_real_registries():
 
     registries = dict(ESTIMATORS=ESTIMATORS, AGG_MODES=AGG_MODES, KL_ESTIMATORS=KL_ESTIMATORS,
                       POLICY_LOSSES=POLICY_LOSSES, IS_LEVELS=IS_LEVELS, RS_OPTIONS=RS_OPTIONS)
+    assert set(REGISTRIES) == set(registries) and all(registry(n) is r for n, r in registries.items())
     for s in schema.SETTINGS:
         if s.choices is not None:
             reg = registries[s.choices]
@@ -98,3 +100,17 @@ def test_needs_critic_is_verls_need_critic(enable, estimator):
     s = resolve_settings(config={"critic.enable": enable, "algorithm.adv_estimator": estimator})
     assert schema.needs_critic(s.values) is s.uses_critic is uses_critic(s) is theirs
     assert s.resolved()["critic.enable"] is theirs
+
+
+def test_whatif_rows_are_edited_keys_with_widgets_or_choices():
+    from rldiag.config.choices import choices
+
+    rows = [s for s in schema.SETTINGS if s.whatif]
+    assert len(rows) == 20
+    for s in schema.SETTINGS:
+        assert s.widget is None or s.whatif, f"{s.key} has a What-if widget but the page does not edit it"
+    for s in rows:
+        if s.kind in ("float", "int"):
+            assert s.widget is not None, s.key
+    assert choices("algorithm.kl_ctrl.type") == ["fixed", "adaptive"]
+    assert choices("algorithm.gamma") is None

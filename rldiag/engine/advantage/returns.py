@@ -49,7 +49,7 @@ def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv * inp.mask, returns
 
 
-@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(),
+@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(), grouped=True,
                      source="verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage; arXiv:2501.03262")
 def reinforce_plus_plus_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: ``R - group mean`` (mean includes the row; 0 for a singleton group),
