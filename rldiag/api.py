@@ -76,6 +76,7 @@ __all__ = [
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame", "SIGN_DIFFERS",
     "StepTokensResult", "SweepResult", "sweep", "sweep_summary", "sweeps", "COUNTERFACTUAL_CAVEAT",
     "describe_counterfactual", "FollowDoctorResult", "HealthEvent", "follow_doctor", "WhatifOptions", "whatif_options",
+    "compare_so_far",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -250,6 +251,8 @@ class RecomputeResult:
     steps_done: list[int] = field(default_factory=list)
     steps_failed: dict[int, str] = field(default_factory=dict)  # step -> why
     steps_reused: list[int] = field(default_factory=list)  # unchanged since the last recompute
+    #: step -> traceback, for the failed steps a bug in rldiag failed (their ``steps_failed`` says ``InternalError``)
+    internal_errors: dict[int, str] = field(default_factory=dict)
     seconds: float = 0.0
     rows: int = 0  # rows recomputed (reused steps not counted)
     tokens: int = 0  # tokens recomputed
@@ -265,7 +268,8 @@ class RecomputeResult:
 
         return cls(name=rep.name, path=rep.path, metrics=_frame(metrics_table(rep.metrics)), settings=rep.settings,
                    device=rep.device, executor=rep.executor, steps_done=list(rep.steps_done), steps_failed=dict(rep.steps_failed),
-                   steps_reused=sorted(rep.steps_reused), seconds=rep.seconds, rows=rep.rows, tokens=rep.tokens)
+                   steps_reused=sorted(rep.steps_reused), internal_errors=dict(rep.internal), seconds=rep.seconds,
+                   rows=rep.rows, tokens=rep.tokens)
 
     def token_frame(self, step: int) -> pl.DataFrame:
         """One step's per-token outputs (a recompute with ``save_tokens``): one row per batch
@@ -421,6 +425,15 @@ def compare(
 
     return run_compare(run, a, b, steps=steps, recompute_missing=recompute_missing, device=device,
                        progress=_by_step(progress), on_step=on_step)
+
+
+def compare_so_far(agreements: Sequence[TokenAgreement]) -> tuple[dict[str, Any], pl.DataFrame]:
+    """What a running :func:`compare` has found so far, from the agreements its ``on_step`` got:
+    the summary (as the finished comparison's ``summary``) and the per-step frame the app draws."""
+    from rldiag.analysis.agreement import agreement_frame
+    from rldiag.analysis.compare import summarise
+
+    return summarise(list(agreements)), agreement_frame(list(agreements))
 
 
 def compare_estimators(
