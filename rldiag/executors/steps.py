@@ -354,9 +354,10 @@ def _metric_rows(result: Result, steps_ok: set[int]) -> dict[int, dict[str, floa
     return out
 
 
-#: what a pack's computation may raise and fail its steps with, rather than stop the recompute
-COMPUTE_ERRORS: tuple[type[BaseException], ...] = (RldiagError, RuntimeError, ValueError, IndexError, TypeError,
-                                                   ArithmeticError)
+#: what a pack's computation may raise and fail its steps with, rather than stop the recompute: an input the
+#: engine refuses (an RldiagError: its message kept) or anything else it raises (a bug: an InternalError with its
+#: traceback, :func:`pack_outcomes`); a KeyboardInterrupt still stops it
+COMPUTE_ERRORS: tuple[type[BaseException], ...] = (Exception,)
 
 
 def pack_batch(pack: list[Fetched], job: Job):
@@ -389,7 +390,7 @@ def pack_outcomes(pack: list[Fetched], job: Job, result: Result | BaseException,
         # kept), or a device out of memory (not a bug); the pack's steps fail with it, and every other
         # step is still computed and written
         steps = ", ".join(str(f.task.step) for f in pack)
-        if isinstance(result, torch.cuda.OutOfMemoryError):
+        if isinstance(result, (torch.cuda.OutOfMemoryError, MemoryError)):
             msg, trace = f"ComputeError: steps {steps}: {type(result).__name__}: {result}", None
         else:
             internal = InternalError.of(result, f"steps {steps}")

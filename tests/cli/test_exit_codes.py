@@ -100,6 +100,18 @@ def test_an_engine_bug_fails_its_step_and_the_others_are_written(tmp_path, monke
     assert meta["steps_done"] == [1, 3, 4] and list(meta["steps_failed"]) == ["2"]
 
 
+@pytest.mark.parametrize("bug", [KeyError("critic/vf_loss"), AssertionError("rows out of order"),
+                                 AttributeError("'NoneType' object has no attribute 'shape'")])
+def test_any_exception_the_engine_raises_fails_its_steps_only(tmp_path, capsys, monkeypatch, bug):
+    from rldiag.recompute import recompute
+
+    run = write_synth_run(tmp_path / "run", SynthSpec(steps=3, seed=3))
+    _engine_raising(monkeypatch, bug, on_step=3)
+    rep = recompute(run, pack_tokens=1)
+    assert rep.steps_done == [1, 2] and rep.steps_failed[3].startswith(f"InternalError: steps 3: {type(bug).__name__}")
+    assert list(rep.internal) == [3]
+
+
 def test_a_refused_input_stays_a_compute_error(tmp_path, capsys, monkeypatch):
     from rldiag.errors import ComputeError
 
