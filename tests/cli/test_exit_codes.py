@@ -134,3 +134,12 @@ def test_an_unexpected_exception_anywhere_is_an_internal_error(tmp_path, capsys,
     err = capsys.readouterr().err
     assert "rldiag: internal error in rldiag check: AttributeError: 'NoneType' object has no attribute 'steps'" in err
     assert "Traceback (most recent call last)" in err
+
+
+def test_running_out_of_memory_is_no_bug(tmp_path, capsys, monkeypatch):
+    run = write_synth_run(tmp_path / "run", SynthSpec(steps=2, seed=3))
+    _engine_raising(monkeypatch, MemoryError("cannot allocate 8 GiB"))
+    assert main(["recompute", str(run)]) == exit_codes.FAILED
+    err = capsys.readouterr().err
+    assert "ComputeError: steps 1, 2: MemoryError: cannot allocate 8 GiB" in err.replace("\n", " ")
+    assert "internal error" not in err
