@@ -139,7 +139,7 @@ def bench_whatif(root: Path, steps: int, rows: int, length: int) -> list[tuple[s
     """What the What-if page does on Recompute (the baseline already there): the scenario's
     recompute with tokens, then the compare of the baseline with it (steps streamed, with progress)."""
     from rldiag import api
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
     from rldiag.synth import SynthSpec, write_synth_run
 
     if (root / "whatif").exists():  # a fresh run: a scenario left by an earlier bench would be reused

@@ -25,7 +25,7 @@ from rldiag.doctor.counterfactual import counterfactuals
 from rldiag.doctor.evaluators import Evidence, Finding
 from rldiag.doctor.rules import load_rules
 from rldiag.io.rundir import RunDir
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 
 
 def _synth(path: Path, spec: str) -> Path:

@@ -15,7 +15,7 @@ tool gaps, all log-prob columns) and reports side by side, each measured in its 
 (so peak memory is its own):
 
   (a) read   reading the columns a recompute needs from Parquet into the engine's tensors
-  (b) rldiag `rldiag.recompute.recompute` with all metrics (CPU, or --device), cold: it hashes
+  (b) rldiag `rldiag.scenario.recompute.recompute` with all metrics (CPU, or --device), cold: it hashes
              every input file (SHA-256, for scenario.json) and reuses nothing
   (b') known the same recompute as a new scenario of a run that another scenario has recomputed
              already: the files' hashes are known (their size and mtime match that scenario's
@@ -113,14 +113,14 @@ def work_read(run: str, estimator: str, device: str) -> dict:
 
 
 def work_rldiag(run: str, estimator: str, device: str) -> dict:
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     rep = recompute(run, {"algorithm.adv_estimator": estimator}, name=f"bench-{estimator}", device=device, reuse=False)
     return {"tokens": rep.tokens, "failed": len(rep.steps_failed)}
 
 
 def work_known(run: str, estimator: str, device: str) -> dict:
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     rep = recompute(run, {"algorithm.adv_estimator": estimator}, name=f"bench-known-{estimator}", device=device)
     if rep.steps_reused:
@@ -130,7 +130,7 @@ def work_known(run: str, estimator: str, device: str) -> dict:
 
 def work_prime(run: str, estimator: str, device: str) -> dict:
     """Not measured: the scenario whose input records (b') finds."""
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     rep = recompute(run, {"algorithm.adv_estimator": "grpo"}, name="bench-hashes", device=device, reuse=False)
     return {"tokens": rep.tokens}

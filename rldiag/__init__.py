@@ -8,92 +8,46 @@ stays cheap::
     rloo = rldiag.recompute("runs/grpo", estimator="rloo")
     rloo.metrics  # polars frame, one row per step
 
-``rldiag.recompute`` and ``rldiag.check`` are the API's functions even though modules of those
-names exist (``from rldiag.recompute import ...`` still reaches the module; ``import
-rldiag.recompute as m`` would give the function).
+``rldiag.<name>`` is ``rldiag.api.<name>`` for every name of ``rldiag.api.__all__`` (declared
+there once); no module or package directly under ``rldiag/`` is named like one of them.
 """
 
 from __future__ import annotations
 
-import sys
-import types
-
-from rldiag.version import __version__
+from rldiag.version import __version__ as __version__
 
 #: ``typing.TYPE_CHECKING`` without importing typing (type checkers take the name as true)
 TYPE_CHECKING = False
 
-__all__ = [
-    "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
-    "RecomputeResult", "VerifyResult", "__version__", "check", "compare", "compare_estimators", "diagnose",
-    "import_wandb", "logged", "mismatch", "mismatch_tokens", "recompute", "settings", "tolerances", "verify",
-    "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame",
-    "SweepResult", "sweep", "sweep_summary", "sweeps", "FollowDoctorResult", "HealthEvent", "follow_doctor",
-]
-#: what ``import rldiag`` offers from :mod:`rldiag.api`, imported on first use
-_API = frozenset(__all__) - {"__version__"}
-
 if TYPE_CHECKING:
     from typing import Any
 
-    from rldiag.api import (
-        CheckResult,
-        CompareResult,
-        DiagnoseResult,
-        EstimatorsResult,
-        FollowDoctorResult,
-        HealthEvent,
-        ImportResult,
-        LayoutAuditResult,
-        MismatchResult,
-        RecomputeResult,
-        SweepResult,
-        VerifyResult,
-        check,
-        compare,
-        compare_estimators,
-        diagnose,
-        follow_doctor,
-        import_wandb,
-        layout_audit,
-        logged,
-        mismatch,
-        mismatch_tokens,
-        recompute,
-        rows,
-        rows_count,
-        settings,
-        step_token_frame,
-        step_tokens,
-        sweep,
-        sweep_summary,
-        sweeps,
-        tolerances,
-        verify,
-    )
+    from rldiag.api import *  # noqa: F403 - the API's names, for type checkers
+
+#: the names offered besides the API's (``__all__`` is ``rldiag.api.__all__`` plus these)
+_OWN = ("__version__",)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _API:
-        from rldiag import api
+    # ``__all__`` too (``from rldiag import *``): the API's list, read on first use
+    if name == "api" or (name.startswith("__") and name != "__all__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")  # (a submodule: imported as such)
+    api = _api()
 
-        return getattr(api, name)
+    if name == "__all__":
+        return [*_OWN, *api.__all__]
+    if name in api.__all__:
+        value = getattr(api, name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_API})
+    return sorted({*globals(), *_api().__all__})
 
 
-class _Package(types.ModuleType):
-    """The ``rldiag`` package: importing its submodule ``rldiag.recompute`` (or ``rldiag.check``)
-    does not replace the API function of that name (Python sets a submodule as an attribute of
-    its package after importing it)."""
+def _api() -> Any:
+    from importlib import import_module
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _API and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+    return import_module("rldiag.api")

@@ -45,16 +45,13 @@ if TYPE_CHECKING:
     import polars as pl
 
     from rldiag.analysis.agreement import TokenAgreement
+    from rldiag.analysis.check import CheckReport as CheckResult
     from rldiag.analysis.compare import CompareReport as CompareResult
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
-    from rldiag.analysis.rows import SIGN_DIFFERS
-    from rldiag.analysis.scenarios import StepTokens as StepTokensResult
-    from rldiag.analysis.sweep import SweepReport as SweepResult
     from rldiag.analysis.tolerance import Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
-    from rldiag.check import CheckReport as CheckResult
     from rldiag.config.settings import Settings
     from rldiag.doctor import DoctorReport as DiagnoseResult
     from rldiag.doctor.counterfactual import CAVEAT as COUNTERFACTUAL_CAVEAT
@@ -66,17 +63,28 @@ if TYPE_CHECKING:
     from rldiag.importers.wandb_import import ImportReport as ImportResult
     from rldiag.importers.wandb_online import ApiFactory
     from rldiag.io.fs import RemotePath
-    from rldiag.recompute import ScenarioReport
+    from rldiag.io.rundir import Steps
+    from rldiag.scenario.sweep import SweepReport as SweepResult
+    from rldiag.scenario.tokens import StepTokens as StepTokensResult
+    from rldiag.scenario.write import ScenarioReport
+    from rldiag.store.rows import SIGN_DIFFERS
 
+#: every public name of rldiag's Python API, declared here once: ``rldiag.<name>`` offers each
+#: (rldiag/__init__.py); those not defined in this module are :data:`_LAZY`'s keys (a test
+#: checks both ways). docs/python-api.md lists them all.
 __all__ = [
-    "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "ImportResult", "MismatchResult",
-    "Progress", "RecomputeResult", "Settings", "Tol", "TokenAgreement", "Tolerances", "VerifyResult", "check",
-    "compare", "compare_estimators", "diagnose", "import_wandb", "logged", "mismatch", "mismatch_tokens",
-    "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
-    "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame", "SIGN_DIFFERS",
-    "StepTokensResult", "SweepResult", "sweep", "sweep_summary", "sweeps", "COUNTERFACTUAL_CAVEAT",
-    "describe_counterfactual", "FollowDoctorResult", "HealthEvent", "follow_doctor", "WhatifOptions", "whatif_options",
-    "compare_so_far",
+    # functions
+    "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
+    "import_wandb",
+    "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "reusable_steps", "rows",
+    "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
+    "warm_up", "whatif_options",
+    # results
+    "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "FollowDoctorResult", "HealthEvent",
+    "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "StepTokensResult", "SweepResult",
+    "TokenAgreement", "VerifyResult", "WhatifOptions",
+    # what the functions take, and constants
+    "COUNTERFACTUAL_CAVEAT", "Progress", "SIGN_DIFFERS", "Settings", "Tol", "Tolerances",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -84,8 +92,9 @@ Progress: TypeAlias = Callable[[int, int, str], None]
 #: a run directory, or its object-store URI (``s3://bucket/run``) where the function supports one
 Run: TypeAlias = "str | Path | RemotePath"
 
-#: the result types that are the commands' own reports, and the types their arguments take:
-#: resolved on first use (``module:attribute``), so that importing this module imports none of them
+#: where the names of :data:`__all__` not defined in this module are (``module:attribute``): the
+#: result types that are the commands' own reports, and the types their arguments take, resolved
+#: on first use, so that importing this module imports none of them
 _LAZY = {
     "VerifyResult": "rldiag.analysis.verify:VerifyReport",
     "CompareResult": "rldiag.analysis.compare:CompareReport",
@@ -95,15 +104,15 @@ _LAZY = {
     "HealthEvent": "rldiag.doctor.live:HealthEvent",
     "MismatchResult": "rldiag.analysis.mismatch:MismatchDiagnosis",
     "LayoutAuditResult": "rldiag.analysis.layout_audit:LayoutAuditResult",
-    "SweepResult": "rldiag.analysis.sweep:SweepReport",
-    "StepTokensResult": "rldiag.analysis.scenarios:StepTokens",
-    "CheckResult": "rldiag.check:CheckReport",
+    "SweepResult": "rldiag.scenario.sweep:SweepReport",
+    "StepTokensResult": "rldiag.scenario.tokens:StepTokens",
+    "CheckResult": "rldiag.analysis.check:CheckReport",
     "ImportResult": "rldiag.importers.wandb_import:ImportReport",
     "TokenAgreement": "rldiag.analysis.agreement:TokenAgreement",
     "Tolerances": "rldiag.analysis.tolerance:Tolerances",
     "Tol": "rldiag.analysis.tolerance:Tol",
     "Settings": "rldiag.config.settings:Settings",
-    "SIGN_DIFFERS": "rldiag.analysis.rows:SIGN_DIFFERS",
+    "SIGN_DIFFERS": "rldiag.store.rows:SIGN_DIFFERS",
     # a doctor finding's counterfactual in words (the sentences the CLI and the app show) and its caveat
     "describe_counterfactual": "rldiag.doctor.counterfactual:describe",
     "COUNTERFACTUAL_CAVEAT": "rldiag.doctor.counterfactual:CAVEAT",
@@ -292,7 +301,7 @@ def recompute(
     *,
     estimator: str | None = None,
     name: str | None = None,
-    steps: str | None = None,
+    steps: Steps = None,
     device: str = "auto",
     save_tokens: bool = False,
     reuse: bool = True,
@@ -307,7 +316,8 @@ def recompute(
     ``estimator`` is short for ``algorithm.adv_estimator``) and write the scenario ``name``
     (default ``baseline``, or a slug of the overrides: ``adv_estimator=rloo``).
 
-    ``steps``: ``"12"``, ``"10:20"``, ``"10:"``, ``":20"`` or ``"1,5,9"`` (default all).
+    ``steps``: ``"12"``, ``"10:20"``, ``"10:"``, ``":20"``, ``"1,5,9"`` or the step numbers (``[1, 5, 9]``;
+    default all).
     ``device``: ``auto``, ``cpu`` or ``cuda``. ``save_tokens`` also writes per-token outputs
     (:meth:`RecomputeResult.token_frame`). Steps unchanged since the last recompute of the
     scenario are reused unless ``reuse`` is False. ``executor``: ``"local"`` (this process),
@@ -320,8 +330,8 @@ def recompute(
     and returns the last one after ``idle_timeout`` seconds without a new file (never when
     None: stop it with Ctrl-C, a ``KeyboardInterrupt``).
     """
-    from rldiag.recompute import follow as run_follow
-    from rldiag.recompute import recompute as run_recompute
+    from rldiag.scenario.recompute import follow as run_follow
+    from rldiag.scenario.recompute import recompute as run_recompute
 
     options: dict[str, Any] = dict(name=name, steps=steps, device=device, save_tokens=save_tokens, reuse=reuse,
                                    executor=executor, progress=_by_step(progress))
@@ -335,6 +345,20 @@ def recompute(
     rep = run_follow(run, _overrides(overrides, estimator), poll_seconds=poll_seconds, idle_timeout=idle_timeout,
                      on_update=update, **options)
     return RecomputeResult.from_report(rep)
+
+
+def reusable_steps(run: Run, name: str = "baseline", overrides: Mapping[str, Any] | None = None, *,
+                   estimator: str | None = None, save_tokens: bool = False) -> list[int]:
+    """The steps of scenario ``name`` that :func:`recompute` (with these ``overrides`` and
+    ``save_tokens``) would reuse rather than compute, should their batch files be unchanged
+    (the recompute checks each file's size, mtime and SHA-256): those its last write holds
+    under the same settings and rldiag version, with their per-row (and per-token) files; none
+    when the scenario does not exist or was written otherwise (an adaptive KL controller: never).
+    The recompute's own planner decides it (the app's background baseline plans its chunks with it)."""
+    from rldiag.io.fs import as_path
+    from rldiag.scenario.plan import reusable_steps as plan_reusable
+
+    return plan_reusable(as_path(run), name, settings(run, overrides, estimator=estimator), save_tokens)
 
 
 def step_tokens(
@@ -351,7 +375,7 @@ def step_tokens(
     (``RUN/rldiag/cache/<scenario>/``, the few steps looked at last kept and reused while their
     batch files and the settings stay the same). ``result.path`` is the tokens file (None with
     ``result.error`` when the step fails)."""
-    from rldiag.analysis.scenarios import step_tokens as run_step_tokens
+    from rldiag.scenario.tokens import step_tokens as run_step_tokens
 
     return run_step_tokens(run, step, scenario, device=device, progress=_by_step(progress))
 
@@ -367,7 +391,7 @@ def ray_executor(address: str | None = None, gpus_per_task: float = 1.0) -> Exec
 
 
 #: the modules :func:`warm_up` imports (a process that forks workers may preload them by name)
-WARM_MODULES = ("rldiag.recompute", "rldiag.analysis.verify", "rldiag.analysis.compare", "rldiag.doctor")
+WARM_MODULES = ("rldiag.scenario.recompute", "rldiag.analysis.verify", "rldiag.analysis.compare", "rldiag.doctor")
 
 
 def warm_up() -> None:
@@ -385,7 +409,7 @@ def verify(
     overrides: Mapping[str, Any] | None = None,
     *,
     estimator: str | None = None,
-    steps: str | None = None,
+    steps: Steps = None,
     tolerances: Tolerances | None = None,
     masked_only: bool = False,
     candidates: bool = True,
@@ -410,7 +434,7 @@ def compare(
     a: str,
     b: str,
     *,
-    steps: str | None = None,
+    steps: Steps = None,
     recompute_missing: bool = True,
     device: str = "auto",
     progress: Progress | None = None,
@@ -440,7 +464,7 @@ def compare_estimators(
     run: Run,
     estimators: Sequence[str],
     *,
-    steps: str | None = None,
+    steps: Steps = None,
     device: str = "auto",
     progress: Progress | None = None,
 ) -> EstimatorsResult:
@@ -469,7 +493,7 @@ def sweep(
     *,
     estimators: Sequence[str] | None = None,
     name: str | None = None,
-    steps: str | None = None,
+    steps: Steps = None,
     save_tokens: bool = False,
     reuse: bool = True,
     device: str = "auto",
@@ -487,7 +511,7 @@ def sweep(
     (or :func:`ray_executor`): each scenario recomputed on its own on the cluster.
     ``result.summary_frame()``: every scenario, step and metric; ``result.table_frame()``: the
     mean over the steps per scenario."""
-    from rldiag.analysis.sweep import sweep as run_sweep
+    from rldiag.scenario.sweep import sweep as run_sweep
 
     return run_sweep(run, grid, overrides, estimators=estimators, name=name, steps=steps, save_tokens=save_tokens,
                      reuse=reuse, device=device, executor=executor, progress=_by_step(progress))
@@ -530,7 +554,7 @@ def diagnose(
     *,
     estimator: str | None = None,
     rules_files: Iterable[str | Path] = (),
-    steps: str | None = None,
+    steps: Steps = None,
     recompute: bool = True,
     device: str = "cpu",
     progress: Progress | None = None,
@@ -586,7 +610,7 @@ def mismatch(
     run: Run,
     overrides: Mapping[str, Any] | None = None,
     *,
-    steps: str | None = None,
+    steps: Steps = None,
     device: str = "cpu",
     examples: bool = True,
     save_tokens: bool | None = None,
@@ -601,13 +625,14 @@ def mismatch(
     sampling settings. ``examples``: each cause lists the tokens with the largest gaps (read back
     from the batch files). ``save_tokens``: whether the recompute saves per-token values (None:
     keep what the scenario saved, so that a diagnosis never drops the tokens an earlier recompute
-    wrote). ``write=False`` writes nothing (a run rldiag may not write into): each step's batch
-    file is read for the statistics' columns alone and no scenario is kept. ``result.causes`` is
+    wrote). ``write=False`` writes nothing (a run rldiag may not write into): the steps are
+    recomputed in memory (the same metrics, nothing kept). ``result.causes`` is
     empty when the two streams agree."""
-    from rldiag.analysis.mismatch_run import diagnose_rows, stream_rows
+    from rldiag.analysis.mismatch_run import diagnose_rows
     from rldiag.config.settings import resolve_settings, scenario_slug
-    from rldiag.io.rundir import RunDir, parse_steps
-    from rldiag.recompute import recompute as run_recompute
+    from rldiag.io.rundir import RunDir
+    from rldiag.scenario.memory import recompute_in_memory
+    from rldiag.scenario.recompute import recompute as run_recompute
 
     rd = RunDir(run)
     opts = _overrides(overrides, None)
@@ -618,8 +643,8 @@ def mismatch(
         rows = run_recompute(rd.path, opts, steps=steps, device=device, save_tokens=save_tokens,
                              progress=_by_step(progress)).metrics
     else:
-        every = {sf.step: sf for sf in rd.require_steps()}
-        rows = stream_rows([every[s] for s in parse_steps(steps, sorted(every))], resolved, _by_step(progress))
+        (kept,) = recompute_in_memory(rd, [resolved], steps, device, progress=_by_step(progress))
+        rows = [{"step": step, **values} for step, values in sorted(kept.metrics.items())]
     files = {sf.step: sf for sf in rd.step_files()} if examples else None
     return diagnose_rows(rows, {**resolved.values, **resolved.resolved()}, files, resolved)
 
@@ -688,7 +713,7 @@ def rows(
     mean advantage changes sign under it). ``preview``: a ``response`` column with the first
     ``preview`` characters of each returned row's response. A scenario without per-row tables
     is a RunDirError saying to recompute first."""
-    from rldiag.analysis.rows import query_rows
+    from rldiag.store.rows import query_rows
 
     return _frame(query_rows(run, where, sort, limit, offset, scenario, search, other=other, preview=preview))
 
@@ -702,7 +727,7 @@ def rows_count(
     other: str | None = None,
 ) -> int:
     """How many rows :func:`rows` matches with the same ``where``, ``search`` and ``other``."""
-    from rldiag.analysis.rows import count_rows
+    from rldiag.store.rows import count_rows
 
     return count_rows(run, where, scenario, search, other=other)
 
@@ -711,7 +736,7 @@ def layout_audit(
     run: Run,
     overrides: Mapping[str, Any] | None = None,
     *,
-    steps: str | None = None,
+    steps: Steps = None,
     device: str = "cpu",
     progress: Progress | None = None,
 ) -> LayoutAuditResult:
@@ -732,7 +757,7 @@ def check(run: str | Path, *, progress: Progress | None = None) -> CheckResult:
     """What the run holds and what is wrong with it: steps, rows, tokens, columns, the skipped
     ``metrics.jsonl`` lines, and which estimators and metric families its columns allow
     (``result.problems``, ``result.steps_frame()``)."""
-    from rldiag.check import check_run
+    from rldiag.analysis.check import check_run
 
     return check_run(run, progress=_by_step(progress))
 

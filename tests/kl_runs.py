@@ -1,4 +1,4 @@
-"""Runs and settings for the adaptive KL controller's tests (tests/test_recompute_kl_replay.py,
+"""Runs and settings for the adaptive KL controller's tests (tests/scenario/test_recompute_kl_replay.py,
 tests/executors/): a controller that moves at every step, batches captured after rejection,
 malformed step files."""
 

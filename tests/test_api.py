@@ -55,17 +55,17 @@ def logged_lines(run: Path) -> dict[int, dict]:
 # ---- the package ------------------------------------------------------------------------------
 
 
-def test_the_package_offers_the_api_and_keeps_it_over_its_modules():
-    for name in rldiag.__all__:
-        assert getattr(rldiag, name) is not None
+def test_the_package_offers_every_name_of_the_api():
+    assert rldiag.__all__ == ["__version__", *api.__all__]
     for name in api.__all__:
-        assert getattr(api, name) is not None
-    importlib.import_module("rldiag.recompute")  # Python sets a submodule on its package ...
-    importlib.import_module("rldiag.check")
-    assert rldiag.recompute is api.recompute  # ... but not over the API's functions
-    assert rldiag.check is api.check
-    assert importlib.import_module("rldiag.recompute").ScenarioReport.__name__ == "ScenarioReport"
+        assert getattr(rldiag, name) is getattr(api, name) is not None
+    importlib.import_module("rldiag.scenario.recompute")  # the driver's modules live in their own package
+    importlib.import_module("rldiag.analysis.check")
+    assert rldiag.recompute is api.recompute and rldiag.check is api.check
     assert rldiag.VerifyResult is importlib.import_module("rldiag.analysis.verify").VerifyReport
+    assert rldiag.SweepResult is importlib.import_module("rldiag.scenario.sweep").SweepReport
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        rldiag.no_such_name  # noqa: B018
 
 
 @pytest.mark.slow  # a subprocess
@@ -324,7 +324,7 @@ def test_mismatch_keeps_the_tokens_the_scenario_saved(tmp_path):
 
 
 def test_mismatch_without_writing_equals_the_recomputed_one(sample, tmp_path):
-    """write=False streams the statistics from the batch files and writes nothing; the diagnosis
+    """write=False recomputes the steps in memory and writes nothing; the diagnosis
     is the one the recompute's metrics give."""
     run = shutil.copytree(sample, tmp_path / "run", ignore=shutil.ignore_patterns("rldiag"))
     streamed = rldiag.mismatch(run, write=False)

@@ -3,11 +3,13 @@ own (function-level imports included), and no import cycle between modules.
 
 Layers, from the ground up (a unit may import its own layer's other units and every layer below):
 
-    errors, registry, version < engine < config < io < executors < recompute, check
-    < analysis, doctor, capture, importers, synth < api < store, viz, toy < app, cli
+    errors, registry, version < engine < config < io < store < executors < scenario
+    < analysis, doctor, capture, importers, synth < api < viz, toy < app, cli
 
 ``capture``, ``importers`` and ``synth`` sit beside analysis and doctor (they write or fake run
-directories from the layers below); ``toy`` beside store and viz (a trainer the CLI's demo runs).
+directories from the layers below); ``store`` (DuckDB over run directories: the app's queries and
+``rldiag rows``) just above io, so the API and the app both use it; ``toy`` beside viz (a
+trainer the CLI's demo runs).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine",),
     ("config",),
     ("io",),
+    ("store",),
     ("executors",),
-    ("recompute", "check"),
+    ("scenario",),
     ("analysis", "doctor", "capture", "importers", "synth"),
     ("api",),
-    ("store", "viz", "toy"),
+    ("viz", "toy"),
     ("app", "cli"),
 ]
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}

@@ -34,7 +34,6 @@ import pyarrow.compute as pc
 
 from rldiag.analysis.agreement import TokenAgreement, agreement_frame, token_agreement
 from rldiag.analysis.logged import flat_list_column, logged_metrics
-from rldiag.analysis.scenarios import ensure_scenario, read_meta
 from rldiag.analysis.weights import effective_weights
 from rldiag.config.settings import resolve_settings
 from rldiag.errors import BatchError, ConfigError, OutputError, RunDirError
@@ -43,9 +42,10 @@ from rldiag.io.fs import RemotePath, arrow_source
 from rldiag.io.loader import read_schema, read_table
 from rldiag.io.outputs import json_safe, read_scenario
 from rldiag.io.run_layout import PAIR_SEP, ComparisonLayout, ScenarioLayout
-from rldiag.io.rundir import RunDir, StepFile, parse_steps
+from rldiag.io.rundir import RunDir, StepFile, Steps, parse_steps
 from rldiag.io.schema import id_type_problem
 from rldiag.io.staged import open_staged
+from rldiag.scenario.tokens import ensure_scenario, read_meta
 from rldiag.version import __version__
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ def compare(
     run: str | Path | RemotePath,
     a: str,
     b: str,
-    steps: str | None = None,
+    steps: Steps = None,
     recompute_missing: bool = True,
     device: str = "auto",
     progress: ProgressFn | None = None,
@@ -365,7 +365,7 @@ class EstimatorComparison:
 def compare_estimators(
     run: str | Path | RemotePath,
     estimators: list[str],
-    steps: str | None = None,
+    steps: Steps = None,
     device: str = "auto",
     progress: ProgressFn | None = None,
     on_scenario: Callable[[str], None] | None = None,

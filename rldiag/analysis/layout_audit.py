@@ -23,7 +23,7 @@ scenario per layout, ``metrics.parquet`` (one row per metric) and ``audit.json``
 
 The planning and the statistics are pure functions of the settings, the steps' row counts and
 per-layout metric tables; :func:`run_layouts` is the one place that recomputes. It calls
-:func:`rldiag.recompute.recompute` once per layout; a sweep driver that reads each step once for
+:func:`rldiag.scenario.recompute.recompute` once per layout; a sweep driver that reads each step once for
 every layout (``rldiag.sweep``, being built) replaces its body, nothing else.
 """
 
@@ -55,7 +55,7 @@ from rldiag.engine.batch_layout import (
 from rldiag.errors import RldiagError
 from rldiag.io.fs import RemotePath
 from rldiag.io.outputs import json_safe
-from rldiag.io.rundir import RunDir, parse_steps
+from rldiag.io.rundir import RunDir, Steps, parse_steps
 
 if TYPE_CHECKING:
     import polars as pl
@@ -573,12 +573,12 @@ class LayoutRun:
 
 def run_layouts(
     run: Path | RemotePath, scenarios: Mapping[str, Mapping[str, Any]], target: LayoutAuditLayout,
-    steps: str | None, device: str, progress: ProgressFn | None,
+    steps: Steps, device: str, progress: ProgressFn | None,
 ) -> dict[str, LayoutRun]:
     """Recompute ``run`` once per layout (``scenarios``: name -> overrides, the run's settings
     under them) into ``target.scenario(name)``, unchanged steps reused. The one place the audit
     recomputes: ``rldiag.sweep`` (one read of each step for every layout) replaces this body."""
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     out: dict[str, LayoutRun] = {}
     count = len(parse_steps(steps, [sf.step for sf in RunDir(run).require_steps()]))
@@ -626,7 +626,7 @@ def _write(target: LayoutAuditLayout, result: LayoutAuditResult, overrides: Mapp
 
 
 def layout_audit(
-    run: str | Path | RemotePath, overrides: Mapping[str, Any] | None = None, *, steps: str | None = None,
+    run: str | Path | RemotePath, overrides: Mapping[str, Any] | None = None, *, steps: Steps = None,
     device: str = "cpu", progress: ProgressFn | None = None,
 ) -> LayoutAuditResult:
     """Audit ``run`` (its settings plus ``overrides``) over the layouts of :func:`candidate_layouts`
@@ -635,7 +635,7 @@ def layout_audit(
     when the run cannot be recomputed under its own settings."""
     from rldiag.analysis.logged import logged_metrics
     from rldiag.io.loader import row_count
-    from rldiag.recompute import check_settings
+    from rldiag.scenario.plan import check_settings
 
     t0 = time.perf_counter()
     rd = RunDir(run)
@@ -647,9 +647,8 @@ def layout_audit(
     rows = [row_count(files[s]) for s in chosen]
     layouts = plan_layouts(settings, rows, lambda extra: resolve_settings(rd.path, {**overrides, **extra}))
     target = rd.layout.layout_audit
-    spec = ",".join(map(str, chosen)) if steps is not None else None
-    ran = run_layouts(rd.path, {x.name: {**overrides, **x.settings} for x in layouts if x.runs}, target, spec, device,
-                      progress)
+    ran = run_layouts(rd.path, {x.name: {**overrides, **x.settings} for x in layouts if x.runs}, target,
+                      chosen if steps is not None else None, device, progress)
     for x in layouts:
         got = ran.get(x.name)
         if got is None:

@@ -9,7 +9,7 @@ Off-policy page draws.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ import pyarrow as pa
 import torch
 
 from rldiag.analysis.mismatch import PREFIX, Cause, MismatchDiagnosis, diagnose_mismatch
-from rldiag.engine.mismatch import actor_tokens, mismatch_stats, top_gap_tokens
+from rldiag.engine.mismatch import actor_tokens, top_gap_tokens
 from rldiag.engine.requirements import mismatch_columns
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.stages.mismatch import trainer_column
@@ -27,25 +27,6 @@ from rldiag.io.rundir import StepFile
 TEXT_COLUMN = "response_tokens"
 #: tokens listed per cause as examples
 EXAMPLES = 10
-
-
-def stream_rows(files: Sequence[StepFile], settings: EngineSettings,
-                progress: Callable[[int, int, int], None] | None = None) -> list[dict[str, Any]]:
-    """The ``rldiag/mismatch/*`` metric rows of ``files``, one step at a time, reading only the
-    columns the statistics need and writing nothing (a run rldiag may not write into). Steps
-    without both log-prob columns give no row."""
-    out: list[dict[str, Any]] = []
-    for i, sf in enumerate(files, 1):
-        names = set(read_schema(sf).names)
-        if {"rollout_log_probs", trainer_column(settings)} <= names:
-            b = load_step(sf, settings, mismatch_columns(settings)).batch
-            trainer, mask = _trainer(b, settings), b.loss_mask if b.loss_mask is not None else b.response_mask
-            assert b.rollout_log_probs is not None
-            stats = mismatch_stats(trainer, b.rollout_log_probs, mask, b.rows, b.step_ids, 1, lag=_lag_of(b))
-            out.append({"step": sf.step, **{PREFIX + k: float(v[0]) for k, v in stats.items()}})
-        if progress is not None:
-            progress(i, len(files), sf.step)
-    return out
 
 
 def stats_from_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[list[int], dict[str, np.ndarray]]:

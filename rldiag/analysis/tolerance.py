@@ -127,3 +127,43 @@ def diff(expected: np.ndarray, actual: np.ndarray, tol: Tol) -> Diff:
         denom = np.abs(e)
         rel = np.where((denom > 0) & np.isfinite(denom), abs_err / np.where(denom > 0, denom, 1.0), np.nan)
     return Diff(bad=~(same | close), abs_err=abs_err, rel_err=rel)
+
+
+#: how verify names a difference on a whitened exact tie (:func:`whitened_constant_noise`)
+WHITENED_CONSTANT = "rounding noise of a whitened constant"
+
+
+def whitened_constant_noise(expected: np.ndarray, actual: np.ndarray, on: np.ndarray, rows: np.ndarray,
+                            segments: np.ndarray) -> np.ndarray:
+    """Positions where ``expected`` and ``actual`` are each the whitening of an exactly tied segment.
+
+    Whitening ``(x - mean) / (std + eps)`` (GRPO) or ``(x - mean) * rsqrt(var + eps)`` (verl's
+    ``masked_whiten``) of n equal values is, in float32, ``-d / (|d| sqrt(n / (n - 1)) + eps)``
+    with ``d`` the rounding error of the float32 mean (a few ulps, set by the summation order):
+    one value over the whole segment, of magnitude below 1, where the exact answer is 0 (verl
+    0.9.1's GRPO gives -0.0074 on 16 x 0.1, rldiag -0.0147). Such a pair is recognised by what
+    it is: over the positions of a segment (the uid group or the step the estimator whitens
+    over) where ``on`` holds, on 2 rows or more, the expected values are one constant, the actual
+    ones another, both of magnitude below 1.
+
+    All arguments are flat ``(k,)`` over the compared positions: the two sides, ``on`` (bool: the
+    whitened positions, response_mask 1), each position's row and its segment id (int).
+    Returns ``(k,)`` bool (False outside ``on``).
+    """
+    out = np.zeros(expected.shape, dtype=bool)
+    idx = np.flatnonzero(on)
+    if idx.size == 0:
+        return out
+    _, seg = np.unique(segments[idx], return_inverse=True)
+    k = int(seg.max()) + 1
+    e, a = expected[idx], actual[idx]
+    same = np.ones(k, dtype=bool)
+    for x in (e, a):
+        lo, hi = np.full(k, np.inf), np.full(k, -np.inf)
+        np.minimum.at(lo, seg, x)
+        np.maximum.at(hi, seg, x)
+        same &= (lo == hi) & (np.abs(hi) < 1)
+    _, first_of_row = np.unique(np.stack([seg, rows[idx]]), axis=1, return_index=True)
+    n_rows = np.bincount(seg[first_of_row], minlength=k)
+    out[idx] = (same & (n_rows >= 2))[seg]
+    return out

@@ -34,19 +34,22 @@ import torch
 
 from rldiag.analysis.candidates import candidate_overrides, describe, is_layout, layout_text
 from rldiag.analysis.logged import LOGGED_TOKEN_COLUMNS, logged_metrics, read_logged_tokens, row_token_of
-from rldiag.analysis.tolerance import Tolerances, diff
+from rldiag.analysis.tolerance import Tolerances, diff, whitened_constant_noise
 from rldiag.config.settings import Settings, resolve_settings
-from rldiag.engine.pipeline import KLControllerState, initial_kl_state, recompute_batch
+from rldiag.engine.advantage import ESTIMATORS
+from rldiag.engine.pipeline import KLControllerState, initial_kl_state
 from rldiag.engine.requirements import recompute_columns
 from rldiag.errors import ComputeError, RldiagError
+from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import chain, replay_statistics
 from rldiag.executors.steps import Job, StepTask
 from rldiag.io.arrays import rows_frame
 from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.outputs import json_safe
-from rldiag.io.rundir import RunDir, StepFile, parse_steps
-from rldiag.recompute import check_settings, resolve_device
+from rldiag.io.rundir import RunDir, StepFile, Steps, parse_steps
+from rldiag.scenario.memory import recompute_step
+from rldiag.scenario.plan import check_settings
 
 if TYPE_CHECKING:
     import polars as pl
@@ -54,6 +57,9 @@ if TYPE_CHECKING:
 ProgressFn = Callable[[int, int, int], None]
 #: Order in which fields are reported (pipeline order: an upstream mismatch explains later ones).
 TOKEN_ORDER = (*LOGGED_TOKEN_COLUMNS, "response_mask")
+#: token fields that hold a whitened value (returns are the advantages for the estimators that
+#: whiten per group)
+WHITENED_FIELDS = ("advantages", "returns")
 
 
 @dataclass
@@ -89,6 +95,11 @@ class FieldReport:
     max_rel_err: float = 0.0
     first: Mismatch | None = None
     worst: Mismatch | None = None  # the largest absolute error
+    #: values that differ by the rounding noise of a whitened constant (an exactly tied group or
+    #: step, exact value 0: rldiag.analysis.tolerance.whitened_constant_noise), not mismatches;
+    #: their largest absolute difference (not in max_abs_err / max_rel_err)
+    noise: int = 0
+    noise_max_abs_err: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -192,6 +203,8 @@ class _FieldStep:
     max_rel: float
     first: Mismatch | None
     worst: Mismatch | None
+    noise: int = 0
+    noise_max: float = 0.0
 
 
 @dataclass
@@ -208,9 +221,16 @@ def _nanmax(x: np.ndarray) -> float:
 
 
 def _field_step(name: str, kind: str, step: int, expected: np.ndarray, actual: np.ndarray, tols: Tolerances,
-                lengths: np.ndarray | None, index: np.ndarray | None) -> _FieldStep:
-    """Compare flat arrays; ``index`` maps positions back to flat token indices (masked_only)."""
+                lengths: np.ndarray | None, index: np.ndarray | None, noise: np.ndarray | None = None) -> _FieldStep:
+    """Compare flat arrays; ``index`` maps positions back to flat token indices (masked_only);
+    ``noise`` (bool, per position): where a difference is rounding noise of a whitened constant."""
     d = diff(expected, actual, tols.for_field(name, "metric" if kind == "metric" else "token"))
+    n_noise, noise_max = 0, 0.0
+    if noise is not None and bool((d.bad & noise).any()):
+        n_noise, noise_max = int((d.bad & noise).sum()), _nanmax(d.abs_err[d.bad & noise])
+        d.bad &= ~noise
+        d.abs_err[noise] = 0.0
+        d.rel_err[noise] = np.nan
 
     def at(i: int) -> Mismatch:
         row = tok = None
@@ -227,7 +247,21 @@ def _field_step(name: str, kind: str, step: int, expected: np.ndarray, actual: n
         errs = np.where(np.isnan(d.abs_err[bad]), np.inf, d.abs_err[bad])
         worst = at(int(bad[int(np.argmax(errs))]))
     return _FieldStep(kind=kind, compared=int(expected.size), bad=int(bad.size), max_abs=_nanmax(d.abs_err),
-                      max_rel=_nanmax(d.rel_err), first=first, worst=worst)
+                      max_rel=_nanmax(d.rel_err), first=first, worst=worst, noise=n_noise, noise_max=noise_max)
+
+
+def _whitened_ties(batch, result, whitens: str, index: np.ndarray | None):
+    """Per compared token: a function ``(expected, actual) -> noise`` (bool) for the segments the
+    run's estimator whitens over (``whitens``: ``group`` or ``step``), or None when it whitens
+    nothing."""
+    if not whitens:
+        return None
+    row = np.repeat(np.arange(len(batch.lengths)), batch.lengths.numpy())
+    seg = (batch.group_ids if whitens == "group" else batch.step_ids).numpy()[row]
+    on = result.tokens["response_mask"].detach().cpu().numpy() > 0
+    if index is not None:
+        row, seg, on = row[index], seg[index], on[index]
+    return lambda expected, actual: whitened_constant_noise(expected, actual, on, row, seg)
 
 
 def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | None, logged: Mapping[str, float],
@@ -239,9 +273,8 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
     Raises :class:`RldiagError` when the step cannot be loaded or verl would raise on it.
     """
     names = set(read_schema(sf, source).names)
-    data = load_step(sf, settings, recompute_columns(settings), source=source)
+    data, result = recompute_step(sf, settings, kl_state, device=device, source=source)
     batch = data.batch
-    result = recompute_batch(batch.to(device), settings, kl_state)
     if result.failed:
         raise ComputeError(result.failed.get(sf.step) or next(iter(result.failed.values())))
     lengths = batch.lengths.numpy().astype(np.int64)
@@ -249,13 +282,15 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
     token_cols = [c for c in LOGGED_TOKEN_COLUMNS if c in names]
     expected_tok = read_logged_tokens(sf, token_cols, lengths, source)
     index = np.flatnonzero(mask_flat > 0) if masked_only else None
+    ties = _whitened_ties(batch, result, ESTIMATORS.meta(settings["algorithm.adv_estimator"]).whitens, index)
     fields: dict[str, _FieldStep] = {}
     for name in token_cols:
         actual = result.tokens[name].detach().cpu().to(torch.float64).numpy()
         exp = expected_tok[name]
         if index is not None:
             exp, actual = exp[index], actual[index]
-        fields[name] = _field_step(name, "token", sf.step, exp, actual, tols, lengths, index)
+        noise = ties(exp, actual) if ties is not None and name in WHITENED_FIELDS else None
+        fields[name] = _field_step(name, "token", sf.step, exp, actual, tols, lengths, index, noise)
     if "loss_mask" in names:
         actual = result.tokens["response_mask"].detach().cpu().to(torch.float64).numpy()
         fields["response_mask"] = _field_step("response_mask", "exact", sf.step, mask_flat.astype(np.float64),
@@ -282,6 +317,8 @@ def _merge(report: VerifyReport, check: _StepCheck, step: int, tols: Tolerances)
         fr.compared += fs.compared
         fr.max_abs_err = max(fr.max_abs_err, fs.max_abs)
         fr.max_rel_err = max(fr.max_rel_err, fs.max_rel)
+        fr.noise += fs.noise
+        fr.noise_max_abs_err = max(fr.noise_max_abs_err, fs.noise_max)
         if fs.bad:
             fr.mismatches += fs.bad
             fr.steps_mismatched.append(step)
@@ -323,7 +360,7 @@ _CONTROLLER_KEYS = ("algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algor
 def verify_run(
     run: str | Path | RemotePath,
     overrides: Mapping[str, Any] | None = None,
-    steps: str | None = None,
+    steps: Steps = None,
     tolerances: Tolerances | None = None,
     masked_only: bool = False,
     candidates: bool = True,

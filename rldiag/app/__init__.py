@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # not imported with the package (the CLI builds the command without them)
-    from rldiag.store import Db, Store
+    from rldiag.store import Store
 
 #: the Streamlit script of the app
 APP_SCRIPT = Path(__file__).resolve().parent / "main.py"
 #: options every serving of the app gets (no usage stats; no watching the installed sources)
 BASE_OPTIONS = ("--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none")
 
-_preloaded: dict[str, Store] = {}  # run path -> its Store
-_shared_db: dict[str, Db] = {}  # "" -> the Db the preloaded stores share
+_preloaded: dict[str, Store] = {}  # run path -> its Store (with its own DuckDB connection)
 _lock = threading.Lock()
 
 
@@ -57,14 +56,13 @@ def streamlit_command(runs: Sequence[str | Path] = (), port: int | None = None, 
 def preload(runs: Sequence[str | Path]) -> None:
     """Open the runs' stores (reading their logged metrics) in this process, and import the
     modules the pages need; the app's session picks them up instead of starting cold."""
-    from rldiag.store import Db, Store
+    from rldiag.store import Store
 
     with _lock:
-        db = _shared_db.setdefault("", Db())
         for r in runs:
             key = str(r)
             if key not in _preloaded:
-                store = Store(r, db=db)
+                store = Store(r)
                 store.status()
                 store.logged_names()
                 _preloaded[key] = store
@@ -93,10 +91,6 @@ def start_baselines() -> None:
     for store in stores:
         if run_list.writable(store.run):
             worker.worker_for(store).ensure()
-
-
-def preloaded_db() -> Db | None:
-    return _shared_db.get("")
 
 
 def preloaded_store(path: str) -> Store | None:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from rldiag.app import memory, preloaded_db, preloaded_store, worker
+from rldiag.app import memory, preloaded_store, worker
 from rldiag.errors import RldiagError
-from rldiag.store import Db, Store
+from rldiag.store import Store
+from rldiag.store.sandbox import served_dirs
 from rldiag.viz import runs
 from rldiag.viz.baseline import large_note, progress_text
 from rldiag.viz.progress import progress_state
@@ -29,15 +30,16 @@ OTHER_RUNS_KEY = "other_runs"
 RUN_SCOPED_PREFIXES = ("m_", "wi_", "st_", "op_", "he_", "ro_")
 
 
-@st.cache_resource(show_spinner=False)
-def _db() -> Db:
-    """The app's one DuckDB connection (``rldiag app``'s, opened before the server started)."""
-    return preloaded_db() or Db()
+def _store(path: str) -> Store:
+    """The run's store (``rldiag app``'s, opened before the server started), each run with a
+    DuckDB connection of its own that reads only the run's directories (and its mirror: another
+    ``$RLDIAG_HOME`` is another store)."""
+    return _open_store(path, tuple(served_dirs(path)))
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def _store(path: str) -> Store:
-    return preloaded_store(path) or Store(path, db=_db())
+def _open_store(path: str, dirs: tuple[str, ...]) -> Store:
+    return preloaded_store(path) or Store(path)
 
 
 def _run_changed() -> None:

@@ -45,7 +45,7 @@ from rldiag.app import memory
 from rldiag.errors import RldiagError
 from rldiag.store import Store
 from rldiag.store.cache import file_sig
-from rldiag.viz.baseline import BaselinePlan, plan_baseline, steps_spec
+from rldiag.viz.baseline import BaselinePlan, plan_baseline
 
 BASELINE = "baseline"
 MODE_VAR = "RLDIAG_APP_WORKER"
@@ -244,7 +244,8 @@ class BaselineWorker:
         return out
 
     def _baseline_record(self) -> tuple[list[int], bool]:
-        """The steps the baseline holds and whether it saved per-token outputs (kept, then)."""
+        """The steps the baseline's recompute will reuse (the driver's own decision,
+        :func:`rldiag.api.reusable_steps`) and whether it saved per-token outputs (kept, then)."""
         from rldiag.store.errors import StoreError
 
         if BASELINE not in self.store.scenario_names():
@@ -253,8 +254,8 @@ class BaselineWorker:
             meta = self.store.scenario_meta(BASELINE)
         except StoreError:
             return [], False
-        done = [int(s) for s in meta.get("steps_done", [])]
-        return done, bool(meta.get("save_tokens")) and bool(self.store.token_steps(BASELINE))
+        tokens = bool(meta.get("save_tokens")) and bool(self.store.token_steps(BASELINE))
+        return api.reusable_steps(self.run, BASELINE, save_tokens=tokens), tokens
 
     def _pass(self) -> None:
         t0 = time.perf_counter()
@@ -291,14 +292,14 @@ class BaselineWorker:
             if self._stop.is_set():
                 break
             covered |= set(chunk)
-            spec = steps_spec(covered, plan.steps) if plan.large else None
+            steps = sorted(covered) if plan.large and not covered >= set(plan.steps) else None
             self._set(chunk=k, done=0, total=len(covered) if plan.large else len(plan.steps), what="")
 
             def progress(done: int, total: int, what: str) -> None:
                 self._set(done=done, total=total, what=what)
 
             with self._write:
-                result, error = self._recompute(spec, tokens, progress)
+                result, error = self._recompute(steps, tokens, progress)
             if error is not None or result is None:
                 return failed, error or "the recompute gave no result"
             failed.update(result["steps_failed"])
@@ -307,14 +308,15 @@ class BaselineWorker:
                       covered=len(result["steps_done"]) + len(result["steps_failed"]))
         return failed, None
 
-    def _recompute(self, spec: str | None, tokens: bool,
+    def _recompute(self, steps: list[int] | None, tokens: bool,
                    progress: Callable[[int, int, str], None]) -> tuple[dict | None, str | None]:
-        """One recompute of the baseline: ``(summary, None)`` or ``(None, why it failed)``."""
+        """One recompute of the baseline (``steps``; None: every step): ``(summary, None)`` or
+        ``(None, why it failed)``."""
         if not self.isolate:
-            return _recompute_here(str(self.run), spec, self.device, tokens, progress)
+            return _recompute_here(str(self.run), steps, self.device, tokens, progress)
         try:
             _, conn = self._child_up()
-            conn.send((spec, tokens))
+            conn.send((steps, tokens))
             while True:
                 msg = conn.recv()
                 if msg[0] == "progress":
@@ -356,10 +358,10 @@ class BaselineWorker:
         conn.close()
 
 
-def _recompute_here(run: str, spec: str | None, device: str, tokens: bool,
+def _recompute_here(run: str, steps: list[int] | None, device: str, tokens: bool,
                     progress: Callable[[int, int, str], None]) -> tuple[dict | None, str | None]:
     try:
-        res = api.recompute(run, name=BASELINE, steps=spec, device=device, save_tokens=tokens, progress=progress)
+        res = api.recompute(run, name=BASELINE, steps=steps, device=device, save_tokens=tokens, progress=progress)
     except RldiagError as exc:
         return None, f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 (shown in the pages; a thread's traceback would go to the log)
@@ -369,7 +371,7 @@ def _recompute_here(run: str, spec: str | None, device: str, tokens: bool,
 
 
 def child_main(conn: Any, run: str, device: str) -> None:
-    """The baseline's child process: one recompute per ``(spec, save_tokens)`` received, its
+    """The baseline's child process: one recompute per ``(steps, save_tokens)`` received, its
     progress and ``("done", summary, error)`` sent back, until ``None`` or the parent goes away.
     Ctrl-C is the server's to handle (the child ends with its pipe)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -382,13 +384,13 @@ def child_main(conn: Any, run: str, device: str) -> None:
             return
         if msg is None:
             return
-        spec, tokens = msg
+        steps, tokens = msg
 
         def progress(done: int, total: int, what: str) -> None:
             conn.send(("progress", done, total, what))
 
         try:
-            summary, error = _recompute_here(run, spec, device, tokens, progress)
+            summary, error = _recompute_here(run, steps, device, tokens, progress)
             conn.send(("done", summary, error))
         except (EOFError, OSError):  # the parent went away mid-recompute
             return

@@ -172,27 +172,23 @@ class StepRecompute:
 
     def __init__(self, run_dir: str | Path, settings: Settings):
         from rldiag.engine.pipeline import initial_kl_state
-        from rldiag.engine.requirements import recompute_columns
-        from rldiag.recompute import check_settings
+        from rldiag.scenario.plan import check_settings
 
         self.run_dir = Path(run_dir)
         self.settings = settings
         check_settings(self.settings)
-        self.columns = recompute_columns(self.settings)
         self.kl_state = initial_kl_state(self.settings) if self.settings["algorithm.use_kl_in_reward"] else None
         self.single_threaded: bool | None = None  # set on the first call, on the thread it runs on
 
     def __call__(self, step: int) -> dict[str, float]:
-        from rldiag.engine.pipeline import recompute_batch
-        from rldiag.io.loader import load_step
         from rldiag.io.run_layout import RunLayout
         from rldiag.io.rundir import StepFile
+        from rldiag.scenario.memory import recompute_step
 
         if self.single_threaded is None:
             self.single_threaded = single_thread_torch()
         sf = StepFile(int(step), RunLayout(self.run_dir).batch_file(int(step)))
-        data = load_step(sf, self.settings, self.columns, threads=False)
-        result = recompute_batch(data.batch, self.settings, self.kl_state)
+        _, result = recompute_step(sf, self.settings, self.kl_state, threads=False)
         if result.failed:
             raise CaptureError(f"step {step}: {result.failed.get(int(step), next(iter(result.failed.values())))}")
         return {k: float(v[0]) for k, v in result.metrics.items()}

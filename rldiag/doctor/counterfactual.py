@@ -4,11 +4,10 @@ A rule may name the settings that address it (``addresses`` in ``rules.yaml``, c
 :mod:`.rules`). For a finding of that rule, :func:`counterfactuals` recomputes the steps of the
 finding's window (its ``evidence.window``, else the span of its evidence steps, else the run's
 batch steps; at most :data:`MAX_WINDOW_STEPS`, the latest ones) under the run's own settings
-and under each alternative, all in memory from one read of each step file: the sweep executor
-(:class:`rldiag.executors.sweep.SweepExecutor`) plans each scenario as ``rldiag recompute
---steps`` plans it (the same packs, so the same bits) and the sweep engine
-(:func:`rldiag.engine.sweep.iter_recompute_many`) runs each stage once for the scenarios that
-agree on it. Nothing is written into the run.
+and under each alternative, all in memory from one read of each step file
+(:func:`rldiag.scenario.memory.recompute_in_memory`, on the sweep executor) plans each scenario as ``rldiag recompute
+--steps`` plans it (the same packs, so the same bits) and runs each stage once for the scenarios
+that agree on it. Nothing is written into the run.
 
 Each entry compares one metric, reduced over the window's steps (``addresses.statistic``), with
 the alternative (``with``) and under the run's own settings plus the doctor's overrides
@@ -23,25 +22,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rldiag.config.schema import effective
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.doctor.evaluators import Finding
-from rldiag.doctor.rule import Rule, _same
+from rldiag.doctor.rule import Rule, same_value
 from rldiag.errors import ComputeError, RldiagError
 from rldiag.io.fs import RemotePath
 from rldiag.io.rundir import RunDir
 
-if TYPE_CHECKING:
-    from rldiag.io.rundir import StepFile
-
-__all__ = ["CAVEAT", "MAX_WINDOW_STEPS", "counterfactuals", "describe", "finding_window", "own_value",
-           "window_metrics"]
+__all__ = ["CAVEAT", "MAX_WINDOW_STEPS", "counterfactuals", "describe", "finding_window", "own_value"]
 
 #: at most this many steps (the latest of the window) are recomputed for a finding
 MAX_WINDOW_STEPS = 20
@@ -73,32 +67,6 @@ def own_value(settings: Mapping[str, Any], key: str) -> Any:
     return effective(settings, key)
 
 
-def window_metrics(rd: RunDir, files: Mapping[int, StepFile], steps: Sequence[int], settings_list: Sequence[Settings],
-                   device: str = "cpu") -> list[tuple[dict[int, dict[str, float]], dict[int, str]]]:
-    """Each settings' recompute of ``steps`` in memory: ``(metrics by step, failures by step)``.
-    One read of each step file; each scenario planned as ``rldiag recompute --steps`` plans it
-    (no reuse, no tokens), so its metrics are the recompute's, bit for bit."""
-    from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, Job
-    from rldiag.executors.sweep import SweepExecutor
-    from rldiag.recompute import _plan, _Previous
-
-    out: list[tuple[dict[int, dict[str, float]], dict[int, str]]] = [({}, {}) for _ in settings_list]
-    ex = SweepExecutor()
-    try:
-        dev = ex.start(device)
-        plans = [_plan(rd, dict(files), list(steps), Job(settings=s, device=dev, save_tokens=False), _Previous(),
-                       DEFAULT_CHUNK_STEPS) for s in settings_list]
-        with closing(ex.run(plans)) as outcomes:
-            for i, o in outcomes:
-                if o.status == "done" and o.metrics is not None:
-                    out[i][0][o.step] = {k: float(v) for k, v in o.metrics.items() if k != "step" and v is not None}
-                else:
-                    out[i][1][o.step] = o.error or o.status
-    finally:
-        ex.close()
-    return out
-
-
 def _reduce(stat: str, steps: list[int], a: dict[int, dict[str, float]], b: dict[int, dict[str, float]],
             metric: str) -> tuple[float, float] | None:
     """``stat`` of ``metric`` over the steps (in order) where both sides have a finite value."""
@@ -125,7 +93,8 @@ def compute(run: str | Path | RemotePath | RunDir, rule: Rule, finding: Finding,
         return [], [f"no batch file in steps {span[0]}-{span[1]}"]
     steps = in_window[-max_steps:]
     base_over = dict(overrides or {})
-    from rldiag.recompute import check_settings
+    from rldiag.scenario.memory import recompute_in_memory
+    from rldiag.scenario.plan import check_settings
 
     base = resolve_settings(rd.path, base_over)
     check_settings(base)
@@ -139,13 +108,13 @@ def compute(run: str | Path | RemotePath | RunDir, rule: Rule, finding: Finding,
         except RldiagError as exc:
             errors.append(f"{label}: {type(exc).__name__}: {exc}")
             continue
-        if all(_same(s.values.get(k), base.values.get(k)) for k in alt):
+        if all(same_value(s.values.get(k), base.values.get(k)) for k in alt):
             continue  # the run already has it
         alts.append((dict(alt), s))
     if not alts:
         return [], errors
-    results = window_metrics(rd, files, steps, [base] + [s for _, s in alts], device)
-    (without, base_failed) = results[0]
+    results = recompute_in_memory(rd, [base] + [s for _, s in alts], steps, device)
+    without, base_failed = results[0].metrics, results[0].failed
     if not without:
         return [], errors + [f"the run's own settings: every step failed ({next(iter(base_failed.values()), '')})"]
     stat = rule.addresses["statistic"]
@@ -153,7 +122,8 @@ def compute(run: str | Path | RemotePath | RunDir, rule: Rule, finding: Finding,
         f"{stat} over the last {len(steps)} of the window's {len(in_window)} steps")
     window = [steps[0], steps[-1]]
     entries: list[dict[str, Any]] = []
-    for (alt, _), (with_, failed) in zip(alts, results[1:]):
+    for (alt, _), result in zip(alts, results[1:]):
+        with_, failed = result.metrics, result.failed
         if not with_:
             label = ", ".join(f"{k}={v!r}" for k, v in alt.items())
             errors.append(f"{label}: every step failed ({next(iter(failed.values()), '')})")
@@ -217,7 +187,7 @@ def _metric_text(e: Mapping[str, Any], first: bool) -> str:
 
 def _change(key: str, value: Any, settings: Mapping[str, Any]) -> str:
     own = own_value(settings, key)
-    same = _same(value, own)
+    same = same_value(value, own)
     return f"{_short(key)}={_show(value)}" + ("" if same else f" instead of {_show(own)}")
 
 

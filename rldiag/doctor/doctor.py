@@ -28,9 +28,9 @@ from rldiag.errors import RldiagError
 from rldiag.io.arrays import rows_frame
 from rldiag.io.fs import RemotePath
 from rldiag.io.outputs import json_safe
-from rldiag.io.rundir import RunDir, parse_steps
-from rldiag.recompute import check_settings
-from rldiag.recompute import recompute as run_recompute
+from rldiag.io.rundir import RunDir, Steps, parse_steps
+from rldiag.scenario.plan import check_settings
+from rldiag.scenario.recompute import recompute as run_recompute
 
 if TYPE_CHECKING:
     import polars as pl
@@ -77,9 +77,9 @@ class DoctorReport:
                                  "statistic", "steps", "values", "why"])
 
 
-def _stream(rd: RunDir, overrides: Mapping[str, Any], steps: str | None, table: SignalTable,
+def _stream(rd: RunDir, overrides: Mapping[str, Any], steps: Steps, table: SignalTable,
             report: DoctorReport, device: str, progress: ProgressFn | None) -> None:
-    """Recompute the chosen steps through :func:`rldiag.recompute.recompute` (its scenario is
+    """Recompute the chosen steps through :func:`rldiag.scenario.recompute.recompute` (its scenario is
     kept, so a later doctor or ``recompute`` reuses every unchanged step) and add each step's
     metrics, the engine's ``rldiag/...`` health signals included, to ``table``. Per-token outputs
     the scenario saved are kept (recomputed for changed steps), never dropped."""
@@ -96,7 +96,7 @@ def diagnose(
     run: str | Path | RemotePath,
     rules_files: Iterable[str | Path] = (),
     overrides: Mapping[str, Any] | None = None,
-    steps: str | None = None,
+    steps: Steps = None,
     recompute: bool = True,
     device: str = "cpu",
     rules: list[Rule] | None = None,

@@ -39,8 +39,8 @@ from rldiag.errors import RldiagError
 from rldiag.io.fs import RemotePath
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import MetricsTail, RunDir
-from rldiag.recompute import check_settings
-from rldiag.recompute import recompute as run_recompute
+from rldiag.scenario.plan import check_settings
+from rldiag.scenario.recompute import recompute as run_recompute
 
 #: ``fn(run, rule, finding, overrides=..., device=...) -> [{"settings", "metric", "statistic", "window", "with", "without"}]``
 CounterfactualFn = Callable[..., list[dict[str, Any]]]

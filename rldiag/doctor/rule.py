@@ -36,12 +36,13 @@ class Rule:
         for key, want in self.when.items():
             have = settings.get(key)
             options = want if isinstance(want, list) else [want]
-            if not any(_same(have, w) for w in options):
+            if not any(same_value(have, w) for w in options):
                 return False
         return True
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """A setting's value equals another as a rule compares them: a bool only a bool, numbers by value."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):

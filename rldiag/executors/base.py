@@ -20,7 +20,7 @@ class Plan:
 
 
 class Executor(Protocol):
-    """Runs a :class:`Plan`; the driver (:func:`rldiag.recompute.recompute`) writes what it yields.
+    """Runs a :class:`Plan`; the driver (:func:`rldiag.scenario.recompute.recompute`) writes what it yields.
 
     ``start`` connects to what runs the steps and resolves ``--device`` there (returns e.g.
     ``"cpu"``, ``"cuda"``); ``run`` yields one :class:`StepOutcome` per task, in step order, so

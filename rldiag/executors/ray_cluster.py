@@ -226,7 +226,7 @@ class RayExecutor:
         replay_fn = ray.remote(replay_statistics).options(**opts)
         replay_refs = [(part, replay_fn.remote(part, job)) for part in _chunks([_absolute(t) for t in plan.replay])]
         stats = [stat for part, ref in replay_refs + refs for stat in self._get(ray, part, ref)]
-        # no pack spans a step of the other kind (recompute._plan), so step order is pack order
+        # no pack spans a step of the other kind (scenario.plan.plan_steps), so step order is pack order
         stats.sort(key=lambda stat: stat[0][0])
         return chain(initial_kl_state(job.settings), job.settings, stats)
 

@@ -140,7 +140,8 @@ class Fetched:
         return StepOutcome(self.task.step, self.record(), "reused")
 
 
-def _stat_record(sf: StepFile, rel: str) -> tuple[dict, bool]:
+def stat_record(sf: StepFile, rel: str) -> tuple[dict, bool]:
+    """A step file's input record before its hash (step, file, size, mtime), and whether it is remote."""
     st = sf.path.stat()
     return {"step": sf.step, "file": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}, is_remote(sf.path)
 
@@ -195,7 +196,8 @@ def _lower_priority() -> None:
         pass
 
 
-def _hash_pool() -> ThreadPoolExecutor:
+def hash_pool() -> ThreadPoolExecutor:
+    """The one background thread that hashes the step files (lower priority), started on first use."""
     global _HASH_POOL
     if _HASH_POOL is None:
         _HASH_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldiag-hash", initializer=_lower_priority)
@@ -221,13 +223,13 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
     pending = None
     info: dict = {}
     if hash_file:
-        info, remote = _stat_record(sf, task.rel)
+        info, remote = stat_record(sf, task.rel)
         if not known_hash(info, remote, old):
             content = sf.path.read_bytes()
             if task.reusable and old:  # the hash decides whether the file is parsed at all
                 info = hashed_record(info, remote, content)
             else:
-                pending = _hash_pool().submit(hashed_record, dict(info), remote, content)
+                pending = hash_pool().submit(hashed_record, dict(info), remote, content)
         if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
             return Fetched(task, info)
     plan = columns if columns is not None else recompute_columns(job.settings)

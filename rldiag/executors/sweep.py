@@ -1,6 +1,6 @@
 """``rldiag sweep`` in this process: many scenarios of one run from one read of each step file.
 
-The driver (:mod:`rldiag.analysis.sweep`) makes each scenario's :class:`~rldiag.executors.base.Plan`
+The driver (:mod:`rldiag.scenario.sweep`) makes each scenario's :class:`~rldiag.executors.base.Plan`
 as a recompute of it would (the same steps, its own reuse decisions and chunks);
 :class:`SweepExecutor` runs them together:
 
@@ -49,13 +49,13 @@ from rldiag.executors.steps import (
     Packer,
     StepOutcome,
     StepTask,
-    _hash_pool,
-    _stat_record,
+    hash_pool,
     hashed_record,
     known_hash,
     pack_batch,
     pack_outcomes,
     prefetched,
+    stat_record,
     try_load,
 )
 from rldiag.io.loader import read_schema, row_columns
@@ -99,7 +99,7 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
     read = read or _read_bytes
     plans = list(columns) if columns is not None else [recompute_columns(job.settings) for job in jobs]
     sf = tasks[0].step_file()
-    info, remote = _stat_record(sf, tasks[0].rel)
+    info, remote = stat_record(sf, tasks[0].rel)
     for t in tasks:  # a record of this size and mtime: the hash without reading the file
         if known_hash(info, remote, t.previous):
             break
@@ -110,7 +110,7 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
         if any(t.reusable and t.previous for t in tasks):  # the hash decides what is parsed
             info = hashed_record(info, remote, content)
         else:
-            pending = _hash_pool().submit(hashed_record, dict(info), remote, content)
+            pending = hash_pool().submit(hashed_record, dict(info), remote, content)
     out: list[Fetched | None] = [None] * len(tasks)
     todo: list[int] = []
     for i, t in enumerate(tasks):

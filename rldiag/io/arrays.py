@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
@@ -65,6 +66,22 @@ def parquet_file(source, filesystem=None) -> pq.ParquetFile:
 def read_parquet(source, columns: list[str] | None = None, filesystem=None, threads: bool = True) -> pa.Table:
     """``pq.read_table`` for one file, without pandas."""
     return parquet_file(source, filesystem).read(columns=columns, use_threads=threads)
+
+
+def open_ipc(source) -> ipc.RecordBatchFileReader | ipc.RecordBatchStreamReader:
+    """A reader of an Arrow IPC source (a file-like object) in either form: the file format
+    (Feather v2, with its footer), else the stream format (read again from its start)."""
+    try:
+        return ipc.open_file(source)
+    except pa.ArrowInvalid:
+        source.seek(0)
+        return ipc.open_stream(source)
+
+
+def read_ipc(path: str) -> pa.Table:
+    """An Arrow IPC file on local disk, whole, memory-mapped (the columns are not copied).
+    Raises what pyarrow raises (``OSError``, ``ArrowException``) for a file cut short or not written yet."""
+    return open_ipc(pa.memory_map(str(path))).read_all()
 
 
 def rows_frame(rows: list[dict], columns: list[str]) -> pl.DataFrame:

@@ -30,7 +30,7 @@ from rldiag.engine.repetition import COMPRESSION_COLUMN, compression_ratios
 from rldiag.engine.requirements import BASE_NEED, ColumnPlan
 from rldiag.engine.settings import EngineSettings
 from rldiag.errors import BatchError, MissingInputError
-from rldiag.io.arrays import parquet_file, to_numpy
+from rldiag.io.arrays import open_ipc, parquet_file, to_numpy
 from rldiag.io.fs import RemotePath, arrow_source, open_input_file
 from rldiag.io.rundir import StepFile, step_number_problem
 from rldiag.io.schema import (
@@ -67,9 +67,9 @@ def read_schema(sf: StepFile, source: bytes | None = None) -> pa.Schema:
         if sf.format == "parquet":
             return _parquet(sf, source).schema_arrow
         if source is not None:
-            return _open_ipc(pa.BufferReader(source)).schema
+            return open_ipc(pa.BufferReader(source)).schema
         with open_input_file(sf.path) as src:
-            return _open_ipc(src).schema
+            return open_ipc(src).schema
     except (pa.ArrowException, OSError) as exc:
         raise _unreadable(sf, exc) from exc
 
@@ -86,7 +86,7 @@ def token_count(sf: StepFile) -> int:
                     if meta.schema.column(j).path.split(".")[0] == "response_mask"]
             return sum(meta.row_group(g).column(j).num_values for g in range(meta.num_row_groups) for j in cols[:1])
         with pa.memory_map(str(sf.path)) as src:
-            table = _open_ipc(src).read_all()
+            table = open_ipc(src).read_all()
             return int(pc.sum(pc.list_value_length(table["response_mask"])).as_py() or 0)
     except (pa.ArrowException, OSError, KeyError, ValueError, TypeError):
         return 0
@@ -99,20 +99,12 @@ def row_count(sf: StepFile) -> int:
         if sf.format == "parquet":
             return int(_parquet(sf, None).metadata.num_rows)
         with open_input_file(sf.path) as src:
-            reader = _open_ipc(src)
+            reader = open_ipc(src)
             if isinstance(reader, ipc.RecordBatchFileReader):
                 return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
             return sum(b.num_rows for b in reader)
     except (pa.ArrowException, OSError) as exc:
         raise _unreadable(sf, exc) from exc
-
-
-def _open_ipc(src):
-    try:
-        return ipc.open_file(src)
-    except pa.ArrowInvalid:
-        src.seek(0)
-        return ipc.open_stream(src)
 
 
 def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | None = None,
@@ -130,10 +122,10 @@ def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | N
                 columns = choose(pf.schema_arrow.names)
             return pf.read(columns=columns, use_threads=threads)
         if source is not None:
-            table = _open_ipc(pa.BufferReader(source)).read_all()
+            table = open_ipc(pa.BufferReader(source)).read_all()
         else:
             with open_input_file(sf.path) as src:
-                table = _open_ipc(src).read_all()
+                table = open_ipc(src).read_all()
         if choose is not None:
             columns = choose(table.column_names)
         return table.select(columns) if columns is not None else table

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rldiag.errors import ConfigError, RunDirError
 from rldiag.io.fs import RemotePath
 from rldiag.io.run_layout import STEP_FILE, RunLayout
+
+#: the steps of a run to work on: a ``--steps`` spec (``"10:20"``, ``"1,5,9"``), the step numbers
+#: themselves, or None for every step (:func:`parse_steps`)
+Steps = str | Sequence[int] | None
 
 #: The largest step number: steps are int64 in every output (``metrics.parquet``, the app's store).
 MAX_STEP = 2**63 - 1
@@ -94,11 +99,14 @@ class RunDir:
         return files
 
 
-def parse_steps(spec: str | None, available: list[int]) -> list[int]:
-    """``--steps``: ``12``, ``10:20`` (inclusive of both ends), ``10:``, ``:20`` or ``1,5,9``.
+def parse_steps(spec: Steps, available: list[int]) -> list[int]:
+    """``--steps``: ``12``, ``10:20`` (inclusive of both ends), ``10:``, ``:20`` or ``1,5,9``;
+    or the step numbers themselves (a sequence of ints, in any order).
 
     Returns the available steps selected, in order. A named step that does not exist is an error.
     """
+    if spec is not None and not isinstance(spec, str):
+        return _chosen_steps(spec, available)
     if spec is None or spec.strip() in ("", ":", "all"):
         return list(available)
     have = set(available)
@@ -117,18 +125,40 @@ def parse_steps(spec: str | None, available: list[int]) -> list[int]:
                 chosen.update(s for s in available if lo <= s <= hi)
             else:
                 s = int(part)
-                if s not in have:
-                    raise ConfigError(
-                        f"--steps: step {s} has no batch file (steps {min(available)}..{max(available)} exist)"
-                        if available
-                        else f"--steps: step {s} has no batch file"
-                    )
+                _require_step(s, have, available)
                 chosen.add(s)
         except ValueError:
             raise ConfigError(f"--steps {spec!r}: expected N, A:B, A:, :B or a comma list") from None
     if not chosen:
         raise ConfigError(f"--steps {spec!r} selects no step of this run")
     return sorted(chosen)
+
+
+def _chosen_steps(steps: Sequence[int], available: list[int]) -> list[int]:
+    """Step numbers given as numbers: each must have a batch file; sorted, each once."""
+    have = set(available)
+    chosen: set[int] = set()
+    for value in steps:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            s = operator.index(value)  # an int, or a numpy integer
+        except TypeError:
+            raise ConfigError(f"steps: expected step numbers (ints), not {value!r}") from None
+        _require_step(s, have, available)
+        chosen.add(s)
+    if not chosen:
+        raise ConfigError("steps: an empty list selects no step of this run (None means every step)")
+    return sorted(chosen)
+
+
+def _require_step(s: int, have: set[int], available: list[int]) -> None:
+    if s not in have:
+        raise ConfigError(
+            f"--steps: step {s} has no batch file (steps {min(available)}..{max(available)} exist)"
+            if available
+            else f"--steps: step {s} has no batch file"
+        )
 
 
 def _line_step(obj: object) -> tuple[int | None, str]:

@@ -1,7 +1,8 @@
 """The run's batch files as DuckDB sources, guarded against files still being written.
 
 A Parquet batch is read by DuckDB directly (``read_parquet`` with its row number); an Arrow IPC
-batch is read with pyarrow and handed to DuckDB as an Arrow table. A file that cannot be opened
+batch is read with pyarrow, memory-mapped (:func:`read_arrow`, the store's one way of opening
+one), and handed to DuckDB as an Arrow table. A file that cannot be opened
 (its footer is not written yet, or it is cut short) is skipped: the query raises a
 :class:`StoreError` naming it, and the file is listed in :attr:`Batches.problems`, so the app can
 report it and carry on with the other steps.
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from rldiag.errors import RldiagError
+from rldiag.io.arrays import read_ipc
 from rldiag.io.rundir import RunDir, StepFile
 from rldiag.store.cache import SigCache, file_sig, local_path
 from rldiag.store.db import Db
@@ -92,9 +94,7 @@ class Batches:
                 params=[str(sf.path)],
                 columns=[c[0] for c in cols],
             )
-        from rldiag.io.loader import read_table  # torch comes with it: only for Arrow IPC batches
-
-        table = read_table(sf)  # BatchError when the file is incomplete
+        table = read_arrow(sf)
         name = f"arrow_batch_{sf.step}"
         table = table.append_column("row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
         return BatchSource(
@@ -110,3 +110,12 @@ class Batches:
                 pass
         with self._lock:
             return dict(self.problems)
+
+
+def read_arrow(sf: StepFile) -> pa.Table:
+    """An Arrow IPC batch file, whole and memory-mapped (:func:`rldiag.io.arrays.read_ipc`); a
+    :class:`StoreError` naming it when it is cut short or not written yet."""
+    try:
+        return read_ipc(str(sf.path))
+    except (OSError, pa.ArrowException) as exc:
+        raise StoreError(f"{sf.path}: cannot read the file ({exc}); it may be incomplete or still being written") from exc

@@ -1,8 +1,12 @@
-"""One DuckDB connection for the whole store; every query runs on a cursor of its own.
+"""The DuckDB connections of rldiag: one per run served (a store's, a ``rldiag rows`` query's);
+every query runs on a cursor of its own.
 
 DuckDB cursors are connections to the same in-memory database, so the tables the store
 materialises are shared by every query, and Streamlit's script threads can query at once.
 Writes that must not interleave (re-materialising a table) take :attr:`Db.lock`.
+
+A connection can read only the directories it was opened for (:mod:`rldiag.store.sandbox`): it
+is locked before its first query, so a new run needs a new :class:`Db`.
 
 Every ``read_parquet`` of the store passes ``hive_partitioning = false``: scenario directories
 are named like ``adv_estimator=rloo``, which DuckDB would otherwise read as a partition column.
@@ -10,8 +14,13 @@ are named like ``adv_estimator=rloo``, which DuckDB would otherwise read as a pa
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -19,18 +28,31 @@ import polars as pl
 import pyarrow as pa
 
 from rldiag.store.errors import StoreError
+from rldiag.store.sandbox import lock
 
 
 class Db:
-    """The store's single DuckDB connection."""
+    """One DuckDB connection (an in-memory database) that reads files only under ``dirs``
+    (:func:`rldiag.store.sandbox.served_dirs` of the runs it serves; none: Arrow tables only)
+    and its own scratch directory :attr:`scratch` (removed with it)."""
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, dirs: Iterable[str | os.PathLike] = (), threads: int | None = None):
+        self.scratch = Path(tempfile.mkdtemp(prefix="rldiag-duckdb-"))
+        self._remove_scratch = weakref.finalize(self, shutil.rmtree, str(self.scratch), True)
+        self.dirs = [str(d) for d in dirs]
         self._con = duckdb.connect(":memory:")
         self._con.execute("SET enable_progress_bar = false")
         if threads:
             self._con.execute(f"SET threads = {int(threads)}")
+        lock(self._con, self.dirs, self.scratch)
         self.lock = threading.RLock()
         self._names = 0
+
+    def __enter__(self) -> Db:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         return self._con.cursor()
@@ -69,6 +91,7 @@ class Db:
 
     def close(self) -> None:
         self._con.close()
+        self._remove_scratch()
 
 
 def _params(params):

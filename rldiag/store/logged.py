@@ -148,7 +148,7 @@ class LoggedMetrics:
             return
         chunk = data[: cut + 1]
         self.appends += 1
-        fd, tmp = tempfile.mkstemp(prefix="rldiag-metrics-", suffix=".jsonl")
+        fd, tmp = tempfile.mkstemp(prefix="rldiag-metrics-", suffix=".jsonl", dir=self.db.scratch)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(chunk)

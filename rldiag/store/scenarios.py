@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -117,8 +118,16 @@ class Scenarios:
 
     def tokens_file(self, name: str, step: int) -> Path | None:
         """The scenario's tokens file of ``step``, else its token cache's (None: neither)."""
-        for p in (self.layout(name).tokens_file(step), self.cache_layout(name).tokens_file(step)):
-            if p.is_file():
+        return self._own_or_cached(name, lambda sc: sc.tokens_file(step))
+
+    def rows_file(self, name: str, step: int) -> Path | None:
+        """The scenario's per-row table of ``step``, else its token cache's (the one-step
+        recompute that saved its tokens wrote it too; None: neither)."""
+        return self._own_or_cached(name, lambda sc: sc.rows_file(step))
+
+    def _own_or_cached(self, name: str, pick: Callable[[ScenarioLayout[Path]], Path]) -> Path | None:
+        for sc in (self.layout(name), self.cache_layout(name)):
+            if (p := pick(sc)).is_file():
                 return p
         return None
 

@@ -1,8 +1,10 @@
-"""Queries over one step: its rows and groups from the batch, and the per-token outputs of
-scenarios (advantages, rewards, the mask after rollout correction, ratios, IS weights).
+"""Queries over one step: its rows from the batch, what a scenario's recompute wrote for them
+(its per-row table: the groups, each row's mean advantage and reward) and its per-token outputs
+(the mask after rollout correction, advantages, ratios, IS weights).
 
-Everything here is SQL over the step's batch (:class:`BatchSource`) and the scenarios'
-``tokens/step_<N:06d>.parquet``, joined on the row index (both are in batch order).
+Everything here is SQL over the step's batch (:class:`BatchSource`), the scenarios'
+``rows/step_<N:06d>.parquet`` and ``tokens/step_<N:06d>.parquet``, joined on the row index (all
+in batch order). What a recompute writes per row is read, not derived again from the tokens.
 """
 
 from __future__ import annotations
@@ -59,29 +61,33 @@ def batch_rows_sql(src: BatchSource) -> str:
 
 def tokens_rows_sql(columns: list[str]) -> str:
     """Per row of a scenario's tokens file (bound as the next parameter): ``row, adv_mean,
-    reward_total, post_tokens, post_mask``."""
+    reward_total`` (a scenario written before per-row tables)."""
     adv = ("list_avg(list_filter(advantages, lambda x, i: response_mask[i] = 1))"
            if "advantages" in columns else "NULL::DOUBLE")
     rew = "list_sum(token_level_rewards)::DOUBLE" if "token_level_rewards" in columns else "NULL::DOUBLE"
-    return f"""
-        SELECT row, {adv} AS adv_mean, {rew} AS reward_total,
-               list_sum({INT_MASK}) AS post_tokens, {INT_MASK} AS post_mask
-        FROM read_parquet(?, hive_partitioning = false)
-    """
+    return f"SELECT row, {adv} AS adv_mean, {rew} AS reward_total FROM read_parquet(?, hive_partitioning = false)"
 
 
-def step_rows(db: Db, src: BatchSource, tokens: dict[str, tuple[Path, list[str]]]) -> pl.DataFrame:
-    """The step's rows with, per scenario ``s`` in ``tokens`` (name -> (file, columns)), the
-    columns ``adv:s`` (mean advantage over the row's post-correction actor tokens) and
-    ``reward:s`` (sum of token_level_rewards)."""
+#: per row of a scenario's per-row table (bound as the next parameter): ``row, adv_mean,
+#: reward_total`` (a row without an actor token has no mean advantage: null, not NaN)
+PER_ROW_SQL = ("SELECT row, CASE WHEN actor_tokens = 0 THEN NULL ELSE advantage_mean END AS adv_mean, "
+               "reward AS reward_total FROM read_parquet(?, hive_partitioning = false)")
+
+
+def step_rows(db: Db, src: BatchSource, tokens: dict[str, tuple[Path, list[str]]],
+              rows: dict[str, Path] | None = None) -> pl.DataFrame:
+    """The step's rows with, per scenario ``s`` of ``rows`` (name -> its per-row table) or else of
+    ``tokens`` (name -> (tokens file, columns)), the columns ``adv:s`` (mean advantage over the
+    row's post-correction actor tokens) and ``reward:s`` (its reward total, after any KL shaping)."""
+    rows = rows or {}
     sql = f"WITH b AS ({batch_rows_sql(src)})"
     params = list(src.params)
     select = ["b.row", "b.uid", "b.grp", "b.session", "b.length", "b.actor_tokens", "b.tool_tokens",
               "b.score_total", "b.score_scalar", "b.loss_tokens"]
     joins = []
-    for i, (name, (path, cols)) in enumerate(tokens.items()):
-        sql += f", t{i} AS ({tokens_rows_sql(cols)})"
-        params.append(str(path))
+    for i, name in enumerate({**tokens, **rows}):  # the order asked for (rows may name more scenarios)
+        sql += f", t{i} AS ({PER_ROW_SQL if name in rows else tokens_rows_sql(tokens[name][1])})"
+        params.append(str(rows[name] if name in rows else tokens[name][0]))
         select += [f"t{i}.adv_mean AS {quote_ident('adv:' + name)}", f"t{i}.reward_total AS {quote_ident('reward:' + name)}"]
         joins.append(f"LEFT JOIN t{i} USING (row)")
     sql += f" SELECT {', '.join(select)} FROM b {' '.join(joins)} ORDER BY b.row"
@@ -135,17 +141,23 @@ class StepFacts:
     ratio_max: float | None = None
 
 
-def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Path, list[str]] | None) -> StepFacts:
-    """Aggregate the step's batch (and ``scenario``'s tokens, when given) into :class:`StepFacts`."""
+def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Path, list[str]] | None,
+               rows: Path | None = None) -> StepFacts:
+    """Aggregate the step into :class:`StepFacts`: the batch as captured (scores, masks); its
+    groups and ``scenario``'s rewards from the scenario's per-row table ``rows``
+    (``rows/step_<N>.parquet``: each row's ``uid``, ``score``, ``reward``, ``group_size``, as the
+    recompute wrote them); the mask after correction, the advantages and the ratio from its
+    ``tokens``. Without a per-row table (no scenario, or one written before them) the groups come
+    from the batch's own ``uid`` and scores, and the rewards facts stay None."""
     base = batch_rows_sql(src)
     params = list(src.params)
     where = str(src.path)
     arrow = src.arrow
-    (rows, groups, score_min, score_max, score_mean, nonfinite, zero_rows, mismatch, no_actor, tool_rows,
+    (n_rows, score_min, score_max, score_mean, nonfinite, zero_rows, mismatch, no_actor, tool_rows,
      tool_tokens, actor_tokens, outside_rows, pre_rejected, sessions) = db.rows(
         f"""
         WITH b AS ({base})
-        SELECT count(*), count(DISTINCT grp),
+        SELECT count(*),
                min(score_total) FILTER (WHERE isfinite(score_total)),
                max(score_total) FILTER (WHERE isfinite(score_total)),
                avg(score_total) FILTER (WHERE isfinite(score_total)),
@@ -164,46 +176,65 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
         params, where=where, arrow=arrow,
     )[0]
     facts = StepFacts(
-        step=src.step, rows=rows, columns=list(src.columns), groups=groups,
+        step=src.step, rows=n_rows, columns=list(src.columns),
         score_min=score_min, score_max=score_max, score_mean=score_mean, score_nonfinite=nonfinite,
         score_zero_rows=zero_rows,
         score_vs_scalar_mismatch=mismatch if src.has("token_level_scores") and src.has("score") else None,
-        rows_without_actor=no_actor, tool_rows=tool_rows, tool_tokens=int(tool_tokens),
-        actor_tokens=int(actor_tokens),
         rows_outside_loss_mask=outside_rows if src.has("loss_mask") else None,
         rejected_before_capture=int(pre_rejected) if src.has("loss_mask") else None,
-        sessions=sessions if src.has("session_id") else None,
+        rows_without_actor=no_actor, tool_rows=tool_rows, tool_tokens=int(tool_tokens),
+        actor_tokens=int(actor_tokens), sessions=sessions if src.has("session_id") else None,
     )
-    sizes = db.rows(
-        f"""
-        WITH b AS ({base}),
-        g AS (SELECT grp, count(*) AS n, count(DISTINCT score_total) AS distinct_scores FROM b GROUP BY grp)
-        SELECT n, count(*), count(*) FILTER (WHERE n > 1 AND distinct_scores = 1) FROM g GROUP BY n ORDER BY n
-        """,
-        params, where=where, arrow=arrow,
-    )
-    facts.group_sizes = {int(n): int(c) for n, c, _ in sizes}
-    facts.multi_groups = sum(c for n, c, _ in sizes if n > 1)
-    facts.flat_groups = sum(f for _, _, f in sizes)
-    if scenario is None or tokens is None:
+    table = "read_parquet(?, hive_partitioning = false)"
+    if rows is not None:  # the groups as the recompute saw them: rows per uid, each row's score
+        groups = db.rows(GROUPS_SQL.format(rows=f"SELECT uid, score FROM {table}"), [str(rows)], where=str(rows))
+    else:
+        groups = db.rows(GROUPS_SQL.format(rows=f"SELECT grp AS uid, score_total AS score FROM ({base})"),
+                         params, where=where, arrow=arrow)
+    facts.group_sizes = {int(n): int(c) for n, c, _ in groups}
+    facts.groups = sum(facts.group_sizes.values())
+    facts.multi_groups = sum(c for n, c, _ in groups if n > 1)
+    facts.flat_groups = sum(int(f) for _, _, f in groups)
+    if scenario is None or (tokens is None and rows is None):
         return facts
-    path, cols = tokens
     facts.scenario = scenario
-    tparams = params + [str(path)]
-    (compared, flips, max_change, rejected, unmasked) = db.rows(
+    if rows is not None:
+        facts.rewards_compared, facts.rewards_sign_flips, facts.rewards_max_abs_change = db.rows(
+            f"""
+            SELECT count(*) FILTER (WHERE reward IS NOT NULL),
+                   count(*) FILTER (WHERE sign(reward) <> sign(score) AND score <> 0), max(abs(reward - score))
+            FROM {table}
+            """,
+            [str(rows)], where=str(rows),
+        )[0]
+    if tokens is not None:
+        token_facts(db, src, tokens, facts)
+    return facts
+
+
+#: per group size ``n``: the groups of ``n`` rows, and those of them (``n > 1``) whose rows all
+#: have the same score, over ``{rows}`` (a query giving each row's ``uid`` and ``score``)
+GROUPS_SQL = """
+    SELECT n, count(*), count(*) FILTER (WHERE n > 1 AND distinct_scores = 1)
+    FROM (SELECT count(*) AS n, count(DISTINCT score) AS distinct_scores FROM ({rows}) GROUP BY CAST(uid AS VARCHAR))
+    GROUP BY n ORDER BY n
+"""
+
+
+def token_facts(db: Db, src: BatchSource, tokens: tuple[Path, list[str]], facts: StepFacts) -> None:
+    """Fill ``facts``' mask changes (the batch's mask against the scenario's after correction),
+    advantages and ratio from the scenario's tokens file (over its actor tokens)."""
+    path, cols = tokens
+    (rejected, unmasked) = db.rows(
         f"""
-        WITH b AS ({base}), t AS ({tokens_rows_sql(cols)})
-        SELECT count(*) FILTER (WHERE t.reward_total IS NOT NULL),
-               count(*) FILTER (WHERE sign(t.reward_total) <> sign(b.score_total) AND b.score_total <> 0),
-               max(abs(t.reward_total - b.score_total)),
-               coalesce(sum(len(list_filter(b.mask, lambda x, i: x = 1 AND t.post_mask[i] = 0))), 0),
+        WITH b AS (SELECT row, {INT_MASK} AS mask FROM {src.sql}),
+             t AS (SELECT row, {INT_MASK} AS post_mask FROM read_parquet(?, hive_partitioning = false))
+        SELECT coalesce(sum(len(list_filter(b.mask, lambda x, i: x = 1 AND t.post_mask[i] = 0))), 0),
                coalesce(sum(len(list_filter(b.mask, lambda x, i: x = 0 AND t.post_mask[i] = 1))), 0)
         FROM b JOIN t USING (row)
         """,
-        tparams, where=where, arrow=arrow,
+        list(src.params) + [str(path)], where=str(src.path), arrow=src.arrow,
     )[0]
-    facts.rewards_compared, facts.rewards_sign_flips = compared, flips
-    facts.rewards_max_abs_change = max_change
     facts.rejected_tokens, facts.unmasked_tokens = int(rejected), int(unmasked)
     if "advantages" in cols:
         (n, mean, std, pos, bad) = db.rows(
@@ -226,7 +257,6 @@ def step_facts(db: Db, src: BatchSource, scenario: str | None, tokens: tuple[Pat
             [str(path)], where=str(path),
         )[0]
         facts.ratio_tokens, facts.ratio_mean, facts.ratio_min, facts.ratio_max = n, mean, lo, hi
-    return facts
 
 
 TOKEN_STRIPS = ("advantages", "ratio", "rollout_is_weights", "token_level_rewards", "ref_kl")

@@ -1,4 +1,4 @@
-"""The store: every query the app makes about one run, over one DuckDB connection.
+"""The store: every query the app makes about one run, over one DuckDB connection of its own.
 
 Sources: the logged ``metrics.jsonl`` (followed live, :mod:`rldiag.store.logged`), the
 scenarios' Parquet outputs (:mod:`rldiag.store.scenarios`) and the batch files
@@ -24,6 +24,7 @@ from rldiag.store.comparisons import SavedComparison, saved_comparison
 from rldiag.store.db import Db, quote_ident
 from rldiag.store.downsample import DEFAULT_POINTS, m4_sql
 from rldiag.store.logged import LoggedMetrics
+from rldiag.store.sandbox import served_dirs
 from rldiag.store.scenarios import Scenarios
 
 LOGGED = "logged"
@@ -43,12 +44,13 @@ class LiveStatus:
 
 
 class Store:
-    """All queries about one run directory."""
+    """All queries about one run directory, on a connection of its own that reads only the run's
+    directories (:mod:`rldiag.store.sandbox`; ``db``: one opened with those directories)."""
 
     def __init__(self, run: str | Path, db: Db | None = None):
         self.run = local_path(as_path(run))  # a URI is refused before any request to its store
         self.rd = RunDir(self.run)
-        self.db = db or Db()
+        self.db = db or Db(served_dirs(self.run))
         self.cache = SigCache()
         self.logged = LoggedMetrics(self.db, local_path(self.rd.metrics_file))
         self.scenarios = Scenarios(self.db, self.run, self.cache)
@@ -252,18 +254,25 @@ class Store:
         return out
 
     def step_rows(self, step: int, scenarios: Sequence[str] = ()) -> pl.DataFrame:
+        """The step's rows from the batch, with each scenario's mean advantage and reward per row
+        (from its per-row table, else from its tokens)."""
         src = self.batches.source(step)
-        tokens = {s: t for s in scenarios if (t := self._tokens(s, step)) is not None}
-        sigs = (file_sig(src.path),) + tuple(file_sig(p) for p, _ in tokens.values())
-        return self.cache.get(("step-rows", step, tuple(tokens)), sigs,
-                              lambda: stepview.step_rows(self.db, src, tokens))
+        rows = {s: p for s in scenarios if (p := self.scenarios.rows_file(s, step)) is not None}
+        tokens = {s: t for s in scenarios if s not in rows and (t := self._tokens(s, step)) is not None}
+        sigs = (file_sig(src.path),) + tuple(file_sig(p) for p in rows.values()) + tuple(
+            file_sig(p) for p, _ in tokens.values())
+        return self.cache.get(("step-rows", step, tuple(rows), tuple(tokens)), sigs,
+                              lambda: stepview.step_rows(self.db, src, tokens, rows))
 
     def step_facts(self, step: int, scenario: str | None = None) -> stepview.StepFacts:
+        """The numbers the step checklist judges: the batch's, and ``scenario``'s (its per-row
+        table and its tokens for the step, when it has them)."""
         src = self.batches.source(step)
         tokens = self._tokens(scenario, step)
-        sigs = (file_sig(src.path), file_sig(tokens[0]) if tokens else None)
+        rows = self.scenarios.rows_file(scenario, step) if scenario is not None else None
+        sigs = (file_sig(src.path), file_sig(tokens[0]) if tokens else None, file_sig(rows) if rows else None)
         return self.cache.get(("step-facts", step, scenario), sigs,
-                              lambda: stepview.step_facts(self.db, src, scenario if tokens else None, tokens))
+                              lambda: stepview.step_facts(self.db, src, scenario, tokens, rows))
 
     def row_tokens(self, step: int, row: int, scenario: str | None = None) -> dict[str, Any]:
         src = self.batches.source(step)

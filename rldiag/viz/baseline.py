@@ -88,28 +88,6 @@ def plan_baseline(sizes: Sequence[tuple[int, int]], done: Iterable[int] = (), *,
     return BaselinePlan(True, steps, have, tuple(chunks) or ((),), total)
 
 
-def steps_spec(chosen: Iterable[int], steps: Sequence[int]) -> str | None:
-    """``chosen`` (a subset of the run's ``steps``) as a ``--steps`` spec of ranges
-    (``"1:40,61:80"``; a range takes every step with a batch file between its ends); None when
-    it is every step."""
-    want = set(chosen)
-    ordered = sorted(steps)
-    if not want & set(ordered):
-        raise ValueError("a --steps spec of no step (an empty spec would mean every step)")
-    if want >= set(ordered):
-        return None
-    runs: list[list[int]] = []
-    previous_in = False
-    for s in ordered:
-        if s in want:
-            if previous_in:
-                runs[-1].append(s)
-            else:
-                runs.append([s])
-        previous_in = s in want
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}:{r[-1]}" for r in runs)
-
-
 def span_text(steps: Sequence[int]) -> str:
     """``"1-30"``, ``"171-200, 5"``: sorted steps as ranges (consecutive numbers)."""
     out: list[str] = []

@@ -164,7 +164,7 @@ def filter_expression(ranges: Mapping[str, tuple[float | None, float | None]] | 
                       where: str | None = None) -> str | None:
     """The ``where`` of :func:`rldiag.rows` the page's widgets make: each column's ``(min, max)``
     range (None: open), the rows at the length cap ``cap``, those of groups without signal, the
-    expression ``sign_differs`` (:data:`rldiag.analysis.rows.SIGN_DIFFERS` through the page), and
+    expression ``sign_differs`` (:data:`rldiag.store.rows.SIGN_DIFFERS` through the page), and
     the typed ``where``, joined by AND (None: no filter)."""
     parts = []
     for col, (lo, hi) in (ranges or {}).items():

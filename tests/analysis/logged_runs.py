@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
 ADAPTIVE_KL = {"algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": True,

@@ -15,7 +15,7 @@ from rldiag.analysis.compare import compare, compare_estimators
 from rldiag.cli.main import main
 from rldiag.engine.advantage import ESTIMATORS
 from rldiag.io.run_layout import RunLayout
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 from tests.analysis.reference import rewrite_column, write_logged_run
 

@@ -22,7 +22,7 @@ from rldiag.errors import OutputError
 from rldiag.io import loader
 from rldiag.io.fs import RemotePath
 from rldiag.io.run_layout import RunLayout
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from tests.analysis.logged_runs import ADAPTIVE_KL, write_self_logged_run
 from tests.analysis.reference import write_logged_run
 from tests.s3server import moto_s3

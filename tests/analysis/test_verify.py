@@ -219,7 +219,7 @@ def test_a_mismatch_wins_over_an_unverifiable_step(tmp_path):
 def test_the_verl_release_that_matches_is_named(tmp_path):
     # REINFORCE++ on tool spans, logged by verl 0.8.0 (the reset at mask 0), the run recording no
     # version: verify under the snapshot mismatches and names rldiag.verl_version=0.8.0
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
     from rldiag.synth import SynthSpec, write_synth_run
 
     cfg = {"algorithm": {"adv_estimator": "reinforce_plus_plus", "gamma": 0.9}}
@@ -299,3 +299,69 @@ def test_layout_candidates_follow_what_the_config_says():
     assert not [c for c in told if a + "use_dynamic_bsz" in c or a + "shuffle" in c]
     assert not [c for c in told if len(c) == 2 and c.get("rldiag.mini_batch_size")]
     assert {"trainer.balance_batch": False} in told  # the legacy trainer reads it
+
+
+# ---- an exactly tied group: the whitened constant is rounding noise ---------------------------
+
+TIE, VERL_NOISE = 0.1, -0.007393687  # verl 0.9.1's GRPO on 16 rows of 0.1 (rldiag: -0.0147)
+
+
+def _tied_run(tmp_path, logged_value):
+    """A GRPO run (groups of 16) whose first group scores 0.1 on every row and whose logged
+    advantages and returns there are ``logged_value(row, token)`` at mask-1 tokens (0 elsewhere)."""
+    root = write_logged_run(tmp_path / "run", steps=1, seed=21, metrics=False, prompts=3, n=16)
+    f = root / "batches" / "step_1.parquet"
+    table = pq.read_table(f)
+    first = table["uid"][0].as_py()
+    tied = [u == first for u in table["uid"].to_pylist()]
+    masks = table["response_mask"].to_pylist()
+
+    def scores(_step, rows, _table):
+        return [[0.0] * (len(r) - 1) + [TIE] if t else r for r, t in zip(rows, tied)]
+
+    def advantages(_step, rows, _table):
+        return [[logged_value(i, j) * m for j, m in enumerate(masks[i])] if t else r
+                for i, (r, t) in enumerate(zip(rows, tied))]
+
+    def row_score(_step, rows, _table):
+        return [TIE if t else r for r, t in zip(rows, tied)]
+
+    for name, fn in (("score", row_score), ("token_level_rewards", scores), ("advantages", advantages),
+                     ("returns", advantages)):
+        rewrite_column(root, name, fn)
+    return root, sum(sum(m) for m, t in zip(masks, tied) if t)
+
+
+def test_a_whitened_tie_is_rounding_noise_not_a_mismatch(tmp_path, capsys):
+    root, tied_tokens = _tied_run(tmp_path, lambda i, j: VERL_NOISE)
+    rep = verify_run(root)
+    adv = rep.fields["advantages"]
+    assert rep.status == "match" and adv.mismatches == 0
+    assert adv.noise == tied_tokens and rep.fields["returns"].noise == tied_tokens
+    assert 1e-3 < adv.noise_max_abs_err < 0.05 and adv.max_abs_err < 1e-5
+    assert main(["verify", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"advantages: {tied_tokens} values differ by rounding noise of a whitened constant" in out
+
+
+@pytest.mark.parametrize("logged_value", [lambda i, j: VERL_NOISE * (1 + i % 2), lambda i, j: 1.5],
+                         ids=["not one constant", "not below 1"])
+def test_a_tied_group_logged_otherwise_is_a_mismatch(tmp_path, logged_value):
+    root, tied_tokens = _tied_run(tmp_path, logged_value)
+    rep = verify_run(root, candidates=False)
+    assert rep.status == "mismatch" and rep.fields["advantages"].noise == 0
+    assert rep.fields["advantages"].mismatches == tied_tokens
+
+
+def test_whitened_constant_noise_needs_one_constant_per_side_on_two_rows():
+    from rldiag.analysis.tolerance import whitened_constant_noise
+
+    # positions: segment 0 = rows 0, 1 (tied); segment 1 = row 2 alone; segment 2 = rows 3, 4 not constant
+    seg = np.array([0, 0, 0, 0, 1, 1, 2, 2])
+    rows = np.array([0, 0, 1, 1, 2, 2, 3, 4])
+    expected = np.array([-0.0074, -0.0074, -0.0074, 0.0, 0.3, 0.3, 0.2, -0.2])
+    actual = np.array([-0.0147, -0.0147, -0.0147, 0.0, 0.5, 0.5, 0.25, -0.25])
+    on = np.array([True, True, True, False, True, True, True, True])
+    got = whitened_constant_noise(expected, actual, on, rows, seg)
+    assert got.tolist() == [True, True, True, False, False, False, False, False]
+    assert not whitened_constant_noise(expected, actual, np.zeros(8, bool), rows, seg).any()

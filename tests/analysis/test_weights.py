@@ -17,7 +17,7 @@ from rldiag.analysis.weights import ROW_FACTORS, effective_weights, weights_by_a
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.aggregation import AGG_MODES
 from rldiag.io.run_layout import RunLayout
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
 AGG = "actor_rollout_ref.actor.loss_agg_mode"

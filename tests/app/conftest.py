@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 from tests.app.helpers import logged_from_scenario
 

@@ -270,11 +270,20 @@ def browser_env(tmp_path):
     return pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 
+def _tree(root: Path) -> list[tuple[str, int, int]]:
+    """Every file and folder under ``root``: its path, size and modification time (what a write
+    would change, a folder made and removed again included)."""
+    return sorted((str(p.relative_to(root)), p.stat().st_size if p.is_file() else 0, p.stat().st_mtime_ns)
+                  for p in [root, *root.rglob("*")])
+
+
 def test_picker_sample_click_to_step_and_cancel(browser_env, tmp_path):
     """No run: the picker opens the bundled sample as a copy; a click on a point opens its step;
     a recompute cancelled in the middle publishes nothing."""
     sync_api = browser_env
     home = tmp_path / "home"
+    # the bundled sample as it is now (a `make sample` before the tests leaves its own outputs there)
+    before = _tree(default_run())
     with AppServer(None, log=tmp_path / "streamlit.log", extra_env={"RLDIAG_HOME": str(home)}) as srv, \
             sync_api.sync_playwright() as p:
         ctx, pg = _browser(tmp_path, sync_api, p)
@@ -304,7 +313,7 @@ def test_picker_sample_click_to_step_and_cancel(browser_env, tmp_path):
             assert written == pg.get_by_text("had finished before Cancel", exact=False).is_visible()
             if written:
                 assert (copy / "scenarios" / f"adv_estimator={target}" / "scenario.json").is_file()
-            assert not (default_run() / "rldiag").exists()
+            assert _tree(default_run()) == before  # the app wrote nothing into the bundled sample
             assert not pg.locator('[data-testid="stException"]').count()
         finally:
             ctx.close()

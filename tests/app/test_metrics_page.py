@@ -7,7 +7,7 @@ import json
 
 from streamlit.testing.v1 import AppTest
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.store import Store
 from rldiag.viz.panels import panel_csv
 from tests.app.helpers import APP, open_app, panels, series, series_names, xs, ys

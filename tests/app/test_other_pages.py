@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.viz import runs
 from rldiag.viz.runs import default_run
 from tests.app.helpers import charts, fresh_sample, open_app, panels, subplot_titles

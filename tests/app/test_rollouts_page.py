@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import rldiag
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 from tests.app.helpers import open_app
 

@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.viz.charts import mask_spans
 from tests.app.helpers import charts, fresh_sample, open_app, trace_names
 

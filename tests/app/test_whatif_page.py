@@ -114,7 +114,7 @@ def test_the_compare_shows_its_steps_as_they_come_and_keeps_them_on_an_error(app
     at step 4 leaves steps 1-3 on the page, with the error naming the step before it."""
     import pyarrow.parquet as pq
 
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     recompute(app_run, {"algorithm.adv_estimator": "rloo"}, name=RLOO, save_tokens=True, device="cpu")
     bad = app_run / "rldiag" / "scenarios" / RLOO / "tokens" / "step_000004.parquet"

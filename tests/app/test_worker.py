@@ -16,7 +16,7 @@ from rldiag.app import worker
 from rldiag.store import Store
 from rldiag.synth import SynthSpec, synth_step_table, write_synth_run
 from rldiag.viz import baseline as plan
-from rldiag.viz.baseline import plan_baseline, span_text, steps_spec
+from rldiag.viz.baseline import plan_baseline, span_text
 
 SPEC = SynthSpec(steps=3, prompts=2, n=4, seed=7)
 WAIT = 120  # seconds: a bound on a hung worker, never a synchronisation
@@ -127,7 +127,7 @@ def test_large_runs_go_backwards_in_chunks(tmp_path, monkeypatch):
     monkeypatch.setattr(worker.api, "recompute", recompute)
     w = worker.BaselineWorker(Store(run), synchronous=True)
     snap = w.ensure()
-    assert [c[0] for c in calls] == ["6:7", "4:7", "2:7", None]
+    assert [c[0] for c in calls] == [[6, 7], [4, 5, 6, 7], [2, 3, 4, 5, 6, 7], None]
     assert [c[1] for c in calls] == [[6, 7], [4, 5, 6, 7], [2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7]]
     assert [c[2] for c in calls] == [[], [6, 7], [4, 5, 6, 7], [2, 3, 4, 5, 6, 7]]
     assert snap.large and snap.version == 4 and snap.chunks == 4 and snap.covered == 7 and snap.settled
@@ -192,15 +192,22 @@ def test_plan_small_and_large():
     assert done.large and done.chunks == ((),)  # nothing pending: one recompute, every step reused
 
 
-def test_steps_spec_and_span_text():
-    steps = [1, 2, 3, 5, 8, 9, 10]
-    assert steps_spec({8, 9, 10}, steps) == "8:10"
-    assert steps_spec({1, 2, 5, 9, 10}, steps) == "1:2,5,9:10"
-    assert steps_spec({3, 5, 8}, steps) == "3:8"  # a range takes the steps with a file between its ends
-    assert steps_spec(set(steps), steps) is None
-    with pytest.raises(ValueError):
-        steps_spec(set(), steps)
+def test_span_text():
     assert span_text([5, 1, 2, 3, 9]) == "1-3, 5, 9"
+    assert span_text([8, 9, 10, 1]) == "1, 8-10"
+
+
+def test_the_done_steps_are_those_the_recompute_reuses(tmp_path):
+    """The worker plans with the driver's own decision (rldiag.api.reusable_steps): the steps of
+    a baseline written under other settings are not counted as done."""
+    run = write_synth_run(tmp_path / "run", SynthSpec(steps=3, prompts=2, n=2, seed=3))
+    w = worker.BaselineWorker(Store(run), synchronous=True)
+    assert w._baseline_record() == ([], False)
+    w.ensure()
+    assert w._baseline_record() == ([1, 2, 3], False)
+    (run / "run.yaml").write_text((run / "run.yaml").read_text().replace("clip_ratio: 0.2", "clip_ratio: 0.3"))
+    assert "baseline" in Store(run).scenario_names()
+    assert w._baseline_record() == ([], False)  # its meta says 1-3 done, under other settings
 
 
 def test_rldiag_app_starts_the_baseline_of_its_runs_before_a_page_asks(run, monkeypatch):

@@ -128,7 +128,7 @@ def test_a_recomputed_signal_rule_shows_one_step_later_with_that_steps_value(cap
     # step N's recompute is taken in at the log of N + 1, before that step's logged metrics
     assert doctors[0].calls == [("logged", 1), ("recomputed", 1), ("logged", 2), ("recomputed", 2), ("logged", 3)]
     # the values are step 1's and step 2's own, as `rldiag recompute` gives them
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     full = {int(r["step"]): r[CENTRE] for r in recompute(run, {}).metrics}
     seen = doctors[0].table.series(CENTRE, "recomputed")

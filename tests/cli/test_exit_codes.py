@@ -88,7 +88,7 @@ def test_an_engine_bug_is_an_internal_error_with_its_traceback(tmp_path, capsys,
 
 
 def test_an_engine_bug_fails_its_step_and_the_others_are_written(tmp_path, monkeypatch):
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     run = write_synth_run(tmp_path / "run", SynthSpec(steps=4, seed=3))
     _engine_raising(monkeypatch, IndexError("index 7 is out of bounds for dimension 0 with size 7"), on_step=2)
@@ -103,7 +103,7 @@ def test_an_engine_bug_fails_its_step_and_the_others_are_written(tmp_path, monke
 @pytest.mark.parametrize("bug", [KeyError("critic/vf_loss"), AssertionError("rows out of order"),
                                  AttributeError("'NoneType' object has no attribute 'shape'")])
 def test_any_exception_the_engine_raises_fails_its_steps_only(tmp_path, capsys, monkeypatch, bug):
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     run = write_synth_run(tmp_path / "run", SynthSpec(steps=3, seed=3))
     _engine_raising(monkeypatch, bug, on_step=3)

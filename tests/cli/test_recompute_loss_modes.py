@@ -8,7 +8,7 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from rldiag.check import check_run
+from rldiag.analysis.check import check_run
 from rldiag.cli.main import main
 from rldiag.engine.policy_loss import POLICY_LOSSES
 from rldiag.io.outputs import read_scenario

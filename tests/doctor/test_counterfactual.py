@@ -19,7 +19,7 @@ from rldiag.doctor.evaluators import Evidence, Finding
 from rldiag.doctor.rule import Rule
 from rldiag.doctor.rules import load_rules
 from rldiag.errors import ComputeError, ConfigError
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from tests.doctor.runs import write_run
 
 HIGH = "actor_rollout_ref.actor.clip_ratio_high"

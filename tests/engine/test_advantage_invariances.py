@@ -80,6 +80,10 @@ def test_every_estimator_declares_its_needs_and_source():
         assert meta.source
         assert estimator_need(name).all_of == expected.get(name, ())
     assert estimator_optional("grpo") == ("session_id", "output_index")
+    whitens = {n: ESTIMATORS.meta(n).whitens for n in ESTIMATORS.names() if ESTIMATORS.meta(n).whitens}
+    assert whitens == {"grpo": "group", "grpo_vectorized": "group", "traj_grpo": "group", "gae": "step",
+                       "reinforce_plus_plus": "step", "reinforce_plus_plus_baseline": "step", "gdpo": "step",
+                       "step_gae": "step", "token_gae_cross_step": "step"}
     gd = resolve_settings(overrides={"algorithm.gdpo_reward_keys": "acc,fmt"})
     assert estimator_need("gdpo", gd).all_of == ("acc", "fmt")
     assert "algorithm.gdpo_reward_keys" in estimator_need("gdpo", resolve_settings()).all_of[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rldiag.config.settings import resolve_settings
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
 CRITIC_DATA = {"critic/values/mean", "critic/values/max", "critic/values/min", "critic/vf_explained_var"}

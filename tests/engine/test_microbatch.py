@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from rldiag.engine.microbatch import segment_rows
 from rldiag.engine.pipeline import recompute_batch
 from rldiag.errors import ConfigError
-from rldiag.recompute import check_settings
+from rldiag.scenario.plan import check_settings
 from tests.conftest import make_batch, settings
 from tests.engine import reference_losses as ref
 from tests.engine.gen_batches import batch_of, flat, loss_step, padded, unpad

@@ -20,7 +20,7 @@ from rldiag.executors.klchain import pack_statistics, replay_statistics
 from rldiag.executors.steps import Job, StepTask, compute_pack, fetch
 from rldiag.io.loader import load_step, read_schema
 from rldiag.io.rundir import RunDir
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
 META = torch.device("meta")

@@ -17,7 +17,7 @@ from rldiag.executors.klchain import chain, pack_statistics
 from rldiag.executors.ray_cluster import probe_address
 from rldiag.executors.steps import Job, StepTask, fetch, process
 from rldiag.io.rundir import RunDir
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 from tests.kl_runs import KL, KL_LIVE, poison
 

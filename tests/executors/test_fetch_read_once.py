@@ -16,7 +16,7 @@ from rldiag.config.settings import resolve_settings
 from rldiag.executors import steps as steps_mod
 from rldiag.executors.steps import Job, StepTask, fetch, hashed_record, known_hash
 from rldiag.io.rundir import RunDir
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
 SPEC = dict(steps=3, prompts=2, n=4, min_len=8, max_len=16)

@@ -11,7 +11,7 @@ import torch
 from rldiag.executors import allocator
 from rldiag.executors import steps as steps_mod
 from rldiag.executors.steps import Prefetched
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 
 
 def test_yields_in_order_and_reads_at_most_depth_ahead():

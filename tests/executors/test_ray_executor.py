@@ -23,7 +23,7 @@ from rldiag.executors import Plan  # noqa: E402
 from rldiag.executors.ray_cluster import RayExecutor, task_options  # noqa: E402
 from rldiag.executors.steps import Job, StepTask  # noqa: E402
 from rldiag.io.outputs import read_scenario  # noqa: E402
-from rldiag.recompute import recompute  # noqa: E402
+from rldiag.scenario.recompute import recompute  # noqa: E402
 from rldiag.synth import SynthSpec, write_synth_run  # noqa: E402
 from tests.kl_runs import KL, KL_LIVE, poison, rejected_after_capture  # noqa: E402
 from tests.scenario_utils import assert_same_scenario  # noqa: E402
@@ -198,8 +198,8 @@ def test_sweep_on_ray_writes_what_the_local_sweep_writes(cluster, run, tmp_path)
     same scenarios as the local sweep (which shares reads and stages)."""
     from polars.testing import assert_frame_equal
 
-    from rldiag.analysis.sweep import sweep
-    from tests.analysis.test_sweep import assert_metrics_close
+    from rldiag.scenario.sweep import sweep
+    from tests.scenario.test_sweep import assert_metrics_close
 
     grid = {"actor_rollout_ref.actor.clip_ratio": [0.1, 0.2]}
     local = sweep(run, grid, estimators=["grpo", "rloo"], save_tokens=True, reuse=False, name="s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rldiag.executors import steps as steps_mod
 from rldiag.io.outputs import read_scenario
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 
 
 def test_an_unforeseen_load_error_fails_only_its_step(synth_run, monkeypatch):

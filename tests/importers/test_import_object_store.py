@@ -13,7 +13,7 @@ import pytest
 from rldiag.errors import StorageError
 from rldiag.importers import WandbImportError, import_wandb
 from rldiag.io.fs import RemotePath, as_path
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from tests.s3server import fail_uploads, moto_s3
 
 from . import test_wandb_online as online

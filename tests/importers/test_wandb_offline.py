@@ -121,7 +121,7 @@ def test_batches_from_the_artifact_and_recompute(wandb_runs, tmp_path):
     first = pq.read_table(wandb_runs.synth / "batches" / "step_1.parquet")
     assert pq.read_table(out / "batches" / "step_1.parquet").equals(first)
 
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     got = recompute(out)
     want = recompute(wandb_runs.synth)

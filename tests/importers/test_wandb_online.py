@@ -161,7 +161,7 @@ def test_online_run(batch_files, tmp_path):
     assert any("step 2 is in artifacts batches:v0 and batches:v1; kept batches:v1" in w for w in rep.warnings)
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
     # the imported run recomputes like the original
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     got, want = recompute(out), recompute(src)
     assert got.steps_done == want.steps_done == [1, 2, 3] and not got.steps_failed

@@ -86,7 +86,7 @@ def test_recompute_does_not_import_pandas(tmp_path):
     run = write_synth_run(tmp_path / "run", SynthSpec(steps=2, seed=1))  # (synth itself may use pandas)
     code = (
         "import sys\n"
-        "from rldiag.recompute import recompute\n"
+        "from rldiag.scenario.recompute import recompute\n"
         f"run = {str(run)!r}\n"
         "recompute(run, name='a', save_tokens=True)\n"
         "recompute(run, name='a', save_tokens=True)\n"  # the reuse path reads the scenario back

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rldiag.check import check_run
+from rldiag.analysis.check import check_run
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.batch import pack
 from rldiag.engine.requirements import recompute_columns

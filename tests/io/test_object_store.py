@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rldiag.check import check_run
+from rldiag.analysis.check import check_run
 from rldiag.cli.main import main
 from rldiag.doctor import diagnose
 from rldiag.errors import OutputError, RunDirError, StorageError
@@ -21,7 +21,7 @@ from rldiag.io.fs import RemotePath, as_path
 from rldiag.io.outputs import list_scenarios, read_scenario
 from rldiag.io.rundir import RunDir
 from rldiag.io.staged import open_staged
-from rldiag.recompute import follow, recompute
+from rldiag.scenario.recompute import follow, recompute
 from rldiag.synth import SynthSpec, write_synth_run
 from tests.s3server import fail_uploads
 

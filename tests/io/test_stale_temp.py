@@ -21,7 +21,7 @@ from rldiag.capture import RunWriter
 from rldiag.io import atomic
 from rldiag.io.atomic import owner_tag, remove_stale, temp_name
 from rldiag.io.outputs import read_scenario
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # to go on: "go" on stdin.
 HELD_RECOMPUTE = textwrap.dedent("""
     import sys
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
     def hold(done, total, step):
         if done == 1:
             print("held", flush=True)

@@ -21,11 +21,11 @@ from rldiag.errors import CaptureError, OutputError
 from rldiag.io.fs import RemotePath, as_path
 from rldiag.io.outputs import read_scenario
 from rldiag.io.run_layout import RunLayout
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
-#: the driver module (``rldiag.recompute`` as an attribute is the API's function, see rldiag/__init__.py)
-recompute_mod = importlib.import_module("rldiag.recompute")
+#: the scenario writer's module (it writes metrics.parquet after every step's tables are staged)
+write_mod = importlib.import_module("rldiag.scenario.write")
 
 
 @pytest.fixture(params=["local", "store"])
@@ -54,7 +54,7 @@ def test_an_interrupted_recompute_leaves_the_previous_scenario(run, monkeypatch)
     before = snapshot(sc.dir)
     # metrics, scenario.json, and per step its per-row table and its tokens
     assert {"metrics.parquet", "scenario.json"} <= set(before) and len(before) == 2 + 2 * 3
-    monkeypatch.setattr(recompute_mod, "metrics_table", boom)  # after every step's tokens are staged
+    monkeypatch.setattr(write_mod, "metrics_table", boom)  # after every step's tokens are staged
     with pytest.raises(OutputError, match="interrupted"):
         recompute(run, name="s", save_tokens=True, reuse=False, device="cpu")
     assert snapshot(sc.dir) == before

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
 

@@ -7,7 +7,7 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.store import Store
 
 RLOO = "adv_estimator=rloo"

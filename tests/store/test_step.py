@@ -9,7 +9,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.store import Store, StoreError
 
 RLOO = "adv_estimator=rloo"
@@ -112,6 +112,38 @@ def test_rejection_and_kl_shaping_show_in_the_facts(planted):
               name="rs", save_tokens=True, device="cpu")
     g = Store(planted).step_facts(1, "rs")
     assert g.rejected_tokens == 20 and g.unmasked_tokens == 0
+
+
+def test_groups_and_rewards_are_read_from_the_per_row_table(planted):
+    """What the recompute wrote per row (uid, score, reward) is what the facts count: a scenario
+    without tokens still gives the rewards facts; a planted per-row table moves them; without a
+    per-row table the groups come from the batch; the token cache's per-row table serves too."""
+    import rldiag
+
+    recompute(planted, {"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.kl_coef": 200.0}, name="kl",
+              device="cpu")  # no tokens
+    store = Store(planted)
+    f = store.step_facts(1, "kl")
+    assert f.scenario == "kl" and (f.rewards_compared, f.rewards_sign_flips) == (5, 3)
+    assert f.adv_tokens is None and f.rejected_tokens is None  # the token facts need the tokens
+    assert (f.groups, f.group_sizes, f.multi_groups, f.flat_groups) == (3, {1: 1, 2: 2}, 2, 1)
+    rows_file = planted / "rldiag/scenarios/kl/rows/step_000001.parquet"
+    t = pq.read_table(rows_file)
+    rows = store.step_rows(1, ["kl"])
+    assert rows["reward:kl"].to_list() == t["reward"].to_pylist()
+    assert rows["adv:kl"].to_list() == t["advantage_mean"].to_pylist()
+    scores = t["score"].to_pylist()
+    scores[3] = 1.0  # group b's second row now scores as its first: a flat group, and one more flip
+    pq.write_table(t.set_column(t.column_names.index("score"), "score", pa.array(scores, pa.float64())), rows_file)
+    g = store.step_facts(1, "kl")
+    assert (g.flat_groups, g.rewards_sign_flips) == (2, 4)
+    rows_file.unlink()  # a scenario written before per-row tables
+    h = store.step_facts(1, "kl")
+    assert (h.flat_groups, h.groups, h.scenario, h.rewards_compared) == (1, 3, None, None)
+    rldiag.step_tokens(planted, 1, "kl")  # the Step page's one-step recompute into the token cache
+    assert store.scenarios.rows_file("kl", 1) == planted / "rldiag/cache/kl/rows/step_000001.parquet"
+    k = store.step_facts(1, "kl")
+    assert (k.rewards_sign_flips, k.flat_groups, k.adv_tokens) == (3, 1, 19)
 
 
 def test_row_tokens(planted):

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from rldiag.io.rundir import RunDir, iter_metrics_lines
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 
 TOKEN_COLUMNS = ("advantages", "returns", "token_level_rewards")
 #: float32 tolerance: both sides compute in float32, in different orders.

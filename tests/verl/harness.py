@@ -1,7 +1,7 @@
 """Differential tests against verl itself: run directories in, verl's functions beside rldiag's.
 
 Both sides see the same batch through layout-independent paths: rldiag through a run directory
-and ``rldiag.recompute.recompute(..., save_tokens=True)`` (per-row token lists read back from the
+and ``rldiag.scenario.recompute.recompute(..., save_tokens=True)`` (per-row token lists read back from the
 scenario), verl through right-padded ``(rows, T)`` tensors built from the same Arrow tables.
 Batches have groups (``uid``), tool-observation spans (mask-0 runs inside a row) and long-tailed
 lengths (most rows short, a few at the cap).
@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import list_array as _list
 
 verl = pytest.importorskip("verl")

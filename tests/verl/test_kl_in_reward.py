@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from tests.kl_runs import rejected_after_capture
 from tests.verl.harness import assert_close, long_tail_table, padded, run_rldiag, write_run
 

@@ -34,7 +34,7 @@ from verl.workers.config import ActorConfig  # noqa: E402
 from verl.workers.config.actor import PolicyLossConfig  # noqa: E402
 
 from rldiag import api  # noqa: E402
-from rldiag.recompute import recompute  # noqa: E402
+from rldiag.scenario.recompute import recompute  # noqa: E402
 from tests.verl.test_layout import PAD, verl_dispatch, verl_worker_layout  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"

@@ -161,13 +161,13 @@ def fit_warning(settings_chosen: dict, grouped: Sequence[str]) -> None:
         st.warning(msg, icon=":material/warning:")
 
 
-def compare_steps(name: str) -> str | None:
+def compare_steps(name: str) -> list[int] | None:
     """The steps to compare: every batch step but those that failed (None: all)."""
     failed = set(st.session_state.get("wi_failed", {}).get(name) or {}) | _unreadable()
     if not failed:
         return None
     good = [s for s in store.steps() if s not in failed]
-    return ",".join(map(str, good)) if good else None
+    return good or None
 
 
 def _unreadable() -> set[int]:

@@ -17,6 +17,14 @@ These keys are rldiag's names (verl itself has no such estimators):
 - ``traj_grpo``: trajectory score = sum over its rows of the masked token rewards; GRPO over the
   trajectories of each prompt group (a trajectory belongs to the group of its first row);
   the trajectory's scalar is shared by all its rows, broadcast over the mask.
+
+These estimators have no verl reference: they are held to the float64 computation of their
+formulas. Their sums over a row's tokens, their trajectory totals, their step-level GAE table
+and every mean and variance are accumulated in float64 (:mod:`rldiag.engine.precise`: one value
+per row, trajectory or step in float64, never one per token) and rounded to float32 once, so a
+step of any size is within float32 tolerance of the exact values, and an exactly tied step or
+group whitens to exactly 0 (a float32 mean one ulp off turns ``std + 1e-8`` whitening of a tie
+into an O(1) value).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from rldiag.engine.advantage.base import (
     require_extra,
     require_field,
 )
+from rldiag.engine.precise import row_sums64
 from rldiag.engine.scan import gae_segmented
 from rldiag.engine.segments import seg_count, seg_mean, seg_sum
 from rldiag.engine.whiten import step_whiten
@@ -63,7 +72,7 @@ def _trajectories(inp: AdvInput, name: str, with_steps: bool) -> tuple[torch.Ten
 
 
 @ESTIMATORS.register(
-    "step_gae", needs=("values", "traj_uid", "step_index"),
+    "step_gae", needs=("values", "traj_uid", "step_index"), whitens="step",
     source="Claw-R1 step-level GAE (one response = one action); arXiv:1506.02438",
 )
 def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,39 +83,41 @@ def step_gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     tid, n_traj, step = _trajectories(inp, "step_gae", with_steps=True)
     assert step is not None
     layout = b.rows
-    reward = layout.sum(inp.rewards * m)  # step reward: the response is one action
+    f64 = torch.float64
+    reward = row_sums64(inp.rewards * m, layout)  # step reward: the response is one action
     # V(S_t): the value before the first response token (0 for an empty row)
     v0 = torch.zeros_like(reward)
     live = layout.lengths > 0
-    v0[live] = values[layout.offsets[:-1][live]]
+    v0[live] = values[layout.offsets[:-1][live]].to(f64)
+    # the (trajectory, step index) table of Claw-R1's layout, in float64 (one value per agent step)
     n_idx = int(step.max()) + 1 if step.numel() else 1
-    r_map = torch.zeros((n_traj, n_idx), dtype=reward.dtype, device=m.device)
-    v_map = torch.zeros((n_traj, n_idx), dtype=v0.dtype, device=m.device)
+    r_map = torch.zeros((n_traj, n_idx), dtype=f64, device=m.device)
+    v_map = torch.zeros((n_traj, n_idx), dtype=f64, device=m.device)
     r_map[tid, step] = reward
     v_map[tid, step] = v0
     a_map = torch.empty_like(r_map)
-    last = torch.zeros(n_traj, dtype=reward.dtype, device=m.device)
+    last = torch.zeros(n_traj, dtype=f64, device=m.device)
     for t in range(n_idx - 1, -1, -1):
         nxt = v_map[:, t + 1] if t < n_idx - 1 else 0.0
         delta = r_map[:, t] + gamma * nxt - v_map[:, t]  # Schulman et al. 2016 (arXiv:1506.02438) on steps
         last = delta + gamma * lam * last
         a_map[:, t] = last
     adv = a_map[tid, step]
-    returns = adv + v0
-    rows = seg_count(b.step_ids, b.n_steps, adv.dtype)
+    returns = (adv + v0).to(m.dtype)
+    rows = seg_count(b.step_ids, b.n_steps, f64)
     inp.errors.flag(
         rows < 2, "step_gae: step-level whitening needs at least 2 rows (the sample std of one value is NaN)"
     )
-    mean = seg_mean(adv, b.step_ids, b.n_steps)
-    dev = adv - mean[b.step_ids]
+    dev = adv - seg_mean(adv, b.step_ids, b.n_steps)[b.step_ids]
     std = (seg_sum(dev * dev, b.step_ids, b.n_steps) / (rows - 1).clamp_min(1)).sqrt()
-    white = dev / (std[b.step_ids] + STEP_WHITEN_EPS)
+    white = (dev / (std[b.step_ids] + STEP_WHITEN_EPS)).to(m.dtype)
     return layout.expand(white) * m, layout.expand(returns) * m
 
 
 @ESTIMATORS.register(
     "token_gae_cross_step",
     needs=("values", "traj_uid", "step_index"),
+    whitens="step",
     source="Claw-R1 token-level cross-step GAE; arXiv:1506.02438",
 )
 def token_gae_cross_step(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,21 +143,22 @@ def token_gae_cross_step(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     raw = torch.zeros_like(inp.rewards)
     raw[idx] = raw_c
     returns = (raw + values) * m
-    adv = step_whiten(raw, m, rows, b.step_ids, b.n_steps, inp.errors, "token_gae_cross_step advantage whitening")
+    adv = step_whiten(raw, m, rows, b.step_ids, b.n_steps, inp.errors, "token_gae_cross_step advantage whitening",
+                      stats64=True)
     return adv, returns
 
 
-@ESTIMATORS.register("traj_grpo", needs=("traj_uid",), source="Claw-R1 trajectory-level GRPO; arXiv:2402.03300")
+@ESTIMATORS.register("traj_grpo", needs=("traj_uid",), whitens="group", source="Claw-R1 trajectory-level GRPO; arXiv:2402.03300")
 def traj_grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Trajectory-level GRPO; see the module docstring. Honours ``norm_adv_by_std_in_grpo``."""
     b, m = inp.batch, inp.mask
     tid, n_traj, _ = _trajectories(inp, "traj_grpo", with_steps=False)
-    step_scores = b.rows.sum(inp.rewards * m)
-    total = seg_sum(step_scores, tid, n_traj)  # outcome of the whole trajectory
+    step_scores = row_sums64(inp.rewards * m, b.rows)
+    total = seg_sum(step_scores, tid, n_traj)  # outcome of the whole trajectory, float64
     rows = torch.arange(tid.numel(), device=m.device)
     first = torch.full((n_traj,), tid.numel(), dtype=torch.long, device=m.device)
     first.scatter_reduce_(0, tid, rows, reduce="amin", include_self=True)
     norm = bool(inp.settings["algorithm.norm_adv_by_std_in_grpo"])
-    scalar = grpo_scalar(total, b.group_ids[first], b.n_groups, norm)
+    scalar = grpo_scalar(total, b.group_ids[first], b.n_groups, norm).to(m.dtype)  # statistics in float64
     adv = b.rows.expand(scalar[tid]) * m
     return adv, adv

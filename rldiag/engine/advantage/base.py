@@ -71,6 +71,11 @@ class EstimatorMeta(Entry):
     needs_fn: Callable[[EngineSettings], tuple[str, ...]] | None = None
     optional: tuple[str, ...] = ()
     check: Callable[[EngineSettings], None] | None = None
+    #: what it whitens over, dividing by a spread: ``"group"`` (each uid group's values by their
+    #: std), ``"step"`` (the step's values), ``""`` (nothing). On an exactly tied group or step,
+    #: verl's float32 value there is rounding noise of a whitened constant (docs/algorithms-estimators.md).
+    whitens: str = ""
+    #: its baseline is the other responses of the same prompt (the uid group)
     grouped: bool = False
 
 

@@ -49,6 +49,7 @@ def _session_final_rows(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 @ESTIMATORS.register(
     "grpo",
     needs=(),
+    whitens="group",
     optional=("session_id", "output_index"),
     grouped=True, source="verl core_algos.compute_grpo_outcome_advantage; arXiv:2402.03300; Dr. GRPO arXiv:2503.20783",
 )
@@ -78,7 +79,7 @@ def grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("grpo_vectorized", needs=(),
+@ESTIMATORS.register("grpo_vectorized", needs=(), whitens="group",
                      grouped=True, source="verl core_algos.compute_grpo_vectorized_outcome_advantage; arXiv:2402.03300")
 def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's vectorised GRPO. Same formula as ``grpo``, with verl's group statistics in float32:
@@ -165,7 +166,7 @@ def _gdpo_needs(settings: EngineSettings) -> tuple[str, ...]:
     return tuple(keys) if keys else (f"the setting {GDPO_KEYS} (reward-component columns)",)
 
 
-@ESTIMATORS.register("gdpo", needs_fn=_gdpo_needs, check=gdpo_components,
+@ESTIMATORS.register("gdpo", needs_fn=_gdpo_needs, check=gdpo_components, whitens="step",
                      grouped=True, source="verl core_algos.compute_gdpo_outcome_advantage; GDPO arXiv:2601.05242")
 def gdpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GDPO: exact GRPO (std-normalised) on each reward-component column named by

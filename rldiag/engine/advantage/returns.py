@@ -20,7 +20,8 @@ from rldiag.engine.whiten import step_whiten
 # ---- critic-based -----------------------------------------------------------------------------
 
 
-@ESTIMATORS.register("gae", needs=("values",), source="verl core_algos.compute_gae_advantage_return; arXiv:1506.02438")
+@ESTIMATORS.register("gae", needs=("values",), whitens="step",
+                     source="verl core_algos.compute_gae_advantage_return; arXiv:1506.02438")
 def gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE; returns = raw advantages + values; advantages whitened over each step's mask."""
     b, s = inp.batch, inp.settings
@@ -34,7 +35,7 @@ def gae(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- reward-to-go family ----------------------------------------------------------------------
 
 
-@ESTIMATORS.register("reinforce_plus_plus", needs=(),
+@ESTIMATORS.register("reinforce_plus_plus", needs=(), whitens="step",
                      source="verl core_algos.compute_reinforce_plus_plus_outcome_advantage; arXiv:2501.03262")
 def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted reward-to-go over the mask, whitened over each step's mask and
@@ -49,7 +50,7 @@ def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv * inp.mask, returns
 
 
-@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(), grouped=True,
+@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(), whitens="step", grouped=True,
                      source="verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage; arXiv:2501.03262")
 def reinforce_plus_plus_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: ``R - group mean`` (mean includes the row; 0 for a singleton group),

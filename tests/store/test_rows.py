@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import rldiag
-from rldiag.analysis import rows as rows_mod
-from rldiag.analysis.rows import SIGN_DIFFERS, check_expression
 from rldiag.errors import QueryError, RunDirError
+from rldiag.store import rows as rows_mod
+from rldiag.store.rows import SIGN_DIFFERS, check_expression
 from rldiag.synth import SynthSpec, write_synth_run
 
 RLOO = "adv_estimator=rloo"
@@ -135,9 +135,9 @@ def test_a_search_is_kept_until_a_batch_file_changes(tmp_path):
     rldiag.recompute(path, device="cpu")
     first = rldiag.rows(path, search="answer", limit=None).select("step", "row").rows()
     assert first == [(1, 0), (1, 5), (2, 0), (2, 5)]
-    key = next(k for k in rows_mod._HITS if k[0] == str(path) and k[1] == "answer")
+    hits, misses = rows_mod.HITS.hits, rows_mod.HITS.misses
     rldiag.rows_count(path, search="ANSWER")  # the same search, any case: the kept matches
-    assert list(rows_mod._HITS)[-1] == key
+    assert (rows_mod.HITS.hits, rows_mod.HITS.misses) == (hits + 1, misses)
     # step 2 rewritten (a run still writing replaces a file): its new text is searched, not the kept one
     f = path / "batches" / "step_2.parquet"
     t = pq.read_table(f)
@@ -146,6 +146,7 @@ def test_a_search_is_kept_until_a_batch_file_changes(tmp_path):
     pq.write_table(t.set_column(t.column_names.index("response_tokens"), "response_tokens",
                                 pa.array(texts, pa.list_(pa.string()))), f)
     assert rldiag.rows_count(path, search="answer") == 5
+    assert rows_mod.HITS.misses == misses + 1
 
 
 def test_preview_of_the_page_rows(run):

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rldiag.io.outputs import read_scenario
-from rldiag.recompute import follow, recompute
+from rldiag.scenario.recompute import follow, recompute
 from rldiag.synth import SynthSpec, synth_step_table, write_synth_run
 
 

@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from rldiag import api
-from rldiag.analysis import scenarios
 from rldiag.errors import RldiagError
 from rldiag.io.run_layout import RunLayout
+from rldiag.scenario import tokens as scenarios
 from rldiag.synth import SynthSpec, write_synth_run
 
 

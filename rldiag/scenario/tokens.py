@@ -1,5 +1,7 @@
-"""Scenarios that an analysis needs: reuse one that is up to date with its per-token outputs,
-else (re)compute it with ``save_tokens``."""
+"""Per-token outputs on demand: a scenario an analysis needs, reused when it is up to date with
+its per-token outputs, else (re)computed with ``save_tokens`` (:func:`ensure_scenario`); one
+step's tokens, from the scenario or its token cache (``RUN/rldiag/cache/<name>/``,
+:func:`step_tokens`)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from rldiag.errors import RunDirError, StorageError
 from rldiag.io.fs import RemotePath, relative_to
 from rldiag.io.outputs import list_scenarios, sha256_file
 from rldiag.io.run_layout import RunLayout
-from rldiag.io.rundir import RunDir, parse_steps
-from rldiag.recompute import ProgressFn, recompute
+from rldiag.io.rundir import RunDir, Steps, parse_steps
+from rldiag.scenario.recompute import ProgressFn, recompute
+
+__all__ = ["CACHE_STEPS", "StepTokens", "ensure_scenario", "read_meta", "scenario_is_fresh", "step_tokens"]
 
 
 def read_meta(run: Path | RemotePath, name: str) -> dict | None:
@@ -58,7 +62,7 @@ def ensure_scenario(
     run: str | Path | RemotePath,
     name: str,
     overrides: Mapping[str, Any] | None = None,
-    steps: str | None = None,
+    steps: Steps = None,
     device: str = "auto",
     progress: ProgressFn | None = None,
 ) -> bool:
@@ -80,8 +84,7 @@ def ensure_scenario(
             chosen = [s for s in chosen if s in done] or chosen
     if scenario_is_fresh(rd, name, overrides, chosen):
         return False
-    spec = ",".join(str(s) for s in chosen)
-    recompute(rd.path, dict(overrides), name=name, steps=spec, device=device, save_tokens=True, progress=progress)
+    recompute(rd.path, dict(overrides), name=name, steps=chosen, device=device, save_tokens=True, progress=progress)
     return True
 
 
@@ -137,8 +140,8 @@ def step_tokens(
     cache = rd.layout.token_cache(name)
     kept = sorted((s for s in cache.token_steps() if s != step and s in set(files)), key=lambda s: (abs(s - step), s))
     chosen = sorted({*kept[:CACHE_STEPS - 1], step})
-    rep = recompute(rd.path, overrides, name=name, steps=",".join(map(str, chosen)), device=device,
-                    save_tokens=True, progress=progress, target=cache)
+    rep = recompute(rd.path, overrides, name=name, steps=chosen, device=device, save_tokens=True, progress=progress,
+                    target=cache)
     if step in rep.steps_failed:
         return StepTokens(step, name, None, "cache", error=rep.steps_failed[step], computed=True)
     return StepTokens(step, name, cache.tokens_file(step), "cache", computed=step not in rep.steps_reused)

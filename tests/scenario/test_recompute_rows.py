@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rldiag.io.run_layout import RunLayout
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rldiag.executors import steps as steps_mod
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 
 
 def _inputs(run, name) -> dict[str, dict]:

@@ -1,4 +1,4 @@
-"""``rldiag sweep`` (rldiag/analysis/sweep.py, rldiag/executors/sweep.py): every scenario written
+"""``rldiag sweep`` (rldiag/scenario/sweep.py, rldiag/executors/sweep.py): every scenario written
 as a separate recompute writes it, from one read of each step file, with the engine's shared
 stages run once; reuse, names, the summary, the disk check, failures of one scenario."""
 
@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rldiag
-from rldiag.analysis.sweep import estimate_token_bytes, sweep, sweep_name, yaml_text
 from rldiag.errors import ConfigError, DiskSpaceError
 from rldiag.executors.sweep import SweepHooks
 from rldiag.io.outputs import TOKEN_OUTPUTS
 from rldiag.io.run_layout import RunLayout
 from rldiag.io.rundir import RunDir
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
+from rldiag.scenario.sweep import estimate_token_bytes, sweep, sweep_name, yaml_text
 from rldiag.synth import SynthSpec, write_synth_run
 
 A = "actor_rollout_ref.actor."

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rldiag.io.outputs import read_scenario
-from rldiag.recompute import recompute
+from rldiag.scenario.recompute import recompute
 from rldiag.synth import SynthSpec, write_synth_run
 from tests.kl_runs import KL, KL_LIVE, poison, rejected_after_capture
 

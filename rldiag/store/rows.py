@@ -21,13 +21,15 @@ columns (``other_advantage_mean``): :data:`SIGN_DIFFERS` filters the rows whose 
 changes sign under it. ``search``: the rows whose response text (the batch files'
 ``response_tokens``, one string per token, joined) contains the text, case-insensitively; rows of
 a batch without text never match.
+
+Each query opens its own connection (:class:`~rldiag.store.db.Db`), which reads only the run's
+directories (:mod:`rldiag.store.sandbox`): even an expression the checker let through by mistake
+cannot read another file.
 """
 
 from __future__ import annotations
 
 import difflib
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +37,18 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from rldiag.errors import QueryError, RunDirError
 from rldiag.io.fs import as_path, is_remote
 from rldiag.io.outputs import ROW_OUTPUTS
 from rldiag.io.run_layout import RunLayout
-from rldiag.io.rundir import RunDir
+from rldiag.io.rundir import RunDir, StepFile
 from rldiag.io.schema import RESPONSE_TEXT_COLUMN
+from rldiag.store.batches import read_arrow
+from rldiag.store.cache import SigCache, file_sig, local_path
+from rldiag.store.db import Db
+from rldiag.store.errors import StoreError
+from rldiag.store.sandbox import served_dirs
 
 #: the batch column holding each response token's text
 TEXT_COLUMN = RESPONSE_TEXT_COLUMN
@@ -109,12 +115,6 @@ def _source(run: Any, scenario: str, other: str | None) -> RowsQuery:
         raise QueryError(f"other: {other!r} is the scenario itself; pick another scenario to compare with")
     return RowsQuery(path, scenario, _files(path, scenario), other,
                      tuple(_files(path, other)) if other is not None else ())
-
-
-def _connect() -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(":memory:")
-    con.execute("SET enable_progress_bar = false")
-    return con
 
 
 def _relation_sql(q: RowsQuery, other_columns: Sequence[str]) -> str:
@@ -274,7 +274,7 @@ def _texts(con: duckdb.DuckDBPyConnection, run: Path, steps: Sequence[int] | Non
                 f"SELECT m.step, t.file_row_number AS row, array_to_string(t.{TEXT_COLUMN}, '') AS text "
                 f"FROM read_parquet($t_files, {_READ}, filename = true, file_row_number = true) t "
                 "JOIN (SELECT unnest($t_names) AS filename, unnest($t_steps) AS step) m USING (filename)")
-    tables = [t for sf in files if sf.format == "arrow" and (t := _arrow_text(Path(str(sf.path)), sf.step)) is not None]
+    tables = [t for sf in files if sf.format == "arrow" and (t := _arrow_text(sf)) is not None]
     if tables:
         arrow["arrow_texts"] = pa.concat_tables(tables)
         parts.append(f"SELECT step, row, array_to_string({TEXT_COLUMN}, '') AS text FROM arrow_texts")
@@ -283,65 +283,40 @@ def _texts(con: duckdb.DuckDBPyConnection, run: Path, steps: Sequence[int] | Non
     return _Texts(" UNION ALL ".join(parts), params, arrow)
 
 
-def _arrow_text(path: Path, step: int) -> pa.Table | None:
+def _arrow_text(sf: StepFile) -> pa.Table | None:
     """An Arrow IPC batch's text column with ``step`` and ``row`` (memory-mapped, not copied)."""
     try:
-        source = pa.memory_map(str(path))
-        try:
-            table = ipc.open_file(source).read_all()
-        except pa.ArrowInvalid:
-            source.seek(0)
-            table = ipc.open_stream(source).read_all()
-    except (OSError, pa.ArrowException):
+        table = read_arrow(sf)
+    except StoreError:
         return None  # a file still being written: its rows have no text yet
     if TEXT_COLUMN not in table.column_names:
         return None
     n = table.num_rows
-    return pa.table({"step": pa.array([step] * n, pa.int64()), "row": pa.array(range(n), pa.int64()),
+    return pa.table({"step": pa.array([sf.step] * n, pa.int64()), "row": pa.array(range(n), pa.int64()),
                      TEXT_COLUMN: table[TEXT_COLUMN]})
 
 
-#: the last searches' matches, by (run, text, the batch files' paths, sizes and mtimes): a page
-#: counts its rows and then reads them, each with the same search, and pages through them after
-_HITS: OrderedDict[tuple, pa.Table] = OrderedDict()
-_HITS_KEEP = 8
-_HITS_LOCK = threading.Lock()
-
-
-def _files_sig(run: Path) -> tuple | None:
-    """The run's batch files' ``(step, size, mtime_ns)``; None for a run in an object store (whose
-    mtimes may be missing) or when a file cannot be looked at."""
-    if is_remote(run):
-        return None
-    try:
-        return tuple((step, *sig) for step, sig in RunDir(run).listing().items())
-    except OSError:
-        return None
+#: the last searches' matches, by (run, text), kept while the batch files keep their signatures
+#: (:func:`rldiag.store.cache.file_sig`): a page counts its rows and then reads them, each with
+#: the same search, and pages through them after
+HITS = SigCache(maxsize=8)
 
 
 def search_hits(con: duckdb.DuckDBPyConnection, run: Path, search: str) -> pa.Table | None:
     """``(step, row)`` of every response whose text contains ``search`` (any case); None when no
     batch has text. The last few searches are kept while the batch files stay the same."""
-    sig = _files_sig(run)
-    key = (str(run), search.lower(), sig)
-    if sig is not None:
-        with _HITS_LOCK:
-            if key in _HITS:
-                _HITS.move_to_end(key)
-                return _HITS[key]
-    texts = _texts(con, run)
-    if texts is None:
-        return None
-    for name, table in texts.arrow.items():
-        con.register(name, table)
-    hits = _table(con, f"SELECT DISTINCT step, row FROM ({texts.sql}) WHERE contains(lower(text), lower($search))",
-                  {**texts.params, "search": search}, "the response text")
-    if sig is not None:
-        with _HITS_LOCK:
-            _HITS[key] = hits
-            while len(_HITS) > _HITS_KEEP:
-                _HITS.popitem(last=False)
-    return hits
+    sigs = tuple(file_sig(local_path(sf.path)) for sf in RunDir(run).step_files())
+
+    def compute() -> pa.Table | None:
+        texts = _texts(con, run)
+        if texts is None:
+            return None
+        for name, table in texts.arrow.items():
+            con.register(name, table)
+        return _table(con, f"SELECT DISTINCT step, row FROM ({texts.sql}) WHERE contains(lower(text), lower($search))",
+                      {**texts.params, "search": search}, "the response text")
+
+    return HITS.get((str(run), search.lower()), sigs, compute)
 
 
 # ---- the queries -------------------------------------------------------------------------------
@@ -375,7 +350,7 @@ def query_rows(run: Any, where: str | None = None, sort: str | None = None, limi
     if int(offset) < 0:
         raise QueryError(f"offset must be >= 0, not {offset}")
     q = _source(run, scenario, other)
-    with _connect() as con:
+    with Db(served_dirs(q.run)) as db, db.cursor() as con:
         names, other_cols, params = _schema(con, q)
         cond, params = _where(con, q, names, params, where, search)
         page = f" LIMIT {int(limit)}" if limit is not None else ""
@@ -391,7 +366,7 @@ def count_rows(run: Any, where: str | None = None, scenario: str = "baseline", s
                other: str | None = None) -> int:
     """How many rows of the scenario's per-row table match ``where`` and ``search``."""
     q = _source(run, scenario, other)
-    with _connect() as con:
+    with Db(served_dirs(q.run)) as db, db.cursor() as con:
         names, other_cols, params = _schema(con, q)
         cond, params = _where(con, q, names, params, where, search)
         sql = f"WITH {_relation_sql(q, other_cols)} SELECT count(*) FROM r {cond}"

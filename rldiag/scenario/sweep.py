@@ -1,11 +1,12 @@
 """``rldiag sweep RUN``: many what-ifs of one run, from one read of each of its step files.
 
 The grid's Cartesian product (plus the fixed overrides) gives the scenarios. Each is planned as
-``rldiag recompute`` plans it (:mod:`rldiag.recompute`: the steps, what its previous write lets
-it reuse), the executor (:class:`rldiag.executors.sweep.SweepExecutor`) reads, validates and
+``rldiag recompute`` plans it (:mod:`rldiag.scenario.plan`: the steps, what its previous write
+lets it reuse), the executor (:class:`rldiag.executors.sweep.SweepExecutor`) reads, validates and
 hashes each step file once and computes every scenario from it, running each engine stage once
 for the scenarios that agree on it (:mod:`rldiag.engine.sweep`), and each scenario is written
-as a recompute writes it (``RUN/rldiag/scenarios/<name>/``, atomically). Then the sweep's own
+as a recompute writes it (:class:`rldiag.scenario.write.ScenarioWriter`:
+``RUN/rldiag/scenarios/<name>/``, atomically). Then the sweep's own
 record: ``RUN/rldiag/sweeps/<name>/summary.parquet`` (every scenario's metrics, long format)
 and ``sweep.json``, written last.
 
@@ -33,16 +34,17 @@ from rldiag.config.settings import Settings, resolve_settings, scenario_slug
 from rldiag.errors import ConfigError, DiskSpaceError
 from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.outputs import TOKEN_OUTPUTS, json_safe, metrics_table
-from rldiag.io.run_layout import ScenarioLayout, SweepLayout
-from rldiag.io.rundir import RunDir, parse_steps
-from rldiag.io.staged import StagedWriter, open_staged
+from rldiag.io.run_layout import SweepLayout
+from rldiag.io.rundir import RunDir, Steps, parse_steps
+from rldiag.io.staged import open_staged
+from rldiag.scenario.plan import Previous, check_name, check_settings, known_inputs, plan_steps, previous
+from rldiag.scenario.write import ScenarioReport, ScenarioWriter
 from rldiag.version import __version__
 
 if TYPE_CHECKING:
     import polars as pl
 
     from rldiag.executors.sweep import SweepHooks
-    from rldiag.recompute import ScenarioReport, _Previous
 
 __all__ = [
     "DEFAULT_METRICS", "MAX_SCENARIOS", "SweepReport", "estimate_token_bytes", "sweep", "sweep_name", "yaml_text",
@@ -216,16 +218,11 @@ class _Scenario:
     name: str
     overrides: dict[str, Any]
     settings: Settings
-    prev: _Previous | None = None
     report: ScenarioReport | None = None
-    writer: StagedWriter | None = None
-    inputs: list[dict] = field(default_factory=list)
     table: pa.Table | None = None  # metrics.parquet, once written
 
 
 def _scenarios(rd: RunDir, grid: dict[str, list[Any]], fixed: dict[str, Any]) -> list[_Scenario]:
-    from rldiag.recompute import check_settings
-
     combos = list(itertools.product(*grid.values()))
     if len(combos) > MAX_SCENARIOS:
         raise ConfigError(f"the grid makes {len(combos)} scenarios; at most {MAX_SCENARIOS}")
@@ -285,7 +282,7 @@ def sweep(
     *,
     estimators: Sequence[str] | None = None,
     name: str | None = None,
-    steps: str | None = None,
+    steps: Steps = None,
     save_tokens: bool = False,
     reuse: bool = True,
     device: str = "auto",
@@ -298,7 +295,7 @@ def sweep(
 ) -> SweepReport:
     """Recompute ``run`` under every combination of ``grid`` (key -> values; ``estimators`` is
     short for the key ``algorithm.adv_estimator``) plus the fixed ``overrides``; write each
-    scenario as :func:`rldiag.recompute.recompute` writes it (named by the slug of its
+    scenario as :func:`rldiag.scenario.recompute.recompute` writes it (named by the slug of its
     overrides), then the sweep's summary and record under ``RUN/rldiag/sweeps/<name>/`` (default
     name: :func:`sweep_name`). ``executor``: ``"local"`` (one read of each step file, shared
     stages), ``"ray"`` or a Ray executor (each scenario recomputed on its own there).
@@ -315,8 +312,7 @@ def sweep(
     fixed = dict(overrides or {})
     g = _grid(grid, estimators, fixed)
     name = name or sweep_name(g)
-    if "/" in name or name.startswith(".") or not name.strip():
-        raise ConfigError(f"--name {name!r}: a sweep name is one path component, not hidden")
+    check_name(name, "sweep")
     if rd.layout.sweep(name).dir == rd.layout.layout_audit.dir:
         raise ConfigError(f"--name {name!r}: that directory is rldiag layout-audit's; choose another name")
     if chunk_steps < 1:
@@ -331,7 +327,7 @@ def sweep(
         dev, ex_name = _run_local(rd, scenarios, files, chosen, save_tokens, reuse, device, progress, pack_tokens,
                                   chunk_steps, hooks, name)
     else:
-        dev, ex_name = _run_each(rd, scenarios, steps, save_tokens, reuse, device, executor, progress, pack_tokens,
+        dev, ex_name = _run_each(rd, scenarios, chosen, save_tokens, reuse, device, executor, progress, pack_tokens,
                                  chunk_steps)
         notes.append(f"executor {ex_name}: each scenario recomputed on its own (its step files read once per "
                      "scenario, no stage shared)")
@@ -343,67 +339,50 @@ def _run_local(rd: RunDir, scenarios: list[_Scenario], files: dict, chosen: list
                hooks: SweepHooks | None, label: str) -> tuple[str, str]:
     from rldiag.executors.steps import Job
     from rldiag.executors.sweep import SweepExecutor
-    from rldiag.recompute import ScenarioReport, _known_inputs, _plan, _Previous, _previous, _record
 
-    known = _known_inputs(rd.path, "") if reuse else {}
-    for sc in scenarios:
-        sc.prev = _previous(rd.path, sc.name, sc.settings, save_tokens, known=known) if reuse else _Previous()
+    known = known_inputs(rd.path, "") if reuse else {}
+    prevs = [previous(rd.path, sc.name, sc.settings, save_tokens, known=known) if reuse else Previous()
+             for sc in scenarios]
     ex = SweepExecutor(hooks)
     t0 = time.perf_counter()
+    writers: list[ScenarioWriter] = []
     try:
         dev = ex.start(device)
-        plans = [_plan(rd, files, chosen, Job(settings=sc.settings, device=dev, save_tokens=save_tokens,
-                                              pack_tokens=pack_tokens), sc.prev or _Previous(), chunk_steps)
-                 for sc in scenarios]
-        dirs = (ScenarioLayout.ROWS, ScenarioLayout.TOKENS) if save_tokens else (ScenarioLayout.ROWS,)
+        plans = [plan_steps(rd, files, chosen, Job(settings=sc.settings, device=dev, save_tokens=save_tokens,
+                                                   pack_tokens=pack_tokens), prev, chunk_steps)
+                 for sc, prev in zip(scenarios, prevs)]
         try:
-            for sc in scenarios:
+            for sc, prev in zip(scenarios, prevs):
                 target = rd.layout.scenario(sc.name)
                 sc.report = ScenarioReport(name=sc.name, path=target.dir, settings=sc.settings, device=dev,
                                            executor=ex.name)
-                sc.writer = open_staged(target.dir, marker=ScenarioLayout.META, dirs=dirs)
+                writers.append(ScenarioWriter(target, sc.report, prev, sc.overrides, save_tokens))
             total = len(chosen) * len(scenarios)
             with closing(ex.run(plans)) as outcomes:
                 for done, (i, out) in enumerate(outcomes, 1):
-                    sc = scenarios[i]
-                    assert sc.report is not None and sc.writer is not None and sc.prev is not None
-                    sc.inputs.append(out.info)
-                    _record(out, sc.report, sc.prev, sc.writer, save_tokens)
+                    writers[i].record(out)
                     if progress:
                         progress(done, total, out.step)
             seconds = time.perf_counter() - t0
-            for sc in scenarios:
-                _commit(sc, save_tokens, seconds, label)
+            for sc, writer in zip(scenarios, writers):
+                writer.commit(seconds, {"sweep": label})  # the sweep that wrote it
+                sc.table = writer.table
         except BaseException:
-            for sc in scenarios:
-                if sc.writer is not None:
-                    sc.writer.abort()
+            for writer in writers:
+                writer.abort()
             raise
     finally:
         ex.close()
     return dev, ex.name
 
 
-def _commit(sc: _Scenario, save_tokens: bool, seconds: float, label: str) -> None:
-    from rldiag.recompute import _scenario_meta
-
-    assert sc.report is not None and sc.writer is not None
-    sc.report.steps_done.sort()
-    sc.table = metrics_table(sc.report.metrics)
-    sc.writer.write_table(ScenarioLayout.METRICS, sc.table)
-    sc.report.seconds = seconds
-    meta = _scenario_meta(sc.report, sc.overrides, sc.inputs, save_tokens)
-    meta["sweep"] = label  # the sweep that wrote it
-    sc.writer.commit(meta)
-    sc.writer = None
-
-
-def _run_each(rd: RunDir, scenarios: list[_Scenario], steps: str | None, save_tokens: bool, reuse: bool, device: str,
-              executor: Any, progress: ProgressFn | None, pack_tokens: int, chunk_steps: int) -> tuple[str, str]:
+def _run_each(rd: RunDir, scenarios: list[_Scenario], chosen: list[int], save_tokens: bool, reuse: bool,
+              device: str, executor: Any, progress: ProgressFn | None, pack_tokens: int,
+              chunk_steps: int) -> tuple[str, str]:
     """Each scenario recomputed on its own on ``executor`` (a name, started and closed here, or
     an executor, left open)."""
     from rldiag.executors import get_executor
-    from rldiag.recompute import recompute
+    from rldiag.scenario.recompute import recompute
 
     ex = get_executor(executor)
     owned = isinstance(executor, str)
@@ -415,7 +394,7 @@ def _run_each(rd: RunDir, scenarios: list[_Scenario], steps: str | None, save_to
                 if progress:
                     progress(base + done, total * n, step)
 
-            sc.report = recompute(rd.path, sc.overrides, name=sc.name, steps=steps, device=device,
+            sc.report = recompute(rd.path, sc.overrides, name=sc.name, steps=chosen, device=device,
                                   save_tokens=save_tokens, progress=update, pack_tokens=pack_tokens, reuse=reuse,
                                   executor=ex, chunk_steps=chunk_steps)
             dev = sc.report.device
