@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
-    from rldiag.analysis.tolerance import Tol, Tolerances
+    from rldiag.analysis.tolerance import WHITENED_CONSTANT, Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
     from rldiag.config.settings import Settings
     from rldiag.doctor import DoctorReport as DiagnoseResult
@@ -84,7 +84,7 @@ __all__ = [
     "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "StepTokensResult", "SweepResult",
     "TokenAgreement", "VerifyResult", "WhatifOptions",
     # what the functions take, and constants
-    "COUNTERFACTUAL_CAVEAT", "Progress", "SIGN_DIFFERS", "Settings", "Tol", "Tolerances",
+    "COUNTERFACTUAL_CAVEAT", "Progress", "SIGN_DIFFERS", "Settings", "Tol", "Tolerances", "WHITENED_CONSTANT",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -113,6 +113,8 @@ _LAZY = {
     "Tol": "rldiag.analysis.tolerance:Tol",
     "Settings": "rldiag.config.settings:Settings",
     "SIGN_DIFFERS": "rldiag.store.rows:SIGN_DIFFERS",
+    # verify's name for a difference that is the rounding noise of a whitened constant (a tied group or step)
+    "WHITENED_CONSTANT": "rldiag.analysis.tolerance:WHITENED_CONSTANT",
     # a doctor finding's counterfactual in words (the sentences the CLI and the app show) and its caveat
     "describe_counterfactual": "rldiag.doctor.counterfactual:describe",
     "COUNTERFACTUAL_CAVEAT": "rldiag.doctor.counterfactual:CAVEAT",

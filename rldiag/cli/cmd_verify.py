@@ -13,7 +13,6 @@ import sys
 from rich.table import Table
 
 from rldiag import api
-from rldiag.analysis.tolerance import WHITENED_CONSTANT
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
 from rldiag.errors import RldiagError
@@ -86,7 +85,7 @@ def print_report(report: api.VerifyResult, verbose: bool = False) -> None:
         console.print(f"{len(quiet)} other metrics match (largest relative error {fmt(worst)}; -v lists them)")
     for f in report.fields.values():
         if f.noise:
-            console.print(f"{f.field}: {f.noise} values differ by {WHITENED_CONSTANT} (largest "
+            console.print(f"{f.field}: {f.noise} values differ by {api.WHITENED_CONSTANT} (largest "
                           f"{fmt(f.noise_max_abs_err)}): an exactly tied group or step, whose exact value is 0; "
                           "not mismatches", markup=False)
     if report.not_checked:
