@@ -74,14 +74,15 @@ if TYPE_CHECKING:
 #: checks both ways). docs/python-api.md lists them all.
 __all__ = [
     # functions
-    "check", "compare", "compare_estimators", "describe_counterfactual", "diagnose", "follow_doctor", "import_wandb",
+    "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
+    "import_wandb",
     "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "reusable_steps", "rows",
     "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
-    "warm_up",
+    "warm_up", "whatif_options",
     # results
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "FollowDoctorResult", "HealthEvent",
     "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "StepTokensResult", "SweepResult",
-    "TokenAgreement", "VerifyResult",
+    "TokenAgreement", "VerifyResult", "WhatifOptions",
     # what the functions take, and constants
     "COUNTERFACTUAL_CAVEAT", "Progress", "SIGN_DIFFERS", "Settings", "Tol", "Tolerances", "WHITENED_CONSTANT",
 ]
@@ -177,6 +178,32 @@ def settings(run: Run, overrides: Mapping[str, Any] | None = None, *, estimator:
     return resolve_settings(as_path(run), _overrides(overrides, estimator))
 
 
+@dataclass(frozen=True)
+class WhatifOptions:
+    """What the app's What-if page offers for a run: the settings it edits (the schema's rows
+    marked ``whatif``, rldiag/config/schema.py), the run's own value of each (an inherited null
+    resolved: ``clip_ratio_high`` null is ``clip_ratio``), the values each string key takes (its
+    registry's keys, or the schema row's ``values``), and the estimators that need groups of
+    several responses per prompt (registered with ``grouped=True``)."""
+
+    keys: tuple[str, ...]
+    base: dict[str, Any]
+    choices: dict[str, list[str]]
+    grouped: tuple[str, ...]
+
+
+def whatif_options(settings: Settings) -> WhatifOptions:
+    """The What-if page's keys and choices for ``settings`` (:func:`settings` of the run)."""
+    from rldiag.config.choices import choices, grouped_estimators
+    from rldiag.config.schema import SETTINGS
+
+    rows = [s for s in SETTINGS if s.whatif]
+    listed = {s.key: choices(s) for s in rows}
+    return WhatifOptions(keys=tuple(s.key for s in rows), base={s.key: settings.effective(s.key) for s in rows},
+                         choices={k: v for k, v in listed.items() if v is not None},
+                         grouped=tuple(grouped_estimators()))
+
+
 def tolerances(
     *,
     bf16: bool = False,
@@ -235,6 +262,8 @@ class RecomputeResult:
     steps_done: list[int] = field(default_factory=list)
     steps_failed: dict[int, str] = field(default_factory=dict)  # step -> why
     steps_reused: list[int] = field(default_factory=list)  # unchanged since the last recompute
+    #: step -> traceback, for the failed steps a bug in rldiag failed (their ``steps_failed`` says ``InternalError``)
+    internal_errors: dict[int, str] = field(default_factory=dict)
     seconds: float = 0.0
     rows: int = 0  # rows recomputed (reused steps not counted)
     tokens: int = 0  # tokens recomputed
@@ -250,7 +279,8 @@ class RecomputeResult:
 
         return cls(name=rep.name, path=rep.path, metrics=_frame(metrics_table(rep.metrics)), settings=rep.settings,
                    device=rep.device, executor=rep.executor, steps_done=list(rep.steps_done), steps_failed=dict(rep.steps_failed),
-                   steps_reused=sorted(rep.steps_reused), seconds=rep.seconds, rows=rep.rows, tokens=rep.tokens)
+                   steps_reused=sorted(rep.steps_reused), internal_errors=dict(rep.internal), seconds=rep.seconds,
+                   rows=rep.rows, tokens=rep.tokens)
 
     def token_frame(self, step: int) -> pl.DataFrame:
         """One step's per-token outputs (a recompute with ``save_tokens``): one row per batch
@@ -421,6 +451,15 @@ def compare(
 
     return run_compare(run, a, b, steps=steps, recompute_missing=recompute_missing, device=device,
                        progress=_by_step(progress), on_step=on_step)
+
+
+def compare_so_far(agreements: Sequence[TokenAgreement]) -> tuple[dict[str, Any], pl.DataFrame]:
+    """What a running :func:`compare` has found so far, from the agreements its ``on_step`` got:
+    the summary (as the finished comparison's ``summary``) and the per-step frame the app draws."""
+    from rldiag.analysis.agreement import agreement_frame
+    from rldiag.analysis.compare import summarise
+
+    return summarise(list(agreements)), agreement_frame(list(agreements))
 
 
 def compare_estimators(

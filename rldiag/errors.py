@@ -12,6 +12,8 @@ point at it. The tree::
     +-- BatchError               a batch file is malformed (file, step, row, column)
     |   +-- MissingInputError    the settings need a column the batch does not have
     +-- ComputeError             verl would raise on this input; the step fails
+    +-- InternalError            a bug in rldiag (a TypeError, IndexError, ... it did not mean to raise),
+    |                            with its traceback; the command line asks for a report and exits 3
     +-- OutputError              writing results failed
     |   +-- DiskSpaceError       the outputs asked for would not fit on the disk
     +-- StorageError             an object store (s3://...) cannot be reached or refused a request
@@ -26,6 +28,8 @@ point at it. The tree::
 """
 
 from __future__ import annotations
+
+import traceback as tb
 
 
 class RldiagError(Exception):
@@ -80,6 +84,22 @@ class MissingInputError(BatchError):
 
 class ComputeError(RldiagError):
     """verl would raise on this input (e.g. whitening over a single token); the step fails."""
+
+
+class InternalError(RldiagError):
+    """A bug in rldiag: an exception it did not mean to raise (a ``TypeError``, an ``IndexError``,
+    ... inside the engine), as opposed to an input it refuses (:class:`ComputeError`,
+    :class:`BatchError`). ``traceback`` is the original exception's, which the command line
+    prints with a request to report it (exit code 3, :mod:`rldiag.cli.exit_codes`)."""
+
+    def __init__(self, message: str, traceback: str = ""):
+        self.traceback = traceback
+        super().__init__(message)
+
+    @classmethod
+    def of(cls, exc: BaseException, where: str) -> InternalError:
+        """``exc`` raised ``where`` (``"steps 3, 4"``): ``where: Type: message``, its traceback kept."""
+        return cls(f"{where}: {type(exc).__name__}: {exc}", "".join(tb.format_exception(exc)))
 
 
 class OutputError(RldiagError):

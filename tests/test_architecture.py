@@ -15,7 +15,6 @@ trainer the CLI's demo runs).
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "rldiag"
@@ -109,43 +108,10 @@ def test_no_import_reaches_a_layer_above():
 
 
 def test_no_import_cycle():
-    runtime = defaultdict(set)
-    for module, imports in _graph().items():
-        for target, _, at_run_time in imports:
-            if at_run_time and target != module:
-                runtime[module].add(target)
-    # Tarjan's strongly connected components over the modules
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    cycles: list[list[str]] = []
+    # the one search for circles (tests/test_layers.py), which counts type-only imports too
+    from tests.test_layers import cycles
 
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in runtime.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                cycles.append(sorted(comp))
-
-    for v in list(runtime):
-        if v not in index:
-            visit(v)
-    assert not cycles, cycles
+    assert cycles() == []
 
 
 DOC = ROOT.parent / "docs" / "architecture.md"

@@ -48,6 +48,7 @@ from rldiag.engine.batch_layout import (
     describe_layout,
     is_v1,
     role_layout,
+    rollout_n,
     rows_balanced,
     uses_critic,
 )
@@ -235,7 +236,7 @@ def _scaled(settings: Settings, key: str, factor: float) -> dict[str, Any] | str
         if not critic.dynamic and theirs != own:
             return (f"the actor's and the critic's {what}es differ ({own} and {theirs} rows) and {key} sets both")
     new = own * factor
-    n = int(settings.get("actor_rollout_ref.rollout.n", 1) or 1)
+    n = rollout_n(settings)
     if new != int(new) or new < 1:
         return f"a {what} of {own} rows cannot be {'halved' if factor < 1 else 'scaled'} to a whole number of rows"
     if not micro and int(new) % n:

@@ -8,7 +8,16 @@ from rich.table import Table
 
 from rldiag import api
 from rldiag.cli import exit_codes
-from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
+from rldiag.cli.common import (
+    add_progress_flags,
+    add_settings_flags,
+    console,
+    err_console,
+    fmt,
+    overrides_from_args,
+    progress_bar,
+    report_internal_error,
+)
 
 SUMMARY_METRICS = (
     "critic/score/mean",
@@ -115,5 +124,12 @@ def _summary(report: api.RecomputeResult) -> int:
                           + ", ".join(str(s) for s in sorted(report.steps_failed)))
         for step, msg in sorted(report.steps_failed.items()):
             err_console.print(f"  step {step}: {msg}", markup=False)
+        if report.internal_errors:
+            by_trace: dict[str, list[int]] = {}
+            for step, trace in sorted(report.internal_errors.items()):
+                by_trace.setdefault(trace, []).append(step)
+            for trace, steps in by_trace.items():
+                report_internal_error(f"in step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}", trace)
+            return exit_codes.INTERNAL
         return exit_codes.FAILED
     return exit_codes.OK

@@ -96,6 +96,13 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     return out
 
 
+def report_internal_error(what: str, traceback: str) -> None:
+    """``rldiag: internal error`` on stderr: what failed, the request to report it, the traceback."""
+    err_console.print(f"rldiag: internal error {what}: this is a bug in rldiag, please report it with the traceback "
+                      "below", markup=False, highlight=False)
+    err_console.print(traceback.rstrip("\n"), markup=False, highlight=False)
+
+
 def fmt(v) -> str:
     if v is None:
         return "-"

@@ -16,6 +16,9 @@ code  name              meaning
                         ``verify`` / ``doctor`` could not check the run at all (an unreadable run,
                         config or rules file, missing columns): for these two, 1 would read as a
                         mismatch or a finding
+3     ``INTERNAL``      a bug in rldiag: an exception it did not mean to raise (``rldiag: internal error``
+                        and its traceback on stderr, with a request to report it); for ``recompute``,
+                        a step a bug failed (the other steps are written)
 130   ``INTERRUPTED``   Ctrl-C (how ``doctor --follow`` ends when it has no idle timeout)
 ====  ================  ============================================================================
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 OK = 0
 FAILED = 1
 CANNOT_CHECK = 2
+INTERNAL = 3
 INTERRUPTED = 130
 
 #: exit code of an error, by command name (the others: FAILED)

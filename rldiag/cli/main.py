@@ -4,7 +4,8 @@ Each module ``rldiag.cli.cmd_<name>`` has ``add_parser(subparsers)``, which regi
 and sets ``func`` (and optionally ``on_error(args, exc)``, for what a command adds to an error's
 report, e.g. ``verify --json``). Every :class:`~rldiag.errors.RldiagError` is printed here as
 ``Type: message`` and the command exits with the code :mod:`rldiag.cli.exit_codes` gives it (1, or
-2 for ``verify`` and ``doctor``). Clean-ups a command deferred (``common.defer``) run after that.
+2 for ``verify`` and ``doctor``); any other exception is a bug, printed as ``rldiag: internal error``
+with its traceback and a request to report it (exit 3). Clean-ups a command deferred (``common.defer``) run after that.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import sys
 from collections.abc import Sequence
 
 from rldiag.cli import exit_codes
-from rldiag.cli.common import err_console, run_deferred
-from rldiag.errors import RldiagError
+from rldiag.cli.common import err_console, report_internal_error, run_deferred
+from rldiag.errors import InternalError, RldiagError
 from rldiag.version import __version__
 
 #: Command modules, in the order ``rldiag --help`` lists them.
@@ -55,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_codes.CANNOT_CHECK
     try:
         return int(args.func(args) or exit_codes.OK)
+    except InternalError as exc:
+        report_internal_error(str(exc), exc.traceback)
+        return exit_codes.INTERNAL
     except RldiagError as exc:
         err_console.print(f"{type(exc).__name__}: {exc}", markup=False, highlight=False)
         code = exit_codes.error_exit(args.command)
@@ -64,6 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return exit_codes.INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - what no code meant to raise is a bug: reported as one, with its traceback
+        internal = exc if isinstance(exc, InternalError) else InternalError.of(exc, f"in rldiag {args.command}")
+        report_internal_error(str(internal), internal.traceback)
+        return exit_codes.INTERNAL
     finally:
         run_deferred()
 

@@ -11,7 +11,7 @@ the What-if widgets (:func:`widget`), and the settings table of ``docs/settings.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,6 +43,11 @@ class Setting:
     values: tuple[str, ...] = ()  # the strings a str setting takes, when no registry lists them (documentation)
     releases: str = ""  # what differs between verl releases (rldiag/config/verl_versions.py)
     widget: Widget | None = None
+    #: the key whose value a null of this one takes (verl's interpolations, e.g. the critic's batch keys the
+    #: actor's); :func:`effective` reads it, for every reader of a setting (Settings, the engine, the doctor)
+    inherits: str | None = None
+    #: the app's What-if page edits it (a number widget's bounds: ``widget``; the choices: ``choices`` / ``values``)
+    whatif: bool = False
 
     @property
     def valid(self) -> Range:
@@ -73,11 +78,11 @@ _R = "actor_rollout_ref.rollout"
 
 SETTINGS: tuple[Setting, ...] = (
     # ---- advantage estimation
-    Setting("algorithm.adv_estimator", "gae", "str", "the advantage estimator", choices="ESTIMATORS"),
+    Setting("algorithm.adv_estimator", "gae", "str", "the advantage estimator", choices="ESTIMATORS", whatif=True),
     Setting("algorithm.gamma", 1.0, "float", "discount factor of the returns", Range(0.0, 1.0, why="a discount factor")),
     Setting("algorithm.lam", 1.0, "float", "GAE's lambda", Range(0.0, 1.0, why="GAE's lambda")),
     Setting("algorithm.norm_adv_by_std_in_grpo", True, "bool",
-            "divide GRPO's group-centred scores by the group's std (false: Dr. GRPO)"),
+            "divide GRPO's group-centred scores by the group's std (false: Dr. GRPO)", whatif=True),
     Setting("algorithm.gdpo_reward_keys", None, "list[str]",
             "gdpo: the reward-component columns to normalise (a comma list on the command line)"),
     Setting("algorithm.gdpo_reward_weights", None, "list[float]", "gdpo: the components' weights (default 1 each)"),
@@ -92,39 +97,43 @@ SETTINGS: tuple[Setting, ...] = (
             "0.9.0; before, only the DAPO recipe filters (its config sets acc; verl's FilterGroupsConfig: null) and "
             "reads reward as a column"),
     # ---- KL in the reward
-    Setting("algorithm.use_kl_in_reward", False, "bool", "subtract a KL penalty to the reference from the token rewards"),
-    Setting("algorithm.kl_penalty", "kl", "str", "the KL estimator of the reward penalty", choices="KL_ESTIMATORS"),
-    Setting("algorithm.kl_ctrl.type", "fixed", "str", "the KL coefficient's controller: fixed or adaptive"),
+    Setting("algorithm.use_kl_in_reward", False, "bool", "subtract a KL penalty to the reference from the token rewards",
+            whatif=True),
+    Setting("algorithm.kl_penalty", "kl", "str", "the KL estimator of the reward penalty", choices="KL_ESTIMATORS", whatif=True),
+    Setting("algorithm.kl_ctrl.type", "fixed", "str", "the KL coefficient's controller", values=("fixed", "adaptive"),
+            whatif=True),
     Setting("algorithm.kl_ctrl.kl_coef", 0.001, "float", "the (initial) KL coefficient", _NONNEG,
-            widget=Widget("kl_ctrl.kl_coef", 0.0, 1000.0, 0.001, "%.4f")),
+            widget=Widget("kl_ctrl.kl_coef", 0.0, 1000.0, 0.001, "%.4f"), whatif=True),
     Setting("algorithm.kl_ctrl.target_kl", 0.1, "float", "the adaptive controller's target KL", _NONNEG),
     Setting("algorithm.kl_ctrl.horizon", 10000, "int", "the adaptive controller's horizon",
             Range(1, INT32_MAX, why="steps; the adaptive controller divides by it")),
     # ---- rollout correction (the algorithm's block)
     Setting(f"{_RC}.rollout_is", None, "str", "IS weights of the rollout policy: token or sequence (null: off)",
-            choices="IS_LEVELS"),
+            choices="IS_LEVELS", whatif=True),
     Setting(f"{_RC}.rollout_is_threshold", 2.0, "str",
-            "truncate IS weights above it, or lower_upper to zero them outside (a number or a string)"),
-    Setting(f"{_RC}.rollout_is_batch_normalize", False, "bool", "normalise the IS weights to mean 1 over the batch"),
-    Setting(f"{_RC}.rollout_rs", None, "str", "rejection sampling options, a comma list (null: off)", choices="RS_OPTIONS"),
-    Setting(f"{_RC}.rollout_rs_threshold", None, "str", "the rejection options' thresholds"),
-    Setting(f"{_RC}.bypass_mode", False, "bool", "use the rollout's log-probs as the PPO anchor (no recomputed pi_old)"),
+            "truncate IS weights above it, or lower_upper to zero them outside (a number or a string)", whatif=True),
+    Setting(f"{_RC}.rollout_is_batch_normalize", False, "bool", "normalise the IS weights to mean 1 over the batch", whatif=True),
+    Setting(f"{_RC}.rollout_rs", None, "str", "rejection sampling options, a comma list (null: off)", choices="RS_OPTIONS",
+            whatif=True),
+    Setting(f"{_RC}.rollout_rs_threshold", None, "str", "the rejection options' thresholds", whatif=True),
+    Setting(f"{_RC}.bypass_mode", False, "bool", "use the rollout's log-probs as the PPO anchor (no recomputed pi_old)",
+            whatif=True),
     # ---- the actor's loss
-    Setting(f"{_P}.loss_mode", "vanilla", "str", "the policy loss", choices="POLICY_LOSSES"),
+    Setting(f"{_P}.loss_mode", "vanilla", "str", "the policy loss", choices="POLICY_LOSSES", whatif=True),
     Setting(f"{_A}.clip_ratio", 0.2, "float", "PPO's clip range (both sides unless low / high are set)", _NONNEG),
-    Setting(f"{_A}.clip_ratio_low", None, "float", "the lower clip range (null: clip_ratio)", _NONNEG,
-            widget=Widget("clip_ratio_low", 0.0, 10.0, 0.01, "%.3f")),
-    Setting(f"{_A}.clip_ratio_high", None, "float", "the upper clip range (null: clip_ratio)", _NONNEG,
-            widget=Widget("clip_ratio_high", 0.0, 10.0, 0.01, "%.3f")),
+    Setting(f"{_A}.clip_ratio_low", None, "float", "the lower clip range", _NONNEG,
+            widget=Widget("clip_ratio_low", 0.0, 10.0, 0.01, "%.3f"), inherits=f"{_A}.clip_ratio", whatif=True),
+    Setting(f"{_A}.clip_ratio_high", None, "float", "the upper clip range", _NONNEG,
+            widget=Widget("clip_ratio_high", 0.0, 10.0, 0.01, "%.3f"), inherits=f"{_A}.clip_ratio", whatif=True),
     Setting(f"{_A}.clip_ratio_c", 3.0, "float", "dual-clip PPO's bound for negative advantages (> 1)",
-            widget=Widget("clip_ratio_c (dual clip)", 1.0, 100.0, 0.5)),
-    Setting(f"{_A}.loss_agg_mode", "token-mean", "str", "how token losses are aggregated", choices="AGG_MODES"),
+            widget=Widget("clip_ratio_c (dual clip)", 1.0, 100.0, 0.5), whatif=True),
+    Setting(f"{_A}.loss_agg_mode", "token-mean", "str", "how token losses are aggregated", choices="AGG_MODES", whatif=True),
     Setting(f"{_A}.loss_scale_factor", None, "float", "a fixed divisor of seq-mean-token-sum-norm (null: the horizon)",
             _DIVISOR),
-    Setting(f"{_A}.use_kl_loss", False, "bool", "add a KL-to-reference term to the actor's loss"),
-    Setting(f"{_A}.kl_loss_type", "low_var_kl", "str", "the KL estimator of the KL loss", choices="KL_ESTIMATORS"),
+    Setting(f"{_A}.use_kl_loss", False, "bool", "add a KL-to-reference term to the actor's loss", whatif=True),
+    Setting(f"{_A}.kl_loss_type", "low_var_kl", "str", "the KL estimator of the KL loss", choices="KL_ESTIMATORS", whatif=True),
     Setting(f"{_A}.kl_loss_coef", 0.001, "float", "the KL loss's coefficient", _NONNEG,
-            widget=Widget("kl_loss_coef", 0.0, 1000.0, 0.001, "%.4f")),
+            widget=Widget("kl_loss_coef", 0.0, 1000.0, 0.001, "%.4f"), whatif=True),
     Setting(f"{_A}.entropy_coeff", 0.0, "float", "the entropy bonus's coefficient"),
     Setting(f"{_A}.tau_pos", 1.0, "float", "SAPO's temperature for positive advantages",
             Range(0.0, FLOAT32_MAX, lo_open=True, why="SAPO divides by it")),
@@ -148,8 +157,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("critic.enable", None, "bool",
             "whether the trainer has a critic (null: exactly when adv_estimator is gae, verl's need_critic)"),
     Setting("critic.cliprange_value", 0.5, "float", "the value loss's clip range", _NONNEG),
-    Setting("critic.loss_agg_mode", None, "str", "the value loss's aggregation (null: the actor's)", choices="AGG_MODES"),
-    Setting("critic.loss_scale_factor", None, "float", "the value loss's fixed divisor (null: the actor's)", _DIVISOR,
+    Setting("critic.loss_agg_mode", None, "str", "the value loss's aggregation", choices="AGG_MODES",
+            inherits=f"{_A}.loss_agg_mode"),
+    Setting("critic.loss_scale_factor", None, "float", "the value loss's fixed divisor", _DIVISOR,
+            inherits=f"{_A}.loss_scale_factor",
             releases="verl >= 0.9.0 normalises the value loss with the actor's global token count and batch size"),
     # ---- the rollout's sampling (what the rollout-vs-trainer log-prob mismatch is measured against; not val_kwargs)
     Setting(f"{_R}.temperature", 1.0, "float",
@@ -178,16 +189,29 @@ SETTINGS: tuple[Setting, ...] = (
             "balance each step's rows over the DP ranks (the legacy trainer reads it; V1 always balances)"),
     Setting("trainer.critic_warmup", 0, "int", "the first step the actor updates on",
             Range(0, INT32_MAX, why="steps")),
+    Setting(f"{_R}.n", None, "int",
+            "responses sampled per prompt (a uid group's rows; ppo_mini_batch_size counts prompts, so a mini-batch is "
+            "ppo_mini_batch_size x n rows); null: not in the run's config, read as verl's default 1", _COUNT),
+    Setting(f"{_A}.ppo_mini_batch_size", None, "int",
+            "the actor's mini-batch in prompts; null: not in the run's config (verl's own default is 256): "
+            "rldiag.mini_batch_size=run then takes the whole step as one mini-batch", _COUNT),
+    Setting(f"{_A}.ppo_micro_batch_size_per_gpu", None, "int",
+            "the actor's micro-batch in rows per GPU (verl requires it unless use_dynamic_bsz); null: not in the "
+            "run's config (rldiag.micro_batch_size=run then takes each mini-batch whole)", _COUNT),
     Setting(f"{_A}.use_dynamic_bsz", False, "bool", "token-budget micro-batches (verl's rearrange_micro_batches)",
             releases="0.9.1 adds micro-batches until each fits the budget"),
     Setting(f"{_A}.ppo_max_token_len_per_gpu", 16384, "int", "the actor's token budget per micro-batch", _BUDGET),
     Setting(f"{_A}.shuffle", False, "bool", "shuffle each rank's rows (seeded data_loader_seed + rank)"),
     Setting(f"{_A}.data_loader_seed", 42, "int", "the actor's shuffle seed", _SEED),
-    Setting("critic.ppo_mini_batch_size", None, "int", "the critic's mini-batch (null: the actor's)", _COUNT),
-    Setting("critic.ppo_micro_batch_size_per_gpu", None, "int", "the critic's micro-batch (null: the actor's)", _COUNT),
-    Setting("critic.use_dynamic_bsz", None, "bool", "the critic's token-budget micro-batches (null: the actor's)"),
+    Setting("critic.ppo_mini_batch_size", None, "int", "the critic's mini-batch in prompts (verl's interpolation)",
+            _COUNT, inherits=f"{_A}.ppo_mini_batch_size"),
+    Setting("critic.ppo_micro_batch_size_per_gpu", None, "int",
+            "the critic's micro-batch in rows per GPU (verl requires it set; rldiag takes the actor's)", _COUNT,
+            inherits=f"{_A}.ppo_micro_batch_size_per_gpu"),
+    Setting("critic.use_dynamic_bsz", None, "bool", "the critic's token-budget micro-batches",
+            inherits=f"{_A}.use_dynamic_bsz"),
     Setting("critic.ppo_max_token_len_per_gpu", 32768, "int", "the critic's token budget per micro-batch", _BUDGET),
-    Setting("critic.shuffle", None, "bool", "shuffle the critic's rows (null: the actor's)"),
+    Setting("critic.shuffle", None, "bool", "shuffle the critic's rows", inherits=f"{_A}.shuffle"),
     Setting("critic.data_loader_seed", 42, "int", "the critic's shuffle seed", _SEED),
     # ---- rldiag's own
     Setting("rldiag.micro_batch_size", "run", "int",
@@ -215,7 +239,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rldiag.mismatch.enable", True, "bool",
             "compute the rollout-vs-trainer log-prob mismatch fingerprints (rldiag/mismatch/*) when the batches have "
             "rollout_log_probs and old_log_probs"),
+    # ---- what rldiag's verl capture records in run.yaml (rldiag/capture/verl.py, run_config): facts about the
+    # trainer that wrote the run, which the recompute reads; nobody sets them. The capture itself has no settings
+    # here: RLDIAG_CAPTURE_* environment variables configure it (docs/capture.md)
+    Setting("rldiag.capture.verl_version", None, "str",
+            "recorded by the capture: the trainer's verl.__version__ (the release a recompute reproduces unless "
+            "rldiag.verl_version says otherwise)"),
+    Setting("rldiag.capture.trainer", None, "str",
+            "recorded by the capture: the trainer whose fit it wrapped; its batch files hold the rows in that "
+            "trainer's dispatch order (rldiag.rows_balanced unset: true)", values=("legacy", "v1")),
+    Setting("rldiag.capture.trainer_mode", None, "str",
+            "recorded by the capture: the V1 trainer's trainer.v1.trainer_mode"),
 )
+
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
@@ -242,6 +278,25 @@ def check_range(key: str, value: float, integer: bool) -> None:
     r = range_of(key, integer)
     if not r.contains(value):
         raise ValueError(f"{value!r} is outside the valid range {r.describe(key)}")
+
+
+def effective(values: Mapping[str, Any], key: str) -> Any:
+    """``key``'s value in ``values`` as verl reads it: a null takes the value of the key its row
+    ``inherits`` (and so on down the chain), e.g. ``critic.ppo_mini_batch_size`` null the actor's,
+    ``clip_ratio_high`` null ``clip_ratio``."""
+    value, row = values.get(key), BY_KEY.get(key)
+    while value is None and row is not None and row.inherits is not None:
+        value, row = values.get(row.inherits), BY_KEY.get(row.inherits)
+    return value
+
+
+def needs_critic(values: Mapping[str, Any]) -> bool:
+    """Whether the trainer builds, trains and logs a critic: verl's ``need_critic``
+    (``verl/trainer/ppo/utils.py``): ``critic.enable`` when set, else ``adv_estimator == "gae"``."""
+    enable = values.get("critic.enable")
+    if enable is not None:
+        return bool(enable)
+    return values.get("algorithm.adv_estimator", DEFAULTS["algorithm.adv_estimator"]) == "gae"
 
 
 def widget(key: str) -> Widget:
@@ -280,7 +335,8 @@ def markdown_table(settings: Iterable[Setting] = SETTINGS) -> str:
             valid += (", " if valid else "") + "or null"
         elif s.default is None:
             valid += " / null"
-        meaning = s.help + (f" (releases: {s.releases})" if s.releases else "")
+        meaning = s.help + (f" (null: `{s.inherits}`'s value)" if s.inherits else "")
+        meaning += f" (releases: {s.releases})" if s.releases else ""
         lines.append(f"| `{s.key}` | `{_cell(s.default)}` | {s.kind} | {valid} | {meaning} |")
     return "\n".join(lines) + "\n"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rldiag.config.schema import DEFAULTS, SETTINGS, check_range, keys_of
+from rldiag.config.schema import DEFAULTS, SETTINGS, check_range, effective, keys_of, needs_critic
 from rldiag.config.yaml_bounded import P, ReadablePath, load_yaml, read_text_bounded
 from rldiag.errors import ConfigError
 
@@ -226,35 +226,35 @@ class Settings:
 
     @property
     def critic_agg_mode(self) -> str:
-        return self.values["critic.loss_agg_mode"] or self.actor_agg_mode
+        return self.effective("critic.loss_agg_mode")
 
     @property
     def uses_critic(self) -> bool:
         """Whether the trainer trains and logs a critic: verl's ``need_critic`` (``critic.enable``
-        when set, else ``adv_estimator == "gae"``)."""
-        enable = self.values.get("critic.enable")
-        return bool(enable) if enable is not None else self.estimator == "gae"
+        when set, else ``adv_estimator == "gae"``; :func:`rldiag.config.schema.needs_critic`)."""
+        return needs_critic(self.values)
+
+    def effective(self, key: str) -> Any:
+        """``key``'s value as verl reads it: a null takes the value of the key its schema row
+        ``inherits`` (:func:`rldiag.config.schema.effective`)."""
+        return effective(self.values, key)
 
     @property
     def critic_loss_scale_factor(self) -> float | None:
-        v = self.values["critic.loss_scale_factor"]
-        return v if v is not None else self.values["actor_rollout_ref.actor.loss_scale_factor"]
+        return self.effective("critic.loss_scale_factor")
 
     @property
     def clip_low(self) -> float:
-        v = self.values["actor_rollout_ref.actor.clip_ratio_low"]
-        return v if v is not None else self.values["actor_rollout_ref.actor.clip_ratio"]
+        return self.effective("actor_rollout_ref.actor.clip_ratio_low")
 
     @property
     def clip_high(self) -> float:
-        v = self.values["actor_rollout_ref.actor.clip_ratio_high"]
-        return v if v is not None else self.values["actor_rollout_ref.actor.clip_ratio"]
+        return self.effective("actor_rollout_ref.actor.clip_ratio_high")
 
     def resolved(self) -> dict[str, Any]:
-        """Every known setting with its resolved value (inherited ones filled in)."""
-        out = {k: self.values.get(k) for k in DEFAULTS}
-        out["critic.loss_agg_mode"] = self.critic_agg_mode
-        out["critic.loss_scale_factor"] = self.critic_loss_scale_factor
+        """Every known setting with its resolved value: inherited nulls filled in, ``critic.enable``
+        as verl's ``need_critic`` decides it."""
+        out = {k: self.effective(k) for k in DEFAULTS}
         out["critic.enable"] = self.uses_critic
         return out
 

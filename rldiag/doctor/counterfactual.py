@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from rldiag.config.schema import effective
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.doctor.evaluators import Finding
 from rldiag.doctor.rule import Rule, same_value
@@ -47,9 +48,6 @@ _STATS = {
     "max": lambda v: float(np.max(v)),
     "last": lambda v: float(v[-1]),
 }
-#: a setting whose null means "the value of another" (verl's clip_ratio_low / _high)
-_INHERITS = {"actor_rollout_ref.actor.clip_ratio_low": "actor_rollout_ref.actor.clip_ratio",
-             "actor_rollout_ref.actor.clip_ratio_high": "actor_rollout_ref.actor.clip_ratio"}
 
 
 def finding_window(finding: Finding) -> tuple[int, int] | None:
@@ -65,11 +63,8 @@ def finding_window(finding: Finding) -> tuple[int, int] | None:
 
 def own_value(settings: Mapping[str, Any], key: str) -> Any:
     """The value ``key`` has in ``settings``, an inherited null resolved (clip_ratio_high null:
-    clip_ratio)."""
-    v = settings.get(key)
-    if v is None and key in _INHERITS:
-        return settings.get(_INHERITS[key])
-    return v
+    clip_ratio; the settings schema's ``inherits``)."""
+    return effective(settings, key)
 
 
 def _reduce(stat: str, steps: list[int], a: dict[int, dict[str, float]], b: dict[int, dict[str, float]],

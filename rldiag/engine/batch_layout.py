@@ -115,20 +115,20 @@ def rows_balanced(settings: EngineSettings) -> bool:
 
 
 def uses_critic(settings: EngineSettings) -> bool:
-    """verl's ``need_critic``: ``critic.enable``, unset: the estimator is ``gae``."""
-    enable = settings.get("critic.enable")
-    return settings.estimator == "gae" if enable is None else bool(enable)
+    """verl's ``need_critic`` (the settings' :attr:`~rldiag.engine.settings.EngineSettings.uses_critic`)."""
+    return settings.uses_critic
 
 
 def _role_key(settings: EngineSettings, role: str, name: str):
-    """A worker's key; the critic's null ones take the actor's (verl's interpolations for
-    ``ppo_mini_batch_size``, ``use_dynamic_bsz``, ``shuffle``; rldiag's fallback for
-    ``ppo_micro_batch_size_per_gpu``, which verl requires the config to set)."""
-    if role == "critic":
-        value = settings.get(CRITIC + name)
-        if value is not None:
-            return value
-    return settings.get(ACTOR + name)
+    """A worker's key; the critic's null ones take the actor's (the settings schema's ``inherits``:
+    verl's interpolations for ``ppo_mini_batch_size``, ``use_dynamic_bsz``, ``shuffle``; rldiag's
+    fallback for ``ppo_micro_batch_size_per_gpu``, which verl requires the config to set)."""
+    return settings.effective((CRITIC if role == "critic" else ACTOR) + name)
+
+
+def rollout_n(settings: EngineSettings) -> int:
+    """``actor_rollout_ref.rollout.n``, responses per prompt; unset: verl's default 1."""
+    return int(settings["actor_rollout_ref.rollout.n"] or 1)
 
 
 def resolve_auto(settings: EngineSettings, key: str, role: str = "actor") -> int | None:
@@ -143,10 +143,10 @@ def resolve_auto(settings: EngineSettings, key: str, role: str = "actor") -> int
     if value != "auto":
         return None if value is None else int(value)
     if key == "rldiag.mini_batch_size":
-        mini, n = _role_key(settings, role, "ppo_mini_batch_size"), settings.get("actor_rollout_ref.rollout.n", 1)
+        mini = _role_key(settings, role, "ppo_mini_batch_size")
         if mini is None:
             raise ConfigError(f"{key}=auto needs {ACTOR}ppo_mini_batch_size in the run's config")
-        return int(mini) * int(n or 1)
+        return int(mini) * rollout_n(settings)
     if _dynamic(settings, role):
         return None
     micro = _role_key(settings, role, "ppo_micro_batch_size_per_gpu")

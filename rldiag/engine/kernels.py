@@ -14,12 +14,26 @@ Token tensors are flat ``(tokens,)`` with a :class:`rldiag.engine.layout.Rows` l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:  # layout's Rows calls these kernels; the type only
-    from rldiag.engine.layout import Rows
+
+class Rows(Protocol):
+    """The per-row reductions the kernels build on: :class:`rldiag.engine.layout.Rows` (which
+    calls these kernels, so they name its shape here rather than import it)."""
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """``(tokens,) -> (rows,)`` sum over each row's tokens."""
+
+    def count(self, cond: torch.Tensor) -> torch.Tensor:
+        """Tokens per row where ``cond`` is true, float32 ``(rows,)``."""
+
+    def amax(self, x: torch.Tensor, empty: float = ...) -> torch.Tensor:
+        """Max over each row's tokens ``(rows,)``."""
+
+    def amin(self, x: torch.Tensor, empty: float = ...) -> torch.Tensor:
+        """Min over each row's tokens ``(rows,)``."""
 
 
 def _as(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -20,6 +20,10 @@ class EngineSettings(Protocol):
 
     def get(self, key: str, default: Any = None) -> Any: ...
 
+    def effective(self, key: str) -> Any:
+        """The value of a key as verl reads it: a null takes the value of the key the settings
+        schema says it inherits (``critic.ppo_mini_batch_size`` null: the actor's)."""
+
     def has(self, change: str) -> bool:
         """Whether the verl release reproduced has the new behaviour of ``change``."""
 

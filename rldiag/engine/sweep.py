@@ -42,7 +42,7 @@ from rldiag.engine.settings import EngineSettings
 from rldiag.engine.stages import STAGES, Stage, State, pattern_regex
 from rldiag.engine.step_failures import StepErrors
 
-__all__ = ["SweepSettings", "differing_keys", "iter_recompute_many", "recompute_batch_many", "stage_keys"]
+__all__ = ["SweepSettings", "SweepTree", "differing_keys", "iter_recompute_many", "recompute_batch_many", "stage_keys"]
 
 KLState = KLControllerState | PresetKLCoefficients | None
 #: ``on_stage(stage name, scenario indices)``: called after a stage ran once for those scenarios
@@ -179,6 +179,132 @@ def _group(members: list[int], key: Callable[[int], object]) -> list[list[int]]:
     return [g for _, g in groups]
 
 
+class SweepTree:
+    """The walk of one batch's stages for several scenarios at once (see the module doc): a stage
+    runs once for the scenarios that agree on the keys it reads; where they differ, the stages
+    after it that can run once for all (they agree there and commute with every stage still
+    pending before them) run first, then the node branches, one child per group of scenarios
+    that agree. Each method decides one thing."""
+
+    def __init__(self, batch: Batch, settings_list: Sequence[SweepSettings], kls: list[KLState],
+                 catch: tuple[type[BaseException], ...], on_stage: StageHook | None, stages: Sequence[Stage]):
+        self.batch, self.settings_list, self.kls = batch, settings_list, kls
+        self.catch, self.on_stage, self.stages = catch, on_stage, stages
+        self.differ = differing_keys(settings_list) if len(settings_list) > 1 else set()
+        self.keys = [stage_keys(stage, self.differ) for stage in stages]
+        self.reads_kl = [stage.uses is None or "kl_state" in stage.uses for stage in stages]
+        self._own: dict[tuple[int, int], tuple[str, ...]] = {}  # (stage, scenario) -> the keys it reads there
+        self._swaps: dict[tuple[int, int], bool] = {}
+
+    def keys_read(self, members: list[int], idx: int) -> tuple[str, ...]:
+        """The differing keys stage ``idx`` reads for any of ``members`` (each under its own settings)."""
+        stage = self.stages[idx]
+        if stage.settings_fn is None or not self.differ:
+            return self.keys[idx]
+        for i in members:
+            if (idx, i) not in self._own:
+                self._own[idx, i] = stage_keys(stage, self.differ, self.settings_list[i])
+        return tuple(sorted({k for i in members for k in self._own[idx, i]}))
+
+    def values(self, i: int, which: tuple[str, ...]) -> tuple:
+        """Scenario ``i``'s values of the keys ``which``."""
+        vals = self.settings_list[i].values
+        return tuple(vals.get(k, _MISSING) for k in which)
+
+    def agree(self, node: _Node, idx: int) -> bool:
+        """Whether the node's scenarios read the same values at stage ``idx`` (it may run once for all)."""
+        which = self.keys_read(node.members, idx)
+        if not which:
+            return True
+        first = self.values(node.members[0], which)
+        return all(self.values(i, which) == first for i in node.members[1:])
+
+    def movable(self, later: int, before: int) -> bool:
+        """Whether stage ``later`` may run before the pending stage ``before`` (they commute)."""
+        if (later, before) not in self._swaps:
+            self._swaps[later, before] = commute(self.stages[later], self.stages[before])
+        return self._swaps[later, before]
+
+    @staticmethod
+    def settled(node: _Node) -> bool:
+        """Every stage before the node's first failure has run: that failure is the outcome."""
+        return node.failed is not None and (not node.pending or node.pending[0] > node.failed[0])
+
+    def run(self, node: _Node, idx: int) -> None:
+        """Run stage ``idx`` once for the node's scenarios, unless an earlier stage failed; a caught
+        failure is kept when it is the earliest so far."""
+        node.pending.remove(idx)
+        if node.failed is not None and node.failed[0] < idx:
+            return  # the recompute stops at the failed stage
+        try:
+            self.stages[idx].run(node.state)
+        except self.catch as exc:
+            if node.failed is None or idx < node.failed[0]:
+                node.failed = (idx, exc)
+            return
+        if self.reads_kl[idx]:
+            self.share_kl(node)
+        if self.on_stage is not None:
+            self.on_stage(self.stages[idx].name, list(node.members))
+
+    def share_kl(self, node: _Node) -> None:
+        """The branch's KL controller advanced: the node's other scenarios' controllers take its value."""
+        rep = node.state.kl_state
+        for i in node.members:
+            kl = node.kls[i]
+            if isinstance(rep, KLControllerState) and kl is not rep and _mutable_kl(kl, self.settings_list[i]):
+                assert isinstance(kl, KLControllerState)
+                kl.value = rep.value
+
+    def run_ahead(self, node: _Node) -> None:
+        """Where the scenarios differ at the node's next stage: run the later stages that can run
+        once for all of them first (they agree there and commute with every pending stage before)."""
+        for later in list(node.pending[1:]):
+            before = [b for b in node.pending if b < later]
+            if self.agree(node, later) and all(self.movable(later, b) for b in before):
+                self.run(node, later)
+
+    def children(self, node: _Node, idx: int) -> Iterator[_Node]:
+        """The node split at stage ``idx``: one child per group of scenarios that read the same
+        values there, each branched when its turn comes."""
+        groups = _group(node.members, functools.partial(self.values, which=self.keys_read(node.members, idx)))
+        if any(self.reads_kl[b] for b in node.pending):
+            _check_kl(node, groups, self.settings_list)
+        for g in groups:
+            yield _Node(_branch(node.state, self.settings_list[g[0]], node.kls[g[0]]), g, list(node.pending),
+                        node.failed, node.kls)
+
+    def outcome(self, node: _Node) -> tuple[list[int], Result | BaseException]:
+        """A leaf's scenarios and their result (or the failure that is their result)."""
+        if node.failed is not None:
+            return list(node.members), node.failed[1]
+        st = node.state
+        return list(node.members), Result(steps=list(self.batch.steps), metrics=dict(st.metrics),
+                                          tokens=dict(st.tokens), failed=st.errors.failed(), rows=dict(st.rows))
+
+    def leaves(self, node: _Node) -> Iterator[tuple[list[int], Result | BaseException]]:
+        """``(scenarios, result)`` of every leaf under ``node``, depth first."""
+        while node.pending and not self.settled(node):
+            idx = node.pending[0]
+            if self.agree(node, idx):
+                self.run(node, idx)
+                continue
+            self.run_ahead(node)
+            if self.settled(node):
+                break
+            for child in self.children(node, idx):
+                yield from self.leaves(child)
+            return
+        yield self.outcome(node)
+
+    def roots(self) -> Iterator[_Node]:
+        """One root per group of scenarios whose KL controller states agree (see :func:`_kl_key`)."""
+        n = len(self.settings_list)
+        for members in _group(list(range(n)), lambda i: _kl_key(self.kls[i], self.settings_list[i])):
+            state = State(self.batch, self.settings_list[members[0]], self.kls[members[0]], StepErrors(self.batch.steps))
+            yield _Node(state, members, list(range(len(self.stages))), None, self.kls)
+
+
 def iter_recompute_many(
     batch: Batch,
     settings_list: Sequence[SweepSettings],
@@ -189,103 +315,18 @@ def iter_recompute_many(
     stages: Sequence[Stage] = STAGES,
 ) -> Iterator[tuple[list[int], Result | BaseException]]:
     """``(scenarios, result)`` for each leaf of the tree, depth first: the indices into
-    ``settings_list`` whose recompute is ``result`` (see the module doc). An exception of a type
-    in ``catch`` raised by a stage is that leaf's result instead, for exactly the scenarios whose
-    own recompute would raise it first; others propagate."""
+    ``settings_list`` whose recompute is ``result`` (see the module doc and :class:`SweepTree`).
+    An exception of a type in ``catch`` raised by a stage is that leaf's result instead, for
+    exactly the scenarios whose own recompute would raise it first; others propagate."""
     n = len(settings_list)
     if n == 0:
         return
     kls: list[KLState] = list(kl_states) if kl_states is not None else [None] * n
     if len(kls) != n:
         raise ValueError(f"{len(kls)} KL states for {n} settings")
-    differ = differing_keys(settings_list) if n > 1 else set()
-    keys = [stage_keys(stage, differ) for stage in stages]
-    own: dict[tuple[int, int], tuple[str, ...]] = {}  # (stage, scenario) -> the keys it reads there
-
-    def keys_of(members: list[int], idx: int) -> tuple[str, ...]:
-        """The keys stage ``idx`` reads for any of ``members`` (each under its own settings)."""
-        if stages[idx].settings_fn is None or not differ:
-            return keys[idx]
-        for i in members:
-            if (idx, i) not in own:
-                own[idx, i] = stage_keys(stages[idx], differ, settings_list[i])
-        return tuple(sorted({k for i in members for k in own[idx, i]}))
-    reads_kl = [stage.uses is None or "kl_state" in stage.uses for stage in stages]
-    swaps: dict[tuple[int, int], bool] = {}
-
-    def movable(later: int, before: int) -> bool:
-        if (later, before) not in swaps:
-            swaps[later, before] = commute(stages[later], stages[before])
-        return swaps[later, before]
-
-    def values(i: int, which: tuple[str, ...]) -> tuple:
-        vals = settings_list[i].values
-        return tuple(vals.get(k, _MISSING) for k in which)
-
-    def agree(node: _Node, idx: int) -> bool:
-        which = keys_of(node.members, idx)
-        if not which:
-            return True
-        first = values(node.members[0], which)
-        return all(values(i, which) == first for i in node.members[1:])
-
-    def run(node: _Node, idx: int) -> None:
-        node.pending.remove(idx)
-        if node.failed is not None and node.failed[0] < idx:
-            return  # the recompute stops at the failed stage
-        try:
-            stages[idx].run(node.state)
-        except catch as exc:
-            if node.failed is None or idx < node.failed[0]:
-                node.failed = (idx, exc)
-            return
-        if reads_kl[idx]:  # the branch's controller advanced: the other scenarios' take its value
-            rep = node.state.kl_state
-            for i in node.members:
-                kl = node.kls[i]
-                if isinstance(rep, KLControllerState) and kl is not rep and _mutable_kl(kl, settings_list[i]):
-                    assert isinstance(kl, KLControllerState)
-                    kl.value = rep.value
-        if on_stage is not None:
-            on_stage(stages[idx].name, list(node.members))
-
-    def settled(node: _Node) -> bool:
-        """Every stage before the first failure has run: that failure is the outcome."""
-        return node.failed is not None and (not node.pending or node.pending[0] > node.failed[0])
-
-    def walk(node: _Node) -> Iterator[tuple[list[int], Result | BaseException]]:
-        while node.pending:
-            if settled(node):
-                break
-            idx = node.pending[0]
-            if agree(node, idx):
-                run(node, idx)
-                continue
-            # the scenarios differ at stage idx: first what later stages can run once for all
-            for later in list(node.pending[1:]):
-                before = [b for b in node.pending if b < later]
-                if agree(node, later) and all(movable(later, b) for b in before):
-                    run(node, later)
-            if settled(node):
-                break
-            groups = _group(node.members, functools.partial(values, which=keys_of(node.members, idx)))
-            if any(reads_kl[b] for b in node.pending):
-                _check_kl(node, groups, settings_list)
-            for g in groups:
-                child = _Node(_branch(node.state, settings_list[g[0]], node.kls[g[0]]), g, list(node.pending),
-                              node.failed, node.kls)
-                yield from walk(child)
-            return
-        st = node.state
-        if node.failed is not None:
-            yield list(node.members), node.failed[1]
-        else:
-            yield list(node.members), Result(steps=list(batch.steps), metrics=dict(st.metrics), tokens=dict(st.tokens),
-                                             failed=st.errors.failed(), rows=dict(st.rows))
-
-    for members in _group(list(range(n)), lambda i: _kl_key(kls[i], settings_list[i])):
-        state = State(batch, settings_list[members[0]], kls[members[0]], StepErrors(batch.steps))
-        yield from walk(_Node(state, members, list(range(len(stages))), None, kls))
+    tree = SweepTree(batch, settings_list, kls, catch, on_stage, stages)
+    for root in tree.roots():
+        yield from tree.leaves(root)
 
 
 def _check_kl(node: _Node, groups: list[list[int]], settings_list: Sequence[SweepSettings]) -> None:

@@ -32,7 +32,7 @@ from rldiag.config.settings import Settings
 from rldiag.engine.batch import pack as pack_batches
 from rldiag.engine.pipeline import Result, recompute_batch
 from rldiag.engine.requirements import ColumnPlan, recompute_columns
-from rldiag.errors import RldiagError
+from rldiag.errors import InternalError, RldiagError
 from rldiag.executors.allocator import usable_cores
 from rldiag.io.fs import as_path, is_remote
 from rldiag.io.loader import StepData, load_step, row_columns
@@ -95,6 +95,8 @@ class StepOutcome:
     error: str | None = None
     rows: int = 0
     n_tokens: int = 0
+    #: a failed step's traceback when its error is an internal one (:class:`~rldiag.errors.InternalError`: a bug)
+    traceback: str | None = None
 
 
 class Fetched:
@@ -354,9 +356,10 @@ def _metric_rows(result: Result, steps_ok: set[int]) -> dict[int, dict[str, floa
     return out
 
 
-#: what a pack's computation may raise and fail its steps with, rather than stop the recompute
-COMPUTE_ERRORS: tuple[type[BaseException], ...] = (RldiagError, RuntimeError, ValueError, IndexError, TypeError,
-                                                   ArithmeticError)
+#: what a pack's computation may raise and fail its steps with, rather than stop the recompute: an input the
+#: engine refuses (an RldiagError: its message kept) or anything else it raises (a bug: an InternalError with its
+#: traceback, :func:`pack_outcomes`); a KeyboardInterrupt still stops it
+COMPUTE_ERRORS: tuple[type[BaseException], ...] = (Exception,)
 
 
 def pack_batch(pack: list[Fetched], job: Job):
@@ -385,11 +388,16 @@ def pack_outcomes(pack: list[Fetched], job: Job, result: Result | BaseException,
         msg = f"{type(result).__name__}: {result}"
         return [StepOutcome(f.task.step, f.record(), "failed", error=msg) for f in pack]
     if isinstance(result, BaseException):
-        # the engine's own failure on these inputs (a bug or an input it does not foresee): the
-        # pack's steps fail with it, and every other step is still computed and written
+        # the engine failed on these inputs without meaning to: a bug (an InternalError, its traceback
+        # kept), or a device out of memory (not a bug); the pack's steps fail with it, and every other
+        # step is still computed and written
         steps = ", ".join(str(f.task.step) for f in pack)
-        msg = f"ComputeError: steps {steps}: {type(result).__name__}: {result}"
-        return [StepOutcome(f.task.step, f.record(), "failed", error=msg) for f in pack]
+        if isinstance(result, (torch.cuda.OutOfMemoryError, MemoryError)):
+            msg, trace = f"ComputeError: steps {steps}: {type(result).__name__}: {result}", None
+        else:
+            internal = InternalError.of(result, f"steps {steps}")
+            msg, trace = f"InternalError: {internal}", internal.traceback
+        return [StepOutcome(f.task.step, f.record(), "failed", error=msg, traceback=trace) for f in pack]
     failed = {s: f"ComputeError: {m}" for s, m in result.failed.items()}
     if "metric_rows" not in shared:
         shared["metric_rows"] = _metric_rows(result, {f.task.step for f in pack} - set(failed))

@@ -41,6 +41,7 @@ class ScenarioReport:
     steps_done: list[int] = field(default_factory=list)
     steps_failed: dict[int, str] = field(default_factory=dict)
     steps_reused: list[int] = field(default_factory=list)
+    internal: dict[int, str] = field(default_factory=dict)  # a failed step's traceback, where a bug failed it
     metrics: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
     rows: int = 0
@@ -86,6 +87,8 @@ class ScenarioWriter:
         if out.status == "failed":
             assert out.error is not None  # a failed outcome says why
             report.steps_failed[out.step] = out.error
+            if out.traceback:
+                report.internal[out.step] = out.traceback
             return
         if out.status == "reused":
             row = dict(self.prev.metrics[out.step])

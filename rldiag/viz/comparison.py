@@ -29,11 +29,11 @@ def redraw_due(done: int, total: int, updates: int = 10) -> bool:
 
 def partial_view(agreements: list) -> tuple[list[dict], pl.DataFrame]:
     """The summary rows and the per-step frame (as :func:`rldiag.viz.charts.agreement_figure`
-    takes it) of the steps compared so far (:class:`rldiag.analysis.agreement.TokenAgreement`)."""
-    from rldiag.analysis.agreement import agreement_frame
-    from rldiag.analysis.compare import summarise
+    takes it) of the steps compared so far (:class:`rldiag.api.TokenAgreement`)."""
+    from rldiag import api
 
-    return summary_rows(summarise(agreements)), agreement_frame(agreements)
+    summary, frame = api.compare_so_far(agreements)
+    return summary_rows(summary), frame
 
 
 def summary_rows(summary: dict) -> list[dict]:

@@ -1,25 +1,25 @@
-"""The what-if page's settings: widget options from the engine's registries, and the overrides
-a choice of widget values amounts to (only keys that differ from the run's own settings)."""
+"""The what-if page's settings: the overrides a choice of widget values amounts to (only keys that
+differ from the run's own settings), and what a choice means for the run.
+
+The keys the page edits, the run's own value of each and their choices come from the API
+(:func:`rldiag.api.whatif_options`: the settings schema's rows marked ``whatif``, the engine's
+registries and their metadata); the names below are where the page places each key, and a test
+keeps them equal to the schema's rows.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from rldiag.config.settings import Settings, scenario_slug
-from rldiag.engine.advantage import ESTIMATORS
-from rldiag.engine.aggregation import AGG_MODES
-from rldiag.engine.kl import KL_ESTIMATORS
-from rldiag.engine.policy_loss import POLICY_LOSSES
+from rldiag.config.settings import scenario_slug
 
-#: the settings the page edits (verl's keys)
+#: the settings the page places, by where they go (verl's keys; the schema's rows marked ``whatif``)
 ESTIMATOR = "algorithm.adv_estimator"
 NORM_STD = "algorithm.norm_adv_by_std_in_grpo"
 AGG = "actor_rollout_ref.actor.loss_agg_mode"
 LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
-CLIP = "actor_rollout_ref.actor.clip_ratio"
 CLIP_LOW = "actor_rollout_ref.actor.clip_ratio_low"
 CLIP_HIGH = "actor_rollout_ref.actor.clip_ratio_high"
 CLIP_C = "actor_rollout_ref.actor.clip_ratio_c"
@@ -38,41 +38,8 @@ RS = f"{RC}.rollout_rs"
 RS_THRESHOLD = f"{RC}.rollout_rs_threshold"
 BYPASS = f"{RC}.bypass_mode"
 
-EDITED = (ESTIMATOR, NORM_STD, AGG, LOSS, CLIP_LOW, CLIP_HIGH, CLIP_C, KL_IN_REWARD, KL_PENALTY, KL_CTRL, KL_COEF,
+PLACED = (ESTIMATOR, NORM_STD, AGG, LOSS, CLIP_LOW, CLIP_HIGH, CLIP_C, KL_IN_REWARD, KL_PENALTY, KL_CTRL, KL_COEF,
           KL_LOSS, KL_LOSS_TYPE, KL_LOSS_COEF, IS_LEVEL, IS_THRESHOLD, IS_NORMALIZE, RS, RS_THRESHOLD, BYPASS)
-KL_CONTROLLERS = ("fixed", "adaptive")
-
-
-@dataclass(frozen=True)
-class Options:
-    estimators: list[str]
-    agg_modes: list[str]
-    policy_losses: list[str]
-    kl_estimators: list[str]
-    is_levels: list[str] | None  # None: this rldiag has no rollout correction
-    rs_options: list[str] | None
-
-
-def options() -> Options:
-    """Every choice the engine's registries offer."""
-    is_levels: list[str] | None
-    rs: list[str] | None
-    try:
-        from rldiag.engine.rollout_correction import IS_LEVELS, RS_OPTIONS
-
-        is_levels, rs = IS_LEVELS.names(), RS_OPTIONS.names()
-    except ImportError:
-        is_levels = rs = None
-    return Options(ESTIMATORS.names(), AGG_MODES.names(), POLICY_LOSSES.names(), KL_ESTIMATORS.names(), is_levels, rs)
-
-
-def base_values(settings: Settings) -> dict[str, Any]:
-    """The run's own value of every edited key, with the clip bounds resolved (``clip_ratio_low``
-    and ``_high`` default to ``clip_ratio``)."""
-    out = {k: settings.get(k) for k in EDITED}
-    out[CLIP_LOW] = settings.clip_low
-    out[CLIP_HIGH] = settings.clip_high
-    return out
 
 
 def rs_value(options: list[str]) -> str | None:
@@ -115,17 +82,14 @@ def parse_value(text: str) -> Any:
     return parse_override(f"value={text.strip()}")[1]
 
 
-#: estimators whose baseline is the other responses of the same prompt (the uid group)
-GROUP_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "gdpo", "gpg", "opo", "rloo", "rloo_vectorized",
-                    "reinforce_plus_plus_baseline", "optimal_token_baseline", "tir_optimal_token_baseline")
-
-
-def estimator_fit(estimator: str, group_sizes: list[int], step: int) -> str | None:
+def estimator_fit(estimator: str, group_sizes: list[int], step: int, grouped: Collection[str]) -> str | None:
     """A warning when ``estimator`` does not fit the run's groups (None: it fits).
 
-    ``group_sizes``: rows per uid group at ``step``. A group estimator on groups of one response
-    has no other response to compare with: its advantages are zero, or the raw score."""
-    if estimator not in GROUP_ESTIMATORS or not group_sizes:
+    ``group_sizes``: rows per uid group at ``step``; ``grouped``: the estimators that compare a
+    response with the others of its prompt (:attr:`rldiag.api.WhatifOptions.grouped`). A group
+    estimator on groups of one response has no other response to compare with: its advantages
+    are zero, or the raw score."""
+    if estimator not in grouped or not group_sizes:
         return None
     singles = sum(1 for n in group_sizes if n == 1)
     if singles == len(group_sizes):

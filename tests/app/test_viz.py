@@ -7,6 +7,7 @@ import dataclasses
 import polars as pl
 import pytest
 
+from rldiag import api
 from rldiag.config.settings import resolve_settings
 from rldiag.store import StepFacts
 from rldiag.viz import checklist, whatif
@@ -76,7 +77,7 @@ def test_run_from_the_command_line(tmp_path):
 
 def test_whatif_overrides_only_what_changed():
     s = resolve_settings(config={"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"actor": {"clip_ratio": 0.2}}})
-    base = whatif.base_values(s)
+    base = api.whatif_options(s).base
     assert base[whatif.CLIP_LOW] == 0.2 and base[whatif.CLIP_HIGH] == 0.2
     same = dict(base, **{whatif.CLIP_HIGH: 0.2 + 1e-15})
     assert whatif.overrides(base, same) == {}
@@ -85,9 +86,30 @@ def test_whatif_overrides_only_what_changed():
     assert whatif.scenario_name(ovr) == "clip_ratio_high=0.28__adv_estimator=rloo"
     assert whatif.parse_value("0.5_2.0") == "0.5_2.0" and whatif.parse_value("2") == 2 and whatif.parse_value("") is None
     assert whatif.rs_value(["token_k1", "seq_sum_k3"]) == "token_k1,seq_sum_k3" and whatif.rs_value([]) is None
-    opts = whatif.options()
-    assert "grpo" in opts.estimators and "token-mean" in opts.agg_modes and "vanilla" in opts.policy_losses
-    assert opts.is_levels == ["sequence", "token"]
+    opts = api.whatif_options(s)
+    assert "grpo" in opts.choices[whatif.ESTIMATOR] and "token-mean" in opts.choices[whatif.AGG]
+    assert "vanilla" in opts.choices[whatif.LOSS] and opts.choices[whatif.IS_LEVEL] == ["sequence", "token"]
+    assert opts.choices[whatif.KL_CTRL] == ["fixed", "adaptive"]  # the schema's values of kl_ctrl.type
+    kl = opts.choices[whatif.KL_PENALTY]
+    assert kl == opts.choices[whatif.KL_LOSS_TYPE] and "low_var_kl" in kl
+
+
+def test_the_page_places_every_key_the_schema_marks_and_no_other():
+    opts = api.whatif_options(resolve_settings())
+    assert sorted(whatif.PLACED) == sorted(opts.keys) and len(set(whatif.PLACED)) == len(whatif.PLACED)
+    assert set(opts.base) == set(opts.keys)
+    # every string key the page offers as a list of choices has one
+    assert {whatif.ESTIMATOR, whatif.AGG, whatif.LOSS, whatif.KL_PENALTY, whatif.KL_CTRL, whatif.KL_LOSS_TYPE,
+            whatif.IS_LEVEL, whatif.RS} <= set(opts.choices)
+
+
+def test_the_group_estimators_are_the_registrys_grouped_ones():
+    from rldiag.engine.advantage import ESTIMATORS
+
+    grouped = api.whatif_options(resolve_settings()).grouped
+    assert set(grouped) == {"grpo", "grpo_vectorized", "grpo_passk", "gdpo", "gpg", "opo", "rloo", "rloo_vectorized",
+                            "reinforce_plus_plus_baseline", "optimal_token_baseline", "tir_optimal_token_baseline"}
+    assert not {"gae", "reinforce_plus_plus", "remax"} & set(grouped) and set(grouped) <= set(ESTIMATORS.names())
 
 
 def test_mask_spans_and_the_heat_strip():
@@ -209,10 +231,12 @@ def test_panels_helpers():
 
 
 def test_estimator_fit_warns_for_groups_of_one():
-    assert "6 groups of 1" in whatif.estimator_fit("rloo", [1] * 6, 3)
-    assert "2 of 3 groups" in whatif.estimator_fit("grpo", [1, 1, 4], 3)
-    assert whatif.estimator_fit("rloo", [4, 4], 1) is None
-    assert whatif.estimator_fit("gae", [1] * 6, 1) is None and whatif.estimator_fit("reinforce_plus_plus", [1], 1) is None
+    grouped = api.whatif_options(resolve_settings()).grouped
+    assert "6 groups of 1" in whatif.estimator_fit("rloo", [1] * 6, 3, grouped)
+    assert "2 of 3 groups" in whatif.estimator_fit("grpo", [1, 1, 4], 3, grouped)
+    assert whatif.estimator_fit("rloo", [4, 4], 1, grouped) is None
+    assert whatif.estimator_fit("gae", [1] * 6, 1, grouped) is None
+    assert whatif.estimator_fit("reinforce_plus_plus", [1], 1, grouped) is None
 
 
 def test_ref_kl_strip_scale_comes_from_the_row():

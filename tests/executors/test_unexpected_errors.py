@@ -37,6 +37,7 @@ def test_an_unforeseen_compute_error_fails_only_its_pack(synth_run, monkeypatch)
     monkeypatch.setattr(steps_mod, "recompute_batch", compute)
     rep = recompute(synth_run, name="x", device="cpu", reuse=False, pack_tokens=1)  # one step per pack
     assert rep.steps_done == [1, 2, 4, 5]
-    assert "RuntimeError: shape mismatch" in rep.steps_failed[3] and "steps 3" in rep.steps_failed[3]
+    assert rep.steps_failed[3] == "InternalError: steps 3: RuntimeError: shape mismatch"  # a bug, not bad input
+    assert list(rep.internal) == [3] and "raise RuntimeError" in rep.internal[3]  # its traceback kept
     _, table = read_scenario(synth_run, "x")
     assert table.column("step").to_pylist() == [1, 2, 4, 5]

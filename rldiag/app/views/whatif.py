@@ -32,17 +32,15 @@ def _number(col: Any, key: str, base: dict, widget_key: str) -> float:
     return col.number_input(w.label, w.lo, w.hi, float(base[key]), w.step, key=widget_key, format=w.fmt)
 
 
-def settings_widgets(base: dict, opts: whatif.Options) -> dict:
+def settings_widgets(opts: api.WhatifOptions) -> dict:
     """The widgets, initialised from the run's own settings; returns the chosen values."""
     chosen: dict[str, Any] = {}
+    base, choices = opts.base, opts.choices
     with st.expander("Advantage and loss", expanded=True):
         c1, c2, c3 = st.columns(3)
-        chosen[whatif.ESTIMATOR] = c1.selectbox("Advantage estimator", opts.estimators, key="wi_estimator",
-                                                index=_index(opts.estimators, base[whatif.ESTIMATOR]))
-        chosen[whatif.AGG] = c2.selectbox("loss_agg_mode", opts.agg_modes, key="wi_agg",
-                                          index=_index(opts.agg_modes, base[whatif.AGG]))
-        chosen[whatif.LOSS] = c3.selectbox("Policy loss", opts.policy_losses, key="wi_loss",
-                                           index=_index(opts.policy_losses, base[whatif.LOSS]))
+        chosen[whatif.ESTIMATOR] = _select(c1, "Advantage estimator", whatif.ESTIMATOR, opts, "wi_estimator")
+        chosen[whatif.AGG] = _select(c2, "loss_agg_mode", whatif.AGG, opts, "wi_agg")
+        chosen[whatif.LOSS] = _select(c3, "Policy loss", whatif.LOSS, opts, "wi_loss")
         c1, c2, c3, c4 = st.columns(4)
         chosen[whatif.CLIP_LOW] = _number(c1, whatif.CLIP_LOW, base, "wi_clip_low")
         chosen[whatif.CLIP_HIGH] = _number(c2, whatif.CLIP_HIGH, base, "wi_clip_high")
@@ -52,24 +50,18 @@ def settings_widgets(base: dict, opts: whatif.Options) -> dict:
     with st.expander("KL", expanded=bool(base[whatif.KL_IN_REWARD])):
         c1, c2, c3, c4 = st.columns(4)
         chosen[whatif.KL_IN_REWARD] = c1.checkbox("KL in reward", bool(base[whatif.KL_IN_REWARD]), key="wi_kl_reward")
-        chosen[whatif.KL_PENALTY] = c2.selectbox("kl_penalty", opts.kl_estimators, key="wi_kl_penalty",
-                                                 index=_index(opts.kl_estimators, base[whatif.KL_PENALTY]))
-        chosen[whatif.KL_CTRL] = c3.selectbox("kl_ctrl.type", list(whatif.KL_CONTROLLERS), key="wi_kl_ctrl",
-                                              index=_index(list(whatif.KL_CONTROLLERS), base[whatif.KL_CTRL]))
+        chosen[whatif.KL_PENALTY] = _select(c2, "kl_penalty", whatif.KL_PENALTY, opts, "wi_kl_penalty")
+        chosen[whatif.KL_CTRL] = _select(c3, "kl_ctrl.type", whatif.KL_CTRL, opts, "wi_kl_ctrl")
         chosen[whatif.KL_COEF] = _number(c4, whatif.KL_COEF, base, "wi_kl_coef")
         c1, c2, c3 = st.columns([1, 1, 2])
         chosen[whatif.KL_LOSS] = c1.checkbox("KL loss", bool(base[whatif.KL_LOSS]), key="wi_kl_loss")
-        chosen[whatif.KL_LOSS_TYPE] = c2.selectbox("kl_loss_type", opts.kl_estimators, key="wi_kl_loss_type",
-                                                   index=_index(opts.kl_estimators, base[whatif.KL_LOSS_TYPE]))
+        chosen[whatif.KL_LOSS_TYPE] = _select(c2, "kl_loss_type", whatif.KL_LOSS_TYPE, opts, "wi_kl_loss_type")
         chosen[whatif.KL_LOSS_COEF] = _number(c3, whatif.KL_LOSS_COEF, base, "wi_kl_loss_coef")
 
     uses_rc = bool(base[whatif.IS_LEVEL] or base[whatif.RS] or base[whatif.BYPASS])
     with st.expander("Rollout correction", expanded=uses_rc):
-        if opts.is_levels is None:
-            st.caption("This build of rldiag has no rollout correction yet.")
-            return chosen
         c1, c2, c3, c4 = st.columns(4)
-        levels = ["none"] + opts.is_levels
+        levels = ["none"] + choices[whatif.IS_LEVEL]
         level = c1.selectbox("rollout_is", levels, key="wi_is",
                              index=_index(levels, base[whatif.IS_LEVEL] if base[whatif.IS_LEVEL] else "none"))
         chosen[whatif.IS_LEVEL] = None if level == "none" else level
@@ -80,7 +72,7 @@ def settings_widgets(base: dict, opts: whatif.Options) -> dict:
                                                   key="wi_is_norm")
         chosen[whatif.BYPASS] = c4.checkbox("bypass_mode", bool(base[whatif.BYPASS]), key="wi_bypass")
         c1, c2 = st.columns([3, 1])
-        rs = c1.multiselect("rollout_rs (rejection)", opts.rs_options or [], default=whatif.rs_options(base[whatif.RS]),
+        rs = c1.multiselect("rollout_rs (rejection)", choices[whatif.RS], default=whatif.rs_options(base[whatif.RS]),
                             key="wi_rs")
         chosen[whatif.RS] = whatif.rs_value(rs)
         rs_thr = base[whatif.RS_THRESHOLD]
@@ -91,6 +83,12 @@ def settings_widgets(base: dict, opts: whatif.Options) -> dict:
 
 def _index(options: list, value) -> int:
     return options.index(value) if value in options else 0
+
+
+def _select(col: Any, label: str, key: str, opts: api.WhatifOptions, widget_key: str) -> str:
+    """A select box of ``key``'s choices, on the run's own value."""
+    names = opts.choices[key]
+    return col.selectbox(label, names, key=widget_key, index=_index(names, opts.base[key]))
 
 
 def _cancel(what: str, name: str) -> None:
@@ -152,13 +150,13 @@ def failed_steps_note(name: str) -> None:
         st.warning("Batch files skipped: " + "; ".join(f"{k}: {v}" for k, v in problems.items()))
 
 
-def fit_warning(settings_chosen: dict) -> None:
+def fit_warning(settings_chosen: dict, grouped: Sequence[str]) -> None:
     steps = store.steps()
     if not steps:
         return
     rows = store.step_rows(steps[0])
     sizes = rows.group_by("grp").len()["len"].to_list() if not rows.is_empty() else []
-    msg = whatif.estimator_fit(settings_chosen[whatif.ESTIMATOR], sizes, steps[0])
+    msg = whatif.estimator_fit(settings_chosen[whatif.ESTIMATOR], sizes, steps[0], grouped)
     if msg:
         st.warning(msg, icon=":material/warning:")
 
@@ -269,7 +267,7 @@ def results(name: str) -> None:
         st.dataframe(saved.metrics, hide_index=True)
 
 
-def sweep_grid(base: dict) -> dict[str, list[Any]] | None:
+def sweep_grid(opts: api.WhatifOptions) -> dict[str, list[Any]] | None:
     """The sweep's widgets: one or two keys and each one's values (None: a value list is not valid)."""
     keys = vsweep.sweepable_keys()
     picked = st.multiselect("Keys to sweep (one or two)", keys, max_selections=2, key="wi_sw_keys")
@@ -278,8 +276,8 @@ def sweep_grid(base: dict) -> dict[str, list[Any]] | None:
     cols = st.columns(max(1, len(picked)))
     for col, key in zip(cols, picked):
         if key == whatif.ESTIMATOR:
-            names = whatif.options().estimators
-            grid[key] = col.multiselect(f"{key} values", names, default=[n for n in [base[key]] if n in names],
+            names = opts.choices[key]
+            grid[key] = col.multiselect(f"{key} values", names, default=[n for n in [opts.base[key]] if n in names],
                                         key="wi_sw_vals_estimator")
             continue
         w = schema.widget(key)
@@ -367,11 +365,11 @@ def sweep_results() -> None:
     metric_panels([m for m in metrics if m in store.metric_names(shown)], shown, "wi_sw_panel")
 
 
-def sweep_section(base: dict, allowed: bool) -> None:
+def sweep_section(opts: api.WhatifOptions, allowed: bool) -> None:
     """Sweep one or two settings: run one (a button: it may be long), and see the latest one
     written into the run without a click."""
     st.subheader("Sweep")
-    grid = sweep_grid(base)
+    grid = sweep_grid(opts)
     if grid:
         st.caption(f"{vsweep.scenario_count(grid)} scenario(s), each recomputed over every step.")
     if st.button("Run the sweep", key="wi_sw_run", disabled=not (allowed and grid)):
@@ -381,16 +379,15 @@ def sweep_section(base: dict, allowed: bool) -> None:
     sweep_results()
 
 
-base: dict | None = None  # the run's own settings, once read
+opts: api.WhatifOptions | None = None  # the run's own settings and their choices, once read
 allowed = False
 with session.guard():
-    settings = api.settings(store.run)
-    base = whatif.base_values(settings)
-    chosen = settings_widgets(base, whatif.options())
-    ovr = whatif.overrides(base, chosen)
+    opts = api.whatif_options(api.settings(store.run))
+    chosen = settings_widgets(opts)
+    ovr = whatif.overrides(opts.base, chosen)
     name = whatif.scenario_name(ovr)
     st.markdown(f"**Scenario:** `{name}`" + (f" — overrides: `{ovr}`" if ovr else " (the run's own settings)"))
-    fit_warning(chosen)
+    fit_warning(chosen, opts.grouped)
     cancelled = st.session_state.pop("wi_cancelled", None)
     if cancelled:
         cancelled_note(*cancelled)
@@ -404,6 +401,6 @@ with session.guard():
     failed_steps_note(name)
     results(name)
 
-if base is not None:
+if opts is not None:
     with session.guard():
-        sweep_section(base, allowed)
+        sweep_section(opts, allowed)

@@ -64,7 +64,8 @@ class EstimatorMeta(Entry):
     settings -> the further columns its settings name (or a description of the setting that
     would name them); ``optional``, columns it reads when the batch has them; ``check``,
     settings -> None, raising :class:`~rldiag.errors.ConfigError` before any work where verl
-    would reject the configuration."""
+    would reject the configuration. ``grouped``: its baseline is the other responses of the same
+    prompt (the uid group), so a group of one response gets no relative signal."""
 
     needs: tuple[str, ...] = ()
     needs_fn: Callable[[EngineSettings], tuple[str, ...]] | None = None
@@ -74,6 +75,8 @@ class EstimatorMeta(Entry):
     #: std), ``"step"`` (the step's values), ``""`` (nothing). On an exactly tied group or step,
     #: verl's float32 value there is rounding noise of a whitened constant (docs/algorithms-estimators.md).
     whitens: str = ""
+    #: its baseline is the other responses of the same prompt (the uid group)
+    grouped: bool = False
 
 
 ESTIMATORS: Registry[AdvFn] = Registry("advantage estimator", meta=EstimatorMeta)

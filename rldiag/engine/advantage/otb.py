@@ -67,7 +67,7 @@ def _zero_tail_rows(length: torch.Tensor, member: torch.Tensor, batch: Batch) ->
 @ESTIMATORS.register(
     "optimal_token_baseline",
     needs=("old_log_probs", "sum_pi_squared"),
-    source="verl core_algos, optimal_token_baseline",
+    grouped=True, source="verl core_algos, optimal_token_baseline",
 )
 def optimal_token_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position baseline over each uid group (raw token positions). returns = reward-to-go;
@@ -104,7 +104,7 @@ def _group_slots(extent: torch.Tensor, index: torch.Tensor, row_ids: torch.Tenso
 @ESTIMATORS.register(
     "tir_optimal_token_baseline",
     needs=("old_log_probs", "sum_pi_squared"),
-    source="verl core_algos, tir_optimal_token_baseline (multi-turn)",
+    grouped=True, source="verl core_algos, tir_optimal_token_baseline (multi-turn)",
 )
 def tir_optimal_token_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Multi-turn variant: timesteps are action-token ranks (tool tokens skipped); rows without

@@ -51,7 +51,7 @@ def _session_final_rows(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     needs=(),
     whitens="group",
     optional=("session_id", "output_index"),
-    source="verl core_algos.compute_grpo_outcome_advantage; arXiv:2402.03300; Dr. GRPO arXiv:2503.20783",
+    grouped=True, source="verl core_algos.compute_grpo_outcome_advantage; arXiv:2402.03300; Dr. GRPO arXiv:2503.20783",
 )
 def grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Outcome GRPO: row score = sum of token rewards; (score - mean) / (std + 1e-6) within the
@@ -80,7 +80,7 @@ def grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @ESTIMATORS.register("grpo_vectorized", needs=(), whitens="group",
-                     source="verl core_algos.compute_grpo_vectorized_outcome_advantage; arXiv:2402.03300")
+                     grouped=True, source="verl core_algos.compute_grpo_vectorized_outcome_advantage; arXiv:2402.03300")
 def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's vectorised GRPO. Same formula as ``grpo``, with verl's group statistics in float32:
     the mean, then the Bessel variance of the *centred* scores (``verl.utils.groupwise.group_mean_std``,
@@ -108,7 +108,7 @@ def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("grpo_passk", needs=(),
+@ESTIMATORS.register("grpo_passk", needs=(), grouped=True,
                      source="verl core_algos.compute_grpo_passk_outcome_advantage; Pass@k training arXiv:2503.19595")
 def grpo_passk(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k GRPO: in each uid group only the best row gets ``max - second_max`` (divided by
@@ -167,7 +167,7 @@ def _gdpo_needs(settings: EngineSettings) -> tuple[str, ...]:
 
 
 @ESTIMATORS.register("gdpo", needs_fn=_gdpo_needs, check=gdpo_components, whitens="step",
-                     source="verl core_algos.compute_gdpo_outcome_advantage; GDPO arXiv:2601.05242")
+                     grouped=True, source="verl core_algos.compute_gdpo_outcome_advantage; GDPO arXiv:2601.05242")
 def gdpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GDPO: exact GRPO (std-normalised) on each reward-component column named by
     ``algorithm.gdpo_reward_keys`` separately, weighted sum (``algorithm.gdpo_reward_weights``,
@@ -192,7 +192,7 @@ def gdpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- RLOO family and other group baselines -----------------------------------------------------
 
 
-@ESTIMATORS.register("rloo", needs=(), source="verl core_algos.compute_rloo_outcome_advantage; arXiv:2402.14740")
+@ESTIMATORS.register("rloo", needs=(), grouped=True, source="verl core_algos.compute_rloo_outcome_advantage; arXiv:2402.14740")
 def rloo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out baseline: ``n/(n-1) * (score - group mean)``; a singleton group keeps its
     raw score (verl's ``rloo``; ``rloo_vectorized`` zeroes it instead)."""
@@ -205,7 +205,7 @@ def rloo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @ESTIMATORS.register("rloo_vectorized", needs=(),
-                     source="verl core_algos.compute_rloo_vectorized_outcome_advantage; arXiv:2402.14740")
+                     grouped=True, source="verl core_algos.compute_rloo_vectorized_outcome_advantage; arXiv:2402.14740")
 def rloo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out in verl's vectorised form ``(n * R - sum_g R) / (n - 1)``; a singleton group
     gets 0 (unlike ``rloo``)."""
@@ -218,7 +218,7 @@ def rloo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("opo", needs=(), source="verl core_algos.compute_opo_outcome_advantage; OPO arXiv:2505.23585")
+@ESTIMATORS.register("opo", needs=(), grouped=True, source="verl core_algos.compute_opo_outcome_advantage; OPO arXiv:2505.23585")
 def opo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO: baseline = length-weighted group mean ``sum(L_i R_i) / sum(L_i)`` with ``L_i`` the row's
     post-correction action-token count (tool tokens not counted); 0 for a singleton group.
@@ -234,7 +234,7 @@ def opo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv, adv
 
 
-@ESTIMATORS.register("gpg", needs=(), source="verl core_algos.compute_gpg_outcome_advantage; GPG arXiv:2504.02546")
+@ESTIMATORS.register("gpg", needs=(), grouped=True, source="verl core_algos.compute_gpg_outcome_advantage; GPG arXiv:2504.02546")
 def gpg(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG: ``alpha * (R - group mean) / f_norm`` with ``alpha = rows / max(#rows with R != 0, 1)``
     over the step and verl's ``f_norm = 1``; singleton groups use mean 0."""

@@ -50,7 +50,7 @@ def reinforce_plus_plus(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     return adv * inp.mask, returns
 
 
-@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(), whitens="step",
+@ESTIMATORS.register("reinforce_plus_plus_baseline", needs=(), whitens="step", grouped=True,
                      source="verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage; arXiv:2501.03262")
 def reinforce_plus_plus_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: ``R - group mean`` (mean includes the row; 0 for a singleton group),

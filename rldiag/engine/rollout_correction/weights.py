@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -13,8 +13,23 @@ from rldiag.engine.rollout_correction.common import SAFETY_BOUND, Metrics, clamp
 from rldiag.engine.segments import MEAN_EPS, seg_max, seg_mean, seg_min, seg_sum, step_masked_extrema, step_masked_mean
 from rldiag.registry import Registry
 
-if TYPE_CHECKING:  # config imports this module (its IS_LEVELS check); the type only
-    from rldiag.engine.rollout_correction.config import CorrectionConfig
+
+class ISConfig(Protocol):
+    """The IS part of a rollout-correction block :func:`is_weights` reads (the block's
+    :class:`~rldiag.engine.rollout_correction.config.CorrectionConfig` is one; that module checks
+    its level against :data:`IS_LEVELS` here, so this one names the shape rather than import it)."""
+
+    @property
+    def rollout_is(self) -> str | None: ...
+
+    @property
+    def is_upper(self) -> float: ...
+
+    @property
+    def is_lower(self) -> float | None: ...
+
+    @property
+    def batch_normalize(self) -> bool: ...
 
 ISLevelFn = Callable[[torch.Tensor, torch.Tensor, Rows], tuple[torch.Tensor, torch.Tensor | None]]
 IS_LEVELS: Registry[ISLevelFn] = Registry("rollout_is level")
@@ -36,7 +51,7 @@ def is_sequence(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tupl
 
 
 def is_weights(
-    log_ratio: torch.Tensor, mask: torch.Tensor, cfg: CorrectionConfig, rows: Rows, seg: torch.Tensor, n: int
+    log_ratio: torch.Tensor, mask: torch.Tensor, cfg: ISConfig, rows: Rows, seg: torch.Tensor, n: int
 ) -> tuple[torch.Tensor, Metrics]:
     """IS weights ``(tokens,)`` (TIS / IcePop, optionally batch-normalised per segment) and
     verl's ``rollout_is_*`` metrics ``(n,)`` (computed before the batch normalisation)."""

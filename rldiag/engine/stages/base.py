@@ -15,21 +15,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from rldiag.engine.aggregation import AggNorm
 from rldiag.engine.batch import Batch
 from rldiag.engine.kl_control import KLControllerState, PresetKLCoefficients
+from rldiag.engine.layout import Rows
 from rldiag.engine.microbatch import Segmentation
 from rldiag.engine.policy_loss.base import PolicyLossOutput
 from rldiag.engine.segments import seg_sum
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.step_failures import StepErrors
-
-if TYPE_CHECKING:
-    from rldiag.engine.stages.turns import TurnSpans
 
 ColumnsFn = Callable[[EngineSettings], tuple[str, ...]]
 
@@ -58,6 +55,36 @@ class CheckFamily:
     label: str
     listed: int
     needs: tuple[str, ...] | None = None
+
+
+def per_bucket(key: torch.Tensor, live: torch.Tensor, n_steps: int, n_buckets: int, span_sums: torch.Tensor) -> torch.Tensor:
+    """``(spans,)`` -> ``(n_steps, n_buckets)``: the live spans' sums added up per ``key`` (step *
+    buckets + bucket), in float64."""
+    x = span_sums.to(torch.float64)
+    return seg_sum(torch.where(live, x, torch.zeros_like(x)), key, n_steps * n_buckets).view(n_steps, n_buckets)
+
+
+@dataclass(frozen=True)
+class TurnSpans:
+    """Every row cut at its turn starts (a span lies in one turn, or before the first), and what
+    sums over spans per (step, turn bucket) need: what the ``turns`` stage finds and
+    ``turns_loss`` reuses (:mod:`rldiag.engine.stages.turns`)."""
+
+    spans: Rows
+    key: torch.Tensor  # (spans,) step * buckets + bucket
+    live: torch.Tensor  # (spans,) the span is in a turn (a row's leading tool tokens are not)
+    n_steps: int
+    count: torch.Tensor  # (n_steps, buckets) T_k, the trained-on tokens of each turn bucket
+
+    def per_turn(self, span_sums: torch.Tensor) -> torch.Tensor:
+        """``(spans,)`` -> ``(n_steps, buckets)``: summed per step and turn bucket."""
+        return per_bucket(self.key, self.live, self.n_steps, int(self.count.shape[1]), span_sums)
+
+    def means(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-token means over each bucket's T_k tokens (0 where it has none)."""
+        has = self.count > 0
+        return {k: torch.where(has, v / torch.where(has, self.count, torch.ones_like(self.count)), torch.zeros_like(v))
+                for k, v in sums.items()}
 
 
 @dataclass

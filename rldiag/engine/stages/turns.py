@@ -17,14 +17,12 @@ tool tokens after it, or a row's leading tool tokens), then per (step, turn).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from rldiag.engine.kl import kl_k1
 from rldiag.engine.layout import Rows
-from rldiag.engine.segments import seg_max, seg_mean, seg_sum
-from rldiag.engine.stages.base import Metric, Stage, State
+from rldiag.engine.segments import seg_max, seg_mean
+from rldiag.engine.stages.base import Metric, Stage, State, TurnSpans, per_bucket
 
 #: turns reported one by one; later turns are pooled as ``9plus``
 MAX_TURN = 8
@@ -72,31 +70,7 @@ def step_loss_weights(st: State) -> torch.Tensor | None:
 
 
 def _per_turn(key: torch.Tensor, live: torch.Tensor, n: int, span_sums: torch.Tensor) -> torch.Tensor:
-    x = span_sums.to(torch.float64)
-    nb = len(BUCKETS)
-    return seg_sum(torch.where(live, x, torch.zeros_like(x)), key, n * nb).view(n, nb)
-
-
-@dataclass(frozen=True)
-class TurnSpans:
-    """Every row cut at its turn starts (a span lies in one turn, or before the first), and what
-    sums over spans per (step, turn bucket) need: what ``turns`` finds and ``turns_loss`` reuses."""
-
-    spans: Rows
-    key: torch.Tensor  # (spans,) step * buckets + bucket
-    live: torch.Tensor  # (spans,) the span is in a turn (a row's leading tool tokens are not)
-    n_steps: int
-    count: torch.Tensor  # (n_steps, buckets) T_k, the trained-on tokens of each turn bucket
-
-    def per_turn(self, span_sums: torch.Tensor) -> torch.Tensor:
-        """``(spans,)`` -> ``(n_steps, buckets)``: summed per step and turn bucket."""
-        return _per_turn(self.key, self.live, self.n_steps, span_sums)
-
-    def means(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Per-token means over each bucket's T_k tokens (0 where it has none)."""
-        has = self.count > 0
-        return {k: torch.where(has, v / torch.where(has, self.count, torch.ones_like(self.count)), torch.zeros_like(v))
-                for k, v in sums.items()}
+    return per_bucket(key, live, n, len(BUCKETS), span_sums)
 
 
 def _write(st: State, out: dict[str, torch.Tensor]) -> None:
