@@ -75,7 +75,8 @@ __all__ = [
     "ray_executor", "recompute", "settings", "tolerances", "verify", "warm_up",
     "LayoutAuditResult", "layout_audit", "rows", "rows_count", "step_tokens", "step_token_frame", "SIGN_DIFFERS",
     "StepTokensResult", "SweepResult", "sweep", "sweep_summary", "sweeps", "COUNTERFACTUAL_CAVEAT",
-    "describe_counterfactual", "FollowDoctorResult", "HealthEvent", "follow_doctor",
+    "describe_counterfactual", "FollowDoctorResult", "HealthEvent", "follow_doctor", "band_metrics",
+    "reference_bands",
 ]
 
 #: ``progress(done, total, what)``: ``done`` of ``total`` units finished, ``what`` the last one in words
@@ -583,6 +584,26 @@ def mismatch(
         rows = stream_rows([every[s] for s in parse_steps(steps, sorted(every))], resolved, _by_step(progress))
     files = {sf.step: sf for sf in rd.step_files()} if examples else None
     return diagnose_rows(rows, {**resolved.values, **resolved.resolved()}, files, resolved)
+
+
+def band_metrics() -> list[str]:
+    """The metrics with a published reference band (``rldiag/doctor/bands.yaml``, docs/bands.md)."""
+    from rldiag.doctor.bands import band_metrics as metrics
+
+    return metrics()
+
+
+def reference_bands(run: Run, values: Mapping[str, Sequence[float]],
+                    overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Where the run's values sit in their reference bands: for each metric of ``values``
+    (``metric -> per-step values``) with a band, the mean of its finite values placed among the
+    bands the run's resolved settings select (:func:`rldiag.doctor.bands.place_means`): ``metric``,
+    ``value``, ``steps``, ``statistic``, ``bands`` (name, bounds, where, source) and ``text``
+    ("rollout_corr/k3_kl 0.003: above the dense band [1e-05, 0.001], inside the MoE band ...")."""
+    from rldiag.doctor.bands import place_means
+
+    s = settings(run, overrides)
+    return place_means(values, {**s.values, **s.resolved()})
 
 
 def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = None) -> pl.DataFrame:
