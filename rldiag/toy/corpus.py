@@ -15,7 +15,11 @@ Cases (:func:`cases`):
 - ``entropy_collapse``: no entropy bonus, a learning rate 30 times the default and a colder
   rollout (temperature 0.7): the policy's entropy falls within a few steps. Onset: the first step
   whose 3-step rolling mean of ``actor/entropy_loss`` is below :data:`COLLAPSE_SHARE` of the mean
-  of the first two steps.
+  of the first two steps;
+- ``divergence``: a learning rate 300 times the default (0.3): the policy degenerates and the
+  reward falls to nothing. Onset: the first step from which, to the end of the run,
+  ``actor/entropy_loss`` stays below :data:`DIVERGED_ENTROPY` and ``critic/score/mean`` below its
+  first step's value.
 
 Every run's rollout copy is bfloat16, so every label lists the ``precision`` gap cause at
 severity ``info`` (the expected diagnosis, not a health finding). The split is by seed: odd seeds
@@ -35,6 +39,8 @@ from rldiag.toy.config import ToyConfig, grpo_tool, ppo_gae
 
 #: ``entropy_collapse`` onset: the rolling mean below this share of the first two steps' mean
 COLLAPSE_SHARE = 0.75
+#: ``divergence`` onset: the policy's entropy below this (near-deterministic), for good
+DIVERGED_ENTROPY = 0.1
 #: the rolling window (steps) of the onset rules
 WINDOW = 3
 #: the small networks and batches every corpus run uses (a run takes seconds per step on a CPU)
@@ -81,10 +87,16 @@ def _entropy_collapse(seed: int, steps: int) -> Case:
                 {"actor_lr": cfg.actor_lr, "entropy_coeff": 0.0, "temperature": 0.7})
 
 
+def _divergence(seed: int, steps: int) -> Case:
+    cfg = grpo_tool(**SMALL, steps=steps, seed=seed, actor_lr=0.3)
+    return Case(f"divergence-s{seed}", "divergence", cfg, {"actor_lr": cfg.actor_lr})
+
+
 def cases(size: str = "small", seed: int = 0) -> list[Case]:
-    """The corpus's cases: ``small`` 2 healthy runs and 2 entropy collapses of 10 steps (one seed
-    of each split); ``full`` 16 healthy runs over the settings (8 per split: 240 healthy steps in
-    ``test``) and 10 entropy collapses per split, of 30 steps. ``seed`` shifts every run's seed."""
+    """The corpus's cases: ``small`` 2 healthy runs, 2 entropy collapses and 2 divergences of 10
+    steps (one seed of each split); ``full`` 16 healthy runs over the settings (8 per split: 240
+    healthy steps in ``test``), and 10 entropy collapses and 10 divergences per split, of 30
+    steps. ``seed`` shifts every run's seed."""
     if size == "small":
         steps, healthy, collapse = 10, [(0, seed + 1), (1, seed + 2)], [seed + 1, seed + 2]
     elif size == "full":
@@ -93,7 +105,8 @@ def cases(size: str = "small", seed: int = 0) -> list[Case]:
         collapse = [seed + 1 + k for k in range(20)]
     else:
         raise RldiagError(f"corpus size must be small or full, not {size!r}")
-    return [_healthy(s, steps, v) for v, s in healthy] + [_entropy_collapse(s, steps) for s in collapse]
+    return ([_healthy(s, steps, v) for v, s in healthy] + [_entropy_collapse(s, steps) for s in collapse]
+            + [_divergence(s, steps) for s in collapse])
 
 
 def collapse_onset(entropy: list[float], share: float = COLLAPSE_SHARE, window: int = WINDOW) -> int | None:
@@ -108,17 +121,39 @@ def collapse_onset(entropy: list[float], share: float = COLLAPSE_SHARE, window: 
     return None
 
 
+def divergence_onset(entropy: list[float], score: list[float], floor: float = DIVERGED_ENTROPY) -> int | None:
+    """The index (0-based, from 1) of the first step from which, to the end of the run, the
+    policy's entropy stays below ``floor`` (it has degenerated to near-determinism) and the
+    reward below its first step's; None when there is none."""
+    at = None
+    for i in range(len(score) - 1, 0, -1):
+        if not (entropy[i] < floor and score[i] < score[0]):
+            break
+        at = i
+    return at
+
+
+#: per planted kind: the series its onset is read from, the rule in words, and the rule
+ONSETS = {
+    "entropy_collapse": ("actor/entropy_loss",
+                         f"the first step whose {WINDOW}-step rolling mean of actor/entropy_loss is below "
+                         f"{COLLAPSE_SHARE} x the mean of the first two steps",
+                         lambda s: collapse_onset(s["actor/entropy_loss"])),
+    "divergence": ("actor/entropy_loss, critic/score/mean",
+                   f"the first step from which, to the end of the run, actor/entropy_loss stays below "
+                   f"{DIVERGED_ENTROPY} and critic/score/mean below its first step's value",
+                   lambda s: divergence_onset(s["actor/entropy_loss"], s["critic/score/mean"])),
+}
+
+
 def labels(case: Case, steps: list[int], series: dict[str, list[float]]) -> dict[str, Any]:
     """``labels.json`` of a trained case from its logged series (``metric -> per-step values``)."""
     pathologies: list[dict[str, Any]] = []
-    if case.kind == "entropy_collapse":
-        at = collapse_onset(series["actor/entropy_loss"])
-        pathologies.append({
-            "kind": "entropy_collapse", "signal": "actor/entropy_loss",
-            "onset_step": None if at is None else steps[at],
-            "onset_rule": f"the first step whose {WINDOW}-step rolling mean of actor/entropy_loss is below "
-                          f"{COLLAPSE_SHARE} x the mean of the first two steps",
-        })
+    if case.kind in ONSETS:
+        signal, rule, onset = ONSETS[case.kind]
+        at = onset(series)
+        pathologies.append({"kind": case.kind, "signal": signal, "onset_step": None if at is None else steps[at],
+                            "onset_rule": rule})
     return {"name": case.name, "healthy": case.kind == "healthy", "pathologies": pathologies,
             "info": [PRECISION_INFO], "split": case.split, "seed": case.config.seed, "settings": case.tags,
             "config": case.config.as_dict()}
