@@ -75,7 +75,7 @@ if TYPE_CHECKING:
 __all__ = [
     # functions
     "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
-    "import_wandb",
+    "import_wandb", "band_metrics", "reference_bands",
     "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "reusable_steps", "rows",
     "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
     "warm_up", "whatif_options",
@@ -649,6 +649,26 @@ def mismatch(
         rows = [{"step": step, **values} for step, values in sorted(kept.metrics.items())]
     files = {sf.step: sf for sf in rd.step_files()} if examples else None
     return diagnose_rows(rows, {**resolved.values, **resolved.resolved()}, files, resolved)
+
+
+def band_metrics() -> list[str]:
+    """The metrics with a published reference band (``rldiag/doctor/bands.yaml``, docs/bands.md)."""
+    from rldiag.doctor.bands import band_metrics as metrics
+
+    return metrics()
+
+
+def reference_bands(run: Run, values: Mapping[str, Sequence[float]],
+                    overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Where the run's values sit in their reference bands: for each metric of ``values``
+    (``metric -> per-step values``) with a band, the mean of its finite values placed among the
+    bands the run's resolved settings select (:func:`rldiag.doctor.bands.place_means`): ``metric``,
+    ``value``, ``steps``, ``statistic``, ``bands`` (name, bounds, where, source) and ``text``
+    ("rollout_corr/k3_kl 0.003: above the dense band [1e-05, 0.001], inside the MoE band ...")."""
+    from rldiag.doctor.bands import place_means
+
+    s = settings(run, overrides)
+    return place_means(values, {**s.values, **s.resolved()})
 
 
 def mismatch_tokens(run: Run, step: int, overrides: Mapping[str, Any] | None = None) -> pl.DataFrame:

@@ -61,5 +61,19 @@ def evaluate_rules(rules: list[Rule], table: SignalTable, settings: Mapping[str,
             out.not_evaluated[rule.id] = outcome.reason
         elif isinstance(outcome, Passed):
             out.passed[rule.id] = outcome.detail
+    for f in out.findings:
+        add_band(f, settings)
     out.findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     return out
+
+
+def add_band(finding: Finding, settings: Mapping[str, Any]) -> None:
+    """Set ``finding.evidence.band``: where the mean of its evidence values sits in its metric's
+    reference bands (:func:`rldiag.doctor.bands.place`), when the metric has a band."""
+    from rldiag.doctor.bands import bands_for, place  # here: `python -m rldiag.doctor.bands` runs it as __main__
+
+    ev = finding.evidence
+    if ev.metric is None or not ev.values or not bands_for(ev.metric):
+        return
+    ev.band = {**place(ev.metric, sum(ev.values) / len(ev.values), settings),
+               "statistic": "mean of the evidence values"}

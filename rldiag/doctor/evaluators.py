@@ -54,6 +54,9 @@ class Evidence:
     cause: str | None = None
     confidence: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # where the mean of ``values`` sits in the metric's reference bands (rldiag/doctor/bands.py);
+    # None when the metric has no band
+    band: dict[str, Any] | None = None
 
 
 @dataclass

@@ -17,6 +17,16 @@ each leaves its own mark on the gap ``d = x - y = log(pi_old / pi_rollout)``:
 - outlier tokens: a handful of tokens hold most of the summed KL (``top_kl_share``: the share of
   ``sum(d^2 / 2)``, the k2 estimator, held by the top 1 % of tokens).
 
+Two more statistics put the gap in the units other frameworks log, so that their users can read
+it: ``token_mult_prob_error``, the token mean of ``exp(|d|)`` (NeMo RL's metric of that name:
+``nemo_rl/algorithms/loss_functions.py``, ``ClippedPGLossFn.__call__``, a masked mean of
+``exp(|generation_logprobs - prev_logprobs|)`` over the valid tokens; 1 when the two agree), and
+``extreme_share``, the share of tokens with ``|d| > ln 2``, whose probability ratio leaves
+``[1/2, 2]`` (the ``F(tau)`` extreme-token fraction at ``tau = 2`` of the Router Replay paper,
+arXiv 2510.11370, as AReaL logs it: ``rollout_train_extreme_frac_tau2``,
+``areal/trainer/ppo/actor.py``, ``PPOActor._log_r3_effectiveness_stats``, inclusionAI/AReaL pull
+request 1207).
+
 :func:`mismatch_stats` computes them in one pass over a packed batch's actor tokens (mask 1;
 verl's agent loop stores 0.0 as the rollout log-prob of a tool token, so those are left out);
 deciding which causes hold is :mod:`rldiag.analysis.mismatch`'s. Every input is flat
@@ -46,13 +56,15 @@ QUANTILE = 0.99
 #: ``UNCONFIDENT``: ``gap_confident`` / ``gap_unconfident`` average ``d`` over each
 CONFIDENT = math.log(0.5)
 UNCONFIDENT = math.log(0.05)
+#: ``extreme_share`` counts the tokens with ``|d|`` above this (a probability ratio outside [1/2, 2])
+EXTREME = math.log(2.0)
 
 #: every statistic :func:`mismatch_stats` returns (without lag data the ``lag_*`` ones are absent)
 STATS = (
     "tokens", "gap_mean", "gap_std", "gap_abs_mean", "gap_abs_p99", "gap_abs_max", "kl_k2", "top_kl_share",
     "positive_share", "slope", "gap_rollout_corr", "logprob_corr", "gap_confident", "gap_unconfident",
     "confident_share", "unconfident_share", "gap_position_corr", "gap_logprob_corr", "pair_abs_gap",
-    "shift_next_abs_gap", "shift_prev_abs_gap",
+    "shift_next_abs_gap", "shift_prev_abs_gap", "token_mult_prob_error", "extreme_share",
 )
 LAG_STATS = ("lag_mean", "lag_gap_corr", "lag_gap_slope", "lag_abs_gap_lag0", "lag_abs_gap_lagged", "lag0_share")
 
@@ -372,6 +384,9 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
     out.update(_shift(t, steps, absd))
     if lag is not None:
         out.update(_lag(t, lag, rows.n_rows, n_steps))
+    # NeMo RL's token_mult_prob_error and AReaL's extreme-token share, token means over the step
+    out["token_mult_prob_error"] = steps.sum(torch.exp(absd, out=steps.scratch(d.numel())), in_scratch=True) / count
+    out["extreme_share"] = steps.sum(steps.scratch(d.numel()).copy_(absd > EXTREME), in_scratch=True) / count
     return out
 
 

@@ -34,6 +34,40 @@ def test_offpolicy_panels_and_is_weights(app_run):
     assert hist0 != hist5 and len(hist5) > 0
 
 
+def test_offpolicy_places_the_run_in_its_reference_bands(app_run):
+    """The baseline's mean over steps of each banded metric, placed under the run's settings (the
+    run does not say dense or MoE: both k3 bands, each named), with where each band comes from."""
+    import polars as pl
+
+    at = open_app(app_run, OFF)
+    assert "Reference bands" in [h.value for h in at.subheader]
+    base = pl.read_parquet(app_run / "rldiag" / "scenarios" / "baseline" / "metrics.parquet")
+    k3 = float(base["rollout_corr/k3_kl"].mean())
+    line = next(m.value for m in at.markdown if m.value.startswith("- rollout_corr/k3_kl"))
+    assert line.startswith(f"- rollout_corr/k3_kl {k3:.3g}: ")
+    assert "the dense band [1e-05, 0.001]" in line and "the MoE band [0.001, 0.1]" in line
+    assert line.endswith("(mean over 6 steps)")
+    gap = next(m.value for m in at.markdown if m.value.startswith("- rldiag/mismatch/gap_abs_mean"))
+    assert "inside the slime CI gate band [0, 0.1]" in gap
+    sources = next(d.value for d in at.dataframe if "assumed" in d.value.columns)
+    assert set(sources["band"]) >= {"dense", "MoE", "slime CI gate", "NeMo RL CI gate"}
+    assert set(sources.loc[sources["band"] == "dense", "assumed"]) == {"model=dense"}
+
+
+def test_health_findings_place_their_value_in_the_band(tmp_path):
+    from tests.doctor.runs import write_run
+
+    run = write_run(tmp_path / "run", steps=8,
+                    logged=lambda step, s: {"rollout_corr/rollout_is_eff_sample_size": 0.97 if step <= 4 else 0.15})
+    at = open_app(run, HEALTH)
+    report = at.session_state["he_report"][1]
+    ess = next(f for f in report.findings if f.rule == "rollout_is_ess_low")
+    assert ess.evidence.band is not None
+    lines = [m.value for m in at.markdown if m.value.startswith("Reference band")]
+    assert lines == ["Reference band (mean of the evidence values): rollout_corr/rollout_is_eff_sample_size 0.15: "
+                     "below the verl health check band [0.3, 1]"]
+
+
 def test_offpolicy_without_rollout_metrics_says_what_to_do(tmp_path):
     """Batches without rollout_log_probs: the diagnosis says what it needs and what to set in
     verl, the rollout_corr panels what they need; nothing raises, no picture is drawn."""
@@ -75,7 +109,7 @@ def test_offpolicy_diagnosis_and_pictures_on_open(tmp_path):
     kl = {r["step"]: r["rldiag/mismatch/kl_k2"] for r in metrics}
     step = at.select_slider(key="op_mm_step").value
     assert step == max(diag.causes[0].steps, key=kl.__getitem__)
-    top = at.dataframe[-1].value
+    top = [d.value for d in at.dataframe if "kl_share" in d.value.columns][-1]  # the pictures' table (the bands' follows)
     assert len(top) == 20 and list(top["kl_share"]) == sorted(top["kl_share"], reverse=True)
     assert "Mismatch fingerprints" in [h.value for h in at.subheader]
     # the slider shows another step's tokens

@@ -184,6 +184,11 @@ def test_cli_json_and_logged_only(tmp_path, capsys):
     ess = next(f for f in d["findings"] if f["rule"] == "rollout_is_ess_low")
     assert ess["evidence"]["steps"] == [5, 6, 7, 8] and ess["evidence"]["source"] == "logged"
     assert ess["severity"] == "critical" and d["healthy"] is False
+    # its metric has a reference band (verl's health check, ESS >= 0.3): the evidence's mean, 0.15, is below it
+    band = ess["evidence"]["band"]
+    assert band["value"] == pytest.approx(0.15) and [b["where"] for b in band["bands"]] == ["below"]
+    assert band["text"] == "rollout_corr/rollout_is_eff_sample_size 0.15: below the verl health check band [0.3, 1]"
+    assert mm[0]["evidence"]["band"] is None  # rldiag/mismatch/*: no band for the pattern
     # logged only: the recomputed signals are absent, so their rules are not evaluated
     rep = diagnose(root, recompute=False)
     assert ids(rep) == {"rollout_is_ess_low"} and "no_signal_groups" in rep.not_evaluated

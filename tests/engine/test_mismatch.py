@@ -75,6 +75,8 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
         out["gap_logprob_corr"][s] = _corr(ad, np.abs(y))
         p = np.array(pairs) if pairs else np.zeros((1, 3))
         out["pair_abs_gap"][s], out["shift_next_abs_gap"][s], out["shift_prev_abs_gap"][s] = p.mean(axis=0)
+        out["token_mult_prob_error"][s] = np.exp(ad).mean()
+        out["extreme_share"][s] = (ad > math.log(2)).mean()
         if lag is not None:
             rr = np.array(rows)
             urows = np.unique(rr)
@@ -150,6 +152,35 @@ def test_truncation_is_one_sided_and_a_shift_agrees_shifted():
     ahead = torch.cat([x[1:], x[-1:]])
     sh = mismatch_stats(x, ahead, torch.ones(6), rows, torch.zeros(1, dtype=torch.long), 1)
     assert sh["shift_next_abs_gap"].item() == 0.0 and sh["pair_abs_gap"].item() > 0.5
+
+
+def test_other_frameworks_units_on_a_hand_built_batch():
+    """token_mult_prob_error (NeMo RL: the token mean of exp(|d|)) and extreme_share (AReaL: the
+    share of tokens with |d| > ln 2, strictly) on three steps: step 0 has gaps 0, ln 3, -ln 4, 0.5
+    and, left out, a masked token and one with a -inf rollout log-prob; step 1 one gap of exactly
+    ln 2 (not extreme) and one of 1; step 2 no actor token."""
+    ln = math.log
+    old = torch.zeros(9, dtype=torch.float64)
+    roll = torch.tensor([0.0, -ln(3), ln(4), -0.5, -9.0, -math.inf,  # step 0, row 0
+                         -ln(2), 1.0,  # step 1, row 1
+                         -3.0], dtype=torch.float64)  # step 2, row 2 (masked)
+    mask = torch.tensor([1, 1, 1, 1, 0, 1, 1, 1, 0], dtype=torch.float32)
+    got = mismatch_stats(old, roll, mask, Rows.from_lengths(torch.tensor([6, 2, 1])), torch.tensor([0, 1, 2]), 3)
+    tmpe, ext = got["token_mult_prob_error"].tolist(), got["extreme_share"].tolist()
+    assert tmpe[0] == pytest.approx((1 + 3 + 4 + math.exp(0.5)) / 4, rel=1e-15)
+    assert tmpe[1] == pytest.approx((2 + math.e) / 2, rel=1e-15)
+    assert ext[:2] == [0.5, 0.5]
+    assert math.isnan(tmpe[2]) and math.isnan(ext[2])
+    # NeMo RL's reduction on the padded (rows, tokens) layout: masked_mean(exp(|d| * mask), mask)
+    # over the step's rows equals ours (the -inf token, non-finite, is not an actor token here)
+    pad_d = np.array([[0.0, ln(3), ln(4), 0.5], [ln(2), 1.0, 0.0, 0.0]])
+    pad_m = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=np.float64)
+    per_step = [(np.exp(pad_d[r] * pad_m[r]) * pad_m[r]).sum() / pad_m[r].sum() for r in range(2)]
+    assert tmpe[:2] == pytest.approx(per_step, rel=1e-15)
+    # equal streams: 1 and 0
+    same = mismatch_stats(old[:4], old[:4], torch.ones(4), Rows.from_lengths(torch.tensor([4])),
+                          torch.zeros(1, dtype=torch.long), 1)
+    assert same["token_mult_prob_error"].item() == 1.0 and same["extreme_share"].item() == 0.0
 
 
 def test_top_gap_tokens_are_the_largest_with_their_share():

@@ -57,10 +57,12 @@ def page() -> None:
     if report.healthy:
         st.success(f"No finding: {len(report.passed)} rules passed over {report.logged_steps} logged and "
                    f"{report.recomputed_steps} recomputed steps.")
-    for v in views:
+    for f, v in zip(report.findings, views, strict=True):
         with st.container(border=True):
             st.markdown(f"{v.icon} **{v.title}** · `{v.rule}` · {v.severity}")
             st.markdown(v.message)
+            if f.evidence.band is not None:
+                st.markdown(f"Reference band ({f.evidence.band['statistic']}): {f.evidence.band['text']}")
             st.caption(v.why)
             if v.steps:
                 cols = st.columns(min(len(v.steps), 6))

@@ -128,8 +128,34 @@ def mismatch_section() -> None:
         pictures(steps, preferred)
 
 
+def bands_section() -> None:
+    """The run's values placed in their published reference bands (:func:`rldiag.api.reference_bands`:
+    the baseline's recomputed values, else the logged ones, under the run's settings)."""
+    st.subheader("Reference bands")
+    metrics = api.band_metrics()
+    joined = store.joined(metrics, [BASELINE])
+    columns = store.source_columns([BASELINE])
+    values = {}
+    for m in metrics:
+        by_step = (mismatch.metric_by_step(joined, m, columns.get(BASELINE, BASELINE))
+                   or mismatch.metric_by_step(joined, m, columns["logged"]))
+        if by_step:
+            values[m] = list(by_step.values())
+    placed = api.reference_bands(store.run, values)
+    if not placed:
+        st.caption("No metric with a reference band has a value yet (docs/bands.md lists the bands).")
+        return
+    for p in placed:
+        st.markdown(f"- {p['text']} ({p['statistic']})")
+    with st.expander("Where the bands come from"):
+        st.dataframe([{"metric": p["metric"], "band": b["band"], "low": b["low"], "high": b["high"],
+                       "assumed": ", ".join(f"{k}={b['conditions'][k]}" for k in b["assumed"]), "source": b["source"]}
+                      for p in placed for b in p["bands"]], hide_index=True, key="op_bands_sources")
+
+
 def page() -> None:
     mismatch_section()
+    bands_section()
     scenarios = store.scenario_names()
     with_rc = [s for s in scenarios if panels(store.scenario_metric_names(s))]
     if st.session_state.get("op_scenarios_auto", True):

@@ -76,6 +76,10 @@ MISMATCH = Stage(
                "the response; with |rollout log-prob|", _R),
         Metric("rldiag/mismatch/{pair_abs_gap,shift_next_abs_gap,shift_prev_abs_gap}", "over pairs of adjacent "
                "actor tokens: mean |d|, of |y_t - x_t+1|, of |y_t+1 - x_t| (x trainer, y rollout)", _R),
+        Metric("rldiag/mismatch/token_mult_prob_error", "mean of exp(|d|), NeMo RL's token_mult_prob_error "
+               "(1 when the two agree; nemo_rl/algorithms/loss_functions.py, ClippedPGLossFn)", _R),
+        Metric("rldiag/mismatch/extreme_share", "share of tokens with |d| > ln 2 (a probability ratio outside "
+               "[1/2, 2]), AReaL's rollout_train_extreme_frac_tau2", _R),
         Metric("rldiag/mismatch/{lag_mean,lag_gap_corr,lag_gap_slope}", "each row's policy lag (step - 1 - "
                "policy_version): its mean, the correlation and slope of the row's mean |d| on it", _R,
                needs=("policy_version",)),

@@ -1,0 +1,88 @@
+"""The calibration corpus (rldiag/toy/corpus.py): the cases, the onset rule, and a tiny corpus
+trained end to end (a healthy run and an entropy collapse produced by the training itself)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rldiag.errors import RldiagError
+from rldiag.toy.corpus import (
+    Case,
+    _divergence,
+    _entropy_collapse,
+    _healthy,
+    cases,
+    collapse_onset,
+    divergence_onset,
+    generate,
+)
+
+
+def test_the_onset_rule_on_a_hand_made_series():
+    # start 2.0; 0.75 x 2.0 = 1.5; rolling means of 3: 1.9, 1.6, 1.3 -> index 4
+    assert collapse_onset([2.1, 1.9, 1.7, 1.2, 1.0, 0.5]) == 4
+    assert collapse_onset([2.0, 2.0, 1.9, 1.8, 1.7]) is None
+    assert collapse_onset([2.0]) is None
+    # entropy below 0.1 and score below the first step's (0.2) from index 3 on (index 1 recovers)
+    entropy = [2.0, 0.05, 0.5, 0.05, 0.0, 0.01]
+    assert divergence_onset(entropy, [0.2, 0.0, 0.0, 0.1, 0.0, 0.01]) == 3
+    assert divergence_onset(entropy, [0.2, 0.0, 0.0, 0.1, 0.0, 0.3]) is None  # the reward came back
+    assert divergence_onset([2.0, 1.9, 1.8], [0.2, 0.0, 0.0]) is None  # the entropy did not go
+
+
+def test_the_cases_and_their_split_by_seed():
+    small = cases("small")
+    assert [c.kind for c in small] == ["healthy", "healthy", "entropy_collapse", "entropy_collapse", "divergence",
+                                       "divergence"]
+    assert [c.split for c in small] == ["test", "train"] * 3
+    full = cases("full", seed=100)
+    healthy = [c for c in full if c.kind == "healthy"]
+    collapse = [c for c in full if c.kind == "entropy_collapse"]
+    assert sum(c.kind == "divergence" and c.split == "test" for c in full) == 10
+    assert len(healthy) == 16 and len(collapse) == 20 and len({c.name for c in full}) == len(full) == 56
+    assert sum(c.split == "test" for c in collapse) == 10
+    assert sum(c.config.steps for c in healthy if c.split == "test") == 240
+    assert {c.tags["adv_estimator"] for c in healthy} == {"grpo", "gae"}
+    assert {c.tags["kl"] for c in healthy} == {"loss", "reward", "none"}
+    assert {c.tags["tool"] for c in healthy} == {True, False} and {c.tags["temperature"] for c in healthy} == {1.0, 0.8}
+    assert all(c.config.entropy_coeff == 0.0 and c.config.actor_lr == 3e-2 for c in collapse)
+    with pytest.raises(RldiagError, match="small or full"):
+        cases("medium")
+
+
+@pytest.mark.slow
+def test_a_tiny_corpus_end_to_end(tmp_path):
+    """Three runs of 8 steps: the healthy one's series meet neither rule, the collapse's and the
+    divergence's meet theirs, at the steps their labels say, read back from the runs' own
+    metrics.jsonl."""
+    healthy, collapse, diverged = _healthy(1, 8, 0), _entropy_collapse(1, 8), _divergence(1, 8)
+    manifest = generate(tmp_path, [healthy, collapse, diverged])
+    assert [r["name"] for r in manifest["runs"]] == [healthy.name, collapse.name, diverged.name]
+    assert manifest["not_produced"] == [] and manifest["splits"] == {"train": 0, "test": 3}
+    assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+
+    def logged(case: Case, metric: str) -> list[float]:
+        lines = (tmp_path / case.name / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line)["data"][metric] for line in lines]
+
+    def entropy(case: Case) -> list[float]:
+        return logged(case, "actor/entropy_loss")
+
+    for case in (healthy, collapse, diverged):
+        assert len(list((tmp_path / case.name / "batches").iterdir())) == 8
+    lab_h = json.loads((tmp_path / healthy.name / "labels.json").read_text())
+    lab_c = json.loads((tmp_path / collapse.name / "labels.json").read_text())
+    assert lab_h["healthy"] is True and lab_h["pathologies"] == [] and lab_h["split"] == "test"
+    assert lab_h["info"][0]["cause"] == "precision" and lab_h["info"][0]["severity"] == "info"
+    assert collapse_onset(entropy(healthy)) is None
+    assert divergence_onset(entropy(healthy), logged(healthy, "critic/score/mean")) is None
+    (p,) = lab_c["pathologies"]
+    assert lab_c["healthy"] is False and p["kind"] == "entropy_collapse" and p["signal"] == "actor/entropy_loss"
+    assert p["onset_step"] == collapse_onset(entropy(collapse)) + 1 and 3 <= p["onset_step"] <= 8
+    assert lab_c["config"]["entropy_coeff"] == 0.0 and lab_c["config"]["seed"] == 1
+    lab_d = json.loads((tmp_path / diverged.name / "labels.json").read_text())
+    (d,) = lab_d["pathologies"]
+    assert d["kind"] == "divergence" and d["signal"] == "actor/entropy_loss, critic/score/mean"
+    assert d["onset_step"] == divergence_onset(entropy(diverged), logged(diverged, "critic/score/mean")) + 1
