@@ -39,19 +39,23 @@ def top_weight_share(g: torch.Tensor, tok_step: torch.Tensor, actor: torch.Tenso
     the share. A selection, not a sort: per step, ``torch.topk`` of its ``k`` largest weights,
     summed largest first (float64); the denominator is the step's float64 sum in the tokens'
     order (``seg_sum``). The tokens of a packed batch are in step order; otherwise one stable
-    sort by step (integers) puts them so."""
-    w = g[actor].to(torch.float64)
-    s = tok_step[actor]
+    sort by step (integers) puts them so. The tokens off ``actor`` count as 0 in the sum (adding
+    +0.0 changes no float sum) and as -1 in the selection (below every weight), so nothing is
+    compacted."""
+    w = torch.where(actor, g, torch.zeros_like(g)).to(torch.float64)
+    s = tok_step
     if s.numel() > 1 and not bool((s[1:] >= s[:-1]).all()):
         order = torch.argsort(s, stable=True)
-        w, s = w.index_select(0, order), s.index_select(0, order)
-    count = torch.bincount(s, minlength=n_steps)[:n_steps]
+        w, s, actor = w.index_select(0, order), s.index_select(0, order), actor.index_select(0, order)
+    count = seg_sum(actor.to(torch.long), s, n_steps)  # actor tokens per step
     # ceil of frac x count (a float product 0.01 x 300 may round past the integer: take it off)
     k = torch.ceil(count.to(torch.float64) * frac - 1e-9).clamp_min(1).to(torch.long)
+    ranked = torch.where(actor, w, torch.full_like(w, -1.0))
     top = torch.zeros(n_steps, dtype=torch.float64, device=w.device)
-    for i, (part, kk) in enumerate(zip(w.split(count.tolist()), k.tolist())):
-        if part.numel():  # the k largest, largest first, added one after another
-            top[i] = torch.topk(part, min(kk, part.numel())).values.cumsum(0)[-1]
+    sizes = torch.bincount(s, minlength=n_steps)[:n_steps].tolist()
+    for i, (part, kk, c) in enumerate(zip(ranked.split(sizes), k.tolist(), count.tolist())):
+        if c:  # the k largest, largest first, added one after another
+            top[i] = torch.topk(part, min(kk, c)).values.cumsum(0)[-1]
     return _ratio(top, seg_sum(w, s, n_steps)).to(torch.float32)
 
 
