@@ -124,15 +124,17 @@ class _Steps:
         which the running sum overwrites."""
         if self.sizes is None:
             return seg_sum(v, self.step, self.n)
-        if not in_scratch:
-            v = self.scratch(v.numel()).copy_(v)
+        if not in_scratch and v.dtype != torch.float64:
+            v, in_scratch = self.scratch(v.numel()).copy_(v), True
+        # in the scratch array: the running sum in place; else written there (no copy first)
+        out = v if in_scratch else self.scratch(v.numel())
 
-        def last(p: torch.Tensor) -> torch.Tensor:
-            return p.cumsum_(0)[-1:].clone() if p.numel() else p.new_zeros(1)
+        def last(p: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+            return torch.cumsum(p, 0, out=o)[-1:].clone() if p.numel() else p.new_zeros(1)
 
         if self.n == 1:
-            return last(v)
-        return torch.cat([last(p) for p in v.split(self.sizes)])
+            return last(v, out)
+        return torch.cat([last(p, o) for p, o in zip(v.split(self.sizes), out.split(self.sizes))])
 
     def product_sum(self, a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
         """Each step's sum of ``a * b``."""
@@ -152,7 +154,12 @@ class _Steps:
         m = self.mean(v)
         if self.n == 1:
             return torch.sub(v, m, out=out)
-        return torch.sub(v, torch.index_select(m, 0, self.step), out=out)
+        if self.sizes is None:
+            return torch.sub(v, torch.index_select(m, 0, self.step), out=out)
+        # contiguous steps: each slice less its step's mean (the same values, no gathered copy)
+        for p, o, mi in zip(v.split(self.sizes), out.split(self.sizes), m):
+            torch.sub(p, mi, out=o)
+        return out
 
     def max(self, v: torch.Tensor) -> torch.Tensor:
         if self.sizes is None:
