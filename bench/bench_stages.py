@@ -4,7 +4,8 @@ For each workload (the uniform and long-tailed runs of bench_recompute.py, gener
 :mod:`rldiag.synth`), a child process loads every step, packs consecutive steps up to the
 recompute's token budget (``DEFAULT_PACK_TOKENS``) as ``rldiag recompute`` does, then runs the
 engine's stages (:data:`rldiag.engine.stages.STAGES`) over each pack, timing each stage's ``run``
-with ``time.perf_counter`` (CPU: every operation is synchronous). Each workload is measured
+in CPU seconds of the process (``time.process_time``: one torch thread, every operation
+synchronous on the CPU; steadier than wall time on a machine other jobs load). Each workload is measured
 ``--repeat`` times; a stage's time is its best over the repeats (the least disturbed on a shared
 machine). The table gives each stage's seconds and share of the summed stage time; the
 diagnostic stages (health, mismatch, diag_is, turns, rows) are marked ``*``.
@@ -91,9 +92,9 @@ def child(run: str, repeat: int) -> None:
         for batch in batches:
             state = State(batch, settings, initial_kl_state(settings), StepErrors(batch.steps))
             for stage in STAGES:
-                t0 = time.perf_counter()
+                t0 = time.process_time()
                 stage.run(state)
-                spent[stage.name] += time.perf_counter() - t0
+                spent[stage.name] += time.process_time() - t0
         best = {k: min(v, best.get(k, v)) for k, v in spent.items()}
     print(json.dumps({"tokens": sum(b.n_tokens for b in loaded), "stages": best}))
 
@@ -109,7 +110,7 @@ def table(name: str, tokens: int, cols: dict[str, dict[str, float]]) -> None:
     labels = list(cols)
     stages = list(next(iter(cols.values())))
     totals = {k: sum(v.values()) for k, v in cols.items()}
-    print(f"\n{name}: {tokens / 1e6:.2f} M tokens; seconds and share of the summed stage time")
+    print(f"\n{name}: {tokens / 1e6:.2f} M tokens; CPU seconds and share of the summed stage time")
     print(f"{'stage':<20}" + "".join(f"{lab + ' s':>14}{'%':>7}" for lab in labels))
     for st in stages:
         mark = "*" if st in DIAGNOSTIC else " "

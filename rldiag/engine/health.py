@@ -42,7 +42,7 @@ def top_weight_share(g: torch.Tensor, tok_step: torch.Tensor, actor: torch.Tenso
     sort by step (integers) puts them so. The tokens off ``actor`` count as 0 in the sum (adding
     +0.0 changes no float sum) and as -1 in the selection (below every weight), so nothing is
     compacted."""
-    w = torch.where(actor, g, torch.zeros_like(g)).to(torch.float64)
+    w = torch.where(actor, g, 0.0).to(torch.float64)
     s = tok_step
     if s.numel() > 1 and not bool((s[1:] >= s[:-1]).all()):
         order = torch.argsort(s, stable=True)
@@ -50,7 +50,7 @@ def top_weight_share(g: torch.Tensor, tok_step: torch.Tensor, actor: torch.Tenso
     count = seg_sum(actor.to(torch.long), s, n_steps)  # actor tokens per step
     # ceil of frac x count (a float product 0.01 x 300 may round past the integer: take it off)
     k = torch.ceil(count.to(torch.float64) * frac - 1e-9).clamp_min(1).to(torch.long)
-    ranked = torch.where(actor, w, torch.full_like(w, -1.0))
+    ranked = torch.where(actor, w, -1.0)
     top = torch.zeros(n_steps, dtype=torch.float64, device=w.device)
     sizes = torch.bincount(s, minlength=n_steps)[:n_steps].tolist()
     for i, (part, kk, c) in enumerate(zip(ranked.split(sizes), k.tolist(), count.tolist())):
