@@ -5,7 +5,9 @@ For each workload (the uniform and long-tailed runs of bench_recompute.py, gener
 recompute's token budget (``DEFAULT_PACK_TOKENS``) as ``rldiag recompute`` does, then runs the
 engine's stages (:data:`rldiag.engine.stages.STAGES`) over each pack, timing each stage's ``run``
 in CPU seconds of the process (``time.process_time``: one torch thread, every operation
-synchronous on the CPU; steadier than wall time on a machine other jobs load). Each workload is measured
+synchronous on the CPU; steadier than wall time on a machine other jobs load), with the host
+allocator tuned as ``rldiag recompute`` tunes it (``tune_host_allocator``: without it, which
+stage page-faults its temporaries in depends on what ran before it). Each workload is measured
 ``--repeat`` times; a stage's time is its best over the repeats (the least disturbed on a shared
 machine). The table gives each stage's seconds and share of the summed stage time; the
 diagnostic stages (health, mismatch, diag_is, turns, rows) are marked ``*``.
@@ -75,6 +77,12 @@ def child(run: str, repeat: int) -> None:
     from rldiag.io.rundir import RunDir
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+    try:  # the host allocator as `rldiag recompute` tunes it (else page faults weigh on every stage)
+        from rldiag.executors.allocator import tune_host_allocator
+
+        tune_host_allocator()
+    except ImportError:  # a baseline older than the tuning
+        pass
     settings = resolve_settings(Path(run))
     loaded = [load_step(sf, settings, recompute_columns(settings)).batch for sf in RunDir(run).require_steps()]
     packs: list[list] = [[]]
