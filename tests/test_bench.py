@@ -119,3 +119,44 @@ def test_bench_capture_faults_prints_a_row_per_fault_and_the_follow_delay(tmp_pa
     fired = next(line for line in lines if line.startswith("entropy_collapse fired")).split()
     assert fired[3] == fired[-1].rstrip(")"), fired  # fired at the step it first holds
     assert any(line.startswith("follower resident memory") for line in lines)
+
+
+def test_bench_stages_prints_every_stage_with_shares_that_add_up(tmp_path):
+    from rldiag.engine.stages import STAGES
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_stages.py"), "--dir", str(tmp_path), "--scale", "0.02",
+         "--repeat", "1", "--workloads", "uniform,tail16k"],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    lines = out.splitlines()
+    for name in ("uniform", "tail16k"):
+        top = next(i for i, line in enumerate(lines) if line.startswith(f"{name}:"))
+        body = lines[top + 2: top + 2 + len(STAGES)]
+        rows = {line[1:].split()[0]: line[1:].split()[1:] for line in body}
+        assert list(rows) == [s.name for s in STAGES]
+        assert {line[1:].split()[0] for line in body if line.startswith("*")} == {
+            "diag_is", "turns", "turns_loss", "health", "mismatch", "rows", "rows_loss"}
+        seconds = {k: float(v[0]) for k, v in rows.items()}
+        total = float(lines[top + 2 + len(STAGES)].split()[2])
+        assert abs(sum(seconds.values()) - total) <= 0.0005 * len(STAGES) + 1e-9, (name, total)
+        assert sum(float(v[1].rstrip("%")) for v in rows.values()) == pytest.approx(100, abs=0.05 * len(STAGES))
+        assert seconds["mismatch"] > 0 and seconds["actor_loss"] > 0  # the stages ran
+
+
+def test_bench_capture_prints_bytes_per_token_and_the_tuned_layout_is_smaller(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_capture.py"), "--dir", str(tmp_path), "--steps", "1",
+         "--rows", "32", "--cap", "256", "--median", "64", "--vocab", "64", "--layouts", "legacy,tuned",
+         "--text", "no"],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("column"))
+    assert lines[header].split()[1:] == ["legacy", "tuned"]
+    cells = {line.split()[0]: line.split()[1:] for line in lines[header + 1:] if line.strip()}
+    assert {"old_log_probs", "ref_log_prob", "rollout_log_probs", "response_mask", "advantages"} <= set(cells)
+    legacy, tuned = (float(x) for x in next(line for line in lines if line.startswith("file (all)")).split()[2:])
+    assert 0 < tuned < legacy  # the same table in fewer bytes (the log-probs' dictionary pages gone)
+    columns = sum(float(v[0]) for k, v in cells.items() if k not in ("file", "training", "writer"))
+    assert columns < legacy  # the column chunks are part of the file (the rest: footer, page headers)

@@ -145,14 +145,59 @@ def _append_part(p: StepPayload, table: pa.Table) -> pa.Table:
                            f"in {p.path}: {exc}") from exc
 
 
+#: float list columns whose values vary token to token (log-probs, entropies, values): their bytes
+#: split by significance (Parquet's BYTE_STREAM_SPLIT) before the codec, which then finds the
+#: sign/exponent bytes' regularity; the others (scores, rewards, advantages, returns: constant
+#: over a row or mostly 0) compress best as dictionary indices (run-length encoded)
+SPLIT_FLOAT_COLUMNS = ("old_log_probs", "log_probs", "ref_log_prob", "rollout_log_probs", "values", "vpreds",
+                       "entropy", "sum_pi_squared")
+#: the Parquet layouts of a batch file: name -> (how the SPLIT_FLOAT_COLUMNS are encoded, zstd
+#: level or None for the codec's default). ``dictionary``: pyarrow's defaults, a dictionary page
+#: tried on every column, as batch files were written before issue 38 (on log-probs the
+#: dictionary overflows and costs more than the plain floats); ``plain``: those floats as they
+#: are; ``split``: byte-stream-split. Every other column keeps a dictionary (masks, strings and
+#: the row-constant floats: their indices run-length encoded). ``tuned`` is the default, chosen
+#: by bench/bench_capture.py (docs/performance.md); the others are the variations measured
+LAYOUTS: dict[str, tuple[str, int | None]] = {
+    "legacy": ("dictionary", None),
+    "tuned": ("split", 1),
+    "split-zstd3": ("split", 3),
+    "split-zstd9": ("split", 9),
+    "plain-zstd1": ("plain", 1),
+}
+DEFAULT_LAYOUT = "tuned"
+
+
+def parquet_options(table: pa.Table, compression: str = "zstd", layout: str = DEFAULT_LAYOUT) -> dict[str, Any]:
+    """The keyword arguments of ``pq.write_table`` for a batch table under ``layout``
+    (:data:`LAYOUTS`). Every layout is lossless: the same Arrow table reads back. ``compression``:
+    the codec (the level applies to zstd only)."""
+    if layout not in LAYOUTS:
+        raise CaptureError(f"unknown Parquet layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+    floats, level = LAYOUTS[layout]
+    opts: dict[str, Any] = {"compression": compression}
+    if level is not None and compression == "zstd":
+        opts["compression_level"] = level
+    if floats != "dictionary":
+        # the encodings name Parquet's leaf columns: a list column's values are ``<name>.list.element``
+        leaf = {f.name: f"{f.name}.list.element" if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
+                else f.name for f in table.schema}
+        names = [leaf[c] for c in SPLIT_FLOAT_COLUMNS if c in leaf]
+        if floats == "split":
+            opts["use_byte_stream_split"] = names
+        opts["use_dictionary"] = [v for v in leaf.values() if v not in names]
+    return opts
+
+
 def write_step_file(p: StepPayload, compression: str = "zstd",
-                    token_text: Callable[[Sequence[int]], list[str]] | None = None) -> int:
+                    token_text: Callable[[Sequence[int]], list[str]] | None = None, layout: str = DEFAULT_LAYOUT) -> int:
     """Validate and write one step's batch file atomically; returns its size in bytes.
 
     The file is written under a hidden temporary name in ``batches/`` (``.step_<N>.parquet.<id>.tmp``,
     which no reader picks up), fsynced, and renamed over the final name, its directory fsynced
     after (:func:`rldiag.io.staged.replace_file`), so a reader sees no file or the whole file. A
     later part (``p.part > 0``) is appended to the parts on disk (see the module docstring).
+    ``layout``: the Parquet encodings (:func:`parquet_options`).
     """
     table = payload_table(p, token_text)
     if p.part > 0:
@@ -160,7 +205,7 @@ def write_step_file(p: StepPayload, compression: str = "zstd",
     validate_table(table, StepFile(p.step, p.path))
 
     def write(tmp: Path) -> None:
-        pq.write_table(table, tmp, compression=compression)
+        pq.write_table(table, tmp, **parquet_options(table, compression, layout))
 
     replace_file(p.path, write, durable=True)
     return p.path.stat().st_size

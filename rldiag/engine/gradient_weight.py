@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["gradient_weight"]
+__all__ = ["gradient_weight", "unclipped_part"]
 
 
 def gradient_weight(adv: torch.Tensor, weights: torch.Tensor, clipped: torch.Tensor | None = None) -> torch.Tensor:
     """Each token's gradient weight ``|A_t| * w_t * (1 - c_t)`` ``(tokens,)`` float32: ``adv`` the
     advantages, ``weights`` the aggregation weights and ``clipped`` the clip indicator of a
     :class:`~rldiag.engine.policy_loss.PolicyLossOutput` (None: nothing clipped)."""
-    g = adv.abs().to(torch.float32) * weights.to(torch.float32)
+    return unclipped_part(adv.abs().to(torch.float32) * weights.to(torch.float32), clipped)
+
+
+def unclipped_part(g: torch.Tensor, clipped: torch.Tensor | None) -> torch.Tensor:
+    """``g * (1 - c_t)`` ``(tokens,)`` float32: the gradient weight of ``clipped`` from the one
+    without a clip (``gradient_weight(adv, weights)``), the same values as computing it anew."""
     return g if clipped is None else g * (1.0 - clipped.to(torch.float32))

@@ -1,6 +1,6 @@
 """Per-step health signals of the update and of the outputs, for the doctor's rules
 (:mod:`rldiag.engine.stages.health` writes them). Pure tensor functions: no loop per row, the
-cost follows the tokens (one sort of the step's actor tokens for the top share).
+cost follows the tokens (a top-k selection of each step's actor tokens for the top share, no sort).
 
 - :func:`top_weight_share`: share of a step's gradient weight
   (:mod:`rldiag.engine.gradient_weight`) carried by its top ``frac`` of actor tokens by weight.
@@ -36,20 +36,27 @@ def top_weight_share(g: torch.Tensor, tok_step: torch.Tensor, actor: torch.Tenso
 
     ``g`` ``(tokens,)`` each token's weight (>= 0), ``tok_step`` ``(tokens,)`` its step,
     ``actor`` ``(tokens,)`` bool, the tokens that count. Ties among equal weights do not change
-    the share. Vectorised: one descending sort of the weights, a stable sort by step, each
-    token's rank within its step from the step's start offset."""
-    w = g[actor].to(torch.float64)
-    s = tok_step[actor]
-    by_weight = torch.argsort(w, descending=True, stable=True)
-    order = by_weight[torch.argsort(s[by_weight], stable=True)]
-    w, s = w[order], s[order]
-    count = torch.bincount(s, minlength=n_steps)[:n_steps]
-    start = torch.cumsum(count, 0) - count
-    rank = torch.arange(w.numel(), device=w.device) - start[s]
+    the share. A selection, not a sort: per step, ``torch.topk`` of its ``k`` largest weights,
+    summed largest first (float64); the denominator is the step's float64 sum in the tokens'
+    order (``seg_sum``). The tokens of a packed batch are in step order; otherwise one stable
+    sort by step (integers) puts them so. The tokens off ``actor`` count as 0 in the sum (adding
+    +0.0 changes no float sum) and as -1 in the selection (below every weight), so nothing is
+    compacted."""
+    w = torch.where(actor, g, 0.0).to(torch.float64)
+    s = tok_step
+    if s.numel() > 1 and not bool((s[1:] >= s[:-1]).all()):
+        order = torch.argsort(s, stable=True)
+        w, s, actor = w.index_select(0, order), s.index_select(0, order), actor.index_select(0, order)
+    count = seg_sum(actor.to(torch.long), s, n_steps)  # actor tokens per step
     # ceil of frac x count (a float product 0.01 x 300 may round past the integer: take it off)
-    k = torch.ceil(count.to(torch.float64) * frac - 1e-9).clamp_min(1)
-    top = (rank < k[s]).to(torch.float64)
-    return _ratio(seg_sum(w * top, s, n_steps), seg_sum(w, s, n_steps)).to(torch.float32)
+    k = torch.ceil(count.to(torch.float64) * frac - 1e-9).clamp_min(1).to(torch.long)
+    ranked = torch.where(actor, w, -1.0)
+    top = torch.zeros(n_steps, dtype=torch.float64, device=w.device)
+    sizes = torch.bincount(s, minlength=n_steps)[:n_steps].tolist()
+    for i, (part, kk, c) in enumerate(zip(ranked.split(sizes), k.tolist(), count.tolist())):
+        if c:  # the k largest, largest first, added one after another
+            top[i] = torch.topk(part, min(kk, c)).values.cumsum(0)[-1]
+    return _ratio(top, seg_sum(w, s, n_steps)).to(torch.float32)
 
 
 def weight_share(g: torch.Tensor, on: torch.Tensor, tok_step: torch.Tensor, n_steps: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ row boundaries (:mod:`rldiag.engine.scan`).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -201,8 +202,27 @@ class Rows:
     # ---- per-row masked reductions (their CPU-fast forms: rldiag.engine.kernels) -----------
 
     def mask_count(self, mask: torch.Tensor) -> torch.Tensor:
-        """Masked tokens per row ``(rows,)`` float32 (exact: counts below 2^24)."""
-        return self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32))
+        """Masked tokens per row ``(rows,)`` float32 (exact: counts below 2^24). Remembered per
+        mask tensor while it lives unchanged (its version counter), so the many masked means over
+        one mask count it once; each call gets its own copy."""
+        try:
+            key = (id(mask), mask._version)
+        except RuntimeError:  # an inference-mode tensor has no version counter: not remembered
+            return self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32))
+        memo = self._mask_counts
+        hit = memo.get(key[0])
+        if hit is not None and hit[0]() is mask and hit[1] == key[1]:
+            return hit[2].clone()
+        out = self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32))
+        for k in [k for k, v in memo.items() if v[0]() is None]:  # masks since freed
+            del memo[k]
+        memo[key[0]] = (weakref.ref(mask), key[1], out)
+        return out.clone()
+
+    @cached_property
+    def _mask_counts(self) -> dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]]:
+        """:meth:`mask_count`'s memory: id(mask) -> (the mask, its version, its counts)."""
+        return {}
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per-row masked sum ``(rows,)``; NaN outside the mask cannot leak in (as verl's masked_sum)."""

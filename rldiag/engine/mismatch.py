@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from rldiag.engine.layout import Rows
@@ -137,15 +136,17 @@ class _Steps:
         which the running sum overwrites."""
         if self.sizes is None:
             return seg_sum(v, self.step, self.n)
-        if not in_scratch:
-            v = self.scratch(v.numel()).copy_(v)
+        if not in_scratch and v.dtype != torch.float64:
+            v, in_scratch = self.scratch(v.numel()).copy_(v), True
+        # in the scratch array: the running sum in place; else written there (no copy first)
+        out = v if in_scratch else self.scratch(v.numel())
 
-        def last(p: torch.Tensor) -> torch.Tensor:
-            return p.cumsum_(0)[-1:].clone() if p.numel() else p.new_zeros(1)
+        def last(p: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+            return torch.cumsum(p, 0, out=o)[-1:].clone() if p.numel() else p.new_zeros(1)
 
         if self.n == 1:
-            return last(v)
-        return torch.cat([last(p) for p in v.split(self.sizes)])
+            return last(v, out)
+        return torch.cat([last(p, o) for p, o in zip(v.split(self.sizes), out.split(self.sizes))])
 
     def product_sum(self, a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
         """Each step's sum of ``a * b``."""
@@ -165,7 +166,12 @@ class _Steps:
         m = self.mean(v)
         if self.n == 1:
             return torch.sub(v, m, out=out)
-        return torch.sub(v, torch.index_select(m, 0, self.step), out=out)
+        if self.sizes is None:
+            return torch.sub(v, torch.index_select(m, 0, self.step), out=out)
+        # contiguous steps: each slice less its step's mean (the same values, no gathered copy)
+        for p, o, mi in zip(v.split(self.sizes), out.split(self.sizes), m):
+            torch.sub(p, mi, out=o)
+        return out
 
     def max(self, v: torch.Tensor) -> torch.Tensor:
         if self.sizes is None:
@@ -205,72 +211,37 @@ def _corr(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor, n: int, count: to
     return _corr_of(*_moments(a, b, seg, n, count), count)
 
 
-def _sort(v: torch.Tensor) -> torch.Tensor:
-    """``v`` sorted ascending (values only). On the CPU NumPy's sort: the same values, about
-    eight times faster than ``torch.sort`` on float64 (its SIMD quicksort; bench/bench_mismatch.py)."""
-    if v.device.type == "cpu":
-        return torch.from_numpy(np.sort(v.numpy()))
-    return torch.sort(v).values
-
-
-def _sorted_abs(absd: torch.Tensor, steps: _Steps) -> torch.Tensor:
-    """``|d|`` sorted ascending within each step, the steps in order. The steps of a packed batch
-    are contiguous and in order, so each step's slice is sorted on its own (only the values are
-    needed: no argsort, no stable sort by step)."""
+def _tails(absd: torch.Tensor, k2_sum: torch.Tensor, steps: _Steps) -> dict[str, torch.Tensor]:
+    """``gap_abs_p99`` (linear interpolation, as ``torch.quantile``) and ``top_kl_share`` by a
+    selection, no sort: per step, ``torch.topk`` of its largest ``|d|`` down to the quantile's
+    lower neighbour (about 1 % of its tokens, and at least the top 1 % ``top_kl_share`` sums).
+    The two order statistics are exact; the top tokens' ``d^2 / 2`` are added smallest first.
+    ``k2_sum`` ``(n_steps,)``: each step's summed ``d^2 / 2`` in the tokens' order (``kl_k2``'s),
+    the share's denominator."""
+    n, count = steps.n, steps.count
+    counts = count.to(torch.long)
     sizes = steps.sizes
     if sizes is None:
         absd = absd.index_select(0, torch.argsort(steps.step, stable=True))
-        sizes = steps.count.to(torch.long).tolist()
-    if len(sizes) == 1:
-        return _sort(absd)
-    return torch.cat([_sort(part) for part in torch.split(absd, sizes)])
-
-
-def _sorted_tails(absd: torch.Tensor, steps: _Steps) -> dict[str, torch.Tensor]:
-    """``gap_abs_p99`` (linear interpolation, as ``torch.quantile``) and ``top_kl_share`` from
-    ``|d|`` sorted within each step."""
-    n, count = steps.n, steps.count
-    counts = count.to(torch.long)
-    sorted_abs = _sorted_abs(absd, steps)
-    k2 = torch.mul(sorted_abs, 0.5, out=steps.scratch(sorted_abs.numel())).mul_(sorted_abs)
-    start = torch.cumsum(counts, 0) - counts
-    has = counts > 0
-    nan = torch.full((n,), float("nan"), dtype=torch.float64, device=absd.device)
-    # the quantile at (count - 1) * q between its two neighbours
+        sizes = counts.tolist()
+    # the quantile at (count - 1) * q between its two neighbours (ascending ranks lo and hi)
     h = (count - 1).clamp_min(0) * QUANTILE
     lo = h.floor().to(torch.long)
     hi = torch.minimum(lo + 1, (counts - 1).clamp_min(0))
-    last = max(sorted_abs.numel() - 1, 0)
-    if sorted_abs.numel():
-        v_lo = sorted_abs[(start + lo).clamp(0, last)]
-        v_hi = sorted_abs[(start + hi).clamp(0, last)]
-        p99 = torch.where(has, v_lo + (h - lo) * (v_hi - v_lo), nan)
-    else:
-        p99 = nan
-    # the top tokens' and all tokens' k2 summed per step (not as differences of one running sum
-    # over the pack, so that a step's value is the same whatever steps it is packed with)
     top = torch.ceil(count * TOP_SHARE).to(torch.long)
-    top_sum, total = _top_and_total(k2, counts, top, start, n)
-    return {"gap_abs_p99": p99, "top_kl_share": _ratio(top_sum, total, 0.0, count)}
-
-
-def _top_and_total(k2: torch.Tensor, counts: torch.Tensor, top: torch.Tensor, start: torch.Tensor,
-                   n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per step, of ``k2`` sorted ascending within each step (the steps in order, ``counts``
-    values each, ``start`` the first's index): the sum of its last ``top`` values and the sum of
-    all, added one after another from the step's first value as ``seg_sum`` adds them (over the
-    top values only, the others counting as zeros there), so the same values. On the CPU as
-    running sums over each step's slice; ``k2`` is overwritten."""
-    if k2.device.type == "cpu":
-        tops, totals = [], []
-        for p, k in zip(k2.split(counts.tolist()), top.tolist()):
-            tops.append(p[p.numel() - k:].cumsum(0)[-1:] if k else p.new_zeros(1))
-            totals.append(p.cumsum_(0)[-1:].clone() if p.numel() else p.new_zeros(1))
-        return torch.cat(tops), torch.cat(totals)
-    step_sorted = torch.repeat_interleave(torch.arange(n, device=k2.device), counts)
-    rank = torch.arange(k2.numel(), device=k2.device) - start.index_select(0, step_sorted)
-    in_top = (rank >= (counts - top).index_select(0, step_sorted)).to(torch.float64)
-    return seg_sum(k2 * in_top, step_sorted, n), seg_sum(k2, step_sorted, n)
+    nan = torch.full((n,), float("nan"), dtype=torch.float64, device=absd.device)
+    v_lo, v_hi, top_sum = nan.clone(), nan.clone(), torch.zeros(n, dtype=torch.float64, device=absd.device)
+    for i, (part, c, l_, h_, k) in enumerate(zip(absd.split(sizes), counts.tolist(), lo.tolist(), hi.tolist(),
+                                                 top.tolist())):
+        if not c:
+            continue
+        largest = torch.topk(part, max(k, c - l_)).values  # descending: ascending rank r is at c - 1 - r
+        v_lo[i], v_hi[i] = largest[c - 1 - l_], largest[c - 1 - h_]
+        if k:
+            asc = largest[:k].flip(0)
+            top_sum[i] = torch.mul(asc, 0.5).mul_(asc).cumsum_(0)[-1]
+    p99 = torch.where(counts > 0, v_lo + (h - lo) * (v_hi - v_lo), nan)
+    return {"gap_abs_p99": p99, "top_kl_share": _ratio(top_sum, k2_sum, 0.0, count)}
 
 
 def _shift(t: ActorTokens, steps: _Steps, absd: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -350,17 +321,18 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
         return steps.product_sum(a, b) / count
 
     var_d = m2(dev, dev)
+    k2_sum = steps.sum(torch.mul(d, 0.5, out=steps.scratch(d.numel())).mul_(d), in_scratch=True)
     out = {
         "tokens": count,
         "gap_mean": mean,
         "gap_std": var_d.sqrt(),
         "gap_abs_mean": abs_mean,
         "gap_abs_max": steps.max(absd),
-        "kl_k2": steps.sum(torch.mul(d, 0.5, out=steps.scratch(d.numel())).mul_(d), in_scratch=True) / count,
+        "kl_k2": k2_sum / count,
         "positive_share": _ratio(steps.sum(torch.clamp_min(d, 0, out=steps.scratch(d.numel())), in_scratch=True),
                                  abs_sum, 0.5, count),
     }
-    out.update(_sorted_tails(absd, steps))
+    out.update(_tails(absd, k2_sum, steps))
     steps.dev(t.x, out=dev_x)
     steps.dev(t.y, out=dev_y)
     cov_xy, var_x, var_y = m2(dev_x, dev_y), m2(dev_x, dev_x), m2(dev_y, dev_y)

@@ -51,10 +51,13 @@ def is_sequence(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tupl
 
 
 def is_weights(
-    log_ratio: torch.Tensor, mask: torch.Tensor, cfg: ISConfig, rows: Rows, seg: torch.Tensor, n: int
+    log_ratio: torch.Tensor, mask: torch.Tensor, cfg: ISConfig, rows: Rows, seg: torch.Tensor, n: int,
+    seq_stats: bool = True,
 ) -> tuple[torch.Tensor, Metrics]:
     """IS weights ``(tokens,)`` (TIS / IcePop, optionally batch-normalised per segment) and
-    verl's ``rollout_is_*`` metrics ``(n,)`` (computed before the batch normalisation)."""
+    verl's ``rollout_is_*`` metrics ``(n,)`` (computed before the batch normalisation).
+    ``seq_stats=False``: without the ``rollout_is_seq_*`` metrics (the rows' mean weights), for
+    a caller that reads none of them (the other metrics are the same values)."""
     level = cfg.rollout_is
     assert level is not None, "IS weights asked for without rollout_is"
     raw, row_log = IS_LEVELS.get(level)(log_ratio, mask, rows)
@@ -82,15 +85,16 @@ def is_weights(
     ess_w = w.clamp(min=0.0, max=upper)
     ess_norm = ess_w / (rows.expand(step_masked_mean(ess_w, mask, rows, seg, n)[seg]) + MEAN_EPS)
     m["rollout_is_eff_sample_size"] = 1.0 / step_masked_mean(ess_norm.square(), mask, rows, seg, n)
-    seq_w = row_mean(w, mask, rows)  # every row, a row without tokens counts as 0
-    m["rollout_is_seq_mean"] = seg_mean(seq_w, seg, n)
-    m["rollout_is_seq_std"] = seq_std0(seq_w, seg, n)
-    m["rollout_is_seq_max"] = seg_max(seq_w, seg, n)
-    m["rollout_is_seq_min"] = seg_min(seq_w, seg, n)
-    m["rollout_is_seq_max_deviation"] = seg_max((seq_w - 1.0).abs(), seg, n)
-    raw_seq = row_mean(raw, mask, rows)
-    m["rollout_is_seq_fraction_high"] = seg_mean((raw_seq > upper).float(), seg, n)
-    m["rollout_is_seq_fraction_low"] = seg_mean((raw_seq < lo_m).float(), seg, n)
+    seq_w = row_mean(w, mask, rows) if seq_stats or (cfg.batch_normalize and row_log is not None) else None
+    if seq_w is not None and seq_stats:
+        m["rollout_is_seq_mean"] = seg_mean(seq_w, seg, n)
+        m["rollout_is_seq_std"] = seq_std0(seq_w, seg, n)
+        m["rollout_is_seq_max"] = seg_max(seq_w, seg, n)
+        m["rollout_is_seq_min"] = seg_min(seq_w, seg, n)
+        m["rollout_is_seq_max_deviation"] = seg_max((seq_w - 1.0).abs(), seg, n)
+        raw_seq = row_mean(raw, mask, rows)
+        m["rollout_is_seq_fraction_high"] = seg_mean((raw_seq > upper).float(), seg, n)
+        m["rollout_is_seq_fraction_low"] = seg_mean((raw_seq < lo_m).float(), seg, n)
     if lower is not None:
         oob = (raw < lower) | (raw > upper)
         m["rollout_is_oob_ratio"] = step_masked_mean(oob.float(), mask, rows, seg, n)
@@ -99,6 +103,7 @@ def is_weights(
             mean_w = step_masked_mean(w, mask, rows, seg, n)
         else:
             valid = (rows.sum(mask) > 0).to(w.dtype)
+            assert seq_w is not None  # computed above for the batch normalisation
             mean_w = seg_sum(seq_w * valid, seg, n) / seg_sum(valid, seg, n).clamp_min(1e-8)
         apply = mean_w > 1e-8
         w = torch.where(rows.expand(apply[seg]), w / rows.expand(mean_w[seg]), w)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine.rollout_correction import IS_LEVELS, SAFETY_BOUND, CorrectionConfig, is_weights
+from rldiag.engine.rollout_correction import SAFETY_BOUND, CorrectionConfig, is_weights
 from rldiag.engine.segments import step_mask_count
 from rldiag.engine.stages.base import Metric, Stage, State
 
@@ -36,13 +36,12 @@ def _diag_is(st: State) -> None:
     empty = step_mask_count(st.mask0, rows, sid, n) == 0  # no statistic: NaN, never a failed step
     nan = torch.full((n,), float("nan"), dtype=torch.float32, device=sid.device)
     for part, level in LEVELS.items():
-        w, m = is_weights(log_ratio, st.mask0, CorrectionConfig(level, THRESHOLD), rows, sid, n)
+        w, m = is_weights(log_ratio, st.mask0, CorrectionConfig(level, THRESHOLD), rows, sid, n, seq_stats=False)
         for stat in STATS:
             st.metrics[f"{PREFIX}{part}/{stat}"] = torch.where(empty, nan, m[f"rollout_is_{stat}"].to(torch.float32))
         if level == "token":
             st.diag_is_token = w
-    _, row_log = IS_LEVELS.get("sequence")(log_ratio, st.mask0, rows)
-    assert row_log is not None  # the sequence level gives the rows' summed log-ratios
+    row_log = rows.masked_sum(log_ratio, st.mask0)  # the rows' summed log-ratios, as the sequence level sums them
     ratio = torch.exp(torch.clamp(row_log, -SAFETY_BOUND, SAFETY_BOUND))
     st.diag_is_seq_ratio, st.diag_is_seq = ratio, ratio.clamp(max=THRESHOLD)
     st.rows.update(is_weight_seq=st.diag_is_seq, is_ratio_seq=st.diag_is_seq_ratio)

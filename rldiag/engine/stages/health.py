@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine.aggregation import token_weights
-from rldiag.engine.gradient_weight import gradient_weight
+from rldiag.engine.gradient_weight import gradient_weight, unclipped_part
 from rldiag.engine.health import component_means, empty_fraction, group_std_mean, top_weight_share, weight_share
 from rldiag.engine.repetition import COMPRESSION_COLUMN, MIN_TOKENS, TEXT_COLUMN, THRESHOLD, repetition_metrics
 from rldiag.engine.settings import EngineSettings
@@ -38,11 +38,12 @@ def _health(st: State) -> None:
     w = pol.weights if pol is not None and pol.weights is not None else token_weights(st.agg_mode, st.mask, st.actor_norm)
     clipped = pol.clipped if pol is not None else None
     actor = st.mask > 0
-    m["rldiag/grad_weight/top1pct_share"] = top_weight_share(gradient_weight(st.adv, w, clipped), tok_step, actor, n,
+    g = gradient_weight(st.adv, w)  # without the clip, once for both metrics
+    m["rldiag/grad_weight/top1pct_share"] = top_weight_share(unclipped_part(g, clipped), tok_step, actor, n,
                                                              TOP_FRACTION)
     if clipped is not None:
         # the clipped tokens' share of the weight the unclipped formula would give them all
-        m["rldiag/grad_weight/clipped_share"] = weight_share(gradient_weight(st.adv, w), clipped * actor, tok_step, n)
+        m["rldiag/grad_weight/clipped_share"] = weight_share(g, clipped * actor, tok_step, n)
     actor_tokens = rows.mask_count(st.mask0)
     m["rldiag/output/empty_fraction"] = empty_fraction(actor_tokens, batch.lengths, sid, n)
     if COMPRESSION_COLUMN in batch.extra:
