@@ -26,7 +26,9 @@ from rldiag.viz.echarts import GRID_TOP
 from rldiag.viz.runs import default_run
 from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+# one after another in one test process of a parallel run: two servers and two browsers at once on
+# two cores would slow each page past its wait
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.xdist_group("browser")]
 
 CHART = ".js-plotly-plot .main-svg"  # the other pages' plotly charts
 #: a metrics panel (ECharts, SVG) with its logged line drawn

@@ -13,7 +13,9 @@ from rldiag.synth import SynthSpec, write_synth_run
 from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
 from tests.app.test_browser import PANEL, TIMEOUT_MS, assert_no_stack_trace
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+# one after another in one test process of a parallel run: two servers and two browsers at once on
+# two cores would slow each page past its wait
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.xdist_group("browser")]
 
 TOKEN = "a-token-for-the-browser-test"
 

@@ -76,7 +76,11 @@ import rldiag, rldiag.app
 from rldiag.viz import runs
 from rldiag.cli.cmd_app import app_command
 import argparse
-cmd = app_command(argparse.Namespace(runs=[], port=None, address=None, headless=True))
+# the command `rldiag app` runs (on loopback, as by default; no token: AppTest has no URL to carry one)
+cmd = app_command(argparse.Namespace(runs=[], port=None, address="127.0.0.1", headless=True, token=None,
+                                     no_token=True, root=[], print_command=False))
+from streamlit import config
+config.set_option("server.address", "127.0.0.1")
 from streamlit.testing.v1 import AppTest
 from rldiag.app import worker
 from rldiag.io.run_layout import RunLayout

@@ -17,6 +17,7 @@ import rldiag.analysis.compare as compare_mod
 import rldiag.capture.table as table_mod
 from rldiag.analysis.compare import compare
 from rldiag.capture import RunWriter
+from rldiag.capture.faults import CaptureWarning
 from rldiag.errors import CaptureError, OutputError
 from rldiag.io.fs import RemotePath, as_path
 from rldiag.io.outputs import read_scenario
@@ -98,7 +99,10 @@ def _batch(seed: int) -> dict:
             "old_log_probs": -torch.rand(4, 5, generator=g), "uid": [f"u{i // 2}" for i in range(4)]}
 
 
-def test_an_interrupted_step_write_of_the_capture_leaves_the_previous_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("on_error", ["raise", "warn"])
+def test_an_interrupted_step_write_of_the_capture_leaves_the_previous_file(tmp_path, monkeypatch, on_error):
+    """A write that fails half way leaves the previous file whole, whether the writer raises the
+    error (``on_error="raise"``) or warns and goes on (the default, as inside a trainer)."""
     with RunWriter(tmp_path) as w:
         w.write_batch(1, _batch(1))
         w.log_metrics(1, {"x": 1.0})
@@ -111,10 +115,14 @@ def test_an_interrupted_step_write_of_the_capture_leaves_the_previous_file(tmp_p
 
     monkeypatch.setattr(table_mod.pq, "write_table", half_then_fail)
     with pytest.warns(UserWarning, match="written by an earlier run"):  # a resumed run writes step 1 again
-        w = RunWriter(tmp_path)
+        w = RunWriter(tmp_path, on_error=on_error)
         w.write_batch(1, _batch(2))
-    with pytest.raises(CaptureError, match="disk full"):
-        w.close()
+    if on_error == "raise":
+        with pytest.raises(CaptureError, match="disk full"):
+            w.close()
+    else:
+        with pytest.warns(CaptureWarning, match="disk full"):
+            w.close()
     assert snapshot(tmp_path) == before  # step 1's file whole, no temporary name left
 
 
