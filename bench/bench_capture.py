@@ -147,21 +147,18 @@ def column_bytes(path: Path) -> dict[str, int]:
 
 def run_layout(layout: str, batches: list[dict], base: Path, text: bool, vocab: int) -> dict:
     """Write ``batches`` through a RunWriter whose batch files take ``layout`` (the writer thread
-    calls :func:`rldiag.capture.table.write_step_file`; the bench sets its layout)."""
-    from rldiag.capture import RunWriter, table, writer
+    writes each through its :class:`rldiag.capture.diskio.WriterDisk`, whose ``write_step`` the
+    bench points at :func:`rldiag.capture.table.write_step_file` with that layout)."""
+    from rldiag.capture import RunWriter, table
 
     path = base / f"{layout}-{'text' if text else 'notext'}"
     tok = WordTokenizer(vocab) if text else None
-    saved = writer.write_step_file
-    writer.write_step_file = functools.partial(table.write_step_file, layout=layout)
-    try:
-        t0 = time.perf_counter()
-        with RunWriter(path, tokenizer=tok) as w:
-            for i, b in enumerate(batches):
-                w.write_batch(i + 1, b)
-        wall = time.perf_counter() - t0
-    finally:
-        writer.write_step_file = saved
+    t0 = time.perf_counter()
+    with RunWriter(path, tokenizer=tok) as w:
+        w.disk.write_step = functools.partial(table.write_step_file, layout=layout)  # type: ignore[method-assign]
+        for i, b in enumerate(batches):
+            w.write_batch(i + 1, b)
+    wall = time.perf_counter() - t0
     files = sorted((path / "batches").glob("*.parquet"))
     cols: dict[str, int] = {}
     for f in files:
