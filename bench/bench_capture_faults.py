@@ -14,7 +14,7 @@
    batches (``--prompts`` x ``--n``), ``--follow-steps`` steps (2,000 by default) at ``--rate``
    (10) steps per second. Measured: the delay from the collapse step's data landing to the
    ``fired`` line (target <= 2 s), and the follower's resident memory over the run (flat: its
-   last quarter against its second).
+   last quarter against its second, and that growth per step written).
 
 Usage::
 
@@ -236,8 +236,11 @@ def follow(args: argparse.Namespace, base: Path) -> None:
         quarters = [quarter(q) for q in (1, 2, 3, 4)]
         cells = "  ".join("-" if q is None else f"{q:.0f}" for q in quarters)
         flat = (f"{(quarters[3] / quarters[1] - 1) * 100:+.1f} %" if quarters[1] and quarters[3] else "n/a")
-        print(f"follower resident memory, peak MiB per quarter of the run: {cells}  (last vs second quarter {flat}; "
-              "flat is the target)")
+        # growth per step written: second quarter's peak to the last's, half the run apart
+        per_step = (f"{(quarters[3] - quarters[1]) * 1024 / (live_args.steps / 2):+.1f} KB per step"
+                    if quarters[1] and quarters[3] else "n/a")
+        print(f"follower resident memory, peak MiB per quarter of the run: {cells}  (last vs second quarter {flat}, "
+              f"{per_step}; flat is the target)")
     else:
         print("follower resident memory: not measured (no /proc)")
     print(f"follower: {r['events']} event lines; {r['summary']}")

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
-from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Outcome, Passed, Series, Skip, trend
+from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Outcome, Passed, Series, Skip, own_metric, trend
 from rldiag.doctor.rule import Rule
 
 #: the kinds a ``while`` condition may have
@@ -83,8 +83,14 @@ def _within(ctx: Context, lo: int, hi: int) -> Context:
     return replace(ctx, series=series)
 
 
+def _reads(rule: Rule) -> set[str]:
+    """The rule's own metric and its ``while`` condition's."""
+    second = _second(rule)
+    return own_metric(rule) | (own_metric(second) if isinstance(second, Rule) else set())
+
+
 @RULE_KINDS.register("while", required=("metric", "direction", "ratio", "while"),
-                     params=("abs", "min_early", "min_late", "segment"), check=_check, min_steps=6)
+                     params=("abs", "min_early", "min_late", "segment"), check=_check, min_steps=6, reads=_reads)
 def while_rule(rule: Rule, ctx: Context) -> Outcome:
     first = trend(_as_trend(rule), ctx)
     if not isinstance(first, Finding):

@@ -17,13 +17,14 @@ its trend (slope per step, early and late means).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rldiag.doctor.rule import Rule
+from rldiag.errors import RldiagError
 from rldiag.registry import Entry, Registry
 
 #: At most this many (step, value) pairs are listed in a finding's evidence.
@@ -98,15 +99,38 @@ Evaluator = Callable[[Rule, Context], Outcome]
 class RuleKindMeta(Entry):
     """A rule kind's registration: the keys a rule of this kind ``required`` and may set
     (``params``); ``check``, rule -> a problem with its parameters or None; ``min_steps``, the
-    steps of data it needs by default."""
+    steps of data it needs by default; ``reads``, rule -> every metric name the rule may ask
+    ``ctx.series`` for, whatever the data (None: not declared; a live doctor then keeps every
+    metric, :func:`metrics_read`)."""
 
     required: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
     check: Callable[[Rule], str | None] | None = None
     min_steps: int = 1
+    reads: Callable[[Rule], set[str]] | None = None
 
 
 RULE_KINDS: Registry[Evaluator] = Registry("doctor rule kind", meta=RuleKindMeta)
+
+
+def own_metric(rule: Rule) -> set[str]:
+    """``reads`` of a kind whose rules read their own ``metric`` alone."""
+    return {rule.metric} if rule.metric is not None else set()
+
+
+def metrics_read(rules: Iterable[Rule]) -> set[str] | None:
+    """Every metric name ``rules`` may read (the union of their kinds' ``reads``); None when a
+    kind does not declare it (a kind registered elsewhere): then any metric may be read."""
+    out: set[str] = set()
+    for rule in rules:
+        try:
+            reads = RULE_KINDS.meta(rule.kind).reads
+        except (KeyError, RldiagError):  # not registered (the evaluation says so) or without its record
+            return None
+        if reads is None:
+            return None
+        out |= reads(rule)
+    return out
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -180,7 +204,7 @@ def _check_threshold(rule: Rule) -> str | None:
 
 
 @RULE_KINDS.register("threshold", required=("metric",), params=("above", "below", "abs", "stat", "min_fraction"),
-                     check=_check_threshold)
+                     check=_check_threshold, reads=own_metric)
 def threshold(rule: Rule, ctx: Context) -> Outcome:
     w = _window(rule, ctx)
     if isinstance(w, Skip):
@@ -236,7 +260,8 @@ def _check_trend(rule: Rule) -> str | None:
 
 
 @RULE_KINDS.register("trend", required=("metric", "direction", "ratio"),
-                     params=("abs", "min_early", "min_late", "segment"), check=_check_trend, min_steps=6)
+                     params=("abs", "min_early", "min_late", "segment"), check=_check_trend, min_steps=6,
+                     reads=own_metric)
 def trend(rule: Rule, ctx: Context) -> Outcome:
     w = _window(rule, ctx)
     if isinstance(w, Skip):
@@ -268,7 +293,8 @@ def _check_settings(rule: Rule) -> str | None:
     return None
 
 
-@RULE_KINDS.register("settings", required=("match",), check=_check_settings, min_steps=1)
+@RULE_KINDS.register("settings", required=("match",), check=_check_settings, min_steps=1,
+                     reads=lambda rule: set())
 def settings_rule(rule: Rule, ctx: Context) -> Outcome:
     match = dict(rule.params["match"])
     probe = Rule(id=rule.id, kind=rule.kind, title=rule.title, why=rule.why, when=match)

@@ -4,11 +4,16 @@
 :meth:`DoctorFollower.poll_once` reads the lines ``metrics.jsonl`` completed since the last poll
 (:class:`~rldiag.io.rundir.MetricsTail`: from a byte offset, a torn last line kept until its
 newline arrives) and, when the listing of batch files changed (a new file, or one whose size or
-mtime moved), recomputes the run as ``rldiag recompute --follow`` does: the scenario of these
-overrides is written again with every unchanged step reused, and a file that cannot be read yet
-(still being written) fails and is retried when it changes. Only the steps new to the live
-doctor (or whose file changed) are added to it. Each new step is then evaluated in step order, so
-an event carries the step at which it happened.
+mtime moved), recomputes the steps new to the live doctor (or whose file changed); a file that
+cannot be read yet (still being written) fails and is retried when it changes. The first look
+writes the scenario of these overrides as ``rldiag recompute`` does (every unchanged step it
+holds reused); later looks compute only those steps, in memory, in the packs that recompute puts
+them in (:func:`rldiag.scenario.memory.recompute_changed`), so that neither a look's work nor its
+memory grows with the run (rewriting the scenario costs every step at every look). Under an
+adaptive KL controller every look writes the scenario (each step depends on every step before
+it). What the follower keeps per step: each metric's value and step in the live doctor's numpy
+columns (:class:`~rldiag.doctor.signals.SignalTable`) and the batch file's state. Each new step
+is then evaluated in step order, so an event carries the step at which it happened.
 
 The first poll catches up with what is on disk: every step is evaluated in order, and what holds
 at the end is reported once, as a ``fired`` event at the step from which it has held without a
@@ -36,9 +41,11 @@ from rldiag.doctor.live import EVENTS, HealthEvent, Identity, LiveDoctor, LiveDo
 from rldiag.doctor.rule import Rule
 from rldiag.doctor.rules import load_rules
 from rldiag.errors import RldiagError
+from rldiag.executors.klchain import is_adaptive
 from rldiag.io.fs import RemotePath
 from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import MetricsTail, RunDir
+from rldiag.scenario.memory import recompute_changed
 from rldiag.scenario.plan import check_settings
 from rldiag.scenario.recompute import recompute as run_recompute
 
@@ -239,19 +246,34 @@ class DoctorFollower:
         if not listing or listing == self._listing:
             return {}
         self._listing, self._listing_changed = listing, True
+        changed = [s for s in listing if self._fed.get(s) != listing[s]]
         try:
-            rep = run_recompute(self.rd.path, self.overrides, device=self.device, save_tokens=self._save_tokens)
+            metrics, failed = self._recompute(changed)
         except RldiagError as exc:  # retried at the next change of the listing
             self.recompute_failed = {s: f"{type(exc).__name__}: {exc}" for s in listing if s not in self._fed}
             return {}
-        self.recompute_failed = dict(rep.steps_failed)
+        self.recompute_failed = failed
         out: dict[int, dict[str, float]] = {}
-        for row in rep.metrics:
-            step = int(row["step"])
-            if step in listing and self._fed.get(step) != listing[step]:
-                out[step] = {k: float(v) for k, v in row.items() if k != "step" and v is not None}
+        for step in changed:
+            if step in metrics:
+                out[step] = metrics[step]
                 self._fed[step] = listing[step]
         return out
+
+    def _recompute(self, changed: list[int]) -> tuple[dict[int, dict[str, float]], dict[int, str]]:
+        """``(step -> metrics, step -> why it failed)`` of the ``changed`` steps (at least). The
+        first look (and every look under an adaptive KL controller, whose steps each depend on
+        every step before them) writes the scenario as ``rldiag recompute`` does, reusing what
+        it holds; later looks compute only the changed steps, in memory, in the packs that
+        recompute would put them in (:func:`rldiag.scenario.memory.recompute_changed`), so
+        that a look costs the same at step 10,000 as at step 10."""
+        if not self.caught_up or is_adaptive(self.settings):
+            rep = run_recompute(self.rd.path, self.overrides, device=self.device, save_tokens=self._save_tokens)
+            metrics = {int(row["step"]): {k: float(v) for k, v in row.items() if k != "step" and v is not None}
+                       for row in rep.metrics}
+            return metrics, dict(rep.steps_failed)
+        got = recompute_changed(self.rd, self.settings, changed, device=self.device)
+        return got.metrics, dict(got.failed)
 
     def _evaluate(self, logged: dict[int, dict[str, float]], recomputed: dict[int, dict[str, float]]) -> list[HealthEvent]:
         """Add the new data and evaluate: data of steps up to the last one evaluated first (late

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rldiag.doctor.evaluate import RuleResults, evaluate_rules
-from rldiag.doctor.evaluators import Finding
+from rldiag.doctor.evaluators import Finding, metrics_read
 from rldiag.doctor.rule import Rule
 from rldiag.doctor.rules import load_rules
 from rldiag.doctor.signals import SignalTable
@@ -88,7 +88,8 @@ class LiveDoctor:
         self.rules = list(rules) if rules is not None else load_rules(())
         self.run = run
         self.engine_settings = engine_settings
-        self.table = SignalTable()
+        # only what the rules read: a step costs a few floats, not one per metric given
+        self.table = SignalTable(keep=metrics_read(self.rules))
         self.results = RuleResults()  # the last evaluation's outcome, rule by rule
         self.step: int | None = None  # the last step evaluated
         self.evaluations = 0

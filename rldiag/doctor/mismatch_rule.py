@@ -45,7 +45,11 @@ def _stats(ctx: Context) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
     return steps, out
 
 
-@RULE_KINDS.register("mismatch", params=("min_confidence",), check=_check, min_steps=1)
+def _reads(rule: Rule) -> set[str]:
+    return {PREFIX + name for name in ("tokens", *STATS, *LAG_STATS)}
+
+
+@RULE_KINDS.register("mismatch", params=("min_confidence",), check=_check, min_steps=1, reads=_reads)
 def mismatch_rule(rule: Rule, ctx: Context) -> Outcome:
     got = _stats(ctx)
     if got is None:

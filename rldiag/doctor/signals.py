@@ -14,12 +14,15 @@ metrics of a recompute under the run's settings, among them the engine's health 
 
 The table grows step by step (``rldiag doctor --follow`` adds each new step to the same table):
 each metric of each source is a pair of growable numpy arrays, so that a rule evaluated after
-every step reads arrays rather than rebuilding them from Python dicts.
+every step reads arrays rather than rebuilding them from Python dicts. A table given ``keep``
+(the metrics its rules read, :func:`rldiag.doctor.evaluators.metrics_read`) stores those alone:
+a step costs 16 bytes per kept metric and source (its step and value) plus 16 bytes per source
+for the count of steps, rather than 16 bytes for each of the ~180 metrics a recompute gives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
@@ -78,23 +81,28 @@ def _tail(steps: np.ndarray, values: np.ndarray, tail: int) -> tuple[np.ndarray,
 
 
 class SignalTable:
-    """``metric -> Column`` per source (``logged``, ``recomputed``)."""
+    """``metric -> Column`` per source (``logged``, ``recomputed``). ``keep``: the metrics stored
+    (None: every one); a metric left out reads as never given (``series`` gives None), and every
+    step given counts in ``logged_steps`` / ``recomputed_steps`` all the same."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: Collection[str] | None = None) -> None:
+        self.keep = None if keep is None else frozenset(keep)
         self.logged: dict[str, Column] = {}
         self.recomputed: dict[str, Column] = {}
-        self._steps: dict[str, set[int]] = {"logged": set(), "recomputed": set()}
+        self._steps = {"logged": Column(), "recomputed": Column()}  # the steps given, each once
         self._merged: dict[str, tuple[tuple[int, int], Series]] = {}  # name -> (versions, logged over recomputed)
 
     def _add(self, source: str, step: int, values: Mapping[str, float]) -> None:
         columns = self.logged if source == "logged" else self.recomputed
         for k, v in values.items():
+            if self.keep is not None and k not in self.keep:
+                continue
             col = columns.get(k)
             if col is None:
                 col = columns[k] = Column()
             col.set(int(step), float(v))
         if values:
-            self._steps[source].add(int(step))
+            self._steps[source].set(int(step), 0.0)
 
     def add_logged(self, step: int, values: Mapping[str, float]) -> None:
         self._add("logged", step, values)
@@ -137,8 +145,8 @@ class SignalTable:
 
     @property
     def logged_steps(self) -> int:
-        return len(self._steps["logged"])
+        return self._steps["logged"].n
 
     @property
     def recomputed_steps(self) -> int:
-        return len(self._steps["recomputed"])
+        return self._steps["recomputed"].n

@@ -7,6 +7,10 @@ that recomputes without writing a scenario.
   (:class:`rldiag.executors.sweep.SweepExecutor`): one read of each step file, each engine stage
   run once for the scenarios that agree on its settings. The doctor's counterfactuals use it,
   and the mismatch diagnosis of a run it may not write into (``rldiag.mismatch(write=False)``).
+- :func:`recompute_changed` (the steps of a growing run that are new or changed, metrics): the
+  packs a full recompute of the run makes when it reuses every other step, without reading or
+  writing the scenario; ``rldiag doctor --follow`` after catching up (its memory and work per
+  look do not grow with the run's length).
 - :func:`recompute_step` (one step, the engine's whole result, per-token tensors included): the
   step loaded with the columns the recompute reads and recomputed as a pack of its own, under a
   reward-KL controller state the caller carries from step to step. ``rldiag verify`` (which
@@ -25,8 +29,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from rldiag.config.settings import Settings
-from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, Job
-from rldiag.io.fs import RemotePath
+from rldiag.executors.base import Plan
+from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, Job, StepTask
+from rldiag.io.fs import RemotePath, relative_to
 from rldiag.io.rundir import RunDir, StepFile, Steps, parse_steps
 from rldiag.scenario.plan import Previous, plan_steps
 
@@ -34,7 +39,7 @@ if TYPE_CHECKING:
     from rldiag.engine.pipeline import KLControllerState, Result
     from rldiag.io.loader import StepData
 
-__all__ = ["InMemoryScenario", "recompute_in_memory", "recompute_step"]
+__all__ = ["InMemoryScenario", "recompute_changed", "recompute_in_memory", "recompute_step"]
 
 
 @dataclass
@@ -79,6 +84,44 @@ def recompute_in_memory(run: str | Path | RemotePath | RunDir, settings_list: Se
                     out[i].failed[o.step] = o.error or o.status
     finally:
         ex.close()
+    return out
+
+
+def recompute_changed(run: str | Path | RemotePath | RunDir, settings: Settings, steps: Sequence[int],
+                      device: str = "cpu", chunk_steps: int = DEFAULT_CHUNK_STEPS) -> InMemoryScenario:
+    """The metrics of ``steps`` (some of the run's steps: the new or changed ones), in memory, on
+    the local executor: each step in the pack :func:`rldiag.scenario.recompute.recompute` of
+    every step puts it in when it reuses every step not in ``steps``, so the same bits. A pack is
+    consecutive steps of one chunk (``chunk_steps`` of the run's steps, in order), and a reused
+    step ends the pack before it (:func:`rldiag.executors.steps.packs`): here a chunk is cut at
+    both. Not for an adaptive KL controller (each step depends on every step before it:
+    :func:`rldiag.executors.klchain.is_adaptive`), which reuses nothing. Raises
+    :class:`~rldiag.errors.RldiagError` for what stops them all; a step that fails is in
+    ``failed``. Cost: ``len(steps)`` steps read and computed, whatever the run's length."""
+    from rldiag.executors.local import LocalExecutor
+
+    rd = run if isinstance(run, RunDir) else RunDir(run)
+    files = {sf.step: sf for sf in rd.require_steps()}
+    position = {s: i for i, s in enumerate(sorted(files))}
+    chosen = sorted(set(steps) & set(files))
+    tasks, chunk = [], 0
+    for i, s in enumerate(chosen):
+        if i and (position[s] != position[chosen[i - 1]] + 1 or position[s] // chunk_steps
+                  != position[chosen[i - 1]] // chunk_steps):
+            chunk += 1
+        tasks.append(StepTask(step=s, file=str(files[s].path), rel=str(relative_to(files[s].path, rd.path)),
+                              chunk=chunk))
+    out = InMemoryScenario(settings)
+    if not tasks:
+        return out
+    ex = LocalExecutor()
+    dev = ex.start(device)
+    with closing(ex.run(Plan(job=Job(settings=settings, device=dev, save_tokens=False), tasks=tasks))) as outcomes:
+        for o in outcomes:
+            if o.status == "done" and o.metrics is not None:
+                out.metrics[o.step] = {k: float(v) for k, v in o.metrics.items() if k != "step" and v is not None}
+            else:
+                out.failed[o.step] = o.error or o.status
     return out
 
 

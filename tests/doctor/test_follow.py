@@ -9,8 +9,10 @@ import shutil
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from rldiag.doctor.evaluators import metrics_read
 from rldiag.doctor.follow import CounterfactualWorker, DoctorFollower
 from rldiag.doctor.rules import load_rules
 from rldiag.io.rundir import MetricsTail
@@ -120,6 +122,58 @@ def test_a_batch_file_is_recomputed_once_complete(tmp_path):
     run.batch(3)  # a batch before its metrics line: step 3 is evaluated from it
     f.poll_once()
     assert f.doctor.step == 3 and f.doctor.table.recomputed_steps == 3 and f.doctor.table.logged_steps == 2
+
+
+def test_after_catching_up_a_look_recomputes_only_its_new_steps_in_the_packs_of_a_full_recompute(tmp_path,
+                                                                                                   monkeypatch):
+    """The follower's work and what it keeps per look do not grow with the run: after the first
+    look (which writes the scenario), each look computes only the steps new since the last one,
+    the scenario is not rewritten, and each step's metrics are those the old follower took from a
+    whole-scenario recompute (reusing every other step) at the same look, bit for bit; what it
+    keeps per step is one value per metric column and the file's state."""
+    from rldiag.doctor import follow as follow_mod
+    from rldiag.scenario.recompute import recompute
+
+    run = Growing(tmp_path, steps=12)
+    full, changed = [], []
+    real_full, real_changed = follow_mod.run_recompute, follow_mod.recompute_changed
+    monkeypatch.setattr(follow_mod, "run_recompute", lambda *a, **k: full.append(1) or real_full(*a, **k))
+    monkeypatch.setattr(follow_mod, "recompute_changed",
+                        lambda rd, settings, steps, **k: changed.append(list(steps)) or real_changed(rd, settings, steps, **k))
+    reference: dict[int, dict] = {}  # the old follower's: the whole scenario recomputed (reusing) at each look
+
+    def look() -> None:
+        f.poll_once()
+        rep = recompute(run.dst, name="reference", device="cpu")
+        reference.update({int(r["step"]): r for r in rep.metrics if int(r["step"]) not in reference})
+
+    for s in (1, 2, 3):
+        run.line(s)
+        run.batch(s)
+    f = DoctorFollower(run.dst, counterfactual=False)
+    look()
+    meta = run.dst / "rldiag" / "scenarios" / "baseline" / "scenario.json"
+    written = meta.read_bytes()
+    assert json.loads(written)["steps_done"] == [1, 2, 3]
+    looks = [(4,), (5, 6), (8,), (7, 9), (10, 11, 12)]  # 7 late: 7 and 9 are not one pack (8 lies between)
+    for batch in looks:
+        for s in batch:
+            run.batch(s)
+            run.line(s)
+        look()
+    assert full == [1] and changed == [list(b) for b in looks]
+    assert meta.read_bytes() == written  # not rewritten after the first look
+    table = f.doctor.table
+    assert table.recomputed_steps == 12 and len(f._fed) == 12
+    given = {k for row in reference.values() for k, v in row.items() if k != "step" and v is not None}
+    names = given & metrics_read(f.doctor.rules)  # only the metrics the rules read are kept
+    assert set(table.recomputed) == names and 5 < len(names) < len(given) / 3
+    for name in names:
+        col = table.recomputed[name]
+        want = [(s, reference[s][name]) for s in sorted(reference) if reference[s].get(name) is not None]
+        assert col.steps.tolist() == [s for s, _ in want], name
+        assert np.array_equal(col.values, np.array([v for _, v in want], dtype=np.float64)), name  # bit for bit
+        assert col.n == len(want) <= 12  # one value per step, no more
 
 
 def test_a_counterfactual_arrives_as_a_change_at_the_fired_step(tmp_path):

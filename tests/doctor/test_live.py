@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from rldiag.doctor.evaluate import evaluate_rules
-from rldiag.doctor.evaluators import RULE_KINDS, Evidence, Finding, Passed
+from rldiag.doctor.evaluators import RULE_KINDS, Context, Evidence, Finding, Passed, Series, metrics_read
 from rldiag.doctor.live import CONFIDENCE_STEP, HealthEvent, LiveDoctor, LiveDoctorError, finding_dict
 from rldiag.doctor.rule import Rule
+from rldiag.doctor.rules import load_rules
 from rldiag.doctor.signals import SignalTable
 from rldiag.errors import RldiagError
 
@@ -184,3 +185,40 @@ def test_a_windowed_rule_reads_the_same_from_the_tail_as_from_the_whole_series()
     keep = np.isfinite(t.series("y").values)
     last30 = t.series("y").steps[keep][-30:]
     assert windowed.evidence.window == [int(last30[0]), int(last30[-1])]
+
+
+class AskedFor(SignalTable):
+    """Every metric asked for has a series (so that each rule reads as far as it can: a ``while``
+    rule's condition, the mismatch rule's every statistic); the names asked are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[str] = set()
+
+    def series(self, name, source="any", tail=None):
+        self.asked.add(name)
+        steps = np.arange(1, 41, dtype=np.int64)
+        return Series(name, steps, np.where(steps > 20, 10.0 * steps, 0.01), "logged")
+
+
+def test_the_metrics_a_rule_reads_are_those_its_kind_declares(scripted):
+    """What a live doctor keeps (:func:`metrics_read`) covers every metric each built-in rule asks
+    for, and a live doctor's table stores those alone, counting every step it was given."""
+    rules = load_rules(())
+    for rule in rules:
+        table = AskedFor()  # the kind's evaluator itself: its ``when`` not consulted
+        RULE_KINDS.get(rule.kind)(rule, Context(settings={}, series=table.series))
+        assert table.asked <= metrics_read([rule]), rule.id
+        if rule.metric is not None:
+            assert rule.metric in table.asked, rule.id
+    kept = metrics_read(rules)
+    assert kept is not None and "rldiag/mismatch/gap_std" in kept and "actor/entropy_loss" in kept
+    doc = LiveDoctor({}, rules)
+    for step in (1, 2, 2, 3):
+        doc.add_recomputed(step, {"actor/entropy_loss": 1.0, "rldiag/unread/x": 2.0})
+    doc.add_logged(1, {"rldiag/unread/y": 1.0})
+    assert list(doc.table.recomputed) == ["actor/entropy_loss"] and doc.table.logged == {}
+    assert (doc.table.recomputed_steps, doc.table.logged_steps) == (3, 1)
+    assert doc.table.series("rldiag/unread/x") is None
+    # a kind that declares nothing (registered elsewhere, here without its record): every metric kept
+    assert metrics_read([*rules, scripted]) is None and LiveDoctor({}, [scripted]).table.keep is None
