@@ -163,7 +163,7 @@ def _brush(pg, start: float, end: float) -> None:
 
 def _goto(pg, title: str) -> None:
     pg.get_by_role("link", name=title).click()
-    pg.get_by_role("heading", name=title).wait_for()
+    pg.get_by_role("heading", name=title, exact=True).wait_for()  # the page's title, not a section of it
 
 
 def _recompute_another_estimator(pg) -> str:
@@ -247,7 +247,7 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
         _shoot(pg, shots / "health.png")
         step = links.first.inner_text().split()[-1]  # "<icon> step N"
         links.first.click()
-        pg.get_by_role("heading", name="Step").wait_for()
+        pg.get_by_role("heading", name="Step", exact=True).wait_for()
         sync_api.expect(pg.get_by_role("combobox", name="Step", exact=True)).to_have_value(step)
     else:
         _shoot(pg, shots / "health.png")
@@ -301,7 +301,7 @@ def test_picker_sample_click_to_step_and_cancel(browser_env, tmp_path):
             # a click on a point of a panel's line opens that step on the Step page
             _baseline_drawn(pg, len(list((default_run() / "batches").iterdir())))
             clicked = _click_a_point(pg)
-            pg.get_by_role("heading", name="Step").wait_for()
+            pg.get_by_role("heading", name="Step", exact=True).wait_for()
             step = pg.get_by_role("combobox", name="Step", exact=True).input_value()
             assert step == str(clicked) and f"step={step}" in pg.url
             _goto(pg, "What-if")
@@ -333,7 +333,7 @@ def test_a_fresh_copy_draws_every_page_without_a_click(browser_env, browser_run,
         ctx, pg = _browser(tmp_path, sync_api, p)
         try:
             pg.goto(srv.url + "/step")
-            pg.get_by_role("heading", name="Step").wait_for()
+            pg.get_by_role("heading", name="Step", exact=True).wait_for()
             pg.get_by_text("advantage · baseline", exact=False).first.wait_for()  # the groups chart's legend
             pg.get_by_text("Debugging checklist", exact=False).first.wait_for()
             pg.wait_for_selector(CHART)
