@@ -90,7 +90,10 @@ def test_every_estimator_recomputes_end_to_end(agent_run, name):
     if name == "gdpo":
         argv += ["--set", "algorithm.gdpo_reward_keys=acc,fmt", "--set", "algorithm.gdpo_reward_weights=1,0.5"]
     assert main(argv) == 0
-    scen = next(p.name for p in (agent_run / "rldiag" / "scenarios").iterdir() if p.name.startswith(f"adv_estimator={name}"))
+    # this estimator's scenario (the run is shared by the module's tests: rloo's is not rloo_vectorized's)
+    ours = f"adv_estimator={name}"
+    scen = next(p.name for p in (agent_run / "rldiag" / "scenarios").iterdir()
+                if p.name == ours or p.name.startswith(ours + "__"))
     meta, table = read_scenario(agent_run, scen)
     assert meta["steps_done"] == [1, 2, 3] and meta["steps_failed"] == {}
     assert meta["settings"]["algorithm.adv_estimator"] == name
