@@ -94,11 +94,13 @@ def test_settings_and_tolerances():
 # ---- recompute --------------------------------------------------------------------------------
 
 
-def test_recompute_returns_the_scenario_it_wrote(sample):
+def test_recompute_returns_the_scenario_it_wrote(sample, tmp_path):
+    # a copy of its own: the module's sample may hold a baseline another test wrote first
+    run = shutil.copytree(sample, tmp_path / "run", ignore=shutil.ignore_patterns("rldiag"))
     calls = Calls()
-    res = rldiag.recompute(sample, device="cpu", progress=calls)
+    res = rldiag.recompute(run, device="cpu", progress=calls)
     assert isinstance(res, api.RecomputeResult)
-    assert (res.name, res.path, res.device, res.executor) == ("baseline", sample / "rldiag" / "scenarios" / "baseline",
+    assert (res.name, res.path, res.device, res.executor) == ("baseline", run / "rldiag" / "scenarios" / "baseline",
                                                              "cpu", "local")
     assert res.ok and res.steps_done == STEPS and res.steps_reused == []
     assert res.rows == 30 * 64 and res.tokens > 0

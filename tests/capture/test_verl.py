@@ -312,6 +312,7 @@ def test_uninstall_restores_verls_functions(monkeypatch, tmp_path, v1):
     import verl.trainer.ppo.rollout_corr_helper as rch
     from verl.utils.tracking import Tracking
 
+    capture.uninstall()  # verl's own functions, whatever a test before this one left installed
     before = (tb.PPOTrainer.fit, tb.PPOTrainer._compute_advantage, Tracking.log,
               rch.compute_rollout_correction_and_add_to_batch)
     capture.install(tmp_path)
