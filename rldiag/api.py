@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from rldiag.importers.wandb_online import ApiFactory
     from rldiag.io.fs import RemotePath
     from rldiag.io.rundir import Steps
+    from rldiag.scenario.reward_fn import RewardFunction
     from rldiag.scenario.sweep import SweepReport as SweepResult
     from rldiag.scenario.tokens import StepTokens as StepTokensResult
     from rldiag.scenario.write import ScenarioReport
@@ -76,12 +77,14 @@ __all__ = [
     # functions
     "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
     "import_wandb", "band_metrics", "reference_bands",
-    "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "reusable_steps", "rows",
+    "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "rescore", "resolve_reward",
+    "reusable_steps", "rows",
     "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
     "warm_up", "whatif_options",
     # results
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "FollowDoctorResult", "HealthEvent",
-    "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "StepTokensResult", "SweepResult",
+    "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "RescoreResult", "RewardFunction",
+    "StepTokensResult", "SweepResult",
     "TokenAgreement", "VerifyResult", "WhatifOptions",
     # what the functions take, and constants
     "COUNTERFACTUAL_CAVEAT", "Progress", "SIGN_DIFFERS", "Settings", "Tol", "Tolerances", "WHITENED_CONSTANT",
@@ -112,6 +115,7 @@ _LAZY = {
     "Tolerances": "rldiag.analysis.tolerance:Tolerances",
     "Tol": "rldiag.analysis.tolerance:Tol",
     "Settings": "rldiag.config.settings:Settings",
+    "RewardFunction": "rldiag.scenario.reward_fn:RewardFunction",
     "SIGN_DIFFERS": "rldiag.store.rows:SIGN_DIFFERS",
     # verify's name for a difference that is the rounding noise of a whitened constant (a tied group or step)
     "WHITENED_CONSTANT": "rldiag.analysis.tolerance:WHITENED_CONSTANT",
@@ -347,6 +351,83 @@ def recompute(
     rep = run_follow(run, _overrides(overrides, estimator), poll_seconds=poll_seconds, idle_timeout=idle_timeout,
                      on_update=update, **options)
     return RecomputeResult.from_report(rep)
+
+
+@dataclass
+class RescoreResult:
+    """A re-scored run (``rldiag rescore``): the scenario written and what the reward calls did."""
+
+    scenario: RecomputeResult
+    function: RewardFunction
+    manager: str  # the reward manager reproduced: naive or dapo
+    dedupe: bool  # identical calls made once
+    rows: int  # rows scored
+    calls: int  # calls made (after deduplication)
+    changed: int  # rows whose (float32) score differs from the captured one
+    #: the rows whose call raised or timed out (they keep their captured score): step, row, data_source, message
+    failures: pl.DataFrame
+    steps_failed: dict[int, str]  # every failed step: too many failed rows, or the recompute's own failures
+    workers_replaced: int  # workers killed (stuck past the timeout, or dead) and replaced
+    notes: list[str] = field(default_factory=list)
+    score_seconds: float = 0.0  # reading the inputs and calling the function
+
+    @property
+    def ok(self) -> bool:
+        """Every chosen step was written."""
+        return not self.steps_failed
+
+
+def resolve_reward(run: Run, reward: str) -> RewardFunction:
+    """The reward function ``reward`` names for ``run`` (``FILE.py:NAME``, ``MODULE:NAME``,
+    ``verl:default`` or ``from-config``: the run's ``reward.custom_reward_function``): its file,
+    SHA-256, name and the keyword arguments merged into each call. Loads and runs nothing."""
+    from rldiag.io.fs import as_path
+    from rldiag.scenario.reward_fn import resolve_reward as resolve
+
+    path = as_path(run)
+    return resolve(reward, settings(run).values, path if isinstance(path, Path) else None)
+
+
+def rescore(
+    run: Run,
+    reward: str | RewardFunction,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    estimator: str | None = None,
+    name: str | None = None,
+    steps: Steps = None,
+    workers: int | None = None,
+    timeout: float = 10.0,
+    save_tokens: bool = False,
+    dedupe: bool = True,
+    allow_code_exec: bool = False,
+    device: str = "auto",
+    progress: Progress | None = None,
+) -> RescoreResult:
+    """Score the run's saved rollouts with ``reward`` (see :func:`resolve_reward`), place each new
+    score (float32) at its row's last valid token, and recompute everything after it under the
+    run's settings plus ``overrides``: the scenario ``name`` (default ``reward=<function name>``).
+    Calls run in ``workers`` processes (default: the cores), each under ``timeout`` seconds; a
+    row whose call fails keeps its captured score (``result.failures``); identical calls are made
+    once unless ``dedupe`` is False. ``allow_code_exec``: let ``verl:default`` score data sources
+    that run model-written code. ``progress(done, total, what)``: ``what`` is ``"scoring"``
+    while the function runs, then ``"step N"``."""
+    from rldiag.scenario.rescore import rescore as run_rescore
+
+    rep = run_rescore(run, reward, _overrides(overrides, estimator), name=name, steps=steps, workers=workers,
+                      timeout=timeout, save_tokens=save_tokens, dedupe=dedupe, allow_code_exec=allow_code_exec,
+                      device=device, progress=progress)
+    import polars as pl
+
+    failures = pl.DataFrame({"step": [f.step for f in rep.failures], "row": [f.row for f in rep.failures],
+                             "data_source": [f.data_source for f in rep.failures],
+                             "message": [f.message for f in rep.failures]},
+                            schema={"step": pl.Int64, "row": pl.Int64, "data_source": pl.String, "message": pl.String})
+    scenario = RecomputeResult.from_report(rep.scenario)
+    return RescoreResult(scenario=scenario, function=rep.function, manager=rep.manager.name, dedupe=rep.dedupe,
+                         rows=rep.rows, calls=rep.calls, changed=rep.changed, failures=failures,
+                         steps_failed=dict(scenario.steps_failed), workers_replaced=rep.workers_replaced,
+                         notes=list(rep.notes), score_seconds=rep.score_seconds)
 
 
 def reusable_steps(run: Run, name: str = "baseline", overrides: Mapping[str, Any] | None = None, *,

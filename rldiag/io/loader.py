@@ -447,8 +447,9 @@ def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequ
 
 
 #: columns the per-row table never copies from a batch file: the engine writes its own values of
-#: these (``score``: the row's summed token scores) or they are the table's keys
-ROW_TABLE_SKIP = frozenset(("step", "row"))
+#: these (``score``: the row's summed token scores) or they are the table's keys; a reward
+#: function's inputs (texts, JSON) stay in the batch file
+ROW_TABLE_SKIP = frozenset(("step", "row", *REWARD_INPUT_COLUMNS, REWARD_INPUT_REPR_COLUMN))
 
 
 def row_columns(sf: StepFile, source: bytes | None = None, exclude: frozenset[str] = ROW_TABLE_SKIP) -> pa.Table:
