@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
+    from rldiag.analysis.reward_probe import ProbeReport as ProbeRewardResult
     from rldiag.analysis.tolerance import WHITENED_CONSTANT, Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
     from rldiag.config.settings import Settings
@@ -77,13 +78,15 @@ __all__ = [
     # functions
     "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
     "import_wandb", "band_metrics", "reference_bands",
-    "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "rescore", "resolve_reward",
+    "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "probe_reward", "recompute", "rescore",
+    "resolve_reward",
     "reusable_steps", "rows",
     "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
     "warm_up", "whatif_options",
     # results
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "FollowDoctorResult", "HealthEvent",
-    "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "RescoreResult", "RewardFunction",
+    "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "ProbeRewardResult", "RescoreResult",
+    "RewardFunction",
     "StepTokensResult", "SweepResult",
     "TokenAgreement", "VerifyResult", "WhatifOptions",
     # what the functions take, and constants
@@ -116,6 +119,7 @@ _LAZY = {
     "Tol": "rldiag.analysis.tolerance:Tol",
     "Settings": "rldiag.config.settings:Settings",
     "RewardFunction": "rldiag.scenario.reward_fn:RewardFunction",
+    "ProbeRewardResult": "rldiag.analysis.reward_probe:ProbeReport",
     "SIGN_DIFFERS": "rldiag.store.rows:SIGN_DIFFERS",
     # verify's name for a difference that is the rounding noise of a whitened constant (a tied group or step)
     "WHITENED_CONSTANT": "rldiag.analysis.tolerance:WHITENED_CONSTANT",
@@ -430,6 +434,19 @@ def rescore(
                          notes=list(rep.notes), score_seconds=rep.score_seconds)
 
 
+def probe_reward(run: Run, reward: str | RewardFunction, *, prompts: int = 256, workers: int | None = None,
+                 timeout: float = 10.0, allow_code_exec: bool = False,
+                 progress: Progress | None = None) -> ProbeRewardResult:
+    """``rldiag probe-reward``: ``reward`` scores degenerate replies (empty, the prompt echoed, the
+    ground truth alone, a real reply twice or cut in half, another prompt's reply) beside the
+    run's real ones for ``prompts`` of its prompts; ``result.findings`` holds a ``reward_shortcut``
+    finding for each probe that earns at least half the real replies' mean (docs/rescore.md)."""
+    from rldiag.analysis.reward_probe import probe_reward as run_probe
+
+    return run_probe(run, reward, prompts=prompts, workers=workers, timeout=timeout,
+                     allow_code_exec=allow_code_exec, progress=progress)
+
+
 def reusable_steps(run: Run, name: str = "baseline", overrides: Mapping[str, Any] | None = None, *,
                    estimator: str | None = None, save_tokens: bool = False) -> list[int]:
     """The steps of scenario ``name`` that :func:`recompute` (with these ``overrides`` and
@@ -642,17 +659,23 @@ def diagnose(
     device: str = "cpu",
     progress: Progress | None = None,
     counterfactual: bool = True,
+    reward: str | RewardFunction | None = None,
 ) -> DiagnoseResult:
     """The doctor: the health rules (built in, plus ``rules_files``) over the run's logged
     metrics and, unless ``recompute`` is False, its recomputed ones (written as the scenario
     :func:`recompute` writes for these overrides, ``baseline`` for none; unchanged steps reused).
     ``result.healthy``; ``result.findings_frame()``: one row per finding, most severe first.
     ``counterfactual``: each finding whose rule names the settings that address it carries what
-    they change on its window's batches (``finding.counterfactual``; computed in memory)."""
+    they change on its window's batches (``finding.counterfactual``; computed in memory).
+    ``reward``: also probe that reward function for shortcuts (:func:`probe_reward`), its
+    ``reward_shortcut`` findings added to the report's."""
     from rldiag.doctor import diagnose as run_diagnose
 
-    return run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
-                        recompute=recompute, device=device, progress=_by_step(progress), counterfactual=counterfactual)
+    rep = run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
+                       recompute=recompute, device=device, progress=_by_step(progress), counterfactual=counterfactual)
+    if reward is not None:
+        rep.findings.extend(probe_reward(run, reward).findings)
+    return rep
 
 
 def follow_doctor(
