@@ -372,6 +372,7 @@ class RescoreResult:
     failures: pl.DataFrame
     steps_failed: dict[int, str]  # every failed step: too many failed rows, or the recompute's own failures
     workers_replaced: int  # workers killed (stuck past the timeout, or dead) and replaced
+    worker_pids: list[int] = field(default_factory=list)  # every worker process started (each ended and reaped)
     notes: list[str] = field(default_factory=list)
     score_seconds: float = 0.0  # reading the inputs and calling the function
 
@@ -431,6 +432,7 @@ def rescore(
     return RescoreResult(scenario=scenario, function=rep.function, manager=rep.manager.name, dedupe=rep.dedupe,
                          rows=rep.rows, calls=rep.calls, changed=rep.changed, failures=failures,
                          steps_failed=dict(scenario.steps_failed), workers_replaced=rep.workers_replaced,
+                         worker_pids=list(rep.worker_pids),
                          notes=list(rep.notes), score_seconds=rep.score_seconds)
 
 

@@ -59,7 +59,8 @@ from rldiag.scenario.reward_fn import (
     manager_of,
     resolve_reward,
 )
-from rldiag.scenario.reward_pool import CallResult, score_calls
+from rldiag.scenario.reward_pool import CallResult, PoolStats, score_calls
+from rldiag.scenario.tokens import RESCORED_KEY
 from rldiag.scenario.write import ScenarioReport, ScenarioWriter
 
 __all__ = ["RescoreReport", "RowFailure", "StepInputs", "read_inputs", "rescore"]
@@ -109,6 +110,7 @@ class RescoreReport:
     failures: list[RowFailure] = field(default_factory=list)
     steps_failed: dict[int, str] = field(default_factory=dict)  # too many rows failed
     workers_replaced: int = 0
+    worker_pids: list[int] = field(default_factory=list)  # every worker process started (all ended)
     notes: list[str] = field(default_factory=list)
     score_seconds: float = 0.0
 
@@ -175,8 +177,8 @@ def _check_code_exec(fn: RewardFunction, inputs: list[StepInputs], allow: bool) 
 
 
 def _score_all(fn: RewardFunction, inputs: list[StepInputs], workers: int, timeout: float, dedupe: bool,
-               progress: Callable[[int, int, str], None] | None) -> tuple[list[list[CallResult]], int, int]:
-    """Each step's per-row results, the calls made, the workers replaced."""
+               progress: Callable[[int, int, str], None] | None) -> tuple[list[list[CallResult]], int, PoolStats]:
+    """Each step's per-row results, the calls made, the pool's stats."""
     unique: dict[Any, int] = {}
     calls: list[dict[str, Any]] = []
     where: list[list[int]] = []
@@ -193,10 +195,10 @@ def _score_all(fn: RewardFunction, inputs: list[StepInputs], workers: int, timeo
             idx.append(unique[k])
         where.append(idx)
     tick = (lambda done, total: progress(done, total, "scoring")) if progress else None
-    results, replaced = score_calls(fn, calls, workers, timeout, tick)
+    results, stats = score_calls(fn, calls, workers, timeout, tick)
     repr_error = CallResult(error=f"RewardError: the row's ground_truth or extra_info is stored as its repr "
                                   f"({REWARD_INPUT_REPR_COLUMN}): JSON could not hold it")
-    return [[results[j] if j >= 0 else repr_error for j in idx] for idx in where], len(calls), replaced
+    return [[results[j] if j >= 0 else repr_error for j in idx] for idx in where], len(calls), stats
 
 
 def _step_scores(s: StepInputs, results: list[CallResult], manager: Manager
@@ -271,7 +273,8 @@ def rescore(
     inputs = [read_inputs(files[s]) for s in chosen]
     _check_code_exec(fn, inputs, allow_code_exec)
     n_workers = workers if workers is not None else (os.cpu_count() or 1)
-    per_step, n_calls, replaced = _score_all(fn, inputs, max(1, n_workers), timeout, dedupe, progress)
+    per_step, n_calls, stats = _score_all(fn, inputs, max(1, n_workers), timeout, dedupe, progress)
+    replaced = stats.replaced
     score_s = time.perf_counter() - t0
 
     rescored: dict[int, RowScores] = {}
@@ -295,7 +298,7 @@ def rescore(
     report = RescoreReport(ScenarioReport(name=name, path=rd.layout.scenario(name).dir, settings=settings,
                                           device=device), fn, manager, dedupe, rows=sum(len(s.calls) for s in inputs),
                            calls=n_calls, changed=changed, failures=failures, steps_failed=bad_steps,
-                           workers_replaced=replaced, score_seconds=score_s)
+                           workers_replaced=replaced, worker_pids=stats.pids, score_seconds=score_s)
     if chosen and "extra_info" not in read_schema(files[chosen[0]]).names:
         report.notes.append("the run has no extra_info column (its trainer's batch did not carry it): the "
                             "function was called with extra_info={}")
@@ -319,7 +322,7 @@ def rescore(
                     if progress:
                         progress(i, len(ok_steps), f"step {out.step}")
             writer.commit(time.perf_counter() - t0, {
-                "reward": {**fn.record(), "manager": manager.record(), "timeout": timeout, "dedupe": dedupe,
+                RESCORED_KEY: {**fn.record(), "manager": manager.record(), "timeout": timeout, "dedupe": dedupe,
                            "rows": report.rows, "calls": n_calls, "failed_rows": len(failures),
                            "changed_rows": changed, "workers_replaced": replaced}})
     finally:

@@ -17,15 +17,14 @@ Calls go out in chunks, results come back one per call, in order.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import signal
+import subprocess
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any
 
 from rldiag.errors import RewardError
@@ -56,13 +55,14 @@ def _alarm(signum: int, frame: Any) -> None:
     raise CallTimeoutError()
 
 
-def worker_main(conn: Connection, fn: RewardFunction, timeout: float) -> None:
+def worker_main(conn: Connection) -> None:
     """A worker's loop: load the function, then answer each chunk of ``(index, kwargs)`` with
     ``(index, score, components, error)`` per call, sent in lists: at the chunk's end, or sooner
     once :data:`FLUSH_S` passed since the last send (so a worker is never silent for longer than
     one call, at most ``timeout``, plus that); ``None`` ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the worker's whole life
+    fn, timeout, path = conn.recv()  # the function, the timeout, the parent's sys.path
+    sys.path[:] = [p for p in path if p not in sys.path] + sys.path
     try:
         func = load_function(fn)
     except RewardError as exc:
@@ -102,7 +102,7 @@ def worker_main(conn: Connection, fn: RewardFunction, timeout: float) -> None:
 
 @dataclass
 class _Worker:
-    proc: Any
+    proc: subprocess.Popen
     conn: Connection
     pending: deque = field(default_factory=deque)  # (index, kwargs) sent, not answered, in order
     last: float = 0.0  # when it last answered (or was given work)
@@ -113,9 +113,9 @@ class Pool:
 
     def __init__(self, fn: RewardFunction, workers: int, timeout: float):
         self.fn, self.timeout = fn, float(timeout)
-        self.ctx = mp.get_context("spawn")
         self.workers: list[_Worker] = []
         self.replaced = 0
+        self.pids: list[int] = []  # every worker started
         try:
             for _ in range(max(1, workers)):
                 self.workers.append(self._spawn())
@@ -126,11 +126,15 @@ class Pool:
             raise
 
     def _spawn(self) -> _Worker:
-        parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=worker_main, args=(child, self.fn, self.timeout), daemon=True,
-                                name="rldiag-reward")
-        proc.start()
+        """A fresh interpreter (``python -m rldiag.scenario.reward_pool FD``: nothing of the caller's
+        ``__main__`` imported again), its standard output discarded, talking over a socket pair."""
+        parent, child = Pipe(duplex=True)
+        fd = child.fileno()
+        proc = subprocess.Popen([sys.executable, "-m", __name__, str(fd)], pass_fds=(fd,), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL)
         child.close()
+        self.pids.append(proc.pid)
+        parent.send((self.fn, self.timeout, list(sys.path)))
         return _Worker(proc, parent)
 
     def _ready(self, w: _Worker) -> None:
@@ -138,13 +142,13 @@ class Pool:
             kind, message = w.conn.recv()
         except EOFError:
             raise RewardError(f"--reward {self.fn.spec!r}: the worker process died while loading the function "
-                              f"(exit code {w.proc.exitcode})") from None
+                              f"(exit code {w.proc.wait()})") from None
         if kind == "load_error":
             raise RewardError(message)
 
     def _replace(self, w: _Worker) -> _Worker:
         w.proc.kill()
-        w.proc.join()
+        w.proc.wait()
         w.conn.close()
         new = self._spawn()
         self._ready(new)
@@ -159,10 +163,11 @@ class Pool:
             except (OSError, ValueError):
                 pass
         for w in self.workers:
-            w.proc.join(timeout=0.5)
-            if w.proc.is_alive():
+            try:
+                w.proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
                 w.proc.kill()
-                w.proc.join()
+                w.proc.wait()
             w.conn.close()
         self.workers = []
 
@@ -217,7 +222,7 @@ class Pool:
                             w.last = time.monotonic()
                     except (EOFError, OSError):
                         lost(i, f"WorkerDied: the worker process died during the call (exit code "
-                                f"{w.proc.exitcode})")
+                                f"{w.proc.wait()})")
                 elif w.pending and time.monotonic() - w.last > limit:
                     lost(i, f"TimeoutError: no answer within {self.timeout:g} s + {GRACE_S:g} s; the worker was "
                             "killed and replaced")
@@ -227,11 +232,26 @@ class Pool:
         return [r if r is not None else CallResult(error="lost") for r in results]
 
 
+@dataclass
+class PoolStats:
+    """What a pool did besides the calls: workers replaced, and every worker's process id."""
+
+    replaced: int = 0
+    pids: list[int] = field(default_factory=list)
+
+
 def score_calls(fn: RewardFunction, calls: Sequence[dict[str, Any]], workers: int, timeout: float,
-                progress: Callable[[int, int], None] | None = None) -> tuple[list[CallResult], int]:
-    """``(results, workers replaced)`` of ``calls`` (keyword arguments each) on a fresh pool,
-    closed (every worker gone) however this returns."""
+                progress: Callable[[int, int], None] | None = None) -> tuple[list[CallResult], PoolStats]:
+    """``(results, stats)`` of ``calls`` (keyword arguments each) on a fresh pool, closed (every
+    worker ended and reaped) however this returns."""
     if not calls:
-        return [], 0
-    with Pool(fn, min(workers, len(calls)), timeout) as pool:
-        return pool.run(calls, progress), pool.replaced
+        return [], PoolStats()
+    pool = Pool(fn, min(workers, len(calls)), timeout)
+    try:
+        return pool.run(calls, progress), PoolStats(pool.replaced, list(pool.pids))
+    finally:
+        pool.close()
+
+
+if __name__ == "__main__":  # a worker: python -m rldiag.scenario.reward_pool FD
+    worker_main(Connection(int(sys.argv[1])))

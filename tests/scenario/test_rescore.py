@@ -8,7 +8,7 @@ their captured scores, and no worker is left behind."""
 from __future__ import annotations
 
 import json
-import multiprocessing
+import os
 import shutil
 from pathlib import Path
 
@@ -146,7 +146,10 @@ def test_failed_calls_keep_their_scores_are_reported_and_leave_no_worker(tmp_pat
     fn = tmp_path / "trouble.py"
     fn.write_text(TROUBLE)
     rep = rescore(run, f"{fn}:compute_score", workers=2, timeout=0.3, dedupe=False)
-    assert multiprocessing.active_children() == []  # every worker stopped and joined
+    assert len(rep.worker_pids) == 4  # two, then the replacements of the hung one and the crashed one
+    for pid in rep.worker_pids:  # every worker ended and reaped: none left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     why = {(f.step, f.row): (f.data_source, f.message) for f in rep.failures}
     assert set(why) == {(1, 1), (1, 2), (2, 0), (2, 2), (3, 0), (3, 1), (3, 2)}
     assert why[1, 1][1].startswith("TimeoutError: the call took longer than 0.3 s")
@@ -209,3 +212,24 @@ def test_dapo_adds_its_overlong_penalty_and_other_managers_are_refused(tmp_path)
     with pytest.raises(RewardError, match="'prime' is not supported by rescore"):
         rescore(other, f"{fn}:one", workers=1)
     assert not RunLayout(other).scenario("reward=one").dir.exists()
+
+
+def test_compare_never_recomputes_a_rescore_as_a_plain_recompute(sample, tmp_path):
+    """compare recomputes a scenario lacking per-token outputs from its overrides; a rescored one
+    would lose its scores so: it is left as it is (its steps listed without tokens), and a rescore
+    with --save-tokens is compared token by token."""
+    from rldiag.analysis.compare import compare
+    from rldiag.scenario.tokens import step_tokens
+
+    fn = tmp_path / "tag_only.py"
+    fn.write_text(TAG_ONLY)
+    rescore(sample, f"{fn}:compute_score", name="tag2", workers=1, steps="1:2")
+    before = RunLayout(sample).scenario("tag2").metrics.read_bytes()
+    rep = compare(sample, "baseline", "tag2", steps="1:2")
+    assert "tag2" not in rep.recomputed and rep.steps_without_tokens["tag2"] == [1, 2]
+    assert RunLayout(sample).scenario("tag2").metrics.read_bytes() == before  # not rewritten
+    assert "is a rescore" in (step_tokens(sample, 1, "tag2").error or "")
+    rescore(sample, f"{fn}:compute_score", name="tag2", workers=1, steps="1:2", save_tokens=True)
+    rep = compare(sample, "baseline", "tag2", steps="1:2")
+    assert rep.token_steps == [1, 2] and rep.summary["sign_agreement"] < 1.0
+    assert "score_captured" in _rows(sample, "tag2", 1).column_names
