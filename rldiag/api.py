@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
+    from rldiag.analysis.reward_change import RewardChange as RewardChangeResult
     from rldiag.analysis.reward_probe import ProbeReport as ProbeRewardResult
     from rldiag.analysis.tolerance import WHITENED_CONSTANT, Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
@@ -79,14 +80,14 @@ __all__ = [
     "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
     "import_wandb", "band_metrics", "reference_bands",
     "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "probe_reward", "recompute", "rescore",
-    "resolve_reward",
+    "reward_changes", "resolve_reward",
     "reusable_steps", "rows",
     "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
     "warm_up", "whatif_options",
     # results
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "FollowDoctorResult", "HealthEvent",
     "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "ProbeRewardResult", "RescoreResult",
-    "RewardFunction",
+    "RewardChangeResult", "RewardFunction",
     "StepTokensResult", "SweepResult",
     "TokenAgreement", "VerifyResult", "WhatifOptions",
     # what the functions take, and constants
@@ -120,6 +121,7 @@ _LAZY = {
     "Settings": "rldiag.config.settings:Settings",
     "RewardFunction": "rldiag.scenario.reward_fn:RewardFunction",
     "ProbeRewardResult": "rldiag.analysis.reward_probe:ProbeReport",
+    "RewardChangeResult": "rldiag.analysis.reward_change:RewardChange",
     "SIGN_DIFFERS": "rldiag.store.rows:SIGN_DIFFERS",
     # verify's name for a difference that is the rounding noise of a whitened constant (a tied group or step)
     "WHITENED_CONSTANT": "rldiag.analysis.tolerance:WHITENED_CONSTANT",
@@ -447,6 +449,16 @@ def probe_reward(run: Run, reward: str | RewardFunction, *, prompts: int = 256, 
 
     return run_probe(run, reward, prompts=prompts, workers=workers, timeout=timeout,
                      allow_code_exec=allow_code_exec, progress=progress)
+
+
+def reward_changes(run: Run, a: str, b: str, *, steps: Steps = None, top: int = 10) -> RewardChangeResult | None:
+    """What a rescore changed, when ``a`` or ``b`` is a rescored scenario (None otherwise): the rows
+    whose score changed (and by data source), the groups that gained or lost signal, the rows whose
+    mean advantage changed sign, and the ``top`` tokens whose gradient weight changed most (where
+    both scenarios have per-token outputs), with their text. ``rldiag compare`` prints it."""
+    from rldiag.analysis.reward_change import reward_changes as run_changes
+
+    return run_changes(run, a, b, steps=steps, top=top)
 
 
 def reusable_steps(run: Run, name: str = "baseline", overrides: Mapping[str, Any] | None = None, *,

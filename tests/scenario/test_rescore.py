@@ -233,3 +233,37 @@ def test_compare_never_recomputes_a_rescore_as_a_plain_recompute(sample, tmp_pat
     rep = compare(sample, "baseline", "tag2", steps="1:2")
     assert rep.token_steps == [1, 2] and rep.summary["sign_agreement"] < 1.0
     assert "score_captured" in _rows(sample, "tag2", 1).column_names
+
+
+def test_what_the_reward_changed(sample, tmp_path):
+    from rldiag.analysis.reward_change import reward_changes
+    from rldiag.scenario.tokens import ensure_scenario
+
+    fn = tmp_path / "tag_only.py"
+    fn.write_text(TAG_ONLY)
+    rescore(sample, f"{fn}:compute_score", name="tag3", workers=1, steps="1:3", save_tokens=True)
+    ensure_scenario(sample, "baseline", None, "1:3")  # the baseline's tokens, as compare makes them
+    c = reward_changes(sample, "baseline", "tag3", steps="1:3")
+    assert c is not None and c.rows == 3 * 64 and c.token_steps == [1, 2, 3]
+    changed = gained = lost = flips = 0
+    for step in (1, 2, 3):
+        a, b = _rows(sample, "baseline", step), _rows(sample, "tag3", step)
+        changed += sum(x != y for x, y in zip(a["score"].to_pylist(), b["score"].to_pylist()))
+        flips += sum(x * y < 0 for x, y in zip(a["advantage_mean"].to_pylist(), b["advantage_mean"].to_pylist()))
+        first = {}
+        for u, sa, sb in zip(a["uid"].to_pylist(), a["group_has_signal"].to_pylist(), b["group_has_signal"].to_pylist()):
+            first.setdefault(u, (sa, sb))
+        gained += sum(1 for sa, sb in first.values() if sb and not sa)
+        lost += sum(1 for sa, sb in first.values() if sa and not sb)
+    assert (c.score_changed, c.gained_signal, c.lost_signal, c.sign_flips) == (changed, gained, lost, flips)
+    assert c.score_changed > 0 and c.by_source == {"toy/digit_sum": {"rows": 192, "changed": changed}}
+    top = c.top_tokens[0]
+    assert abs(top["weight_b"] - top["weight_a"]) >= abs(c.top_tokens[-1]["weight_b"] - c.top_tokens[-1]["weight_a"])
+    text = pq.read_table(RunDir(sample).step_files()[top["step"] - 1].path)["response_tokens"].to_pylist()
+    assert top["token"] == text[top["row"]][top["position"]]
+    for side, key in (("baseline", "weight_a"), ("tag3", "weight_b")):  # |A| x w of the saved outputs
+        t = pq.read_table(RunLayout(sample).scenario(side).tokens_file(top["step"]))
+        adv = t["advantages"].to_pylist()[top["row"]][top["position"]]
+        w = t["loss_weight"].to_pylist()[top["row"]][top["position"]]
+        assert top[key] == pytest.approx(abs(adv) * w, rel=1e-6)
+    assert reward_changes(sample, "baseline", "baseline") is None
