@@ -75,8 +75,10 @@ CAPTURED, FAILED = "score_captured", "rescore_failed"
 class StepInputs:
     """One step's reward inputs, ``(rows,)`` each: the keyword arguments of each row's call
     (decoded), the JSON texts the deduplication keys on, the captured score (float64: the row's
-    summed ``token_level_scores``, else its ``score``), the valid response length, and the rows
-    whose inputs JSON could not hold (their ``repr`` stored: never called)."""
+    summed ``token_level_scores``, else its ``score``), the valid response length, the rows
+    whose inputs JSON could not hold (their ``repr`` stored: never called), and the rows that are
+    a V1 multi-output session's earlier outputs (``session_id``, ``output_index``: verl's reward
+    loop scores a session on its last output alone; these are not called and keep their scores)."""
 
     step: int
     calls: list[dict[str, Any]]
@@ -84,6 +86,7 @@ class StepInputs:
     captured: np.ndarray
     lengths: np.ndarray
     unreadable: np.ndarray
+    earlier: np.ndarray
 
 
 @dataclass
@@ -135,7 +138,15 @@ def _decode(text: str, sf: StepFile, row: int, column: str) -> Any:
 
 
 INPUT_COLUMNS = ("data_source", "ground_truth", "extra_info", "response_text", REWARD_INPUT_REPR_COLUMN,
-                 "response_mask", "token_level_scores", "score")
+                 "response_mask", "token_level_scores", "score", "session_id", "output_index")
+
+
+def earlier_outputs(sessions: list[Any], outputs: np.ndarray) -> np.ndarray:
+    """``(rows,)`` bool: the rows that are not their session's last output (highest ``output_index``)."""
+    last: dict[Any, int] = {}
+    for s, o in zip(sessions, outputs.tolist()):
+        last[s] = max(last.get(s, o), o)
+    return np.array([o < last[s] for s, o in zip(sessions, outputs.tolist())], dtype=bool)
 
 
 def read_inputs(sf: StepFile) -> StepInputs:
@@ -155,16 +166,19 @@ def read_inputs(sf: StepFile) -> StepInputs:
         captured[lengths == 0] = 0.0
     else:
         captured = to_numpy(table["score"].combine_chunks()).astype(np.float64)
+    earlier = (earlier_outputs(table["session_id"].to_pylist(),
+                               to_numpy(table["output_index"].combine_chunks()).astype(np.int64))
+               if {"session_id", "output_index"} <= names else np.zeros(table.num_rows, dtype=bool))
     calls: list[dict[str, Any]] = []
     keys: list[tuple[str, str, str, str]] = []
     for i, (ds, gt, ex, text) in enumerate(zip(sources, truths, extras, texts)):
         keys.append((ds, text, gt, ex))
-        if unreadable[i]:
+        if unreadable[i] or earlier[i]:
             calls.append({})
             continue
         calls.append({"data_source": ds, "solution_str": text, "ground_truth": _decode(gt, sf, i, "ground_truth"),
                       "extra_info": _decode(ex, sf, i, "extra_info")})
-    return StepInputs(sf.step, calls, keys, captured, lengths, unreadable)
+    return StepInputs(sf.step, calls, keys, captured, lengths, unreadable, earlier)
 
 
 def _check_code_exec(fn: RewardFunction, inputs: list[StepInputs], allow: bool) -> None:
@@ -185,8 +199,8 @@ def _score_all(fn: RewardFunction, inputs: list[StepInputs], workers: int, timeo
     for s in inputs:
         idx = []
         for i, (call, key) in enumerate(zip(s.calls, s.keys)):
-            if s.unreadable[i]:
-                idx.append(-1)
+            if s.unreadable[i] or s.earlier[i]:
+                idx.append(-2 if s.earlier[i] else -1)
                 continue
             k = key if dedupe else (s.step, i)
             if k not in unique:
@@ -198,7 +212,9 @@ def _score_all(fn: RewardFunction, inputs: list[StepInputs], workers: int, timeo
     results, stats = score_calls(fn, calls, workers, timeout, tick)
     repr_error = CallResult(error=f"RewardError: the row's ground_truth or extra_info is stored as its repr "
                                   f"({REWARD_INPUT_REPR_COLUMN}): JSON could not hold it")
-    return [[results[j] if j >= 0 else repr_error for j in idx] for idx in where], len(calls), stats
+    not_called = CallResult()  # an earlier output of a session: keeps its score, not a failure
+    return ([[results[j] if j >= 0 else repr_error if j == -1 else not_called for j in idx] for idx in where],
+            len(calls), stats)
 
 
 def _step_scores(s: StepInputs, results: list[CallResult], manager: Manager
@@ -209,6 +225,8 @@ def _step_scores(s: StepInputs, results: list[CallResult], manager: Manager
     failed = np.zeros(n, dtype=bool)
     comps: dict[str, np.ndarray] = {}
     for i, r in enumerate(results):
+        if s.earlier[i]:
+            continue
         if r.error is not None or r.score is None:
             failed[i] = True
             continue
@@ -292,7 +310,7 @@ def rescore(
                                  f"(more than {max_failed_share:.0%}); first: row {first}: {results[first].error}")
             continue
         changed += int((scores != s.captured.astype(np.float32)).sum())
-        rescored[s.step] = RowScores(scores, failed)
+        rescored[s.step] = RowScores(scores, failed | s.earlier)
         extra[s.step] = (s.captured, failed, comps, scores)
 
     report = RescoreReport(ScenarioReport(name=name, path=rd.layout.scenario(name).dir, settings=settings,

@@ -33,7 +33,8 @@ class WordTokenizer:
 
 def write_text_run(path: Path, steps: list[list[dict]], config: dict | None = None, n: int = 2) -> Path:
     """One step per list of rows; a row: ``text`` (its response), ``data_source``, ``ground_truth``,
-    ``score`` (the captured one, at the last token), optional ``extra_info``. Rows ``n`` by ``n``
+    ``score`` (the captured one, at the last token), optional ``extra_info``, ``session_id`` and
+    ``output_index`` (every row or none). Rows ``n`` by ``n``
     share a uid (groups)."""
     words = [w for rows in steps for r in rows for w in r["text"].split()] + ["q"]
     tok = WordTokenizer(words)
@@ -60,5 +61,8 @@ def write_text_run(path: Path, steps: list[list[dict]], config: dict | None = No
                    "reward_model": np.array([{"ground_truth": r["ground_truth"]} for r in rows], dtype=object),
                    "extra_info": np.array([r.get("extra_info", {"index": i}) for i, r in enumerate(rows)],
                                           dtype=object)}
+            for key in ("session_id", "output_index"):  # a V1 multi-output session's rows
+                if key in rows[0]:
+                    non[key] = np.array([r[key] for r in rows], dtype=object if key == "session_id" else np.int64)
             w.write_batch(step, SimpleNamespace(batch=batch, non_tensor_batch=non))
     return path

@@ -267,3 +267,21 @@ def test_what_the_reward_changed(sample, tmp_path):
         w = t["loss_weight"].to_pylist()[top["row"]][top["position"]]
         assert top[key] == pytest.approx(abs(adv) * w, rel=1e-6)
     assert reward_changes(sample, "baseline", "baseline") is None
+
+
+def test_a_v1_session_is_scored_on_its_last_output(tmp_path):
+    """verl's reward loop scores a multi-output session on its last output: only those rows are
+    called; the earlier outputs keep their captured scores and are not failures."""
+    rows = [{**_row(t), "session_id": sid, "output_index": k}
+            for t, sid, k in (("a 1", "s0", 0), ("b 7", "s0", 1), ("c 7", "s1", 0), ("d 2", "s2", 1), ("e 7", "s2", 0))]
+    run = write_text_run(tmp_path / "run", [rows])
+    counter = tmp_path / "calls.txt"
+    fn = tmp_path / "count.py"
+    fn.write_text(f"def score(data_source, solution_str, ground_truth, extra_info):\n"
+                  f"    open({str(counter)!r}, 'a').write(solution_str[0])\n"
+                  f"    return float(solution_str.endswith(ground_truth))\n")
+    rep = rescore(run, f"{fn}:score", workers=1)
+    assert sorted(counter.read_text()) == ["b", "c", "d"] and not rep.failures
+    r = _rows(run, "reward=score", 1)
+    assert r["score"].to_pylist() == [0.5, 1.0, 1.0, 0.0, 0.5]
+    assert r["rescore_failed"].to_pylist() == [0] * 5
