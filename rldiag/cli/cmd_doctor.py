@@ -151,6 +151,8 @@ def follow(args: argparse.Namespace) -> int:
     """``--follow``: events as they happen; exit 0 at the idle timeout, 130 on Ctrl-C."""
     if args.steps:
         raise ConfigError("--steps cannot be combined with --follow (it follows every step the run writes)")
+    if args.reward:
+        raise ConfigError("--reward cannot be combined with --follow (run rldiag probe-reward RUN --reward ... once)")
     run_settings = api.settings(args.run, overrides_from_args(args)).resolved()
     on_event = _json_line if args.json else functools.partial(_event_line, settings=run_settings)
     try:
