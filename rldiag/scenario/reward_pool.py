@@ -47,8 +47,9 @@ class CallResult:
     error: str | None = None
 
 
-class CallTimeoutError(Exception):
-    """Raised inside a worker by ``SIGALRM`` when a call runs past the timeout."""
+class CallTimeoutError(BaseException):
+    """Raised inside a worker by ``SIGALRM`` when a call runs past the timeout (a BaseException,
+    so that a function's own ``except Exception`` does not swallow it)."""
 
 
 def _alarm(signum: int, frame: Any) -> None:

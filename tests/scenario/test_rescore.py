@@ -129,6 +129,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         os._exit(3)
     if data_source == "raise":
         raise ValueError("cannot grade " + solution_str)
+    if data_source == "swallow":  # a function's own except Exception does not swallow the timeout
+        try:
+            time.sleep(60)
+        except Exception:
+            return 1.0
     return float(solution_str.split()[-1] == str(ground_truth))
 '''
 
@@ -139,7 +144,7 @@ def _row(text: str, source: str = "ok", truth: str = "7", score: float = 0.5) ->
 
 def test_failed_calls_keep_their_scores_are_reported_and_leave_no_worker(tmp_path):
     run = write_text_run(tmp_path / "run", [
-        [_row("a 7"), _row("b 8", "sleep"), _row("c 7", "raise"), _row("d 7")],
+        [_row("a 7"), _row("b 8", "sleep"), _row("c 7", "raise"), _row("d 7"), _row("e 7", "swallow"), _row("x 7")],
         [_row("e 7", "hang"), _row("f 9"), _row("g 7", "crash"), _row("h 7")],
         [_row("i 7", "raise"), _row("j 7", "raise"), _row("k 7", "raise"), _row("l 7")],  # 3 of 4 fail
     ])
@@ -151,7 +156,8 @@ def test_failed_calls_keep_their_scores_are_reported_and_leave_no_worker(tmp_pat
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     why = {(f.step, f.row): (f.data_source, f.message) for f in rep.failures}
-    assert set(why) == {(1, 1), (1, 2), (2, 0), (2, 2), (3, 0), (3, 1), (3, 2)}
+    assert set(why) == {(1, 1), (1, 2), (1, 4), (2, 0), (2, 2), (3, 0), (3, 1), (3, 2)}
+    assert why[1, 4][1].startswith("TimeoutError: the call took longer than 0.3 s")
     assert why[1, 1][1].startswith("TimeoutError: the call took longer than 0.3 s")
     assert why[1, 2] == ("raise", "ValueError: cannot grade c 7")
     assert why[2, 0][1].startswith("TimeoutError: no answer within 0.3 s + 2 s")
@@ -160,10 +166,10 @@ def test_failed_calls_keep_their_scores_are_reported_and_leave_no_worker(tmp_pat
     assert set(rep.steps_failed) == {3} and "3 of 4 rows' reward calls failed" in rep.steps_failed[3]
     assert rep.scenario.steps_done == [1, 2]  # the others are written
     r1, r2 = _rows(run, "reward=compute_score", 1), _rows(run, "reward=compute_score", 2)
-    assert r1["score"].to_pylist() == [1.0, 0.5, 0.5, 1.0]  # failed rows: the captured 0.5
-    assert r1["rescore_failed"].to_pylist() == [0, 1, 1, 0]
+    assert r1["score"].to_pylist() == [1.0, 0.5, 0.5, 1.0, 0.5, 1.0]  # failed rows: the captured 0.5
+    assert r1["rescore_failed"].to_pylist() == [0, 1, 1, 0, 1, 0]
     assert r2["score"].to_pylist() == [0.5, 0.0, 0.5, 1.0]
-    assert _metrics(run, "reward=compute_score")["rldiag/rescore/failed_rows"].to_pylist() == [2.0, 2.0]
+    assert _metrics(run, "reward=compute_score")["rldiag/rescore/failed_rows"].to_pylist() == [3.0, 2.0]
 
 
 def test_identical_calls_are_made_once_unless_asked(tmp_path):
