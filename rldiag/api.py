@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from rldiag.analysis.compare import EstimatorComparison as EstimatorsResult
     from rldiag.analysis.layout_audit import LayoutAuditResult
     from rldiag.analysis.mismatch import MismatchDiagnosis as MismatchResult
+    from rldiag.analysis.reward_change import RewardChange as RewardChangeResult
+    from rldiag.analysis.reward_probe import ProbeReport as ProbeRewardResult
     from rldiag.analysis.tolerance import WHITENED_CONSTANT, Tol, Tolerances
     from rldiag.analysis.verify import VerifyReport as VerifyResult
     from rldiag.config.settings import Settings
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from rldiag.importers.wandb_online import ApiFactory
     from rldiag.io.fs import RemotePath
     from rldiag.io.rundir import Steps
+    from rldiag.scenario.reward_fn import RewardFunction
     from rldiag.scenario.sweep import SweepReport as SweepResult
     from rldiag.scenario.tokens import StepTokens as StepTokensResult
     from rldiag.scenario.write import ScenarioReport
@@ -76,12 +79,16 @@ __all__ = [
     # functions
     "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
     "import_wandb", "band_metrics", "reference_bands",
-    "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "reusable_steps", "rows",
+    "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "probe_reward", "recompute", "rescore",
+    "reward_changes", "resolve_reward",
+    "reusable_steps", "rows",
     "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
     "warm_up", "whatif_options",
     # results
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "FollowDoctorResult", "HealthEvent",
-    "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "StepTokensResult", "SweepResult",
+    "ImportResult", "LayoutAuditResult", "MismatchResult", "RecomputeResult", "ProbeRewardResult", "RescoreResult",
+    "RewardChangeResult", "RewardFunction",
+    "StepTokensResult", "SweepResult",
     "TokenAgreement", "VerifyResult", "WhatifOptions",
     # what the functions take, and constants
     "COUNTERFACTUAL_CAVEAT", "Progress", "SIGN_DIFFERS", "Settings", "Tol", "Tolerances", "WHITENED_CONSTANT",
@@ -112,6 +119,9 @@ _LAZY = {
     "Tolerances": "rldiag.analysis.tolerance:Tolerances",
     "Tol": "rldiag.analysis.tolerance:Tol",
     "Settings": "rldiag.config.settings:Settings",
+    "RewardFunction": "rldiag.scenario.reward_fn:RewardFunction",
+    "ProbeRewardResult": "rldiag.analysis.reward_probe:ProbeReport",
+    "RewardChangeResult": "rldiag.analysis.reward_change:RewardChange",
     "SIGN_DIFFERS": "rldiag.store.rows:SIGN_DIFFERS",
     # verify's name for a difference that is the rounding noise of a whitened constant (a tied group or step)
     "WHITENED_CONSTANT": "rldiag.analysis.tolerance:WHITENED_CONSTANT",
@@ -349,6 +359,108 @@ def recompute(
     return RecomputeResult.from_report(rep)
 
 
+@dataclass
+class RescoreResult:
+    """A re-scored run (``rldiag rescore``): the scenario written and what the reward calls did."""
+
+    scenario: RecomputeResult
+    function: RewardFunction
+    manager: str  # the reward manager reproduced: naive or dapo
+    dedupe: bool  # identical calls made once
+    rows: int  # rows scored
+    calls: int  # calls made (after deduplication)
+    changed: int  # rows whose (float32) score differs from the captured one
+    #: the rows whose call raised or timed out (they keep their captured score): step, row, data_source, message
+    failures: pl.DataFrame
+    steps_failed: dict[int, str]  # every failed step: too many failed rows, or the recompute's own failures
+    workers_replaced: int  # workers killed (stuck past the timeout, or dead) and replaced
+    worker_pids: list[int] = field(default_factory=list)  # every worker process started (each ended and reaped)
+    notes: list[str] = field(default_factory=list)
+    score_seconds: float = 0.0  # reading the inputs and calling the function
+
+    @property
+    def ok(self) -> bool:
+        """Every chosen step was written."""
+        return not self.steps_failed
+
+
+def resolve_reward(run: Run, reward: str) -> RewardFunction:
+    """The reward function ``reward`` names for ``run`` (``FILE.py:NAME``, ``MODULE:NAME``,
+    ``verl:default`` or ``from-config``: the run's ``reward.custom_reward_function``): its file,
+    SHA-256, name and the keyword arguments merged into each call. Loads and runs nothing."""
+    from rldiag.io.fs import as_path
+    from rldiag.scenario.reward_fn import resolve_reward as resolve
+
+    path = as_path(run)
+    return resolve(reward, settings(run).values, path if isinstance(path, Path) else None)
+
+
+def rescore(
+    run: Run,
+    reward: str | RewardFunction,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    estimator: str | None = None,
+    name: str | None = None,
+    steps: Steps = None,
+    workers: int | None = None,
+    timeout: float = 10.0,
+    save_tokens: bool = False,
+    dedupe: bool = True,
+    allow_code_exec: bool = False,
+    device: str = "auto",
+    progress: Progress | None = None,
+) -> RescoreResult:
+    """Score the run's saved rollouts with ``reward`` (see :func:`resolve_reward`), place each new
+    score (float32) at its row's last valid token, and recompute everything after it under the
+    run's settings plus ``overrides``: the scenario ``name`` (default ``reward=<function name>``).
+    Calls run in ``workers`` processes (default: the cores), each under ``timeout`` seconds; a
+    row whose call fails keeps its captured score (``result.failures``); identical calls are made
+    once unless ``dedupe`` is False. ``allow_code_exec``: let ``verl:default`` score data sources
+    that run model-written code. ``progress(done, total, what)``: ``what`` is ``"scoring"``
+    while the function runs, then ``"step N"``."""
+    from rldiag.scenario.rescore import rescore as run_rescore
+
+    rep = run_rescore(run, reward, _overrides(overrides, estimator), name=name, steps=steps, workers=workers,
+                      timeout=timeout, save_tokens=save_tokens, dedupe=dedupe, allow_code_exec=allow_code_exec,
+                      device=device, progress=progress)
+    import polars as pl
+
+    failures = pl.DataFrame({"step": [f.step for f in rep.failures], "row": [f.row for f in rep.failures],
+                             "data_source": [f.data_source for f in rep.failures],
+                             "message": [f.message for f in rep.failures]},
+                            schema={"step": pl.Int64, "row": pl.Int64, "data_source": pl.String, "message": pl.String})
+    scenario = RecomputeResult.from_report(rep.scenario)
+    return RescoreResult(scenario=scenario, function=rep.function, manager=rep.manager.name, dedupe=rep.dedupe,
+                         rows=rep.rows, calls=rep.calls, changed=rep.changed, failures=failures,
+                         steps_failed=dict(scenario.steps_failed), workers_replaced=rep.workers_replaced,
+                         worker_pids=list(rep.worker_pids),
+                         notes=list(rep.notes), score_seconds=rep.score_seconds)
+
+
+def probe_reward(run: Run, reward: str | RewardFunction, *, prompts: int = 256, workers: int | None = None,
+                 timeout: float = 10.0, allow_code_exec: bool = False,
+                 progress: Progress | None = None) -> ProbeRewardResult:
+    """``rldiag probe-reward``: ``reward`` scores degenerate replies (empty, the prompt echoed, the
+    ground truth alone, a real reply twice or cut in half, another prompt's reply) beside the
+    run's real ones for ``prompts`` of its prompts; ``result.findings`` holds a ``reward_shortcut``
+    finding for each probe that earns at least half the real replies' mean (docs/rescore.md)."""
+    from rldiag.analysis.reward_probe import probe_reward as run_probe
+
+    return run_probe(run, reward, prompts=prompts, workers=workers, timeout=timeout,
+                     allow_code_exec=allow_code_exec, progress=progress)
+
+
+def reward_changes(run: Run, a: str, b: str, *, steps: Steps = None, top: int = 10) -> RewardChangeResult | None:
+    """What a rescore changed, when ``a`` or ``b`` is a rescored scenario (None otherwise): the rows
+    whose score changed (and by data source), the groups that gained or lost signal, the rows whose
+    mean advantage changed sign, and the ``top`` tokens whose gradient weight changed most (where
+    both scenarios have per-token outputs), with their text. ``rldiag compare`` prints it."""
+    from rldiag.analysis.reward_change import reward_changes as run_changes
+
+    return run_changes(run, a, b, steps=steps, top=top)
+
+
 def reusable_steps(run: Run, name: str = "baseline", overrides: Mapping[str, Any] | None = None, *,
                    estimator: str | None = None, save_tokens: bool = False) -> list[int]:
     """The steps of scenario ``name`` that :func:`recompute` (with these ``overrides`` and
@@ -561,17 +673,23 @@ def diagnose(
     device: str = "cpu",
     progress: Progress | None = None,
     counterfactual: bool = True,
+    reward: str | RewardFunction | None = None,
 ) -> DiagnoseResult:
     """The doctor: the health rules (built in, plus ``rules_files``) over the run's logged
     metrics and, unless ``recompute`` is False, its recomputed ones (written as the scenario
     :func:`recompute` writes for these overrides, ``baseline`` for none; unchanged steps reused).
     ``result.healthy``; ``result.findings_frame()``: one row per finding, most severe first.
     ``counterfactual``: each finding whose rule names the settings that address it carries what
-    they change on its window's batches (``finding.counterfactual``; computed in memory)."""
+    they change on its window's batches (``finding.counterfactual``; computed in memory).
+    ``reward``: also probe that reward function for shortcuts (:func:`probe_reward`), its
+    ``reward_shortcut`` findings added to the report's."""
     from rldiag.doctor import diagnose as run_diagnose
 
-    return run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
-                        recompute=recompute, device=device, progress=_by_step(progress), counterfactual=counterfactual)
+    rep = run_diagnose(run, rules_files=rules_files, overrides=_overrides(overrides, estimator), steps=steps,
+                       recompute=recompute, device=device, progress=_by_step(progress), counterfactual=counterfactual)
+    if reward is not None:
+        rep.findings.extend(probe_reward(run, reward).findings)
+    return rep
 
 
 def follow_doctor(

@@ -22,7 +22,8 @@ point at it. The tree::
     +-- StoreError               a run's file cannot be queried (rldiag.store, the app)
     +-- QueryError               a rows query's filter, sort or scenario is malformed (rldiag.rows)
     +-- WandbImportError         a W&B source cannot be imported (rldiag.importers)
-        +-- WandbMissingError    the optional wandb package is not installed
+    |   +-- WandbMissingError    the optional wandb package is not installed
+    +-- RewardError              a reward function cannot be found, loaded or allowed to run (rldiag rescore)
 
 ``rldiag.store.errors`` and ``rldiag.importers`` re-export their classes from here.
 """
@@ -129,6 +130,12 @@ class CaptureError(RldiagError):
     def __init__(self, message: str, errors: list[tuple[str, BaseException]] | None = None):
         self.errors = list(errors or [])
         super().__init__(message)
+
+
+class RewardError(RldiagError):
+    """A reward function (``rldiag rescore``, ``probe-reward``) cannot be found or loaded, is not
+    allowed to run (code-executing data sources without ``--allow-code-exec``), or the run lacks
+    what it reads. A call that raises or times out is not an error: its row is reported."""
 
 
 class StoreError(RldiagError):

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rldiag.capture.fields import VERSION_SOURCES
+from rldiag.capture.reward_inputs import decoded_texts
 from rldiag.capture.unpad import StepPayload
 from rldiag.errors import CaptureError
 from rldiag.io.loader import validate_table
@@ -60,6 +61,8 @@ def _row_array(name: str, values: np.ndarray) -> pa.Array:
     kind = SCALAR_COLUMNS.get(name)
     if values.dtype.kind in "OUS" or kind == "string":
         return pa.array(values.astype(str), type=pa.string())
+    if values.dtype.kind == "i" and values.dtype.itemsize == 1:  # a 0/1 flag (reward_inputs_repr)
+        return pa.array(values, type=pa.int8())
     if kind == "int" or values.dtype.kind in "biu":
         return pa.array(values.astype(np.int64), type=pa.int64())
     return pa.array(values.astype(np.float64), type=pa.float64())
@@ -70,6 +73,9 @@ PART_COLUMN = "part"
 #: The optional list<string> columns of each response's and each prompt's token strings.
 TOKENS_COLUMN = RESPONSE_TEXT_COLUMN
 PROMPT_TOKENS_COLUMN = PROMPT_TEXT_COLUMN
+#: each row's response and prompt decoded whole (a reward function's ``solution_str``)
+RESPONSE_STRING_COLUMN = "response_text"
+PROMPT_STRING_COLUMN = "prompt_text"
 
 
 def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
@@ -87,13 +93,30 @@ def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return ["" if t is None else str(t) for t in out]
 
 
+class TokenText:
+    """A tokenizer's text of a step: called with ids, the text of each token
+    (:func:`token_strings`); :meth:`texts`, each row's ids decoded as verl's reward manager
+    decodes them (``response_text``, ``prompt_text``: :func:`rldiag.capture.reward_inputs.decoded_texts`)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def __call__(self, ids: Sequence[int]) -> list[str]:
+        return token_strings(self.tokenizer, ids)
+
+    def texts(self, ids: np.ndarray, lengths: np.ndarray) -> list[str] | None:
+        return decoded_texts(self.tokenizer, ids, lengths)
+
+
 def payload_table(p: StepPayload, token_text: Callable[[Sequence[int]], list[str]] | None = None) -> pa.Table:
     """The batch table of one step (docs/run-directory.md): ``step``, ``uid``, row scalars, then list columns.
 
     ``token_text``: ids -> strings; with it (and the payload's token ids) the table gets a
     ``response_tokens`` list<string> column, one string per token of each row, and (with the
     payload's prompt ids) ``prompt_tokens``, one string per prompt token. Both come from one
-    ``token_text`` call on the step's response ids followed by its prompt ids."""
+    ``token_text`` call on the step's response ids followed by its prompt ids. A ``token_text``
+    that also decodes whole rows (:class:`TokenText` with a tokenizer that decodes) adds
+    ``response_text`` and ``prompt_text``, one string per row."""
     offsets, large = _offsets(p.lengths)
     cols: dict[str, pa.Array] = {"step": pa.array(np.full(p.n_rows, p.step, dtype=np.int64))}
     for name in ("uid", *sorted(k for k in p.rows if k != "uid")):
@@ -111,6 +134,11 @@ def payload_table(p: StepPayload, token_text: Callable[[Sequence[int]], list[str
         if prompts is not None:
             prompt_offsets, prompt_large = _offsets(prompts[1])
             cols[PROMPT_TOKENS_COLUMN] = _list_array(text.slice(n), prompt_offsets, prompt_large, pa.string())
+        texts = getattr(token_text, "texts", None)
+        if callable(texts) and (rows := texts(p.token_ids, p.lengths)) is not None:
+            cols[RESPONSE_STRING_COLUMN] = pa.array(rows, type=pa.string())
+            if prompts is not None and (rows := texts(prompts[0], prompts[1])) is not None:
+                cols[PROMPT_STRING_COLUMN] = pa.array(rows, type=pa.string())
     return pa.table(cols)
 
 

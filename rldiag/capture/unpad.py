@@ -32,6 +32,7 @@ from rldiag.capture.fields import (
     TOKEN_SOURCES,
     VERSION_SOURCES,
 )
+from rldiag.capture.reward_inputs import reward_input_columns
 from rldiag.errors import BatchError, CaptureError, MissingInputError
 from rldiag.io.schema import LIST_COLUMNS
 
@@ -308,6 +309,7 @@ def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] 
         if PROMPTS_KEY in tensors:
             payload.prompt_ids, payload.prompt_lengths = _prompt_ids(tensors[PROMPTS_KEY], prompt_attn, rows, where)
     payload.rows = _row_columns(tensors, non, rows, extra_columns, where)
+    payload.rows.update(reward_input_columns(non, rows, where))  # data_source, ground_truth, extra_info
     if "prompt_length" not in payload.rows and prompt_attn is not None:
         payload.rows["prompt_length"] = prompt_attn.sum(-1).to("cpu", torch.int64).numpy()
     if "uid" not in payload.rows:

@@ -98,6 +98,10 @@ _CORRECTION_FN = "compute_rollout_correction_and_add_to_batch"
 #: out the ones a run does not have (no critic: no ``values``, ...), as verl's own reads rely on.
 V1_FIELDS = ("uid", "prompts", "responses", "response_mask", "rm_scores", "token_level_rewards", "old_log_probs",
              "ref_log_prob", "values", "rollout_log_probs", "advantages", "returns")
+#: The per-row, non-tensor fields a reward function reads (and V1's ``extra_fields``, whose
+#: ``reward_extra_info`` holds the reward manager's components), read back with a V1 step's batch
+#: when the TransferQueue holds them (:mod:`rldiag.capture.reward_inputs`).
+V1_REWARD_FIELDS = ("data_source", "reward_model", "extra_info", "extra_fields")
 
 #: The per-row tags of a V1 batch that hold the weight versions a row was generated with (the
 #: legacy trainer's agent loop puts the same names in the DataProto's non-tensor batch); they
@@ -238,12 +242,22 @@ class VerlCapture:
         pre = self._take_pre_mask(mask.shape[0], mask.shape[1])
         if pre is not None:
             tensors["loss_mask"] = pre.to(mask.device)
-        self._open_writer().write_batch(self.step, SimpleNamespace(batch=tensors, non_tensor_batch=dict(data.non_tensor_batch)))
+        non = reward_inputs_as_passed(dict(data.non_tensor_batch), self.reward_fn_key)
+        self._open_writer().write_batch(self.step, SimpleNamespace(batch=tensors, non_tensor_batch=non))
+
+    @property
+    def reward_fn_key(self) -> str:
+        """The non-tensor field holding each row's data source (verl's ``data.reward_fn_key``)."""
+        return str(_get(getattr(self.trainer, "config", None), "data.reward_fn_key") or "data_source")
 
     def capture_v1(self, tq: Any, meta: Any) -> None:
         """The V1 trainer's batch after ``_compute_advantage``, read back from the TransferQueue
         (nested, one row per key) and handed over padded."""
-        data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id, select_fields=list(V1_FIELDS))
+        data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id,
+                               select_fields=list(V1_FIELDS + V1_REWARD_FIELDS))
+        present = set(data.keys())
+        reward = {k: _rows_of(data[k]) for k in V1_REWARD_FIELDS if k in present}
+        data = data.exclude(*reward) if reward else data
         lengths = data["responses"].offsets().diff()
         prompt_length = data["prompts"].offsets().diff()
         uids = data["uid"]  # a NonTensorStack (tolist) or, in older tensordict releases, a plain sequence
@@ -274,6 +288,8 @@ class VerlCapture:
         step["batch_position"] = (torch.arange(len(uid), device="cpu") + self._position_offset)[keep.cpu()]
         self._position_offset += len(uid)
         step["uid"] = uid[keep.numpy()]
+        kept = keep.numpy()
+        step.update({k: v[kept] for k, v in v1_reward_inputs(reward, len(uid)).items()})
         # each row's weight versions, from its tags (verl's own staleness metrics read them there)
         for key in VERSION_TAGS:
             if any(key in (t or {}) for t in tags):
@@ -325,6 +341,57 @@ class VerlCapture:
         health_log.warning(health.stop_message(step, when))
         if self.trainer is not None:
             self.trainer.total_training_steps = step
+
+
+def _rows_of(value: Any) -> np.ndarray:
+    """A non-tensor field read back from the TransferQueue (a NonTensorStack, a list or an array)
+    as a 1-D object array, one value per row."""
+    values = value.tolist() if hasattr(value, "tolist") else list(value)
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def reward_inputs_as_passed(non: dict, reward_fn_key: str = "data_source") -> dict:
+    """The non-tensor batch with the reward function's inputs as verl's reward manager passes
+    them (``verl/workers/reward_manager/naive.py``, ``NaiveRewardManager.__call__``): the data
+    source read under ``data.reward_fn_key``; ``extra_info`` (when the batch has it) with the
+    agent loop's ``tool_extra_fields`` merged in and ``num_turns`` (``__num_turns__``) and
+    ``rollout_reward_scores`` (``reward_scores``) added. New dicts: the trainer's are not changed."""
+    out = dict(non)
+    if reward_fn_key != "data_source" and non.get(reward_fn_key) is not None:
+        out["data_source"] = non[reward_fn_key]
+    infos = non.get("extra_info")
+    if infos is None:
+        return out
+    tool, turns, scores = non.get("tool_extra_fields"), non.get("__num_turns__"), non.get("reward_scores")
+    merged = []
+    for i, info in enumerate(list(infos)):
+        d = dict(info or {})
+        if tool is not None and tool[i] is not None:
+            d.update(dict(tool[i]).items())
+        d["num_turns"] = turns[i] if turns is not None else None
+        d["rollout_reward_scores"] = scores[i] if scores is not None else {}
+        merged.append(d)
+    out["extra_info"] = np.empty(len(merged), dtype=object)
+    out["extra_info"][:] = merged
+    return out
+
+
+def v1_reward_inputs(fields: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """A V1 step's reward inputs (``data_source``, ``reward_model``, ``extra_info`` as read back)
+    and its reward components: each row's ``extra_fields["reward_extra_info"]`` (the reward loop's
+    per-row extras), a column per key whose every row holds a number (as the legacy trainer's
+    ``reward_extra_keys`` land in its non-tensor batch)."""
+    out = {k: v for k, v in fields.items() if k != "extra_fields"}
+    extras = fields.get("extra_fields")
+    if extras is not None:
+        infos = [(e or {}).get("reward_extra_info", {}) if isinstance(e, dict) else {} for e in extras]
+        for key in dict.fromkeys(k for info in infos for k in info):
+            values = [info.get(key) for info in infos]
+            if all(isinstance(v, (bool, int, float, np.number)) for v in values):
+                out[str(key)] = np.asarray(values, dtype=np.float64)
+    return {k: v for k, v in out.items() if len(v) == rows}
 
 
 def _get(config: Any, dotted: str) -> Any:

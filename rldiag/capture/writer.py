@@ -64,7 +64,7 @@ from rldiag.capture.backlog import Backlog
 from rldiag.capture.config import config_yaml, plain
 from rldiag.capture.diskio import WriterDisk
 from rldiag.capture.faults import ON_ERROR, FaultLog, SigtermChain, cause
-from rldiag.capture.table import token_strings
+from rldiag.capture.table import TokenText
 from rldiag.capture.unpad import StepPayload, unpad_batch
 from rldiag.errors import CaptureError, RldiagError
 from rldiag.io.atomic import remove_stale
@@ -152,7 +152,12 @@ class RunWriter:
             response token (list<string>, the row's length); the batch must then hold
             ``responses``. A batch that also holds ``prompts`` (verl's left-padded prompt ids,
             unpadded by the prompt part of ``attention_mask``) gets ``prompt_tokens`` too, one
-            string per prompt token. The text is made on the writer thread.
+            string per prompt token. A tokenizer that decodes (``batch_decode`` or ``decode``)
+            also gives ``response_text`` and ``prompt_text``, each row decoded whole as verl's
+            reward manager decodes it (``skip_special_tokens=True``). The text is made on the
+            writer thread. A batch's non-tensor ``data_source``, ``reward_model`` (its
+            ``ground_truth``) and ``extra_info`` become the columns a reward function reads
+            (:mod:`rldiag.capture.reward_inputs`), with or without a tokenizer.
         on_error: ``"warn"`` (default: faults warned once, counted, training never stopped nor
             held up) or ``"raise"`` (faults raised on the next call; a full queue makes the
             trainer wait); see the module docstring.
@@ -211,7 +216,7 @@ class RunWriter:
         self.compression = compression
         self.extra_columns = tuple(extra_columns)
         self.tokenizer = tokenizer
-        self._token_text = None if tokenizer is None else (lambda ids: token_strings(tokenizer, ids))
+        self._token_text = None if tokenizer is None else TokenText(tokenizer)
         self._parts: dict[int, int] = {}  # step -> writes of it by this writer
         self._queue = Backlog(queue_size, max_queue_bytes)
         # writer-thread failures not reported yet: (what, exception, kind of fault, warning text)

@@ -64,11 +64,31 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar("compare", enabled=args.progress) as bar:
         rep = api.compare(args.run, args.sides[0], args.sides[1], steps=args.steps,
                           recompute_missing=not args.no_recompute, device=args.device, progress=bar)
+    changes = api.reward_changes(args.run, args.sides[0], args.sides[1], steps=args.steps)
     if args.json:
-        sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
+        doc = rep.to_dict() if changes is None else {**rep.to_dict(), "reward_changes": changes.to_dict()}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return exit_codes.OK
     print_report(rep, args.metrics)
+    if changes is not None:
+        print_reward_changes(changes)
     return exit_codes.OK
+
+
+def print_reward_changes(c: api.RewardChangeResult) -> None:
+    """What a rescore changed (``api.reward_changes``)."""
+    console.print(f"\nwhat the reward changed ({c.b} against {c.a}):", markup=False)
+    console.print(f"  rows whose score changed: {c.score_changed} of {c.rows} ({100 * c.share_changed:.1f}%)"
+                  + "".join(f"; {src}: {r['changed']}/{r['rows']}" for src, r in sorted(c.by_source.items())),
+                  markup=False)
+    console.print(f"  groups: {c.gained_signal} gained signal, {c.lost_signal} lost it (of {c.groups}); "
+                  f"{c.sign_flips} rows' mean advantage changed sign", markup=False)
+    if c.top_tokens:
+        console.print(f"  tokens whose gradient weight changed most ({len(c.token_steps)} steps with tokens):",
+                      markup=False)
+        for t in c.top_tokens:
+            console.print(f"    step {t['step']} row {t['row']} token {t['position']} {t['token']!r}: "
+                          f"{fmt(t['weight_a'])} -> {fmt(t['weight_b'])}", markup=False)
 
 
 def print_pairs(pairs: list[api.CompareResult]) -> None:

@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     sp.add_argument("--no-counterfactual", dest="counterfactual", action="store_false",
                     help="do not recompute each finding's window under the settings that address it")
     sp.add_argument("--json", action="store_true", help="print the report as JSON")
+    sp.add_argument("--reward", default=None, metavar="FILE.py:NAME|MODULE:NAME|verl:default|from-config",
+                    help="also probe this reward function for shortcuts (rldiag probe-reward): reward_shortcut findings")
     sp.add_argument("-v", "--verbose", action="store_true", help="also list passed, skipped and inapplicable rules")
     sp.add_argument("--follow", action="store_true",
                     help="keep watching the run as it writes: print each finding when it fires, changes or clears")
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar("doctor", enabled=args.progress) as bar:
         rep = api.diagnose(args.run, overrides_from_args(args), rules_files=args.rules or (), steps=args.steps,
                            recompute=not args.logged_only, device=args.device, progress=bar,
-                           counterfactual=args.counterfactual)
+                           counterfactual=args.counterfactual, reward=args.reward)
     if args.json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
     else:
@@ -149,6 +151,8 @@ def follow(args: argparse.Namespace) -> int:
     """``--follow``: events as they happen; exit 0 at the idle timeout, 130 on Ctrl-C."""
     if args.steps:
         raise ConfigError("--steps cannot be combined with --follow (it follows every step the run writes)")
+    if args.reward:
+        raise ConfigError("--reward cannot be combined with --follow (run rldiag probe-reward RUN --reward ... once)")
     run_settings = api.settings(args.run, overrides_from_args(args)).resolved()
     on_event = _json_line if args.json else functools.partial(_event_line, settings=run_settings)
     try:

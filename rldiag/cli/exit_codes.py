@@ -6,11 +6,12 @@ code  name              meaning
 0     ``OK``            the command did what was asked, and its answer is "all is well": ``check``
                         found no problem, ``recompute`` wrote every step, ``verify`` matched,
                         ``doctor`` found nothing, ``import-wandb`` wrote the import,
-                        ``layout-audit`` wrote the audit, ``rows`` printed the rows;
+                        ``layout-audit`` wrote the audit, ``rows`` printed the rows, ``rescore`` wrote
+                        every step, ``probe-reward`` found no shortcut;
                         ``doctor --follow`` ended by its idle timeout (its events were the answer)
-1     ``FAILED``        the answer is "no": ``check`` found problems, ``recompute`` has failed
-                        steps (the others are written), ``verify`` found a mismatch, ``doctor`` a
-                        finding. Also: an error stopped a command (``Type: message`` on stderr),
+1     ``FAILED``        the answer is "no": ``check`` found problems, ``recompute`` or ``rescore`` has
+                        failed steps (the others are written), ``verify`` found a mismatch, ``doctor`` a
+                        finding, ``probe-reward`` a shortcut. Also: an error stopped a command (``Type: message`` on stderr),
                         for every command but ``verify`` and ``doctor`` (see ``CANNOT_CHECK``)
 2     ``CANNOT_CHECK``  the command line is wrong (argparse's own code, or no command given); or
                         ``verify`` / ``doctor`` could not check the run at all (an unreadable run,

@@ -24,6 +24,8 @@ from rldiag.version import __version__
 COMMAND_MODULES = [
     "rldiag.cli.cmd_check",
     "rldiag.cli.cmd_recompute",
+    "rldiag.cli.cmd_rescore",
+    "rldiag.cli.cmd_probe_reward",
     "rldiag.cli.cmd_sweep",
     "rldiag.cli.cmd_verify",
     "rldiag.cli.cmd_compare",

@@ -14,6 +14,7 @@ and therefore write bit-identical results.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sys
@@ -25,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import torch
 
@@ -57,6 +59,32 @@ DEFAULT_CHUNK_STEPS = 8
 ARROW_THREADS_FROM_CORES = 4
 
 
+@dataclass(frozen=True, eq=False)
+class RowScores:
+    """New outcome scores of one step's rows (``rldiag rescore``): ``scores`` ``(rows,)`` float32,
+    placed at each row's last token (verl's reward manager's place) in place of the row's
+    captured ``token_level_scores``; rows where ``keep`` ``(rows,)`` bool is set keep theirs."""
+
+    scores: np.ndarray
+    keep: np.ndarray
+
+    def apply(self, data: StepData) -> StepData:
+        """``data`` with its ``token_level_scores`` replaced (a new tensor: the loaded one may
+        share Arrow's read-only buffers)."""
+        batch = data.batch
+        if self.scores.shape != (data.n_rows,) or self.keep.shape != (data.n_rows,):
+            raise InternalError(f"step {data.step}: {self.scores.shape[0]} new scores for {data.n_rows} rows")
+        lengths = batch.lengths
+        last = torch.cumsum(lengths, 0) - 1
+        live = lengths > 0
+        new = torch.zeros_like(batch.token_level_scores)
+        new[last[live]] = torch.from_numpy(self.scores.astype(np.float32))[live]
+        keep = torch.from_numpy(self.keep)
+        new = torch.where(keep[batch.rows.row_ids], batch.token_level_scores, new)
+        data.batch = dataclasses.replace(batch, token_level_scores=new)
+        return data
+
+
 @dataclass(frozen=True)
 class Job:
     """What every step of one recompute shares. Small and picklable: it goes to Ray workers."""
@@ -65,6 +93,8 @@ class Job:
     device: str  # resolved: "cpu" or "cuda[:N]"
     save_tokens: bool
     pack_tokens: int = DEFAULT_PACK_TOKENS
+    #: ``rldiag rescore``: each step's new scores (:class:`RowScores`), applied as the step loads
+    rescored: dict[int, RowScores] | None = dataclasses.field(default=None, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -237,6 +267,8 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
     content = None
     if data is None:
         return Fetched(task, info, error=error, pending=pending)
+    if job.rescored is not None and task.step in job.rescored:
+        data = job.rescored[task.step].apply(data)
     if pin:
         data.batch = data.batch.pin_memory()
     return Fetched(task, info, data=data, pending=pending)

@@ -37,6 +37,8 @@ from rldiag.io.schema import (
     LIST_COLUMNS,
     MASK_LIST_COLUMNS,
     RESPONSE_TEXT_COLUMN,
+    REWARD_INPUT_COLUMNS,
+    REWARD_INPUT_REPR_COLUMN,
     SCALAR_COLUMNS,
     TEXT_LIST_COLUMNS,
     id_type_problem,
@@ -295,7 +297,20 @@ def validate_table(table: pa.Table, sf: StepFile) -> dict[str, Ragged]:
                 "response_tokens holds one string per response token",
                 row=idx, column=name, **where,
             )
+    for name in REWARD_INPUT_COLUMNS:  # a reward function's inputs: strings, never handed to the engine
+        if name in names:
+            _string_column(table[name], name, where)
     return ragged
+
+
+def _string_column(col: pa.ChunkedArray, name: str, where: dict) -> None:
+    """A per-row string column (``data_source``, ``ground_truth``, ...): string type, no null."""
+    t = col.type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        raise BatchError(f"expected a string per row, found type {t}", column=name, **where)
+    if col.null_count:
+        raise BatchError("value is null", row=_first_true(to_numpy(col.combine_chunks().is_null())), column=name,
+                         **where)
 
 
 def _flat(r: Ragged) -> torch.Tensor:
@@ -405,7 +420,8 @@ def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequ
     extra = {name: tensors.pop(name) for name in list(tensors) if name not in BATCH_COLUMNS}
     token_extra = tuple(extra)
     for name in table.column_names:
-        if name not in BATCH_COLUMNS and name not in extra and name not in TEXT_LIST_COLUMNS:  # text: display only
+        if (name not in BATCH_COLUMNS and name not in extra and name not in TEXT_LIST_COLUMNS  # text: display only
+                and name not in REWARD_INPUT_COLUMNS and name != REWARD_INPUT_REPR_COLUMN):  # a reward's inputs
             extra[name] = _extra_column(table[name], name, where)
     if "batch_position" in extra:
         _check_positions(extra["batch_position"], where)
@@ -431,8 +447,9 @@ def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequ
 
 
 #: columns the per-row table never copies from a batch file: the engine writes its own values of
-#: these (``score``: the row's summed token scores) or they are the table's keys
-ROW_TABLE_SKIP = frozenset(("step", "row"))
+#: these (``score``: the row's summed token scores) or they are the table's keys; a reward
+#: function's inputs (texts, JSON) stay in the batch file
+ROW_TABLE_SKIP = frozenset(("step", "row", *REWARD_INPUT_COLUMNS, REWARD_INPUT_REPR_COLUMN))
 
 
 def row_columns(sf: StepFile, source: bytes | None = None, exclude: frozenset[str] = ROW_TABLE_SKIP) -> pa.Table:

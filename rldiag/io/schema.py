@@ -30,6 +30,14 @@ LIST_COLUMNS = MASK_LIST_COLUMNS + FLOAT_LIST_COLUMNS
 RESPONSE_TEXT_COLUMN = "response_tokens"
 PROMPT_TEXT_COLUMN = "prompt_tokens"
 TEXT_LIST_COLUMNS = (RESPONSE_TEXT_COLUMN, PROMPT_TEXT_COLUMN)
+#: per-row string columns a reward function reads (verl's reward manager's inputs; the engine
+#: never reads them): the data source, the ground truth and ``extra_info`` as JSON text, and the
+#: response and prompt decoded as verl's reward manager decodes them (valid ids,
+#: ``skip_special_tokens=True``). ``rldiag rescore`` passes them to a reward function.
+REWARD_INPUT_COLUMNS = ("data_source", "ground_truth", "extra_info", "response_text", "prompt_text")
+#: int8 per row: 1 where ``ground_truth`` or ``extra_info`` could not be encoded as JSON and holds
+#: the value's ``repr`` instead (a rescore reports such a row rather than pass it the text)
+REWARD_INPUT_REPR_COLUMN = "reward_inputs_repr"
 #: scalar columns rldiag understands.
 SCALAR_COLUMNS = {
     "uid": "string",

@@ -79,6 +79,8 @@ def ensure_scenario(
             have = ", ".join(list_scenarios(rd.path)) or "none"
             raise RunDirError(f"no scenario {name!r} in {rd.path} (have: {have}); run `rldiag recompute` first")
         overrides = meta.get("overrides", {})
+        if RESCORED_KEY in meta:  # a rescore's scores are not a recompute's: never recomputed as one
+            return False
         if steps is None:
             done = set(meta.get("steps_done", [])) | {int(s) for s in meta.get("steps_failed", {})}
             chosen = [s for s in chosen if s in done] or chosen
@@ -87,6 +89,10 @@ def ensure_scenario(
     recompute(rd.path, dict(overrides), name=name, steps=chosen, device=device, save_tokens=True, progress=progress)
     return True
 
+
+#: the key of scenario.json that marks a rescored scenario (rldiag rescore): its scores came from a
+#: reward function, so it is never recomputed from the batch files' own scores
+RESCORED_KEY = "reward"
 
 #: steps whose on-demand per-token outputs a scenario's token cache keeps (the nearest to the step asked for)
 CACHE_STEPS = 32
@@ -131,6 +137,9 @@ def step_tokens(
     if own.tokens_file(step).is_file():
         return StepTokens(step, name, own.tokens_file(step), "scenario")
     meta = read_meta(rd.path, name)
+    if meta is not None and RESCORED_KEY in meta:
+        return StepTokens(step, name, None, "scenario", error=f"scenario {name!r} is a rescore (rldiag rescore): its "
+                          "per-token outputs are those its own --save-tokens wrote; a recompute would lose its scores")
     if meta is not None:
         overrides = dict(meta.get("overrides") or {})
     elif name == scenario_slug({}):

@@ -14,7 +14,10 @@ already sees some signal).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +37,26 @@ class ToyTokenizer:
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         """The name of each token id (one lookup for all of them)."""
         return self._names[np.asarray(ids, dtype=np.int64)].tolist()
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``ids``: each token's name, the digits of a run of adjacent digit tokens
+        written together (``1 6 <eos>`` -> ``"16 <eos>"``), every other pair of tokens one space
+        apart. ``skip_special_tokens``: ``<pad>`` (the one special token; ``<eos>`` is text the
+        grader reads) is left out, and the digits either side of it stay apart (``1 <pad> 2`` ->
+        ``"1 2"``: two numbers, as the grader reads the ids)."""
+        out: list[str] = []
+        prev: int | None = None  # the id before this one, skipped ones included
+        for tok in (int(t) for t in ids):
+            if not (skip_special_tokens and tok == PAD):
+                if out:
+                    out.append("" if prev is not None and prev < DIGITS and tok < DIGITS else " ")
+                out.append(TOKEN_NAMES[tok])
+            prev = tok
+        return "".join(out)
+
+    def batch_decode(self, rows: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
+        """:meth:`decode` of each row."""
+        return [self.decode(r, skip_special_tokens=skip_special_tokens) for r in rows]
 
 
 @dataclass
@@ -142,3 +165,34 @@ def score_responses(
         scores.append(1.0 if ok else partial_credit * right)
         exact.append(ok)
     return torch.tensor(scores, dtype=torch.float32), torch.tensor(exact)
+
+
+#: the toy task's data source (the ``data_source`` column of its runs)
+DATA_SOURCE = "toy/digit_sum"
+_NUMBER = re.compile(r"\d+")
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+                  partial_credit: float | None = None) -> float:
+    """The task's reward as a verl-style reward function (``reward.custom_reward_function``):
+    ``solution_str`` is the response decoded by :meth:`ToyTokenizer.decode` with
+    ``skip_special_tokens=True``, ``ground_truth`` the sum's decimal digits. The same verdict
+    as :func:`score_responses` on the ids: the last number before the first ``<eos>`` (tool
+    observations included), 1 when it is the sum and ``<eos>`` was written, else
+    ``partial_credit`` (``extra_info["partial_credit"]``, default 0.5) times the share of its
+    digits in the right place."""
+    credit = partial_credit if partial_credit is not None else float((extra_info or {}).get("partial_credit", 0.5))
+    head, eos, _ = solution_str.partition(TOKEN_NAMES[EOS])
+    numbers = _NUMBER.findall(head)
+    answer = numbers[-1] if numbers else ""
+    want = str(ground_truth)
+    if eos and answer == want:
+        return 1.0
+    right = sum(a == b for a, b in zip(answer, want)) / max(len(answer), len(want))
+    return credit * right
+
+
+def ground_truths(prompts: Prompts) -> list[str]:
+    """Each row's answer as text, the sum's decimal digits (verl's ``reward_model["ground_truth"]``)."""
+    target, tlen = prompts.target.tolist(), prompts.target_len.tolist()
+    return ["".join(str(d) for d in row[:n]) for row, n in zip(target, tlen)]

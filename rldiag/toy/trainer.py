@@ -28,7 +28,15 @@ from rldiag.toy.config import ToyConfig
 from rldiag.toy.metrics import data_metrics
 from rldiag.toy.model import TinyTransformer, response_logprobs, response_values
 from rldiag.toy.rollout import generate, rollout_engine
-from rldiag.toy.task import VOCAB, ToyTokenizer, sample_prompts, score_responses, with_tool_failures
+from rldiag.toy.task import (
+    DATA_SOURCE,
+    VOCAB,
+    ToyTokenizer,
+    ground_truths,
+    sample_prompts,
+    score_responses,
+    with_tool_failures,
+)
 from rldiag.toy.update import StepTensors, update_actor, update_critic
 
 
@@ -140,7 +148,13 @@ class ToyTrainer:
         }
         if values is not None:
             batch["values"] = values
-        non_tensor = {"uid": uids, "score": score.numpy().astype(np.float64)}
+        rows_n = len(uids)
+        non_tensor = {"uid": uids, "score": score.numpy().astype(np.float64),
+                      # what a verl reward manager hands compute_score (rldiag.toy.task.compute_score)
+                      "data_source": np.array([DATA_SOURCE] * rows_n, dtype=object),
+                      "reward_model": np.array([{"ground_truth": g, "style": "rule"} for g in ground_truths(prompts)],
+                                               dtype=object),
+                      "extra_info": np.array([{"partial_credit": cfg.partial_credit}] * rows_n, dtype=object)}
         return StepResult(step, SimpleNamespace(batch=batch, non_tensor_batch=non_tensor), metrics)
 
     def run(

@@ -46,10 +46,11 @@ QUANTITIES: dict[str, Quantity] = {
 PREVIEW = "response"
 POS, NEG, ONE = (214, 39, 40), (31, 119, 180), (230, 120, 20)  # red above, blue below; orange: one hue
 #: the Rollouts table's columns, first those that say most about a row (then the others in their order)
-LEAD_COLUMNS = ("step", "row", "uid", "response", "length", "turns", "score", "reward", "advantage_mean",
+LEAD_COLUMNS = ("step", "row", "uid", "response", "length", "turns", "score", "score_captured", "rescore_failed",
+                "reward", "advantage_mean",
                 "other_advantage_mean", "is_weight_seq", "rollout_kl", "loss_weight", "group_has_signal")
 #: the group table's columns (the rows of one uid at one step)
-GROUP_COLUMNS = ("row", "score", "reward", "advantage_mean", "other_advantage_mean", "length", "is_weight_seq",
+GROUP_COLUMNS = ("row", "score", "score_captured", "reward", "advantage_mean", "other_advantage_mean", "length", "is_weight_seq",
                  "response")
 #: the trajectory table's columns (the rows of one traj_uid, in step_index order)
 TRAJECTORY_COLUMNS = ("step_index", "row", "uid", "score", "advantage_mean", "other_advantage_mean", "length",

@@ -70,6 +70,13 @@ def scenario_name(ovr: Mapping[str, Any]) -> str:
     return scenario_slug(dict(ovr))
 
 
+def rescore_name(reward: str, settings_name: str | None = None) -> str:
+    """The scenario a reward what-if is saved under: ``reward=<NAME>`` as ``rldiag rescore`` names
+    it (``NAME`` the function's), then ``__`` and the settings' scenario name when they differ."""
+    fn = reward.rpartition(":")[2] or reward
+    return f"reward={fn}" + (f"__{settings_name}" if settings_name else "")
+
+
 #: metrics the page opens with
 WHATIF_METRICS = ("critic/advantages/mean", "actor/pg_loss", "actor/pg_clipfrac", "rldiag/advantages/positive_fraction")
 

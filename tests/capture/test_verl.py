@@ -448,3 +448,42 @@ def test_v1_the_run_directory_removed_while_training_is_made_again(capture_into,
         _trainer(Trainer, _config("grpo", n=4)).fit()
     assert sorted(p.name for p in (run / "batches").iterdir()) == ["step_000002.parquet", "step_000003.parquet"]
     assert sorted(_fault_lines(run)) == [2, 3] and (run / "run.yaml").is_file()
+
+
+# ---- what a reward function reads -----------------------------------------------------------------
+
+
+def _assert_reward_columns(table, step: int, rows: list[int]):
+    expected = verl_steps.reward_inputs(step, max(rows) + 1)
+    assert table["data_source"].to_pylist() == [expected["data_source"][i] for i in rows]
+    truths = [json.loads(g) for g in table["ground_truth"].to_pylist()]
+    assert truths == [expected["reward_model"][i]["ground_truth"] for i in rows]  # strings stay strings, ints ints
+    return [json.loads(e) for e in table["extra_info"].to_pylist()]
+
+
+def test_legacy_reward_inputs_are_captured_as_verl_passes_them(capture_into, monkeypatch):
+    rt = pytest.importorskip("verl.trainer.ppo.ray_trainer")
+    monkeypatch.setattr(rt.RayPPOTrainer, "fit", verl_steps.legacy_fit(n_steps=2, rows=8, reward=True))
+    run = capture_into()
+    _trainer(rt.RayPPOTrainer, _config("grpo", n=4, mode="legacy")).fit()
+    for step in (1, 2):
+        table = pq.read_table(run / "batches" / f"step_{step:06d}.parquet")
+        extras = _assert_reward_columns(table, step, list(range(8)))
+        # the naive reward manager's additions: num_turns (None without the agent loop), rollout_reward_scores
+        assert extras == [{"index": i, "split": "train", "num_turns": None, "rollout_reward_scores": {}}
+                          for i in range(8)]
+        assert table["acc"].to_pylist() == [i / 8 for i in range(8)]  # the trainer's reward component
+    _assert_match(run, "advantages")  # the reward inputs change nothing a recompute reads
+
+
+def test_v1_reward_inputs_and_components_skip_the_padding_rows(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=8, padding=2, reward=True))
+    run = capture_into()
+    _trainer(Trainer, _config("grpo", n=2)).fit()
+    table = pq.read_table(run / "batches" / "step_000001.parquet")
+    extras = _assert_reward_columns(table, 1, list(range(6)))
+    assert extras == [{"index": i, "split": "train"} for i in range(6)]
+    assert table["acc"].to_pylist() == [i / 8 for i in range(6)]  # reward_extra_info's numbers; "pred" is text
+    assert "pred" not in table.column_names
+    _assert_match(run, "advantages")

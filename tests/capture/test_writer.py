@@ -54,7 +54,7 @@ def _dataproto(seed: int = 0) -> SimpleNamespace:
     tensors = dict(_padded(seed), attention_mask=ATTN, response_mask=MASK,
                    responses=torch.zeros(3, 6, dtype=torch.long), prompts=torch.zeros(3, 3, dtype=torch.long))
     non = {"uid": np.array(["p0", "p1", "p1"], dtype=object), "acc": np.array([1.0, 0.0, 0.0]),
-           "data_source": np.array(["toy"] * 3, dtype=object)}
+           "data_source": np.array(["toy"] * 3, dtype=object), "note": np.array(["a", "b", "c"], dtype=object)}
     return SimpleNamespace(batch=tensors, non_tensor_batch=non, meta_info={})
 
 
@@ -73,7 +73,8 @@ def test_dataproto_roundtrip_through_the_loader(tmp_path):
     assert table["uid"] == ["p0", "p1", "p1"]
     assert table["prompt_length"] == [3, 2, 1]  # from the prompt part of attention_mask
     assert table["acc"] == [1.0, 0.0, 0.0]  # a numeric per-row field rides along
-    assert "data_source" not in table  # strings only when asked for
+    assert "note" not in table  # strings only when asked for
+    assert table["data_source"] == ["toy"] * 3  # but a reward function's input is always kept
     assert table["response_mask"] == _unpadded(MASK)  # tool tokens kept, with mask 0
     assert [len(x) for x in table["old_log_probs"]] == LENGTHS
     for col, src in (("token_level_scores", "rm_scores"), ("old_log_probs", "old_log_probs"),

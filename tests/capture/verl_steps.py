@@ -59,11 +59,23 @@ def weight_versions(step: int, rows: int) -> tuple[list[int], list[int]]:
     return [max(v - i % 2, 0) for i, v in enumerate(newest)], newest
 
 
-def dataproto(step: int, rows: int, n: int, fields: tuple[str, ...], versions: bool = False):
+def reward_inputs(step: int, rows: int) -> dict[str, list]:
+    """What a verl dataset row gives a reward function: ``data_source``, ``reward_model`` (its
+    ``ground_truth``: a string, or a number on odd rows) and ``extra_info``."""
+    return {"data_source": ["openai/gsm8k" if i % 3 else "math" for i in range(rows)],
+            "reward_model": [{"ground_truth": str(step * 100 + i) if i % 2 == 0 else step * 100 + i, "style": "rule"}
+                             for i in range(rows)],
+            "extra_info": [{"index": i, "split": "train"} for i in range(rows)]}
+
+
+def dataproto(step: int, rows: int, n: int, fields: tuple[str, ...], versions: bool = False, reward: bool = False):
     from verl import DataProto
 
     t = tensors(step, rows, n)
     non = {"uid": t["uid"]}
+    if reward:
+        non.update({k: np.array(v, dtype=object) for k, v in reward_inputs(step, rows).items()})
+        non["acc"] = np.arange(rows, dtype=np.float64) / rows  # a reward component (reward_extra_keys)
     if versions:  # as verl's agent loop leaves them: object arrays in the non-tensor batch
         for key, values in zip(("min_global_steps", "max_global_steps"), weight_versions(step, rows)):
             non[key] = np.array(values, dtype=object)
@@ -71,7 +83,7 @@ def dataproto(step: int, rows: int, n: int, fields: tuple[str, ...], versions: b
 
 
 def legacy_fit(n_steps: int, rows: int, hang_at: int | None = None, marker: str | None = None,
-               versions: bool = False, extra=None):
+               versions: bool = False, extra=None, reward: bool = False):
     """A ``RayPPOTrainer.fit`` body: the advantage block of each step, then ``Tracking.log``.
     ``hang_at``: at that step, after the advantage block, create ``marker`` and wait forever
     (the step in flight when the test kills the process). ``versions``: the batches carry the
@@ -93,7 +105,7 @@ def legacy_fit(n_steps: int, rows: int, hang_at: int | None = None, marker: str 
             step = self.global_steps
             is_last_step = self.global_steps >= self.total_training_steps
             metrics: dict = {}
-            batch = dataproto(step, rows, self.config.actor_rollout_ref.rollout.n, fields, versions)
+            batch = dataproto(step, rows, self.config.actor_rollout_ref.rollout.n, fields, versions, reward)
             if algo.use_kl_in_reward:
                 batch, kl_metrics = rt.apply_kl_penalty(batch, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
                 metrics.update(kl_metrics)
@@ -185,7 +197,8 @@ class FakeTQ:
         return Meta(list(keys), [{}] * len(keys))
 
 
-def v1_rows(tq: FakeTQ, step: int, part: int, rows: int, n: int, padding: int = 0, versions: bool = False) -> Meta:
+def v1_rows(tq: FakeTQ, step: int, part: int, rows: int, n: int, padding: int = 0, versions: bool = False,
+            reward: bool = False) -> Meta:
     """One batch of a V1 step put into ``tq`` as the rollout leaves it: nested rows per key.
     ``versions``: each row's tags carry ``min_global_steps`` / ``max_global_steps`` (the padding
     rows a copy of a real row's, as verl's padding template copies its tag)."""
@@ -200,6 +213,9 @@ def v1_rows(tq: FakeTQ, step: int, part: int, rows: int, n: int, padding: int = 
               "rm_scores": [t["token_level_scores"][i, : rl[i]] for i in range(rows)],
               "old_log_probs": [t["old_log_probs"][i, : rl[i]] for i in range(rows)],
               "rollout_log_probs": [t["rollout_log_probs"][i, : rl[i]] for i in range(rows)]}
+    if reward:  # the dataset's fields and the reward loop's per-row extras
+        fields.update(reward_inputs(step, rows))
+        fields["extra_fields"] = [{"reward_extra_info": {"acc": i / rows, "pred": f"x{i}"}} for i in range(rows)]
     tags = [{"is_padding": i >= rows - padding} for i in range(rows)]
     if versions:
         low, high = weight_versions(step, rows)
@@ -211,7 +227,7 @@ def v1_rows(tq: FakeTQ, step: int, part: int, rows: int, n: int, padding: int = 
 
 
 def v1_fit(tq: FakeTQ, n_steps: int, rows: int, parts: int = 1, padding: int = 0, versions: bool = False,
-           extra=None):
+           extra=None, reward: bool = False):
     """A V1 ``PPOTrainer.fit`` body: ``parts`` batches per step through the V1 trainer's own
     ``_compute_advantage`` (``separate_async`` hands over ``parameter_sync_step`` of them), then
     the data metrics of the last one as ``_compute_metrics`` computes them, then ``Tracking.log``.
@@ -231,7 +247,7 @@ def v1_fit(tq: FakeTQ, n_steps: int, rows: int, parts: int = 1, padding: int = 0
             is_last_step = self.global_steps >= self.total_training_steps
             metrics: dict = {}
             for part in range(parts):
-                meta = v1_rows(tq, step, part, rows, n, padding, versions)
+                meta = v1_rows(tq, step, part, rows, n, padding, versions, reward)
                 self._compute_advantage(meta, metrics=metrics)
             keep = np.array([not t["is_padding"] for t in meta.tags])
             data = tq.kv_batch_get(keys=meta.keys, partition_id="train",

@@ -65,3 +65,47 @@ def test_the_samples_have_the_text_of_every_token(name):
         score, _ = score_responses(ids, mask, lengths, _prompts_of(prompts), cfg.partial_credit)
         np.testing.assert_array_equal(score.double().numpy(), np.asarray(table["score"].to_pylist()),
                                       err_msg=f"{name} step {sf.step}")
+
+
+@pytest.mark.parametrize("name", ["grpo-tool", "ppo-gae"])
+def test_the_samples_carry_what_a_reward_function_reads(name):
+    """``data_source``, ``ground_truth`` / ``extra_info`` (JSON text), ``response_text`` and
+    ``prompt_text`` (decoded with ``skip_special_tokens=True``): the task's reward as a verl-style
+    function, called on them as verl calls it, gives every row its stored score (float32)."""
+    import json
+
+    from rldiag.toy.task import ToyTokenizer, compute_score
+
+    tok = ToyTokenizer()
+    cfg = PRESETS[name]()
+    for sf in RunDir(SAMPLES / name).step_files():
+        table = pq.read_table(sf.path)
+        for col in ("data_source", "ground_truth", "extra_info", "response_text", "prompt_text"):
+            assert pa.types.is_string(table.schema.field(col).type), (sf.step, col)
+        assert set(table["reward_inputs_repr"].to_pylist()) == {0}
+        responses = table["response_tokens"].to_pylist()
+        texts = table["response_text"].to_pylist()
+        assert texts == [tok.decode([IDS[w] for w in r], skip_special_tokens=True) for r in responses]
+        assert table["prompt_text"].to_pylist() == ["".join(p[:-1]) + " =" for p in table["prompt_tokens"].to_pylist()]
+        truths = [json.loads(g) for g in table["ground_truth"].to_pylist()]
+        assert truths == [str(sum(int(w) for w in p[:-1])) for p in table["prompt_tokens"].to_pylist()]
+        assert all(isinstance(g, str) for g in truths)  # JSON text of a string: '"16"'
+        extras = [json.loads(e) for e in table["extra_info"].to_pylist()]
+        assert extras == [{"partial_credit": cfg.partial_credit}] * table.num_rows
+        scores = [np.float32(compute_score(data_source=d, solution_str=s, ground_truth=g, extra_info=e))
+                  for d, s, g, e in zip(table["data_source"].to_pylist(), texts, truths, extras)]
+        np.testing.assert_array_equal(np.asarray(scores, dtype=np.float64), np.asarray(table["score"].to_pylist()),
+                                      err_msg=f"{name} step {sf.step}")
+
+
+def test_the_toy_tokenizer_keeps_eos_and_the_numbers_a_pad_splits():
+    from rldiag.toy.task import ToyTokenizer, compute_score
+
+    tok = ToyTokenizer()
+    ids = [IDS[w] for w in ["1", "<pad>", "2", "<call>", "<obs>", "1", "6", "</obs>", "<eos>"]]
+    assert tok.decode(ids) == "1 <pad> 2 <call> <obs> 16 </obs> <eos>"
+    assert tok.decode(ids, skip_special_tokens=True) == "1 2 <call> <obs> 16 </obs> <eos>"
+    assert compute_score("toy/digit_sum", "1 2 <eos>", "21") == 0.25  # the last number, 2: one digit of two in place
+    assert compute_score("toy/digit_sum", "1 2 <eos>", "12") == 0.0
+    assert compute_score("toy/digit_sum", "12 <eos>", "12") == 1.0
+    assert compute_score("toy/digit_sum", "12", "12") == 0.5 * 1.0  # no <eos>: partial credit only

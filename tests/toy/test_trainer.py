@@ -108,6 +108,30 @@ def test_the_run_has_the_text_of_every_prompt_and_response_token(fixture, reques
                 assert response[mask.index(0) - 1] == TOKEN_NAMES[CALL]
 
 
+@pytest.mark.parametrize("fixture", ["grpo_run", "ppo_run"])
+def test_the_run_carries_what_its_reward_function_reads(fixture, request):
+    """The trainer hands the capture verl's reward inputs; ``compute_score`` called on the
+    captured columns as verl calls it gives each row its score (float32), ``<pad>`` left out of
+    the text as ``skip_special_tokens=True`` leaves it out."""
+    import json
+
+    from rldiag.toy.task import DATA_SOURCE, compute_score
+
+    run = request.getfixturevalue(fixture)
+    ids = {w: i for i, w in enumerate(TOKEN_NAMES)}
+    for sf in RunDir(run).step_files():
+        t = pq.read_table(sf.path)
+        assert set(t["data_source"].to_pylist()) == {DATA_SOURCE}
+        texts = t["response_text"].to_pylist()
+        assert texts == ToyTokenizer().batch_decode([[ids[w] for w in r] for r in t["response_tokens"].to_pylist()],
+                                                    skip_special_tokens=True)
+        scores = [np.float32(compute_score(data_source=d, solution_str=s, ground_truth=json.loads(g),
+                                           extra_info=json.loads(e)))
+                  for d, s, g, e in zip(t["data_source"].to_pylist(), texts, t["ground_truth"].to_pylist(),
+                                        t["extra_info"].to_pylist())]
+        np.testing.assert_array_equal(np.asarray(scores, dtype=np.float64), np.asarray(t["score"].to_pylist()))
+
+
 def test_the_toy_tokenizer_names_the_vocabulary():
     assert ToyTokenizer().convert_ids_to_tokens([3, SEP, PAD, CALL, OPEN, CLOSE]) == [
         "3", "=", "<pad>", "<call>", "<obs>", "</obs>"]

@@ -9,7 +9,7 @@ from typing import Any
 import streamlit as st
 
 from rldiag import api
-from rldiag.app import session
+from rldiag.app import gate, session
 from rldiag.config import schema
 from rldiag.errors import RldiagError
 from rldiag.io.run_layout import STEP_FILE
@@ -136,6 +136,35 @@ def run_scenarios(name: str, ovr: dict) -> None:
     st.session_state.setdefault("wi_failed", {})[name] = failed
     bar.progress(1.0, text=f"{name}: {len(report.steps_done)} steps in {report.seconds:.1f} s"
                            + (f", {len(failed)} failed" if failed else ""))
+    st.session_state["wi_compare_now"] = name
+
+
+def reward_widget() -> str:
+    """The reward function of a reward what-if (``FILE.py:NAME``, ``MODULE:NAME``), or ``""``. Off
+    in shared mode: a reward function is code the app would run for whoever opens it."""
+    with st.expander("Reward function", expanded=False):
+        if gate.policy().shared:
+            st.caption("Re-scoring with a reward function is off: this app is shared, and a reward function is code "
+                       "it would run (rldiag rescore on the command line does it).")
+            return ""
+        text = st.text_input("Re-score with (FILE.py:NAME or MODULE:NAME; empty: the captured scores)", "",
+                             key="wi_reward", help="Called as verl calls it, in worker processes (docs/rescore.md)")
+        return text.strip()
+
+
+def run_rescore(name: str, ovr: dict, reward: str) -> None:
+    """The baseline with tokens (for the compare), then the re-scored scenario with tokens."""
+    bar = st.progress(0.0, text="starting")
+    with session.baseline_lock(store):
+        if BASELINE not in store.scenario_names() or not store.token_steps(BASELINE):
+            api.recompute(store.run, name=BASELINE, save_tokens=True, progress=session.progress_callback(bar, BASELINE))
+    result = api.rescore(store.run, reward, ovr, name=name, save_tokens=True,
+                         progress=session.progress_callback(bar, name))
+    st.session_state.setdefault("wi_failed", {})[name] = dict(result.steps_failed)
+    bar.progress(1.0, text=f"{name}: {result.rows} rows scored, {result.changed} changed, "
+                           f"{result.failures.height} calls failed")
+    if result.failures.height:
+        st.dataframe(result.failures.head(50), hide_index=True)
     st.session_state["wi_compare_now"] = name
 
 
@@ -395,9 +424,17 @@ with session.guard():
     if not has_batches:
         st.caption(f"{store.run} has no batch files (batches/step_<N>.parquet): there is nothing to recompute.")
     allowed = has_batches and session.can_write(store)
+    reward = reward_widget()
+    if reward:
+        name = whatif.rescore_name(reward, name if ovr else None)
+        st.markdown(f"**Re-scored by** `{reward}` **as** `{name}` (rldiag rescore: the scores change, then everything "
+                    "after them)")
     if st.button("Recompute", type="primary", key="wi_run", disabled=not allowed):
         with session.heavy_work():
-            run_scenarios(name, ovr)
+            if reward:
+                run_rescore(name, ovr, reward)
+            else:
+                run_scenarios(name, ovr)
     failed_steps_note(name)
     results(name)
 
