@@ -447,3 +447,39 @@ def test_v1_the_run_directory_removed_while_training_is_made_again(capture_into,
         _trainer(Trainer, _config("grpo", n=4)).fit()
     assert sorted(p.name for p in (run / "batches").iterdir()) == ["step_000002.parquet", "step_000003.parquet"]
     assert sorted(_fault_lines(run)) == [2, 3] and (run / "run.yaml").is_file()
+
+
+# ---- the capture policy (RLDIAG_CAPTURE_EVERY / _GROUPS / _MAX_GB) ------------------------------
+
+
+def test_v1_capture_policy_from_the_environment(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setenv("RLDIAG_CAPTURE_EVERY", "2")
+    monkeypatch.setenv("RLDIAG_CAPTURE_GROUPS", "1")
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=5, rows=8))
+    run = capture_into()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)  # a step the policy leaves out is no fault
+        _trainer(Trainer, _config("grpo", n=4)).fit()
+    files = sorted(p.name for p in (run / "batches").glob("step_*.parquet"))
+    assert files == [f"step_{s:06d}.parquet" for s in (1, 2, 4, 5)]  # every 2nd, the first, the last (5)
+    for step in (1, 2, 4, 5):
+        table = pq.read_table(run / "batches" / f"step_{step:06d}.parquet")
+        assert len(set(table["uid"].to_pylist())) == 1 and table.num_rows == 4  # 1 of 2 groups, whole
+    lines = {x["step"]: x["data"] for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    assert [lines[s]["rldiag/capture/rows"] for s in range(1, 6)] == [4, 4, 0, 4, 4]
+    assert lines[3]["rldiag/capture/bytes"] == 0
+    assert lines[4]["rldiag/capture/bytes"] == (run / "batches" / "step_000004.parquet").stat().st_size
+    assert "rldiag/capture/dropped_steps" not in lines[5]
+    saved = yaml.safe_load((run / "run.yaml").read_text())["rldiag"]["capture"]
+    assert (saved["every"], saved["groups"], saved["max_gb"], saved["trainer"]) == (2, 1, None, "v1")
+
+
+def test_a_bad_capture_policy_variable_is_warned_and_left_out(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setenv("RLDIAG_CAPTURE_GROUPS", "1.0")
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=8))
+    run = capture_into()
+    with pytest.warns(CaptureWarning, match="RLDIAG_CAPTURE_GROUPS"):
+        _trainer(Trainer, _config("grpo", n=4)).fit()
+    assert pq.read_table(run / "batches" / "step_000001.parquet").num_rows == 8
