@@ -25,7 +25,6 @@ before and after sampling, which the recompute reads to mark a sampled step.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -35,14 +34,16 @@ from typing import Any
 import numpy as np
 
 from rldiag.errors import CaptureError
+from rldiag.io.capture_record import BATCH_ROWS_KEY, META_KEY, groups_kept_share, merge_records, read_record
+
+__all__ = ["BATCH_ROWS_KEY", "META_KEY", "CapturePolicy", "groups_kept_share", "merge_records", "read_record",
+           "sample_record"]
 
 ENV_EVERY = "RLDIAG_CAPTURE_EVERY"
 ENV_GROUPS = "RLDIAG_CAPTURE_GROUPS"
 ENV_MAX_GB = "RLDIAG_CAPTURE_MAX_GB"
 #: bytes in one GB of ``max_gb`` (decimal, as disks are sold)
 GB = 10**9
-#: the Parquet key-value metadata key of a batch file's capture record
-META_KEY = b"rldiag.capture"
 #: the config keys holding a run's seed, in the order they are tried
 SEED_KEYS = ("data.seed", "trainer.seed")
 
@@ -184,33 +185,3 @@ def sample_record(policy: CapturePolicy, groups: int, groups_kept: int, rows: in
     after sampling (``groups_kept / groups`` is the step's ``rldiag/sample/groups_kept_share``)."""
     return {"policy": policy.record(), "groups": groups, "groups_kept": groups_kept, "rows": rows,
             "rows_kept": rows_kept}
-
-
-def merge_records(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The record of a step written in parts: the groups and rows of both parts summed."""
-    if old is None or new is None:
-        either = old if old is not None else new
-        return None if either is None else dict(either)
-    out = dict(new)
-    for key in ("groups", "groups_kept", "rows", "rows_kept"):
-        out[key] = int(old.get(key, 0)) + int(new.get(key, 0))
-    return out
-
-
-def read_record(metadata: Mapping[bytes, bytes] | None) -> dict[str, Any] | None:
-    """A batch file's capture record from its Parquet schema metadata (None when it has none)."""
-    if not metadata or META_KEY not in metadata:
-        return None
-    try:
-        record = json.loads(metadata[META_KEY])
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def groups_kept_share(record: Mapping[str, Any] | None) -> float:
-    """The share of the step's prompt groups its batch file holds (1.0 without a record)."""
-    if not record:
-        return 1.0
-    groups, kept = int(record.get("groups", 0)), int(record.get("groups_kept", 0))
-    return 1.0 if groups <= 0 else kept / groups

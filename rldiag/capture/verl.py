@@ -87,7 +87,7 @@ from rldiag.capture.health import (
     stop_level,
 )
 from rldiag.capture.policy import ENV_EVERY, ENV_GROUPS, ENV_MAX_GB, parse_every, parse_groups, parse_max_gb
-from rldiag.capture.writer import RunWriter
+from rldiag.capture.writer import RunWriter, batch_rows
 from rldiag.doctor.rule import Rule
 from rldiag.errors import CaptureError
 from rldiag.io.run_layout import RunLayout
@@ -192,17 +192,18 @@ class VerlCapture:
                 self._config_fault(f"{exc}; {env} is left out")
         return out
 
-    def wants_batch(self) -> bool:
+    def wants_batch(self, rows: int | None = None) -> bool:
         """Whether the policy captures the current step's batch (the trainer's
         ``total_training_steps`` is the last step); a step it leaves out is recorded as skipped
-        and its batch is not read (unless the last step is unknown)."""
+        (with its ``rows``, where known) and its batch is not read (unless the last step is
+        unknown)."""
         writer = self._open_writer()
         total = getattr(self.trainer, "total_training_steps", None)
         if isinstance(total, int) and not isinstance(total, bool):
             writer.last_step = total
         if not writer.policy.active or writer.captures(self.step) or writer.last_step is None:
             return True  # (without a last step, write_batch keeps a left-out batch in memory)
-        writer.skip(self.step)
+        writer.skip(self.step, rows=rows)
         return False
 
     def _open_writer(self) -> RunWriter:
@@ -365,6 +366,15 @@ class VerlCapture:
             self.trainer.total_training_steps = step
 
 
+def v1_rows(meta: Any) -> int | None:
+    """The real rows of a V1 batch's meta: its keys less the divisibility-padding rows."""
+    keys = getattr(meta, "keys", None)
+    if keys is None or callable(keys):
+        return None
+    tags = list(getattr(meta, "tags", None) or [{}] * len(keys))
+    return sum(1 for t in tags if not (t or {}).get("is_padding", False))
+
+
 def _get(config: Any, dotted: str) -> Any:
     node = config
     for key in dotted.split("."):
@@ -449,7 +459,7 @@ def _patch_legacy(module: Any) -> None:
     def compute_advantage_and_capture(data, *args, **kwargs):
         out = compute_advantage(data, *args, **kwargs)
         session = _SESSION
-        if session is not None and session.active and session.kind == "legacy" and session.wants_batch():
+        if session is not None and session.active and session.kind == "legacy" and session.wants_batch(batch_rows(out)):
             session.guarded("batch", lambda: session.capture_dataproto(out))
         return out
 
@@ -466,7 +476,7 @@ def _patch_v1(module: Any) -> None:
     @functools.wraps(compute)
     def compute_advantage_and_capture(self, batch, *args, **kwargs):
         out = compute(self, batch, *args, **kwargs)
-        if _SESSION is not None and _SESSION.active and _SESSION.kind == "v1" and _SESSION.wants_batch():
+        if _SESSION is not None and _SESSION.active and _SESSION.kind == "v1" and _SESSION.wants_batch(v1_rows(batch)):
             session = _SESSION  # the trainer's own meta: keys and padding tags
             session.guarded("batch", lambda: session.capture_v1(module.tq, batch))
         return out

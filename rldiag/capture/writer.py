@@ -66,9 +66,9 @@ from rldiag.capture.backlog import Backlog
 from rldiag.capture.config import config_yaml, plain
 from rldiag.capture.diskio import WriterDisk
 from rldiag.capture.faults import ON_ERROR, CaptureWarning, FaultLog, SigtermChain, cause
-from rldiag.capture.policy import BYTES_KEY, ROWS_KEY, STOPPED_KEY, CapturePolicy, run_seed, sample_record
+from rldiag.capture.policy import BATCH_ROWS_KEY, BYTES_KEY, ROWS_KEY, STOPPED_KEY, CapturePolicy, run_seed, sample_record
 from rldiag.capture.table import token_strings
-from rldiag.capture.unpad import StepPayload, unpad_batch
+from rldiag.capture.unpad import StepPayload, split_batch, unpad_batch
 from rldiag.errors import CaptureError, RldiagError
 from rldiag.io.atomic import remove_stale
 from rldiag.io.fs import is_uri
@@ -113,6 +113,16 @@ def payload_bytes(payload: StepPayload) -> int:
     arrays = [payload.lengths, *payload.tokens.values(), *payload.rows.values(), payload.token_ids,
               payload.prompt_ids, payload.prompt_lengths]
     return max(1, sum(int(getattr(a, "nbytes", 0)) for a in arrays if a is not None))
+
+
+def batch_rows(batch: Any) -> int | None:
+    """The rows of a padded batch (its ``response_mask``'s first dimension), None when unknown."""
+    try:
+        tensors, _ = split_batch(batch)
+    except RldiagError:
+        return None
+    mask = tensors.get("response_mask")
+    return int(mask.shape[0]) if mask is not None and getattr(mask, "ndim", 0) == 2 else None
 
 
 def _number(value: Any) -> Any:
@@ -240,6 +250,7 @@ class RunWriter:
         self._first_step: int | None = None
         self._skipped: set[int] = set()  # steps the policy left out
         self._step_rows: dict[int, int] = {}  # step -> rows handed to the writer thread
+        self._batch_rows: dict[int, int] = {}  # step -> rows of its whole batch (before sampling), where known
         self._step_bytes: dict[int, int] = {}  # step -> its batch file's bytes, once written
         self._held: list[StepPayload] = []  # the parts of the last step left out (last_step unknown)
         self._written_steps: set[int] = set()  # steps queued for writing
@@ -247,6 +258,8 @@ class RunWriter:
         self._disk_base = self._batches_on_disk() if self.policy.max_bytes is not None else 0
         if config is not None:
             self.write_config(config)
+        elif self.policy.active and not (self.layout.root / RUN_CONFIG).exists():
+            self.write_config({})  # the policy recorded where a recompute reads it
         self._thread = threading.Thread(target=self._run, name="rldiag-capture-writer", daemon=True)
         self._thread.start()
         self._sigterm = SigtermChain(self._drain) if handle_sigterm else None
@@ -329,6 +342,8 @@ class RunWriter:
     def _queue_payload(self, payload: StepPayload) -> None:
         step, path = payload.step, payload.path
         self._step_rows[step] = self._step_rows.get(step, 0) + payload.n_rows
+        whole = payload.sample["rows"] if payload.sample is not None else payload.n_rows
+        self._batch_rows[step] = self._batch_rows.get(step, 0) + int(whole)
         self._written_steps.add(step)
         size = payload_bytes(payload)
         if not self._put(("batch", payload), size):
@@ -374,6 +389,8 @@ class RunWriter:
             return {}
         step = int(step)
         out = {ROWS_KEY: self._step_rows.get(step, 0)}
+        if step in self._batch_rows:
+            out[BATCH_ROWS_KEY] = self._batch_rows[step]
         with self._lock:
             written = self._step_bytes.get(step)
         if written is not None or step in self._skipped:
@@ -398,14 +415,19 @@ class RunWriter:
             payload.sample = sample_record(self.policy, total, kept, rows, payload.n_rows)
         return payload
 
-    def skip(self, step: int, batch: Any = None) -> None:
+    def skip(self, step: int, batch: Any = None, rows: int | None = None) -> None:
         """Record ``step`` as left out by the policy (:meth:`captures` said no): its
         ``rldiag/capture/rows`` is 0, and it is no fault. ``batch``: the step's batch, kept in
         memory while :attr:`last_step` is unknown (it is written if the writer is closed with
-        no later step handed to it)."""
+        no later step handed to it). ``rows``: the batch's rows, logged as
+        ``rldiag/capture/batch_rows`` (read from ``batch`` when not given)."""
         step = int(step)
         self._skipped.add(step)
         self._step_rows.setdefault(step, 0)
+        if rows is None and batch is not None:
+            rows = batch_rows(batch)
+        if rows is not None:
+            self._batch_rows[step] = self._batch_rows.get(step, 0) + int(rows)
         if batch is None or self.last_step is not None or self.stopped_at is not None or self.policy.every == 1:
             self._held = []
             return
@@ -423,7 +445,7 @@ class RunWriter:
             return
         step = held[0].step
         self._skipped.discard(step)
-        self._step_rows[step] = 0
+        self._step_rows[step] = self._batch_rows[step] = 0
         for payload in held:
             self._queue_payload(payload)
 
