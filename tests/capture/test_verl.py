@@ -22,8 +22,8 @@ import rldiag.capture.verl as capture  # noqa: E402
 from rldiag.analysis.verify import verify_run  # noqa: E402
 from rldiag.capture.faults import CaptureWarning  # noqa: E402
 from rldiag.errors import CaptureError  # noqa: E402
-from tests.capture import verl_steps  # noqa: E402
 from tests.app.conftest import baseline_worker_sync, loopback_app  # noqa: E402, F401 - the app's fixtures
+from tests.capture import verl_steps  # noqa: E402
 from tests.capture.verl_steps import P, R  # noqa: E402
 
 RC_RS = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1", "rollout_rs_threshold": 1.5,
