@@ -23,6 +23,11 @@ the writer thread. Usage:
 
   .venv/bin/python bench/bench_capture.py                    # 2 steps x 256 rows, with and without text
   .venv/bin/python bench/bench_capture.py --rows 1024 --cap 16384 --steps 2 --layouts legacy,tuned
+  .venv/bin/python bench/bench_capture.py --policy 5,0.25 --policy-steps 20   # a capture policy's disk share
+
+``--policy EVERY,GROUPS``: instead, a run of ``--policy-steps`` steps (the made batches in turn)
+captured whole and under ``RunWriter(every=EVERY, groups=GROUPS)`` (:mod:`rldiag.capture.policy`):
+the bytes of each, their ratio, and the training thread's seconds.
 """
 
 from __future__ import annotations
@@ -168,6 +173,21 @@ def run_layout(layout: str, batches: list[dict], base: Path, text: bool, vocab: 
             "train_s": w.stats.train_thread_s, "writer_s": w.stats.writer_thread_s, "wall_s": wall}
 
 
+def run_policy(batches: list[dict], steps: int, base: Path, **policy) -> dict:
+    """``steps`` steps (``batches`` in turn) through a RunWriter with ``policy``; bytes and times."""
+    from rldiag.capture import RunWriter
+
+    path = base / ("policy" if policy else "whole")
+    with RunWriter(path, last_step=steps, max_wait_s=600.0, wait_share=None, **policy) as w:  # nothing dropped
+        for step in range(1, steps + 1):
+            w.write_batch(step, batches[(step - 1) % len(batches)])
+            w.log_metrics(step, {"loss": 0.0})
+            w.sync()
+    files = sorted((path / "batches").glob("*.parquet"))
+    return {"bytes": sum(f.stat().st_size for f in files), "files": len(files), "train_s": w.stats.train_thread_s,
+            "writer_s": w.stats.writer_thread_s}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2)
@@ -180,6 +200,8 @@ def main() -> None:
     ap.add_argument("--layouts", default=None, help="Parquet layouts (rldiag.capture.table.LAYOUTS); default all")
     ap.add_argument("--text", default="no,yes", help="no, yes or both (no,yes)")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--policy", default=None, help="EVERY,GROUPS: compare a whole capture with this policy's")
+    ap.add_argument("--policy-steps", type=int, default=20)
     args = ap.parse_args()
     from rldiag.capture.table import LAYOUTS
 
@@ -190,6 +212,17 @@ def main() -> None:
                for seed in range(args.steps)]
     print(f"{args.steps} steps x {args.rows} rows, lognormal lengths (median {args.median}, cap {args.cap}), "
           f"vocab {args.vocab}; batches made in {time.perf_counter() - t0:.1f} s")
+    if args.policy:
+        every, groups = args.policy.split(",")
+        share = float(groups) if "." in groups else int(groups)
+        whole = run_policy(batches, args.policy_steps, base)
+        part = run_policy(batches, args.policy_steps, base, every=int(every), groups=share)
+        print(f"{args.policy_steps} steps, whole: {whole['bytes'] / 1e6:.1f} MB in {whole['files']} files, training "
+              f"thread {whole['train_s']:.2f} s, writer thread {whole['writer_s']:.2f} s")
+        print(f"every={every} groups={groups}: {part['bytes'] / 1e6:.2f} MB in {part['files']} files, training thread "
+              f"{part['train_s']:.2f} s, writer thread {part['writer_s']:.2f} s; "
+              f"{100 * part['bytes'] / whole['bytes']:.1f} % of the whole capture's bytes")
+        return
     layouts = args.layouts.split(",") if args.layouts else list(LAYOUTS)
     for text in [t == "yes" for t in args.text.split(",")]:
         res = {name: run_layout(name, batches, base, text, args.vocab) for name in layouts}

@@ -160,3 +160,29 @@ def test_bench_capture_prints_bytes_per_token_and_the_tuned_layout_is_smaller(tm
     assert 0 < tuned < legacy  # the same table in fewer bytes (the log-probs' dictionary pages gone)
     columns = sum(float(v[0]) for k, v in cells.items() if k not in ("file", "training", "writer"))
     assert columns < legacy  # the column chunks are part of the file (the rest: footer, page headers)
+
+
+def bench_output(script: str, tmp_path, *args: str) -> str:
+    """What ``bench/<script> --dir tmp_path ARGS`` prints."""
+    return subprocess.run([sys.executable, str(ROOT / "bench" / script), "--dir", str(tmp_path), *args], check=True,
+                          capture_output=True, text=True, timeout=600).stdout
+
+
+def test_bench_capture_policy_prints_the_share_of_the_whole_capture(tmp_path):
+    out = bench_output("bench_capture.py", tmp_path, "--steps", "1", "--rows", "32", "--cap", "256", "--median", "64",
+                       "--vocab", "64", "--policy", "5,0.25", "--policy-steps", "10")
+    whole = next(line for line in out.splitlines() if line.startswith("10 steps, whole:"))
+    part = next(line for line in out.splitlines() if line.startswith("every=5 groups=0.25:"))
+    assert "in 10 files" in whole and "in 3 files" in part  # steps 1, 5, 10
+    share = float(part.split("; ")[-1].split(" %")[0])
+    assert 0 < share < 30  # 3 of 10 steps, a quarter of their groups (plus each file's footer)
+
+
+def test_bench_memory_prints_bytes_per_token_and_where_the_high_water_rose(tmp_path):
+    out = bench_output("bench_memory.py", tmp_path, "--workloads", "tail16k", "--scale", "0.02", "--repeat", "1",
+                       "--stages")
+    row = next(line for line in out.splitlines() if line.startswith("tail16k"))
+    cells = row.split()
+    assert cells[1:4] == ["10", "x", "8"] and float(cells[4]) > 0  # steps x rows (one prompt of 8), Mtokens
+    assert float(cells[7]) > 0 and float(cells[8]) > 0  # recompute and floor seconds
+    assert "bytes a token above the RSS before the recompute" in out

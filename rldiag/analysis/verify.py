@@ -37,11 +37,11 @@ from rldiag.analysis.logged import LOGGED_TOKEN_COLUMNS, logged_metrics, read_lo
 from rldiag.analysis.tolerance import Tolerances, diff, whitened_constant_noise
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.advantage import ESTIMATORS
-from rldiag.engine.pipeline import KLControllerState, initial_kl_state
+from rldiag.engine.pipeline import KLControllerState, PresetKLCoefficients, initial_kl_state
 from rldiag.engine.requirements import recompute_columns
 from rldiag.errors import ComputeError, RldiagError
 from rldiag.executors.device import resolve_device
-from rldiag.executors.klchain import chain, replay_statistics
+from rldiag.executors.klchain import LoggedKL, chain, replay_statistics, with_logged
 from rldiag.executors.steps import Job, StepTask
 from rldiag.io.arrays import rows_frame
 from rldiag.io.fs import RemotePath, is_remote
@@ -50,6 +50,7 @@ from rldiag.io.outputs import json_safe
 from rldiag.io.rundir import RunDir, StepFile, Steps, parse_steps
 from rldiag.scenario.memory import recompute_step
 from rldiag.scenario.plan import check_settings
+from rldiag.scenario.sampling import SampledRun
 
 if TYPE_CHECKING:
     import polars as pl
@@ -147,6 +148,10 @@ class VerifyReport:
     candidates: list[Candidate] = dataclasses.field(default_factory=list)  # those fixing a field and breaking none
     candidates_tried: int = 0
     layout: str = ""  # the batch layout of the run's settings (rldiag/engine/batch_layout.py)
+    #: a run captured under a capture policy: {step: share of its prompt groups} of the sampled
+    #: steps checked, and each field not compared there because it is an estimate -> why
+    sampled_steps: dict[int, float] = dataclasses.field(default_factory=dict)
+    estimates: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def compared(self) -> int:
@@ -185,6 +190,7 @@ class VerifyReport:
         d["exit_code"] = self.exit_code
         d["compared"] = self.compared
         d["steps_unverifiable"] = {str(k): v for k, v in self.steps_unverifiable.items()}
+        d["sampled_steps"] = {str(k): v for k, v in self.sampled_steps.items()}
         for c, src in zip(d["candidates"], self.candidates):
             c["matches_all"] = src.matches_all
             c["text"] = src.describe()
@@ -213,6 +219,7 @@ class _StepCheck:
     logged_only: set[str]  # metrics logged, not computed
     computed_only: set[str]  # metrics computed, not logged
     token_columns: list[str]
+    estimated: set[str] = dataclasses.field(default_factory=set)  # fields of a sampled step: estimates
 
 
 def _nanmax(x: np.ndarray) -> float:
@@ -264,11 +271,15 @@ def _whitened_ties(batch, result, whitens: str, index: np.ndarray | None):
     return lambda expected, actual: whitened_constant_noise(expected, actual, on, row, seg)
 
 
-def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | None, logged: Mapping[str, float],
-               tols: Tolerances, masked_only: bool = False, device: torch.device | str = "cpu",
-               source: bytes | None = None) -> _StepCheck:
+def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | PresetKLCoefficients | None,
+               logged: Mapping[str, float], tols: Tolerances, masked_only: bool = False,
+               device: torch.device | str = "cpu", source: bytes | None = None, share: float = 1.0) -> _StepCheck:
     """Recompute one step and compare it with its logged values. ``kl_state`` is advanced.
     ``source``: the batch file's bytes when the caller holds them (the file is not read then).
+    ``share``: the share of the step's prompt groups its batch file holds (a capture policy's
+    sample, :mod:`rldiag.scenario.sampling`): below 1, every step metric and the per-token
+    values an estimator whitens over the whole step are estimates, not compared (``estimated``);
+    the per-token values of the kept rows are compared as usual (a kept group is whole).
 
     Raises :class:`RldiagError` when the step cannot be loaded or verl would raise on it.
     """
@@ -282,8 +293,13 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
     token_cols = [c for c in LOGGED_TOKEN_COLUMNS if c in names]
     expected_tok = read_logged_tokens(sf, token_cols, lengths, source)
     index = np.flatnonzero(mask_flat > 0) if masked_only else None
-    ties = _whitened_ties(batch, result, ESTIMATORS.meta(settings["algorithm.adv_estimator"]).whitens, index)
+    whitens = ESTIMATORS.meta(settings["algorithm.adv_estimator"]).whitens
+    ties = _whitened_ties(batch, result, whitens, index)
     fields: dict[str, _FieldStep] = {}
+    estimated: set[str] = set()
+    if share < 1.0 and whitens == "step":  # whitened over the whole step: an estimate from the kept groups
+        estimated = {c for c in token_cols if c in WHITENED_FIELDS}
+        token_cols = [c for c in token_cols if c not in estimated]
     for name in token_cols:
         actual = result.tokens[name].detach().cpu().to(torch.float64).numpy()
         exp = expected_tok[name]
@@ -296,11 +312,13 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | N
         fields["response_mask"] = _field_step("response_mask", "exact", sf.step, mask_flat.astype(np.float64),
                                               actual, tols, lengths, None)
     computed = {k: float(v.detach().cpu().to(torch.float64)[0]) for k, v in result.metrics.items()}
-    for name in sorted(set(computed) & set(logged)):
+    if share < 1.0:  # a statistic of the kept groups, not of the step the trainer logged
+        estimated |= set(computed) & set(logged)
+    for name in sorted(set(computed) & set(logged) - estimated):
         fields[name] = _field_step(name, "metric", sf.step, np.array([logged[name]], dtype=np.float64),
                                    np.array([computed[name]]), tols, None, None)
     return _StepCheck(fields=fields, logged_only=set(logged) - set(computed), computed_only=set(computed) - set(logged),
-                      token_columns=token_cols)
+                      token_columns=token_cols, estimated=estimated)
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -335,9 +353,18 @@ def _err(m: Mismatch | None) -> float:
     return m.abs_err
 
 
+def _advance_logged(state: KLControllerState, settings: Settings, logged_kl: LoggedKL, after: int,
+                    before: int) -> None:
+    """Advance ``state`` over the logged statistics of the steps strictly between ``after`` and
+    ``before`` (steps with no batch file, or sampled ones, that the trainer advanced it over)."""
+    chain(state, settings, with_logged([], {s: v for s, v in logged_kl.items() if after < s < before}))
+
+
 def _kl_state(settings: Settings, files: dict[int, StepFile], step: int, snapshot: float | None,
-              same_controller: bool) -> KLControllerState | None:
-    """The reward-KL controller state before ``step`` under ``settings``."""
+              same_controller: bool, logged_kl: LoggedKL | None = None) -> KLControllerState | None:
+    """The reward-KL controller state before ``step`` under ``settings``; ``logged_kl``: the
+    logged statistics of the steps whose batch is not whole (a capture policy's), which stand
+    in for theirs (each step then its own pack)."""
     if not settings["algorithm.use_kl_in_reward"]:
         return None
     state = initial_kl_state(settings)
@@ -349,7 +376,13 @@ def _kl_state(settings: Settings, files: dict[int, StepFile], step: int, snapsho
     # its own pack; a step whose statistic cannot be read is skipped, as a trainer that never saw it
     earlier = sorted(s for s in files if s < step)
     tasks = [StepTask(step=s, file=str(files[s].path), rel=files[s].path.name, chunk=i) for i, s in enumerate(earlier)]
-    chain(state, settings, replay_statistics(tasks, Job(settings=settings, device="cpu", save_tokens=False)))
+    if not logged_kl:
+        chain(state, settings, replay_statistics(tasks, Job(settings=settings, device="cpu", save_tokens=False)))
+        return state
+    whole = [t for t in tasks if t.step not in logged_kl]
+    job = Job(settings=settings, device="cpu", save_tokens=False, pack_tokens=1)
+    before = {s: v for s, v in logged_kl.items() if s < step}
+    chain(state, settings, with_logged(replay_statistics(whole, job), before))
     return state
 
 
@@ -396,8 +429,10 @@ def verify_run(
     logged = logged_metrics(rd.metrics_file)
     report = VerifyReport(run=str(rd.path), settings=settings.resolved(), overrides=overrides,
                           tolerances=tols.to_dict(), masked_only=masked_only, layout=layout_text(settings))
+    sample = SampledRun.of(rd, settings, files, chosen)
+    logged_kl = sample.logged_kl if sample is not None else {}
     try:
-        kl_state = _kl_state(settings, files, chosen[0], None, False)
+        kl_state = _kl_state(settings, files, chosen[0], None, False, logged_kl)
     except RldiagError as exc:
         report.steps_unverifiable = {s: f"{type(exc).__name__}: {exc}" for s in chosen}
         return report
@@ -405,24 +440,43 @@ def verify_run(
     logged_only: set[str] = set()
     computed_only: set[str] = set()
     token_steps: dict[str, int] = {c: 0 for c in LOGGED_TOKEN_COLUMNS}
+    estimated: dict[str, set[int]] = {}
+    last = chosen[0]
     for i, step in enumerate(chosen):
+        share = sample.shares.get(step, 1.0) if sample is not None else 1.0
+        if share < 1.0:
+            report.sampled_steps[step] = share
+        step_state: KLControllerState | PresetKLCoefficients | None = kl_state
+        if kl_state is not None and logged_kl:  # the steps between with a logged statistic, then this one's
+            _advance_logged(kl_state, settings, logged_kl, last, step)
+            if step in logged_kl:
+                step_state = PresetKLCoefficients([kl_state.value])
+        last = step
         snapshots[step] = kl_state.value if kl_state is not None else None
         try:
-            check = check_step(files[step], settings, kl_state, logged.get(step, {}), tols, masked_only, dev)
+            check = check_step(files[step], settings, step_state, logged.get(step, {}), tols, masked_only, dev,
+                               share=share)
         except RldiagError as exc:
             report.steps_unverifiable[step] = f"{type(exc).__name__}: {exc}"
         else:
+            for name in check.estimated:
+                estimated.setdefault(name, set()).add(step)
             if check.fields:
                 report.steps_checked.append(step)
                 _merge(report, check, step, tols)
-            else:
+            elif not check.estimated:
                 report.steps_without_logs.append(step)
             logged_only |= check.logged_only
             computed_only |= check.computed_only
             for c in check.token_columns:
                 token_steps[c] += 1
+        if kl_state is not None and step_state is not kl_state:  # past this step, by its logged statistic
+            _advance_logged(kl_state, settings, logged_kl, step - 1, step + 1)
         if progress:
             progress(i + 1, len(chosen), step)
+    for name, where in sorted(estimated.items()):
+        report.estimates[name] = (f"an estimate on {len(where)} sampled step(s) (a statistic of the kept prompt "
+                                  "groups, not of the whole step the trainer logged): not compared there")
     for name in sorted(logged_only):
         report.not_checked[name] = "rldiag does not compute this metric"
     ok_steps = len(report.steps_checked) + len(report.steps_without_logs)

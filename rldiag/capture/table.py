@@ -17,6 +17,7 @@ write has returned survives a crash of the machine as well as a kill of the trai
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rldiag.capture.fields import VERSION_SOURCES
+from rldiag.capture.policy import META_KEY, merge_records, read_record
 from rldiag.capture.reward_inputs import decoded_texts
 from rldiag.capture.unpad import StepPayload
 from rldiag.errors import CaptureError
@@ -228,9 +230,14 @@ def write_step_file(p: StepPayload, compression: str = "zstd",
     ``layout``: the Parquet encodings (:func:`parquet_options`).
     """
     table = payload_table(p, token_text)
+    record = p.sample
     if p.part > 0:
+        if record is not None and p.path.is_file():
+            record = merge_records(read_record(pq.read_schema(p.path).metadata), record)
         table = _append_part(p, table)
     validate_table(table, StepFile(p.step, p.path))
+    if record is not None:  # the capture policy's record of the step (rldiag.capture.policy)
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: json.dumps(record)})
 
     def write(tmp: Path) -> None:
         pq.write_table(table, tmp, **parquet_options(table, compression, layout))

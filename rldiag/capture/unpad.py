@@ -14,7 +14,7 @@ trainer may reuse or modify its tensors as soon as ``write_batch`` returns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -59,6 +59,8 @@ class StepPayload:
         prompt_ids: flat ``(sum P_i,)`` int64 prompt token ids (each row's real prompt tokens, in
             order), kept when token text is wanted and the batch has ``prompts``.
         prompt_lengths: ``(rows,)`` int64, each row's prompt length P_i (with ``prompt_ids``).
+        sample: the capture policy's record of the step (:func:`rldiag.capture.policy.sample_record`),
+            kept in the batch file's metadata; None without a policy.
     """
 
     step: int
@@ -70,6 +72,7 @@ class StepPayload:
     token_ids: np.ndarray | None = None
     prompt_ids: np.ndarray | None = None
     prompt_lengths: np.ndarray | None = None
+    sample: dict[str, Any] | None = None
 
     @property
     def n_rows(self) -> int:
@@ -258,15 +261,20 @@ def _prompt_ids(prompts: torch.Tensor, prompt_attn: torch.Tensor | None, rows: i
     return gather(prompts, PROMPTS_KEY, torch.int64), gather.lengths
 
 
+#: ``rows' uids (rows,) -> kept rows (rows,) bool, or None for all``: a capture policy's group draw
+RowFilter = Callable[[np.ndarray], "np.ndarray | None"]
+
+
 def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] = (),
-                token_ids: bool = False) -> StepPayload:
+                token_ids: bool = False, keep_rows: RowFilter | None = None) -> StepPayload:
     """Unpad one step's batch (see the module docstring) and check its structure.
 
     ``extra_columns`` names further per-row fields to keep (strings allowed); per-row numeric
     fields of the non-tensor batch (e.g. reward components) are kept automatically.
     ``token_ids``: also keep the response token ids (the ``responses`` tensor) and, when the
     batch has them, the prompt token ids (``prompts``, unpadded by the prompt part of
-    ``attention_mask``), for token text.
+    ``attention_mask``), for token text. ``keep_rows``: given the rows' ``uid``, the rows to keep
+    (a capture policy's whole groups, :mod:`rldiag.capture.policy`); the others are not gathered.
     Raises :class:`BatchError` naming step, row and column for a malformed batch.
     """
     where: Where = {"file": str(path), "step": int(step)}
@@ -291,8 +299,21 @@ def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] 
         r, t = (int(i) for i in outside.nonzero()[0])
         raise BatchError(f"is 1 at token {t}, where the response attention mask is 0 (padding)",
                          row=r, column="response_mask", **where)
+    rows_out = _row_columns(tensors, non, rows, extra_columns, where)
+    rows_out.update(reward_input_columns(non, rows, where))  # data_source, ground_truth, extra_info
+    if "prompt_length" not in rows_out and prompt_attn is not None:
+        rows_out["prompt_length"] = prompt_attn.sum(-1).to("cpu", torch.int64).numpy()
+    if "uid" not in rows_out:
+        raise MissingInputError("the batch has no uid (verl's prompt-group id, one per row)", column="uid", **where)
+    keep = keep_rows(rows_out["uid"]) if keep_rows is not None else None
+    if keep is not None:  # the left-out rows are not gathered: their tokens select nothing
+        kept = torch.from_numpy(np.asarray(keep, dtype=bool))
+        sel = sel & kept.to(sel.device).unsqueeze(1)
+        if prompt_attn is not None:
+            prompt_attn = prompt_attn.bool() & kept.to(prompt_attn.device).unsqueeze(1)
+        rows_out = {k: v[keep] for k, v in rows_out.items()}
     gather = _Gather(sel, where)
-    payload = StepPayload(step=int(step), path=path, lengths=gather.lengths)
+    payload = StepPayload(step=int(step), path=path, lengths=gather.lengths if keep is None else gather.lengths[keep])
     for col, names in MASK_SOURCES.items():
         hit = _first(names, tensors)
         if hit is not None:
@@ -308,12 +329,9 @@ def unpad_batch(batch: Any, step: int, path: Path, extra_columns: Sequence[str] 
         payload.token_ids = gather(tensors[RESPONSES_KEY], RESPONSES_KEY, torch.int64)
         if PROMPTS_KEY in tensors:
             payload.prompt_ids, payload.prompt_lengths = _prompt_ids(tensors[PROMPTS_KEY], prompt_attn, rows, where)
-    payload.rows = _row_columns(tensors, non, rows, extra_columns, where)
-    payload.rows.update(reward_input_columns(non, rows, where))  # data_source, ground_truth, extra_info
-    if "prompt_length" not in payload.rows and prompt_attn is not None:
-        payload.rows["prompt_length"] = prompt_attn.sum(-1).to("cpu", torch.int64).numpy()
-    if "uid" not in payload.rows:
-        raise MissingInputError("the batch has no uid (verl's prompt-group id, one per row)", column="uid", **where)
+            if keep is not None:
+                payload.prompt_lengths = payload.prompt_lengths[keep]
+    payload.rows = rows_out
     if "token_level_scores" not in payload.tokens and "score" not in payload.rows:
         raise MissingInputError("the batch has neither token_level_scores / rm_scores nor a per-row score",
                                 column="token_level_scores", **where)

@@ -42,6 +42,12 @@ warned once and counted in the step's logged metrics (``rldiag/capture/dropped_s
 ``rldiag/capture/errors``, from the first fault on); ``install(on_error="raise")`` raises them
 instead. ``RLDIAG_DOCTOR_STOP`` is the one deliberate stop.
 
+``RLDIAG_CAPTURE_EVERY=N``, ``RLDIAG_CAPTURE_GROUPS=K`` (or a share in (0, 1)) and
+``RLDIAG_CAPTURE_MAX_GB=X`` set the capture policy (:mod:`rldiag.capture.policy`): the batches
+of every N-th step (and of the first and the last, ``total_training_steps`` read at each step),
+K whole prompt groups of each, batch capture stopped at X GB; a step the policy leaves out is
+not read back from the trainer and is no fault (its ``rldiag/capture/rows`` is 0).
+
 ``RLDIAG_CAPTURE_TOKENS=1`` also stores each response's and each prompt's token strings
 (``response_tokens``, ``prompt_tokens``, with the trainer's tokenizer). ``RLDIAG_DOCTOR=1`` runs
 the doctor's rules at each step's ``Tracking.log`` and logs ``rldiag/health/*`` with the step's
@@ -80,7 +86,8 @@ from rldiag.capture.health import (
     env_flag,
     stop_level,
 )
-from rldiag.capture.writer import RunWriter
+from rldiag.capture.policy import ENV_EVERY, ENV_GROUPS, ENV_MAX_GB, parse_every, parse_groups, parse_max_gb
+from rldiag.capture.writer import RunWriter, batch_rows
 from rldiag.doctor.rule import Rule
 from rldiag.errors import CaptureError
 from rldiag.io.run_layout import RunLayout
@@ -151,7 +158,8 @@ class VerlCapture:
             self._config_fault(f"{ENV_TOKENS} is set but the trainer has no tokenizer: token text is not stored")
         self.trainer, self.kind, self.stopping_at = trainer, kind, None
         self.writer = RunWriter(self.run_dir, config=run_config(config, kind), tokenizer=tokenizer,
-                                **{"on_error": self.on_error, "handle_sigterm": True, **self.writer_options})
+                                **{"on_error": self.on_error, "handle_sigterm": True, **self.policy_options(),
+                                   **self.writer_options})
         if self.doctor:
             try:
                 self.health = build_hook(self.run_dir, self.writer.run_on_writer, stop_at=self.stop_at,
@@ -173,6 +181,34 @@ class VerlCapture:
     @property
     def active(self) -> bool:
         return self.writer is not None
+
+    def policy_options(self) -> dict[str, Any]:
+        """The capture policy of ``RLDIAG_CAPTURE_EVERY`` / ``_GROUPS`` / ``_MAX_GB``
+        (:mod:`rldiag.capture.policy`) as ``RunWriter`` keywords; a variable whose value is
+        not valid is a configuration fault (raised with ``on_error="raise"``, else warned and
+        left out)."""
+        out: dict[str, Any] = {}
+        for key, env, parse in (("every", ENV_EVERY, parse_every), ("groups", ENV_GROUPS, parse_groups),
+                                ("max_gb", ENV_MAX_GB, parse_max_gb)):
+            try:
+                out[key] = parse(os.environ.get(env), env)
+            except CaptureError as exc:
+                self._config_fault(f"{exc}; {env} is left out")
+        return out
+
+    def wants_batch(self, rows: int | None = None) -> bool:
+        """Whether the policy captures the current step's batch (the trainer's
+        ``total_training_steps`` is the last step); a step it leaves out is recorded as skipped
+        (with its ``rows``, where known) and its batch is not read (unless the last step is
+        unknown)."""
+        writer = self._open_writer()
+        total = getattr(self.trainer, "total_training_steps", None)
+        if isinstance(total, int) and not isinstance(total, bool):
+            writer.last_step = total
+        if not writer.policy.active or writer.captures(self.step) or writer.last_step is None:
+            return True  # (without a last step, write_batch keeps a left-out batch in memory)
+        writer.skip(self.step, rows=rows)
+        return False
 
     def _open_writer(self) -> RunWriter:
         """The writer; the patched trainer methods call in only while ``fit`` runs (:attr:`active`)."""
@@ -308,6 +344,9 @@ class VerlCapture:
             keys.update(self.health.on_log(step, data))
         if self.writer is not None:
             keys.update(self.writer.fault_metrics())
+            if self.writer.policy.active:  # the end-of-step barrier first: the step's file size is known
+                self.writer.sync()
+                keys.update(self.writer.capture_metrics(step))
         return {**data, **keys} if keys else data
 
     def end_step(self, step: int, data: dict) -> None:
@@ -317,7 +356,7 @@ class VerlCapture:
         if self.write_metrics:
             writer.log_metrics(step, data)
         writer.sync()
-        if "training/global_step" in data and writer.parts(step) == 0:
+        if "training/global_step" in data and writer.parts(step) == 0 and not writer.skipped(step):
             advantage = "compute_advantage" if self.kind == "legacy" else "PPOTrainer._compute_advantage"
             message = (f"rldiag capture: training step {step} ended with no batch captured; the {self.kind} trainer's "
                        f"advantage step ({advantage}) did not run through the capture (a subclass that overrides it "
@@ -392,6 +431,15 @@ def v1_reward_inputs(fields: dict[str, np.ndarray], rows: int) -> dict[str, np.n
             if all(isinstance(v, (bool, int, float, np.number)) for v in values):
                 out[str(key)] = np.asarray(values, dtype=np.float64)
     return {k: v for k, v in out.items() if len(v) == rows}
+
+
+def v1_rows(meta: Any) -> int | None:
+    """The real rows of a V1 batch's meta: its keys less the divisibility-padding rows."""
+    keys = getattr(meta, "keys", None)
+    if keys is None or callable(keys):
+        return None
+    tags = list(getattr(meta, "tags", None) or [{}] * len(keys))
+    return sum(1 for t in tags if not (t or {}).get("is_padding", False))
 
 
 def _get(config: Any, dotted: str) -> Any:
@@ -478,7 +526,7 @@ def _patch_legacy(module: Any) -> None:
     def compute_advantage_and_capture(data, *args, **kwargs):
         out = compute_advantage(data, *args, **kwargs)
         session = _SESSION
-        if session is not None and session.active and session.kind == "legacy":
+        if session is not None and session.active and session.kind == "legacy" and session.wants_batch(batch_rows(out)):
             session.guarded("batch", lambda: session.capture_dataproto(out))
         return out
 
@@ -495,7 +543,7 @@ def _patch_v1(module: Any) -> None:
     @functools.wraps(compute)
     def compute_advantage_and_capture(self, batch, *args, **kwargs):
         out = compute(self, batch, *args, **kwargs)
-        if _SESSION is not None and _SESSION.active and _SESSION.kind == "v1":
+        if _SESSION is not None and _SESSION.active and _SESSION.kind == "v1" and _SESSION.wants_batch(v1_rows(batch)):
             session = _SESSION  # the trainer's own meta: keys and padding tags
             session.guarded("batch", lambda: session.capture_v1(module.tq, batch))
         return out

@@ -92,6 +92,13 @@ def print_report(report: api.VerifyResult, verbose: bool = False) -> None:
         names = sorted(report.not_checked)
         shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
         console.print(f"not checked: {shown}", markup=False)
+    if report.sampled_steps:
+        shares = sorted(set(report.sampled_steps.values()))
+        share = f"{shares[0]:.3g}" if len(shares) == 1 else f"{shares[0]:.3g}-{shares[-1]:.3g}"
+        console.print(f"sampled steps (a capture policy kept {share} of their prompt groups): "
+                      f"{len(report.sampled_steps)}; their per-token values of the kept rows are compared, "
+                      f"{len(report.estimates)} step-level fields are estimates there and not compared "
+                      "(--json: estimates)", markup=False)
     for step, msg in sorted(report.steps_unverifiable.items()):
         err_console.print(f"step {step} cannot be verified: {msg}", markup=False)
     if report.first_mismatch:

@@ -250,6 +250,17 @@ SETTINGS: tuple[Setting, ...] = (
             "trainer's dispatch order (rldiag.rows_balanced unset: true)", values=("legacy", "v1")),
     Setting("rldiag.capture.trainer_mode", None, "str",
             "recorded by the capture: the V1 trainer's trainer.v1.trainer_mode"),
+    # the capture policy it ran under (rldiag/capture/policy.py; set by RLDIAG_CAPTURE_EVERY / _GROUPS / _MAX_GB)
+    Setting("rldiag.capture.every", 1, "int",
+            "recorded by the capture: its batches are of every N-th step (and of the first and last steps)", _COUNT),
+    Setting("rldiag.capture.groups", None, "float",
+            "recorded by the capture: the prompt groups kept per step, a count (>= 1) or a share in (0, 1) (null: all)",
+            _POSITIVE),
+    Setting("rldiag.capture.max_gb", None, "float",
+            "recorded by the capture: the batch bytes (GB) at which it stopped writing batches (null: no limit)",
+            _POSITIVE),
+    Setting("rldiag.capture.seed", None, "int",
+            "recorded by the capture: the seed of its group draw (with the step)", Range(0, INT32_MAX)),
 )
 
 

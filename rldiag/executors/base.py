@@ -17,6 +17,9 @@ class Plan:
     tasks: list[StepTask]  # the chosen steps, in step order
     # adaptive KL: the run's steps left out before the last chosen one, in step order
     replay: list[StepTask] = field(default_factory=list)
+    # adaptive KL on a run captured under a capture policy: {step: (logged current_kl, rows)} of the
+    # steps whose batch is not whole (rldiag.executors.klchain.LoggedKL)
+    logged_kl: dict[int, tuple[float, int]] = field(default_factory=dict)
 
 
 class Executor(Protocol):

@@ -30,6 +30,7 @@ import torch
 
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import pack as pack_batches
+from rldiag.engine.kl_control import PresetKLCoefficients
 from rldiag.engine.pipeline import KLControllerState
 from rldiag.engine.requirements import reward_kl_columns
 from rldiag.engine.reward_kl import reward_kl
@@ -107,27 +108,57 @@ def chain(state: KLControllerState, settings: Settings, stats: Iterable[PackStat
     return coefs
 
 
+#: ``{step: (current_kl, rows)}``: the reward-KL statistic verl logged for a step whose batch file
+#: does not hold its whole batch (a capture policy left it out or sampled its groups;
+#: :func:`rldiag.scenario.sampling.logged_kl`), with the whole batch's rows
+LoggedKL = dict[int, tuple[float, int]]
+
+
+def with_logged(stats: list[PackStatistic], logged: LoggedKL) -> list[PackStatistic]:
+    """``stats`` with the logged statistics in their step order, each replacing the statistic of
+    the same step (one computed from a sampled batch is an estimate; a run with logged
+    statistics is recomputed one step a pack, :func:`rldiag.scenario.sampling`)."""
+    if not logged:
+        return stats
+    kept = [st for st in stats if not set(st[0]) & set(logged)]
+    extra = [([s], torch.tensor([kl], dtype=torch.float32), torch.tensor([rows])) for s, (kl, rows) in logged.items()]
+    return sorted(kept + extra, key=lambda st: st[0][0])
+
+
 class SequentialChain:
     """The controller of one process that computes the chosen steps in step order: the replayed
     steps' statistics (``replayed``, in step order) are taken as the chosen steps reach them, and
-    the pipeline advances ``state`` over each pack it computes."""
+    the pipeline advances ``state`` over each pack it computes. ``logged``: the statistics verl
+    logged for the steps whose batch is not whole (:data:`LoggedKL`; their packs are one step
+    each): those advance the controller, never a statistic of a sampled batch."""
 
-    def __init__(self, state: KLControllerState, job: Job, replayed: list[PackStatistic]):
+    def __init__(self, state: KLControllerState, job: Job, replayed: list[PackStatistic],
+                 logged: LoggedKL | None = None):
         self.state, self.job = state, job
-        self._replayed = deque(replayed)
+        self.logged = dict(logged or {})
+        self._replayed = deque(with_logged(replayed, self.logged))
 
     def _catch_up(self, step: int) -> None:
         while self._replayed and self._replayed[0][0][0] < step:
             chain(self.state, self.job.settings, [self._replayed.popleft()])
 
-    def state_for(self, steps: list[int]) -> KLControllerState:
-        """The state a pack of ``steps`` is computed with (it advances it past them)."""
+    def state_for(self, steps: list[int]) -> KLControllerState | PresetKLCoefficients:
+        """The state a pack of ``steps`` is computed with (it advances it past them); a step with
+        a logged statistic gets the coefficient before it, and the logged statistic advances
+        the controller."""
         self._catch_up(steps[0])
+        if len(steps) == 1 and steps[0] in self.logged:
+            used = self.state.value
+            self._catch_up(steps[0] + 1)  # its own logged statistic
+            return PresetKLCoefficients([used])
         return self.state
 
     def not_loaded(self, f: Fetched) -> None:
         """A chosen step that did not load: advance past it when its statistic can be read."""
         self._catch_up(f.task.step)
+        if f.task.step in self.logged:
+            self._catch_up(f.task.step + 1)  # its logged statistic
+            return
         stat = step_statistic(f, self.job)
         if stat is not None:
             chain(self.state, self.job.settings, [stat])

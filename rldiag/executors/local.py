@@ -33,7 +33,7 @@ class LocalExecutor:
         not_loaded: Callable[[Fetched], None] | None = None
         if kl_state is not None and is_adaptive(settings):
             # the coefficient of a step depends on every step before it (rldiag.executors.klchain)
-            kc = SequentialChain(kl_state, job, replay_statistics(plan.replay, job))
+            kc = SequentialChain(kl_state, job, replay_statistics(plan.replay, job), plan.logged_kl)
             kl_for, not_loaded = kc.state_for, kc.not_loaded
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))

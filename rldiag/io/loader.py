@@ -109,6 +109,33 @@ def row_count(sf: StepFile) -> int:
         raise _unreadable(sf, exc) from exc
 
 
+#: a Parquet file with this many list values (tokens) in a column or more is read one column at a
+#: time: Parquet's reader of a list column holds its repetition and definition levels (2 bytes each
+#: a value), the growing output and the decompressed pages while it decodes, and reading every
+#: column at once holds all of them together: about 100-130 bytes a token at the read's peak for
+#: a step of 2.7 M tokens (8 list columns), against about 60 read column by column (30 live)
+#: (bench/bench_memory.py). The values read are the same; a smaller step keeps the parallel read.
+BY_COLUMN_VALUES = 1 << 20
+
+
+def _values(pf: pq.ParquetFile) -> int:
+    """The most values of one leaf column in the file's row groups (from its footer)."""
+    md = pf.metadata
+    if md.num_row_groups == 0 or md.num_columns == 0:
+        return 0
+    return max(sum(md.row_group(g).column(j).num_values for g in range(md.num_row_groups))
+               for j in range(md.num_columns))
+
+
+def _read_by_column(pf: pq.ParquetFile, columns: list[str] | None) -> pa.Table:
+    """``columns`` of ``pf`` read one after the other, as one table with the file's schema
+    metadata (what :meth:`pq.ParquetFile.read` returns, with less memory at the read's peak)."""
+    schema = pf.schema_arrow
+    names = list(columns) if columns is not None else list(schema.names)
+    arrays = [pf.read(columns=[name], use_threads=False).column(0) for name in names]
+    return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in names], metadata=schema.metadata))
+
+
 def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | None = None,
                threads: bool = True, choose=None) -> pa.Table:
     """Read ``columns`` (all when None) of one batch file; ``source``: its bytes, already read.
@@ -122,6 +149,8 @@ def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | N
             pf = _parquet(sf, source)
             if choose is not None:
                 columns = choose(pf.schema_arrow.names)
+            if _values(pf) >= BY_COLUMN_VALUES:
+                return _read_by_column(pf, columns)
             return pf.read(columns=columns, use_threads=threads)
         if source is not None:
             table = open_ipc(pa.BufferReader(source)).read_all()

@@ -36,7 +36,7 @@ from rldiag.io.rundir import RunDir, StepFile, Steps, parse_steps
 from rldiag.scenario.plan import Previous, plan_steps
 
 if TYPE_CHECKING:
-    from rldiag.engine.pipeline import KLControllerState, Result
+    from rldiag.engine.pipeline import KLControllerState, PresetKLCoefficients, Result
     from rldiag.io.loader import StepData
 
 __all__ = ["InMemoryScenario", "recompute_changed", "recompute_in_memory", "recompute_step"]
@@ -125,7 +125,8 @@ def recompute_changed(run: str | Path | RemotePath | RunDir, settings: Settings,
     return out
 
 
-def recompute_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | None = None, *,
+def recompute_step(sf: StepFile, settings: Settings,
+                   kl_state: KLControllerState | PresetKLCoefficients | None = None, *,
                    device: torch.device | str = "cpu", source: bytes | None = None,
                    threads: bool = True) -> tuple[StepData, Result]:
     """Step ``sf`` loaded (the columns :func:`~rldiag.engine.requirements.recompute_columns`

@@ -25,6 +25,7 @@ from rldiag.io.fs import RemotePath
 from rldiag.io.run_layout import ScenarioLayout
 from rldiag.io.rundir import RunDir, Steps, parse_steps
 from rldiag.scenario.plan import Previous, check_name, check_settings, plan_steps, previous
+from rldiag.scenario.sampling import SampledRun
 from rldiag.scenario.write import ScenarioReport, ScenarioWriter
 
 __all__ = ["ProgressFn", "follow", "recompute"]
@@ -77,10 +78,15 @@ def recompute(
     prev = previous(rd.path, name, settings, save_tokens, target) if reuse else Previous()
     ex = get_executor(executor)
     owned = isinstance(executor, str)
+    sample = SampledRun.of(rd, settings, files, chosen)
     try:
         dev = ex.start(device)
+        if sample is not None and sample.logged_kl:
+            pack_tokens = 1  # one step a pack: a logged statistic stands in for a sampled step's
         job = Job(settings=settings, device=dev, save_tokens=save_tokens, pack_tokens=pack_tokens)
         plan = plan_steps(rd, files, chosen, job, prev, chunk_steps)
+        if sample is not None:
+            plan.logged_kl = sample.logged_kl
         report = ScenarioReport(name=name, path=target.dir, settings=settings, device=dev, executor=ex.name)
         with ScenarioWriter(target, report, prev, overrides, save_tokens) as writer:
             with closing(ex.run(plan)) as outcomes:
@@ -88,7 +94,8 @@ def recompute(
                     writer.record(out)
                     if progress:
                         progress(i, len(chosen), out.step)
-            writer.commit(time.perf_counter() - t0)
+            extra = sample.mark(report) if sample is not None else None
+            writer.commit(time.perf_counter() - t0, extra)
     finally:
         if owned:
             ex.close()

@@ -23,6 +23,7 @@ import torch
 from rldiag.capture import CaptureStats, RunWriter
 from rldiag.capture.health import HealthHook, build_hook
 from rldiag.capture.health import log as health_log
+from rldiag.capture.policy import CapturePolicy
 from rldiag.toy.algos import gae_advantages, grpo_advantages, kl_penalty, masked_mean
 from rldiag.toy.config import ToyConfig
 from rldiag.toy.metrics import data_metrics
@@ -187,7 +188,10 @@ class ToyTrainer:
         ``SIGTERM`` lets pending writes finish first. ``writer_options``: more ``RunWriter``
         keywords (``on_error``, ``max_queue_bytes``, ``max_wait_s``, ``wait_share``);
         ``health_options``: the doctor hook's (``wait_s``, ``slow_s``)."""
-        options = {"on_error": "warn", "handle_sigterm": True, **(writer_options or {})}
+        # the capture policy of RLDIAG_CAPTURE_EVERY / _GROUPS / _MAX_GB, as the verl capture's
+        policy = CapturePolicy.from_env().options() if out_dir else {}
+        options = {"on_error": "warn", "handle_sigterm": True, "last_step": self.total_training_steps, **policy,
+                   **(writer_options or {})}
         writer = (RunWriter(out_dir, config=self.cfg.verl_config(), queue_size=queue_size, tokenizer=ToyTokenizer(),
                             **options) if out_dir else None)
         hook: HealthHook | None = None
@@ -208,8 +212,9 @@ class ToyTrainer:
                 t0 = time.perf_counter()
                 result = self.train_step(step)
                 if writer is not None:
+                    writer.last_step = self.total_training_steps  # a doctor's stop lowers it
                     writer.write_batch(step, result.batch)
-                    if hook is not None:
+                    if hook is not None and writer.parts(step):  # a step the policy left out: no batch
                         th = time.perf_counter()
                         result.metrics.update(hook.on_log(step, result.metrics))
                         if not writer.dropped(step):  # a dropped batch has nothing to recompute

@@ -22,6 +22,7 @@ import rldiag.capture.verl as capture  # noqa: E402
 from rldiag.analysis.verify import verify_run  # noqa: E402
 from rldiag.capture.faults import CaptureWarning  # noqa: E402
 from rldiag.errors import CaptureError  # noqa: E402
+from tests.app.conftest import baseline_worker_sync, loopback_app  # noqa: E402, F401 - the app's fixtures
 from tests.capture import verl_steps  # noqa: E402
 from tests.capture.verl_steps import P, R  # noqa: E402
 
@@ -487,3 +488,106 @@ def test_v1_reward_inputs_and_components_skip_the_padding_rows(capture_into, mon
     assert table["acc"].to_pylist() == [i / 8 for i in range(6)]  # reward_extra_info's numbers; "pred" is text
     assert "pred" not in table.column_names
     _assert_match(run, "advantages")
+
+
+# ---- the capture policy (RLDIAG_CAPTURE_EVERY / _GROUPS / _MAX_GB) ------------------------------
+
+
+def test_v1_capture_policy_from_the_environment(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setenv("RLDIAG_CAPTURE_EVERY", "2")
+    monkeypatch.setenv("RLDIAG_CAPTURE_GROUPS", "1")
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=5, rows=8))
+    run = capture_into()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)  # a step the policy leaves out is no fault
+        _trainer(Trainer, _config("grpo", n=4)).fit()
+    files = sorted(p.name for p in (run / "batches").glob("step_*.parquet"))
+    assert files == [f"step_{s:06d}.parquet" for s in (1, 2, 4, 5)]  # every 2nd, the first, the last (5)
+    for step in (1, 2, 4, 5):
+        table = pq.read_table(run / "batches" / f"step_{step:06d}.parquet")
+        assert len(set(table["uid"].to_pylist())) == 1 and table.num_rows == 4  # 1 of 2 groups, whole
+    lines = {x["step"]: x["data"] for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    assert [lines[s]["rldiag/capture/rows"] for s in range(1, 6)] == [4, 4, 0, 4, 4]
+    assert lines[3]["rldiag/capture/bytes"] == 0
+    assert lines[4]["rldiag/capture/bytes"] == (run / "batches" / "step_000004.parquet").stat().st_size
+    assert "rldiag/capture/dropped_steps" not in lines[5]
+    saved = yaml.safe_load((run / "run.yaml").read_text())["rldiag"]["capture"]
+    assert (saved["every"], saved["groups"], saved["max_gb"], saved["trainer"]) == (2, 1, None, "v1")
+
+
+def test_a_bad_capture_policy_variable_is_warned_and_left_out(capture_into, monkeypatch, v1):
+    tb, tq, Trainer = v1
+    monkeypatch.setenv("RLDIAG_CAPTURE_GROUPS", "1.0")
+    monkeypatch.setattr(tb.PPOTrainer, "fit", verl_steps.v1_fit(tq, n_steps=1, rows=8))
+    run = capture_into()
+    with pytest.warns(CaptureWarning, match="RLDIAG_CAPTURE_GROUPS"):
+        _trainer(Trainer, _config("grpo", n=4)).fit()
+    assert pq.read_table(run / "batches" / "step_000001.parquet").num_rows == 8
+
+
+def _adaptive_config(estimator: str, n: int, mode: str = "legacy"):
+    cfg = _config(estimator, n=n, kl_in_reward=True, mode=mode)
+    cfg.algorithm.kl_ctrl = {"type": "adaptive", "kl_coef": 0.05, "horizon": 40, "target_kl": 0.01}
+    return cfg
+
+
+@pytest.mark.usefixtures("loopback_app", "baseline_worker_sync")
+def test_a_sampled_run_recomputes_verifies_and_opens_in_the_app(capture_into, monkeypatch, tmp_path):
+    """The reach of issue 38: RLDIAG_CAPTURE_EVERY=5 and RLDIAG_CAPTURE_GROUPS=0.25 through the
+    verl capture; the adaptive KL coefficient of each captured step comes from the logged
+    statistics of the steps before it, captured or not."""
+    from rldiag.scenario.recompute import recompute
+    from tests.app.helpers import open_app
+
+    rt = pytest.importorskip("verl.trainer.ppo.ray_trainer")
+    monkeypatch.setenv("RLDIAG_CAPTURE_EVERY", "5")
+    monkeypatch.setenv("RLDIAG_CAPTURE_GROUPS", "0.25")
+    monkeypatch.setattr(rt.RayPPOTrainer, "fit", verl_steps.legacy_fit(n_steps=12, rows=16))
+    run = capture_into()
+    _trainer(rt.RayPPOTrainer, _adaptive_config("grpo", n=2)).fit()
+    assert sorted(p.name for p in (run / "batches").glob("*.parquet")) == [
+        f"step_{s:06d}.parquet" for s in (1, 5, 10, 12)]
+    lines = {x["step"]: x["data"] for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    assert all(lines[s]["rldiag/capture/batch_rows"] == 16 for s in lines)
+    coefs = [lines[s]["actor/reward_kl_penalty_coeff"] for s in sorted(lines)]
+    assert abs(coefs[-1] / coefs[0] - 1) > 0.05  # the controller moved: a wrong chain would show
+
+    report = recompute(run)
+    assert report.ok and report.steps_done == [1, 5, 10, 12]
+    meta = json.loads((run / "rldiag" / "scenarios" / "baseline" / "scenario.json").read_text())
+    assert meta["sampled_steps"] == {"1": 0.25, "5": 0.25, "10": 0.25, "12": 0.25}
+    assert meta["uncaptured_steps"] == [2, 3, 4, 6, 7, 8, 9, 11]
+    table = pq.read_table(run / "rldiag" / "scenarios" / "baseline" / "metrics.parquet").to_pydict()
+    assert table["step"] == list(range(1, 13))
+    assert table["rldiag/sample/captured"] == [float(s in (1, 5, 10, 12)) for s in range(1, 13)]
+    assert table["rldiag/sample/groups_kept_share"] == [0.25 if s in (1, 5, 10, 12) else 0.0 for s in range(1, 13)]
+    # the coefficient each captured step was computed with is the trainer's
+    for i, step in enumerate(table["step"]):
+        if step in (1, 5, 10, 12):
+            assert table["actor/reward_kl_penalty_coeff"][i] == pytest.approx(lines[step]["actor/reward_kl_penalty_coeff"],
+                                                                              rel=1e-6)
+
+    report = verify_run(run, candidates=False)
+    assert report.status == "match", {n: f.first for n, f in report.fields.items() if f.mismatches}
+    assert report.sampled_steps == {1: 0.25, 5: 0.25, 10: 0.25, 12: 0.25}
+    assert report.fields["token_level_rewards"].compared > 0 and report.fields["advantages"].compared > 0
+    assert "critic/score/mean" in report.estimates and "critic/score/mean" not in report.fields
+    at = open_app(run)
+    captions = " ".join(c.value for c in at.caption)
+    assert "Batches captured for 4 of 12 steps (1, 5, 10, 12)" in captions
+    assert "Not captured: 2-4, 6-9, 11" in captions
+
+
+def test_a_sampled_step_whitened_over_the_step_is_not_a_false_mismatch(capture_into, monkeypatch):
+    """GAE whitens advantages over the whole step: on a sampled step they are estimates; the
+    rewards (KL in reward) of the kept rows are still exact."""
+    rt = pytest.importorskip("verl.trainer.ppo.ray_trainer")
+    monkeypatch.setenv("RLDIAG_CAPTURE_GROUPS", "0.5")
+    monkeypatch.setattr(rt.RayPPOTrainer, "fit", verl_steps.legacy_fit(n_steps=3, rows=8))
+    run = capture_into()
+    _trainer(rt.RayPPOTrainer, _adaptive_config("gae", n=2)).fit()
+    report = verify_run(run, candidates=False)
+    assert report.status == "match" and set(report.sampled_steps) == {1, 2, 3}
+    assert {"advantages", "returns", "critic/advantages/mean"} <= set(report.estimates)
+    assert report.fields["token_level_rewards"].compared > 0

@@ -11,7 +11,9 @@ import streamlit as st
 
 from rldiag.app import gate, session
 from rldiag.app.main import page_path
+from rldiag.errors import RldiagError
 from rldiag.store.downsample import DEFAULT_POINTS
+from rldiag.viz.capture_note import capture_note
 from rldiag.viz.echarts import PANEL_HEIGHT, Panel, metric_panel, panel_action
 from rldiag.viz.metric_groups import default_selection, filter_names, follow_range, group_by_prefix
 from rldiag.viz.panels import identical_sources, merge_runs, overlap_note, panel_csv, run_labels
@@ -30,6 +32,18 @@ def _initial_metrics(names: list[str]) -> list[str]:
     return wanted or default_selection(names)
 
 
+def _capture_note(scenarios: list[str]) -> str | None:
+    """Which steps the run captured, from the first scenario (baseline first) that says so."""
+    for name in sorted(scenarios, key=lambda n: n != "baseline"):
+        try:
+            note = capture_note(store.scenario_meta(name))
+        except RldiagError:
+            continue
+        if note:
+            return note
+    return None
+
+
 def controls():
     """The page's widgets; returns the view to draw (a dict) or None."""
     store.refresh()
@@ -42,6 +56,9 @@ def controls():
     if not store.logged_names():
         st.info(f"No metrics logged yet: {store.rd.metrics_file} is missing or holds no numeric value. The panels "
                 "show the recomputed ones; the page follows the file and adds the logged ones as they come.")
+    note = _capture_note(scenarios)
+    if note:
+        st.caption(note)
     groups = group_by_prefix(names)
 
     c1, c2 = st.columns([3, 2])
