@@ -47,7 +47,7 @@ SMALL = dict(prompts_per_step=4, n=4, mini_batch_prompts=2, d_model=32, n_layers
 PRECISION_INFO = {"kind": "rollout_gap", "cause": "precision", "severity": "info",
                   "note": "the rollout samples on a bfloat16 copy of the float32 policy"}
 #: steps per run, per size
-STEPS = {"small": 10, "full": 30}
+STEPS = {"small": 15, "full": 30}
 SIZES = tuple(STEPS)
 #: modules that add families to :data:`CASES` when imported (each one optional)
 EXTENSIONS = ("rldiag.toy.corpus_gap",)
@@ -80,13 +80,14 @@ class Family:
     pathologies``: the ``labels.json`` pathologies of a trained run from its logged series
     (``metric -> per-step values``, ``steps`` the step numbers), each ``{"kind", "cause"?,
     "onset_step", "signal", "onset_rule", "implied_by"?}``; ``onset_step`` None when the training did
-    not produce it."""
+    not produce it; ``steps``: the run length per size where :data:`STEPS`' is too short."""
 
     kind: str
     build: Callable[[int, int, int], Case]
     runs: dict[str, int]
     label: Callable[[Case, list[int], Series], list[dict[str, Any]]]
     healthy: bool = False
+    steps: dict[str, int] = field(default_factory=dict)  # per size, where :data:`STEPS` is too short for the kind
 
 
 #: the corpus's table: kind -> family, in the order runs are generated
@@ -149,18 +150,23 @@ def divergence_case(seed: int, steps: int, index: int = 0) -> Case:
     return Case(f"divergence-s{seed}", "divergence", cfg, {"actor_lr": cfg.actor_lr})
 
 
-#: the length bonus of the reward-hacking runs (the reward pays up to this for writing the whole width)
+#: the reward-hacking runs: an easy task (sums of 1-2 digits, a tool that never fails, full credit
+#: for each right digit in place) whose reward adds this times the share of the response width the
+#: actor filled with digits
 HACK_BONUS = 1.0
-HACK_LR = 1e-2
+HACK_LR = 5e-3
 
 
 def reward_hacking_case(seed: int, steps: int, index: int = 0) -> Case:
-    """GRPO whose reward adds ``HACK_BONUS`` x the share of the response width the actor wrote:
-    a response that never stops earns the bonus, and the grader (which needs ``EOS``) then
-    pays at most partial credit."""
-    cfg = grpo_tool(**SMALL, steps=steps, seed=seed, actor_lr=HACK_LR, length_bonus=HACK_BONUS)
+    """GRPO whose reward adds ``HACK_BONUS`` x the share of the response width the actor wrote
+    as digits (a "shown working" format bonus): digits written after the answer change the
+    last number the grader reads, so the bonus and the task's correctness pull apart, and the
+    policy trades the second for the first."""
+    cfg = grpo_tool(**SMALL, steps=steps, seed=seed, actor_lr=HACK_LR, length_bonus=HACK_BONUS,
+                    bonus_digits_only=True, min_digits=1, max_digits=2, tool_failure=0.0, partial_credit=1.0)
     return Case(f"reward_hacking-s{seed}", "reward_hacking", cfg,
-                {"actor_lr": cfg.actor_lr, "length_bonus": cfg.length_bonus})
+                {"actor_lr": cfg.actor_lr, "length_bonus": cfg.length_bonus, "bonus": "digits the actor wrote",
+                 "digits": [1, 2], "tool_failure": 0.0, "partial_credit": 1.0})
 
 
 def no_pathology(case: Case, steps: list[int], series: Series) -> list[dict[str, Any]]:
@@ -185,13 +191,14 @@ def hacking_label(case: Case, steps: list[int], series: Series) -> list[dict[str
 register(Family("healthy", healthy_case, {"small": 2, "full": 16}, no_pathology, healthy=True))
 register(Family("entropy_collapse", entropy_collapse_case, {"small": 2, "full": 20}, collapse_label))
 register(Family("divergence", divergence_case, {"small": 2, "full": 20}, divergence_label))
-register(Family("reward_hacking", reward_hacking_case, {"small": 2, "full": 20}, hacking_label))
+# the true score needs 10-15 steps to turn (the onset rule's windows alone take 10)
+register(Family("reward_hacking", reward_hacking_case, {"small": 2, "full": 20}, hacking_label, steps={"small": 22}))
 
 
 def cases(size: str = "small", seed: int = 0, kinds: list[str] | None = None) -> list[Case]:
     """The corpus's cases, family by family in :data:`CASES` order (``kinds``: only these): the
     ``i``-th run of a family has seed ``seed + 1 + i`` (so a family's runs alternate between
-    ``test`` and ``train``) and :data:`STEPS` steps. ``small`` (2 runs of 10 steps per kind)
+    ``test`` and ``train``) and :data:`STEPS` steps. ``small`` (2 runs of 15 steps per kind)
     is what the tests and the 3-minute bench train; ``full`` has 16 healthy runs (8 per split:
     240 healthy steps in ``test``) and 20 of each pathology (10 per split), of 30 steps."""
     if size not in STEPS:
@@ -204,7 +211,8 @@ def cases(size: str = "small", seed: int = 0, kinds: list[str] | None = None) ->
     out = []
     for kind in wanted:
         fam = CASES[kind]
-        out += [fam.build(seed + 1 + i, STEPS[size], i) for i in range(fam.runs.get(size, 0))]
+        steps = fam.steps.get(size, STEPS[size])
+        out += [fam.build(seed + 1 + i, steps, i) for i in range(fam.runs.get(size, 0))]
     return out
 
 
@@ -259,7 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=SIZES, default="small")
     ap.add_argument("--seed", type=int, default=0, help="added to every run's seed")
     ap.add_argument("--kind", action="append", help="only this kind of run (repeatable)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: reproducible)")
     args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
     manifest = generate(args.out, cases(args.size, args.seed, args.kind), args.size, args.seed)
     print(f"{len(manifest['runs'])} runs in {args.out} (train {manifest['splits']['train']}, "
           f"test {manifest['splits']['test']}); pathologies not produced: {', '.join(manifest['not_produced']) or 'none'}")
