@@ -24,7 +24,7 @@ Per rule and gap cause (:func:`summarise`), over the runs of one split:
   over the runs is reported;
 - fewer than :data:`MIN_FIRINGS` alerted runs is ``not enough data``; alerts on no planted run
   ``uncalibrated``; a warning or critical rule meets the floor with precision >= 0.9 and at most
-  one false alarm per 100 healthy steps.
+  one false alarm per 100 healthy steps (an uncalibrated one that fires does not).
 
 Runs whose planted pathology was not produced (no onset) are left out and listed.
 """
@@ -155,6 +155,8 @@ def replay_run(run: Path, rules: list[Any] | None = None, device: str = "cpu") -
     doctor = LiveDoctor({**settings.values, **settings.resolved()}, rules)
     out = RunReplay(run.name, labels, steps=len(set(logged) | set(recomputed)),
                     recompute_failed=dict(rec.steps_failed))
+    # a rule declared at info (never a health finding) is measured at its own severity
+    info_rules = {r.id for r in doctor.rules if r.severity == "info"}
     alerting: set[Key] = set()
     for step in sorted(set(logged) | set(recomputed)):
         if step in logged:
@@ -162,7 +164,7 @@ def replay_run(run: Path, rules: list[Any] | None = None, device: str = "cpu") -
         if step in recomputed:
             doctor.add_recomputed(step, recomputed[step])
         doctor.evaluate(step)
-        now = {(f.rule, f.evidence.cause): f for f in doctor.active() if f.severity in ALERT}
+        now = {(f.rule, f.evidence.cause): f for f in doctor.active() if f.severity in ALERT or f.rule in info_rules}
         for key, f in now.items():
             if key not in alerting:
                 out.alerts.append(Alert(f.rule, f.evidence.cause, step, f.severity, f.evidence.confidence))
@@ -259,6 +261,8 @@ def summarise_key(key: Key, runs: list[RunReplay], severity: str) -> dict[str, A
     if status == "calibrated" and severity in ALERT:
         floor = bool(precision is not None and precision >= FLOOR_PRECISION
                      and fa100 is not None and fa100 <= FLOOR_FALSE_ALARMS)
+    elif status == "uncalibrated" and severity in ALERT:
+        floor = False  # it fires, and only on healthy runs
     return {
         "rule": key[0], "cause": key[1], "severity": severity, "runs": len(counted), "fired": len(fired),
         "tp": tp, "fp": fp, "fn": len(pos) - len(hit), "precision": precision, "precision_ci": wilson(tp, tp + fp),

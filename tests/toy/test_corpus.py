@@ -49,13 +49,19 @@ def test_the_cases_and_their_split_by_seed():
     healthy = [c for c in full if c.kind == "healthy"]
     collapse = [c for c in full if c.kind == "entropy_collapse"]
     for kind in ("divergence", "reward_hacking"):
-        assert sum(c.kind == kind and c.split == "test" for c in full) == 12
+        assert sum(c.kind == kind and c.split == "test" for c in full) >= 12
     assert len(healthy) == 16 and len(collapse) == 24 and len({c.name for c in full}) == len(full)
     assert sum(c.split == "test" for c in collapse) == 12
     assert sum(c.config.steps for c in healthy if c.split == "test") == 240
     assert {c.tags["adv_estimator"] for c in healthy} == {"grpo", "gae"}
     assert {c.tags["kl"] for c in healthy} == {"loss", "reward", "none"}
     assert {c.tags["tool"] for c in healthy} == {True, False} and {c.tags["temperature"] for c in healthy} == {1.0, 0.8}
+    # each setting in both splits (the split is by seed, never by setting)
+    for split in ("train", "test"):
+        part = [c for c in healthy if c.split == split]
+        assert {c.tags["adv_estimator"] for c in part} == {"grpo", "gae"} and {c.tags["kl"] for c in part} == {
+            "loss", "reward", "none"}
+        assert {c.tags["tool"] for c in part} == {True, False} and {c.tags["temperature"] for c in part} == {1.0, 0.8}
     assert all(c.config.entropy_coeff == 0.0 and c.config.actor_lr == 3e-2 for c in collapse)
     with pytest.raises(RldiagError, match="small or full"):
         cases("medium")
