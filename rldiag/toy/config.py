@@ -28,6 +28,8 @@ class ToyConfig:
     tool: bool = True
     tool_failure: float = 0.3
     partial_credit: float = 0.5
+    length_bonus: float = 0.0  # an exploitable reward component: this times the share of the width the actor wrote
+    bonus_digits_only: bool = False  # the bonus counts only the digits the actor wrote ("shown working")
     temperature: float = 1.0
     d_model: int = 64
     n_heads: int = 4
@@ -58,6 +60,8 @@ class ToyConfig:
             raise ConfigError("toy trainer: prompts_per_step must be a multiple of mini_batch_prompts")
         if self.d_model % self.n_heads:
             raise ConfigError("toy trainer: d_model must be a multiple of n_heads")
+        if self.length_bonus < 0:
+            raise ConfigError("toy trainer: length_bonus must be >= 0")
         if self.steps < 1 or self.ppo_epochs < 1:
             raise ConfigError("toy trainer: steps and ppo_epochs must be >= 1")
 
@@ -136,7 +140,9 @@ class ToyConfig:
             "trainer": {"total_training_steps": self.steps, "seed": self.seed, "project_name": "rldiag-toy"},
             "toy": {"task": "digit-sum with a calculator tool", "tool": self.tool, "tool_failure": self.tool_failure,
                     "min_digits": self.min_digits, "max_digits": self.max_digits,
-                    "partial_credit": self.partial_credit},
+                    "partial_credit": self.partial_credit,
+                    **({"length_bonus": self.length_bonus, "bonus_digits_only": self.bonus_digits_only}
+                       if self.length_bonus else {})},
         }
 
     def as_dict(self) -> dict:

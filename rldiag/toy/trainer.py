@@ -31,6 +31,7 @@ from rldiag.toy.model import TinyTransformer, response_logprobs, response_values
 from rldiag.toy.rollout import generate, rollout_engine
 from rldiag.toy.task import (
     DATA_SOURCE,
+    DIGITS,
     VOCAB,
     ToyTokenizer,
     ground_truths,
@@ -86,6 +87,10 @@ class ToyTrainer:
         uids = np.array([f"s{step}-p{i}" for i in range(cfg.prompts_per_step) for _ in range(cfg.n)], dtype=object)
         ro = generate(rollout_engine(self.policy), prompts, width, self.gen, cfg.temperature, cfg.tool)
         score, exact = score_responses(ro.responses, ro.response_mask, ro.lengths, prompts, cfg.partial_credit)
+        true_score = score
+        if cfg.length_bonus:  # the reward pays for length too; the task's correctness (true_score) does not
+            counted = ro.response_mask.bool() & (ro.responses < DIGITS) if cfg.bonus_digits_only else ro.response_mask.bool()
+            score = score + cfg.length_bonus * counted.sum(-1).float() / width
         rows = torch.arange(score.shape[0])
         scores = torch.zeros((score.shape[0], width), dtype=torch.float32)
         scores[rows, (ro.lengths - 1).clamp_min(0)] = torch.where(ro.lengths > 0, score, 0.0)
@@ -128,6 +133,8 @@ class ToyTrainer:
         metrics.update(out.metrics)
         metrics.update(data_metrics(scores, rewards, advantages, returns, mask, ro.attention_mask, values))
         metrics["task/exact_match"] = exact.float().mean().item()
+        if cfg.length_bonus:
+            metrics["rldiag/label/true_score"] = true_score.mean().item()
         metrics["task/tool_call_ratio"] = ro.tool_calls.float().mean().item()
         metrics["task/rollout_vs_old_abs_diff"] = masked_mean((ro.rollout_log_probs - old_log_probs).abs(), mask).item()
 
