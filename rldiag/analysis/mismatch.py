@@ -34,13 +34,17 @@ THRESHOLDS: dict[str, tuple[str, float, float]] = {
     "slope": ("|slope - 1|", 0.02, 0.05),
     "slope_corr": ("|gap_rollout_corr|", 0.3, 0.5),
     "monotone": ("logprob_corr", 0.8, 0.9),
-    "symmetric": ("|positive_share - 0.5|", 0.1, 0.2),
-    "uncorrelated": ("|gap_rollout_corr|", 0.2, 0.4),
+    "symmetric": ("|body_positive_share - 0.5|", 0.1, 0.2),
+    "uncorrelated": ("|body_gap_rollout_corr|", 0.2, 0.4),
     "shift": ("1 - min(shift_next_abs_gap, shift_prev_abs_gap) / pair_abs_gap", 0.5, 0.8),
     "lag_corr": ("lag_gap_corr", 0.15, 0.3),
     "lag_ratio": ("lag_abs_gap_lagged / lag_abs_gap_lag0", 1.5, 3.0),
+    "lag_spread": ("lag_body_std_lagged / lag_body_std_lag0", 1.4, 2.2),
     "outlier_share": ("top_kl_share", 0.45, 0.7),
     "outlier_size": ("gap_abs_max", 0.05, 0.2),
+    "outlier_separation": ("gap_abs_max / gap_abs_p99", 3.0, 6.0),
+    "half": ("half_share", 0.5, 0.9),
+    "on_policy_gap": ("lag_body_std_lag0", 4e-5, 1.2e-4),
 }
 #: ``precision`` with a run gap std at or below this is what bf16 inference produces: severity info
 PRECISION_INFO_STD = 0.05
@@ -87,9 +91,17 @@ def _r(key: str, x: np.ndarray) -> np.ndarray:
     return ramp(x, lo, hi)
 
 
-def step_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each cause's confidence per step ``(n_steps,)`` from the statistics ``s`` (names without
-    the ``rldiag/mismatch/`` prefix; the ``lag_*`` ones may be absent)."""
+def _body(g: Any, name: str, whole: str) -> np.ndarray:
+    """The body's statistic (``body_<name>``: the top 1 % of tokens left out), or the whole
+    step's where a recompute did not write it."""
+    body, all_ = g(name), g(whole)
+    return np.where(np.isnan(body), all_, body)
+
+
+def _fingerprints(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each cause's confidence per step ``(n_steps,)`` on its own fingerprint, before one cause
+    masks another (:func:`step_confidences`), and ``precision``'s as the on-policy rows show it
+    under a lag (``precision_on_policy``)."""
     n = len(s["tokens"])
     nan = np.full(n, np.nan)
 
@@ -98,37 +110,78 @@ def step_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
     gap = _r("gap", g("gap_abs_p99"))
     pos, slope, corr = g("positive_share"), g("slope"), g("gap_rollout_corr")
-    trunc = gap * _r("one_sided", 0.15 - pos) * (g("gap_mean") < 0)
+    # truncation on the on-policy rows where a lag spreads the others' gaps both ways
+    on_pos = np.where(g("lag0_share") > 0, g("lag0_positive_share"), np.nan)
+    trunc = gap * _r("one_sided", 0.15 - np.fmin(pos, on_pos)) * (g("gap_mean") < 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         shift_ratio = np.fmin(g("shift_next_abs_gap"), g("shift_prev_abs_gap")) / g("pair_abs_gap")
         lag_ratio = g("lag_abs_gap_lagged") / g("lag_abs_gap_lag0")
+        separation = g("gap_abs_max") / g("gap_abs_p99")
+        spread = g("lag_body_std_lagged") / g("lag_body_std_lag0")
     misaligned = gap * _r("shift", 1 - shift_ratio)
-    out_share = _r("outlier_share", g("top_kl_share")) * _r("outlier_size", g("gap_abs_max"))
+    outliers = (_r("outlier_share", g("top_kl_share")) * _r("outlier_size", g("gap_abs_max"))
+                * np.where(g("gap_abs_p99") == 0, 1.0, _r("outlier_separation", separation)))
     lag_ratio = np.where(np.isnan(g("lag_abs_gap_lag0")), 3.0, lag_ratio)  # no on-policy rows: the correlation decides
-    lag = gap * _r("lag_corr", g("lag_gap_corr")) * np.where(np.isnan(lag_ratio), 0.0, _r("lag_ratio", lag_ratio))
+    lag_corr = _r("lag_corr", g("lag_gap_corr")) * np.where(np.isnan(lag_ratio), 0.0, _r("lag_ratio", lag_ratio))
+    spread = np.where(g("lag_body_std_lagged") > 0, spread, 0.0)  # NaN (no on-policy rows): the correlation decides
+    lag = gap * np.fmax(lag_corr, _r("lag_spread", spread))
     # temperature: x ~ slope * y, d correlated with y (its sign that of slope - 1), and d of
-    # opposite signs on confident and unconfident tokens (one of them missing: half the weight)
+    # opposite signs on confident and unconfident tokens (where one kind is missing, the other's
+    # sign alone)
     conf, unconf = g("gap_confident"), g("gap_unconfident")
-    missing = np.isnan(conf) | np.isnan(unconf)
+    no_conf, no_unconf = np.isnan(conf), np.isnan(unconf)
     if "confident_share" in s and "unconfident_share" in s:  # a mean over no token is written as 0
-        missing |= (g("confident_share") == 0) | (g("unconfident_share") == 0)
+        no_conf |= g("confident_share") == 0
+        no_unconf |= g("unconfident_share") == 0
     direction = np.sign(slope - 1)
-    flip = np.where(missing, 0.6,
-                    ((np.sign(conf) == direction) & (np.sign(unconf) == -direction)).astype(np.float64))
+    conf_ok, unconf_ok = np.sign(conf) == direction, np.sign(unconf) == -direction
+    flip = np.where(no_conf & no_unconf, 0.0,
+                    np.where(no_conf, unconf_ok, np.where(no_unconf, conf_ok, conf_ok & unconf_ok))).astype(np.float64)
     temperature = (gap * _r("slope", np.abs(slope - 1)) * _r("slope_corr", np.abs(corr)) * (np.sign(corr) == direction)
-                   * _r("monotone", g("logprob_corr")) * flip * (1 - trunc) * (1 - misaligned) * (1 - out_share))
-    structural = np.max(np.stack([trunc, temperature, misaligned, lag, out_share]), axis=0)
-    precision = (gap * (1 - _r("symmetric", np.abs(pos - 0.5))) * (1 - _r("slope", np.abs(slope - 1)))
-                 * (1 - _r("uncorrelated", np.abs(corr))) * (1 - structural))
-    return {"sampling_truncation": trunc, "temperature": temperature, "precision": precision,
-            "misaligned": misaligned, "policy_lag": lag, "outlier_tokens": out_share}
+                   * _r("monotone", g("logprob_corr")) * flip * (1 - trunc) * (1 - misaligned) * (1 - outliers))
+    # precision: the body's gap (the outlier tokens left out) small, symmetric and structureless,
+    # what no other cause explains; or the rollout's log-probs are 16-bit numbers
+    b_pos, b_slope, b_corr = (_body(g, "body_positive_share", "positive_share"), _body(g, "body_slope", "slope"),
+                              _body(g, "body_gap_rollout_corr", "gap_rollout_corr"))
+    noise = (gap * (1 - _r("symmetric", np.abs(b_pos - 0.5))) * (1 - _r("slope", np.abs(b_slope - 1)))
+             * (1 - _r("uncorrelated", np.abs(b_corr))))
+    others = np.max(np.stack([trunc, temperature, misaligned]), axis=0)
+    half = gap * _r("half", g("half_share"))
+    return {"sampling_truncation": trunc, "temperature": temperature, "misaligned": misaligned, "policy_lag": lag,
+            "outlier_tokens": outliers, "precision": np.fmax(noise * (1 - np.fmax(others, lag)), half),
+            "precision_on_policy": np.fmax(noise * (1 - others) * _r("on_policy_gap", g("lag_body_std_lag0")), half)}
+
+
+def step_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each cause's confidence per step ``(n_steps,)`` from the statistics ``s`` (names without
+    the ``rldiag/mismatch/`` prefix; the ``lag_*``, ``body_*`` and ``half_share`` ones may be
+    absent). A policy lag masks what :data:`IMPLIED_BY` lists: those causes' confidences are
+    scaled by ``1 - policy_lag`` (:func:`implied_confidences` gives them unmasked)."""
+    f = _fingerprints(s)
+    lag = f["policy_lag"]
+    out = {c: f[c] for c in CAUSES}
+    out["outlier_tokens"] = f["outlier_tokens"] * (1 - lag)
+    return out
+
+
+#: the causes a dominant cause masks: found with it, they are reported inside its evidence
+#: (``implied``), not as causes of their own: a handful of outlier tokens inside lagged rows, and
+#: the bfloat16 noise under a policy lag (precision as the on-policy rows show it)
+IMPLIED_BY = {"policy_lag": ("outlier_tokens", "precision")}
+
+
+def implied_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per step ``(n_steps,)``, the unmasked confidence of each cause :data:`IMPLIED_BY` lists:
+    ``outlier_tokens`` on its own fingerprint, ``precision`` as the on-policy rows show it."""
+    f = _fingerprints(s)
+    return {"outlier_tokens": f["outlier_tokens"], "precision": f["precision_on_policy"]}
 
 
 #: which causes each ramp feeds, in words (docs/mismatch.md)
 USED_BY = {
     "gap": "every cause but outlier_tokens (a step's gap at all)",
     "one_sided": "sampling_truncation (with gap_mean < 0)",
-    "slope": "temperature; precision (1 - it)",
+    "slope": "temperature; precision (1 - it, of body_slope)",
     "slope_corr": "temperature (its sign that of slope - 1)",
     "monotone": "temperature",
     "symmetric": "precision (1 - it)",
@@ -136,8 +189,12 @@ USED_BY = {
     "shift": "misaligned",
     "lag_corr": "policy_lag",
     "lag_ratio": "policy_lag (1 without on-policy rows)",
+    "lag_spread": "policy_lag (the larger of it and lag_corr x lag_ratio)",
     "outlier_share": "outlier_tokens",
     "outlier_size": "outlier_tokens",
+    "outlier_separation": "outlier_tokens (1 when gap_abs_p99 is 0)",
+    "half": "precision (the larger of it and the noise reading)",
+    "on_policy_gap": "precision implied by policy_lag (the on-policy rows' noise)",
 }
 
 
@@ -236,6 +293,8 @@ class Cause:
     config: dict[str, Any] = field(default_factory=dict)  # {"settings": ..., "predicts": bool|None}
     details: dict[str, float] = field(default_factory=dict)  # run-level statistics behind it
     examples: list[dict[str, Any]] = field(default_factory=list)  # tokens / rows to look at
+    #: causes this one masks whose own fingerprint holds too (IMPLIED_BY): cause, confidence, what
+    implied: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -328,12 +387,16 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
     per_step = step_confidences(s)
     summ = summarise(s)
     gap_steps = has & (np.nan_to_num(s.get("gap_abs_p99", np.zeros(len(w)))) >= THRESHOLDS["gap"][1])
+    bases = {c: gap_steps for c in CAUSES}
+    bases["outlier_tokens"] = has  # a handful of tokens, whatever the rest's gap
+    if "lag0_share" in s:  # a lag shows only on steps with lagged rows
+        bases["policy_lag"] = gap_steps & (np.nan_to_num(s["lag0_share"], nan=1.0) < 1)
     confidences: dict[str, float] = {}
     causes: list[Cause] = []
     notes: list[str] = []
     for cause in CAUSES:
         c = per_step[cause]
-        base = has if cause == "outlier_tokens" else gap_steps
+        base = bases[cause]
         conf = _weighted(c, np.where(base, w, 0.0)) if base.any() else 0.0
         confidences[cause] = 0.0 if not np.isfinite(conf) else round(conf, 4)
         predicted = sampling.predicts(cause)
@@ -344,7 +407,7 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
             continue
         at = has & (c >= STEP_FOUND)
         if cause == "precision":
-            severity = "info" if summ["gap_std"] <= PRECISION_INFO_STD else "warning"
+            severity = _precision_severity(summ, confidences)
         else:
             severity = _SEVERITY[cause]
         lead = f"{_WHAT[cause]}: {cause}, confidence {confidences[cause]:.2f}"
@@ -362,16 +425,46 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
     if summ.get("gap_abs_p99", 0.0) < THRESHOLDS["gap"][1] and not causes:
         notes.append(f"the gap's 99th percentile is {_fmt(summ.get('gap_abs_p99', 0.0))} (< 1e-4): the two "
                      "log-prob streams agree")
+    _add_implied(causes, s, bases, w)
     causes.sort(key=lambda x: -x.confidence)
     return MismatchDiagnosis([int(x) for x in steps_arr[has]], summ, confidences, causes, sampling_dict, notes)
+
+
+def _precision_severity(summ: Mapping[str, float], confidences: Mapping[str, float]) -> str:
+    """``info`` at the body's gap std (the whole gap's without body statistics) of at most
+    :data:`PRECISION_INFO_STD`, or when another structural cause holds the gap (then the gap's
+    size is that cause's, not the numeric noise's); else ``warning``."""
+    std = summ.get("body_gap_std", summ["gap_std"])
+    std = summ["gap_std"] if not np.isfinite(std) else std
+    held = any(confidences.get(c, 0.0) >= FOUND for c in ("sampling_truncation", "temperature", "misaligned",
+                                                           "policy_lag"))
+    return "info" if std <= PRECISION_INFO_STD or held else "warning"
+
+
+def _add_implied(causes: list[Cause], s: Mapping[str, np.ndarray], bases: Mapping[str, np.ndarray],
+                 w: np.ndarray) -> None:
+    """Each found cause that masks others (:data:`IMPLIED_BY`) lists those whose own fingerprint
+    reaches :data:`FOUND` (unmasked, :func:`implied_confidences`) in ``implied``."""
+    found = [c for c in causes if c.cause in IMPLIED_BY]
+    if not found:
+        return
+    unmasked = implied_confidences(s)
+    for cause in found:
+        for name in IMPLIED_BY[cause.cause]:
+            base = bases[name]
+            conf = _weighted(unmasked[name], np.where(base, w, 0.0)) if base.any() else 0.0
+            if np.isfinite(conf) and conf >= FOUND:
+                cause.implied.append({"cause": name, "confidence": round(conf, 4), "what": _WHAT[name]})
 
 
 _DETAILS = {
     "sampling_truncation": ("positive_share", "gap_mean", "gap_confident", "gap_unconfident", "gap_logprob_corr"),
     "temperature": ("slope", "gap_rollout_corr", "logprob_corr", "gap_confident", "gap_unconfident"),
-    "precision": ("gap_std", "gap_mean", "positive_share", "slope", "gap_position_corr", "gap_logprob_corr"),
+    "precision": ("gap_std", "gap_mean", "positive_share", "slope", "gap_position_corr", "gap_logprob_corr",
+                  "body_gap_std", "half_share"),
     "misaligned": ("pair_abs_gap", "shift_next_abs_gap", "shift_prev_abs_gap"),
-    "policy_lag": ("lag_mean", "lag_gap_corr", "lag_gap_slope", "lag_abs_gap_lag0", "lag_abs_gap_lagged"),
+    "policy_lag": ("lag_mean", "lag_gap_corr", "lag_gap_slope", "lag_abs_gap_lag0", "lag_abs_gap_lagged",
+                   "lag_body_std_lag0", "lag_body_std_lagged"),
     "outlier_tokens": ("top_kl_share", "gap_abs_max", "gap_abs_p99", "kl_k2"),
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +28,8 @@ from rldiag.toy.algos import gae_advantages, grpo_advantages, kl_penalty, masked
 from rldiag.toy.config import ToyConfig
 from rldiag.toy.metrics import data_metrics
 from rldiag.toy.model import TinyTransformer, response_logprobs, response_values
-from rldiag.toy.rollout import generate, rollout_engine
-from rldiag.toy.task import VOCAB, ToyTokenizer, sample_prompts, score_responses, with_tool_failures
+from rldiag.toy.rollout import Rollout, generate, merge_rollouts, rollout_engine
+from rldiag.toy.task import VOCAB, Prompts, ToyTokenizer, sample_prompts, score_responses, with_tool_failures
 from rldiag.toy.update import StepTensors, update_actor, update_critic
 
 
@@ -68,6 +69,29 @@ class ToyTrainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.total_training_steps = cfg.steps  # the loop runs while step <= this (verl V1's condition)
+        # the rollout engine's own random streams: its outlier kernel's faults, the rows' lags
+        self.kernel_gen = torch.Generator().manual_seed(cfg.seed + 1_000_003)
+        self.lag_rng = np.random.default_rng(cfg.seed + 2_000_003)
+        self.engines: deque[torch.nn.Module] = deque(maxlen=cfg.max_lag + 1)  # newest last
+
+    def _rollout(self, prompts: Prompts, width: int) -> tuple[Rollout, np.ndarray | None]:
+        """This step's rollout on the engine synced with the current weights, or with
+        ``max_lag``: each prompt group on the weights of ``lag`` updates ago (drawn uniformly
+        from 0..max_lag, at most the updates made so far), as an asynchronous trainer's
+        rollouts are; returns the rows' lags ``(B,)`` (None without ``max_lag``)."""
+        cfg = self.cfg
+        self.engines.append(rollout_engine(self.policy))
+        if not cfg.max_lag:
+            return generate(self.engines[-1], prompts, width, self.gen, cfg.temperature, cfg.tool,
+                            cfg.engine, self.kernel_gen), None
+        group_lag = self.lag_rng.integers(0, len(self.engines), size=cfg.prompts_per_step)
+        lag = np.repeat(group_lag, cfg.n)
+        parts = []
+        for k in np.unique(lag).tolist():
+            rows = torch.from_numpy(np.flatnonzero(lag == k))
+            parts.append((rows, generate(self.engines[-1 - k], prompts.select(rows), width, self.gen,
+                                         cfg.temperature, cfg.tool, cfg.engine, self.kernel_gen)))
+        return merge_rollouts(parts, len(lag)), lag
 
     def train_step(self, step: int) -> StepResult:
         cfg = self.cfg
@@ -75,7 +99,7 @@ class ToyTrainer:
         prompts = sample_prompts(self.rng, cfg.prompts_per_step, cfg.min_digits, cfg.max_digits).repeat(cfg.n)
         prompts = with_tool_failures(prompts, self.rng, cfg.tool_failure)
         uids = np.array([f"s{step}-p{i}" for i in range(cfg.prompts_per_step) for _ in range(cfg.n)], dtype=object)
-        ro = generate(rollout_engine(self.policy), prompts, width, self.gen, cfg.temperature, cfg.tool)
+        ro, lag = self._rollout(prompts, width)
         score, exact = score_responses(ro.responses, ro.response_mask, ro.lengths, prompts, cfg.partial_credit)
         rows = torch.arange(score.shape[0])
         scores = torch.zeros((score.shape[0], width), dtype=torch.float32)
@@ -141,6 +165,9 @@ class ToyTrainer:
         if values is not None:
             batch["values"] = values
         non_tensor = {"uid": uids, "score": score.numpy().astype(np.float64)}
+        if lag is not None:  # verl's agent loop: the number of updates the generating weights had seen
+            non_tensor["max_global_steps"] = (step - 1 - lag).astype(np.int64)
+            non_tensor["min_global_steps"] = non_tensor["max_global_steps"]
         return StepResult(step, SimpleNamespace(batch=batch, non_tensor_batch=non_tensor), metrics)
 
     def run(
