@@ -67,6 +67,7 @@ class ToyConfig:
     tool: bool = True
     tool_failure: float = 0.3
     partial_credit: float = 0.5
+    length_bonus: float = 0.0  # an exploitable reward component: this times the share of the width the actor wrote
     temperature: float = 1.0
     d_model: int = 64
     n_heads: int = 4
@@ -102,6 +103,8 @@ class ToyConfig:
             raise ConfigError("toy trainer: prompts_per_step must be a multiple of mini_batch_prompts")
         if self.d_model % self.n_heads:
             raise ConfigError("toy trainer: d_model must be a multiple of n_heads")
+        if self.length_bonus < 0:
+            raise ConfigError("toy trainer: length_bonus must be >= 0")
         if self.steps < 1 or self.ppo_epochs < 1:
             raise ConfigError("toy trainer: steps and ppo_epochs must be >= 1")
         if self.max_lag < 0:
@@ -144,7 +147,8 @@ class ToyConfig:
         engine, faults = self._engine_config()
         toy: dict = {"task": "digit-sum with a calculator tool", "tool": self.tool, "tool_failure": self.tool_failure,
                      "min_digits": self.min_digits, "max_digits": self.max_digits,
-                     "partial_credit": self.partial_credit}
+                     "partial_credit": self.partial_credit,
+                     **({"length_bonus": self.length_bonus} if self.length_bonus else {})}
         if faults:
             toy["engine_faults"] = faults
         return {

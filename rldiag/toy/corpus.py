@@ -5,21 +5,22 @@
 bfloat16 copy of the policy) into one run directory per case, ``OUT/<case>/``, each with
 ``labels.json``, and writes ``OUT/manifest.json``. A pathology is produced by the training itself
 (its settings), never by editing tensors afterwards, and its onset is read from the run's own
-logged series by the rule its label states.
+logged series by the rule its label states (:mod:`rldiag.toy.onsets`).
 
-Cases (:func:`cases`):
+The cases come from one declared table, :data:`CASES` (kind -> :class:`Family`): each family
+builds its ``index``-th case from a seed and a length, says how many runs each size holds and
+labels a trained run from its logged series. Other modules add families with :func:`register`;
+the modules named in :data:`EXTENSIONS` are imported (when present) before the table is read, so
+a family module only has to call :func:`register` at import. Built in:
 
 - ``healthy``: GRPO and GAE, KL loss / KL in reward / none, learning rates inside the stable
   range, temperature 1.0 and 0.8 (the trainer recomputes its log-probs at the rollout's
   temperature: processed log-probs), the calculator tool on and off;
 - ``entropy_collapse``: no entropy bonus, a learning rate 30 times the default and a colder
-  rollout (temperature 0.7): the policy's entropy falls within a few steps. Onset: the first step
-  whose 3-step rolling mean of ``actor/entropy_loss`` is below :data:`COLLAPSE_SHARE` of the mean
-  of the first two steps;
-- ``divergence``: a learning rate 300 times the default (0.3): the policy degenerates and the
-  reward falls to nothing. Onset: the first step from which, to the end of the run,
-  ``actor/entropy_loss`` stays below :data:`DIVERGED_ENTROPY` and ``critic/score/mean`` below its
-  first step's value.
+  rollout (temperature 0.7);
+- ``divergence``: a learning rate 300 times the default (0.3): the policy degenerates;
+- ``reward_hacking``: the reward pays a length bonus the task's correctness does not
+  (``ToyConfig.length_bonus``); the true correctness is logged as ``rldiag/label/true_score``.
 
 Every run's rollout copy is bfloat16, so every label lists the ``precision`` gap cause at
 severity ``info`` (the expected diagnosis, not a health finding). The split is by seed: odd seeds
@@ -29,30 +30,35 @@ severity ``info`` (the expected diagnosis, not a health finding). The split is b
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rldiag.errors import RldiagError
 from rldiag.toy.config import ToyConfig, grpo_tool, ppo_gae
+from rldiag.toy.onsets import RULES, collapse_onset, divergence_onset, hacking_onset
 
-#: ``entropy_collapse`` onset: the rolling mean below this share of the first two steps' mean
-COLLAPSE_SHARE = 0.75
-#: ``divergence`` onset: the policy's entropy below this (near-deterministic), for good
-DIVERGED_ENTROPY = 0.1
-#: the rolling window (steps) of the onset rules
-WINDOW = 3
 #: the small networks and batches every corpus run uses (a run takes seconds per step on a CPU)
 SMALL = dict(prompts_per_step=4, n=4, mini_batch_prompts=2, d_model=32, n_layers=1)
 PRECISION_INFO = {"kind": "rollout_gap", "cause": "precision", "severity": "info",
                   "note": "the rollout samples on a bfloat16 copy of the float32 policy"}
+#: steps per run, per size
+STEPS = {"small": 10, "full": 30}
+SIZES = tuple(STEPS)
+#: modules that add families to :data:`CASES` when imported (each one optional)
+EXTENSIONS = ("rldiag.toy.corpus_gap",)
+
+Series = dict[str, list[float]]
 
 
 @dataclass(frozen=True)
 class Case:
     """One run of the corpus: its directory name, the planted kind (``healthy`` or a pathology),
-    and its trainer settings."""
+    its trainer settings and the settings that describe it (``tags``)."""
 
     name: str
     kind: str
@@ -64,7 +70,58 @@ class Case:
         return "test" if self.config.seed % 2 else "train"
 
 
-def _healthy(seed: int, steps: int, variant: int) -> Case:
+@dataclass(frozen=True)
+class Family:
+    """One kind of run in the corpus.
+
+    ``build(seed, steps, index) -> Case``: the ``index``-th run (``index`` cycles over the
+    family's settings); ``runs``: how many runs each size holds (``{"small": 2, "full": 20}``;
+    consecutive seeds, so they alternate between the splits); ``label(case, steps, series) ->
+    pathologies``: the ``labels.json`` pathologies of a trained run from its logged series
+    (``metric -> per-step values``, ``steps`` the step numbers), each ``{"kind", "cause"?,
+    "onset_step", "signal", "onset_rule", "implied_by"?}``; ``onset_step`` None when the training did
+    not produce it."""
+
+    kind: str
+    build: Callable[[int, int, int], Case]
+    runs: dict[str, int]
+    label: Callable[[Case, list[int], Series], list[dict[str, Any]]]
+    healthy: bool = False
+
+
+#: the corpus's table: kind -> family, in the order runs are generated
+CASES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Add ``family`` to :data:`CASES` (a kind registered twice is an error)."""
+    if family.kind in CASES and CASES[family.kind] != family:
+        raise RldiagError(f"corpus family {family.kind!r} registered twice")
+    unknown = set(family.runs) - set(SIZES)
+    if unknown:
+        raise RldiagError(f"corpus family {family.kind!r}: unknown sizes {sorted(unknown)}; sizes are {SIZES}")
+    CASES[family.kind] = family
+    return family
+
+
+def load_extensions() -> None:
+    """Import the family modules of :data:`EXTENSIONS` that exist (they register at import)."""
+    for name in EXTENSIONS:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+
+
+def onset_pathology(kind: str, signal: str, at: int | None, steps: list[int], **more: Any) -> dict[str, Any]:
+    """A ``labels.json`` pathology whose onset (0-based index ``at`` into ``steps``) was read by
+    the rule :data:`rldiag.toy.onsets.RULES` names for ``kind``."""
+    return {"kind": kind, **more, "onset_step": None if at is None else steps[at], "signal": signal,
+            "onset_rule": RULES[kind]}
+
+
+# ---- the built-in families
+
+
+def healthy_case(seed: int, steps: int, variant: int) -> Case:
     """The ``variant``-th healthy setting (cycling over estimator, KL, learning rate, temperature, tool)."""
     kl = ("loss", "reward", "none")[variant % 3]
     est = "grpo" if variant % 2 == 0 else "gae"
@@ -81,82 +138,83 @@ def _healthy(seed: int, steps: int, variant: int) -> Case:
     return Case(f"healthy-{variant:02d}-s{seed}", "healthy", cfg, tags)
 
 
-def _entropy_collapse(seed: int, steps: int) -> Case:
+def entropy_collapse_case(seed: int, steps: int, index: int = 0) -> Case:
     cfg = grpo_tool(**SMALL, steps=steps, seed=seed, actor_lr=3e-2, entropy_coeff=0.0, temperature=0.7)
     return Case(f"entropy_collapse-s{seed}", "entropy_collapse", cfg,
                 {"actor_lr": cfg.actor_lr, "entropy_coeff": 0.0, "temperature": 0.7})
 
 
-def _divergence(seed: int, steps: int) -> Case:
+def divergence_case(seed: int, steps: int, index: int = 0) -> Case:
     cfg = grpo_tool(**SMALL, steps=steps, seed=seed, actor_lr=0.3)
     return Case(f"divergence-s{seed}", "divergence", cfg, {"actor_lr": cfg.actor_lr})
 
 
-def cases(size: str = "small", seed: int = 0) -> list[Case]:
-    """The corpus's cases: ``small`` 2 healthy runs, 2 entropy collapses and 2 divergences of 10
-    steps (one seed of each split); ``full`` 16 healthy runs over the settings (8 per split: 240
-    healthy steps in ``test``), and 10 entropy collapses and 10 divergences per split, of 30
-    steps. ``seed`` shifts every run's seed."""
-    if size == "small":
-        steps, healthy, collapse = 10, [(0, seed + 1), (1, seed + 2)], [seed + 1, seed + 2]
-    elif size == "full":
-        steps = 30
-        healthy = [(v, seed + 1 + v) for v in range(16)]
-        collapse = [seed + 1 + k for k in range(20)]
-    else:
+#: the length bonus of the reward-hacking runs (the reward pays up to this for writing the whole width)
+HACK_BONUS = 1.0
+HACK_LR = 1e-2
+
+
+def reward_hacking_case(seed: int, steps: int, index: int = 0) -> Case:
+    """GRPO whose reward adds ``HACK_BONUS`` x the share of the response width the actor wrote:
+    a response that never stops earns the bonus, and the grader (which needs ``EOS``) then
+    pays at most partial credit."""
+    cfg = grpo_tool(**SMALL, steps=steps, seed=seed, actor_lr=HACK_LR, length_bonus=HACK_BONUS)
+    return Case(f"reward_hacking-s{seed}", "reward_hacking", cfg,
+                {"actor_lr": cfg.actor_lr, "length_bonus": cfg.length_bonus})
+
+
+def no_pathology(case: Case, steps: list[int], series: Series) -> list[dict[str, Any]]:
+    return []
+
+
+def collapse_label(case: Case, steps: list[int], series: Series) -> list[dict[str, Any]]:
+    return [onset_pathology("entropy_collapse", "actor/entropy_loss",
+                            collapse_onset(series["actor/entropy_loss"]), steps)]
+
+
+def divergence_label(case: Case, steps: list[int], series: Series) -> list[dict[str, Any]]:
+    return [onset_pathology("divergence", "actor/entropy_loss, critic/score/mean",
+                            divergence_onset(series["actor/entropy_loss"], series["critic/score/mean"]), steps)]
+
+
+def hacking_label(case: Case, steps: list[int], series: Series) -> list[dict[str, Any]]:
+    return [onset_pathology("reward_hacking", "rldiag/label/true_score, critic/score/mean",
+                            hacking_onset(series["rldiag/label/true_score"], series["critic/score/mean"]), steps)]
+
+
+register(Family("healthy", healthy_case, {"small": 2, "full": 16}, no_pathology, healthy=True))
+register(Family("entropy_collapse", entropy_collapse_case, {"small": 2, "full": 20}, collapse_label))
+register(Family("divergence", divergence_case, {"small": 2, "full": 20}, divergence_label))
+register(Family("reward_hacking", reward_hacking_case, {"small": 2, "full": 20}, hacking_label))
+
+
+def cases(size: str = "small", seed: int = 0, kinds: list[str] | None = None) -> list[Case]:
+    """The corpus's cases, family by family in :data:`CASES` order (``kinds``: only these): the
+    ``i``-th run of a family has seed ``seed + 1 + i`` (so a family's runs alternate between
+    ``test`` and ``train``) and :data:`STEPS` steps. ``small`` (2 runs of 10 steps per kind)
+    is what the tests and the 3-minute bench train; ``full`` has 16 healthy runs (8 per split:
+    240 healthy steps in ``test``) and 20 of each pathology (10 per split), of 30 steps."""
+    if size not in STEPS:
         raise RldiagError(f"corpus size must be small or full, not {size!r}")
-    return ([_healthy(s, steps, v) for v, s in healthy] + [_entropy_collapse(s, steps) for s in collapse]
-            + [_divergence(s, steps) for s in collapse])
+    load_extensions()
+    wanted = list(CASES) if kinds is None else kinds
+    unknown = [k for k in wanted if k not in CASES]
+    if unknown:
+        raise RldiagError(f"unknown corpus kinds {unknown}; the corpus has {list(CASES)}")
+    out = []
+    for kind in wanted:
+        fam = CASES[kind]
+        out += [fam.build(seed + 1 + i, STEPS[size], i) for i in range(fam.runs.get(size, 0))]
+    return out
 
 
-def collapse_onset(entropy: list[float], share: float = COLLAPSE_SHARE, window: int = WINDOW) -> int | None:
-    """The index (0-based) of the first step whose ``window``-step rolling mean of ``entropy`` is
-    below ``share`` times the mean of its first two values; None when it never is."""
-    if len(entropy) < max(2, window):
-        return None
-    start = (entropy[0] + entropy[1]) / 2
-    for i in range(window - 1, len(entropy)):
-        if sum(entropy[i - window + 1:i + 1]) / window < share * start:
-            return i
-    return None
-
-
-def divergence_onset(entropy: list[float], score: list[float], floor: float = DIVERGED_ENTROPY) -> int | None:
-    """The index (0-based, from 1) of the first step from which, to the end of the run, the
-    policy's entropy stays below ``floor`` (it has degenerated to near-determinism) and the
-    reward below its first step's; None when there is none."""
-    at = None
-    for i in range(len(score) - 1, 0, -1):
-        if not (entropy[i] < floor and score[i] < score[0]):
-            break
-        at = i
-    return at
-
-
-#: per planted kind: the series its onset is read from, the rule in words, and the rule
-ONSETS = {
-    "entropy_collapse": ("actor/entropy_loss",
-                         f"the first step whose {WINDOW}-step rolling mean of actor/entropy_loss is below "
-                         f"{COLLAPSE_SHARE} x the mean of the first two steps",
-                         lambda s: collapse_onset(s["actor/entropy_loss"])),
-    "divergence": ("actor/entropy_loss, critic/score/mean",
-                   f"the first step from which, to the end of the run, actor/entropy_loss stays below "
-                   f"{DIVERGED_ENTROPY} and critic/score/mean below its first step's value",
-                   lambda s: divergence_onset(s["actor/entropy_loss"], s["critic/score/mean"])),
-}
-
-
-def labels(case: Case, steps: list[int], series: dict[str, list[float]]) -> dict[str, Any]:
+def labels(case: Case, steps: list[int], series: Series) -> dict[str, Any]:
     """``labels.json`` of a trained case from its logged series (``metric -> per-step values``)."""
-    pathologies: list[dict[str, Any]] = []
-    if case.kind in ONSETS:
-        signal, rule, onset = ONSETS[case.kind]
-        at = onset(series)
-        pathologies.append({"kind": case.kind, "signal": signal, "onset_step": None if at is None else steps[at],
-                            "onset_rule": rule})
-    return {"name": case.name, "healthy": case.kind == "healthy", "pathologies": pathologies,
-            "info": [PRECISION_INFO], "split": case.split, "seed": case.config.seed, "settings": case.tags,
-            "config": case.config.as_dict()}
+    load_extensions()
+    fam = CASES[case.kind]
+    return {"name": case.name, "healthy": fam.healthy, "pathologies": fam.label(case, steps, series),
+            "info": [PRECISION_INFO], "split": case.split, "seed": case.config.seed, "steps": len(steps),
+            "settings": case.tags, "config": case.config.as_dict()}
 
 
 def train_case(case: Case, out: Path) -> dict[str, Any]:
@@ -165,7 +223,7 @@ def train_case(case: Case, out: Path) -> dict[str, Any]:
 
     run_dir = out / case.name
     steps: list[int] = []
-    series: dict[str, list[float]] = {}
+    series: Series = {}
 
     def keep(step: int, metrics: dict[str, float]) -> None:
         steps.append(step)
@@ -178,7 +236,7 @@ def train_case(case: Case, out: Path) -> dict[str, Any]:
     return lab
 
 
-def generate(out: str | Path, selected: list[Case]) -> dict[str, Any]:
+def generate(out: str | Path, selected: list[Case], size: str | None = None, seed: int | None = None) -> dict[str, Any]:
     """Train every case of ``selected`` into ``out`` and write ``out/manifest.json``. A pathology
     whose onset never came (the training did not produce it) is listed under ``not_produced``."""
     root = Path(out)
@@ -186,10 +244,10 @@ def generate(out: str | Path, selected: list[Case]) -> dict[str, Any]:
     runs, missing = [], []
     for case in selected:
         lab = train_case(case, root)
-        runs.append({"name": case.name, "dir": case.name, "healthy": lab["healthy"], "split": lab["split"],
-                     "kinds": [p["kind"] for p in lab["pathologies"]]})
+        runs.append({"name": case.name, "dir": case.name, "kind": case.kind, "healthy": lab["healthy"],
+                     "split": lab["split"], "steps": lab["steps"], "kinds": [p["kind"] for p in lab["pathologies"]]})
         missing += [case.name for p in lab["pathologies"] if p.get("onset_step") is None]
-    manifest = {"runs": runs, "not_produced": missing,
+    manifest = {"size": size, "seed": seed, "runs": runs, "not_produced": missing,
                 "splits": {s: sum(r["split"] == s for r in runs) for s in ("train", "test")}}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -198,10 +256,11 @@ def generate(out: str | Path, selected: list[Case]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rldiag.toy.corpus", description=__doc__.splitlines()[0])
     ap.add_argument("out", help="the corpus directory (one run directory per case, and manifest.json)")
-    ap.add_argument("--size", choices=("small", "full"), default="small")
+    ap.add_argument("--size", choices=SIZES, default="small")
     ap.add_argument("--seed", type=int, default=0, help="added to every run's seed")
+    ap.add_argument("--kind", action="append", help="only this kind of run (repeatable)")
     args = ap.parse_args(argv)
-    manifest = generate(args.out, cases(args.size, args.seed))
+    manifest = generate(args.out, cases(args.size, args.seed, args.kind), args.size, args.seed)
     print(f"{len(manifest['runs'])} runs in {args.out} (train {manifest['splits']['train']}, "
           f"test {manifest['splits']['test']}); pathologies not produced: {', '.join(manifest['not_produced']) or 'none'}")
     return 1 if manifest["not_produced"] else 0

@@ -101,6 +101,9 @@ class ToyTrainer:
         uids = np.array([f"s{step}-p{i}" for i in range(cfg.prompts_per_step) for _ in range(cfg.n)], dtype=object)
         ro, lag = self._rollout(prompts, width)
         score, exact = score_responses(ro.responses, ro.response_mask, ro.lengths, prompts, cfg.partial_credit)
+        true_score = score
+        if cfg.length_bonus:  # the reward pays for length too; the task's correctness (true_score) does not
+            score = score + cfg.length_bonus * ro.response_mask.sum(-1).float() / width
         rows = torch.arange(score.shape[0])
         scores = torch.zeros((score.shape[0], width), dtype=torch.float32)
         scores[rows, (ro.lengths - 1).clamp_min(0)] = torch.where(ro.lengths > 0, score, 0.0)
@@ -143,6 +146,8 @@ class ToyTrainer:
         metrics.update(out.metrics)
         metrics.update(data_metrics(scores, rewards, advantages, returns, mask, ro.attention_mask, values))
         metrics["task/exact_match"] = exact.float().mean().item()
+        if cfg.length_bonus:
+            metrics["rldiag/label/true_score"] = true_score.mean().item()
         metrics["task/tool_call_ratio"] = ro.tool_calls.float().mean().item()
         metrics["task/rollout_vs_old_abs_diff"] = masked_mean((ro.rollout_log_probs - old_log_probs).abs(), mask).item()
 

@@ -9,15 +9,18 @@ import pytest
 
 from rldiag.errors import RldiagError
 from rldiag.toy.corpus import (
+    CASES,
     Case,
-    _divergence,
-    _entropy_collapse,
-    _healthy,
+    Family,
     cases,
-    collapse_onset,
-    divergence_onset,
+    divergence_case,
+    entropy_collapse_case,
     generate,
+    healthy_case,
+    no_pathology,
+    register,
 )
+from rldiag.toy.onsets import collapse_onset, divergence_onset, hacking_onset
 
 
 def test_the_onset_rule_on_a_hand_made_series():
@@ -33,15 +36,16 @@ def test_the_onset_rule_on_a_hand_made_series():
 
 
 def test_the_cases_and_their_split_by_seed():
-    small = cases("small")
+    small = cases("small", kinds=["healthy", "entropy_collapse", "divergence", "reward_hacking"])
     assert [c.kind for c in small] == ["healthy", "healthy", "entropy_collapse", "entropy_collapse", "divergence",
-                                       "divergence"]
-    assert [c.split for c in small] == ["test", "train"] * 3
+                                       "divergence", "reward_hacking", "reward_hacking"]
+    assert [c.split for c in small] == ["test", "train"] * 4
     full = cases("full", seed=100)
     healthy = [c for c in full if c.kind == "healthy"]
     collapse = [c for c in full if c.kind == "entropy_collapse"]
-    assert sum(c.kind == "divergence" and c.split == "test" for c in full) == 10
-    assert len(healthy) == 16 and len(collapse) == 20 and len({c.name for c in full}) == len(full) == 56
+    for kind in ("divergence", "reward_hacking"):
+        assert sum(c.kind == kind and c.split == "test" for c in full) == 10
+    assert len(healthy) == 16 and len(collapse) == 20 and len({c.name for c in full}) == len(full)
     assert sum(c.split == "test" for c in collapse) == 10
     assert sum(c.config.steps for c in healthy if c.split == "test") == 240
     assert {c.tags["adv_estimator"] for c in healthy} == {"grpo", "gae"}
@@ -50,6 +54,33 @@ def test_the_cases_and_their_split_by_seed():
     assert all(c.config.entropy_coeff == 0.0 and c.config.actor_lr == 3e-2 for c in collapse)
     with pytest.raises(RldiagError, match="small or full"):
         cases("medium")
+    with pytest.raises(RldiagError, match="unknown corpus kinds"):
+        cases("small", kinds=["nope"])
+
+
+def test_a_family_added_to_the_table_joins_the_corpus(monkeypatch):
+    """The extension point other modules use (rldiag/toy/corpus_gap.py): a registered family's
+    runs join cases() with consecutive seeds, in both splits; a kind registered twice fails."""
+    monkeypatch.setattr("rldiag.toy.corpus.CASES", dict(CASES))
+    fam = Family("extra", lambda seed, steps, i: healthy_case(seed, steps, i), {"small": 3}, no_pathology)
+    register(fam)
+    extra = cases("small", seed=10, kinds=["extra"])
+    assert [c.config.seed for c in extra] == [11, 12, 13] and [c.split for c in extra] == ["test", "train", "test"]
+    assert [c.kind for c in cases("small")][-3:] == ["healthy"] * 3 and cases("full", kinds=["extra"]) == []
+    with pytest.raises(RldiagError, match="registered twice"):
+        register(Family("extra", healthy_case, {"small": 1}, no_pathology))
+    with pytest.raises(RldiagError, match="unknown sizes"):
+        register(Family("other", healthy_case, {"tiny": 1}, no_pathology))
+
+
+def test_the_hacking_onset_rule_on_a_hand_made_series():
+    # the true score rises to a plateau of 0.5, then falls to 0.2 from index 10 while the reward keeps rising
+    label = [0.1, 0.3, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2]
+    reward = [0.1 * i for i in range(len(label))]
+    # rolling means of 5 of the label: max 0.5 (indices 6-9); below 0.45 from index 10 (0.44) on
+    assert hacking_onset(label, reward) == 10
+    assert hacking_onset(label, [1.0] * len(label)) is None  # the reward did not rise: no hacking
+    assert hacking_onset(label[:10], reward[:10]) is None  # the true score never turned
 
 
 @pytest.mark.slow
@@ -57,7 +88,7 @@ def test_a_tiny_corpus_end_to_end(tmp_path):
     """Three runs of 8 steps: the healthy one's series meet neither rule, the collapse's and the
     divergence's meet theirs, at the steps their labels say, read back from the runs' own
     metrics.jsonl."""
-    healthy, collapse, diverged = _healthy(1, 8, 0), _entropy_collapse(1, 8), _divergence(1, 8)
+    healthy, collapse, diverged = healthy_case(1, 8, 0), entropy_collapse_case(1, 8), divergence_case(1, 8)
     manifest = generate(tmp_path, [healthy, collapse, diverged])
     assert [r["name"] for r in manifest["runs"]] == [healthy.name, collapse.name, diverged.name]
     assert manifest["not_produced"] == [] and manifest["splits"] == {"train": 0, "test": 3}
