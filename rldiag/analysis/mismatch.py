@@ -30,7 +30,7 @@ STEP_FOUND = 0.5
 #: (docs/mismatch.md's table is :func:`markdown_table` of it)
 THRESHOLDS: dict[str, tuple[str, float, float]] = {
     "gap": ("gap_abs_p99", 1e-4, 3e-4),
-    "one_sided": ("0.15 - positive_share", 0.0, 0.1),
+    "one_sided": ("0.15 - body_positive_share", 0.0, 0.1),
     "slope": ("|slope - 1|", 0.02, 0.05),
     "slope_corr": ("|gap_rollout_corr|", 0.3, 0.5),
     "monotone": ("logprob_corr", 0.8, 0.9),
@@ -42,7 +42,7 @@ THRESHOLDS: dict[str, tuple[str, float, float]] = {
     "lag_spread": ("lag_body_std_lagged / lag_body_std_lag0", 1.4, 2.2),
     "outlier_share": ("top_kl_share", 0.45, 0.7),
     "outlier_size": ("gap_abs_max", 0.05, 0.2),
-    "outlier_separation": ("gap_abs_max / gap_abs_p99", 3.0, 6.0),
+    "outlier_separation": ("gap_abs_max / gap_abs_p95", 3.0, 6.0),
     "half": ("half_share", 0.5, 0.9),
     "on_policy_gap": ("lag_body_std_lag0", 4e-5, 1.2e-4),
 }
@@ -109,18 +109,20 @@ def _fingerprints(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return np.asarray(s.get(name, nan), dtype=np.float64)
 
     gap = _r("gap", g("gap_abs_p99"))
-    pos, slope, corr = g("positive_share"), g("slope"), g("gap_rollout_corr")
-    # truncation on the on-policy rows where a lag spreads the others' gaps both ways
+    slope, corr = g("slope"), g("gap_rollout_corr")
+    # truncation on the body (a handful of outlier tokens of one sign left out), and on the
+    # on-policy rows where a lag spreads the others' gaps both ways
+    b_pos = _body(g, "body_positive_share", "positive_share")
     on_pos = np.where(g("lag0_share") > 0, g("lag0_positive_share"), np.nan)
-    trunc = gap * _r("one_sided", 0.15 - np.fmin(pos, on_pos)) * (g("gap_mean") < 0)
+    trunc = gap * _r("one_sided", 0.15 - np.fmin(b_pos, on_pos)) * (_body(g, "body_gap_mean", "gap_mean") < 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         shift_ratio = np.fmin(g("shift_next_abs_gap"), g("shift_prev_abs_gap")) / g("pair_abs_gap")
         lag_ratio = g("lag_abs_gap_lagged") / g("lag_abs_gap_lag0")
-        separation = g("gap_abs_max") / g("gap_abs_p99")
+        separation = g("gap_abs_max") / _body(g, "gap_abs_p95", "gap_abs_p99")
         spread = g("lag_body_std_lagged") / g("lag_body_std_lag0")
     misaligned = gap * _r("shift", 1 - shift_ratio)
     outliers = (_r("outlier_share", g("top_kl_share")) * _r("outlier_size", g("gap_abs_max"))
-                * np.where(g("gap_abs_p99") == 0, 1.0, _r("outlier_separation", separation)))
+                * np.where(separation == np.inf, 1.0, _r("outlier_separation", separation)))
     lag_ratio = np.where(np.isnan(g("lag_abs_gap_lag0")), 3.0, lag_ratio)  # no on-policy rows: the correlation decides
     lag_corr = _r("lag_corr", g("lag_gap_corr")) * np.where(np.isnan(lag_ratio), 0.0, _r("lag_ratio", lag_ratio))
     spread = np.where(g("lag_body_std_lagged") > 0, spread, 0.0)  # NaN (no on-policy rows): the correlation decides
@@ -141,8 +143,7 @@ def _fingerprints(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
                    * _r("monotone", g("logprob_corr")) * flip * (1 - trunc) * (1 - misaligned) * (1 - outliers))
     # precision: the body's gap (the outlier tokens left out) small, symmetric and structureless,
     # what no other cause explains; or the rollout's log-probs are 16-bit numbers
-    b_pos, b_slope, b_corr = (_body(g, "body_positive_share", "positive_share"), _body(g, "body_slope", "slope"),
-                              _body(g, "body_gap_rollout_corr", "gap_rollout_corr"))
+    b_slope, b_corr = _body(g, "body_slope", "slope"), _body(g, "body_gap_rollout_corr", "gap_rollout_corr")
     noise = (gap * (1 - _r("symmetric", np.abs(b_pos - 0.5))) * (1 - _r("slope", np.abs(b_slope - 1)))
              * (1 - _r("uncorrelated", np.abs(b_corr))))
     others = np.max(np.stack([trunc, temperature, misaligned]), axis=0)
@@ -180,7 +181,7 @@ def implied_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 #: which causes each ramp feeds, in words (docs/mismatch.md)
 USED_BY = {
     "gap": "every cause but outlier_tokens (a step's gap at all)",
-    "one_sided": "sampling_truncation (with gap_mean < 0)",
+    "one_sided": "sampling_truncation (with body_gap_mean < 0; the lesser of it and lag0_positive_share)",
     "slope": "temperature; precision (1 - it, of body_slope)",
     "slope_corr": "temperature (its sign that of slope - 1)",
     "monotone": "temperature",
@@ -192,7 +193,7 @@ USED_BY = {
     "lag_spread": "policy_lag (the larger of it and lag_corr x lag_ratio)",
     "outlier_share": "outlier_tokens",
     "outlier_size": "outlier_tokens",
-    "outlier_separation": "outlier_tokens (1 when gap_abs_p99 is 0)",
+    "outlier_separation": "outlier_tokens (1 when gap_abs_p95 is 0)",
     "half": "precision (the larger of it and the noise reading)",
     "on_policy_gap": "precision implied by policy_lag (the on-policy rows' noise)",
 }
@@ -388,7 +389,8 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
     summ = summarise(s)
     gap_steps = has & (np.nan_to_num(s.get("gap_abs_p99", np.zeros(len(w)))) >= THRESHOLDS["gap"][1])
     bases = {c: gap_steps for c in CAUSES}
-    bases["outlier_tokens"] = has  # a handful of tokens, whatever the rest's gap
+    # a handful of tokens, whatever the rest's gap, on the steps with a token far enough off to be one
+    bases["outlier_tokens"] = has & (np.nan_to_num(s.get("gap_abs_max", np.zeros(len(w)))) >= THRESHOLDS["outlier_size"][1])
     if "lag0_share" in s:  # a lag shows only on steps with lagged rows
         bases["policy_lag"] = gap_steps & (np.nan_to_num(s["lag0_share"], nan=1.0) < 1)
     confidences: dict[str, float] = {}

@@ -59,6 +59,7 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
         out["gap_mean"][s], out["gap_std"][s] = d.mean(), d.std()
         out["gap_abs_mean"][s], out["gap_abs_max"][s] = ad.mean(), ad.max()
         out["gap_abs_p99"][s] = np.quantile(ad, 0.99)
+        out["gap_abs_p95"][s] = np.quantile(ad, 0.95)
         k2 = 0.5 * d * d
         out["kl_k2"][s] = k2.mean()
         top = math.ceil(0.01 * n)
@@ -77,7 +78,7 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
         out["pair_abs_gap"][s], out["shift_next_abs_gap"][s], out["shift_prev_abs_gap"][s] = p.mean(axis=0)
         out["token_mult_prob_error"][s] = np.exp(ad).mean()
         out["extreme_share"][s] = (ad > math.log(2)).mean()
-        body = ad <= out["gap_abs_p99"][s]  # the top 1 % left out
+        body = ad <= out["gap_abs_p95"][s]  # the top 5 % left out
         xb, yb, db = x[body], y[body], d[body]
         out["body_gap_mean"][s], out["body_gap_std"][s] = db.mean(), db.std()
         out["body_positive_share"][s] = np.clip(db, 0, None).sum() / np.abs(db).sum() if np.abs(db).sum() > 0 else 0.5
@@ -100,7 +101,7 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
             out["lag0_share"][s] = (tl == 0).mean()
             for name, part in (("lag_body_std_lag0", tl == 0), ("lag_body_std_lagged", tl != 0)):
                 out[name][s] = d[part & body].std() if (part & body).any() else 0.0
-            on = d[tl == 0]
+            on = d[(tl == 0) & body]
             out["lag0_positive_share"][s] = np.clip(on, 0, None).sum() / np.abs(on).sum() if np.abs(on).sum() > 0 else 0.5
     return out
 
