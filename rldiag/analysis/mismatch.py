@@ -13,7 +13,7 @@ a handful of tokens carry large gaps (``outlier_tokens`` has its own gate).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -156,18 +156,16 @@ def _fingerprints(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def step_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Each cause's confidence per step ``(n_steps,)`` from the statistics ``s`` (names without
     the ``rldiag/mismatch/`` prefix; the ``lag_*``, ``body_*`` and ``half_share`` ones may be
-    absent). A policy lag masks what :data:`IMPLIED_BY` lists: those causes' confidences are
-    scaled by ``1 - policy_lag`` (:func:`implied_confidences` gives them unmasked)."""
+    absent), each on its own fingerprint (a cause that masks another is applied over the run:
+    :func:`diagnose_mismatch`)."""
     f = _fingerprints(s)
-    lag = f["policy_lag"]
-    out = {c: f[c] for c in CAUSES}
-    out["outlier_tokens"] = f["outlier_tokens"] * (1 - lag)
-    return out
+    return {c: f[c] for c in CAUSES}
 
 
-#: the causes a dominant cause masks: found with it, they are reported inside its evidence
-#: (``implied``), not as causes of their own: a handful of outlier tokens inside lagged rows, and
-#: the bfloat16 noise under a policy lag (precision as the on-policy rows show it)
+#: the causes a dominant cause masks: where it is found, their run confidence is scaled by
+#: ``1 - its confidence`` and, where their own fingerprint holds, they are reported inside its
+#: evidence (``implied``), not as causes of their own: a handful of outlier tokens inside lagged
+#: rows, and the bfloat16 noise under a policy lag (precision as the on-policy rows show it)
 IMPLIED_BY = {"policy_lag": ("outlier_tokens", "precision")}
 
 
@@ -389,18 +387,21 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
     summ = summarise(s)
     gap_steps = has & (np.nan_to_num(s.get("gap_abs_p99", np.zeros(len(w)))) >= THRESHOLDS["gap"][1])
     bases = {c: gap_steps for c in CAUSES}
-    # a handful of tokens, whatever the rest's gap, on the steps with a token far enough off to be one
-    bases["outlier_tokens"] = has & (np.nan_to_num(s.get("gap_abs_max", np.zeros(len(w)))) >= THRESHOLDS["outlier_size"][1])
+    # a handful of tokens, whatever the rest's gap: read on the steps with a token far enough off,
+    # and apart from the body, to be one (a step without any says nothing of a kernel that errs now and then)
+    bases["outlier_tokens"] = has & _stands_out(s)
     if "lag0_share" in s:  # a lag shows only on steps with lagged rows
         bases["policy_lag"] = gap_steps & (np.nan_to_num(s["lag0_share"], nan=1.0) < 1)
-    confidences: dict[str, float] = {}
+    def run_confidence(values: np.ndarray, base: np.ndarray) -> float:
+        conf = _weighted(values, np.where(base, w, 0.0)) if base.any() else 0.0
+        return 0.0 if not np.isfinite(conf) else round(conf, 4)
+
+    confidences = {cause: run_confidence(per_step[cause], bases[cause]) for cause in CAUSES}
+    implied = _mask_implied(per_step, confidences, implied_confidences(s), bases, run_confidence)
     causes: list[Cause] = []
     notes: list[str] = []
     for cause in CAUSES:
         c = per_step[cause]
-        base = bases[cause]
-        conf = _weighted(c, np.where(base, w, 0.0)) if base.any() else 0.0
-        confidences[cause] = 0.0 if not np.isfinite(conf) else round(conf, 4)
         predicted = sampling.predicts(cause)
         if confidences[cause] < FOUND:
             if predicted:
@@ -423,13 +424,22 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
             cause=cause, confidence=confidences[cause], severity=severity, message=message,
             statistic=_statistic(cause, summ), steps=[int(x) for x in steps_arr[at]],
             values=[round(float(x), 4) for x in c[at]], remedy=REMEDIES[cause],
-            config={"settings": sampling_dict, "predicts": predicted}, details=_details(cause, summ)))
+            config={"settings": sampling_dict, "predicts": predicted}, details=_details(cause, summ),
+            implied=implied.get(cause, [])))
     if summ.get("gap_abs_p99", 0.0) < THRESHOLDS["gap"][1] and not causes:
         notes.append(f"the gap's 99th percentile is {_fmt(summ.get('gap_abs_p99', 0.0))} (< 1e-4): the two "
                      "log-prob streams agree")
-    _add_implied(causes, s, bases, w)
     causes.sort(key=lambda x: -x.confidence)
     return MismatchDiagnosis([int(x) for x in steps_arr[has]], summ, confidences, causes, sampling_dict, notes)
+
+
+def _stands_out(s: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``(n_steps,)`` bool: the step's largest ``|d|`` is at least the ``outlier_size`` ramp's
+    low bound and the ``outlier_separation`` ramp's low bound times the body's bound."""
+    n = len(s["tokens"])
+    top = np.nan_to_num(np.asarray(s.get("gap_abs_max", np.zeros(n)), dtype=np.float64))
+    body = np.asarray(s.get("gap_abs_p95", s.get("gap_abs_p99", np.zeros(n))), dtype=np.float64)
+    return (top >= THRESHOLDS["outlier_size"][1]) & (top >= THRESHOLDS["outlier_separation"][1] * np.nan_to_num(body))
 
 
 def _precision_severity(summ: Mapping[str, float], confidences: Mapping[str, float]) -> str:
@@ -443,20 +453,25 @@ def _precision_severity(summ: Mapping[str, float], confidences: Mapping[str, flo
     return "info" if std <= PRECISION_INFO_STD or held else "warning"
 
 
-def _add_implied(causes: list[Cause], s: Mapping[str, np.ndarray], bases: Mapping[str, np.ndarray],
-                 w: np.ndarray) -> None:
-    """Each found cause that masks others (:data:`IMPLIED_BY`) lists those whose own fingerprint
-    reaches :data:`FOUND` (unmasked, :func:`implied_confidences`) in ``implied``."""
-    found = [c for c in causes if c.cause in IMPLIED_BY]
-    if not found:
-        return
-    unmasked = implied_confidences(s)
-    for cause in found:
-        for name in IMPLIED_BY[cause.cause]:
-            base = bases[name]
-            conf = _weighted(unmasked[name], np.where(base, w, 0.0)) if base.any() else 0.0
-            if np.isfinite(conf) and conf >= FOUND:
-                cause.implied.append({"cause": name, "confidence": round(conf, 4), "what": _WHAT[name]})
+def _mask_implied(per_step: dict[str, np.ndarray], confidences: dict[str, float], unmasked: Mapping[str, np.ndarray],
+                  bases: Mapping[str, np.ndarray],
+                  run_confidence: Callable[[np.ndarray, np.ndarray], float]) -> dict[str, list[dict[str, Any]]]:
+    """Apply :data:`IMPLIED_BY`: for each masking cause found, scale the causes it masks by ``1 -
+    its confidence`` (``per_step`` and ``confidences``, in place) and return, per masking cause,
+    those whose own fingerprint (``unmasked``: :func:`implied_confidences`) reaches :data:`FOUND`
+    over the run: ``{"cause", "confidence", "what"}``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for dominant, names in IMPLIED_BY.items():
+        lead = confidences[dominant]
+        if lead < FOUND:
+            continue
+        for name in names:
+            own = run_confidence(unmasked[name], bases[name])
+            if own >= FOUND:
+                out.setdefault(dominant, []).append({"cause": name, "confidence": own, "what": _WHAT[name]})
+            per_step[name] = per_step[name] * (1 - lead)
+            confidences[name] = round(confidences[name] * (1 - lead), 4)
+    return out
 
 
 _DETAILS = {
