@@ -8,7 +8,10 @@ tokens, as they do between a real inference engine and its trainer.
 Generation is vectorised over rows, one forward per response position. When a row samples
 ``CALL`` for the first time, the environment's observation is forced into the following
 positions (``response_mask`` 0, rollout log-prob 0 as verl's agent loop pads them), then the
-row samples again. A row ends at ``EOS`` or at the response width.
+row samples again. A row ends at ``EOS`` or at the response width. How the engine samples and
+what log-prob it reports (top-p / top-k, raw or processed log-probs, a log-softmax in bfloat16,
+an off-by-one, an outlier kernel: each a cause of a rollout/trainer gap) is
+:mod:`rldiag.toy.engine`'s.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ One step (``PPOTrainer._step_once``'s order): sample prompts, roll out ``n`` res
 the bfloat16 rollout engine (tool turns included), score them, recompute ``old_log_probs`` with
 the float32 actor, ``ref_log_prob`` with the frozen reference, ``values`` with the critic;
 reward-side KL shaping (optional); advantages (GAE or GRPO); critic update; actor update;
-metrics. The step's batch is handed to :class:`rldiag.capture.RunWriter` as a verl
+metrics. With ``max_lag``, each prompt group is rolled out on the engine of 0..max_lag updates
+ago (an asynchronous trainer's staleness), its ``max_global_steps`` / ``min_global_steps`` (the
+capture's ``policy_version``) saying which. The step's batch is handed to :class:`rldiag.capture.RunWriter` as a verl
 ``DataProto``-like object, exactly as a verl trainer would hand its own.
 """
 
