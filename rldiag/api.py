@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from rldiag.analysis.verify import VerifyReport as VerifyResult
     from rldiag.config.settings import Settings
     from rldiag.doctor import DoctorReport as DiagnoseResult
+    from rldiag.doctor.calibration import calibration_for
+    from rldiag.doctor.calibration import render_table as calibration_table
     from rldiag.doctor.counterfactual import CAVEAT as COUNTERFACTUAL_CAVEAT
     from rldiag.doctor.counterfactual import describe as describe_counterfactual
     from rldiag.doctor.follow import CounterfactualFn
@@ -74,7 +76,8 @@ if TYPE_CHECKING:
 #: checks both ways). docs/python-api.md lists them all.
 __all__ = [
     # functions
-    "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
+    "calibrate", "calibration_for", "calibration_table", "check", "compare", "compare_estimators", "compare_so_far",
+    "describe_counterfactual", "diagnose", "follow_doctor",
     "import_wandb", "band_metrics", "reference_bands",
     "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "reusable_steps", "rows",
     "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
@@ -118,6 +121,9 @@ _LAZY = {
     # a doctor finding's counterfactual in words (the sentences the CLI and the app show) and its caveat
     "describe_counterfactual": "rldiag.doctor.counterfactual:describe",
     "COUNTERFACTUAL_CAVEAT": "rldiag.doctor.counterfactual:CAVEAT",
+    # the shipped calibration of a rule (and cause), and one split's figures as a markdown table
+    "calibration_for": "rldiag.doctor.calibration:calibration_for",
+    "calibration_table": "rldiag.doctor.calibration:render_table",
 }
 
 
@@ -649,6 +655,19 @@ def mismatch(
         rows = [{"step": step, **values} for step, values in sorted(kept.metrics.items())]
     files = {sf.step: sf for sf in rd.step_files()} if examples else None
     return diagnose_rows(rows, {**resolved.values, **resolved.resolved()}, files, resolved)
+
+
+def calibrate(corpus: str | Path, *, device: str = "cpu", progress: Progress | None = None,
+              write: bool = True) -> dict[str, Any]:
+    """``rldiag calibrate``: every doctor rule and gap cause measured on a labelled corpus
+    (``python -m rldiag.toy.corpus OUT``): each run recomputed and the doctor replayed step by
+    step as ``doctor --follow`` would; per split (``result["splits"]["test"]``), per rule and
+    cause: runs, TP, FP, FN, precision and recall (Wilson 95 % intervals), false alarms per 100
+    healthy steps, the median lead time and a status (:mod:`rldiag.analysis.calibrate`). Writes
+    ``CORPUS/calibration.json`` unless ``write`` is False."""
+    from rldiag.analysis.calibrate import calibrate as run_calibrate
+
+    return run_calibrate(corpus, device=device, progress=progress, write=write)
 
 
 def band_metrics() -> list[str]:

@@ -83,6 +83,8 @@ def _print_finding(f, settings: dict) -> bool:
                       f"late mean {fmt(tr['late_mean'])}, slope {fmt(tr['slope_per_step'])}/step", markup=False)
     if ev.band is not None:
         console.print(f"  reference band (mean of the evidence): {ev.band['text']}", markup=False)
+    if ev.calibration is not None:
+        console.print(f"  calibration: {ev.calibration['text']}", markup=False)
     for ex in ev.details.get("examples", [])[:5]:
         token = f" {ex['token']!r}" if ex.get("token") is not None else ""
         lag = f", lag {ex['policy_lag']}" if "policy_lag" in ex else ""

@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "rldiag.cli.cmd_verify",
     "rldiag.cli.cmd_compare",
     "rldiag.cli.cmd_doctor",
+    "rldiag.cli.cmd_calibrate",
     "rldiag.cli.cmd_layout_audit",
     "rldiag.cli.cmd_rows",
     "rldiag.cli.cmd_import_wandb",

@@ -63,6 +63,7 @@ def evaluate_rules(rules: list[Rule], table: SignalTable, settings: Mapping[str,
             out.passed[rule.id] = outcome.detail
     for f in out.findings:
         add_band(f, settings)
+        add_calibration(f)
     out.findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     return out
 
@@ -77,3 +78,11 @@ def add_band(finding: Finding, settings: Mapping[str, Any]) -> None:
         return
     ev.band = {**place(ev.metric, sum(ev.values) / len(ev.values), settings),
                "statistic": "mean of the evidence values"}
+
+
+def add_calibration(finding: Finding) -> None:
+    """Set ``finding.evidence.calibration``: the shipped calibration's figures for its rule and
+    cause (:func:`rldiag.doctor.calibration.calibration_for`; a rule without them says so)."""
+    from rldiag.doctor.calibration import calibration_for
+
+    finding.evidence.calibration = calibration_for(finding.rule, finding.evidence.cause)

@@ -58,6 +58,8 @@ class Evidence:
     # where the mean of ``values`` sits in the metric's reference bands (rldiag/doctor/bands.py);
     # None when the metric has no band
     band: dict[str, Any] | None = None
+    # what the calibration corpus measured of this rule (and cause): rldiag/doctor/calibration.py
+    calibration: dict[str, Any] | None = None
 
 
 @dataclass

@@ -68,6 +68,7 @@ class ToyConfig:
     tool_failure: float = 0.3
     partial_credit: float = 0.5
     length_bonus: float = 0.0  # an exploitable reward component: this times the share of the width the actor wrote
+    bonus_digits_only: bool = False  # the bonus counts only the digits the actor wrote ("shown working")
     temperature: float = 1.0
     d_model: int = 64
     n_heads: int = 4
@@ -148,7 +149,8 @@ class ToyConfig:
         toy: dict = {"task": "digit-sum with a calculator tool", "tool": self.tool, "tool_failure": self.tool_failure,
                      "min_digits": self.min_digits, "max_digits": self.max_digits,
                      "partial_credit": self.partial_credit,
-                     **({"length_bonus": self.length_bonus} if self.length_bonus else {})}
+                     **({"length_bonus": self.length_bonus, "bonus_digits_only": self.bonus_digits_only}
+                        if self.length_bonus else {})}
         if faults:
             toy["engine_faults"] = faults
         return {

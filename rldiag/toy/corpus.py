@@ -47,7 +47,7 @@ SMALL = dict(prompts_per_step=4, n=4, mini_batch_prompts=2, d_model=32, n_layers
 PRECISION_INFO = {"kind": "rollout_gap", "cause": "precision", "severity": "info",
                   "note": "the rollout samples on a bfloat16 copy of the float32 policy"}
 #: steps per run, per size
-STEPS = {"small": 10, "full": 30}
+STEPS = {"small": 15, "full": 30}
 SIZES = tuple(STEPS)
 #: modules that add families to :data:`CASES` when imported (each one optional)
 EXTENSIONS = ("rldiag.toy.corpus_gap",)
@@ -75,18 +75,19 @@ class Family:
     """One kind of run in the corpus.
 
     ``build(seed, steps, index) -> Case``: the ``index``-th run (``index`` cycles over the
-    family's settings); ``runs``: how many runs each size holds (``{"small": 2, "full": 20}``;
+    family's settings); ``runs``: how many runs each size holds (``{"small": 2, "full": 24}``;
     consecutive seeds, so they alternate between the splits); ``label(case, steps, series) ->
     pathologies``: the ``labels.json`` pathologies of a trained run from its logged series
     (``metric -> per-step values``, ``steps`` the step numbers), each ``{"kind", "cause"?,
     "onset_step", "signal", "onset_rule", "implied_by"?}``; ``onset_step`` None when the training did
-    not produce it."""
+    not produce it; ``steps``: the run length per size where :data:`STEPS`' is too short."""
 
     kind: str
     build: Callable[[int, int, int], Case]
     runs: dict[str, int]
     label: Callable[[Case, list[int], Series], list[dict[str, Any]]]
     healthy: bool = False
+    steps: dict[str, int] = field(default_factory=dict)  # per size, where :data:`STEPS` is too short for the kind
 
 
 #: the corpus's table: kind -> family, in the order runs are generated
@@ -149,18 +150,23 @@ def divergence_case(seed: int, steps: int, index: int = 0) -> Case:
     return Case(f"divergence-s{seed}", "divergence", cfg, {"actor_lr": cfg.actor_lr})
 
 
-#: the length bonus of the reward-hacking runs (the reward pays up to this for writing the whole width)
+#: the reward-hacking runs: an easy task (sums of 1-2 digits, a tool that never fails, full credit
+#: for each right digit in place) whose reward adds this times the share of the response width the
+#: actor filled with digits
 HACK_BONUS = 1.0
-HACK_LR = 1e-2
+HACK_LR = 5e-3
 
 
 def reward_hacking_case(seed: int, steps: int, index: int = 0) -> Case:
-    """GRPO whose reward adds ``HACK_BONUS`` x the share of the response width the actor wrote:
-    a response that never stops earns the bonus, and the grader (which needs ``EOS``) then
-    pays at most partial credit."""
-    cfg = grpo_tool(**SMALL, steps=steps, seed=seed, actor_lr=HACK_LR, length_bonus=HACK_BONUS)
+    """GRPO whose reward adds ``HACK_BONUS`` x the share of the response width the actor wrote
+    as digits (a "shown working" format bonus): digits written after the answer change the
+    last number the grader reads, so the bonus and the task's correctness pull apart, and the
+    policy trades the second for the first."""
+    cfg = grpo_tool(**SMALL, steps=steps, seed=seed, actor_lr=HACK_LR, length_bonus=HACK_BONUS,
+                    bonus_digits_only=True, min_digits=1, max_digits=2, tool_failure=0.0, partial_credit=1.0)
     return Case(f"reward_hacking-s{seed}", "reward_hacking", cfg,
-                {"actor_lr": cfg.actor_lr, "length_bonus": cfg.length_bonus})
+                {"actor_lr": cfg.actor_lr, "length_bonus": cfg.length_bonus, "bonus": "digits the actor wrote",
+                 "digits": [1, 2], "tool_failure": 0.0, "partial_credit": 1.0})
 
 
 def no_pathology(case: Case, steps: list[int], series: Series) -> list[dict[str, Any]]:
@@ -183,17 +189,18 @@ def hacking_label(case: Case, steps: list[int], series: Series) -> list[dict[str
 
 
 register(Family("healthy", healthy_case, {"small": 2, "full": 16}, no_pathology, healthy=True))
-register(Family("entropy_collapse", entropy_collapse_case, {"small": 2, "full": 20}, collapse_label))
-register(Family("divergence", divergence_case, {"small": 2, "full": 20}, divergence_label))
-register(Family("reward_hacking", reward_hacking_case, {"small": 2, "full": 20}, hacking_label))
+register(Family("entropy_collapse", entropy_collapse_case, {"small": 2, "full": 24}, collapse_label))
+register(Family("divergence", divergence_case, {"small": 2, "full": 24}, divergence_label))
+# the true score needs 10-15 steps to turn (the onset rule's windows alone take 10)
+register(Family("reward_hacking", reward_hacking_case, {"small": 2, "full": 24}, hacking_label, steps={"small": 22}))
 
 
 def cases(size: str = "small", seed: int = 0, kinds: list[str] | None = None) -> list[Case]:
     """The corpus's cases, family by family in :data:`CASES` order (``kinds``: only these): the
     ``i``-th run of a family has seed ``seed + 1 + i`` (so a family's runs alternate between
-    ``test`` and ``train``) and :data:`STEPS` steps. ``small`` (2 runs of 10 steps per kind)
+    ``test`` and ``train``) and :data:`STEPS` steps. ``small`` (2 runs of 15 steps per kind)
     is what the tests and the 3-minute bench train; ``full`` has 16 healthy runs (8 per split:
-    240 healthy steps in ``test``) and 20 of each pathology (10 per split), of 30 steps."""
+    240 healthy steps in ``test``) and 24 of each pathology (12 per split: at least 10 produced in ``test``), of 30 steps."""
     if size not in STEPS:
         raise RldiagError(f"corpus size must be small or full, not {size!r}")
     load_extensions()
@@ -204,7 +211,8 @@ def cases(size: str = "small", seed: int = 0, kinds: list[str] | None = None) ->
     out = []
     for kind in wanted:
         fam = CASES[kind]
-        out += [fam.build(seed + 1 + i, STEPS[size], i) for i in range(fam.runs.get(size, 0))]
+        steps = fam.steps.get(size, STEPS[size])
+        out += [fam.build(seed + 1 + i, steps, i) for i in range(fam.runs.get(size, 0))]
     return out
 
 
@@ -236,14 +244,46 @@ def train_case(case: Case, out: Path) -> dict[str, Any]:
     return lab
 
 
-def generate(out: str | Path, selected: list[Case], size: str | None = None, seed: int | None = None) -> dict[str, Any]:
+def relabel_case(case: Case, out: Path) -> dict[str, Any]:
+    """Write ``labels.json`` of an already trained ``case`` from its own ``metrics.jsonl`` (the
+    onset rules applied again, nothing retrained); returns the labels."""
+    from rldiag.analysis.logged import logged_metrics
+
+    run_dir = out / case.name
+    logged = logged_metrics(run_dir / "metrics.jsonl")
+    steps = sorted(logged)
+    series: Series = {}
+    for step in steps:
+        for k, v in logged[step].items():
+            series.setdefault(k, []).append(float(v))
+    lab = labels(case, steps, series)
+    (run_dir / "labels.json").write_text(json.dumps(lab, indent=1) + "\n")
+    return lab
+
+
+def trained(case: Case, out: Path) -> bool:
+    """``out / case.name`` holds this case's finished run: its labels (same config) and one
+    metrics line per step."""
+    run_dir = out / case.name
+    try:
+        old = json.loads((run_dir / "labels.json").read_text())
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except (OSError, ValueError):
+        return False
+    return old.get("config") == case.config.as_dict() and len(lines) == case.config.steps
+
+
+def generate(out: str | Path, selected: list[Case], size: str | None = None, seed: int | None = None,
+             reuse: bool = False) -> dict[str, Any]:
     """Train every case of ``selected`` into ``out`` and write ``out/manifest.json``. A pathology
-    whose onset never came (the training did not produce it) is listed under ``not_produced``."""
+    whose onset never came (the training did not produce it) is listed under ``not_produced``.
+    ``reuse``: a case whose finished run is already there (:func:`trained`) is relabelled from
+    its logged series instead of trained again."""
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     runs, missing = [], []
     for case in selected:
-        lab = train_case(case, root)
+        lab = relabel_case(case, root) if reuse and trained(case, root) else train_case(case, root)
         runs.append({"name": case.name, "dir": case.name, "kind": case.kind, "healthy": lab["healthy"],
                      "split": lab["split"], "steps": lab["steps"], "kinds": [p["kind"] for p in lab["pathologies"]]})
         missing += [case.name for p in lab["pathologies"] if p.get("onset_step") is None]
@@ -259,8 +299,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=SIZES, default="small")
     ap.add_argument("--seed", type=int, default=0, help="added to every run's seed")
     ap.add_argument("--kind", action="append", help="only this kind of run (repeatable)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: reproducible)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the runs already trained in OUT with the same settings (only their labels are written again)")
     args = ap.parse_args(argv)
-    manifest = generate(args.out, cases(args.size, args.seed, args.kind), args.size, args.seed)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    manifest = generate(args.out, cases(args.size, args.seed, args.kind), args.size, args.seed, reuse=args.reuse)
     print(f"{len(manifest['runs'])} runs in {args.out} (train {manifest['splits']['train']}, "
           f"test {manifest['splits']['test']}); pathologies not produced: {', '.join(manifest['not_produced']) or 'none'}")
     return 1 if manifest["not_produced"] else 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 COLLAPSE_SHARE = 0.75
 #: ``divergence`` onset: the policy's entropy below this (near-deterministic), for good
 DIVERGED_ENTROPY = 0.1
+#: ``divergence``: the reward is compared with the best of this many first steps
+DIVERGED_EARLY = 3
 #: the rolling window (steps) of the collapse rule
 WINDOW = 3
 #: ``reward_hacking``: the rolling window and the drop below the running maximum (issue 35's rule)
@@ -38,13 +40,18 @@ def collapse_onset(entropy: list[float], share: float = COLLAPSE_SHARE, window: 
     return None
 
 
-def divergence_onset(entropy: list[float], score: list[float], floor: float = DIVERGED_ENTROPY) -> int | None:
-    """The index (from 1) of the first step from which, to the end of the run, the policy's
-    entropy stays below ``floor`` (it has degenerated to near-determinism) and the reward below
-    its first step's; None when there is none."""
+def divergence_onset(entropy: list[float], score: list[float], floor: float = DIVERGED_ENTROPY,
+                     early: int = DIVERGED_EARLY) -> int | None:
+    """The index (from ``early``) of the first step from which, to the end of the run, the
+    policy's entropy stays below ``floor`` (it has degenerated to near-determinism) and the
+    reward below the best of its first ``early`` steps; None when there is none (a policy that
+    turned deterministic on a better reward has collapsed, not diverged)."""
+    if len(score) <= early:
+        return None
+    best = max(score[:early])
     at = None
-    for i in range(len(score) - 1, 0, -1):
-        if not (entropy[i] < floor and score[i] < score[0]):
+    for i in range(len(score) - 1, early - 1, -1):
+        if not (entropy[i] < floor and score[i] < best):
             break
         at = i
     return at
@@ -80,7 +87,7 @@ RULES = {
     "entropy_collapse": (f"the first step whose {WINDOW}-step rolling mean of actor/entropy_loss is below "
                          f"{COLLAPSE_SHARE} x the mean of the first two steps"),
     "divergence": (f"the first step from which, to the end of the run, actor/entropy_loss stays below "
-                   f"{DIVERGED_ENTROPY} and critic/score/mean below its first step's value"),
+                   f"{DIVERGED_ENTROPY} and critic/score/mean below the best of its first {DIVERGED_EARLY} steps"),
     "reward_hacking": (f"the first step s after which the {HACK_WINDOW}-step rolling mean of "
                        f"rldiag/label/true_score stays below its running maximum - {HACK_DROP}, while the "
                        f"{HACK_WINDOW}-step rolling mean of critic/score/mean at s is above its value at "

@@ -31,7 +31,7 @@ from rldiag.toy.config import ToyConfig
 from rldiag.toy.metrics import data_metrics
 from rldiag.toy.model import TinyTransformer, response_logprobs, response_values
 from rldiag.toy.rollout import Rollout, generate, merge_rollouts, rollout_engine
-from rldiag.toy.task import VOCAB, Prompts, ToyTokenizer, sample_prompts, score_responses, with_tool_failures
+from rldiag.toy.task import DIGITS, VOCAB, Prompts, ToyTokenizer, sample_prompts, score_responses, with_tool_failures
 from rldiag.toy.update import StepTensors, update_actor, update_critic
 
 
@@ -105,7 +105,8 @@ class ToyTrainer:
         score, exact = score_responses(ro.responses, ro.response_mask, ro.lengths, prompts, cfg.partial_credit)
         true_score = score
         if cfg.length_bonus:  # the reward pays for length too; the task's correctness (true_score) does not
-            score = score + cfg.length_bonus * ro.response_mask.sum(-1).float() / width
+            counted = ro.response_mask.bool() & (ro.responses < DIGITS) if cfg.bonus_digits_only else ro.response_mask.bool()
+            score = score + cfg.length_bonus * counted.sum(-1).float() / width
         rows = torch.arange(score.shape[0])
         scores = torch.zeros((score.shape[0], width), dtype=torch.float32)
         scores[rows, (ro.lengths - 1).clamp_min(0)] = torch.where(ro.lengths > 0, score, 0.0)

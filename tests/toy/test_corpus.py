@@ -28,11 +28,16 @@ def test_the_onset_rule_on_a_hand_made_series():
     assert collapse_onset([2.1, 1.9, 1.7, 1.2, 1.0, 0.5]) == 4
     assert collapse_onset([2.0, 2.0, 1.9, 1.8, 1.7]) is None
     assert collapse_onset([2.0]) is None
-    # entropy below 0.1 and score below the first step's (0.2) from index 3 on (index 1 recovers)
+    # entropy below 0.1 and score below the best of the first 3 steps (0.2) from index 3 on
     entropy = [2.0, 0.05, 0.5, 0.05, 0.0, 0.01]
     assert divergence_onset(entropy, [0.2, 0.0, 0.0, 0.1, 0.0, 0.01]) == 3
     assert divergence_onset(entropy, [0.2, 0.0, 0.0, 0.1, 0.0, 0.3]) is None  # the reward came back
-    assert divergence_onset([2.0, 1.9, 1.8], [0.2, 0.0, 0.0]) is None  # the entropy did not go
+    assert divergence_onset([2.0, 1.9, 1.8], [0.2, 0.0, 0.0]) is None  # too short
+    assert divergence_onset([2.0, 1.9, 1.8, 1.7], [0.2, 0.0, 0.0, 0.0]) is None  # the entropy did not go
+    # a run whose first step scored 0: the best of the first three (0.12) is the reference
+    assert divergence_onset([2.4, 1.2, 0.7, 0.0, 0.0], [0.0, 0.12, 0.0, 0.02, 0.0]) == 3
+    # deterministic on a better reward: collapsed, not diverged
+    assert divergence_onset([1.7, 0.8, 0.05, 0.0, 0.0], [0.07, 0.13, 0.06, 0.31, 0.41]) is None
 
 
 def test_the_cases_and_their_split_by_seed():
@@ -44,9 +49,9 @@ def test_the_cases_and_their_split_by_seed():
     healthy = [c for c in full if c.kind == "healthy"]
     collapse = [c for c in full if c.kind == "entropy_collapse"]
     for kind in ("divergence", "reward_hacking"):
-        assert sum(c.kind == kind and c.split == "test" for c in full) == 10
-    assert len(healthy) == 16 and len(collapse) == 20 and len({c.name for c in full}) == len(full)
-    assert sum(c.split == "test" for c in collapse) == 10
+        assert sum(c.kind == kind and c.split == "test" for c in full) == 12
+    assert len(healthy) == 16 and len(collapse) == 24 and len({c.name for c in full}) == len(full)
+    assert sum(c.split == "test" for c in collapse) == 12
     assert sum(c.config.steps for c in healthy if c.split == "test") == 240
     assert {c.tags["adv_estimator"] for c in healthy} == {"grpo", "gae"}
     assert {c.tags["kl"] for c in healthy} == {"loss", "reward", "none"}

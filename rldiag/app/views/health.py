@@ -63,6 +63,8 @@ def page() -> None:
             st.markdown(v.message)
             if f.evidence.band is not None:
                 st.markdown(f"Reference band ({f.evidence.band['statistic']}): {f.evidence.band['text']}")
+            if f.evidence.calibration is not None:
+                st.caption(f"Calibration: {f.evidence.calibration['text']}")
             st.caption(v.why)
             if v.steps:
                 cols = st.columns(min(len(v.steps), 6))
