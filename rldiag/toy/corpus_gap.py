@@ -38,7 +38,7 @@ from rldiag.toy.corpus import Case, Family, Series, register
 GAP_KIND = "rollout_gap"
 #: the networks and batches of the gap runs: 8 prompts x 4 samples (about 200 actor tokens a step)
 GAP_SIZE = dict(prompts_per_step=8, n=4, mini_batch_prompts=4, d_model=32, n_layers=1)
-#: steps per gap run, at most (a gap is there from the first step; the lag from the second)
+#: steps per gap run, every size (a gap is there from the first step; the lag from the second)
 GAP_STEPS = 8
 #: the token id the outlier kernel gets wrong (the digit 0: about 1 in 10 actor tokens)
 OUTLIER_TOKEN = 0
@@ -77,7 +77,7 @@ class GapCase:
     settings: Callable[[int], tuple[dict[str, Any], dict[str, Any]]]
     causes: tuple[str, ...]
     implied: tuple[tuple[str, str], ...] = ()
-    runs: tuple[int, int] = (2, 20)  # small, full
+    runs: tuple[int, int] = (2, 20)  # small (one run per split), full
 
 
 GAP_CASES = (
@@ -89,22 +89,22 @@ GAP_CASES = (
     GapCase("gap_misaligned", lambda i: (dict(logprob_shift=1), {}), ("misaligned",)),
     GapCase("gap_outliers", lambda i: (_outliers(i), {}), ("outlier_tokens",)),
     GapCase("gap_precision_outliers", lambda i: ({**BF16_SOFTMAX, **_outliers(i)}, {}),
-            ("precision", "outlier_tokens"), runs=(2, 10)),
+            ("precision", "outlier_tokens"), runs=(1, 10)),
     GapCase("gap_truncation_lag", lambda i: (dict(top_p=0.9), dict(max_lag=(2, 3)[i % 2])),
-            ("sampling_truncation", "policy_lag"), runs=(2, 10)),
+            ("sampling_truncation", "policy_lag"), runs=(1, 10)),
     GapCase("gap_temperature_precision", lambda i: (dict(logprobs_mode="raw_logprobs", **BF16_SOFTMAX),
-                                                    dict(temperature=0.8)), ("temperature", "precision"), runs=(2, 10)),
+                                                    dict(temperature=0.8)), ("temperature", "precision"), runs=(1, 10)),
     GapCase("gap_lag_outliers", lambda i: (_outliers(i), dict(max_lag=2)), ("policy_lag",),
-            (("outlier_tokens", "policy_lag"),), runs=(2, 10)),
+            (("outlier_tokens", "policy_lag"),), runs=(1, 10)),
     GapCase("gap_large_lag", lambda i: ({}, dict(max_lag=3, actor_lr=3e-3)), ("policy_lag",),
-            (("precision", "policy_lag"),), runs=(2, 10)),
+            (("precision", "policy_lag"),), runs=(1, 10)),
 )
 
 
 def gap_config(case: GapCase, seed: int, steps: int, index: int) -> ToyConfig:
-    """The ``index``-th run's trainer settings (at most :data:`GAP_STEPS` steps)."""
+    """The ``index``-th run's trainer settings."""
     engine, trainer = case.settings(index)
-    return grpo_tool(**{**GAP_SIZE, "steps": min(steps, GAP_STEPS), "seed": seed, **trainer},
+    return grpo_tool(**{**GAP_SIZE, "steps": steps, "seed": seed, **trainer},
                      engine=EngineOptions(**engine))
 
 
@@ -143,7 +143,8 @@ def _labeller(case: GapCase) -> Callable[[Case, list[int], Series], list[dict[st
 def register_all() -> None:
     """Register every family of :data:`GAP_CASES` with the corpus."""
     for case in GAP_CASES:
-        register(Family(case.name, _builder(case), {"small": case.runs[0], "full": case.runs[1]}, _labeller(case)))
+        register(Family(case.name, _builder(case), {"small": case.runs[0], "full": case.runs[1]}, _labeller(case),
+                        steps={"small": GAP_STEPS, "full": GAP_STEPS}))
 
 
 #: the floors of issue 35: a labelled cause is named at this confidence or more, any other cause
