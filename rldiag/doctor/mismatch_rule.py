@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from rldiag.analysis.mismatch import PREFIX, diagnose_mismatch
+from rldiag.analysis.mismatch import PREFIX, STEP_FOUND, diagnose_mismatch, step_confidences
 from rldiag.analysis.mismatch_run import add_examples
 from rldiag.doctor.evaluators import RULE_KINDS, Context, Evidence, Finding, Outcome, Passed, Skip, trend_stats
 from rldiag.doctor.rule import Rule
+from rldiag.doctor.state import sparkline, trend_state
 from rldiag.engine.mismatch import LAG_STATS, STATS
 
 
@@ -70,12 +71,17 @@ def mismatch_rule(rule: Rule, ctx: Context) -> Outcome:
     keep = np.isfinite(std)
     trend = trend_stats(steps[keep], std[keep]) if keep.any() else {}  # the gap's spread over the run
     findings: list[Finding] = []
+    per_step = step_confidences(stats)
     for c in causes:
         details: dict[str, Any] = {"statistics": c.details, "config": c.config, "examples": c.examples,
-                                   "remedy": c.remedy, "notes": diag.notes}
+                                   "remedy": c.remedy, "notes": diag.notes, "trend_metric": PREFIX + "gap_std"}
         ev = Evidence(metric=PREFIX + "*", source="recomputed", window=window, steps=c.steps, values=c.values,
                       statistic=c.statistic, settings={f"actor_rollout_ref.rollout.{k}": v
                                                        for k, v in c.config.get("settings", {}).items()},
                       trend=trend, cause=c.cause, confidence=c.confidence, details=details)
+        # the trend state of the cause's per-step confidence (a step holds at STEP_FOUND, as listed)
+        conf = np.nan_to_num(per_step[c.cause])
+        ev.state, ev.state_since = trend_state(steps, conf, conf >= STEP_FOUND, True, STEP_FOUND)
+        ev.sparkline = sparkline(steps, conf, STEP_FOUND, "above", f"{c.cause} confidence")
         findings.append(Finding(rule.id, f"{rule.title}: {c.cause}", c.severity, rule.why, c.message, ev, remedy=c.remedy))
     return findings

@@ -49,9 +49,10 @@ def test_a_clean_run_passes_the_rule(tmp_path):
     assert "agree" in rep.passed["rollout_mismatch"]
 
 
-@pytest.mark.parametrize("sample", ["grpo-tool", "ppo-gae"])
-def test_the_bundled_samples_findings(tmp_path, sample, capsys):
-    """length_clipped, and the mismatch's precision at severity info (not counted); no other."""
+@pytest.mark.parametrize(("sample", "settled"), [("grpo-tool", 16), ("ppo-gae", 13)])
+def test_the_bundled_samples_findings(tmp_path, sample, settled, capsys):
+    """length_clipped, and the mismatch's precision at severity info (not counted); no other.
+    length_clipped's clip ratio is back under 0.1 at every step from ``settled`` on: resolved."""
     run = shutil.copytree(SAMPLES / sample, tmp_path / sample)
     rep = diagnose(run)
     got = sorted((f.rule, f.severity, f.evidence.cause) for f in rep.findings)
@@ -59,7 +60,15 @@ def test_the_bundled_samples_findings(tmp_path, sample, capsys):
     info = next(f for f in rep.findings if f.rule == "rollout_mismatch")
     assert info.evidence.confidence > 0.8 and info.evidence.details["statistics"]["gap_std"] < 0.01
     assert main(["doctor", str(run), "--no-progress"]) == 1  # length_clipped counts, the info does not
-    assert "1 finding(s); " in (out := capsys.readouterr().out) and "; 1 for information (not counted)" in out
+    assert "\n1 finding; " in (out := capsys.readouterr().out) and "; 1 for information (not counted)" in out
+    clipped = next(f for f in rep.findings if f.rule == "length_clipped")
+    values = dict(zip(clipped.evidence.sparkline["steps"], clipped.evidence.sparkline["values"], strict=True))
+    assert values[settled - 1] > 0.1 and all(v <= 0.1 for s, v in values.items() if s >= settled)
+    assert (clipped.evidence.state, clipped.evidence.state_since) == ("resolved", settled)
+    assert f"state: resolved since step {settled}: response_length/clip_ratio back below 0.1" in out
+    assert "trend of response_length/clip_ratio: " in out and "trend of rldiag/mismatch/gap_std: " in out
+    assert out.count("not a probability") == 1
+    assert (info.evidence.state, info.evidence.state_since) == ("ongoing", 1)
 
 
 def test_info_alone_exits_zero(tmp_path, capsys):

@@ -61,6 +61,13 @@ def page() -> None:
         with st.container(border=True):
             st.markdown(f"{v.icon} **{v.title}** · `{v.rule}` · {v.severity}")
             st.markdown(v.message)
+            if v.state:
+                colour = health.STATE_COLOURS.get(f.evidence.state or "", "gray")
+                st.markdown(f"State: :{colour}[**{v.state}**]")
+            if v.sparkline and v.sparkline.get("steps"):
+                st.caption(f"{v.sparkline.get('metric')} over the window, with the rule's threshold (dashed)")
+                st.plotly_chart(health.sparkline_figure(v.sparkline, f.evidence.state_since),
+                                key=f"he_spark_{v.rule}_{f.evidence.cause or ''}", config={"displayModeBar": False})
             if f.evidence.band is not None:
                 st.markdown(f"Reference band ({f.evidence.band['statistic']}): {f.evidence.band['text']}")
             st.caption(v.why)
