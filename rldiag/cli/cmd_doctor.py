@@ -92,8 +92,13 @@ def _print_finding(f, settings: dict) -> bool:
         console.print(f"  token: step {ex['step']} row {ex['row']} position {ex['position']}{token}: old "
                       f"{fmt(ex['old_log_prob'])}, rollout {fmt(ex['rollout_log_prob'])}, {ex['kl_share']:.0%} of the "
                       f"step's KL{lag}", markup=False)
+    for imp in ev.details.get("implies", []):
+        console.print(f"  implies: {imp['cause']} (confidence {imp['confidence']:.2f}), a consequence of this cause, "
+                      f"not a second one: {imp['message']}", markup=False)
     for line in api.describe_counterfactual(f.counterfactual, settings):
         console.print(f"  if: {line}", markup=False)
+    for line in ev.details.get("counterfactual_skipped", []):
+        console.print(f"  not tried: {line}", markup=False)
     if f.remedy:
         console.print(f"  what to do: {f.remedy}", markup=False)
     else:
@@ -119,9 +124,10 @@ def state_line(ev) -> str:
     side = "below" if spark.get("worse") == "above" else "above"
     if ev.state == "resolved" and thr is not None:
         text += f": {metric} back {side} {fmt(thr)} at every step since"
-    elif ev.state in ("worsening", "improving") and metric:
-        text += f": the recent mean of {metric} moves {'away from' if ev.state == 'worsening' else 'towards'} {fmt(thr)}" \
-            if thr is not None else ""
+    elif ev.state in ("worsening", "improving") and ev.cause is not None:
+        text += f": {ev.details.get('trend_metric')} {'grows' if ev.state == 'worsening' else 'shrinks'} over the last steps"
+    elif ev.state in ("worsening", "improving") and thr is not None:
+        text += f": the recent mean of {metric} moves {'away from' if ev.state == 'worsening' else 'towards'} {fmt(thr)}"
     return text
 
 

@@ -34,6 +34,10 @@ class FindingView:
     # its trend state in words ("resolved since step 16"), and its metric's series with the threshold
     state: str = ""
     sparkline: dict[str, Any] | None = None
+    # the alternatives not tried, or lines left out because they change nothing, and why
+    skipped: list[str] = field(default_factory=list)
+    # causes this one implies (kept inside it, not a second finding): a sentence each
+    implies: list[str] = field(default_factory=list)
 
 
 def counterfactual_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -56,6 +60,9 @@ def finding_views(report) -> list[FindingView]:
             counterfactual=api.describe_counterfactual(f.counterfactual, report.settings),
             counterfactual_rows=counterfactual_rows(f.counterfactual),
             state=state_words(ev), sparkline=ev.sparkline,
+            skipped=list(ev.details.get("counterfactual_skipped", [])),
+            implies=[f"{i['cause']} (confidence {i['confidence']:.2f}): {i['message']}"
+                     for i in ev.details.get("implies", [])],
         ))
     return out
 

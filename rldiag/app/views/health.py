@@ -84,6 +84,10 @@ def page() -> None:
                     st.markdown(f"- {line}")
                 st.dataframe(v.counterfactual_rows, hide_index=True)
                 st.caption(f"Counterfactual: {api.COUNTERFACTUAL_CAVEAT}.")
+            for line in v.skipped:
+                st.caption(f"Not tried: {line}")
+            for line in v.implies:
+                st.markdown(f"Implies (a consequence of this cause, not a second one): {line}")
     with st.expander("Rules without a finding"):
         st.dataframe(health.outcome_rows(report), hide_index=True)
     layout_audit_section()
