@@ -77,7 +77,8 @@ __all__ = [
     "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
     "import_wandb", "band_metrics", "reference_bands",
     "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "reusable_steps", "rows",
-    "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
+    "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_own", "sweep_summary", "sweeps",
+    "tolerances", "verify",
     "warm_up", "whatif_options",
     # results
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "FollowDoctorResult", "HealthEvent",
@@ -267,6 +268,10 @@ class RecomputeResult:
     seconds: float = 0.0
     rows: int = 0  # rows recomputed (reused steps not counted)
     tokens: int = 0  # tokens recomputed
+    #: the scenario of another name, equal by resolved settings, whose steps were reused (None: none)
+    reused_from: str | None = None
+    #: overrides equal to the run's own values (the what-if changes nothing there), in words
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -280,7 +285,7 @@ class RecomputeResult:
         return cls(name=rep.name, path=rep.path, metrics=_frame(metrics_table(rep.metrics)), settings=rep.settings,
                    device=rep.device, executor=rep.executor, steps_done=list(rep.steps_done), steps_failed=dict(rep.steps_failed),
                    steps_reused=sorted(rep.steps_reused), internal_errors=dict(rep.internal), seconds=rep.seconds,
-                   rows=rep.rows, tokens=rep.tokens)
+                   rows=rep.rows, tokens=rep.tokens, reused_from=rep.reused_from, warnings=list(rep.warnings))
 
     def token_frame(self, step: int) -> pl.DataFrame:
         """One step's per-token outputs (a recompute with ``save_tokens``): one row per batch
@@ -548,6 +553,24 @@ def sweep_summary(run: Run, name: str) -> pl.DataFrame:
     if not path.is_file():
         raise ConfigError(f"no sweep {name!r} in {run} (no {path})")
     return _frame(read_parquet(*arrow_source(path)))
+
+
+def sweep_own(run: Run, name: str) -> str | None:
+    """The scenario of the saved sweep ``name`` whose resolved settings are the run's own (its
+    ``sweep.json``'s ``own``; None when the grid has none, or the sweep predates it). Raises
+    :class:`~rldiag.errors.ConfigError` when there is no such sweep."""
+    import json
+
+    from rldiag.errors import ConfigError
+    from rldiag.io.run_layout import RunLayout
+
+    path = RunLayout(run).sweep(name).meta
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"no sweep {name!r} in {run} ({path}: {exc})") from None
+    own = meta.get("own") if isinstance(meta, dict) else None
+    return own if isinstance(own, str) else None
 
 
 def diagnose(

@@ -250,7 +250,9 @@ def test_token_html_colours_and_marks_tools():
 
     body = token_html(["a", "b", "<c>"], [1, 0, 1], [2.0, None, -1.0], "advantages")
     assert body.count("<span title=") == 3 and ">tool</span>" in body and "&lt;c&gt;" in body
-    assert "rgba(214,39,40,0.850)" in body and "rgba(31,119,180,0.425)" in body  # +2 full red, -1 half blue
+    # the app's convention (rldiag.viz.colours): +2 full blue, -1 half red
+    assert "rgba(33,102,172,0.850)" in body and "rgba(178,24,43,0.425)" in body
+    assert "advantage: blue above 0, red below" in body
     assert context_line(["x", "y"], "z", ["w"]) == "…xy[z]w…"
 
 
