@@ -745,6 +745,7 @@ def rows(
     *,
     other: str | None = None,
     preview: int = 0,
+    group_by: str | None = None,
 ) -> pl.DataFrame:
     """Every row of every step, queried: the scenario's per-row tables (``rows/step_<N>.parquet``,
     written by every recompute: step, row, length, score, advantage_mean, is_weight_seq, ...,
@@ -757,9 +758,23 @@ def rows(
     (step, row), its values as ``other_<name>`` columns (``where=SIGN_DIFFERS``: the rows whose
     mean advantage changes sign under it). ``preview``: a ``response`` column with the first
     ``preview`` characters of each returned row's response. A scenario without per-row tables
-    is a RunDirError saying to recompute first."""
-    from rldiag.store.rows import query_rows
+    is a RunDirError saying to recompute first.
 
+    ``group_by``: ``uid`` (a prompt group of a step: the keys ``step``, ``uid``), ``step`` or
+    ``data_source``: one row per group of the matching rows, with ``rows``, ``first_row``, the
+    per-row counts (length, actor_tokens, turns, clipped_tokens) summed as ``<col>_sum`` and every
+    other numeric column averaged as ``<col>_mean``; ``sort`` takes those names, or a per-row
+    column's plain name for its sum (a count) or mean: ``rows(run, group_by="uid",
+    sort="-clipped_tokens", limit=5)`` are the groups that drive the clipping. ``preview`` gives
+    each group's first response. ``other`` does not combine with it."""
+    from rldiag.store.rows import query_groups, query_rows
+
+    if group_by is not None:
+        if other is not None:
+            from rldiag.errors import QueryError
+
+            raise QueryError("group_by and other do not combine: group one scenario at a time")
+        return _frame(query_groups(run, group_by, where, sort, limit, offset, scenario, search, preview=preview))
     return _frame(query_rows(run, where, sort, limit, offset, scenario, search, other=other, preview=preview))
 
 
@@ -770,10 +785,14 @@ def rows_count(
     search: str | None = None,
     *,
     other: str | None = None,
+    group_by: str | None = None,
 ) -> int:
-    """How many rows :func:`rows` matches with the same ``where``, ``search`` and ``other``."""
-    from rldiag.store.rows import count_rows
+    """How many rows :func:`rows` matches with the same ``where``, ``search`` and ``other`` (with
+    ``group_by``: how many groups)."""
+    from rldiag.store.rows import count_groups, count_rows
 
+    if group_by is not None:
+        return count_groups(run, group_by, where, scenario, search)
     return count_rows(run, where, scenario, search, other=other)
 
 
