@@ -26,10 +26,10 @@ ECHARTS_DIVERGING = [NEGATIVE, "#f7f7f7", POSITIVE]
 #: per-token quantity (a scenario's tokens column) -> (label, neutral value): every one on DIVERGING
 QUANTITIES: dict[str, tuple[str, float]] = {
     "advantages": ("advantage", 0.0),
-    "token_level_rewards": ("reward", 0.0),
-    "ref_kl": ("ref KL", 0.0),
     "ratio": ("ratio π/π_old", 1.0),
     "rollout_is_weights": ("IS weight", 1.0),
+    "ref_kl": ("ref KL", 0.0),
+    "token_level_rewards": ("reward", 0.0),
 }
 
 
