@@ -77,7 +77,7 @@ __all__ = [
     "check", "compare", "compare_estimators", "compare_so_far", "describe_counterfactual", "diagnose", "follow_doctor",
     "import_wandb", "band_metrics", "reference_bands",
     "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "recompute", "reusable_steps", "rows",
-    "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_own", "sweep_summary", "sweeps",
+    "rows_count", "rule_limits", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_own", "sweep_summary", "sweeps",
     "tolerances", "verify",
     "warm_up", "whatif_options",
     # results
@@ -553,6 +553,15 @@ def sweep_summary(run: Run, name: str) -> pl.DataFrame:
     if not path.is_file():
         raise ConfigError(f"no sweep {name!r} in {run} (no {path})")
     return _frame(read_parquet(*arrow_source(path)))
+
+
+def rule_limits() -> dict[str, dict[str, Any]]:
+    """The doctor's healthy side of each metric a built-in threshold rule judges (``metric ->
+    {"rule", "above", "below", "abs", "title"}``): the one source of every healthy band the app
+    quotes (the Step page's checklist reads it)."""
+    from rldiag.doctor.rules import metric_limits
+
+    return metric_limits()
 
 
 def sweep_own(run: Run, name: str) -> str | None:
