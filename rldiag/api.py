@@ -83,9 +83,8 @@ __all__ = [
     "describe_counterfactual", "diagnose", "follow_doctor",
     "import_wandb", "band_metrics", "reference_bands",
     "layout_audit", "logged", "mismatch", "mismatch_tokens", "ray_executor", "probe_reward", "recompute", "rescore",
-    "reward_changes", "resolve_reward",
-    "reusable_steps", "rows",
-    "rows_count", "settings", "step_token_frame", "step_tokens", "sweep", "sweep_summary", "sweeps", "tolerances", "verify",
+    "resolve_reward", "reusable_steps", "reward_changes", "rows", "rows_count", "rule_limits", "settings",
+    "step_token_frame", "step_tokens", "sweep", "sweep_own", "sweep_summary", "sweeps", "tolerances", "verify",
     "warm_up", "whatif_options",
     # results
     "CheckResult", "CompareResult", "DiagnoseResult", "EstimatorsResult", "FollowDoctorResult", "HealthEvent",
@@ -283,6 +282,10 @@ class RecomputeResult:
     seconds: float = 0.0
     rows: int = 0  # rows recomputed (reused steps not counted)
     tokens: int = 0  # tokens recomputed
+    #: the scenario of another name, equal by resolved settings, whose steps were reused (None: none)
+    reused_from: str | None = None
+    #: overrides equal to the run's own values (the what-if changes nothing there), in words
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -296,7 +299,7 @@ class RecomputeResult:
         return cls(name=rep.name, path=rep.path, metrics=_frame(metrics_table(rep.metrics)), settings=rep.settings,
                    device=rep.device, executor=rep.executor, steps_done=list(rep.steps_done), steps_failed=dict(rep.steps_failed),
                    steps_reused=sorted(rep.steps_reused), internal_errors=dict(rep.internal), seconds=rep.seconds,
-                   rows=rep.rows, tokens=rep.tokens)
+                   rows=rep.rows, tokens=rep.tokens, reused_from=rep.reused_from, warnings=list(rep.warnings))
 
     def token_frame(self, step: int) -> pl.DataFrame:
         """One step's per-token outputs (a recompute with ``save_tokens``): one row per batch
@@ -668,6 +671,33 @@ def sweep_summary(run: Run, name: str) -> pl.DataFrame:
     return _frame(read_parquet(*arrow_source(path)))
 
 
+def rule_limits() -> dict[str, dict[str, Any]]:
+    """The doctor's healthy side of each metric a built-in threshold rule judges (``metric ->
+    {"rule", "above", "below", "abs", "title"}``): the one source of every healthy band the app
+    quotes (the Step page's checklist reads it)."""
+    from rldiag.doctor.rules import metric_limits
+
+    return metric_limits()
+
+
+def sweep_own(run: Run, name: str) -> str | None:
+    """The scenario of the saved sweep ``name`` whose resolved settings are the run's own (its
+    ``sweep.json``'s ``own``; None when the grid has none, or the sweep predates it). Raises
+    :class:`~rldiag.errors.ConfigError` when there is no such sweep."""
+    import json
+
+    from rldiag.errors import ConfigError
+    from rldiag.io.run_layout import RunLayout
+
+    path = RunLayout(run).sweep(name).meta
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"no sweep {name!r} in {run} ({path}: {exc})") from None
+    own = meta.get("own") if isinstance(meta, dict) else None
+    return own if isinstance(own, str) else None
+
+
 def diagnose(
     run: Run,
     overrides: Mapping[str, Any] | None = None,
@@ -859,6 +889,7 @@ def rows(
     *,
     other: str | None = None,
     preview: int = 0,
+    group_by: str | None = None,
 ) -> pl.DataFrame:
     """Every row of every step, queried: the scenario's per-row tables (``rows/step_<N>.parquet``,
     written by every recompute: step, row, length, score, advantage_mean, is_weight_seq, ...,
@@ -871,9 +902,23 @@ def rows(
     (step, row), its values as ``other_<name>`` columns (``where=SIGN_DIFFERS``: the rows whose
     mean advantage changes sign under it). ``preview``: a ``response`` column with the first
     ``preview`` characters of each returned row's response. A scenario without per-row tables
-    is a RunDirError saying to recompute first."""
-    from rldiag.store.rows import query_rows
+    is a RunDirError saying to recompute first.
 
+    ``group_by``: ``uid`` (a prompt group of a step: the keys ``step``, ``uid``), ``step`` or
+    ``data_source``: one row per group of the matching rows, with ``rows``, ``first_row``, the
+    per-row counts (length, actor_tokens, turns, clipped_tokens) summed as ``<col>_sum`` and every
+    other numeric column averaged as ``<col>_mean``; ``sort`` takes those names, or a per-row
+    column's plain name for its sum (a count) or mean: ``rows(run, group_by="uid",
+    sort="-clipped_tokens", limit=5)`` are the groups that drive the clipping. ``preview`` gives
+    each group's first response. ``other`` does not combine with it."""
+    from rldiag.store.rows import query_groups, query_rows
+
+    if group_by is not None:
+        if other is not None:
+            from rldiag.errors import QueryError
+
+            raise QueryError("group_by and other do not combine: group one scenario at a time")
+        return _frame(query_groups(run, group_by, where, sort, limit, offset, scenario, search, preview=preview))
     return _frame(query_rows(run, where, sort, limit, offset, scenario, search, other=other, preview=preview))
 
 
@@ -884,10 +929,14 @@ def rows_count(
     search: str | None = None,
     *,
     other: str | None = None,
+    group_by: str | None = None,
 ) -> int:
-    """How many rows :func:`rows` matches with the same ``where``, ``search`` and ``other``."""
-    from rldiag.store.rows import count_rows
+    """How many rows :func:`rows` matches with the same ``where``, ``search`` and ``other`` (with
+    ``group_by``: how many groups)."""
+    from rldiag.store.rows import count_groups, count_rows
 
+    if group_by is not None:
+        return count_groups(run, group_by, where, scenario, search)
     return count_rows(run, where, scenario, search, other=other)
 
 

@@ -16,6 +16,7 @@ point at it. The tree::
     |                            with its traceback; the command line asks for a report and exits 3
     +-- OutputError              writing results failed
     |   +-- DiskSpaceError       the outputs asked for would not fit on the disk
+    |   +-- ExportError          a figure cannot be saved as PNG / SVG (kaleido or a Chromium missing)
     +-- StorageError             an object store (s3://...) cannot be reached or refused a request
     +-- ExecutorError            a distributed executor cannot start, or lost work
     +-- CaptureError             writing a run directory from a trainer failed (rldiag.capture)
@@ -109,6 +110,11 @@ class OutputError(RldiagError):
 
 class DiskSpaceError(OutputError):
     """The outputs asked for would not fit on the disk (``rldiag sweep --save-tokens``)."""
+
+
+class ExportError(OutputError):
+    """A figure cannot be saved as an image: kaleido, or the Chromium it drives, is missing; the
+    message says what to install."""
 
 
 class StorageError(RldiagError):

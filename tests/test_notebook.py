@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,11 @@ def test_the_notebook_runs_on_a_copy_of_the_sample(tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     pytest.importorskip("plotly")
+    pytest.importorskip("kaleido", reason="the notebook saves a PNG (kaleido is in the app extra)")
+    from rldiag.viz.export import browser_path
+
+    if browser_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium); CI installs it")
     run = tmp_path / "grpo-tool"
     shutil.copytree(SAMPLE, run, ignore=shutil.ignore_patterns("rldiag"))
     monkeypatch.setenv("RLDIAG_RUN", str(run))
@@ -50,3 +56,7 @@ def test_the_notebook_runs_on_a_copy_of_the_sample(tmp_path, monkeypatch):
     assert "step 30 (30/30)" in text  # the compare's progress
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) or "plotly" in o.get("data", {}).get("text/html", "")
                for o in outputs if o.output_type in ("execute_result", "display_data"))
+    # the figure saved as a PNG (kaleido driving the installed chromium, offline), 900 x 450
+    png = (tmp_path / "pg_loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (900, 450)
+    assert f"pg_loss.png {len(png)} bytes" in text

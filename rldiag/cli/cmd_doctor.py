@@ -72,6 +72,8 @@ def _print_finding(f, settings: dict) -> bool:
     console.print(f"\n[{color}]{f.severity.upper()}[/{color}] [bold]{f.title}[/bold] ({f.rule})")
     console.print(f"  seen: {f.message}", markup=False)
     ev = f.evidence
+    if ev.state is not None:
+        console.print(f"  state: {state_line(ev)}", markup=False)
     if ev.cause is not None:
         console.print(f"  cause: {ev.cause}, confidence {ev.confidence:.2f}; {ev.statistic}", markup=False)
     if ev.steps:
@@ -81,7 +83,8 @@ def _print_finding(f, settings: dict) -> bool:
         console.print(f"  evidence ({label}): {pairs}{more}", markup=False)
     if ev.trend:
         tr = ev.trend
-        console.print(f"  trend: {fmt(tr['first'])} -> {fmt(tr['last'])}, early mean {fmt(tr['early_mean'])}, "
+        console.print(f"  trend of {ev.details.get('trend_metric', ev.metric)}: {fmt(tr['first'])} -> {fmt(tr['last'])}, "
+                      f"early mean {fmt(tr['early_mean'])}, "
                       f"late mean {fmt(tr['late_mean'])}, slope {fmt(tr['slope_per_step'])}/step", markup=False)
     if ev.band is not None:
         console.print(f"  reference band (mean of the evidence): {ev.band['text']}", markup=False)
@@ -93,8 +96,13 @@ def _print_finding(f, settings: dict) -> bool:
         console.print(f"  token: step {ex['step']} row {ex['row']} position {ex['position']}{token}: old "
                       f"{fmt(ex['old_log_prob'])}, rollout {fmt(ex['rollout_log_prob'])}, {ex['kl_share']:.0%} of the "
                       f"step's KL{lag}", markup=False)
+    for imp in ev.details.get("implies", []):
+        console.print(f"  implies: {imp['cause']} (confidence {imp['confidence']:.2f}), a consequence of this cause, "
+                      f"not a second one: {imp['message']}", markup=False)
     for line in api.describe_counterfactual(f.counterfactual, settings):
         console.print(f"  if: {line}", markup=False)
+    for line in ev.details.get("counterfactual_skipped", []):
+        console.print(f"  not tried: {line}", markup=False)
     if f.remedy:
         console.print(f"  what to do: {f.remedy}", markup=False)
     else:
@@ -102,12 +110,37 @@ def _print_finding(f, settings: dict) -> bool:
     return bool(f.counterfactual)
 
 
+#: what a cause's confidence is, said once under the findings
+CONFIDENCE_MEANING = ("the strength of the cause's fingerprint, a product of ramps over its statistics "
+                      "(docs/mismatch.md), not a probability")
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 finding``, ``2 findings``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def state_line(ev) -> str:
+    """``resolved since step 16: every step since is back below 0.1`` (a finding's trend state)."""
+    text = f"{ev.state} since step {ev.state_since}" if ev.state_since is not None else str(ev.state)
+    spark = ev.sparkline or {}
+    thr, metric = spark.get("threshold"), spark.get("metric")
+    side = "below" if spark.get("worse") == "above" else "above"
+    if ev.state == "resolved" and thr is not None:
+        text += f": {metric} back {side} {fmt(thr)} at every step since"
+    elif ev.state in ("worsening", "improving") and ev.cause is not None:
+        text += f": {ev.details.get('trend_metric')} {'grows' if ev.state == 'worsening' else 'shrinks'} over the last steps"
+    elif ev.state in ("worsening", "improving") and thr is not None:
+        text += f": the recent mean of {metric} moves {'away from' if ev.state == 'worsening' else 'towards'} {fmt(thr)}"
+    return text
+
+
 def _print_recompute_problems(error: str | None, failed: dict[int, str], out) -> None:
     """Why the run (or some of its steps) could not be recomputed."""
     if error:
         out.print(f"recompute unavailable: {error}", markup=False)
     if failed:
-        out.print(f"{len(failed)} step(s) could not be recomputed: " + ", ".join(str(s) for s in sorted(failed)),
+        out.print(f"{plural(len(failed), 'step')} could not be recomputed: " + ", ".join(str(s) for s in sorted(failed)),
                   markup=False)
 
 
@@ -128,12 +161,14 @@ def print_report(rep: api.DiagnoseResult, verbose: bool = False) -> None:
                 console.print(f"  passed {rid}: {rep.passed[rid]}", markup=False)
     if shown:
         console.print(f"\n(\"if\" lines: {api.COUNTERFACTUAL_CAVEAT})", markup=False)
+    if any(f.evidence.confidence is not None for f in rep.findings):
+        console.print(f"(confidence: {CONFIDENCE_MEANING})", markup=False)
     for rid, why in rep.counterfactual_errors.items():
         err_console.print(f"counterfactual of {rid} not computed: {why}", markup=False)
     n_info = sum(f.severity == "info" for f in rep.findings)
     n_rules = len(rep.rules)
     info = f"; {n_info} for information (not counted)" if n_info else ""
-    console.print(f"\n{len(rep.findings) - n_info} finding(s); {len(rep.passed)} of {n_rules} rules passed, "
+    console.print(f"\n{plural(len(rep.findings) - n_info, 'finding')}; {len(rep.passed)} of {n_rules} rules passed, "
                   f"{len(rep.not_evaluated)} not evaluated, {len(rep.not_applicable)} not applicable{info}")
     if verbose:
         for rid, text in rep.passed.items():
@@ -184,6 +219,8 @@ def _event_line(ev: api.HealthEvent, settings: dict) -> None:
     head = f"step {ev.step:>6}  [{color}]{ev.event:<7}[/{color}] {f.severity.upper():<8} "
     if ev.event == "changed" and f.counterfactual:
         tail = "; ".join(api.describe_counterfactual(f.counterfactual, settings))
+    elif ev.event == "changed" and f.evidence.state is not None:
+        tail = f"{state_line(f.evidence)}; {f.message}"
     else:
         tail = f.message
     console.print(head + escape(f"{f.title} ({_label(f)}): {tail}"))

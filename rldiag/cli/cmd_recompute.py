@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
 from rich.table import Table
 
 from rldiag import api
@@ -103,7 +104,11 @@ def _follow(args: argparse.Namespace, executor) -> int:
 
 
 def _summary(report: api.RecomputeResult) -> int:
+    for warning in report.warnings:
+        err_console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     reused = f", {len(report.steps_reused)} reused" if report.steps_reused else ""
+    if report.reused_from is not None:
+        reused += f" from scenario {report.reused_from} (the same resolved settings)"
     table = Table(title=f"scenario {report.name}  ({len(report.steps_done)} steps{reused}, {report.rows} rows, "
                         f"{report.tokens} tokens recomputed, {report.seconds:.2f}s on {report.device}"
                         f"{' via ' + report.executor if report.executor != 'local' else ''})")

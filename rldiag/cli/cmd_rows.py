@@ -24,10 +24,17 @@ from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import console, fmt
 from rldiag.errors import QueryError
+from rldiag.store.rows import PREVIEW_COLUMN
 
-#: the columns the table shows first, when the query has them (``--columns`` picks others)
+#: the columns the table shows first, when the query has them (``--columns`` picks others); the sort
+#: column is always shown, and the response preview last
 DEFAULT_COLUMNS = ("step", "row", "uid", "length", "turns", "score", "advantage_mean", "is_weight_seq",
                    "rollout_kl", "loss_weight", "group_has_signal")
+#: the same for ``--group-by``: the keys, the group's size, its counts and means
+GROUP_COLUMNS = ("step", "uid", "data_source", "rows", "length_sum", "clipped_tokens_sum", "score_mean",
+                 "advantage_mean_mean", "is_weight_seq_mean", "group_has_signal_mean")
+#: characters of the response text in the table's ``response`` column
+PREVIEW_CHARS = 40
 
 
 def add_parser(sub) -> None:
@@ -46,27 +53,40 @@ def add_parser(sub) -> None:
     sp.add_argument("--search", help="only rows whose response text contains this (case-insensitive)")
     sp.add_argument("--other", help="a second scenario joined by step and row, as other_<column> columns")
     sp.add_argument("--columns", help="comma-separated columns to print (default: a few; --json prints all)")
+    sp.add_argument("--group-by", choices=("uid", "step", "data_source"),
+                    help="one row per group: uid (a prompt group of a step), step or data_source; counts summed "
+                         "(<col>_sum; --sort takes the plain name), other columns averaged (<col>_mean), plus rows")
+    sp.add_argument("--preview", type=int, default=PREVIEW_CHARS,
+                    help=f"characters of the response text in the table's response column (default {PREVIEW_CHARS}; "
+                         "0: none)")
     sp.add_argument("--json", action="store_true", help="print the rows as a JSON array of objects (every column)")
     sp.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    preview = 0 if args.json else max(0, args.preview)
     frame = api.rows(args.run, args.where, args.sort, args.limit, args.offset, args.scenario, args.search,
-                     other=args.other)
+                     other=args.other, preview=preview, group_by=args.group_by)
     if args.json:
         rows = [{k: _json_value(v) for k, v in r.items()} for r in frame.iter_rows(named=True)]
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return exit_codes.OK
-    count = api.rows_count(args.run, args.where, args.scenario, args.search, other=args.other)
+    count = api.rows_count(args.run, args.where, args.scenario, args.search, other=args.other, group_by=args.group_by)
     if args.columns:
         cols = [c.strip() for c in args.columns.split(",") if c.strip()]
         missing = [c for c in cols if c not in frame.columns]
         if missing:
             raise QueryError(f"--columns: no column {', '.join(map(repr, missing))}; columns: {', '.join(frame.columns)}")
     else:
-        cols = [c for c in DEFAULT_COLUMNS if c in frame.columns]
+        cols = [c for c in (GROUP_COLUMNS if args.group_by else DEFAULT_COLUMNS) if c in frame.columns]
         cols += [c for c in frame.columns if c.startswith("other_advantage")]
-    t = Table(title=f"{args.run} · {args.scenario}: rows {args.offset + 1 if len(frame) else 0}-"
+    sort = sort_column(args.sort, frame.columns)
+    if sort is not None and sort not in cols:
+        cols.append(sort)  # the sort column, always shown
+    if PREVIEW_COLUMN in frame.columns and PREVIEW_COLUMN not in cols:
+        cols.append(PREVIEW_COLUMN)
+    what = f"groups by {args.group_by}" if args.group_by else "rows"
+    t = Table(title=f"{args.run} · {args.scenario}: {what} {args.offset + 1 if len(frame) else 0}-"
                     f"{args.offset + len(frame)} of {count}")
     for c in cols:
         t.add_column(c, justify="right" if frame.schema[c].is_numeric() else "left")
@@ -74,6 +94,14 @@ def run(args: argparse.Namespace) -> int:
         t.add_row(*[_cell(v) for v in r])
     console.print(t)
     return exit_codes.OK
+
+
+def sort_column(sort: str | None, columns: list[str]) -> str | None:
+    """The column ``--sort`` orders by (a group's ``<col>_sum`` / ``<col>_mean`` for a plain name)."""
+    if not sort or not sort.strip():
+        return None
+    key = sort.strip().lstrip("-").strip()
+    return next((c for c in (key, f"{key}_sum", f"{key}_mean") if c in columns), None)
 
 
 def _cell(v) -> str:

@@ -94,7 +94,10 @@ def _print(result: api.SweepResult, metrics: list[str] | None) -> None:
         else:
             table.add_column(col, justify="right", overflow="fold")
     for row in frame.iter_rows():
-        table.add_row(*[v if isinstance(v, str) else fmt(v) for v in row])
+        cells = [v if isinstance(v, str) else fmt(v) for v in row]
+        if result.own is not None and row[0] == result.own:
+            cells[0] = f"* {cells[0]}"  # the run's own settings
+        table.add_row(*cells)
     console.print(table)
     for note in result.notes:
         console.print(f"note: {note}")

@@ -321,3 +321,30 @@ def scenario_slug(overrides: Mapping[str, Any]) -> str:
         parts.append(f"{key if lasts[last] > 1 else last}={text}")
     slug = "__".join(parts)
     return re.sub(r"[^A-Za-z0-9._=+-]+", "-", slug)[:120]
+
+
+def unchanged_overrides(base: Settings, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides that set a key to the value it already has in ``base`` (the run's own
+    settings), as verl reads both (an inherited null resolved, :func:`rldiag.config.schema.effective`;
+    values after ``--set`` coercion, numbers by value): a what-if on them changes nothing."""
+    try:
+        changed = resolve_settings(config=base.values, overrides=overrides)
+    except ConfigError:
+        return {}
+    return {k: v for k, v in overrides.items() if same_setting(base.effective(k), changed.effective(k))}
+
+
+def same_setting(a: Any, b: Any) -> bool:
+    """Two values of a setting are the same: a bool only a bool, numbers by value, else ``==``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return a == b
+
+
+def unchanged_warning(same: Mapping[str, Any], every: bool) -> str:
+    """The warning a what-if prints for overrides equal to the run's values (``every``: all of them)."""
+    keys = ", ".join(f"{k}={v}" for k, v in same.items())
+    tail = "; the scenario equals the run's own settings (baseline)" if every else ""
+    return f"{keys}: the run already has {'this value' if len(same) == 1 else 'these values'}{tail}"

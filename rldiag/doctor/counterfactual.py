@@ -100,6 +100,7 @@ def compute(run: str | Path | RemotePath | RunDir, rule: Rule, finding: Finding,
     check_settings(base)
     errors: list[str] = []
     alts: list[tuple[dict[str, Any], Settings]] = []
+    already: list[Mapping[str, Any]] = []
     for alt in rule.addresses["settings"]:
         label = ", ".join(f"{k}={v!r}" for k, v in alt.items())
         try:
@@ -109,12 +110,18 @@ def compute(run: str | Path | RemotePath | RunDir, rule: Rule, finding: Finding,
             errors.append(f"{label}: {type(exc).__name__}: {exc}")
             continue
         if all(same_value(s.values.get(k), base.values.get(k)) for k in alt):
-            continue  # the run already has it
+            already.append(alt)  # the run already has it: said in the skipped notes, with what it did
+            continue
         alts.append((dict(alt), s))
-    if not alts:
+    skipped: list[str] = []
+    finding.evidence.details["counterfactual_skipped"] = skipped
+    if not alts and not already:
         return [], errors
     results = recompute_in_memory(rd, [base] + [s for _, s in alts], steps, device)
     without, base_failed = results[0].metrics, results[0].failed
+    skipped += [f"{_label(alt)}: the run already has it{_what_it_did(alt, steps, without)}" for alt in already]
+    if not alts:
+        return [], errors
     if not without:
         return [], errors + [f"the run's own settings: every step failed ({next(iter(base_failed.values()), '')})"]
     stat = rule.addresses["statistic"]
@@ -130,10 +137,37 @@ def compute(run: str | Path | RemotePath | RunDir, rule: Rule, finding: Finding,
             continue
         for metric in rule.addresses["metrics"]:
             pair = _reduce(stat, steps, with_, without, metric)
-            if pair is not None:
-                entries.append({"settings": alt, "metric": metric, "statistic": text, "window": window,
-                                "with": pair[0], "without": pair[1]})
+            if pair is None:
+                continue
+            if pair[0] == pair[1]:  # a line that changes nothing: said once, why, not listed
+                skipped.append(f"{_label(alt)}: {metric} is {_show(pair[1])} with and without it (the setting does "
+                               f"not act on {metric} on these batches)")
+                continue
+            entries.append({"settings": alt, "metric": metric, "statistic": text, "window": window,
+                            "with": pair[0], "without": pair[1]})
     return entries, errors
+
+
+def _label(alt: Mapping[str, Any]) -> str:
+    return ", ".join(f"{_short(k)}={_show(v)}" for k, v in alt.items())
+
+
+#: what a rollout-correction setting the run already has did over the window, from its own metrics
+_DID = (("rollout_is", "rollout_corr/rollout_is_eff_sample_size", "IS ESS {:.2f}"),
+        ("rollout_is", "rollout_corr/rollout_is_ratio_fraction_high", "{:.1%} of the IS weights truncated"),
+        ("rollout_rs", "rollout_corr/rollout_rs_masked_fraction", "{:.1%} of the tokens rejected"))
+
+
+def _what_it_did(alt: Mapping[str, Any], steps: list[int], metrics: dict[int, dict[str, float]]) -> str:
+    """``: IS ESS 0.93 and 1.2% of the IS weights truncated (mean over steps 4-9)``, from the
+    run's own recompute over the window; empty when the setting has no such metric."""
+    keys = {k.rsplit(".", 1)[-1] for k in alt}
+    parts = []
+    for key, metric, fmt in _DID:
+        vals = [metrics[s][metric] for s in steps if math.isfinite(metrics.get(s, {}).get(metric, math.nan))]
+        if key in keys and vals:
+            parts.append(fmt.format(float(np.mean(vals))))
+    return f": {' and '.join(parts)} (mean over steps {steps[0]}-{steps[-1]})" if parts else ""
 
 
 def counterfactuals(run: str | Path | RemotePath, rule: Rule, finding: Finding,
@@ -206,6 +240,8 @@ def describe(entries: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) 
         a, b = e0["window"]
         stat = e0["statistic"]
         how = "" if stat == "mean" else f" ({stat})"
-        parts = [_metric_text(e, i == 0) for i, e in enumerate(group)]
+        parts = [_metric_text(e, i == 0) for i, e in enumerate(group) if e["with"] != e["without"]]
+        if not parts:  # every line equal: nothing to say (the doctor leaves such lines out)
+            continue
         out.append(f"with {change} on steps {a}-{b}{how}, " + " and ".join(parts))
     return out

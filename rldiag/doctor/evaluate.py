@@ -64,6 +64,8 @@ def evaluate_rules(rules: list[Rule], table: SignalTable, settings: Mapping[str,
     for f in out.findings:
         add_band(f, settings)
         add_calibration(f)
+        if f.evidence.state is None:  # a rule without a series (settings): as long as the run goes
+            f.evidence.state, f.evidence.state_since = "ongoing", table.first_step
     out.findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     return out
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from rldiag.doctor.rule import Rule
+from rldiag.doctor.state import sparkline, trend_state
 from rldiag.errors import RldiagError
 from rldiag.registry import Entry, Registry
 
@@ -60,6 +61,11 @@ class Evidence:
     band: dict[str, Any] | None = None
     # what the calibration corpus measured of this rule (and cause): rldiag/doctor/calibration.py
     calibration: dict[str, Any] | None = None
+    # the trend state (rldiag/doctor/state.py): ongoing | resolved | worsening | improving, the step
+    # it began, and the series it was read from with the rule's threshold (the Health page's sparkline)
+    state: str | None = None
+    state_since: int | None = None
+    sparkline: dict[str, Any] | None = None
 
 
 @dataclass
@@ -164,14 +170,20 @@ def trend_stats(steps: np.ndarray, values: np.ndarray, segment: float = 1 / 3) -
             "first": float(values[0]), "last": float(values[-1]), "steps": n}
 
 
-def _evidence(rule: Rule, w: Series, steps: np.ndarray, values: np.ndarray, statistic: str) -> Evidence:
+def _evidence(rule: Rule, w: Series, steps: np.ndarray, values: np.ndarray, statistic: str,
+              outside: np.ndarray, worse_up: bool, threshold: float | None) -> Evidence:
+    """The finding's evidence; ``outside`` (per step of the window: on the unhealthy side of
+    ``threshold``) and ``worse_up`` decide its trend state (:func:`rldiag.doctor.state.trend_state`)."""
+    state, since = trend_state(w.steps, w.values, outside, worse_up, threshold)
+    spark = sparkline(w.steps, w.values, threshold, "above" if worse_up else "below", _label(rule))
     if len(steps) > MAX_EVIDENCE:  # the most extreme ones
         order = np.argsort(-np.abs(values - np.median(w.values)), kind="stable")[:MAX_EVIDENCE]
         order.sort()
         steps, values = steps[order], values[order]
     return Evidence(metric=rule.metric, source=w.source, window=[int(w.steps[0]), int(w.steps[-1])],
                     steps=[int(s) for s in steps], values=[float(v) for v in values], statistic=statistic,
-                    trend=trend_stats(w.steps, w.values, rule.params.get("segment", 1 / 3)))
+                    trend=trend_stats(w.steps, w.values, rule.params.get("segment", 1 / 3)),
+                    state=state, state_since=since, sparkline=spark)
 
 
 def _fmt(v: float) -> str:
@@ -226,19 +238,23 @@ def threshold(rule: Rule, ctx: Context) -> Outcome:
                                     f"< {_fmt(below)}" if below is not None else "") if x)
     stat = p.get("stat", "each")
     span = f"steps {w.steps[0]}..{w.steps[-1]}"
+    # which side is worse: the one the rule names, or with both the one the window's mean is on
+    worse_up = below is None or (above is not None and float(np.mean(w.values)) > above)
+    state_args = (outside(w.values), worse_up, above if worse_up else below)
     if stat == "each":
         bad = outside(w.values)
         frac = float(bad.mean())
         need = float(p.get("min_fraction", 0.5))
         text = f"{_label(rule)} {bound} at {int(bad.sum())} of {len(bad)} steps ({span}; rule fires at {need:.0%})"
         if bad.any() and frac >= need:
-            ev = _evidence(rule, w, w.steps[bad], w.values[bad], text)
+            ev = _evidence(rule, w, w.steps[bad], w.values[bad], text, *state_args)
             return Finding(rule.id, rule.title, rule.severity, rule.why, text, ev)
         return Passed(text)
     value = float(STATS[stat](w.values))
     text = f"{stat} of {_label(rule)} over {span} = {_fmt(value)} (rule: {bound})"
     if outside(np.array([value]))[0]:
-        return Finding(rule.id, rule.title, rule.severity, rule.why, text, _evidence(rule, w, w.steps, w.values, text))
+        return Finding(rule.id, rule.title, rule.severity, rule.why, text,
+                       _evidence(rule, w, w.steps, w.values, text, *state_args))
     return Passed(text)
 
 
@@ -281,7 +297,15 @@ def trend(rule: Rule, ctx: Context) -> Outcome:
         rule_text = f"rule: late <= {_fmt(ratio)} x early, early >= {_fmt(float(p.get('min_early', 0.0)))}"
     text = f"{text}; {rule_text}"
     if fires:
-        return Finding(rule.id, rule.title, rule.severity, rule.why, text, _evidence(rule, w, w.steps, w.values, text))
+        # a step is outside where it is past the level the rule compares the late mean with
+        if p["direction"] == "rising":
+            level = max(ratio * early, float(p.get("min_late", 0.0)))
+            state_args = (w.values >= level, True, level)
+        else:
+            level = ratio * early
+            state_args = (w.values <= level, False, level)
+        return Finding(rule.id, rule.title, rule.severity, rule.why, text,
+                       _evidence(rule, w, w.steps, w.values, text, *state_args))
     return Passed(text)
 
 

@@ -12,10 +12,12 @@ A finding is identified by its ``rule`` plus ``evidence.cause`` (``rollout_misma
 finding per cause; other rules have none). Between two evaluations an identity
 
 - ``fired``: holds now and did not before;
-- ``changed``: holds in both, and its severity differs from the one last reported, or its
-  ``evidence.confidence`` moved by at least :data:`CONFIDENCE_STEP` from the one last reported;
+- ``changed``: holds in both, and its severity or its trend state (``evidence.state``:
+  ongoing, resolved, worsening, improving; :mod:`rldiag.doctor.state`) differs from the one last
+  reported, or its ``evidence.confidence`` moved by at least :data:`CONFIDENCE_STEP` from the one last reported;
   its counterfactual arriving (:meth:`LiveDoctor.attach_counterfactual`) is a change too. The
   message is not compared: a threshold rule's message counts steps and changes every step;
+  a ``resolved`` finding still holds (its rule still fires): a change, never a clear;
 - ``cleared``: held before and not now (passed, or not evaluated any more); its ``step`` is the
   first evaluated step at which it no longer holds, its finding the last one that held.
 """
@@ -219,7 +221,7 @@ class LiveDoctor:
 
 
 def _changed(before: Finding, now: Finding) -> bool:
-    if before.severity != now.severity:
+    if before.severity != now.severity or before.evidence.state != now.evidence.state:
         return True
     a, b = before.evidence.confidence, now.evidence.confidence
     if (a is None) != (b is None):

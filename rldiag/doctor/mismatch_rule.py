@@ -8,18 +8,28 @@ steps it holds on (with their per-step confidence), the deciding statistic with 
 ``trend`` (of ``rldiag/mismatch/gap_std``, the gap's spread, over the run) and ``details``: the
 run-level statistics, the sampling settings and whether they predict the cause, the example
 tokens. ``precision`` at bf16's level is severity ``info``.
+
+Its trend state (:mod:`rldiag.doctor.state`) reads the cause's per-step confidence against
+:data:`~rldiag.analysis.mismatch.STEP_FOUND` (resolved: the cause no longer holds at the last
+steps) and, while it holds, whether the gap's spread grows or shrinks (worsening, improving). Its
+remedy is written for the run's settings (:mod:`rldiag.doctor.remedies`), and a cause another
+implies is kept inside that one's evidence (``details["implies"]``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from rldiag.analysis.mismatch import PREFIX, diagnose_mismatch
+from rldiag.analysis.mismatch import PREFIX, STEP_FOUND, diagnose_mismatch, step_confidences
 from rldiag.analysis.mismatch_run import add_examples
 from rldiag.doctor.evaluators import RULE_KINDS, Context, Evidence, Finding, Outcome, Passed, Skip, trend_stats
+from rldiag.doctor.remedies import CORRECTION_METRICS, fold_implied, mismatch_remedy
 from rldiag.doctor.rule import Rule
+from rldiag.doctor.state import sparkline, trend_state
 from rldiag.engine.mismatch import LAG_STATS, STATS
 
 
@@ -46,7 +56,18 @@ def _stats(ctx: Context) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
 
 
 def _reads(rule: Rule) -> set[str]:
-    return {PREFIX + name for name in ("tokens", *STATS, *LAG_STATS)}
+    return {PREFIX + name for name in ("tokens", *STATS, *LAG_STATS)} | set(CORRECTION_METRICS)
+
+
+def _window_mean(ctx: Context) -> Callable[[str], float]:
+    """``mean(metric)``: a metric's mean over the steps it has a finite value (NaN: none)."""
+    def mean(metric: str) -> float:
+        s = ctx.series(metric, "any")
+        if s is None:
+            return math.nan
+        v = s.values[np.isfinite(s.values)]
+        return float(v.mean()) if len(v) else math.nan
+    return mean
 
 
 @RULE_KINDS.register("mismatch", params=("min_confidence",), check=_check, min_steps=1, reads=_reads)
@@ -70,14 +91,32 @@ def mismatch_rule(rule: Rule, ctx: Context) -> Outcome:
     keep = np.isfinite(std)
     trend = trend_stats(steps[keep], std[keep]) if keep.any() else {}  # the gap's spread over the run
     findings: list[Finding] = []
+    per_step = step_confidences(stats)
+    mean = _window_mean(ctx)
     for c in causes:
+        # the remedy for this run: what its settings already do, the exact keys, the values the data imply
+        c.remedy = mismatch_remedy(c.cause, ctx.settings, stats, mean, c.remedy)
         details: dict[str, Any] = {"statistics": c.details, "config": c.config, "examples": c.examples,
-                                   "remedy": c.remedy, "notes": diag.notes}
-        if c.implied:  # the causes it masks, reported inside its evidence
+                                   "remedy": c.remedy, "notes": diag.notes, "trend_metric": PREFIX + "gap_std"}
+        if c.implied:  # the causes it masks (the classifier's IMPLIED_BY), reported inside its evidence
             details["implied"] = c.implied
+            details["implies"] = [{"cause": i["cause"], "confidence": i["confidence"], "message": i["what"],
+                                   "statistic": None} for i in c.implied]
+        implied_by = getattr(c, "implied_by", None)  # a cause another implies: folded into that one
+        if implied_by is not None:
+            details["implied_by"] = implied_by
         ev = Evidence(metric=PREFIX + "*", source="recomputed", window=window, steps=c.steps, values=c.values,
                       statistic=c.statistic, settings={f"actor_rollout_ref.rollout.{k}": v
                                                        for k, v in c.config.get("settings", {}).items()},
                       trend=trend, cause=c.cause, confidence=c.confidence, details=details)
+        # the trend state of the cause's per-step confidence (a step holds at STEP_FOUND, as listed)
+        conf = np.nan_to_num(per_step[c.cause])
+        held = conf >= STEP_FOUND
+        ev.state, ev.state_since = trend_state(steps, conf, held, True, STEP_FOUND)
+        if ev.state != "resolved" and keep.all():  # still holding: whether the gap's spread grows or shrinks
+            moving = trend_state(steps, std, held, True)
+            if moving[0] in ("worsening", "improving"):
+                ev.state, ev.state_since = moving
+        ev.sparkline = sparkline(steps, conf, STEP_FOUND, "above", f"{c.cause} confidence")
         findings.append(Finding(rule.id, f"{rule.title}: {c.cause}", c.severity, rule.why, c.message, ev, remedy=c.remedy))
-    return findings
+    return fold_implied(findings)

@@ -168,3 +168,17 @@ def load_rules(extra: Iterable[str | Path] = (), builtin: bool = True) -> list[R
         if enabled:
             rules.append(_build(raw, origins[rid]))
     return rules
+
+
+def metric_limits(rules: Iterable[Rule] | None = None) -> dict[str, dict[str, Any]]:
+    """The healthy side of each metric a threshold rule judges step by step, for anything else
+    that quotes a healthy band (the Step page's checklist): ``metric -> {"rule", "above", "below",
+    "abs", "title"}`` (the first rule of a metric; ``above`` / ``below`` None when the rule has
+    no such bound). ``rules``: default the built-in ones."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in load_rules(()) if rules is None else rules:
+        if r.kind != "threshold" or r.metric is None or r.metric in out:
+            continue
+        out[r.metric] = {"rule": r.id, "above": r.params.get("above"), "below": r.params.get("below"),
+                         "abs": bool(r.params.get("abs")), "title": r.title}
+    return out

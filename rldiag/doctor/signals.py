@@ -144,6 +144,12 @@ class SignalTable:
         return s
 
     @property
+    def first_step(self) -> int | None:
+        """The first step given by either source (None: none yet)."""
+        firsts = [int(c.steps[0]) for c in self._steps.values() if c.n]
+        return min(firsts) if firsts else None
+
+    @property
     def logged_steps(self) -> int:
         return self._steps["logged"].n
 

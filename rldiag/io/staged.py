@@ -154,6 +154,14 @@ class StagedWriter:
         except OSError as exc:
             raise OutputError(f"cannot stage {src} as {self.target / rel}: {exc}") from exc
 
+    def link_file(self, rel: str, src: Path) -> None:
+        """The local file ``src`` as ``rel``, hard-linked where the filesystem allows, else copied
+        (a file of another directory kept unchanged)."""
+        try:
+            _link_or_copy(src, self.local_path(rel))
+        except OSError as exc:
+            raise OutputError(f"cannot stage {src} as {self.target / rel}: {exc}") from exc
+
     def add_tree(self, rel: str, src: Path) -> None:
         """Every file under the local directory ``src``, as the same names under ``rel``."""
         for f in sorted(Path(src).rglob("*")):

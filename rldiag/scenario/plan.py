@@ -34,8 +34,8 @@ from rldiag.io.run_layout import RunLayout, ScenarioLayout
 from rldiag.io.rundir import RunDir, StepFile
 from rldiag.version import __version__
 
-__all__ = ["Previous", "check_name", "check_settings", "chunk_ids", "known_inputs", "plan_steps", "previous",
-           "reusable_steps"]
+__all__ = ["Previous", "check_name", "check_settings", "chunk_ids", "equal_scenario", "known_inputs", "plan_steps",
+           "previous", "reusable_steps"]
 
 
 def check_settings(settings: Settings) -> None:
@@ -74,6 +74,10 @@ class Previous:
     row_steps: set[int] = field(default_factory=set)  # steps with a per-row file
     reusable: bool = False
     known: dict[str, dict] = field(default_factory=dict)  # input records by file, any scenario
+    # another scenario of the run equal by resolved settings (whatever its name), whose files a
+    # reused step is copied or hard-linked from (None: the scenario's own last write)
+    reused_from: str | None = None
+    source: ScenarioLayout | None = None
 
     def may_reuse(self, step: int, save_tokens: bool) -> bool:
         """Step ``step``'s results may be reused, should its batch file be unchanged (the
@@ -116,6 +120,48 @@ def previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens:
     has them (default: :func:`known_inputs`)."""
     target = target or RunLayout(run).scenario(name)
     known = known_inputs(run, name) if known is None else known
+    own = _previous_at(target, settings, save_tokens, known)
+    if own.reusable and own.metrics:
+        return own
+    other = equal_scenario(run, name, settings, save_tokens, exclude=target)
+    if other is None:
+        return own
+    found = _previous_at(RunLayout(run).scenario(other), settings, save_tokens, known)
+    if not found.reusable:
+        return own
+    found.reused_from, found.source = other, RunLayout(run).scenario(other)
+    return found
+
+
+def equal_scenario(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool,
+                   exclude: ScenarioLayout | None = None) -> str | None:
+    """Another complete scenario of the (local) run whose resolved settings equal ``settings``
+    (written by this rldiag version, with per-token files when ``save_tokens``): the one with the
+    most steps done, None when there is none. Its steps are then reused whatever its name."""
+    if is_remote(run) or is_adaptive(settings):
+        return None
+    want = json.loads(json.dumps(json_safe(settings.resolved())))
+    layout = RunLayout(run)
+    best: tuple[int, str] | None = None
+    for other in list_scenarios(run):
+        sl = layout.scenario(other)
+        if other == name or (exclude is not None and sl.dir == exclude.dir):
+            continue
+        try:
+            meta = json.loads(sl.meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if (meta.get("rldiag_version") != __version__ or meta.get("settings") != want
+                or (save_tokens and not meta.get("save_tokens"))):
+            continue
+        done = len(meta.get("steps_done", []))
+        if best is None or done > best[0]:
+            best = (done, other)
+    return None if best is None else best[1]
+
+
+def _previous_at(target: ScenarioLayout, settings: Settings, save_tokens: bool, known: dict[str, dict]) -> Previous:
+    """What the scenario written at ``target`` left for reuse under ``settings``."""
     if not target.meta.is_file():
         return Previous(known=known)
     try:

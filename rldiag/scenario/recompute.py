@@ -17,7 +17,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from rldiag.config.settings import resolve_settings, scenario_slug
+from rldiag.config.settings import resolve_settings, scenario_slug, unchanged_overrides, unchanged_warning
 from rldiag.errors import ConfigError, RunDirError
 from rldiag.executors import Executor, get_executor
 from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, DEFAULT_PACK_TOKENS, Job
@@ -87,7 +87,8 @@ def recompute(
         plan = plan_steps(rd, files, chosen, job, prev, chunk_steps)
         if sample is not None:
             plan.logged_kl = sample.logged_kl
-        report = ScenarioReport(name=name, path=target.dir, settings=settings, device=dev, executor=ex.name)
+        report = ScenarioReport(name=name, path=target.dir, settings=settings, device=dev, executor=ex.name,
+                                warnings=override_warnings(rd, overrides))
         with ScenarioWriter(target, report, prev, overrides, save_tokens) as writer:
             with closing(ex.run(plan)) as outcomes:
                 for i, out in enumerate(outcomes, 1):
@@ -100,6 +101,15 @@ def recompute(
         if owned:
             ex.close()
     return report
+
+
+def override_warnings(rd: RunDir, overrides: Mapping[str, Any]) -> list[str]:
+    """A warning when some overrides set a key to the run's own value (the what-if changes
+    nothing there; :func:`rldiag.config.settings.unchanged_overrides`)."""
+    if not overrides:
+        return []
+    same = unchanged_overrides(resolve_settings(rd.path, {}), overrides)
+    return [unchanged_warning(same, len(same) == len(overrides))] if same else []
 
 
 def follow(

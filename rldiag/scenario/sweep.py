@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from rldiag.config.settings import Settings, resolve_settings, scenario_slug
+from rldiag.config.settings import Settings, resolve_settings, scenario_slug, unchanged_overrides, unchanged_warning
 from rldiag.errors import ConfigError, DiskSpaceError
 from rldiag.io.fs import RemotePath, is_remote
 from rldiag.io.outputs import TOKEN_OUTPUTS, json_safe, metrics_table
@@ -155,6 +155,9 @@ class SweepReport:
     device: str = "cpu"
     executor: str = "local"
     notes: list[str] = field(default_factory=list)
+    #: the scenario whose resolved settings are the run's own (None: the grid has none); marked
+    #: in the tables and figures, their colour scales centred on its value
+    own: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -322,7 +325,7 @@ def sweep(
     chosen = parse_steps(steps, sorted(files))
     if save_tokens and not is_remote(rd.path):
         _check_disk(rd, [files[s] for s in chosen], len(scenarios), disk_usage)
-    notes: list[str] = []
+    notes = own_value_notes(rd, g, fixed)
     if executor == "local" or executor is None:
         dev, ex_name = _run_local(rd, scenarios, files, chosen, save_tokens, reuse, device, progress, pack_tokens,
                                   chunk_steps, hooks, name)
@@ -332,6 +335,27 @@ def sweep(
         notes.append(f"executor {ex_name}: each scenario recomputed on its own (its step files read once per "
                      "scenario, no stage shared)")
     return _write_sweep(rd, name, g, fixed, scenarios, chosen, save_tokens, dev, ex_name, notes, t0)
+
+
+def own_value_notes(rd: RunDir, grid: dict[str, list[Any]], fixed: dict[str, Any]) -> list[str]:
+    """A note for each swept value and fixed override equal to the run's own value
+    (:func:`rldiag.config.settings.unchanged_overrides`): that what-if changes nothing there."""
+    base = resolve_settings(rd.path, {})
+    notes = []
+    same = unchanged_overrides(base, fixed)
+    if same:
+        notes.append(f"--set {unchanged_warning(same, False)}: every scenario keeps it")
+    for key, values in grid.items():
+        for v in values:
+            if unchanged_overrides(base, {key: v}):
+                notes.append(f"{key}={yaml_text(v)} is the run's own value")
+    return notes
+
+
+def own_scenario(rd: RunDir, scenarios: list[_Scenario]) -> str | None:
+    """The scenario whose resolved settings are the run's own (None: none is)."""
+    want = resolve_settings(rd.path, {}).resolved()
+    return next((sc.name for sc in scenarios if sc.settings.resolved() == want), None)
 
 
 def _run_local(rd: RunDir, scenarios: list[_Scenario], files: dict, chosen: list[int], save_tokens: bool, reuse: bool,
@@ -414,6 +438,9 @@ def _write_sweep(rd: RunDir, name: str, grid: dict[str, list[Any]], fixed: dict[
     table = _summary(scenarios, grid)
     seconds = time.perf_counter() - t0
     reports = {sc.name: sc.report for sc in scenarios if sc.report is not None}
+    own = own_scenario(rd, scenarios)
+    if own is not None:
+        notes.append(f"scenario {own} has the run's own settings (marked *)")
     meta = {
         "name": name,
         "grid": grid,
@@ -427,6 +454,7 @@ def _write_sweep(rd: RunDir, name: str, grid: dict[str, list[Any]], fixed: dict[
         "executor": executor,
         "rldiag_version": __version__,
         "notes": notes,
+        "own": own,
         "steps_failed": {n: {str(k): v for k, v in sorted(r.steps_failed.items())} for n, r in reports.items()
                          if r.steps_failed},
     }
@@ -441,6 +469,6 @@ def _write_sweep(rd: RunDir, name: str, grid: dict[str, list[Any]], fixed: dict[
         steps_done={n: list(r.steps_done) for n, r in reports.items()},
         steps_failed={n: dict(r.steps_failed) for n, r in reports.items()},
         steps_reused={n: sorted(r.steps_reused) for n, r in reports.items()},
-        steps=chosen, seconds=seconds, device=device, executor=executor, notes=notes,
+        steps=chosen, seconds=seconds, device=device, executor=executor, notes=notes, own=own,
     )
 

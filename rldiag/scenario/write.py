@@ -46,6 +46,10 @@ class ScenarioReport:
     seconds: float = 0.0
     rows: int = 0
     tokens: int = 0
+    # the scenario of another name, equal by resolved settings, whose steps were reused (None: none)
+    reused_from: str | None = None
+    # what the caller should hear before the numbers: overrides equal to the run's own values
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -93,9 +97,13 @@ class ScenarioWriter:
         if out.status == "reused":
             row = dict(self.prev.metrics[out.step])
             report.metrics.append({k: v for k, v in row.items() if v is not None or k == "step"})
-            if self.save_tokens:
-                staged.keep(tokens_rel)
-            staged.keep(rows_rel)
+            for rel in (tokens_rel, rows_rel) if self.save_tokens else (rows_rel,):
+                if self.prev.source is None:
+                    staged.keep(rel)
+                else:  # an equal scenario of another name: its file, hard-linked or copied
+                    src = self.prev.source.dir / rel
+                    assert isinstance(src, Path)  # an equal scenario is looked for on local runs only
+                    staged.link_file(rel, src)
             report.steps_reused.append(out.step)
         else:
             assert out.metrics is not None  # a computed step has its metrics row
@@ -148,6 +156,8 @@ class ScenarioWriter:
             "rows": report.rows,
             "tokens": report.tokens,
         }
+        if self.prev.reused_from is not None and report.steps_reused:
+            meta["reused_from"] = report.reused_from = self.prev.reused_from
         if settings.config_file:
             meta["config_sha256"] = sha256_file(as_path(settings.config_file))
         return meta

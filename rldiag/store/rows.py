@@ -345,21 +345,25 @@ def query_rows(run: Any, where: str | None = None, sort: str | None = None, limi
     ``sort`` order (a column, ``-`` before it for descending; then step, row), ``limit`` of them
     (None: all) from ``offset``. ``preview``: a ``response`` column of the page's rows with
     the first ``preview`` characters of their response text (null without text)."""
-    if limit is not None and (int(limit) < 0):
-        raise QueryError(f"limit must be >= 0, not {limit}")
-    if int(offset) < 0:
-        raise QueryError(f"offset must be >= 0, not {offset}")
+    page = _page(limit, offset)
     q = _source(run, scenario, other)
     with Db(served_dirs(q.run)) as db, db.cursor() as con:
         names, other_cols, params = _schema(con, q)
         cond, params = _where(con, q, names, params, where, search)
-        page = f" LIMIT {int(limit)}" if limit is not None else ""
-        page += f" OFFSET {int(offset)}" if offset else ""
         sql = f"WITH {_relation_sql(q, other_cols)} SELECT * FROM r {cond} {_order(sort, names)}{page}"
         table = _table(con, sql, params, f"where {where!r}" if where else f"scenario {scenario!r}")
         if preview > 0:
             table = _with_preview(con, q.run, table, int(preview))
     return table
+
+
+def _page(limit: int | None, offset: int) -> str:
+    """`` LIMIT n OFFSET k`` (checked: neither negative)."""
+    if limit is not None and int(limit) < 0:
+        raise QueryError(f"limit must be >= 0, not {limit}")
+    if int(offset) < 0:
+        raise QueryError(f"offset must be >= 0, not {offset}")
+    return (f" LIMIT {int(limit)}" if limit is not None else "") + (f" OFFSET {int(offset)}" if offset else "")
 
 
 def count_rows(run: Any, where: str | None = None, scenario: str = "baseline", search: str | None = None, *,
@@ -387,3 +391,103 @@ def _with_preview(con: duckdb.DuckDBPyConnection, run: Path, table: pa.Table, ch
            f"FROM page LEFT JOIN ({texts.sql}) t USING (step, row) ORDER BY page.i")
     got = _table(con, sql, {**texts.params, "chars": chars}, "the response text")
     return table.append_column(PREVIEW_COLUMN, got["text"].cast(pa.string()))
+
+
+# ---- groups ------------------------------------------------------------------------------------
+
+#: ``group_by`` -> the key columns: a uid's rows are one prompt group of one step
+GROUP_KEYS = {"uid": ("step", "uid"), "step": ("step",), "data_source": ("data_source",)}
+#: per-row counts, summed over a group (``<col>_sum``; the plain name sorts by the sum); every other
+#: numeric column is averaged (``<col>_mean``)
+COUNT_COLUMNS = ("length", "actor_tokens", "turns", "clipped_tokens")
+#: the column of the number of rows in a group
+ROWS_COLUMN = "rows"
+
+
+def _group_select(names: Sequence[str], numeric: dict[str, str], by: str
+                  ) -> tuple[tuple[str, ...], list[str], list[str]]:
+    """(the keys, the SELECT items, the output columns) of the groups of ``by`` (``numeric``: the
+    table's numeric columns and their DuckDB types)."""
+    if by not in GROUP_KEYS:
+        raise QueryError(f"group by {by!r}: choose one of {', '.join(GROUP_KEYS)}")
+    keys = GROUP_KEYS[by]
+    missing = [k for k in keys if k not in names]
+    if missing:
+        raise QueryError(f"group by {by!r}: the per-row table has no column {', '.join(map(repr, missing))} "
+                         f"(the batch files do not carry it); columns: {', '.join(names)}")
+    items = [_ident(k) for k in keys] + [f"count(*) AS {ROWS_COLUMN}", "min(row) AS first_row"]
+    out = [*keys, ROWS_COLUMN, "first_row"]
+    for n in [n for n in names if n not in keys and n not in ("step", "row") and n in numeric]:
+        if n in COUNT_COLUMNS:  # a sum keeps its column's kind (DuckDB widens an integer sum to a decimal)
+            kind = "DOUBLE" if numeric[n] in ("DOUBLE", "FLOAT", "REAL") else "BIGINT"
+            items.append(f"CAST(sum({_ident(n)}) AS {kind}) AS {_ident(n + '_sum')}")
+            suffix = "_sum"
+        else:
+            items.append(f"avg({_ident(n)}) AS {_ident(n + '_mean')}")
+            suffix = "_mean"
+        out.append(n + suffix)
+    return keys, items, out
+
+
+def _group_order(sort: str | None, keys: Sequence[str], out: Sequence[str]) -> str:
+    """``ORDER BY``: a group column, or a per-row column's name for its sum (a count) or mean."""
+    tie = ", ".join(_ident(k) for k in keys)
+    if not sort or not sort.strip():
+        return f"ORDER BY {tie}"
+    key = sort.strip()
+    desc = key.startswith("-")
+    key = key[1:].strip() if desc else key
+    match = next((c for c in out if c == key), None) or next(
+        (c for c in (key + "_sum", key + "_mean") if c in out), None)
+    if match is None:
+        raise QueryError(f"sort: no group column {key!r}{_did_you_mean(key, list(out))}; columns: {', '.join(out)}")
+    return f"ORDER BY {_ident(match)} {'DESC' if desc else 'ASC'} NULLS LAST, {tie}"
+
+
+def query_groups(run: Any, by: str, where: str | None = None, sort: str | None = None, limit: int | None = 50,
+                 offset: int = 0, scenario: str = "baseline", search: str | None = None, *,
+                 preview: int = 0) -> pa.Table:
+    """The scenario's rows matching ``where`` and ``search``, grouped ``by`` (:data:`GROUP_KEYS`):
+    per group its keys, ``rows``, ``first_row`` (its first row), each count of
+    :data:`COUNT_COLUMNS` summed (``<col>_sum``) and every other numeric column averaged
+    (``<col>_mean``: a share for a 0/1 column), in ``sort`` order (a group column, or a per-row
+    column's name: its sum or mean; ``-`` for descending; then the keys), ``limit`` groups from
+    ``offset``. ``preview``: a ``response`` column, the first row's response text (``step`` groups
+    and ``uid`` groups: the step's; ``data_source`` groups have no single step: null)."""
+    page = _page(limit, offset)
+    q = _source(run, scenario, None)
+    with Db(served_dirs(q.run)) as db, db.cursor() as con:
+        names, _, params = _schema(con, q)
+        types = _run(con, f"DESCRIBE WITH {_relation_sql(q, [])} SELECT * FROM r", params, "the per-row tables").fetchall()
+        numeric = {r[0]: str(r[1]).upper() for r in types if str(r[1]).upper() in _NUMERIC_TYPES}
+        keys, items, out = _group_select(names, numeric, by)
+        cond, params = _where(con, q, names, params, where, search)
+        sql = (f"WITH {_relation_sql(q, [])} SELECT {', '.join(items)} FROM r {cond} "
+               f"GROUP BY {', '.join(_ident(k) for k in keys)} {_group_order(sort, keys, out)}{page}")
+        table = _table(con, sql, params, f"group by {by!r}")
+        if preview > 0:
+            if "step" in keys:
+                rows = table.select(["step", "first_row"]).rename_columns(["step", "row"])
+                texts = _with_preview(con, q.run, rows, int(preview))[PREVIEW_COLUMN]
+            else:
+                texts = pa.nulls(table.num_rows, pa.string())
+            table = table.append_column(PREVIEW_COLUMN, texts)
+    return table
+
+
+def count_groups(run: Any, by: str, where: str | None = None, scenario: str = "baseline",
+                 search: str | None = None) -> int:
+    """How many groups :func:`query_groups` gives with the same ``by``, ``where`` and ``search``."""
+    q = _source(run, scenario, None)
+    with Db(served_dirs(q.run)) as db, db.cursor() as con:
+        names, _, params = _schema(con, q)
+        keys = _group_select(names, {}, by)[0]
+        cond, params = _where(con, q, names, params, where, search)
+        sql = (f"WITH {_relation_sql(q, [])} SELECT count(*) FROM (SELECT 1 FROM r {cond} "
+               f"GROUP BY {', '.join(_ident(k) for k in keys)})")
+        got = _run(con, sql, params, f"group by {by!r}").fetchone()
+        return int(got[0]) if got else 0
+
+
+_NUMERIC_TYPES = frozenset({"BIGINT", "INTEGER", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT", "REAL", "HUGEINT",
+                            "UBIGINT", "UINTEGER", "BOOLEAN", "DECIMAL"})

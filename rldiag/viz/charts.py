@@ -15,6 +15,8 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from rldiag.viz.colours import DIVERGING, QUANTITIES
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -155,14 +157,10 @@ def mask_spans(mask: list[int], value: int = 0) -> list[tuple[int, int]]:
     return spans
 
 
-#: strip name -> (label, colour scale, centre of the scale or None)
-STRIPS = {
-    "advantages": ("advantage", "RdBu", 0.0),
-    "ratio": ("ratio π/π_old", "PiYG", 1.0),
-    "rollout_is_weights": ("IS weight", "PuOr", 1.0),
-    "token_level_rewards": ("reward", "RdBu", 0.0),
-    "ref_kl": ("ref KL", "RdBu_r", 0.0),  # per-token KL can be negative (k1); the span comes from the row
-}
+#: strip name -> (label, colour scale, centre of the scale): the app's one convention for each
+#: quantity (:mod:`rldiag.viz.colours`: blue above the neutral value, red below), in the strips' order
+STRIPS = {k: (QUANTITIES[k][0], DIVERGING, QUANTITIES[k][1])
+          for k in ("advantages", "ratio", "rollout_is_weights", "token_level_rewards", "ref_kl")}
 
 
 def heat_strip(tokens: dict[str, list]) -> go.Figure:

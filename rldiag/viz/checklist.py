@@ -9,7 +9,9 @@ REINFORCE++ credit cut by mask-0 spans, and only then ratio / clip fraction / lo
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rldiag.store import StepFacts
 
@@ -29,9 +31,9 @@ FLAT_WARN = 0.5
 REWARD_CHANGE_WARN = 0.5
 #: share of positive advantages outside [LOW, 1 - LOW] is one-sided
 ONE_SIDED = 0.05
-#: the usual healthy bands: pg_clipfrac usually 0.1-0.3, ppo_kl usually < 0.1
-CLIPFRAC_HIGH = 0.3
-PPO_KL_HIGH = 0.1
+#: the metrics check 8 judges against the doctor's rules (their healthy side: ``rldiag.api.rule_limits()``,
+#: the one source of every healthy band the app quotes; the checklist has no numbers of its own)
+JUDGED = ("actor/pg_clipfrac", "actor/ppo_kl")
 
 
 @dataclass(frozen=True)
@@ -174,11 +176,32 @@ def check_reset(f: StepFacts, estimator: str) -> Check:
     return Check(7, t, OK, "No mask-0 span before an actor token: the final reward reaches every token.")
 
 
-def check_ratio(f: StepFacts, at_step: dict[str, dict[str, float | None]]) -> Check:
-    """``at_step``: source (logged / scenario) -> metric -> value at this step."""
+def outside(value: float | None, limit: Mapping[str, Any]) -> bool:
+    """Whether ``value`` is on the unhealthy side of a rule's ``limit`` (``rldiag.api.rule_limits()``)."""
+    if value is None or not math.isfinite(value):
+        return False
+    v = abs(value) if limit.get("abs") else value
+    return (limit.get("above") is not None and v > limit["above"]) or (limit.get("below") is not None and v < limit["below"])
+
+
+def limit_text(metric: str, limit: Mapping[str, Any]) -> str:
+    """``pg_clipfrac above 0.3 (rule clipfrac_high)``."""
+    name = metric.split("/")[-1]
+    name = f"|{name}|" if limit.get("abs") else name
+    sides = [f"above {limit['above']:g}" if limit.get("above") is not None else "",
+             f"below {limit['below']:g}" if limit.get("below") is not None else ""]
+    return f"{name} {' or '.join(s for s in sides if s)} (rule {limit['rule']})"
+
+
+def check_ratio(f: StepFacts, at_step: dict[str, dict[str, float | None]],
+                limits: Mapping[str, Mapping[str, Any]] | None = None) -> Check:
+    """``at_step``: source (logged / scenario) -> metric -> value at this step; ``limits``: the
+    doctor's rules' healthy sides (``rldiag.api.rule_limits()``; None: nothing judged)."""
     t = "Only then: PPO ratio, clip fraction, loss"
     parts = []
     status = INFO
+    judged = {m: (limits or {})[m] for m in JUDGED if m in (limits or {})}
+    hit: list[str] = []
     if f.ratio_tokens:
         parts.append(f"ratio over {f.ratio_tokens} actor tokens: mean {_g(f.ratio_mean)}, "
                      f"range [{_g(f.ratio_min)}, {_g(f.ratio_max)}]")
@@ -186,13 +209,13 @@ def check_ratio(f: StepFacts, at_step: dict[str, dict[str, float | None]]) -> Ch
         shown = ", ".join(f"{k.split('/')[-1]} {_g(v)}" for k, v in values.items() if v is not None)
         if shown:
             parts.append(f"{source}: {shown}")
-        clip = values.get("actor/pg_clipfrac")
-        kl = values.get("actor/ppo_kl")
-        if (clip is not None and clip > CLIPFRAC_HIGH) or (kl is not None and abs(kl) > PPO_KL_HIGH):
-            status = WARN
+        for metric, limit in judged.items():
+            if outside(values.get(metric), limit) and limit_text(metric, limit) not in hit:
+                status = WARN
+                hit.append(limit_text(metric, limit))
     if not parts:
         return Check(8, t, NA, "No ratio or actor metrics for this step (needs log_probs and old_log_probs).")
-    tail = " Clip fraction above 0.3 or PPO KL above 0.1: the update moves the policy a lot." if status == WARN else ""
+    tail = f" {'; '.join(hit)}: the update moves the policy a lot." if hit else ""
     return Check(8, t, status, "; ".join(parts) + "." + tail + " Problems before the advantages are not fixed by "
                                                            "tuning the clip ratio.")
 
@@ -202,8 +225,9 @@ def evaluate(
     estimator: str,
     rollout_n: int | None = None,
     at_step: dict[str, dict[str, float | None]] | None = None,
+    limits: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Check]:
-    """The eight checks, in order."""
+    """The eight checks, in order; ``limits``: the doctor's healthy sides (``rldiag.api.rule_limits()``)."""
     return [
         check_scores(facts),
         check_rewards(facts),
@@ -212,7 +236,7 @@ def evaluate(
         check_flat_groups(facts, estimator),
         check_advantages(facts),
         check_reset(facts, estimator),
-        check_ratio(facts, at_step or {}),
+        check_ratio(facts, at_step or {}, limits),
     ]
 
 

@@ -128,10 +128,14 @@ def metric_panel(frame: pl.DataFrame, metric: str, sources: Mapping[str, str], s
         "yAxis": _y_axis(log_y, y_range),
         "series": series,
     }
+    # ECharts' own export: PNG (SVG with the svg renderer the pages use), named after the metric
+    save = {"saveAsImage": {"title": "Save as image", "name": metric.replace("/", "_"), "pixelRatio": 2}}
+    spec["toolbox"] = {"right": 8, "feature": save}
     if selectable:  # a brushed x range zooms the page to those steps (read back by panel_action)
         spec["brush"] = {"xAxisIndex": "all", "brushType": "lineX", "brushMode": "single"}
         spec["toolbox"] = {"right": 8, "feature": {"brush": {"type": ["lineX", "clear"],
-                                                             "title": {"lineX": "Zoom to steps", "clear": "Clear"}}}}
+                                                             "title": {"lineX": "Zoom to steps", "clear": "Clear"}},
+                                                   **save}}
     alt = f"{metric}: " + ("; ".join(covered) if covered else "no values in this range")
     # the description in the option itself too: ECharts then never puts its own generated one on
     # the chart, not even for the moment a panel is drawn again before Streamlit applies ``alt``

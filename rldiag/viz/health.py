@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import plotly.graph_objects as go
+
 from rldiag import api
 
 SEVERITY_ICONS = {"critical": ":red[:material/report:]", "warning": ":orange[:material/warning:]",
@@ -29,6 +31,13 @@ class FindingView:
     # the finding's counterfactual (the doctor computed it): a sentence per alternative, a row per entry
     counterfactual: list[str] = field(default_factory=list)
     counterfactual_rows: list[dict[str, Any]] = field(default_factory=list)
+    # its trend state in words ("resolved since step 16"), and its metric's series with the threshold
+    state: str = ""
+    sparkline: dict[str, Any] | None = None
+    # the alternatives not tried, or lines left out because they change nothing, and why
+    skipped: list[str] = field(default_factory=list)
+    # causes this one implies (kept inside it, not a second finding): a sentence each
+    implies: list[str] = field(default_factory=list)
 
 
 def counterfactual_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,8 +59,41 @@ def finding_views(report) -> list[FindingView]:
             steps=steps[:MAX_LINKS], more_steps=max(0, len(steps) - MAX_LINKS),
             counterfactual=api.describe_counterfactual(f.counterfactual, report.settings),
             counterfactual_rows=counterfactual_rows(f.counterfactual),
+            state=state_words(ev), sparkline=ev.sparkline,
+            skipped=list(ev.details.get("counterfactual_skipped", [])),
+            implies=[f"{i['cause']} (confidence {i['confidence']:.2f}): {i['message']}"
+                     for i in ev.details.get("implies", [])],
         ))
     return out
+
+
+def state_words(ev) -> str:
+    """``resolved since step 16``: a finding's trend state (empty without one)."""
+    if ev.state is None:
+        return ""
+    return ev.state if ev.state_since is None else f"{ev.state} since step {ev.state_since}"
+
+
+#: a finding's state, as a coloured word on the Health page
+STATE_COLOURS = {"resolved": "green", "improving": "blue", "ongoing": "orange", "worsening": "red"}
+
+
+def sparkline_figure(spark: dict[str, Any], state_since: int | None = None) -> go.Figure:
+    """The finding's metric over its window (a line) with the rule's threshold (dashed), the
+    unhealthy side shaded, and the step its state began (a dotted line); small enough for a row."""
+    fig = go.Figure(go.Scatter(x=spark["steps"], y=spark["values"], mode="lines", name=spark.get("metric") or "value",
+                               line={"width": 1.5, "color": "#4c78a8"},
+                               hovertemplate="step %{x}: %{y:.4g}<extra></extra>"))
+    thr = spark.get("threshold")
+    if thr is not None:
+        fig.add_hline(y=thr, line={"dash": "dash", "width": 1, "color": "#d62728"},
+                      annotation_text=f"threshold {thr:.3g}", annotation_position="top left",
+                      annotation_font_size=10)
+    if state_since is not None:
+        fig.add_vline(x=state_since, line={"dash": "dot", "width": 1, "color": "#7f7f7f"})
+    fig.update_layout(height=140, margin={"l": 40, "r": 10, "t": 10, "b": 25}, showlegend=False,
+                      yaxis={"tickformat": ".3~g", "nticks": 4}, xaxis={"title": None})
+    return fig
 
 
 def outcome_rows(report) -> list[dict]:

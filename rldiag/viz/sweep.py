@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from rldiag.viz.charts import source_colour
+from rldiag.viz.colours import DIVERGING
 
 #: the summary's own columns; every other column is a swept key
 SUMMARY_COLUMNS = ("scenario", "step", "metric", "value")
@@ -73,15 +74,45 @@ def _axis(texts: list[str]) -> list[Any]:
     return list(texts) if any(n is None for n in nums) else nums
 
 
-def line_figure(summary: pl.DataFrame, key: str, metric: str) -> go.Figure:
+def _own_value(points: pl.DataFrame, own: str | None) -> float | None:
+    """The mean of the run's own scenario among ``points`` (``scenario``, ``mean``), None when absent."""
+    if own is None:
+        return None
+    hit = points.filter(pl.col("scenario") == own)["mean"].to_list()
+    return float(hit[0]) if hit and hit[0] is not None and math.isfinite(hit[0]) else None
+
+
+def range_text(values: Sequence[float | None], own_value: float | None) -> str:
+    """``range 0.0411-0.0423 (2.9 % of the run's own 0.0417)``: what the figure's scale spans,
+    relative to the run's own value where there is one, so that a small spread reads as small."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "no value"
+    lo, hi = min(finite), max(finite)
+    text = f"range {lo:.4g} to {hi:.4g}"
+    if own_value is not None:
+        rel = f"{(hi - lo) / abs(own_value):.2%} of " if own_value else ""
+        text += f" ({rel}the run's own {own_value:.4g})"
+    return text
+
+
+def line_figure(summary: pl.DataFrame, key: str, metric: str, own: str | None = None) -> go.Figure:
     """The mean over the steps of ``metric`` against the values of ``key`` (a point per
-    scenario; each point's ``customdata`` is its scenario, for a click to open it)."""
+    scenario; each point's ``customdata`` is its scenario, for a click to open it); ``own``: the
+    scenario with the run's own settings, marked (a star) and named in the title with the range."""
     pts = line_points(summary, key, metric)
     fig = go.Figure(go.Scatter(x=_axis(pts["value"].to_list()), y=pts["mean"].to_list(), mode="lines+markers",
                                name=metric, customdata=pts["scenario"].to_list(), line=dict(color=source_colour(0)),
                                hovertemplate=f"{key}=%{{x}}<br>{metric}=%{{y}}<br>%{{customdata}}<extra></extra>"))
-    fig.update_layout(height=300, margin=dict(l=40, r=20, t=40, b=40), title=metric, xaxis_title=key,
-                      yaxis_title="mean over steps")
+    mine = pts.filter(pl.col("scenario") == own) if own is not None else pts.clear()
+    if mine.height:
+        fig.add_trace(go.Scatter(x=_axis(mine["value"].to_list()), y=mine["mean"].to_list(), mode="markers",
+                                 name="the run's own settings", customdata=mine["scenario"].to_list(),
+                                 marker=dict(symbol="star", size=14, color=source_colour(1)),
+                                 hovertemplate="the run's own settings<br>%{y}<extra></extra>"))
+    title = f"{metric}<br><sup>{range_text(pts['mean'].to_list(), _own_value(pts, own))}</sup>"
+    fig.update_layout(height=300, margin=dict(l=40, r=20, t=50, b=40), title=title, xaxis_title=key,
+                      yaxis_title="mean over steps", showlegend=False, yaxis=dict(tickformat=".3~g", nticks=5))
     return fig
 
 
@@ -103,15 +134,29 @@ def heatmap_cells(summary: pl.DataFrame, keys: Sequence[str], metric: str
     return x, y, z, names
 
 
-def heatmap_figure(summary: pl.DataFrame, keys: Sequence[str], metric: str) -> go.Figure:
+def heatmap_figure(summary: pl.DataFrame, keys: Sequence[str], metric: str, own: str | None = None) -> go.Figure:
     """The mean over the steps of ``metric`` for each pair of values of two keys (x the first,
-    y the second); each cell's ``customdata`` is its scenario."""
+    y the second); each cell's ``customdata`` is its scenario. With ``own`` (the scenario with
+    the run's own settings) in the grid, the scale is the app's diverging one (:mod:`.colours`)
+    centred on its value, blue above and red below, symmetric about it, and its cell is outlined;
+    the title prints the range relative to it. Without, a sequential scale over the range."""
     x, y, z, names = heatmap_cells(summary, keys, metric)
+    flat = [v for row in z for v in row]
+    cells = [(i, j) for i, row in enumerate(names) for j, n in enumerate(row) if own is not None and n == own]
+    centre = z[cells[0][0]][cells[0][1]] if cells else None
+    kw: dict[str, Any] = {"colorscale": "Viridis"}
+    if centre is not None and math.isfinite(centre):
+        span = max((abs(v - centre) for v in flat if v is not None and math.isfinite(v)), default=0.0) or 1.0
+        kw = {"colorscale": DIVERGING, "zmid": centre, "zmin": centre - span, "zmax": centre + span}
     fig = go.Figure(go.Heatmap(x=[str(v) for v in x], y=[str(v) for v in y], z=z, customdata=names,
-                               colorscale="Viridis", texttemplate="%{z:.3g}",
+                               texttemplate="%{z:.3g}", colorbar=dict(tickformat=".3~g", nticks=5),
                                hovertemplate=f"{keys[0]}=%{{x}}<br>{keys[1]}=%{{y}}<br>{metric}=%{{z}}"
-                                             "<br>%{customdata}<extra></extra>"))
-    fig.update_layout(height=320, margin=dict(l=60, r=20, t=40, b=40), title=metric, xaxis_title=keys[0],
+                                             "<br>%{customdata}<extra></extra>", **kw))
+    for i, j in cells:  # the run's own cell, outlined
+        fig.add_shape(type="rect", xref="x", yref="y", x0=j - 0.5, x1=j + 0.5, y0=i - 0.5, y1=i + 0.5,
+                      line=dict(color="black", width=3), name="the run's own settings")
+    title = f"{metric}<br><sup>{range_text(flat, centre)}</sup>"
+    fig.update_layout(height=340, margin=dict(l=60, r=20, t=50, b=40), title=title, xaxis_title=keys[0],
                       yaxis_title=keys[1], xaxis_type="category", yaxis_type="category")
     return fig
 
@@ -168,3 +213,9 @@ def sweepable_keys() -> list[str]:
 
 def scenario_count(grid: dict[str, list[Any]]) -> int:
     return math.prod(len(v) for v in grid.values()) if grid else 0
+
+
+def mark_own(frame: pl.DataFrame, own: str | None) -> pl.DataFrame:
+    """``frame`` (a ``scenario`` column) with a first column ``own``: ``*`` on the run's own scenario."""
+    return frame.select(pl.when(pl.col("scenario") == (own or "")).then(pl.lit("*")).otherwise(pl.lit(""))
+                        .alias("own"), pl.all())

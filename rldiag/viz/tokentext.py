@@ -11,22 +11,11 @@ import html
 import math
 from collections.abc import Sequence
 
-#: quantity (the scenario's tokens column) -> (label, neutral value)
-COLOURINGS = {
-    "advantages": ("advantage", 0.0),
-    "ratio": ("ratio π/π_old", 1.0),
-    "rollout_is_weights": ("IS weight", 1.0),
-    "ref_kl": ("ref KL", 0.0),
-}
-POS, NEG = (214, 39, 40), (31, 119, 180)  # red above the neutral value, blue below
+from rldiag.viz.colours import QUANTITIES, legend, signed_rgba
 
-
-def _colour(v: float | None, centre: float, span: float) -> str:
-    if v is None or not math.isfinite(v) or span <= 0:
-        return "transparent"
-    t = max(-1.0, min(1.0, (v - centre) / span))
-    r, g, b = POS if t >= 0 else NEG
-    return f"rgba({r},{g},{b},{abs(t) * 0.85:.3f})"
+#: quantity (the scenario's tokens column) -> (label, neutral value): the app's one convention
+#: (:mod:`rldiag.viz.colours`), less the reward (a scalar per row, not a token colouring here)
+COLOURINGS = {k: v for k, v in QUANTITIES.items() if k != "token_level_rewards"}
 
 
 def _show(tok: str) -> str:
@@ -55,11 +44,11 @@ def token_html(tokens: Sequence[str], mask: Sequence[int], values: Sequence[floa
         v = vals[i] if i < len(vals) else None
         tip = f"token {i}" + (f" · {label} {v:.4g}" if v is not None and label else "") + (" · tool (mask 0)" if tool else "")
         style = ("background: #e6e6e6; color: #555; text-decoration: underline dotted" if tool
-                 else f"background: {_colour(v, centre, span)}")
+                 else f"background: {signed_rgba(v, centre, span)}")
         out.append(f'<span title="{html.escape(tip)}" style="{style}">{_show(tok)}</span>')
     out.append("</div>")
     if label and span > 0:
-        out.append(f'<div style="font-size: 0.8em; color: #555">{label}: blue below {centre:g}, red above; '
+        out.append(f'<div style="font-size: 0.8em; color: #555">{legend(label, centre)}; '
                    f"full colour at ±{span:.3g} from {centre:g}; grey: tool observation (not trained on)</div>")
     return "".join(out)
 

@@ -3,9 +3,9 @@ the tables beside it.
 
 Pure layout, no I/O: the transcript is the prompt, then the response cut into its turns (runs of
 actor tokens, ``response_mask`` 1) and tool observations (mask 0, on grey), one ``<span>`` per
-token with its text escaped, each actor token coloured by the quantity picked: a diverging scale
-(blue below the neutral value, red above) for signed quantities, one hue from 0 for a
-non-negative one (the loss weight).
+token with its text escaped, each actor token coloured by the quantity picked: the app's one
+diverging convention for signed quantities (:mod:`rldiag.viz.colours`: blue above the neutral
+value, red below), one hue from 0 for a non-negative one (the loss weight).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from rldiag.viz.colours import legend, signed_rgba
 
 if TYPE_CHECKING:
     import polars as pl
@@ -44,7 +46,8 @@ QUANTITIES: dict[str, Quantity] = {
 }
 #: the table's column of each row's response text (``rldiag.api.rows(..., preview=N)``)
 PREVIEW = "response"
-POS, NEG, ONE = (214, 39, 40), (31, 119, 180), (230, 120, 20)  # red above, blue below; orange: one hue
+PREVIEW_COLUMN = PREVIEW
+ONE = (230, 120, 20)  # orange: one hue from 0 (a non-negative quantity)
 #: the Rollouts table's columns, first those that say most about a row (then the others in their order)
 LEAD_COLUMNS = ("step", "row", "uid", "response", "length", "turns", "score", "score_captured", "rescore_failed",
                 "reward", "advantage_mean",
@@ -59,19 +62,17 @@ TRAJECTORY_COLUMNS = ("step_index", "row", "uid", "score", "advantage_mean", "ot
 
 def colour(v: float | None, centre: float, span: float, signed: bool = True) -> str:
     """A token's background: transparent at ``centre`` (or without a value), full colour at
-    ``span`` from it; red above and blue below when ``signed``, else orange above only."""
+    ``span`` from it; when ``signed`` the app's convention (blue above, red below:
+    :func:`rldiag.viz.colours.signed_rgba`), else orange above only."""
     if v is None or not math.isfinite(v) or span <= 0:
         return "transparent"
     t = max(-1.0, min(1.0, (v - centre) / span))
-    if not signed:
-        t = max(t, 0.0)
-    if t == 0:
+    if t == 0 or (not signed and t < 0):
         return "transparent"
-    if not signed:
-        r, g, b = ONE
-    else:
-        r, g, b = POS if t >= 0 else NEG
-    return f"rgba({r},{g},{b},{abs(t) * 0.85:.3f})"
+    if signed:
+        return signed_rgba(v, centre, span)
+    r, g, b = ONE
+    return f"rgba({r},{g},{b},{t * 0.85:.3f})"
 
 
 def _show(tok: str) -> str:
@@ -146,8 +147,8 @@ def transcript_html(prompt: Sequence[str] | None, tokens: Sequence[str] | None, 
         out.append('<i style="color: #777">an empty response</i>')
     out.append("</div>")
     if q is not None and span > 0:
-        scale = (f"blue below {q.centre:g}, red above" if q.signed else f"orange above {q.centre:g}")
-        out.append(f'<div style="{_HEAD}">{html.escape(q.label)}: {scale}; full colour at {span:.3g} from '
+        scale = legend(q.label, q.centre) if q.signed else f"{q.label}: orange above {q.centre:g}"
+        out.append(f'<div style="{_HEAD}">{html.escape(scale)}; full colour at {span:.3g} from '
                    f"{q.centre:g}; grey: tool observation</div>")
     return "".join(out)
 
@@ -186,6 +187,26 @@ def filter_expression(ranges: Mapping[str, tuple[float | None, float | None]] | 
 
 
 # ---- tables ------------------------------------------------------------------------------------
+
+
+#: the Rollouts table's columns shown by default (they fit a 1,400 px page); the others on demand
+DEFAULT_TABLE_COLUMNS = ("step", "row", "uid", "response", "length", "score", "advantage_mean",
+                         "other_advantage_mean", "is_weight_seq", "rollout_kl", "group_has_signal")
+#: the Groups table's columns shown by default (``rldiag.api.rows(..., group_by=...)``)
+GROUP_TABLE_COLUMNS = ("step", "uid", "data_source", "rows", "response", "clipped_tokens_sum", "length_sum",
+                       "score_mean", "advantage_mean_mean", "group_has_signal_mean")
+
+
+def visible_columns(columns: Sequence[str], default: Sequence[str], more: Sequence[str], sort: str | None) -> list[str]:
+    """The columns a table shows: ``default``'s it has, then ``more`` (picked on demand), then the
+    sort column (``-col`` too; a group's ``col_sum`` / ``col_mean`` for a plain name), always shown."""
+    cols = pick(columns, default) + [c for c in more if c in columns and c not in default]
+    if sort:
+        key = sort.lstrip("-")
+        hit = next((c for c in (key, f"{key}_sum", f"{key}_mean") if c in columns), None)
+        if hit is not None and hit not in cols:
+            cols.append(hit)
+    return cols
 
 
 def table_columns(columns: Sequence[str]) -> list[str]:

@@ -171,6 +171,17 @@ def test_health_on_a_fresh_copy_of_the_sample(tmp_path):
     assert at.get("page_link")  # its findings' steps, linked
     meta = json.loads((run / "rldiag" / "scenarios" / "baseline" / "scenario.json").read_text())
     assert meta["steps_reused"] == list(range(1, 31))  # the doctor read back what the worker wrote
+    # length_clipped's state (its clip ratio under 0.1 from step 16 on) and its sparkline: the
+    # logged clip ratio at every step with the rule's threshold, the state's first step marked
+    assert "State: :green[**resolved since step 16**]" in [m.value for m in at.markdown]
+    logged = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        logged[rec["step"]] = rec.get("data", rec)["response_length/clip_ratio"]
+    spark = next(c for c in charts(at) if c["data"][0].get("name") == "response_length/clip_ratio")
+    assert spark["data"][0]["x"] == list(range(1, 31)) and spark["data"][0]["y"] == [logged[s] for s in range(1, 31)]
+    lines = {(sh["type"], sh["line"]["dash"]): sh for sh in spark["layout"]["shapes"]}
+    assert lines[("line", "dash")]["y0"] == 0.1 and lines[("line", "dot")]["x0"] == 16
 
 
 def test_health_links_open_the_step_page(tmp_path):

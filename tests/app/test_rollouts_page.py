@@ -103,7 +103,7 @@ def test_opening_a_row_shows_its_transcript_and_group(app_run):
     assert row in group["row"].tolist() and len(group) == 4
     assert any(f"uid `{uid}`" in c.value for c in at.caption)
     at.radio(key="ro_colour").set_value("ratio").run()
-    assert "ratio π/π_old: blue below 1, red above" in _html(at)
+    assert "ratio π/π_old: blue above 1, red below" in _html(at)  # the app's one convention (viz/colours.py)
     at.radio(key="ro_colour").set_value("loss_weight").run()
     assert "loss weight: orange above 0" in _html(at)
 
@@ -156,3 +156,33 @@ def test_search_sign_differs_text_and_trajectory(tmp_path):
         assert f"{n} rows match" in _caption(at)
     else:
         assert "No row matches" in at.info[0].value
+
+
+def test_the_groups_table_answers_which_groups_drive_the_clipping(app_run):
+    """The Groups table: the matching rows grouped by uid, by default sorted by their clipped
+    tokens' sum, as `rldiag rows RUN --group-by uid --sort -clipped_tokens` gives them."""
+    at = open_app(app_run, PAGE)
+    assert any(h.value == "Groups" for h in at.subheader)
+    assert at.selectbox(key="ro_group_by").value == "uid"
+    assert at.selectbox(key="ro_group_sort").value == "clipped_tokens"
+    groups = at.dataframe[-1].value
+    want = rldiag.rows(app_run, group_by="uid", sort="-clipped_tokens", limit=20)
+    assert groups[["step", "uid"]].values.tolist() == [list(r) for r in want.select("step", "uid").rows()]
+    assert groups["clipped_tokens_sum"].tolist() == want["clipped_tokens_sum"].to_list()
+    assert list(groups.columns[:3]) == ["step", "uid", "rows"]
+    n = rldiag.rows_count(app_run, group_by="uid")
+    assert any(f"{n} groups of the matching rows" in c.value for c in at.caption)
+    at.selectbox(key="ro_group_by").set_value("step").run()
+    by_step = at.dataframe[-1].value
+    assert by_step["rows"].sum() == rldiag.rows_count(app_run)
+
+
+def test_the_table_shows_the_columns_that_fit_and_the_rest_on_demand(app_run):
+    at = open_app(app_run, PAGE)
+    table = at.dataframe[0].value
+    assert "turns" not in table.columns and "loss_weight" not in table.columns
+    assert "turns" in at.multiselect(key="ro_more").options
+    at.multiselect(key="ro_more").set_value(["turns"]).run()
+    assert "turns" in at.dataframe[0].value.columns
+    at.selectbox(key="ro_sort").set_value("loss_weight").run()  # the sort column is always shown
+    assert "loss_weight" in at.dataframe[0].value.columns

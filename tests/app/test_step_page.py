@@ -117,7 +117,7 @@ def test_response_text_coloured_per_token_and_top_tokens(app_run):
     assert body.count(">tool</span>") == len(mask_spans(tokens["mask"])) > 0  # each tool span marked once
     assert at.radio(key="st_colour").options[:2] == ["advantage", "ratio π/π_old"]
     at.radio(key="st_colour").set_value("rollout_is_weights").run()
-    assert "IS weight: blue below 1" in at.get("html")[0].proto.body
+    assert "IS weight: blue above 1, red below" in at.get("html")[0].proto.body
     # the step's top tokens by |log ratio|, with their context, in the order of the ranking
     top = at.dataframe[0].value
     assert len(top) == 10 and list(top.columns) == ["row", "position", "token", "value", "in context"]

@@ -185,8 +185,19 @@ def test_checklist_reinforce_pp_and_clipfrac():
     checks = checklist.evaluate(_facts(tool_rows=3), "reinforce_plus_plus")
     assert _status(checks, 7) == "warn" and "resets" in checks[6].finding
     assert _status(checklist.evaluate(_facts(), "reinforce_plus_plus"), 7) == "ok"
-    checks = checklist.evaluate(_facts(), "grpo", at_step={"s": {"actor/pg_clipfrac": 0.45}})
-    assert _status(checks, 8) == "warn"
+    # the healthy sides are the doctor's rules' (one source): clip fraction above 0.3 warns, 0.25 does not
+    from rldiag import api
+
+    limits = api.rule_limits()
+    assert limits["actor/pg_clipfrac"]["above"] == 0.3 and limits["actor/ppo_kl"]["above"] == 0.1
+    checks = checklist.evaluate(_facts(), "grpo", at_step={"s": {"actor/pg_clipfrac": 0.45}}, limits=limits)
+    assert _status(checks, 8) == "warn" and "pg_clipfrac above 0.3 (rule clipfrac_high)" in checks[7].finding
+    checks = checklist.evaluate(_facts(), "grpo", at_step={"s": {"actor/pg_clipfrac": 0.25, "actor/ppo_kl": -0.2}},
+                                limits=limits)
+    assert _status(checks, 8) == "warn" and "|ppo_kl| above 0.1 (rule ppo_kl_high)" in checks[7].finding
+    assert "rule clipfrac_high" not in checks[7].finding  # 0.25 is inside the rule's healthy side
+    moved = {**limits, "actor/pg_clipfrac": {**limits["actor/pg_clipfrac"], "above": 0.5}}
+    assert _status(checklist.evaluate(_facts(), "grpo", at_step={"s": {"actor/pg_clipfrac": 0.45}}, limits=moved), 8) != "warn"
     assert _status(checklist.evaluate(_facts(flat_groups=2), "gae"), 5) == "info"
 
 
@@ -250,7 +261,9 @@ def test_token_html_colours_and_marks_tools():
 
     body = token_html(["a", "b", "<c>"], [1, 0, 1], [2.0, None, -1.0], "advantages")
     assert body.count("<span title=") == 3 and ">tool</span>" in body and "&lt;c&gt;" in body
-    assert "rgba(214,39,40,0.850)" in body and "rgba(31,119,180,0.425)" in body  # +2 full red, -1 half blue
+    # the app's convention (rldiag.viz.colours): +2 full blue, -1 half red
+    assert "rgba(33,102,172,0.850)" in body and "rgba(178,24,43,0.425)" in body
+    assert "advantage: blue above 0, red below" in body
     assert context_line(["x", "y"], "z", ["w"]) == "…xy[z]w…"
 
 

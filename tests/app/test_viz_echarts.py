@@ -46,7 +46,10 @@ def test_a_panel_draws_its_metrics_finite_values_of_every_source():
 
 def test_a_panel_that_only_shows_has_no_brush_and_no_picking():
     p = metric_panel(_frame(), "a", SOURCES, selectable=False)
-    assert "brush" not in p.spec and "toolbox" not in p.spec
+    # its only tool: ECharts' own save-as-image (the selectable panel has it beside the brush)
+    assert "brush" not in p.spec and list(p.spec["toolbox"]["feature"]) == ["saveAsImage"]
+    assert p.spec["toolbox"]["feature"]["saveAsImage"]["name"] == "a"
+    assert list(metric_panel(_frame(), "a", SOURCES).spec["toolbox"]["feature"]) == ["brush", "saveAsImage"]
     assert all("selectedMode" not in s for s in p.spec["series"])
     assert p.steps == metric_panel(_frame(), "a", SOURCES).steps and "brush" in metric_panel(_frame(), "a", SOURCES).spec
 

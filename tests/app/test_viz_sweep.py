@@ -101,3 +101,31 @@ def test_the_sweepable_keys_have_widgets():
     for k in keys[1:]:
         assert schema.widget(k).hi > schema.widget(k).lo
     assert vsweep.scenario_count({"a": [1, 2], "b": [1, 2, 3]}) == 6
+
+
+def test_the_runs_own_scenario_is_marked_and_centres_the_heatmaps_scale():
+    """The run's own scenario (a=1, b=0.5: the mean of steps 1 and 2, 12) centres a diverging
+    scale symmetric about its value, blue above and red below, its cell outlined and the range
+    printed relative to it."""
+    own = "a=1,b=0.5"
+    fig = vsweep.heatmap_figure(TWO, ["a", "b"], "m", own)
+    hm = fig.data[0]
+    centre = 10 + 0.5 + 1.5
+    assert hm.zmid == pytest.approx(centre)
+    span = 20 + 1.0 + 1.5 - centre  # the farthest cell, a=2 b=1.0
+    assert (hm.zmin, hm.zmax) == pytest.approx((centre - span, centre + span))
+    assert hm.colorscale[0][1] == "rgb(103,0,31)" and hm.colorscale[-1][1] == "rgb(5,48,97)"  # RdBu: red low, blue high
+    (rect,) = fig.layout.shapes
+    assert (rect.x0, rect.x1, rect.y0, rect.y1) == (-0.5, 0.5, 0.5, 1.5)  # x "1" is column 0, y "0.5" row 1
+    lo, hi = 10 + 0.25 + 1.5, 20 + 1.0 + 1.5
+    assert f"range {lo:.4g} to {hi:.4g} ({(hi - lo) / centre:.2%} of the run's own {centre:.4g})" in fig.layout.title.text
+    # without it: the sequential scale, no outline
+    plain = vsweep.heatmap_figure(TWO, ["a", "b"], "m")
+    assert plain.data[0].zmid is None and not plain.layout.shapes
+    # the line: the run's own point as a star, and the range
+    line = vsweep.line_figure(ONE, "c", "loss", "c=0.2")
+    star = line.data[1]
+    assert list(star.x) == [0.2] and list(star.y) == [-1.0] and star.marker.symbol == "star"
+    assert "range -1 to 4 (500.00% of the run's own -1)" in line.layout.title.text  # the spread over |own|
+    marked = vsweep.mark_own(vsweep.means(ONE, ["loss"]), "c=0.2")
+    assert marked.columns[0] == "own" and marked.filter(pl.col("own") == "*")["scenario"].to_list() == ["c=0.2"]

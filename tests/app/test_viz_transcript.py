@@ -7,10 +7,10 @@ import re
 
 import polars as pl
 
+from rldiag.viz.colours import NEGATIVE_RGB as NEG
+from rldiag.viz.colours import POSITIVE_RGB as POS
 from rldiag.viz.transcript import (
-    NEG,
     ONE,
-    POS,
     colour,
     filter_expression,
     pages,
@@ -47,10 +47,12 @@ def test_one_span_per_token_text_escaped_and_tool_tokens_marked():
 def test_colours_by_sign_around_the_neutral_value():
     body = transcript_html(None, ["a", "b", "c", "d"], [1, 1, 1, 1], [2.0, -1.0, 0.0, None], "advantage")
     a, b, c, d = _spans(body)
-    assert f"rgba({POS[0]},{POS[1]},{POS[2]},0.850)" in a  # the largest |value|: full colour, red above 0
-    assert f"rgba({NEG[0]},{NEG[1]},{NEG[2]},0.425)" in b  # half as far, blue below
+    # the app's convention (rldiag.viz.colours): blue above the neutral value, red below
+    assert POS == (33, 102, 172) and NEG == (178, 24, 43)
+    assert f"rgba({POS[0]},{POS[1]},{POS[2]},0.850)" in a  # the largest |value|: full colour, blue above 0
+    assert f"rgba({NEG[0]},{NEG[1]},{NEG[2]},0.425)" in b  # half as far, red below
     assert "background: transparent" in c and "background: transparent" in d
-    assert "no prompt text" in body and "advantage: blue below 0, red above" in body
+    assert "no prompt text" in body and "advantage: blue above 0, red below" in body
     ratio = _spans(transcript_html(None, ["a", "b"], [1, 1], [1.5, 0.5], "ratio"))
     assert f"rgba({POS[0]}" in ratio[0] and f"rgba({NEG[0]}" in ratio[1]  # ratios diverge around 1
     weight = _spans(transcript_html(None, ["a", "b"], [1, 1], [0.2, 0.0], "loss_weight"))

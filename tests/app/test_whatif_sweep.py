@@ -35,7 +35,8 @@ def test_an_existing_sweep_is_shown_on_open(tiny_run):
     assert figs and all(f["data"][0]["type"] == "scatter" for f in figs)
     table = rep.table_frame(at.multiselect(key="wi_sw_metrics").value)
     first = figs[0]
-    metric = first["layout"]["title"]["text"]
+    metric, scale = first["layout"]["title"]["text"].split("<br>")  # the metric, then the range it spans
+    assert scale.startswith("<sup>range ")
     assert first["data"][0]["x"] == [0.1, 0.3]
     assert first["data"][0]["y"] == pytest.approx(table[metric].to_list(), nan_ok=True)
     assert first["data"][0]["customdata"] == list(rep.scenarios)

@@ -36,7 +36,7 @@ def _doc(**entry):
 
 def test_the_shipped_table_loads_and_every_entry_has_a_source():
     bands = builtin_bands()
-    assert len(bands) == 9 and all(b.source.strip() for b in bands)
+    assert len(bands) == 11 and all(b.source.strip() for b in bands)
     assert band_metrics()[:3] == [K3, "rldiag/mismatch/token_mult_prob_error", "rldiag/mismatch/gap_abs_mean"]
     dense, moe = [b for b in bands if b.metric == K3]
     assert (dense.low, dense.high, dense.conditions) == (1e-5, 1e-3, {"model": "dense"})

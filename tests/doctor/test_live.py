@@ -34,9 +34,12 @@ def feed(doc: LiveDoctor, metric: str, values: dict[int, float]) -> list[tuple[s
 def test_a_threshold_fires_clears_and_fires_again_at_the_steps_it_holds():
     doc = LiveDoctor({}, [HIGH])
     x = {1: 0.0, 2: 0.5, 3: 2.0, 4: 2.5, 5: 3.0, 6: 0.0, 7: 0.2, 8: 5.0, 9: 6.0}
-    # its message ("last of x over steps 1..N = v") differs at every step: no "changed" for that
-    assert feed(doc, "x", x) == [("fired", 3, "x_high"), ("cleared", 6, "x_high"), ("fired", 8, "x_high")]
-    assert doc.counts == {"fired": 2, "changed": 0, "cleared": 1}
+    # its message ("last of x over steps 1..N = v") differs at every step: no "changed" for that;
+    # at step 9 its trend state moves: the mean of steps 7-9 (3.73) is twice that of 4-6 (1.83)
+    assert feed(doc, "x", x) == [("fired", 3, "x_high"), ("cleared", 6, "x_high"), ("fired", 8, "x_high"),
+                                 ("changed", 9, "x_high")]
+    assert doc.counts == {"fired": 2, "changed": 1, "cleared": 1}
+    assert (doc.active()[0].evidence.state, doc.active()[0].evidence.state_since) == ("worsening", 7)
     assert [f.message for f in doc.active()] == ["last of x over steps 1..9 = 6 (rule: > 1)"]
     assert doc.fired_at(("x_high", None)) == 8 and doc.step == 9 and doc.evaluations == 9
 

@@ -61,6 +61,13 @@ def page() -> None:
         with st.container(border=True):
             st.markdown(f"{v.icon} **{v.title}** · `{v.rule}` · {v.severity}")
             st.markdown(v.message)
+            if v.state:
+                colour = health.STATE_COLOURS.get(f.evidence.state or "", "gray")
+                st.markdown(f"State: :{colour}[**{v.state}**]")
+            if v.sparkline and v.sparkline.get("steps"):
+                st.caption(f"{v.sparkline.get('metric')} over the window, with the rule's threshold (dashed)")
+                st.plotly_chart(health.sparkline_figure(v.sparkline, f.evidence.state_since),
+                                key=f"he_spark_{v.rule}_{f.evidence.cause or ''}", config={"displayModeBar": False})
             if f.evidence.band is not None:
                 st.markdown(f"Reference band ({f.evidence.band['statistic']}): {f.evidence.band['text']}")
             if f.evidence.calibration is not None:
@@ -79,6 +86,10 @@ def page() -> None:
                     st.markdown(f"- {line}")
                 st.dataframe(v.counterfactual_rows, hide_index=True)
                 st.caption(f"Counterfactual: {api.COUNTERFACTUAL_CAVEAT}.")
+            for line in v.skipped:
+                st.caption(f"Not tried: {line}")
+            for line in v.implies:
+                st.markdown(f"Implies (a consequence of this cause, not a second one): {line}")
     with st.expander("Rules without a finding"):
         st.dataframe(health.outcome_rows(report), hide_index=True)
     layout_audit_section()

@@ -13,8 +13,11 @@ from rldiag.app import session
 from rldiag.errors import RldiagError
 from rldiag.store import file_sig
 from rldiag.viz.transcript import (
+    DEFAULT_TABLE_COLUMNS,
     GAP,
     GROUP_COLUMNS,
+    GROUP_TABLE_COLUMNS,
+    PREVIEW_COLUMN,
     QUANTITIES,
     TRAJECTORY_COLUMNS,
     filter_expression,
@@ -22,14 +25,18 @@ from rldiag.viz.transcript import (
     row_label,
     shown,
     sql_string,
+    table_columns,
     transcript_html,
     values_at,
+    visible_columns,
 )
 
 #: rows per page of the table
 PAGE_SIZE = 50
 #: characters of each row's response shown in the table
 PREVIEW = 120
+#: groups shown in the Groups table
+GROUP_PAGE = 20
 NONE = "(none)"
 
 st.title("Rollouts")
@@ -120,13 +127,54 @@ def table(scenario: str, other: str | None, where, sort, search) -> pl.DataFrame
     if frame.is_empty():
         st.info("No row matches the filters.")
         return frame
-    event = st.dataframe(shown(frame), key="ro_table", hide_index=True,
+    rest = [c for c in table_columns(frame.columns) if c not in DEFAULT_TABLE_COLUMNS]
+    more = st.multiselect("More columns", rest, key="ro_more",
+                          help="The table shows the columns that fit the page; add any other here")
+    cols = visible_columns(frame.columns, DEFAULT_TABLE_COLUMNS, more, sort)
+    event = st.dataframe(shown(frame, cols), key="ro_table", hide_index=True, column_config=column_widths(cols),
                          on_select="rerun", selection_mode="single-row")
     picked = list(getattr(getattr(event, "selection", None), "rows", []) or [])
     if picked and picked != st.session_state.get("ro_seen"):
         st.session_state["ro_open"] = int(picked[0])  # a row clicked in the table opens it
     st.session_state["ro_seen"] = picked
     return frame
+
+
+def column_widths(cols: list[str]) -> dict:
+    """Narrow number columns and a medium response column: the table fits a 1,400 px page."""
+    config: dict = {c: st.column_config.Column(width="small") for c in cols if c != PREVIEW_COLUMN}
+    if PREVIEW_COLUMN in cols:
+        config[PREVIEW_COLUMN] = st.column_config.TextColumn(width="medium")
+    return config
+
+
+def groups(scenario: str, where: str | None, search: str | None, columns: list[str], other_note: bool = False) -> None:
+    """The Groups table: the matching rows grouped by uid (a prompt group of a step), step or
+    data_source, counts summed and the rest averaged (:func:`rldiag.api.rows` with ``group_by``),
+    sorted by the column picked: "which groups drive the clipping" is the default order."""
+    st.subheader("Groups")
+    keys = [k for k in ("uid", "step", "data_source") if k in columns]
+    c1, c2, c3 = st.columns([1, 2, 1], vertical_alignment="bottom")
+    by = c1.selectbox("Group by", keys, key="ro_group_by")
+    if by is None:
+        return
+    numeric = [c for c in ("clipped_tokens", "length", "score", "advantage_mean", "is_weight_seq",
+                           "group_has_signal", "rows") if c in columns or c == "rows"]
+    numeric += [c for c in columns if c not in numeric and c not in ("step", "row", "uid", "data_source")]
+    sort = c2.selectbox("Sort groups by (counts: their sum; others: their mean)", numeric, key="ro_group_sort")
+    desc = c3.toggle("Descending", key="ro_group_desc", value=True)
+    order = f"{'-' if desc else ''}{sort}" if sort else None
+    try:
+        n = api.rows_count(store.run, where, scenario, search, group_by=by)
+        frame = api.rows(store.run, where, order, GROUP_PAGE, 0, scenario, search, preview=PREVIEW, group_by=by)
+    except RldiagError as exc:
+        session.show_error(exc)
+        return
+    st.caption(f"{n} groups of the matching rows; the first {len(frame)} by {order or 'their keys'}"
+               + (f" · filter: `{where}`" if where else "")
+               + (" · the comparison's filters apply to the rows table only" if other_note else ""))
+    cols = visible_columns(frame.columns, GROUP_TABLE_COLUMNS, [], order)
+    st.dataframe(shown(frame, cols), key="ro_groups", hide_index=True, column_config=column_widths(cols))
 
 
 def transcript(scenario: str, step: int, row: int) -> None:
@@ -219,6 +267,8 @@ def page() -> None:
         group(scenario, other, step, r)
     with session.guard():
         trajectory(scenario, other, step, r)
+    with session.guard():
+        groups(scenario, where if other is None else None, search, list(schema), other is not None)
 
 
 with session.guard():

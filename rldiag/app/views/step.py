@@ -128,7 +128,7 @@ def page() -> None:
             if source in values.columns:
                 at_step[source] = dict(zip(values["metric"].to_list(), values[source].to_list()))
     checks = evaluate(facts, settings.get("algorithm.adv_estimator", "gae"),
-                      rollout_n(settings), at_step)
+                      rollout_n(settings), at_step, api.rule_limits())
     for c in checks:
         st.markdown(c.markdown)
     problems = store.batches.problems

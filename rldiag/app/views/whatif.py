@@ -11,6 +11,7 @@ import streamlit as st
 from rldiag import api
 from rldiag.app import gate, session
 from rldiag.config import schema
+from rldiag.config.settings import unchanged_overrides, unchanged_warning
 from rldiag.errors import RldiagError
 from rldiag.io.run_layout import STEP_FILE
 from rldiag.store.downsample import DEFAULT_POINTS
@@ -352,6 +353,7 @@ def sweep_results() -> None:
     if name is None:
         return
     summary = api.sweep_summary(store.run, name)
+    own = api.sweep_own(store.run, name)
     keys = vsweep.swept_keys(summary)
     available = vsweep.metric_names(summary)
     if not available:
@@ -363,22 +365,24 @@ def sweep_results() -> None:
     st.session_state["wi_sw_metrics"] = [m for m in chosen if m in available]
     metrics = st.multiselect("Sweep metrics", available, key="wi_sw_metrics")
     st.caption(f"Swept: {', '.join(f'`{k}`' for k in keys)}. Each point is a scenario's mean over its steps; "
-               "click one (or pick it below) to see its metrics over the steps.")
+               "click one (or pick it below) to see its metrics over the steps."
+               + (f" The run's own settings are scenario `{own}` (a star; an outlined cell, the colour scale "
+                  "centred on its value: blue above, red below)." if own else " No scenario has the run's own settings."))
     if len(keys) > 2:
         st.info("This sweep has more than two keys: its means are in the table; its scenarios below.")
     grid: Sequence[Any] = ()
     for k, metric in enumerate(metrics if len(keys) <= 2 else []):
         if k % 2 == 0:
             grid = st.columns(2)
-        fig = vsweep.line_figure(summary, keys[0], metric) if len(keys) == 1 else \
-            vsweep.heatmap_figure(summary, keys, metric)
+        fig = vsweep.line_figure(summary, keys[0], metric, own) if len(keys) == 1 else \
+            vsweep.heatmap_figure(summary, keys, metric, own)
         chart_key = f"wi_sw_chart:{metric}"
         with grid[k % 2]:
             event = st.plotly_chart(fig, key=chart_key, on_select="rerun", selection_mode="points")
         _pick_from_chart(event, chart_key)
     if metrics:
         with st.expander("Means over the steps"):
-            st.dataframe(vsweep.means(summary, metrics), hide_index=True)
+            st.dataframe(vsweep.mark_own(vsweep.means(summary, metrics), own), hide_index=True)
     options = vsweep.scenarios(summary)
     if st.session_state.get("wi_sw_scenario") not in options:
         st.session_state.pop("wi_sw_scenario", None)
@@ -401,6 +405,12 @@ def sweep_section(opts: api.WhatifOptions, allowed: bool) -> None:
     grid = sweep_grid(opts)
     if grid:
         st.caption(f"{vsweep.scenario_count(grid)} scenario(s), each recomputed over every step.")
+        base = api.settings(store.run)
+        own = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, vals in grid.items() for v in vals
+               if unchanged_overrides(base, {k: v})]
+        if own:
+            st.caption("The run's own value" + ("s" if len(own) > 1 else "") + f": {', '.join(own)} "
+                       "(that scenario is the run's own settings where every key has it).")
     if st.button("Run the sweep", key="wi_sw_run", disabled=not (allowed and grid)):
         assert grid is not None
         with session.heavy_work():
@@ -416,6 +426,9 @@ with session.guard():
     ovr = whatif.overrides(opts.base, chosen)
     name = whatif.scenario_name(ovr)
     st.markdown(f"**Scenario:** `{name}`" + (f" — overrides: `{ovr}`" if ovr else " (the run's own settings)"))
+    same = unchanged_overrides(api.settings(store.run), ovr)
+    if same:
+        st.warning(unchanged_warning(same, len(same) == len(ovr)), icon=":material/warning:")
     fit_warning(chosen, opts.grouped)
     cancelled = st.session_state.pop("wi_cancelled", None)
     if cancelled:
