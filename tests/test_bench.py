@@ -160,3 +160,18 @@ def test_bench_capture_prints_bytes_per_token_and_the_tuned_layout_is_smaller(tm
     assert 0 < tuned < legacy  # the same table in fewer bytes (the log-probs' dictionary pages gone)
     columns = sum(float(v[0]) for k, v in cells.items() if k not in ("file", "training", "writer"))
     assert columns < legacy  # the column chunks are part of the file (the rest: footer, page headers)
+
+
+def test_bench_rescore_prints_its_row_and_the_timeout_case(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_rescore.py"), "--dir", str(tmp_path), "--rows", "400",
+         "--steps", "2", "--sleep-rows", "200", "--workers", "2"],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["rows", "calls"])
+    rows, calls, rc_s, rs_s, ratio = lines[head + 1].split()
+    assert (int(rows), int(calls)) == (400, 400) and float(rc_s) > 0 and float(rs_s) > 0
+    assert _ratio_of_printed(float(ratio), float(rs_s), float(rc_s))
+    # 1% of the first 200 rows sleep past the timeout: exactly those reported, no worker left
+    assert "2 rows reported, 0 workers left" in lines[-1]
