@@ -186,3 +186,18 @@ def test_bench_memory_prints_bytes_per_token_and_where_the_high_water_rose(tmp_p
     assert cells[1:4] == ["10", "x", "8"] and float(cells[4]) > 0  # steps x rows (one prompt of 8), Mtokens
     assert float(cells[7]) > 0 and float(cells[8]) > 0  # recompute and floor seconds
     assert "bytes a token above the RSS before the recompute" in out
+
+
+def test_bench_rescore_prints_its_row_and_the_timeout_case(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_rescore.py"), "--dir", str(tmp_path), "--rows", "400",
+         "--steps", "2", "--sleep-rows", "200", "--workers", "2"],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["rows", "calls"])
+    rows, calls, rc_s, rs_s, ratio = lines[head + 1].split()
+    assert (int(rows), int(calls)) == (400, 400) and float(rc_s) > 0 and float(rs_s) > 0
+    assert _ratio_of_printed(float(ratio), float(rs_s), float(rc_s))
+    # 1% of the first 200 rows sleep past the timeout: exactly those reported, no worker left
+    assert "2 rows reported, 0 workers left" in lines[-1]
