@@ -67,7 +67,7 @@ from rldiag.capture.config import config_yaml, plain
 from rldiag.capture.diskio import WriterDisk
 from rldiag.capture.faults import ON_ERROR, FaultLog, SigtermChain, cause
 from rldiag.capture.ledger import PolicyLedger
-from rldiag.capture.policy import BYTES_KEY, ROWS_KEY, CapturePolicy, run_seed, sample_record
+from rldiag.capture.policy import BYTES_KEY, ROWS_KEY, SEED_MODULUS, CapturePolicy, run_seed, sample_record
 from rldiag.capture.table import token_strings
 from rldiag.capture.unpad import StepPayload, split_batch, unpad_batch
 from rldiag.errors import CaptureError, RldiagError
@@ -181,7 +181,8 @@ class RunWriter:
         every, groups, max_gb: the capture policy (:mod:`rldiag.capture.policy`): the batches
             of every N-th step (and of the first and last), K whole prompt groups (or a share in
             (0, 1)) of each, batch capture stopped once the run's batch files reach X GB.
-        seed: the group draw's seed (None: the config's ``data.seed`` or ``trainer.seed``, else 0).
+        seed: the group draw's seed, modulo 2^31 (None: the config's ``data.seed`` or
+            ``trainer.seed``, else 0).
         last_step: the run's last step (``every``'s last step; the verl capture sets it from the
             trainer's ``total_training_steps``). While it is None, a step ``every`` leaves out is
             kept in memory until the next one, so that the step the writer is closed after is
@@ -246,7 +247,7 @@ class RunWriter:
         self._sync_done: threading.Event | None = None  # the last end-of-step barrier ("warn")
         self._closed = False
         policy = CapturePolicy(every=every, groups=groups, max_gb=max_gb,
-                               seed=run_seed(plain(config)) if seed is None else int(seed))
+                               seed=run_seed(plain(config)) if seed is None else int(seed) % SEED_MODULUS)
         self.ledger = PolicyLedger(policy, self.batches_dir, last_step)
         if config is not None:
             self.write_config(config)
