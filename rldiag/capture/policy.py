@@ -99,14 +99,18 @@ def parse_max_gb(value: str | float | None, source: str = "max_gb") -> float | N
     return gb
 
 
+#: seeds are kept modulo this (``rldiag.capture.seed`` is an int32 setting)
+SEED_MODULUS = 2**31
+
+
 def run_seed(config: Any) -> int:
-    """The run's seed from its config tree (:data:`SEED_KEYS`), else 0."""
+    """The run's seed from its config tree (:data:`SEED_KEYS`), else 0; modulo 2^31."""
     for key in SEED_KEYS:
         node: Any = config
         for part in key.split("."):
             node = node.get(part) if isinstance(node, Mapping) else None
         if isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node):
-            return int(node)
+            return int(node) % SEED_MODULUS
     return 0
 
 
@@ -124,6 +128,8 @@ class CapturePolicy:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.seed < SEED_MODULUS:
+            raise CaptureError(f"seed={self.seed!r}: expected 0 <= seed < 2^31 (reduce it modulo 2^31)")
         parse_every(self.every)
         parse_groups(self.groups)
         parse_max_gb(self.max_gb)
@@ -173,7 +179,7 @@ class CapturePolicy:
         if k >= n:
             return None, n, n
         order = np.argsort(first_row, kind="stable")  # group index by first appearance -> np.unique's index
-        rng = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, int(step)])
+        rng = np.random.default_rng([int(self.seed), int(step)])
         chosen = order[np.sort(rng.choice(n, size=k, replace=False))]
         keep = np.zeros(n, dtype=bool)
         keep[chosen] = True

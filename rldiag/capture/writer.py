@@ -65,8 +65,9 @@ import numpy as np
 from rldiag.capture.backlog import Backlog
 from rldiag.capture.config import config_yaml, plain
 from rldiag.capture.diskio import WriterDisk
-from rldiag.capture.faults import ON_ERROR, CaptureWarning, FaultLog, SigtermChain, cause
-from rldiag.capture.policy import BATCH_ROWS_KEY, BYTES_KEY, ROWS_KEY, STOPPED_KEY, CapturePolicy, run_seed, sample_record
+from rldiag.capture.faults import ON_ERROR, FaultLog, SigtermChain, cause
+from rldiag.capture.ledger import PolicyLedger
+from rldiag.capture.policy import BYTES_KEY, ROWS_KEY, SEED_MODULUS, CapturePolicy, run_seed, sample_record
 from rldiag.capture.table import TokenText
 from rldiag.capture.unpad import StepPayload, split_batch, unpad_batch
 from rldiag.errors import CaptureError, RldiagError
@@ -185,7 +186,8 @@ class RunWriter:
         every, groups, max_gb: the capture policy (:mod:`rldiag.capture.policy`): the batches
             of every N-th step (and of the first and last), K whole prompt groups (or a share in
             (0, 1)) of each, batch capture stopped once the run's batch files reach X GB.
-        seed: the group draw's seed (None: the config's ``data.seed`` or ``trainer.seed``, else 0).
+        seed: the group draw's seed, modulo 2^31 (None: the config's ``data.seed`` or
+            ``trainer.seed``, else 0).
         last_step: the run's last step (``every``'s last step; the verl capture sets it from the
             trainer's ``total_training_steps``). While it is None, a step ``every`` leaves out is
             kept in memory until the next one, so that the step the writer is closed after is
@@ -249,18 +251,9 @@ class RunWriter:
         self._errors: list[tuple[str, BaseException, str, str]] = []
         self._sync_done: threading.Event | None = None  # the last end-of-step barrier ("warn")
         self._closed = False
-        self.policy = CapturePolicy(every=every, groups=groups, max_gb=max_gb,
-                                    seed=run_seed(plain(config)) if seed is None else int(seed))
-        self.last_step = last_step
-        self._first_step: int | None = None
-        self._skipped: set[int] = set()  # steps the policy left out
-        self._step_rows: dict[int, int] = {}  # step -> rows handed to the writer thread
-        self._batch_rows: dict[int, int] = {}  # step -> rows of its whole batch (before sampling), where known
-        self._step_bytes: dict[int, int] = {}  # step -> its batch file's bytes, once written
-        self._held: list[StepPayload] = []  # the parts of the last step left out (last_step unknown)
-        self._written_steps: set[int] = set()  # steps queued for writing
-        self.stopped_at: int | None = None  # the first step the byte budget left out
-        self._disk_base = self._batches_on_disk() if self.policy.max_bytes is not None else 0
+        policy = CapturePolicy(every=every, groups=groups, max_gb=max_gb,
+                               seed=run_seed(plain(config)) if seed is None else int(seed) % SEED_MODULUS)
+        self.ledger = PolicyLedger(policy, self.batches_dir, last_step)
         if config is not None:
             self.write_config(config)
         elif self.policy.active and not (self.layout.root / RUN_CONFIG).exists():
@@ -289,7 +282,7 @@ class RunWriter:
         if not self._check():
             return self.layout.root / RUN_CONFIG
         config_yaml(config)  # raises on a config that is not a mapping
-        self._config = self._with_policy(plain(config))
+        self._config = self.ledger.with_policy(plain(config))
         path = self.layout.root / RUN_CONFIG
         try:
             return self.disk.write_config(self._config)
@@ -317,7 +310,7 @@ class RunWriter:
         t0 = time.perf_counter()
         step = int(step)
         path = self.batch_path(step)
-        if self.policy.active and not self.captures(step):
+        if self.policy.active and not self.ledger.captures(step):
             self.skip(step, batch)
             self.stats.train_thread_s += time.perf_counter() - t0
             return 0
@@ -336,8 +329,7 @@ class RunWriter:
         payload.part = part
         if part == 0 and path.exists():
             self.stats.replaced_steps += 1
-            if self.policy.max_bytes is not None:  # its bytes are counted again when it is written
-                self._disk_base -= self._file_bytes(path)
+            self.ledger.replacing(path)
             warnings.warn(f"rldiag.capture: {path} was written by an earlier run; step {step} is written "
                           "again (a resumed run), so its file is replaced", stacklevel=2)
         self._queue_payload(payload)
@@ -346,63 +338,50 @@ class RunWriter:
 
     def _queue_payload(self, payload: StepPayload) -> None:
         step, path = payload.step, payload.path
-        self._step_rows[step] = self._step_rows.get(step, 0) + payload.n_rows
-        whole = payload.sample["rows"] if payload.sample is not None else payload.n_rows
-        self._batch_rows[step] = self._batch_rows.get(step, 0) + int(whole)
-        self._written_steps.add(step)
+        self.ledger.queue(payload)
         size = payload_bytes(payload)
         if not self._put(("batch", payload), size):
             self.fault("queue", str(path), None, f"the writer is behind (its queue holds {self._queue.bytes()} "
                         f"bytes, {self._queue.waiting()} batches): step {step}'s batch is dropped", dropped=1, step=step)
 
-    # -- the capture policy (rldiag.capture.policy) ------------------------------------------------
+    # -- the capture policy (rldiag.capture.policy; its state: rldiag.capture.ledger) -----------------
+    @property
+    def policy(self) -> CapturePolicy:
+        return self.ledger.policy
+
+    @property
+    def last_step(self) -> int | None:
+        """The run's last step (``every``'s); settable (the trainer's ``total_training_steps``)."""
+        return self.ledger.last_step
+
+    @last_step.setter
+    def last_step(self, step: int | None) -> None:
+        self.ledger.last_step = step
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The first step the byte budget left out (None while under it)."""
+        return self.ledger.stopped_at
+
     def captures(self, step: int) -> bool:
         """Whether the policy captures ``step``'s batch: ``every``'s steps (the first step this
         writer is handed and :attr:`last_step` among them) while the batch bytes on disk are
         under ``max_gb``. Deciding the first step: call it for the steps in order."""
-        step = int(step)
-        if self._first_step is None:
-            self._first_step = step
-        if step in self._written_steps:  # a later part of a step being captured
-            return True
-        if self.stopped_at is not None or not self.policy.wants(step, self._first_step, self.last_step):
-            return False
-        limit = self.policy.max_bytes
-        if limit is not None and self.batch_bytes() >= limit:
-            self.stopped_at = step
-            warnings.warn(f"rldiag.capture: the run's batch files in {self.batches_dir} reached "
-                          f"{self.batch_bytes() / 1e9:.3g} GB (max_gb={self.policy.max_gb:g}): batch capture stops "
-                          f"at step {step}; metrics go on", CaptureWarning, stacklevel=3)
-            return False
-        return True
+        return self.ledger.captures(int(step))
 
     def skipped(self, step: int) -> bool:
         """Whether the policy left ``step``'s batch out (not a fault)."""
-        return int(step) in self._skipped
+        return int(step) in self.ledger.skipped
 
     def batch_bytes(self) -> int:
         """The bytes of the run's batch files: those on disk when the writer opened (a resumed
         run's) and those it wrote since."""
-        return self._disk_base + self.stats.bytes
+        return self.ledger.batch_bytes()
 
     def capture_metrics(self, step: int) -> dict[str, int]:
-        """``rldiag/capture/rows`` (the rows of ``step`` handed to the writer, 0 for a step the
-        policy left out), ``rldiag/capture/bytes`` (its batch file's bytes, once written) and,
-        once the byte budget stopped batch capture, ``rldiag/capture/stopped_at_step``. Empty
-        without a policy."""
-        if not self.policy.active:
-            return {}
-        step = int(step)
-        out = {ROWS_KEY: self._step_rows.get(step, 0)}
-        if step in self._batch_rows:
-            out[BATCH_ROWS_KEY] = self._batch_rows[step]
-        with self._lock:
-            written = self._step_bytes.get(step)
-        if written is not None or step in self._skipped:
-            out[BYTES_KEY] = written or 0
-        if self.stopped_at is not None:
-            out[STOPPED_KEY] = self.stopped_at
-        return out
+        """``rldiag/capture/rows``, ``batch_rows``, ``bytes`` and ``stopped_at_step`` of ``step``
+        (:meth:`rldiag.capture.ledger.PolicyLedger.metrics`); empty without a policy."""
+        return self.ledger.metrics(int(step))
 
     def _unpad(self, batch: Any, step: int, path: Path) -> StepPayload:
         """Unpad ``batch``, its rows drawn by the policy's whole groups, with the step's record."""
@@ -427,53 +406,15 @@ class RunWriter:
         no later step handed to it). ``rows``: the batch's rows, logged as
         ``rldiag/capture/batch_rows`` (read from ``batch`` when not given)."""
         step = int(step)
-        self._skipped.add(step)
-        self._step_rows.setdefault(step, 0)
         if rows is None and batch is not None:
             rows = batch_rows(batch)
-        if rows is not None:
-            self._batch_rows[step] = self._batch_rows.get(step, 0) + int(rows)
-        if batch is None or self.last_step is not None or self.stopped_at is not None or self.policy.every == 1:
-            self._held = []
+        if not self.ledger.skip(step, rows) or batch is None:
             return
         try:
             payload = self._unpad(batch, step, self.batch_path(step))
         except RldiagError:
             return  # not captured anyway; a last step that cannot be read is warned when it is written
-        self._held = [p for p in self._held if p.step == step] + [payload]
-        payload.part = len(self._held) - 1
-
-    def _write_held(self) -> None:
-        """The writer is closing: the step held in memory is the last one handed to it."""
-        held, self._held = self._held, []
-        if not held or held[0].step in self._written_steps:
-            return
-        step = held[0].step
-        self._skipped.discard(step)
-        self._step_rows[step] = self._batch_rows[step] = 0
-        for payload in held:
-            self._queue_payload(payload)
-
-    def _batches_on_disk(self) -> int:
-        try:
-            return sum(self._file_bytes(p) for p in self.batches_dir.glob("step_*") if p.suffix in (".parquet", ".arrow"))
-        except OSError:
-            return 0
-
-    @staticmethod
-    def _file_bytes(path: Path) -> int:
-        try:
-            return path.stat().st_size
-        except OSError:
-            return 0
-
-    def _with_policy(self, tree: Any) -> Any:
-        """``run.yaml``'s tree with the policy recorded under ``rldiag.capture`` (when one is set)."""
-        if not self.policy.active or not isinstance(tree, dict):
-            return tree
-        rldiag = dict(tree.get("rldiag") or {})
-        rldiag["capture"] = {**dict(rldiag.get("capture") or {}), **self.policy.record()}
-        return {**tree, "rldiag": rldiag}
+        self.ledger.hold(payload)
 
     def parts(self, step: int) -> int:
         """How many times this writer was given ``step`` (0 if never)."""
@@ -563,7 +504,8 @@ class RunWriter:
         ``"warn"``, a writer stuck on its disk is left behind after ``max_wait_s`` per queued
         batch (at least 10 s): what it had not written is dropped whole."""
         if not self._closed:
-            self._write_held()
+            for payload in self.ledger.take_held():  # the run's last step, left out while it was unknown
+                self._queue_payload(payload)
             self._closed = True
             if self._sigterm is not None:
                 self._sigterm.remove()
@@ -679,9 +621,7 @@ class RunWriter:
     def _write_batch(self, payload: StepPayload) -> None:
         try:
             size = self._again(lambda: self.disk.write_step(payload, self.compression, self._token_text))
-            with self._lock:  # the file holds every part so far
-                self.stats.bytes += size - self._step_bytes.get(payload.step, 0)
-                self._step_bytes[payload.step] = size
+            self.stats.bytes += self.ledger.written(payload.step, size)  # the file holds every part so far
             self.stats.steps += int(payload.part == 0)
             self.stats.parts += 1
         except BaseException as exc:  # noqa: BLE001 - reported on the training thread
@@ -693,8 +633,7 @@ class RunWriter:
     def _append(self, item: tuple[int, dict[str, Any]]) -> None:
         step, data = item
         if BYTES_KEY not in data and ROWS_KEY in data:  # the step's batch file is written by now (queue order)
-            with self._lock:
-                data[BYTES_KEY] = self._step_bytes.get(step, 0)
+            data[BYTES_KEY] = self.ledger.file_of(step) or 0
         try:
             line = json.dumps({"step": step, "data": data}, allow_nan=True)
             self._again(lambda: self.disk.append_line(line))

@@ -31,7 +31,7 @@ from rldiag.engine.pipeline import PresetKLCoefficients, initial_kl_state
 from rldiag.errors import ComputeError, ConfigError, ExecutorError, RldiagError
 from rldiag.executors.allocator import tune_host_allocator
 from rldiag.executors.base import Plan
-from rldiag.executors.klchain import chain, is_adaptive, pack_statistics, replay_statistics
+from rldiag.executors.klchain import chain, is_adaptive, pack_statistics, replay_statistics, with_logged
 from rldiag.executors.steps import Job, StepOutcome, StepTask, fetch, prefetched, process
 from rldiag.io.fs import is_uri
 
@@ -228,7 +228,8 @@ class RayExecutor:
         stats = [stat for part, ref in replay_refs + refs for stat in self._get(ray, part, ref)]
         # no pack spans a step of the other kind (scenario.plan.plan_steps), so step order is pack order
         stats.sort(key=lambda stat: stat[0][0])
-        return chain(initial_kl_state(job.settings), job.settings, stats)
+        # a capture policy's run: verl's logged statistic where a step's batch is missing or sampled
+        return chain(initial_kl_state(job.settings), job.settings, with_logged(stats, plan.logged_kl))
 
     @staticmethod
     def _get(ray, chunk: list[StepTask], ref):

@@ -38,6 +38,7 @@ from rldiag.io.run_layout import SweepLayout
 from rldiag.io.rundir import RunDir, Steps, parse_steps
 from rldiag.io.staged import open_staged
 from rldiag.scenario.plan import Previous, check_name, check_settings, known_inputs, plan_steps, previous
+from rldiag.scenario.sampling import SampledRun
 from rldiag.scenario.write import ScenarioReport, ScenarioWriter
 from rldiag.version import __version__
 
@@ -388,8 +389,12 @@ def _run_local(rd: RunDir, scenarios: list[_Scenario], files: dict, chosen: list
                     if progress:
                         progress(done, total, out.step)
             seconds = time.perf_counter() - t0
+            # a capture policy's run: its sampled and uncaptured steps marked (the adaptive KL chain of a
+            # swept scenario does not take the logged statistics: rldiag recompute of that scenario does)
+            sample = SampledRun.of(rd, scenarios[0].settings, files, chosen) if scenarios else None
             for sc, writer in zip(scenarios, writers):
-                writer.commit(seconds, {"sweep": label})  # the sweep that wrote it
+                extra = sample.mark(sc.report) if sample is not None else {}
+                writer.commit(seconds, {"sweep": label, **extra})  # the sweep that wrote it
                 sc.table = writer.table
         except BaseException:
             for writer in writers:

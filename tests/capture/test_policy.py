@@ -136,3 +136,17 @@ def test_without_a_policy_the_lines_and_files_are_as_before(tmp_path):
     _train(run, 2)
     assert _lines(run)[1] == {"loss": 1.0}
     assert read_record(pq.read_schema(run / "batches" / "step_000001.parquet").metadata) is None
+
+
+def test_a_large_run_seed_is_kept_modulo_2_31_and_recorded_as_a_valid_setting(tmp_path):
+    from rldiag.config.settings import resolve_settings
+
+    run = tmp_path / "run"
+    with RunWriter(run, config={"data": {"seed": 2**40 + 5}}, groups=2) as writer:
+        writer.write_batch(1, _batch(1))
+    assert writer.policy.seed == 5
+    settings = resolve_settings(run)  # the recorded policy reads back as settings
+    assert (settings["rldiag.capture.seed"], settings["rldiag.capture.groups"], settings["rldiag.capture.every"]) == (
+        5, 2.0, 1)
+    with pytest.raises(CaptureError):
+        CapturePolicy(seed=-1)
