@@ -13,7 +13,7 @@ a handful of tokens carry large gaps (``outlier_tokens`` has its own gate).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,17 +30,21 @@ STEP_FOUND = 0.5
 #: (docs/mismatch.md's table is :func:`markdown_table` of it)
 THRESHOLDS: dict[str, tuple[str, float, float]] = {
     "gap": ("gap_abs_p99", 1e-4, 3e-4),
-    "one_sided": ("0.15 - positive_share", 0.0, 0.1),
+    "one_sided": ("0.15 - body_positive_share", 0.0, 0.1),
     "slope": ("|slope - 1|", 0.02, 0.05),
     "slope_corr": ("|gap_rollout_corr|", 0.3, 0.5),
     "monotone": ("logprob_corr", 0.8, 0.9),
-    "symmetric": ("|positive_share - 0.5|", 0.1, 0.2),
-    "uncorrelated": ("|gap_rollout_corr|", 0.2, 0.4),
+    "symmetric": ("|body_positive_share - 0.5|", 0.1, 0.2),
+    "uncorrelated": ("|body_gap_rollout_corr|", 0.2, 0.4),
     "shift": ("1 - min(shift_next_abs_gap, shift_prev_abs_gap) / pair_abs_gap", 0.5, 0.8),
     "lag_corr": ("lag_gap_corr", 0.15, 0.3),
     "lag_ratio": ("lag_abs_gap_lagged / lag_abs_gap_lag0", 1.5, 3.0),
+    "lag_spread": ("lag_body_std_lagged / lag_body_std_lag0", 1.4, 2.2),
     "outlier_share": ("top_kl_share", 0.45, 0.7),
     "outlier_size": ("gap_abs_max", 0.05, 0.2),
+    "outlier_separation": ("gap_abs_max / gap_abs_p95", 3.0, 6.0),
+    "half": ("half_share", 0.5, 0.9),
+    "on_policy_gap": ("lag_body_std_lag0", 4e-5, 1.2e-4),
 }
 #: ``precision`` with a run gap std at or below this is what bf16 inference produces: severity info
 PRECISION_INFO_STD = 0.05
@@ -87,9 +91,17 @@ def _r(key: str, x: np.ndarray) -> np.ndarray:
     return ramp(x, lo, hi)
 
 
-def step_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each cause's confidence per step ``(n_steps,)`` from the statistics ``s`` (names without
-    the ``rldiag/mismatch/`` prefix; the ``lag_*`` ones may be absent)."""
+def _body(g: Any, name: str, whole: str) -> np.ndarray:
+    """The body's statistic (``body_<name>``: the top 1 % of tokens left out), or the whole
+    step's where a recompute did not write it."""
+    body, all_ = g(name), g(whole)
+    return np.where(np.isnan(body), all_, body)
+
+
+def _fingerprints(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each cause's confidence per step ``(n_steps,)`` on its own fingerprint, before one cause
+    masks another (:func:`step_confidences`), and ``precision``'s as the on-policy rows show it
+    under a lag (``precision_on_policy``)."""
     n = len(s["tokens"])
     nan = np.full(n, np.nan)
 
@@ -97,38 +109,78 @@ def step_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return np.asarray(s.get(name, nan), dtype=np.float64)
 
     gap = _r("gap", g("gap_abs_p99"))
-    pos, slope, corr = g("positive_share"), g("slope"), g("gap_rollout_corr")
-    trunc = gap * _r("one_sided", 0.15 - pos) * (g("gap_mean") < 0)
+    slope, corr = g("slope"), g("gap_rollout_corr")
+    # truncation on the body (a handful of outlier tokens of one sign left out), and on the
+    # on-policy rows where a lag spreads the others' gaps both ways
+    b_pos = _body(g, "body_positive_share", "positive_share")
+    on_pos = np.where(g("lag0_share") > 0, g("lag0_positive_share"), np.nan)
+    trunc = gap * _r("one_sided", 0.15 - np.fmin(b_pos, on_pos)) * (_body(g, "body_gap_mean", "gap_mean") < 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         shift_ratio = np.fmin(g("shift_next_abs_gap"), g("shift_prev_abs_gap")) / g("pair_abs_gap")
         lag_ratio = g("lag_abs_gap_lagged") / g("lag_abs_gap_lag0")
+        separation = g("gap_abs_max") / _body(g, "gap_abs_p95", "gap_abs_p99")
+        spread = g("lag_body_std_lagged") / g("lag_body_std_lag0")
     misaligned = gap * _r("shift", 1 - shift_ratio)
-    out_share = _r("outlier_share", g("top_kl_share")) * _r("outlier_size", g("gap_abs_max"))
+    outliers = (_r("outlier_share", g("top_kl_share")) * _r("outlier_size", g("gap_abs_max"))
+                * np.where(separation == np.inf, 1.0, _r("outlier_separation", separation)))
     lag_ratio = np.where(np.isnan(g("lag_abs_gap_lag0")), 3.0, lag_ratio)  # no on-policy rows: the correlation decides
-    lag = gap * _r("lag_corr", g("lag_gap_corr")) * np.where(np.isnan(lag_ratio), 0.0, _r("lag_ratio", lag_ratio))
+    lag_corr = _r("lag_corr", g("lag_gap_corr")) * np.where(np.isnan(lag_ratio), 0.0, _r("lag_ratio", lag_ratio))
+    spread = np.where(g("lag_body_std_lagged") > 0, spread, 0.0)  # NaN (no on-policy rows): the correlation decides
+    lag = gap * np.fmax(lag_corr, _r("lag_spread", spread))
     # temperature: x ~ slope * y, d correlated with y (its sign that of slope - 1), and d of
-    # opposite signs on confident and unconfident tokens (one of them missing: half the weight)
+    # opposite signs on confident and unconfident tokens (where one kind is missing, the other's
+    # sign alone)
     conf, unconf = g("gap_confident"), g("gap_unconfident")
-    missing = np.isnan(conf) | np.isnan(unconf)
+    no_conf, no_unconf = np.isnan(conf), np.isnan(unconf)
     if "confident_share" in s and "unconfident_share" in s:  # a mean over no token is written as 0
-        missing |= (g("confident_share") == 0) | (g("unconfident_share") == 0)
+        no_conf |= g("confident_share") == 0
+        no_unconf |= g("unconfident_share") == 0
     direction = np.sign(slope - 1)
-    flip = np.where(missing, 0.6,
-                    ((np.sign(conf) == direction) & (np.sign(unconf) == -direction)).astype(np.float64))
+    conf_ok, unconf_ok = np.sign(conf) == direction, np.sign(unconf) == -direction
+    flip = np.where(no_conf & no_unconf, 0.0,
+                    np.where(no_conf, unconf_ok, np.where(no_unconf, conf_ok, conf_ok & unconf_ok))).astype(np.float64)
     temperature = (gap * _r("slope", np.abs(slope - 1)) * _r("slope_corr", np.abs(corr)) * (np.sign(corr) == direction)
-                   * _r("monotone", g("logprob_corr")) * flip * (1 - trunc) * (1 - misaligned) * (1 - out_share))
-    structural = np.max(np.stack([trunc, temperature, misaligned, lag, out_share]), axis=0)
-    precision = (gap * (1 - _r("symmetric", np.abs(pos - 0.5))) * (1 - _r("slope", np.abs(slope - 1)))
-                 * (1 - _r("uncorrelated", np.abs(corr))) * (1 - structural))
-    return {"sampling_truncation": trunc, "temperature": temperature, "precision": precision,
-            "misaligned": misaligned, "policy_lag": lag, "outlier_tokens": out_share}
+                   * _r("monotone", g("logprob_corr")) * flip * (1 - trunc) * (1 - misaligned) * (1 - outliers))
+    # precision: the body's gap (the outlier tokens left out) small, symmetric and structureless,
+    # what no other cause explains; or the rollout's log-probs are 16-bit numbers
+    b_slope, b_corr = _body(g, "body_slope", "slope"), _body(g, "body_gap_rollout_corr", "gap_rollout_corr")
+    noise = (gap * (1 - _r("symmetric", np.abs(b_pos - 0.5))) * (1 - _r("slope", np.abs(b_slope - 1)))
+             * (1 - _r("uncorrelated", np.abs(b_corr))))
+    others = np.max(np.stack([trunc, temperature, misaligned]), axis=0)
+    half = gap * _r("half", g("half_share"))
+    return {"sampling_truncation": trunc, "temperature": temperature, "misaligned": misaligned, "policy_lag": lag,
+            "outlier_tokens": outliers, "precision": np.fmax(noise * (1 - np.fmax(others, lag)), half),
+            "precision_on_policy": np.fmax(noise * (1 - others) * _r("on_policy_gap", g("lag_body_std_lag0")), half)}
+
+
+def step_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each cause's confidence per step ``(n_steps,)`` from the statistics ``s`` (names without
+    the ``rldiag/mismatch/`` prefix; the ``lag_*``, ``body_*`` and ``half_share`` ones may be
+    absent), each on its own fingerprint (a cause that masks another is applied over the run:
+    :func:`diagnose_mismatch`)."""
+    f = _fingerprints(s)
+    return {c: f[c] for c in CAUSES}
+
+
+#: the causes a dominant cause masks: where it is found, their run confidence is scaled by
+#: ``1 - its confidence`` and, where their own fingerprint holds, they are reported inside its
+#: evidence (``implied``), not as causes of their own: a handful of outlier tokens inside lagged
+#: rows, and the bfloat16 noise under a policy lag (precision as the on-policy rows show it)
+IMPLIED_BY = {"policy_lag": ("outlier_tokens", "precision")}
+
+
+def implied_confidences(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per step ``(n_steps,)``, the unmasked confidence of each cause :data:`IMPLIED_BY` lists:
+    ``outlier_tokens`` on its own fingerprint, ``precision`` as the on-policy rows show it."""
+    f = _fingerprints(s)
+    return {"outlier_tokens": f["outlier_tokens"], "precision": f["precision_on_policy"]}
 
 
 #: which causes each ramp feeds, in words (docs/mismatch.md)
 USED_BY = {
     "gap": "every cause but outlier_tokens (a step's gap at all)",
-    "one_sided": "sampling_truncation (with gap_mean < 0)",
-    "slope": "temperature; precision (1 - it)",
+    "one_sided": "sampling_truncation (with body_gap_mean < 0; the lesser of it and lag0_positive_share)",
+    "slope": "temperature; precision (1 - it, of body_slope)",
     "slope_corr": "temperature (its sign that of slope - 1)",
     "monotone": "temperature",
     "symmetric": "precision (1 - it)",
@@ -136,8 +188,12 @@ USED_BY = {
     "shift": "misaligned",
     "lag_corr": "policy_lag",
     "lag_ratio": "policy_lag (1 without on-policy rows)",
+    "lag_spread": "policy_lag (the larger of it and lag_corr x lag_ratio)",
     "outlier_share": "outlier_tokens",
     "outlier_size": "outlier_tokens",
+    "outlier_separation": "outlier_tokens (1 when gap_abs_p95 is 0)",
+    "half": "precision (the larger of it and the noise reading)",
+    "on_policy_gap": "precision implied by policy_lag (the on-policy rows' noise)",
 }
 
 
@@ -236,6 +292,8 @@ class Cause:
     config: dict[str, Any] = field(default_factory=dict)  # {"settings": ..., "predicts": bool|None}
     details: dict[str, float] = field(default_factory=dict)  # run-level statistics behind it
     examples: list[dict[str, Any]] = field(default_factory=list)  # tokens / rows to look at
+    #: causes this one masks whose own fingerprint holds too (IMPLIED_BY): cause, confidence, what
+    implied: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -328,14 +386,22 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
     per_step = step_confidences(s)
     summ = summarise(s)
     gap_steps = has & (np.nan_to_num(s.get("gap_abs_p99", np.zeros(len(w)))) >= THRESHOLDS["gap"][1])
-    confidences: dict[str, float] = {}
+    bases = {c: gap_steps for c in CAUSES}
+    # a handful of tokens, whatever the rest's gap: read on the steps with a token far enough off,
+    # and apart from the body, to be one (a step without any says nothing of a kernel that errs now and then)
+    bases["outlier_tokens"] = has & _stands_out(s)
+    if "lag0_share" in s:  # a lag shows only on steps with lagged rows
+        bases["policy_lag"] = gap_steps & (np.nan_to_num(s["lag0_share"], nan=1.0) < 1)
+    def run_confidence(values: np.ndarray, base: np.ndarray) -> float:
+        conf = _weighted(values, np.where(base, w, 0.0)) if base.any() else 0.0
+        return 0.0 if not np.isfinite(conf) else round(conf, 4)
+
+    confidences = {cause: run_confidence(per_step[cause], bases[cause]) for cause in CAUSES}
+    implied = _mask_implied(per_step, confidences, implied_confidences(s), bases, run_confidence)
     causes: list[Cause] = []
     notes: list[str] = []
     for cause in CAUSES:
         c = per_step[cause]
-        base = has if cause == "outlier_tokens" else gap_steps
-        conf = _weighted(c, np.where(base, w, 0.0)) if base.any() else 0.0
-        confidences[cause] = 0.0 if not np.isfinite(conf) else round(conf, 4)
         predicted = sampling.predicts(cause)
         if confidences[cause] < FOUND:
             if predicted:
@@ -344,7 +410,7 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
             continue
         at = has & (c >= STEP_FOUND)
         if cause == "precision":
-            severity = "info" if summ["gap_std"] <= PRECISION_INFO_STD else "warning"
+            severity = _precision_severity(summ, confidences)
         else:
             severity = _SEVERITY[cause]
         lead = f"{_WHAT[cause]}: {cause}, confidence {confidences[cause]:.2f}"
@@ -358,7 +424,8 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
             cause=cause, confidence=confidences[cause], severity=severity, message=message,
             statistic=_statistic(cause, summ), steps=[int(x) for x in steps_arr[at]],
             values=[round(float(x), 4) for x in c[at]], remedy=REMEDIES[cause],
-            config={"settings": sampling_dict, "predicts": predicted}, details=_details(cause, summ)))
+            config={"settings": sampling_dict, "predicts": predicted}, details=_details(cause, summ),
+            implied=implied.get(cause, [])))
     if summ.get("gap_abs_p99", 0.0) < THRESHOLDS["gap"][1] and not causes:
         notes.append(f"the gap's 99th percentile is {_fmt(summ.get('gap_abs_p99', 0.0))} (< 1e-4): the two "
                      "log-prob streams agree")
@@ -366,12 +433,55 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
     return MismatchDiagnosis([int(x) for x in steps_arr[has]], summ, confidences, causes, sampling_dict, notes)
 
 
+def _stands_out(s: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``(n_steps,)`` bool: the step's largest ``|d|`` is at least the ``outlier_size`` ramp's
+    low bound and the ``outlier_separation`` ramp's low bound times the body's bound."""
+    n = len(s["tokens"])
+    top = np.nan_to_num(np.asarray(s.get("gap_abs_max", np.zeros(n)), dtype=np.float64))
+    body = np.asarray(s.get("gap_abs_p95", s.get("gap_abs_p99", np.zeros(n))), dtype=np.float64)
+    return (top >= THRESHOLDS["outlier_size"][1]) & (top >= THRESHOLDS["outlier_separation"][1] * np.nan_to_num(body))
+
+
+def _precision_severity(summ: Mapping[str, float], confidences: Mapping[str, float]) -> str:
+    """``info`` at the body's gap std (the whole gap's without body statistics) of at most
+    :data:`PRECISION_INFO_STD`, or when another structural cause holds the gap (then the gap's
+    size is that cause's, not the numeric noise's); else ``warning``."""
+    std = summ.get("body_gap_std", summ["gap_std"])
+    std = summ["gap_std"] if not np.isfinite(std) else std
+    held = any(confidences.get(c, 0.0) >= FOUND for c in ("sampling_truncation", "temperature", "misaligned",
+                                                           "policy_lag"))
+    return "info" if std <= PRECISION_INFO_STD or held else "warning"
+
+
+def _mask_implied(per_step: dict[str, np.ndarray], confidences: dict[str, float], unmasked: Mapping[str, np.ndarray],
+                  bases: Mapping[str, np.ndarray],
+                  run_confidence: Callable[[np.ndarray, np.ndarray], float]) -> dict[str, list[dict[str, Any]]]:
+    """Apply :data:`IMPLIED_BY`: for each masking cause found, scale the causes it masks by ``1 -
+    its confidence`` (``per_step`` and ``confidences``, in place) and return, per masking cause,
+    those whose own fingerprint (``unmasked``: :func:`implied_confidences`) reaches :data:`FOUND`
+    over the run: ``{"cause", "confidence", "what"}``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for dominant, names in IMPLIED_BY.items():
+        lead = confidences[dominant]
+        if lead < FOUND:
+            continue
+        for name in names:
+            own = run_confidence(unmasked[name], bases[name])
+            if own >= FOUND:
+                out.setdefault(dominant, []).append({"cause": name, "confidence": own, "what": _WHAT[name]})
+            per_step[name] = per_step[name] * (1 - lead)
+            confidences[name] = round(confidences[name] * (1 - lead), 4)
+    return out
+
+
 _DETAILS = {
     "sampling_truncation": ("positive_share", "gap_mean", "gap_confident", "gap_unconfident", "gap_logprob_corr"),
     "temperature": ("slope", "gap_rollout_corr", "logprob_corr", "gap_confident", "gap_unconfident"),
-    "precision": ("gap_std", "gap_mean", "positive_share", "slope", "gap_position_corr", "gap_logprob_corr"),
+    "precision": ("gap_std", "gap_mean", "positive_share", "slope", "gap_position_corr", "gap_logprob_corr",
+                  "body_gap_std", "half_share"),
     "misaligned": ("pair_abs_gap", "shift_next_abs_gap", "shift_prev_abs_gap"),
-    "policy_lag": ("lag_mean", "lag_gap_corr", "lag_gap_slope", "lag_abs_gap_lag0", "lag_abs_gap_lagged"),
+    "policy_lag": ("lag_mean", "lag_gap_corr", "lag_gap_slope", "lag_abs_gap_lag0", "lag_abs_gap_lagged",
+                   "lag_body_std_lag0", "lag_body_std_lagged"),
     "outlier_tokens": ("top_kl_share", "gap_abs_max", "gap_abs_p99", "kl_k2"),
 }
 

@@ -73,6 +73,8 @@ def mismatch_rule(rule: Rule, ctx: Context) -> Outcome:
     for c in causes:
         details: dict[str, Any] = {"statistics": c.details, "config": c.config, "examples": c.examples,
                                    "remedy": c.remedy, "notes": diag.notes}
+        if c.implied:  # the causes it masks, reported inside its evidence
+            details["implied"] = c.implied
         ev = Evidence(metric=PREFIX + "*", source="recomputed", window=window, steps=c.steps, values=c.values,
                       statistic=c.statistic, settings={f"actor_rollout_ref.rollout.{k}": v
                                                        for k, v in c.config.get("settings", {}).items()},

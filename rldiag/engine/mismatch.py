@@ -51,6 +51,9 @@ from rldiag.engine.segments import seg_count, seg_max, seg_sum
 TOP_SHARE = 0.01
 #: ``gap_abs_p99``'s quantile
 QUANTILE = 0.99
+#: ``gap_abs_p95``'s quantile: the body of a step's gap (the ``body_*`` statistics) is its tokens
+#: with ``|d|`` at most this quantile, so that a handful of outlier tokens (up to 5 %) is left out
+BODY_QUANTILE = 0.95
 #: a token is confident when the rollout gave it at least this probability, unconfident below
 #: ``UNCONFIDENT``: ``gap_confident`` / ``gap_unconfident`` average ``d`` over each
 CONFIDENT = math.log(0.5)
@@ -60,12 +63,14 @@ EXTREME = math.log(2.0)
 
 #: every statistic :func:`mismatch_stats` returns (without lag data the ``lag_*`` ones are absent)
 STATS = (
-    "tokens", "gap_mean", "gap_std", "gap_abs_mean", "gap_abs_p99", "gap_abs_max", "kl_k2", "top_kl_share",
+    "tokens", "gap_mean", "gap_std", "gap_abs_mean", "gap_abs_p99", "gap_abs_p95", "gap_abs_max", "kl_k2", "top_kl_share",
     "positive_share", "slope", "gap_rollout_corr", "logprob_corr", "gap_confident", "gap_unconfident",
     "confident_share", "unconfident_share", "gap_position_corr", "gap_logprob_corr", "pair_abs_gap",
     "shift_next_abs_gap", "shift_prev_abs_gap", "token_mult_prob_error", "extreme_share",
+    "body_gap_mean", "body_gap_std", "body_positive_share", "body_slope", "body_gap_rollout_corr", "half_share",
 )
-LAG_STATS = ("lag_mean", "lag_gap_corr", "lag_gap_slope", "lag_abs_gap_lag0", "lag_abs_gap_lagged", "lag0_share")
+LAG_STATS = ("lag_mean", "lag_gap_corr", "lag_gap_slope", "lag_abs_gap_lag0", "lag_abs_gap_lagged", "lag0_share",
+             "lag_body_std_lag0", "lag_body_std_lagged", "lag0_positive_share")
 
 
 @dataclass(frozen=True)
@@ -212,36 +217,39 @@ def _corr(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor, n: int, count: to
 
 
 def _tails(absd: torch.Tensor, k2_sum: torch.Tensor, steps: _Steps) -> dict[str, torch.Tensor]:
-    """``gap_abs_p99`` (linear interpolation, as ``torch.quantile``) and ``top_kl_share`` by a
-    selection, no sort: per step, ``torch.topk`` of its largest ``|d|`` down to the quantile's
-    lower neighbour (about 1 % of its tokens, and at least the top 1 % ``top_kl_share`` sums).
-    The two order statistics are exact; the top tokens' ``d^2 / 2`` are added smallest first.
-    ``k2_sum`` ``(n_steps,)``: each step's summed ``d^2 / 2`` in the tokens' order (``kl_k2``'s),
-    the share's denominator."""
+    """``gap_abs_p99`` and ``gap_abs_p95`` (linear interpolation, as ``torch.quantile``) and
+    ``top_kl_share`` by a selection, no sort: per step, ``torch.topk`` of its largest ``|d|`` down
+    to the lower quantile's lower neighbour (about 5 % of its tokens, and at least the top 1 %
+    ``top_kl_share`` sums). The order statistics are exact; the top tokens' ``d^2 / 2`` are added
+    smallest first. ``k2_sum`` ``(n_steps,)``: each step's summed ``d^2 / 2`` in the tokens'
+    order (``kl_k2``'s), the share's denominator."""
     n, count = steps.n, steps.count
     counts = count.to(torch.long)
     sizes = steps.sizes
     if sizes is None:
         absd = absd.index_select(0, torch.argsort(steps.step, stable=True))
         sizes = counts.tolist()
-    # the quantile at (count - 1) * q between its two neighbours (ascending ranks lo and hi)
-    h = (count - 1).clamp_min(0) * QUANTILE
-    lo = h.floor().to(torch.long)
-    hi = torch.minimum(lo + 1, (counts - 1).clamp_min(0))
-    top = torch.ceil(count * TOP_SHARE).to(torch.long)
     nan = torch.full((n,), float("nan"), dtype=torch.float64, device=absd.device)
-    v_lo, v_hi, top_sum = nan.clone(), nan.clone(), torch.zeros(n, dtype=torch.float64, device=absd.device)
-    for i, (part, c, l_, h_, k) in enumerate(zip(absd.split(sizes), counts.tolist(), lo.tolist(), hi.tolist(),
-                                                 top.tolist())):
+    # each quantile at (count - 1) * q between its two neighbours (ascending ranks lo and hi)
+    ranks = []
+    for q in (QUANTILE, BODY_QUANTILE):
+        h = (count - 1).clamp_min(0) * q
+        lo = h.floor().to(torch.long)
+        ranks.append((h, lo, torch.minimum(lo + 1, (counts - 1).clamp_min(0)), nan.clone(), nan.clone()))
+    top = torch.ceil(count * TOP_SHARE).to(torch.long)
+    top_sum = torch.zeros(n, dtype=torch.float64, device=absd.device)
+    lowest = ranks[1][1].tolist()
+    for i, (part, c, low, k) in enumerate(zip(absd.split(sizes), counts.tolist(), lowest, top.tolist())):
         if not c:
             continue
-        largest = torch.topk(part, max(k, c - l_)).values  # descending: ascending rank r is at c - 1 - r
-        v_lo[i], v_hi[i] = largest[c - 1 - l_], largest[c - 1 - h_]
+        largest = torch.topk(part, max(k, c - low)).values  # descending: ascending rank r is at c - 1 - r
+        for _, lo, hi, v_lo, v_hi in ranks:
+            v_lo[i], v_hi[i] = largest[c - 1 - int(lo[i])], largest[c - 1 - int(hi[i])]
         if k:
             asc = largest[:k].flip(0)
             top_sum[i] = torch.mul(asc, 0.5).mul_(asc).cumsum_(0)[-1]
-    p99 = torch.where(counts > 0, v_lo + (h - lo) * (v_hi - v_lo), nan)
-    return {"gap_abs_p99": p99, "top_kl_share": _ratio(top_sum, k2_sum, 0.0, count)}
+    p99, p95 = (torch.where(counts > 0, v_lo + (h - lo) * (v_hi - v_lo), nan) for h, lo, _, v_lo, v_hi in ranks)
+    return {"gap_abs_p99": p99, "gap_abs_p95": p95, "top_kl_share": _ratio(top_sum, k2_sum, 0.0, count)}
 
 
 def _shift(t: ActorTokens, steps: _Steps, absd: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -262,11 +270,46 @@ def _shift(t: ActorTokens, steps: _Steps, absd: torch.Tensor) -> dict[str, torch
             "shift_prev_abs_gap": _ratio(prv, cnt, 0.0, count)}
 
 
-def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int) -> dict[str, torch.Tensor]:
+def body_mask(absd: torch.Tensor, step: torch.Tensor, p95: torch.Tensor) -> torch.Tensor:
+    """``(n,)`` bool: the tokens of the body of each step's gap, ``|d|`` at most the step's
+    ``gap_abs_p95`` ``(n_steps,)``: the top 5 % (a handful of outlier tokens) left out."""
+    return absd <= p95.index_select(0, step)
+
+
+def _body(t: ActorTokens, body: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+    """The gap's statistics over the body's tokens (:func:`body_mask`), so that a handful of
+    outlier tokens cannot hide the body's own fingerprint: ``body_gap_mean``, ``body_gap_std``,
+    ``body_positive_share``, ``body_slope`` and ``body_gap_rollout_corr`` as their whole-step
+    namesakes (neutral values where the step has no body token)."""
+    seg = t.step[body]
+    x, y, d = t.x[body], t.y[body], t.d[body]
+    cnt = seg_count(seg, n, torch.float64)
+    cov_xy, _, var_y = _moments(x, y, seg, n, cnt)
+    cov_dy, var_d, _ = _moments(d, y, seg, n, cnt)
+    pos = _ratio(seg_sum(d.clamp_min(0), seg, n), seg_sum(d.abs(), seg, n), 0.5, cnt)
+    return {"body_gap_mean": _mean(d, seg, n, cnt), "body_gap_std": var_d.sqrt(), "body_positive_share": pos,
+            "body_slope": _ratio(cov_xy, var_y, 1.0, cnt), "body_gap_rollout_corr": _corr_of(cov_dy, var_d, var_y, cnt)}
+
+
+def half_share(t: ActorTokens, n: int) -> torch.Tensor:
+    """``(n_steps,)`` the share of a step's tokens whose rollout log-prob is non-zero and a 16-bit
+    float (exactly a bfloat16 or a float16 value): an engine whose log-softmax ran in half
+    precision reports nothing else, one computing in float32 almost never does (a float32
+    value has 16 and 13 low mantissa bits to spare)."""
+    y = t.y.to(torch.float32)
+    half = (y == y.to(torch.bfloat16).to(torch.float32)) | (y == y.to(torch.float16).to(torch.float32))
+    count = seg_count(t.step, n, torch.float64)
+    return seg_sum((half & (y != 0)).to(torch.float64), t.step, n) / count
+
+
+def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int, body: torch.Tensor) -> dict[str, torch.Tensor]:
     """The gap against each row's policy lag ``(rows,)``: over rows with actor tokens, the
     correlation and least-squares slope of the row's mean ``|d|`` on its lag (0 when the lag is
     the same for every row), the mean lag, the mean ``|d|`` over the tokens of on-policy (lag 0)
-    and of lagged rows (0 without such rows), and the share of tokens in on-policy rows."""
+    and of lagged rows (0 without such rows), and the share of tokens in on-policy rows; the std
+    of ``d`` over the body's tokens (``body`` ``(n,)``, :func:`body_mask`) of on-policy and of
+    lagged rows (0 without such tokens), and ``positive_share`` over the body's tokens of on-policy
+    rows (0.5 without any): a lag adds spread to the lagged rows whatever the other causes do to all rows."""
     absd = t.d.abs()
     row_tokens = seg_count(t.row, n_rows, torch.float64)
     row_gap = seg_sum(absd, t.row, n_rows) / row_tokens
@@ -281,7 +324,16 @@ def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int) -> dict[st
     on = (tok_lag == 0).to(torch.float64)
     count = seg_count(t.step, n, torch.float64)
     on_cnt, off_cnt = seg_sum(on, t.step, n), seg_sum(1 - on, t.step, n)
-    return {
+    spread = {}
+    for name, part in (("lag_body_std_lag0", on > 0), ("lag_body_std_lagged", on == 0)):
+        keep = part & body
+        k_seg, k_d = t.step[keep], t.d[keep]
+        k_cnt = seg_count(k_seg, n, torch.float64)
+        _, var, _ = _moments(k_d, k_d, k_seg, n, k_cnt)
+        spread[name] = torch.where(k_cnt > 0, var.sqrt(), _ratio(var, k_cnt, 0.0, count))  # NaN: no token at all
+    on_body = on * body.to(torch.float64)
+    on_pos = _ratio(seg_sum(t.d.clamp_min(0) * on_body, t.step, n), seg_sum(absd * on_body, t.step, n), 0.5, count)
+    return {**spread, "lag0_positive_share": on_pos,
         "lag_mean": _mean(lg, seg, n, cnt),
         "lag_gap_corr": _corr(lg, gp, seg, n, cnt),
         "lag_gap_slope": _ratio(cov, vl, 0.0, cnt),
@@ -354,8 +406,11 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
     out["gap_logprob_corr"] = _corr_of(m2(dev_abs, other), var_abs, m2(other, other), count)
     del dev, dev_x, dev_y, dev_abs, other, conf, unconf
     out.update(_shift(t, steps, absd))
+    body = body_mask(absd, t.step, out["gap_abs_p95"])
+    out.update(_body(t, body, n_steps))
+    out["half_share"] = half_share(t, n_steps)
     if lag is not None:
-        out.update(_lag(t, lag, rows.n_rows, n_steps))
+        out.update(_lag(t, lag, rows.n_rows, n_steps, body))
     # NeMo RL's token_mult_prob_error and AReaL's extreme-token share, token means over the step
     out["token_mult_prob_error"] = steps.sum(torch.exp(absd, out=steps.scratch(d.numel())), in_scratch=True) / count
     out["extreme_share"] = steps.sum(steps.scratch(d.numel()).copy_(absd > EXTREME), in_scratch=True) / count

@@ -7,6 +7,8 @@ with a critic (GAE) over several mini-batches, computing and logging its own met
 verl's names with its own code (``rldiag.toy.algos``; it never calls ``rldiag.engine``).
 
 Modules: ``task`` (the environment), ``model`` (the transformer), ``rollout`` (sampling),
+``engine`` (the rollout engine's log-probs and the gap causes it can produce), ``corpus`` and
+``corpus_gap`` (the calibration corpus),
 ``algos`` (advantages, losses), ``update`` (mini-batch updates), ``metrics`` (data metrics),
 ``config`` (settings and presets), ``trainer`` (the loop), ``make_samples`` (samples/).
 """

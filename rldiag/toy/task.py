@@ -56,6 +56,11 @@ class Prompts:
     observation: torch.Tensor
     observation_len: torch.Tensor
 
+    def select(self, rows: torch.Tensor) -> Prompts:
+        """The prompts of ``rows`` ``(k,)``, in that order."""
+        return Prompts(*(t.index_select(0, rows) for t in (
+            self.ids, self.attention, self.target, self.target_len, self.observation, self.observation_len)))
+
     def repeat(self, n: int) -> Prompts:
         """Each prompt ``n`` times in a row (verl's ``repeat(interleave=True)``)."""
         return Prompts(*(t.repeat_interleave(n, dim=0) for t in (

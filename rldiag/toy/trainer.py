@@ -4,7 +4,9 @@ One step (``PPOTrainer._step_once``'s order): sample prompts, roll out ``n`` res
 the bfloat16 rollout engine (tool turns included), score them, recompute ``old_log_probs`` with
 the float32 actor, ``ref_log_prob`` with the frozen reference, ``values`` with the critic;
 reward-side KL shaping (optional); advantages (GAE or GRPO); critic update; actor update;
-metrics. The step's batch is handed to :class:`rldiag.capture.RunWriter` as a verl
+metrics. With ``max_lag``, each prompt group is rolled out on the engine of 0..max_lag updates
+ago (an asynchronous trainer's staleness), its ``max_global_steps`` / ``min_global_steps`` (the
+capture's ``policy_version``) saying which. The step's batch is handed to :class:`rldiag.capture.RunWriter` as a verl
 ``DataProto``-like object, exactly as a verl trainer would hand its own.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +30,8 @@ from rldiag.toy.algos import gae_advantages, grpo_advantages, kl_penalty, masked
 from rldiag.toy.config import ToyConfig
 from rldiag.toy.metrics import data_metrics
 from rldiag.toy.model import TinyTransformer, response_logprobs, response_values
-from rldiag.toy.rollout import generate, rollout_engine
-from rldiag.toy.task import DIGITS, VOCAB, ToyTokenizer, sample_prompts, score_responses, with_tool_failures
+from rldiag.toy.rollout import Rollout, generate, merge_rollouts, rollout_engine
+from rldiag.toy.task import DIGITS, VOCAB, Prompts, ToyTokenizer, sample_prompts, score_responses, with_tool_failures
 from rldiag.toy.update import StepTensors, update_actor, update_critic
 
 
@@ -68,6 +71,29 @@ class ToyTrainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.total_training_steps = cfg.steps  # the loop runs while step <= this (verl V1's condition)
+        # the rollout engine's own random streams: its outlier kernel's faults, the rows' lags
+        self.kernel_gen = torch.Generator().manual_seed(cfg.seed + 1_000_003)
+        self.lag_rng = np.random.default_rng(cfg.seed + 2_000_003)
+        self.engines: deque[torch.nn.Module] = deque(maxlen=cfg.max_lag + 1)  # newest last
+
+    def _rollout(self, prompts: Prompts, width: int) -> tuple[Rollout, np.ndarray | None]:
+        """This step's rollout on the engine synced with the current weights, or with
+        ``max_lag``: each prompt group on the weights of ``lag`` updates ago (drawn uniformly
+        from 0..max_lag, at most the updates made so far), as an asynchronous trainer's
+        rollouts are; returns the rows' lags ``(B,)`` (None without ``max_lag``)."""
+        cfg = self.cfg
+        self.engines.append(rollout_engine(self.policy))
+        if not cfg.max_lag:
+            return generate(self.engines[-1], prompts, width, self.gen, cfg.temperature, cfg.tool,
+                            cfg.engine, self.kernel_gen), None
+        group_lag = self.lag_rng.integers(0, len(self.engines), size=cfg.prompts_per_step)
+        lag = np.repeat(group_lag, cfg.n)
+        parts = []
+        for k in np.unique(lag).tolist():
+            rows = torch.from_numpy(np.flatnonzero(lag == k))
+            parts.append((rows, generate(self.engines[-1 - k], prompts.select(rows), width, self.gen,
+                                         cfg.temperature, cfg.tool, cfg.engine, self.kernel_gen)))
+        return merge_rollouts(parts, len(lag)), lag
 
     def train_step(self, step: int) -> StepResult:
         cfg = self.cfg
@@ -75,7 +101,7 @@ class ToyTrainer:
         prompts = sample_prompts(self.rng, cfg.prompts_per_step, cfg.min_digits, cfg.max_digits).repeat(cfg.n)
         prompts = with_tool_failures(prompts, self.rng, cfg.tool_failure)
         uids = np.array([f"s{step}-p{i}" for i in range(cfg.prompts_per_step) for _ in range(cfg.n)], dtype=object)
-        ro = generate(rollout_engine(self.policy), prompts, width, self.gen, cfg.temperature, cfg.tool)
+        ro, lag = self._rollout(prompts, width)
         score, exact = score_responses(ro.responses, ro.response_mask, ro.lengths, prompts, cfg.partial_credit)
         true_score = score
         if cfg.length_bonus:  # the reward pays for length too; the task's correctness (true_score) does not
@@ -147,6 +173,9 @@ class ToyTrainer:
         if values is not None:
             batch["values"] = values
         non_tensor = {"uid": uids, "score": score.numpy().astype(np.float64)}
+        if lag is not None:  # verl's agent loop: the number of updates the generating weights had seen
+            non_tensor["max_global_steps"] = (step - 1 - lag).astype(np.int64)
+            non_tensor["min_global_steps"] = non_tensor["max_global_steps"]
         return StepResult(step, SimpleNamespace(batch=batch, non_tensor_batch=non_tensor), metrics)
 
     def run(

@@ -59,6 +59,7 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
         out["gap_mean"][s], out["gap_std"][s] = d.mean(), d.std()
         out["gap_abs_mean"][s], out["gap_abs_max"][s] = ad.mean(), ad.max()
         out["gap_abs_p99"][s] = np.quantile(ad, 0.99)
+        out["gap_abs_p95"][s] = np.quantile(ad, 0.95)
         k2 = 0.5 * d * d
         out["kl_k2"][s] = k2.mean()
         top = math.ceil(0.01 * n)
@@ -77,6 +78,15 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
         out["pair_abs_gap"][s], out["shift_next_abs_gap"][s], out["shift_prev_abs_gap"][s] = p.mean(axis=0)
         out["token_mult_prob_error"][s] = np.exp(ad).mean()
         out["extreme_share"][s] = (ad > math.log(2)).mean()
+        body = ad <= out["gap_abs_p95"][s]  # the top 5 % left out
+        xb, yb, db = x[body], y[body], d[body]
+        out["body_gap_mean"][s], out["body_gap_std"][s] = db.mean(), db.std()
+        out["body_positive_share"][s] = np.clip(db, 0, None).sum() / np.abs(db).sum() if np.abs(db).sum() > 0 else 0.5
+        out["body_slope"][s] = np.mean((xb - xb.mean()) * (yb - yb.mean())) / yb.var() if yb.var() > 0 else 1.0
+        out["body_gap_rollout_corr"][s] = _corr(db, yb)
+        y32 = torch.tensor(y, dtype=torch.float32)
+        half = [(v != 0) and (v == float(v.to(torch.bfloat16)) or v == float(v.to(torch.float16))) for v in y32]
+        out["half_share"][s] = np.mean(half)
         if lag is not None:
             rr = np.array(rows)
             urows = np.unique(rr)
@@ -89,6 +99,10 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
             out["lag_abs_gap_lag0"][s] = ad[tl == 0].mean() if (tl == 0).any() else 0.0
             out["lag_abs_gap_lagged"][s] = ad[tl != 0].mean() if (tl != 0).any() else 0.0
             out["lag0_share"][s] = (tl == 0).mean()
+            for name, part in (("lag_body_std_lag0", tl == 0), ("lag_body_std_lagged", tl != 0)):
+                out[name][s] = d[part & body].std() if (part & body).any() else 0.0
+            on = d[(tl == 0) & body]
+            out["lag0_positive_share"][s] = np.clip(on, 0, None).sum() / np.abs(on).sum() if np.abs(on).sum() > 0 else 0.5
     return out
 
 

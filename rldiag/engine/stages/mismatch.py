@@ -60,6 +60,7 @@ MISMATCH = Stage(
         Metric("rldiag/mismatch/tokens", "actor tokens compared (mask 1, both log-probs finite)", _R),
         Metric("rldiag/mismatch/{gap_mean,gap_std}", f"mean and std of {_D}", _R),
         Metric("rldiag/mismatch/{gap_abs_mean,gap_abs_p99,gap_abs_max}", "mean, 99th percentile and max of |d|", _R),
+        Metric("rldiag/mismatch/gap_abs_p95", "95th percentile of |d|: the body's bound (body_*)", _R),
         Metric("rldiag/mismatch/kl_k2", "mean of d^2 / 2 (the k2 KL estimator)", _R),
         Metric("rldiag/mismatch/top_kl_share", "share of the summed d^2 / 2 held by the top 1 % of tokens", _R),
         Metric("rldiag/mismatch/positive_share", "sum of max(d, 0) over sum of |d| (0: one-sided, as "
@@ -80,12 +81,21 @@ MISMATCH = Stage(
                "(1 when the two agree; nemo_rl/algorithms/loss_functions.py, ClippedPGLossFn)", _R),
         Metric("rldiag/mismatch/extreme_share", "share of tokens with |d| > ln 2 (a probability ratio outside "
                "[1/2, 2]), AReaL's rollout_train_extreme_frac_tau2", _R),
+        Metric("rldiag/mismatch/{body_gap_mean,body_gap_std,body_positive_share,body_slope,body_gap_rollout_corr}",
+               "gap_mean, gap_std, positive_share, slope and gap_rollout_corr over the body's tokens, |d| <= "
+               "gap_abs_p95 (a handful of outlier tokens left out)", _R),
+        Metric("rldiag/mismatch/half_share", "share of tokens whose rollout log-prob is a non-zero bfloat16 or "
+               "float16 value (the engine's log-softmax in half precision)", _R),
         Metric("rldiag/mismatch/{lag_mean,lag_gap_corr,lag_gap_slope}", "each row's policy lag (step - 1 - "
                "policy_version): its mean, the correlation and slope of the row's mean |d| on it", _R,
                needs=("policy_version",)),
         Metric("rldiag/mismatch/{lag_abs_gap_lag0,lag_abs_gap_lagged}", "mean |d| over on-policy (lag 0) and "
                "lagged rows' tokens (0 without such rows)", _R, needs=("policy_version",)),
         Metric("rldiag/mismatch/lag0_share", "share of tokens in on-policy (lag 0) rows", _R, needs=("policy_version",)),
+        Metric("rldiag/mismatch/{lag_body_std_lag0,lag_body_std_lagged}", "std of d over the body's tokens (|d| <= "
+               "gap_abs_p95) of on-policy and of lagged rows (0 without such tokens)", _R, needs=("policy_version",)),
+        Metric("rldiag/mismatch/lag0_positive_share", "positive_share over the body's tokens of on-policy rows", _R,
+               needs=("policy_version",)),
     ),
     uses=("mask0",),
     sets=(),
