@@ -13,9 +13,9 @@ from rldiag.analysis.calibrate import Alert, RunReplay, summarise, summarise_key
 from rldiag.doctor.calibration import calibration_for, lead_words, render_table
 
 
-def run(name, split="test", healthy=False, pathologies=(), alerts=(), steps=30):
+def run(name, split="test", healthy=False, pathologies=(), alerts=(), steps=30, named=()):
     labels = {"healthy": healthy, "pathologies": list(pathologies), "split": split}
-    return RunReplay(name, labels, steps, [Alert(*a) for a in alerts])
+    return RunReplay(name, labels, steps, [Alert(*a) for a in alerts], [Alert(*a) for a in named])
 
 
 def collapse(onset):
@@ -109,3 +109,14 @@ def test_the_calibration_sentence_and_table():
     table = render_table(cal["splits"]["test"] | {"rules": cal["splits"]["test"]["rules"][:1]})
     assert "| `r` |  | warning | 30 | 20 | 19 | 1 | 5 | 0.95 [0.80, 0.99] | 0.80 [0.60, 0.90] |" in table
     assert "meets the floor" in table
+
+
+def test_a_cause_expected_at_info_is_detected_when_named_and_never_a_false_alarm_at_info():
+    key = ("rollout_mismatch", "precision")
+    planted = {**gap("precision"), "expected_severity": "info"}
+    runs = [run(f"p{i}", pathologies=[planted], named=[("rollout_mismatch", "precision", 1, "info")])
+            for i in range(5)]
+    # healthy runs name bf16 precision at info: not an alert, not a false alarm
+    runs += [run("h", healthy=True, named=[("rollout_mismatch", "precision", 1, "info")])]
+    row = summarise_key(key, runs, "warning")
+    assert (row["tp"], row["fp"], row["fn"], row["false_alarms"]) == (5, 0, 0, 0) and row["recall"] == 1.0

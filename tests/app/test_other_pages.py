@@ -185,15 +185,16 @@ def test_health_on_a_fresh_copy_of_the_sample(tmp_path):
 
 
 def test_health_links_open_the_step_page(tmp_path):
-    """A planted failure (responses clipped at max length) gives a finding whose steps link to
-    the Step page."""
+    """A planted failure (aborted responses) gives a finding whose steps link to the Step page,
+    with its calibration line."""
     from rldiag.synth import SynthSpec, write_synth_run
 
     run = write_synth_run(tmp_path / "r", SynthSpec(steps=3))
-    lines = [{"step": s, "data": {"response_length/clip_ratio": 0.9, "critic/score/mean": 0.5}} for s in (1, 2, 3)]
+    lines = [{"step": s, "data": {"response/aborted_ratio": 0.5, "critic/score/mean": 0.5}} for s in (1, 2, 3)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     at = open_app(run, HEALTH)
-    assert any("length_clipped" in m.value for m in at.markdown)
+    assert any("aborted_responses" in m.value for m in at.markdown)
+    assert any(c.value.startswith("Calibration: ") for c in at.caption)
     links = [el.proto for el in at.get("page_link")]
     # (the baseline's signals may add findings on the same steps)
     assert {(p.page, p.label, p.query_string) for p in links} == {("step", f"step {s}", f"step={s}") for s in (1, 2, 3)}
