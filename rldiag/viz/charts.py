@@ -137,8 +137,9 @@ def group_figure(rows: pl.DataFrame, scenarios: list[str]) -> go.Figure:
                              marker=dict(symbol="diamond", size=9, color="#333")), secondary_y=True)
     fig.update_layout(barmode="group", height=380, margin=dict(l=40, r=40, t=30, b=60),
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
-    fig.update_yaxes(title_text="mean advantage over actor tokens", secondary_y=False)
-    fig.update_yaxes(title_text="score", secondary_y=True)
+    # readable ticks on both axes: each its own round steps (never synced to the other's grid)
+    fig.update_yaxes(title_text="mean advantage over actor tokens", secondary_y=False, **READABLE_TICKS)
+    fig.update_yaxes(title_text="score", secondary_y=True, tickmode="auto", showgrid=False, **READABLE_TICKS)
     fig.update_xaxes(title_text="group (uid) / row")
     return fig
 
@@ -157,6 +158,8 @@ def mask_spans(mask: list[int], value: int = 0) -> list[tuple[int, int]]:
     return spans
 
 
+#: ticks a reader can read: at most 5, round numbers, 3 significant digits without trailing zeros
+READABLE_TICKS = {"nticks": 5, "tickformat": ".3~g"}
 #: strip name -> (label, colour scale, centre of the scale): the app's one convention for each
 #: quantity (:mod:`rldiag.viz.colours`: blue above the neutral value, red below), in the strips' order
 STRIPS = {k: (QUANTITIES[k][0], DIVERGING, QUANTITIES[k][1])
@@ -185,7 +188,8 @@ def heat_strip(tokens: dict[str, list]) -> go.Figure:
             span = max((abs(v - centre) for v in finite), default=1.0) or 1.0
             kw = dict(zmin=centre - span, zmax=centre + span)
         fig.add_trace(go.Heatmap(z=z, x=x, y=[label], colorscale=scale, showscale=True,
-                                 colorbar=dict(len=1 / n, y=1 - (i + 0.5) / n, thickness=10, title=None),
+                                 colorbar=dict(len=1 / n, y=1 - (i + 0.5) / n, thickness=10, title=None,
+                                               **READABLE_TICKS),
                                  hovertemplate=f"token %{{x}}<br>{label} %{{z:.4g}}<extra></extra>", **kw),
                       row=i + 1, col=1)
     for j, m in enumerate(masks):

@@ -100,12 +100,20 @@ def metric_panel(frame: pl.DataFrame, metric: str, sources: Mapping[str, str], s
     steps: list[tuple[int, ...]] = []
     legend: list[str] = []
     covered: list[str] = []
+    drawn: dict[tuple, str] = {}  # a drawn line's (steps, values) -> its label
     for i, (label, col) in enumerate(sources.items()):
         if col not in mine.columns:
             continue
         raw = _points(mine, col, x, log_y)
         if raw.is_empty():
             continue
+        key = (tuple(raw["step"].to_list()), tuple(raw["_y"].to_list()))
+        same = drawn.get(key)
+        if same is not None:  # a scenario that cannot change this metric: its line would hide the other's
+            first, last = raw["step"][0], raw["step"][-1]
+            covered.append(f"{label} steps {first}-{last} (the same as {same}: not drawn)")
+            continue
+        drawn[key] = label
         colour, dashed = source_colour(i), i > 0
         line = raw
         if smooth is not None and col in smooth.columns:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from rldiag.api import MismatchResult
 
 PREFIX = "rldiag/mismatch/"
-#: the over-training lines beside the step's lag-0 / lag-1 bars
+#: the over-training lines beside the step's shift-0 / shift-±1 bars (positions, never "lag": that is policy staleness)
 SHIFT_METRICS = (PREFIX + "pair_abs_gap", PREFIX + "shift_next_abs_gap", PREFIX + "shift_prev_abs_gap")
 #: the statistic that picks the step shown first
 KL_METRIC = PREFIX + "kl_k2"
@@ -314,7 +314,7 @@ def position_figure(tokens: pl.DataFrame, bins: int = 30) -> go.Figure:
     return fig
 
 
-# ---- lag-0 vs lag-1 agreement -----------------------------------------------------------------
+# ---- agreement at shift 0 vs shift ±1 (token positions; "lag" is policy staleness) -------------
 
 
 def shift_agreement(tokens: pl.DataFrame) -> dict[str, float]:
@@ -362,7 +362,7 @@ def shift_figure(agreement: Mapping[str, float], step: int, over_training: pl.Da
     fig.update_yaxes(title_text="mean |rollout - old|", row=1, col=1)
     fig.update_xaxes(title_text="old shifted by", type="category", row=1, col=1)
     fig.update_xaxes(title_text="step", row=1, col=2)
-    fig.update_layout(height=HEIGHT, margin=dict(l=50, r=20, t=70, b=90), title="Lag-0 vs lag-1 agreement",
+    fig.update_layout(height=HEIGHT, margin=dict(l=50, r=20, t=70, b=90), title="Agreement at shift 0 vs shift ±1 (positions)",
                       legend=LEGEND_BELOW)
     return fig
 

@@ -115,3 +115,27 @@ def xs(spec: dict, name: str) -> list:
 
 def ys(spec: dict, name: str) -> list:
     return [p[1] for p in series(spec, name)["data"]]
+
+
+def launch_chromium(playwright, tmp_path: Path, width: int = 1400):
+    """Debian's chromium (``rldiag.viz.serve.chromium_path``) under Playwright: headless, its own
+    profile under ``tmp_path``, a ``width`` x 1,000 viewport; the persistent context (close it)."""
+    import tempfile
+
+    from rldiag.viz.serve import CHROMIUM_ARGS, chromium_path
+
+    return playwright.chromium.launch_persistent_context(
+        tempfile.mkdtemp(prefix="chromium-", dir=tmp_path), executable_path=chromium_path(), headless=True,
+        args=CHROMIUM_ARGS, viewport={"width": width, "height": 1000},
+    )
+
+
+def playwright_or_skip():
+    """``playwright.sync_api``, the test skipped when chromium or playwright is not installed."""
+    import pytest
+
+    from rldiag.viz.serve import chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium); CI installs it")
+    return pytest.importorskip("playwright.sync_api", reason="playwright is not installed")

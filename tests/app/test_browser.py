@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,8 @@ from rldiag.synth import SynthSpec, write_synth_run
 from rldiag.viz.charts import LOGGED_COLOUR
 from rldiag.viz.echarts import GRID_TOP
 from rldiag.viz.runs import default_run
-from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
+from rldiag.viz.serve import AppServer, chromium_path
+from tests.app.helpers import launch_chromium, playwright_or_skip
 
 # one after another in one test process of a parallel run: two servers and two browsers at once on
 # two cores would slow each page past its wait
@@ -64,15 +64,9 @@ def browser_run(tmp_path):
 
 @pytest.fixture
 def app_page(browser_run, tmp_path):
-    exe = chromium_path()
-    if exe is None:
-        pytest.skip("chromium is not installed (apt-get install chromium); CI installs it")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    sync_api = playwright_or_skip()
     with AppServer(browser_run, log=tmp_path / "streamlit.log") as srv, sync_api.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            tempfile.mkdtemp(prefix="chromium-", dir=tmp_path), executable_path=exe, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000},
-        )
+        ctx = launch_chromium(p, tmp_path)
         try:
             pg = ctx.new_page()
             pg.set_default_timeout(TIMEOUT_MS)
@@ -255,11 +249,7 @@ def test_pages_in_a_browser(app_page, browser_run, tmp_path):
 
 
 def _browser(tmp_path, sync_api, p):
-    exe = chromium_path()
-    ctx = p.chromium.launch_persistent_context(
-        tempfile.mkdtemp(prefix="chromium-", dir=tmp_path), executable_path=exe, headless=True,
-        args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000},
-    )
+    ctx = launch_chromium(p, tmp_path)
     pg = ctx.new_page()
     pg.set_default_timeout(TIMEOUT_MS)
     return ctx, pg

@@ -103,7 +103,7 @@ def test_offpolicy_diagnosis_and_pictures_on_open(tmp_path):
     assert any(m.startswith("**Remedy:**") for m in md) and any(m.startswith("**Steps:** 1-") for m in md)
     assert any(c.value.startswith("Statistic: gap_std") for c in at.caption)
     titles = [(s["layout"].get("title") or {}).get("text", "") for s in charts(at)]
-    for picture in ("Rollout vs trainer log-prob", "Gap old - rollout", "|Gap| by position", "Lag-0 vs lag-1"):
+    for picture in ("Rollout vs trainer log-prob", "Gap old - rollout", "|Gap| by position", "Agreement at shift 0 vs shift ±1"):
         assert any(t.startswith(picture) for t in titles), titles
     metrics = pq.read_table(run / "rldiag" / "scenarios" / "baseline" / "metrics.parquet").to_pylist()
     kl = {r["step"]: r["rldiag/mismatch/kl_k2"] for r in metrics}

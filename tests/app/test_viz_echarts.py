@@ -130,3 +130,13 @@ def test_every_drawn_point_knows_its_step(points):
     for i, (s, _) in enumerate(finite):
         assert panel_action({"selected": [{"series_index": 0, "data_indices": [i]}]}, p) == ("step", s)
     json.dumps(p.spec, allow_nan=False)
+
+
+def test_a_scenario_that_cannot_change_a_metric_is_not_drawn_over_the_baseline():
+    """An estimator scenario's entropy is the baseline's, bit for bit: drawing it would hide the
+    baseline's line; it is left out and the panel's description says so."""
+    frame = _frame().with_columns(pl.col("base").alias("same"), (pl.col("base") + 1).alias("moved"))
+    p = metric_panel(frame, "a", {**SOURCES, "rloo": "same", "clip": "moved"})
+    assert [s["name"] for s in p.spec["series"]] == ["logged", "baseline", "clip"]
+    assert p.spec["legend"]["data"] == ["logged", "baseline", "clip"]
+    assert "rloo steps 1-4 (the same as baseline: not drawn)" in p.alt and "clip steps 1-4" in p.alt

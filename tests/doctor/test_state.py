@@ -83,3 +83,21 @@ def test_a_state_change_is_a_changed_event_and_resolved_is_not_cleared():
     assert events[-1] == ("changed", 13, "resolved")
     assert ("changed", 11, "improving") in events
     assert doc.active()[0].evidence.state_since == 11
+
+
+def test_the_state_in_words_for_the_text_output_and_follow(capsys):
+    """``state_line`` (the text report and --follow's changed events): the state, its step, and
+    what it means for the rule's threshold."""
+    from rldiag.cli.cmd_doctor import plural, state_line
+    from rldiag.doctor.evaluators import Evidence
+
+    spark = {"metric": "response_length/clip_ratio", "threshold": 0.1, "worse": "above", "steps": [], "values": []}
+    ev = Evidence(state="resolved", state_since=16, sparkline=spark)
+    assert state_line(ev) == "resolved since step 16: response_length/clip_ratio back below 0.1 at every step since"
+    ev = Evidence(state="worsening", state_since=24, sparkline={**spark, "worse": "below", "threshold": 0.3})
+    assert state_line(ev) == ("worsening since step 24: the recent mean of response_length/clip_ratio moves away "
+                              "from 0.3")
+    ev = Evidence(state="improving", state_since=5, cause="policy_lag", details={"trend_metric": "rldiag/mismatch/gap_std"})
+    assert state_line(ev) == "improving since step 5: rldiag/mismatch/gap_std shrinks over the last steps"
+    assert state_line(Evidence(state="ongoing", state_since=1)) == "ongoing since step 1"
+    assert [plural(n, "finding") for n in (0, 1, 2)] == ["0 findings", "1 finding", "2 findings"]
