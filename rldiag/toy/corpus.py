@@ -313,4 +313,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # run with -m this module is __main__, while the family modules register with rldiag.toy.corpus:
+    # the registry read must be that one
+    from rldiag.toy import corpus
+
+    raise SystemExit(corpus.main())
