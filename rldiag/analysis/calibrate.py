@@ -17,14 +17,15 @@ Per rule and gap cause (:func:`summarise`), over the runs of one split:
   the one reported (``detects``) with that kind's false negatives and lead time;
 - a gap cause (rule ``rollout_mismatch``, ``evidence.cause``) is a true positive on a run whose
   labels plant that cause, a false positive on any other run, except one whose labels name the
-  cause as implied by another (``implied_by``: neither counted);
+  cause as implied by another (``implied_by``: neither counted); a planted cause whose label says
+  ``"expected_severity": "info"`` is detected when named at any severity;
 - precision and recall carry Wilson 95 % intervals; false alarms per 100 healthy steps count the
   alerts on healthy runs (events, not active steps); the lead time of a detected run is its
   labelled onset minus the step of the first alert (positive: the finding came first), the median
   over the runs is reported;
 - fewer than :data:`MIN_FIRINGS` alerted runs is ``not enough data``; alerts on no planted run
   ``uncalibrated``; a warning or critical rule meets the floor with precision >= 0.9 and at most
-  one false alarm per 100 healthy steps.
+  one false alarm per 100 healthy steps (an uncalibrated one that fires does not).
 
 Runs whose planted pathology was not produced (no onset) are left out and listed.
 """
@@ -87,13 +88,17 @@ class RunReplay:
     labels: dict[str, Any]
     steps: int
     alerts: list[Alert] = field(default_factory=list)
+    # each gap cause the first time it was named at all (info included): a planted cause whose
+    # label expects severity info is detected when named
+    named: list[Alert] = field(default_factory=list)
     final: dict[str, str] = field(default_factory=dict)
     recompute_failed: dict[int, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "split": self.labels.get("split"), "healthy": bool(self.labels.get("healthy")),
                 "kinds": [kind_of(p) for p in self.labels.get("pathologies", [])], "steps": self.steps,
-                "alerts": [asdict(a) for a in self.alerts], "final": self.final,
+                "alerts": [asdict(a) for a in self.alerts], "named": [asdict(a) for a in self.named],
+                "final": self.final,
                 "recompute_failed": {str(k): v for k, v in self.recompute_failed.items()}}
 
 
@@ -155,18 +160,25 @@ def replay_run(run: Path, rules: list[Any] | None = None, device: str = "cpu") -
     doctor = LiveDoctor({**settings.values, **settings.resolved()}, rules)
     out = RunReplay(run.name, labels, steps=len(set(logged) | set(recomputed)),
                     recompute_failed=dict(rec.steps_failed))
+    # a rule declared at info (never a health finding) is measured at its own severity
+    info_rules = {r.id for r in doctor.rules if r.severity == "info"}
     alerting: set[Key] = set()
+    seen: set[Key] = set()
     for step in sorted(set(logged) | set(recomputed)):
         if step in logged:
             doctor.add_logged(step, logged[step])
         if step in recomputed:
             doctor.add_recomputed(step, recomputed[step])
         doctor.evaluate(step)
-        now = {(f.rule, f.evidence.cause): f for f in doctor.active() if f.severity in ALERT}
+        now = {(f.rule, f.evidence.cause): f for f in doctor.active() if f.severity in ALERT or f.rule in info_rules}
         for key, f in now.items():
             if key not in alerting:
                 out.alerts.append(Alert(f.rule, f.evidence.cause, step, f.severity, f.evidence.confidence))
         alerting = set(now)
+        for f in doctor.active():
+            if f.evidence.cause is not None and (f.rule, f.evidence.cause) not in seen:
+                seen.add((f.rule, f.evidence.cause))
+                out.named.append(Alert(f.rule, f.evidence.cause, step, f.severity, f.evidence.confidence))
     out.final = {key_name((f.rule, f.evidence.cause)): f.severity for f in doctor.active()}
     return out
 
@@ -199,6 +211,12 @@ def _planted(rep: RunReplay) -> dict[str, int | None]:
     return {kind_of(p): p.get("onset_step") for p in rep.labels.get("pathologies", []) if not p.get("implied_by")}
 
 
+def _expects_info(rep: RunReplay) -> set[str]:
+    """The run's planted kinds whose label expects severity info (a finding at info detects them)."""
+    return {kind_of(p) for p in rep.labels.get("pathologies", [])
+            if not p.get("implied_by") and p.get("expected_severity") == "info"}
+
+
 def _implied(rep: RunReplay) -> set[str]:
     return {kind_of(p) for p in rep.labels.get("pathologies", []) if p.get("implied_by")}
 
@@ -212,13 +230,15 @@ def summarise_key(key: Key, runs: list[RunReplay], severity: str) -> dict[str, A
     healthy_steps = sum(r.steps for r in runs if r.labels["healthy"])
     first: dict[str, int] = {}
     false_alarms = 0
+    target = f"rollout_gap/{key[1]}" if key[0] == "rollout_mismatch" and key[1] else None
     for r in runs:
         steps = [a.step for a in r.alerts if (a.rule, a.cause) == key]
+        if target is not None and target in _expects_info(r):  # named at info is what the label expects
+            steps = sorted(steps + [a.step for a in r.named if (a.rule, a.cause) == key][:1])
         if steps:
             first[r.name] = steps[0]
         if r.labels["healthy"]:
             false_alarms += len(steps)
-    target = f"rollout_gap/{key[1]}" if key[0] == "rollout_mismatch" and key[1] else None
     if target is not None:  # a gap cause: right only on the runs that plant it
         counted = [r for r in runs if target not in _implied(r)]
         positive = {r.name for r in counted if target in _planted(r)}
@@ -259,6 +279,8 @@ def summarise_key(key: Key, runs: list[RunReplay], severity: str) -> dict[str, A
     if status == "calibrated" and severity in ALERT:
         floor = bool(precision is not None and precision >= FLOOR_PRECISION
                      and fa100 is not None and fa100 <= FLOOR_FALSE_ALARMS)
+    elif status == "uncalibrated" and severity in ALERT:
+        floor = False  # it fires, and only on healthy runs
     return {
         "rule": key[0], "cause": key[1], "severity": severity, "runs": len(counted), "fired": len(fired),
         "tp": tp, "fp": fp, "fn": len(pos) - len(hit), "precision": precision, "precision_ci": wilson(tp, tp + fp),

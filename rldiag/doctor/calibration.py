@@ -135,6 +135,24 @@ def render_table(split: dict[str, Any]) -> str:
     return out
 
 
+def lead_summary(split: dict[str, Any]) -> str:
+    """Which calibrated rules warn before the labelled onset and which only confirm it after the
+    fact (median lead > 0, <= 0), and the warning or critical ones below the floor."""
+    rows = [r for r in split["rules"] if r["status"] == "calibrated" and r["lead_steps"] is not None]
+    early = [f"`{key(r)}` ({r['lead_steps']:g} steps before {r['detects']})" for r in rows if r["lead_steps"] > 0]
+    audit = [f"`{key(r)}` ({lead_words(r['lead_steps'], r['detects']).removeprefix('fires ')})"
+             for r in rows if r["lead_steps"] <= 0]
+    below = [f"`{key(r)}`" for r in split["rules"] if r["meets_floor"] is False]
+    out = ["\nOn `test`:\n", "- early warnings (median lead > 0): " + (", ".join(early) or "none") + ";",
+           "- audits (they confirm a problem at or after its onset): " + (", ".join(audit) or "none") + ";",
+           "- warning or critical rules below the floor: " + (", ".join(below) or "none") + "."]
+    return "\n".join(out) + "\n"
+
+
+def key(row: dict[str, Any]) -> str:
+    return row["rule"] + (f"/{row['cause']}" if row.get("cause") else "")
+
+
 def render_markdown(cal: dict[str, Any] | None = None) -> str:
     """docs/calibration.md from the calibration ``cal`` (default the shipped one)."""
     cal = load() if cal is None else cal
@@ -145,6 +163,7 @@ def render_markdown(cal: dict[str, Any] | None = None) -> str:
     c = cal["corpus"]
     parts.append(f"\n## The shipped figures\n\nCorpus: `--size {c.get('size')} --seed {c.get('seed')}`, "
                  f"{c.get('runs')} runs; rldiag {cal.get('rldiag_version')}.\n")
+    parts.append(lead_summary(cal["splits"][REPORTED_SPLIT]))
     for split in ("test", "train"):
         s = cal["splits"][split]
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["runs_by_kind"].items()))

@@ -25,7 +25,7 @@ from rldiag.errors import ConfigError
 
 BUILTIN_RULES = Path(__file__).with_name("rules.yaml")
 
-SEVERITIES = ("warning", "critical")
+SEVERITIES = ("info", "warning", "critical")
 SOURCES = ("any", "logged", "recomputed")
 #: keys every rule may have, whatever its kind.
 COMMON_KEYS = {"id", "kind", "title", "why", "severity", "enabled", "when", "source", "window", "min_steps", "metric",

@@ -123,12 +123,15 @@ def onset_pathology(kind: str, signal: str, at: int | None, steps: list[int], **
 
 
 def healthy_case(seed: int, steps: int, variant: int) -> Case:
-    """The ``variant``-th healthy setting (cycling over estimator, KL, learning rate, temperature, tool)."""
-    kl = ("loss", "reward", "none")[variant % 3]
-    est = "grpo" if variant % 2 == 0 else "gae"
+    """The ``variant``-th healthy run. Consecutive variants come in pairs with the same settings
+    (their seeds differ by one, so one run of each pair is in each split); the pair ``p =
+    variant // 2`` cycles over estimator, KL, learning rate, temperature and tool."""
+    p = variant // 2
+    kl = ("loss", "reward", "none")[p % 3]
+    est = "grpo" if p % 2 == 0 else "gae"
     make = grpo_tool if est == "grpo" else ppo_gae
-    changes: dict[str, Any] = dict(SMALL, steps=steps, seed=seed, actor_lr=(1e-3, 3e-3)[(variant // 2) % 2],
-                                   temperature=(1.0, 0.8)[(variant // 4) % 2], tool=variant % 5 != 4,
+    changes: dict[str, Any] = dict(SMALL, steps=steps, seed=seed, actor_lr=(1e-3, 3e-3)[(p // 2) % 2],
+                                   temperature=(1.0, 0.8)[(p // 4) % 2], tool=p % 5 != 4,
                                    use_kl_loss=kl == "loss", use_kl_in_reward=kl == "reward")
     if est == "gae":
         changes["n"] = 1
@@ -192,7 +195,7 @@ register(Family("healthy", healthy_case, {"small": 2, "full": 16}, no_pathology,
 register(Family("entropy_collapse", entropy_collapse_case, {"small": 2, "full": 24}, collapse_label))
 register(Family("divergence", divergence_case, {"small": 2, "full": 24}, divergence_label))
 # the true score needs 10-15 steps to turn (the onset rule's windows alone take 10)
-register(Family("reward_hacking", reward_hacking_case, {"small": 2, "full": 24}, hacking_label, steps={"small": 22}))
+register(Family("reward_hacking", reward_hacking_case, {"small": 2, "full": 28}, hacking_label, steps={"small": 22}))
 
 
 def cases(size: str = "small", seed: int = 0, kinds: list[str] | None = None) -> list[Case]:

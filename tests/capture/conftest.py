@@ -23,3 +23,30 @@ def capture_into(tmp_path):
 
     yield start
     capture.uninstall()
+
+
+def _wrapped_left(module) -> list[str]:
+    marker = "__rldiag_capture__"
+    left = []
+    for name, obj in vars(module).items():
+        if getattr(obj, marker, False):
+            left.append(f"{module.__name__}.{name}")
+        if isinstance(obj, type) and obj.__module__ == module.__name__:
+            left += [f"{module.__name__}.{name}.{k}" for k, v in vars(obj).items() if getattr(v, marker, False)]
+    return left
+
+
+@pytest.fixture(autouse=True)
+def verl_left_as_found():
+    """After every capture test (and after its monkeypatch teardown: an autouse fixture is torn
+    down last), no capture wrapper is left on verl's modules once the capture is uninstalled: a
+    wrapper left behind makes the next ``install`` skip the function (found by test order)."""
+    import sys
+
+    yield
+    capture = sys.modules.get("rldiag.capture.verl")
+    if capture is None:
+        return
+    capture.uninstall()
+    left = [n for name in capture.PATCHES if name in sys.modules for n in _wrapped_left(sys.modules[name])]
+    assert not left, f"capture wrappers left on verl after uninstall: {left}"

@@ -312,7 +312,6 @@ def test_uninstall_restores_verls_functions(monkeypatch, tmp_path, v1):
     import verl.trainer.ppo.rollout_corr_helper as rch
     from verl.utils.tracking import Tracking
 
-    capture.uninstall()  # verl's own functions, whatever a test before this one left installed
     before = (tb.PPOTrainer.fit, tb.PPOTrainer._compute_advantage, Tracking.log,
               rch.compute_rollout_correction_and_add_to_batch)
     capture.install(tmp_path)
@@ -441,8 +440,10 @@ def test_v1_the_run_directory_removed_while_training_is_made_again(capture_into,
             shutil.rmtree(run)
         return out
 
-    monkeypatch.setattr(Tracking, "log", log_then_remove)
-    with warnings.catch_warnings():
+    # its own context: restored before the fixture's uninstall, or the teardown would put the
+    # capture's wrapper back on verl's Tracking after uninstall took it off
+    with monkeypatch.context() as mp, warnings.catch_warnings():
+        mp.setattr(Tracking, "log", log_then_remove)
         warnings.simplefilter("error", CaptureWarning)  # nothing lost: nothing to warn
         _trainer(Trainer, _config("grpo", n=4)).fit()
     assert sorted(p.name for p in (run / "batches").iterdir()) == ["step_000002.parquet", "step_000003.parquet"]

@@ -33,8 +33,10 @@ def test_healthy_grpo_run_gives_no_alarm(tmp_path, capsys):
     assert rep.recomputed_steps == 9 and rep.logged_steps == 9 and not rep.recompute_failed
     # the rules that can judge this run did judge it
     for rid in ("ppo_kl_high", "clipfrac_high", "no_signal_groups", "rollout_is_ess_low", "rollout_kl_growing",
-                "entropy_collapse", "advantages_not_centred", "length_clipped"):
+                "entropy_collapse", "advantages_not_centred"):
         assert rid in rep.passed, rid
+    # length_clipped reads the last 10 steps, from 10 steps on (the calibration corpus: docs/calibration.md)
+    assert "needs 10" in rep.not_evaluated["length_clipped"]
     assert "vf_explained_var_negative" in rep.not_applicable
     assert main(["doctor", str(root)]) == 0
     assert "no problem found" in capsys.readouterr().out
@@ -123,7 +125,8 @@ CASES = [
     ("collapsed_groups", dict(plant=_plant_collapse), {"no_signal_groups"}, True),
     # a row of length 0 has no actor token either: empty_responses says so too
     ("aborted", dict(plant=_plant_lengths(0.1, 0)), {"aborted_responses", "empty_responses"}, True),
-    ("length_clipped", dict(plant=_plant_lengths(0.3, MAX_LEN)), {"length_clipped"}, True),
+    # length_clipped is information only (its finding does not count): test_length_clipped_is_information
+    ("length_clipped", dict(steps=10, plant=_plant_lengths(0.3, MAX_LEN)), set(), True),
     ("kl_reward_flip", dict(config=KL_IN_REWARD, plant=_plant_kl_reward), {"kl_reward_sign_flip"}, False),
     ("ess_collapse", dict(logged=_ess_logs), {"rollout_is_ess_low"}, True),
     # symmetric noise growing past bf16's level: the size rules fire, and the cause is precision at warning
@@ -197,3 +200,13 @@ def test_cli_json_and_logged_only(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Rollout importance-sampling effective sample size collapsed" in out and "why it matters" in out
     assert main(["doctor", str(tmp_path / "nope")]) == 2
+
+
+def test_length_clipped_is_information(tmp_path):
+    """30 % of the rows cut at max_response_length over 10 steps: length_clipped's finding, at
+    severity info (on the calibration corpus it fired on healthy runs as often as on sick ones)."""
+    rep = diagnose(write_run(tmp_path / "run", steps=10, plant=_plant_lengths(0.3, MAX_LEN)))
+    (f,) = [f for f in rep.findings if f.rule == "length_clipped"]
+    assert f.severity == "info" and f.evidence.window == [1, 10] and rep.healthy
+    assert f.evidence.calibration is not None and f.evidence.calibration["status"] == "calibrated"
+    assert f.evidence.calibration["text"].startswith("on the calibration corpus: precision")

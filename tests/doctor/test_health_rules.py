@@ -90,9 +90,11 @@ SEQ_MEAN = {"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"actor
 # (name, write_run arguments, the alarms it must give, exact: no other alarm)
 CASES = [
     ("length_collapse", dict(plant=_scale_lengths(0.7)), {"response_length_collapse"}, True),
-    ("length_runaway", dict(plant=_scale_lengths(1.3, cap=MAX_LEN)), {"response_length_runaway", "length_clipped"}, True),
+    # length_clipped (information only since the calibration corpus) does not count
+    ("length_runaway", dict(plant=_scale_lengths(1.3, cap=MAX_LEN)), {"response_length_runaway"}, True),
     ("hacking_length", dict(plant=_both(_scale_lengths(1.15), _rising_score), max_len=128), {"reward_hacking_length"}, False),
-    ("hacking_kl", dict(plant=_both(_ref_drift, _rising_score)), {"reward_hacking_kl"}, False),
+    # reward_hacking_kl is information only since the calibration corpus: test_reward_hacking_kl_is_information
+    ("hacking_kl", dict(plant=_both(_ref_drift, _rising_score)), set(), False),
     ("hacking_component", dict(plant=_format_takes_over, config=COMPONENTS), {"reward_hacking_component"}, True),
     ("hacking_spread", dict(plant=_spread_collapses), {"reward_hacking_spread"}, True),
     ("repetition", dict(plant=_loops, max_len=128, text=True), {"degenerate_repetition"}, False),
@@ -212,3 +214,12 @@ def test_while_rules_are_checked(tmp_path, second, message):
                                                "direction": "rising", "ratio": 1.2, "while": second}]}))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_rules([path], builtin=False)
+
+
+def test_reward_hacking_kl_is_information(tmp_path):
+    """A rising score with a drifting reference KL: reward_hacking_kl's finding, at severity info
+    (on the calibration corpus healthy runs that learn fast showed the same, docs/calibration.md)."""
+    rep = diagnose(write_run(tmp_path / "run", plant=_both(_ref_drift, _rising_score)))
+    f = _finding(rep, "reward_hacking_kl")
+    assert f.severity == "info" and f.evidence.window == [1, 9]
+    assert f.evidence.calibration is not None and f.evidence.calibration["text"]

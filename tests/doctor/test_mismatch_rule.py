@@ -51,15 +51,19 @@ def test_a_clean_run_passes_the_rule(tmp_path):
 
 @pytest.mark.parametrize("sample", ["grpo-tool", "ppo-gae"])
 def test_the_bundled_samples_findings(tmp_path, sample, capsys):
-    """length_clipped, and the mismatch's precision at severity info (not counted); no other."""
+    """The mismatch's precision at severity info (not counted); no other: length_clipped, which
+    the whole-run mean of the clipped share fired before, reads the last 10 steps, where the
+    samples' policies have learnt to stop (the calibration corpus found it a false alarm)."""
     run = shutil.copytree(SAMPLES / sample, tmp_path / sample)
     rep = diagnose(run)
     got = sorted((f.rule, f.severity, f.evidence.cause) for f in rep.findings)
-    assert got == [("length_clipped", "warning", None), ("rollout_mismatch", "info", "precision")], got
+    assert got == [("rollout_mismatch", "info", "precision")], got
+    assert "length_clipped" in rep.passed
     info = next(f for f in rep.findings if f.rule == "rollout_mismatch")
     assert info.evidence.confidence > 0.8 and info.evidence.details["statistics"]["gap_std"] < 0.01
-    assert main(["doctor", str(run), "--no-progress"]) == 1  # length_clipped counts, the info does not
-    assert "1 finding(s); " in (out := capsys.readouterr().out) and "; 1 for information (not counted)" in out
+    assert main(["doctor", str(run), "--no-progress"]) == 0  # the info does not count
+    assert "0 finding(s); " in (out := capsys.readouterr().out) and "; 1 for information (not counted)" in out
+    assert "calibration: " in out
 
 
 def test_info_alone_exits_zero(tmp_path, capsys):

@@ -52,7 +52,11 @@ def test_row_reductions_equal_padded(case):
     flat, rows = to_packed(r, lengths)
     mf, _ = to_packed(m, lengths)
     L = torch.tensor(lengths)
-    torch.testing.assert_close(rows.sum(flat), r.sum(-1), rtol=1e-6, atol=1e-6)
+    # summation order differs from the padded sum: each is within the recursive-summation bound
+    # n * eps * sum|x| of the exact (float64) sum, not within a fixed 1e-6 (cancellation)
+    exact = r.double().sum(-1)
+    bound = L.double() * torch.finfo(torch.float32).eps * r.double().abs().sum(-1) + 1e-30
+    assert bool(((rows.sum(flat).double() - exact).abs() <= bound).all())
     torch.testing.assert_close(rows.count(mf), m.sum(-1))
     torch.testing.assert_close(rows.lengths, L)
     big = torch.where(torch.arange(r.shape[1]) < L.unsqueeze(1), r, float("-inf")).amax(-1)

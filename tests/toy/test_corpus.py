@@ -49,13 +49,19 @@ def test_the_cases_and_their_split_by_seed():
     healthy = [c for c in full if c.kind == "healthy"]
     collapse = [c for c in full if c.kind == "entropy_collapse"]
     for kind in ("divergence", "reward_hacking"):
-        assert sum(c.kind == kind and c.split == "test" for c in full) == 12
+        assert sum(c.kind == kind and c.split == "test" for c in full) >= 12
     assert len(healthy) == 16 and len(collapse) == 24 and len({c.name for c in full}) == len(full)
     assert sum(c.split == "test" for c in collapse) == 12
     assert sum(c.config.steps for c in healthy if c.split == "test") == 240
     assert {c.tags["adv_estimator"] for c in healthy} == {"grpo", "gae"}
     assert {c.tags["kl"] for c in healthy} == {"loss", "reward", "none"}
     assert {c.tags["tool"] for c in healthy} == {True, False} and {c.tags["temperature"] for c in healthy} == {1.0, 0.8}
+    # each setting in both splits (the split is by seed, never by setting)
+    for split in ("train", "test"):
+        part = [c for c in healthy if c.split == split]
+        assert {c.tags["adv_estimator"] for c in part} == {"grpo", "gae"} and {c.tags["kl"] for c in part} == {
+            "loss", "reward", "none"}
+        assert {c.tags["tool"] for c in part} == {True, False} and {c.tags["temperature"] for c in part} == {1.0, 0.8}
     assert all(c.config.entropy_coeff == 0.0 and c.config.actor_lr == 3e-2 for c in collapse)
     with pytest.raises(RldiagError, match="small or full"):
         cases("medium")
@@ -92,7 +98,7 @@ def test_the_hacking_onset_rule_on_a_hand_made_series():
 def test_a_tiny_corpus_end_to_end(tmp_path):
     """Three runs of 8 steps: the healthy one's series meet neither rule, the collapse's and the
     divergence's meet theirs, at the steps their labels say, read back from the runs' own
-    metrics.jsonl."""
+    metrics.jsonl; then rldiag calibrate over them."""
     healthy, collapse, diverged = healthy_case(1, 8, 0), entropy_collapse_case(1, 8), divergence_case(1, 8)
     manifest = generate(tmp_path, [healthy, collapse, diverged])
     assert [r["name"] for r in manifest["runs"]] == [healthy.name, collapse.name, diverged.name]
@@ -122,3 +128,22 @@ def test_a_tiny_corpus_end_to_end(tmp_path):
     (d,) = lab_d["pathologies"]
     assert d["kind"] == "divergence" and d["signal"] == "actor/entropy_loss, critic/score/mean"
     assert d["onset_step"] == divergence_onset(entropy(diverged), logged(diverged, "critic/score/mean")) + 1
+
+    # rldiag calibrate on the three runs (all in test): the floors, never exact figures
+    from rldiag import api
+
+    cal = api.calibrate(tmp_path)
+    assert json.loads((tmp_path / "calibration.json").read_text())["splits"] == cal["splits"]
+    test = cal["splits"]["test"]
+    assert test["runs"] == 3 and test["healthy_steps"] == 8 and test["runs_by_kind"] == {
+        "healthy": 1, "entropy_collapse": 1, "divergence": 1}
+    replays = {r["name"]: r for r in cal["runs"]}
+    assert {r["steps"] for r in replays.values()} == {8} and not any(r["recompute_failed"] for r in replays.values())
+    # the healthy run: no critical alert, and at most the bf16 precision cause at info from the gap rule
+    assert not [a for a in replays[healthy.name]["alerts"] if a["severity"] == "critical"]
+    assert replays[healthy.name]["final"].get("rollout_mismatch/precision", "info") == "info"
+    # each planted run alerted, and every row adds up
+    assert replays[collapse.name]["alerts"] and replays[diverged.name]["alerts"]
+    for row in test["rules"]:
+        assert row["tp"] + row["fp"] == row["fired"] <= row["runs"] == 3
+        assert row["status"] in ("never fired", "not enough data", "uncalibrated")  # 3 runs: too few for a figure
