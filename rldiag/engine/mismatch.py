@@ -295,28 +295,31 @@ def _body(t: ActorTokens, body: torch.Tensor, steps: _Steps) -> dict[str, torch.
     w = body.to(torch.float64)
     cnt = steps.sum(w)
     dev_d, mean = _centred(t.d, w, steps, cnt)
-    dev_x, _ = _centred(t.x, w, steps, cnt)
     dev_y, _ = _centred(t.y, w, steps, cnt)
 
     def m2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return steps.product_sum(a, b) / cnt
 
-    var_d, var_y = m2(dev_d, dev_d), m2(dev_y, dev_y)
+    var_d, var_y, cov_dy = m2(dev_d, dev_d), m2(dev_y, dev_y), m2(dev_d, dev_y)
     pos = _ratio(steps.product_sum(t.d.clamp_min(0), w), steps.product_sum(t.d.abs(), w), 0.5, cnt)
+    # x = y + d: cov(x, y) = cov(d, y) + var(y), one centred series fewer
     return {"body_gap_mean": mean, "body_gap_std": var_d.sqrt(), "body_positive_share": pos,
-            "body_slope": _ratio(m2(dev_x, dev_y), var_y, 1.0, cnt),
-            "body_gap_rollout_corr": _corr_of(m2(dev_d, dev_y), var_d, var_y, cnt)}
+            "body_slope": _ratio(cov_dy + var_y, var_y, 1.0, cnt),
+            "body_gap_rollout_corr": _corr_of(cov_dy, var_d, var_y, cnt)}
 
 
 def half_share(t: ActorTokens, n: int) -> torch.Tensor:
     """``(n_steps,)`` the share of a step's tokens whose rollout log-prob is non-zero and a 16-bit
-    float (exactly a bfloat16 or a float16 value): an engine whose log-softmax ran in half
-    precision reports nothing else, one computing in float32 almost never does (a float32
-    value has 16 and 13 low mantissa bits to spare)."""
-    y = t.y.to(torch.float32)
-    half = (y == y.to(torch.bfloat16).to(torch.float32)) | (y == y.to(torch.float16).to(torch.float32))
+    float (exactly a bfloat16 or a normal float16 value), read from the float32 bits: an engine
+    whose log-softmax ran in half precision reports nothing else, one computing in float32
+    almost never does (a float32 value has 16 and 13 low mantissa bits to spare)."""
+    bits = t.y.to(torch.float32).view(torch.int32)
+    size = t.y.abs()
+    # bfloat16: the low 16 bits of the float32 are 0; float16 (normal range): the low 13 are
+    bf16 = (bits & 0xFFFF) == 0
+    fp16 = ((bits & 0x1FFF) == 0) & (size >= 2.0 ** -14) & (size <= 65504.0)
     count = seg_count(t.step, n, torch.float64)
-    return seg_sum((half & (y != 0)).to(torch.float64), t.step, n) / count
+    return seg_sum(((bf16 | fp16) & (size != 0)).to(torch.float64), t.step, n) / count
 
 
 def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int, body: torch.Tensor,
