@@ -168,7 +168,10 @@ class _Steps:
 
     def dev(self, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``v`` less its step's mean, written to ``out`` (which may be ``v``)."""
-        m = self.mean(v)
+        return self.less(v, self.mean(v), out)
+
+    def less(self, v: torch.Tensor, m: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``v`` less its step's value of ``m`` ``(n_steps,)``, written to ``out`` (which may be ``v``)."""
         if self.n == 1:
             return torch.sub(v, m, out=out)
         if self.sizes is None:
@@ -276,33 +279,51 @@ def body_mask(absd: torch.Tensor, step: torch.Tensor, p95: torch.Tensor) -> torc
     return absd <= p95.index_select(0, step)
 
 
-def _body(t: ActorTokens, body: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+def _centred(v: torch.Tensor, w: torch.Tensor, steps: _Steps, cnt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``v`` ``(n,)`` less its step's mean over the tokens of weight 1 (``w`` ``(n,)``, 0 or 1;
+    ``cnt`` their count per step), 0 on the others; and those means ``(n_steps,)``. Weights, not a
+    gathered copy: the sums are the same (adding 0 changes none) and no boolean gather is paid."""
+    mean = steps.product_sum(v, w) / cnt
+    return steps.less(v, mean, out=torch.empty_like(v)).mul_(w), mean
+
+
+def _body(t: ActorTokens, body: torch.Tensor, steps: _Steps) -> dict[str, torch.Tensor]:
     """The gap's statistics over the body's tokens (:func:`body_mask`), so that a handful of
     outlier tokens cannot hide the body's own fingerprint: ``body_gap_mean``, ``body_gap_std``,
     ``body_positive_share``, ``body_slope`` and ``body_gap_rollout_corr`` as their whole-step
     namesakes (neutral values where the step has no body token)."""
-    seg = t.step[body]
-    x, y, d = t.x[body], t.y[body], t.d[body]
-    cnt = seg_count(seg, n, torch.float64)
-    cov_xy, _, var_y = _moments(x, y, seg, n, cnt)
-    cov_dy, var_d, _ = _moments(d, y, seg, n, cnt)
-    pos = _ratio(seg_sum(d.clamp_min(0), seg, n), seg_sum(d.abs(), seg, n), 0.5, cnt)
-    return {"body_gap_mean": _mean(d, seg, n, cnt), "body_gap_std": var_d.sqrt(), "body_positive_share": pos,
-            "body_slope": _ratio(cov_xy, var_y, 1.0, cnt), "body_gap_rollout_corr": _corr_of(cov_dy, var_d, var_y, cnt)}
+    w = body.to(torch.float64)
+    cnt = steps.sum(w)
+    dev_d, mean = _centred(t.d, w, steps, cnt)
+    dev_y, _ = _centred(t.y, w, steps, cnt)
+
+    def m2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return steps.product_sum(a, b) / cnt
+
+    var_d, var_y, cov_dy = m2(dev_d, dev_d), m2(dev_y, dev_y), m2(dev_d, dev_y)
+    pos = _ratio(steps.product_sum(t.d.clamp_min(0), w), steps.product_sum(t.d.abs(), w), 0.5, cnt)
+    # x = y + d: cov(x, y) = cov(d, y) + var(y), one centred series fewer
+    return {"body_gap_mean": mean, "body_gap_std": var_d.sqrt(), "body_positive_share": pos,
+            "body_slope": _ratio(cov_dy + var_y, var_y, 1.0, cnt),
+            "body_gap_rollout_corr": _corr_of(cov_dy, var_d, var_y, cnt)}
 
 
 def half_share(t: ActorTokens, n: int) -> torch.Tensor:
     """``(n_steps,)`` the share of a step's tokens whose rollout log-prob is non-zero and a 16-bit
-    float (exactly a bfloat16 or a float16 value): an engine whose log-softmax ran in half
-    precision reports nothing else, one computing in float32 almost never does (a float32
-    value has 16 and 13 low mantissa bits to spare)."""
-    y = t.y.to(torch.float32)
-    half = (y == y.to(torch.bfloat16).to(torch.float32)) | (y == y.to(torch.float16).to(torch.float32))
+    float (exactly a bfloat16 or a normal float16 value), read from the float32 bits: an engine
+    whose log-softmax ran in half precision reports nothing else, one computing in float32
+    almost never does (a float32 value has 16 and 13 low mantissa bits to spare)."""
+    bits = t.y.to(torch.float32).view(torch.int32)
+    size = t.y.abs()
+    # bfloat16: the low 16 bits of the float32 are 0; float16 (normal range): the low 13 are
+    bf16 = (bits & 0xFFFF) == 0
+    fp16 = ((bits & 0x1FFF) == 0) & (size >= 2.0 ** -14) & (size <= 65504.0)
     count = seg_count(t.step, n, torch.float64)
-    return seg_sum((half & (y != 0)).to(torch.float64), t.step, n) / count
+    return seg_sum(((bf16 | fp16) & (size != 0)).to(torch.float64), t.step, n) / count
 
 
-def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int, body: torch.Tensor) -> dict[str, torch.Tensor]:
+def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int, body: torch.Tensor,
+         steps: _Steps) -> dict[str, torch.Tensor]:
     """The gap against each row's policy lag ``(rows,)``: over rows with actor tokens, the
     correlation and least-squares slope of the row's mean ``|d|`` on its lag (0 when the lag is
     the same for every row), the mean lag, the mean ``|d|`` over the tokens of on-policy (lag 0)
@@ -325,14 +346,14 @@ def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int, body: torc
     count = seg_count(t.step, n, torch.float64)
     on_cnt, off_cnt = seg_sum(on, t.step, n), seg_sum(1 - on, t.step, n)
     spread = {}
-    for name, part in (("lag_body_std_lag0", on > 0), ("lag_body_std_lagged", on == 0)):
-        keep = part & body
-        k_seg, k_d = t.step[keep], t.d[keep]
-        k_cnt = seg_count(k_seg, n, torch.float64)
-        _, var, _ = _moments(k_d, k_d, k_seg, n, k_cnt)
-        spread[name] = torch.where(k_cnt > 0, var.sqrt(), _ratio(var, k_cnt, 0.0, count))  # NaN: no token at all
-    on_body = on * body.to(torch.float64)
-    on_pos = _ratio(seg_sum(t.d.clamp_min(0) * on_body, t.step, n), seg_sum(absd * on_body, t.step, n), 0.5, count)
+    for name, part in (("lag_body_std_lag0", on), ("lag_body_std_lagged", 1 - on)):
+        w = part * body
+        w_cnt = steps.sum(w)
+        dev, _ = _centred(t.d, w, steps, w_cnt)
+        var = steps.product_sum(dev, dev) / w_cnt
+        spread[name] = torch.where(w_cnt > 0, var.sqrt(), _ratio(var, w_cnt, 0.0, count))  # NaN: no token at all
+    on_body = on * body
+    on_pos = _ratio(steps.product_sum(t.d.clamp_min(0), on_body), steps.product_sum(absd, on_body), 0.5, count)
     return {**spread, "lag0_positive_share": on_pos,
         "lag_mean": _mean(lg, seg, n, cnt),
         "lag_gap_corr": _corr(lg, gp, seg, n, cnt),
@@ -407,10 +428,10 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
     del dev, dev_x, dev_y, dev_abs, other, conf, unconf
     out.update(_shift(t, steps, absd))
     body = body_mask(absd, t.step, out["gap_abs_p95"])
-    out.update(_body(t, body, n_steps))
+    out.update(_body(t, body, steps))
     out["half_share"] = half_share(t, n_steps)
     if lag is not None:
-        out.update(_lag(t, lag, rows.n_rows, n_steps, body))
+        out.update(_lag(t, lag, rows.n_rows, n_steps, body, steps))
     # NeMo RL's token_mult_prob_error and AReaL's extreme-token share, token means over the step
     out["token_mult_prob_error"] = steps.sum(torch.exp(absd, out=steps.scratch(d.numel())), in_scratch=True) / count
     out["extreme_share"] = steps.sum(steps.scratch(d.numel()).copy_(absd > EXTREME), in_scratch=True) / count

@@ -85,7 +85,8 @@ def reference(old, roll, mask, lengths, step_of_row, n_steps, lag=None):
         out["body_slope"][s] = np.mean((xb - xb.mean()) * (yb - yb.mean())) / yb.var() if yb.var() > 0 else 1.0
         out["body_gap_rollout_corr"][s] = _corr(db, yb)
         y32 = torch.tensor(y, dtype=torch.float32)
-        half = [(v != 0) and (v == float(v.to(torch.bfloat16)) or v == float(v.to(torch.float16))) for v in y32]
+        half = [(v != 0) and (v == float(v.to(torch.bfloat16)) or (v == float(v.to(torch.float16)) and abs(v) >= 2**-14))
+                for v in y32]  # a bfloat16, or a normal float16
         out["half_share"][s] = np.mean(half)
         if lag is not None:
             rr = np.array(rows)

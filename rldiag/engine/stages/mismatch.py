@@ -85,7 +85,7 @@ MISMATCH = Stage(
                "gap_mean, gap_std, positive_share, slope and gap_rollout_corr over the body's tokens, |d| <= "
                "gap_abs_p95 (a handful of outlier tokens left out)", _R),
         Metric("rldiag/mismatch/half_share", "share of tokens whose rollout log-prob is a non-zero bfloat16 or "
-               "float16 value (the engine's log-softmax in half precision)", _R),
+               "normal float16 value (the engine's log-softmax in half precision)", _R),
         Metric("rldiag/mismatch/{lag_mean,lag_gap_corr,lag_gap_slope}", "each row's policy lag (step - 1 - "
                "policy_version): its mean, the correlation and slope of the row's mean |d| on it", _R,
                needs=("policy_version",)),
