@@ -122,7 +122,10 @@ def work_rldiag(run: str, estimator: str, device: str) -> dict:
 def work_known(run: str, estimator: str, device: str) -> dict:
     from rldiag.scenario.recompute import recompute
 
-    rep = recompute(run, {"algorithm.adv_estimator": estimator}, name=f"bench-known-{estimator}", device=device)
+    # a what-if (the clip ratio, which costs the same): a scenario whose resolved settings equal
+    # (b)'s would reuse (b)'s steps whatever its name; this one finds only the input hashes
+    rep = recompute(run, {"algorithm.adv_estimator": estimator, "actor_rollout_ref.actor.clip_ratio": 0.21},
+                    name=f"bench-known-{estimator}", device=device)
     if rep.steps_reused:
         raise SystemExit(f"bench: (b') reused steps {rep.steps_reused}; its scenario was not removed")
     return {"tokens": rep.tokens, "failed": len(rep.steps_failed)}

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from rldiag.errors import RldiagError
+from rldiag.io.run_layout import RunLayout
 from rldiag.toy.config import ToyConfig, grpo_tool, ppo_gae
 from rldiag.toy.onsets import RULES, collapse_onset, divergence_onset, hacking_onset
 
@@ -253,7 +254,7 @@ def relabel_case(case: Case, out: Path) -> dict[str, Any]:
     from rldiag.analysis.logged import logged_metrics
 
     run_dir = out / case.name
-    logged = logged_metrics(run_dir / "metrics.jsonl")
+    logged = logged_metrics(RunLayout(run_dir).metrics_file)
     steps = sorted(logged)
     series: Series = {}
     for step in steps:
@@ -270,7 +271,7 @@ def trained(case: Case, out: Path) -> bool:
     run_dir = out / case.name
     try:
         old = json.loads((run_dir / "labels.json").read_text())
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = RunLayout(run_dir).metrics_file.read_text().splitlines()
     except (OSError, ValueError):
         return False
     # a setting newer than the run (absent from its labels) had its default when it trained

@@ -58,9 +58,10 @@ def run(tmp_path):
 
 
 def _pair(run, overrides=None, **kw):
-    """The same recompute with both executors into two scenarios of the same run."""
-    local = recompute(run, overrides, name="local", **kw)
-    dist = recompute(run, overrides, name="ray", executor="ray", **kw)
+    """The same recompute with both executors into two scenarios of the same run (each computed:
+    the second would otherwise reuse the first's steps, its resolved settings being the same)."""
+    local = recompute(run, overrides, name="local", reuse=False, **kw)
+    dist = recompute(run, overrides, name="ray", executor="ray", reuse=False, **kw)
     scen = run / "rldiag" / "scenarios"
     meta = assert_same_scenario(scen / "local", scen / "ray")
     assert (local.executor, dist.executor, dist.device) == ("local", "ray", "cpu")
@@ -76,9 +77,10 @@ def test_same_scenario_as_local(cluster, run):
     table = pq.read_table(run / "rldiag" / "scenarios" / "ray" / "metrics.parquet")
     assert table["step"].to_pylist() == [1, 2, 3, 4, 5, 6]
     assert np.isfinite(table["critic/advantages/mean"].to_numpy()).all()
-    # one chunk per task or one for the whole run: the same numbers
-    recompute(run, name="ray_one_chunk", executor="ray", save_tokens=True)
-    recompute(run, name="local_one_chunk", save_tokens=True)
+    # one chunk per task or one for the whole run: the same numbers (computed again, not reused
+    # from the scenarios above, whose resolved settings are the same)
+    recompute(run, name="ray_one_chunk", executor="ray", save_tokens=True, reuse=False)
+    recompute(run, name="local_one_chunk", save_tokens=True, reuse=False)
     scen = run / "rldiag" / "scenarios"
     assert_same_scenario(scen / "local_one_chunk", scen / "ray_one_chunk")
 
