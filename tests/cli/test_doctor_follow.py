@@ -30,7 +30,8 @@ def key(finding: dict) -> str:
 @pytest.mark.parametrize("name", ["grpo-tool", "ppo-gae"])
 def test_follow_on_a_finished_run_prints_the_doctors_findings_once_each(tmp_path, capsys, name):
     run = sample(tmp_path, name)
-    assert main(["doctor", str(run), "--json"]) == exit_codes.OK  # on both samples: precision, at info
+    # on both samples: ref_kl_high (a warning), length_clipped and precision (information)
+    assert main(["doctor", str(run), "--json"]) == exit_codes.FAILED
     report = json.loads(capsys.readouterr().out)
     assert main(["doctor", str(run), "--json", *FOLLOW]) == exit_codes.OK  # an idle end is 0
     out = capsys.readouterr()
