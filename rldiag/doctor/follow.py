@@ -203,7 +203,10 @@ class DoctorFollower:
 
     def poll_once(self) -> list[HealthEvent]:
         """Read what is new, evaluate each new step, hand out the events (also to ``on_event``)."""
-        out: list[HealthEvent] = []
+        # the counterfactuals finished since the last poll, first: one submitted by this poll's own
+        # fired events arrives with the next poll, whatever the worker thread's speed (not in this
+        # poll when it happens to be quick: the events a poll hands out do not depend on a race)
+        out: list[HealthEvent] = self._emit(self._counterfactual_events())
         logged = self._read_logged()
         if self.caught_up:
             out += self._emit(self._evaluate(logged, {}))
@@ -216,7 +219,6 @@ class DoctorFollower:
             out += self._emit(self.doctor.standing())
         if logged or recomputed or self._listing_changed:
             self.last_news = self.clock()  # idle from here: the poll's own work is not time without news
-        out += self._emit(self._counterfactual_events())
         return out
 
     def _emit(self, events: list[HealthEvent]) -> list[HealthEvent]:

@@ -201,6 +201,28 @@ def test_a_counterfactual_arrives_as_a_change_at_the_fired_step(tmp_path):
     f.close()
 
 
+def test_a_counterfactual_finished_within_the_poll_that_fired_it_arrives_with_the_next_one(tmp_path):
+    """The events of a poll do not depend on the worker thread's speed: here the counterfactual has
+    finished before the poll that fired it returns (its event hook waits for the worker), and it
+    still arrives as a change with the next poll (it once arrived in the same poll, by chance)."""
+    run = Growing(tmp_path)
+    cf = [{"settings": {"actor_rollout_ref.actor.clip_ratio": 0.3}, "metric": "actor/pg_clipfrac",
+           "statistic": "mean", "window": [1, 1], "with": 0.1, "without": 0.5}]
+    box: dict = {}
+
+    def finish_the_counterfactual(ev):
+        if ev.event == "fired":
+            assert box["f"].worker.wait(timeout=60)
+
+    f = DoctorFollower(run.dst, {"algorithm.gamma": 1.0}, recompute=False,
+                       counterfactual_fn=lambda *a, **k: cf, on_event=finish_the_counterfactual)
+    box["f"] = f
+    run.line(1)
+    assert events(f.poll_once()) == [("fired", 1, "clipfrac_high")]
+    assert events(f.poll_once()) == [("changed", 1, "clipfrac_high")]
+    f.close()
+
+
 def test_the_worker_runs_one_at_a_time_the_latest_first_and_reports_errors():
     rules = {r.id: r for r in load_rules()}
     started, release = threading.Event(), threading.Event()
