@@ -14,14 +14,18 @@ Everything that touches the SDK goes through here so that
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from rldiag.errors import RldiagError, WandbMissingError
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = "the W&B importer needs the optional wandb package: pip install 'rldiag[wandb]'"
 
@@ -149,11 +153,39 @@ def _end(popen: subprocess.Popen, deadline: float) -> None:
             continue
 
 
+#: The name wandb gives its own threads (``wandb-ServiceFinalizer``, ...).
+WANDB_THREAD_PREFIX = "wandb"
+
+
+def quiet_wandb_threads() -> None:
+    """From here on, an exception that ends one of wandb's own threads (named ``wandb-...``) is
+    a line in the debug log, not a stack trace on stderr: once rldiag has ended a wandb-core that
+    did not answer, wandb's service finalizer thread fails to publish to it, and Python's
+    ``threading.excepthook`` would print that traceback under the import's own clear error.
+    Every other thread's exceptions reach the previous hook unchanged. Idempotent."""
+    previous = threading.excepthook
+    if getattr(previous, "__rldiag_quiet__", False):
+        return
+
+    def hook(args: Any) -> None:
+        name = getattr(args.thread, "name", "") or ""
+        if name.startswith(WANDB_THREAD_PREFIX):
+            log.debug("wandb thread %s ended with %s: %s (after rldiag's shutdown of the SDK)", name,
+                      getattr(args.exc_type, "__name__", args.exc_type), args.exc_value)
+            return
+        previous(args)
+
+    hook.__rldiag_quiet__ = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 def shutdown(deadline: float = SHUTDOWN_DEADLINE) -> None:
     """Stop the wandb SDK in this process within about ``deadline`` seconds: wandb's teardown
-    (bounded), then the wandb-core process :func:`start_service` started, ended by its PID. A
+    (bounded), then the wandb-core process :func:`start_service` started, ended by its PID; wandb's
+    own threads that fail after that say so in the debug log (:func:`quiet_wandb_threads`). A
     no-op when wandb was never imported."""
     global _started, _env_before
+    quiet_wandb_threads()
     _teardown_within(deadline)
     popen, _started = _started, None
     if popen is not None:
