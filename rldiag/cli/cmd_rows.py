@@ -6,8 +6,9 @@ in DuckDB (:func:`rldiag.api.rows`): ``--where`` one SQL boolean expression over
 ``--search`` text in the responses (the batch files' ``response_tokens``), ``--other`` a second
 scenario joined by (step, row) as ``other_<name>`` columns. Prints a table (with the count of
 matching rows in its title), or with ``--json`` a JSON array of the rows, one object each.
-Exit 0; 1 on an error (a bad filter names the column or word; a scenario without per-row
-tables says to run ``rldiag recompute RUN`` first).
+A run with no baseline yet has it computed first (with a progress bar), as the app does on open.
+Exit 0; 1 on an error (a bad filter names the column or word; another scenario without per-row
+tables says to run ``rldiag recompute RUN --name ...`` first).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from rich.table import Table
 
 from rldiag import api
 from rldiag.cli import exit_codes
-from rldiag.cli.common import console, fmt
-from rldiag.errors import QueryError
+from rldiag.cli.common import add_progress_flags, console, err_console, fmt, progress_bar
+from rldiag.errors import QueryError, RunDirError
 from rldiag.store.rows import PREVIEW_COLUMN
 
 #: the columns the table shows first, when the query has them (``--columns`` picks others); the sort
@@ -60,13 +61,28 @@ def add_parser(sub) -> None:
                     help=f"characters of the response text in the table's response column (default {PREVIEW_CHARS}; "
                          "0: none)")
     sp.add_argument("--json", action="store_true", help="print the rows as a JSON array of objects (every column)")
+    add_progress_flags(sp)
     sp.set_defaults(func=run)
+
+
+def _rows(args: argparse.Namespace, preview: int):
+    return api.rows(args.run, args.where, args.sort, args.limit, args.offset, args.scenario, args.search,
+                    other=args.other, preview=preview, group_by=args.group_by)
 
 
 def run(args: argparse.Namespace) -> int:
     preview = 0 if args.json else max(0, args.preview)
-    frame = api.rows(args.run, args.where, args.sort, args.limit, args.offset, args.scenario, args.search,
-                     other=args.other, preview=preview, group_by=args.group_by)
+    try:
+        frame = _rows(args, preview)
+    except RunDirError:
+        # a run never recomputed: its baseline (the run's own settings) is computed first, as the
+        # app does on open, so that one command answers; another scenario is the user's to name
+        if args.scenario != "baseline" or api.reusable_steps(args.run):
+            raise
+        err_console.print(f"rows: {args.run} has no baseline yet; computing it (rldiag recompute RUN)")
+        with progress_bar("baseline", enabled=args.progress) as bar:
+            api.recompute(args.run, progress=bar)
+        frame = _rows(args, preview)
     if args.json:
         rows = [{k: _json_value(v) for k, v in r.items()} for r in frame.iter_rows(named=True)]
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")

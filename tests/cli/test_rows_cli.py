@@ -46,5 +46,20 @@ def test_errors_exit_1_with_the_reason(run, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "QueryError: where 'lenght > 3': no column 'lenght'" in err and "did you mean 'length'?" in err
     bare = write_synth_run(tmp_path / "bare", SynthSpec(steps=1, seed=1))
-    assert main(["rows", str(bare)]) == 1
-    assert "run `rldiag recompute RUN` first" in capsys.readouterr().err
+    # another scenario is the user's to name and compute
+    assert main(["rows", str(bare), "--scenario", "other"]) == 1
+    assert "run `rldiag recompute RUN --name other ...` first" in capsys.readouterr().err
+
+
+def test_a_run_with_no_baseline_has_it_computed_first_and_answers(tmp_path, capsys):
+    """One command on a run never recomputed: the baseline is computed (said on stderr), then the
+    rows are those a recompute followed by rows gives."""
+    bare = write_synth_run(tmp_path / "bare", SynthSpec(steps=2, seed=1))
+    assert main(["rows", str(bare), "--json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "has no baseline yet; computing it" in captured.err
+    got = json.loads(captured.out)
+    assert len(got) == rldiag.rows_count(bare) > 0 and {g["step"] for g in got} == {1, 2}
+    assert main(["rows", str(bare), "--json", "--no-progress"]) == 0  # the second time, read only
+    captured = capsys.readouterr()
+    assert "computing" not in captured.err and json.loads(captured.out) == got
