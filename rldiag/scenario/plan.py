@@ -10,8 +10,10 @@ same way gives the same packs, so the same bits, whichever of them runs it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -35,7 +37,7 @@ from rldiag.io.rundir import RunDir, StepFile
 from rldiag.version import __version__
 
 __all__ = ["Previous", "check_name", "check_settings", "chunk_ids", "equal_scenario", "known_inputs", "plan_steps",
-           "previous", "reusable_steps"]
+           "previous", "rescored", "reusable_steps"]
 
 
 def check_settings(settings: Settings) -> None:
@@ -133,6 +135,13 @@ def previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens:
     return found
 
 
+def rescored(meta: Mapping[str, Any]) -> bool:
+    """Whether a scenario.json is a re-scored scenario's (``rldiag rescore``: its ``reward``
+    record): its scores are not the batches', so its steps are never reused by a recompute, under
+    its own name or another's, whatever its settings."""
+    return bool(meta.get("reward"))
+
+
 def equal_scenario(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool,
                    exclude: ScenarioLayout | None = None) -> str | None:
     """Another complete scenario of the (local) run whose resolved settings equal ``settings``
@@ -151,7 +160,7 @@ def equal_scenario(run: Path | RemotePath, name: str, settings: Settings, save_t
             meta = json.loads(sl.meta.read_text())
         except (OSError, ValueError):
             continue
-        if (meta.get("rldiag_version") != __version__ or meta.get("settings") != want
+        if (meta.get("rldiag_version") != __version__ or meta.get("settings") != want or rescored(meta)
                 or (save_tokens and not meta.get("save_tokens"))):
             continue
         done = len(meta.get("steps_done", []))
@@ -171,6 +180,7 @@ def _previous_at(target: ScenarioLayout, settings: Settings, save_tokens: bool, 
     inputs = {int(i["step"]): i for i in meta.get("inputs", [])}
     same = (
         meta.get("rldiag_version") == __version__
+        and not rescored(meta)
         and meta.get("settings") == json.loads(json.dumps(json_safe(settings.resolved())))
         and (meta.get("save_tokens") or not save_tokens)
         # an adaptive KL coefficient depends on every earlier step: no reuse

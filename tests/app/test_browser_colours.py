@@ -78,10 +78,11 @@ def test_advantage_colours_agree_across_pages_and_the_rollouts_table_fits(run, t
             pg.wait_for_selector(".rldiag-text span[title*='advantage']")
             step = pg.evaluate(TOKENS, ".rldiag-text span")
             legends = [pg.get_by_text(re.compile(r"^advantage: blue above 0, red below")).first.inner_text().split(";")[0]]
-            strip = pg.evaluate("""() => { for (const el of document.querySelectorAll('.js-plotly-plot'))
+            # the heat strip is a Plotly figure drawn after the text: waited for, not read at once
+            strip = pg.wait_for_function("""() => { for (const el of document.querySelectorAll('.js-plotly-plot'))
                 for (const t of el.data || []) if (t.type === 'heatmap' && (t.y || [])[0] === 'advantage')
                     return [t.colorscale[0][1], t.colorscale[t.colorscale.length - 1][1], t.zmin, t.zmax];
-                return null; }""")
+                return null; }""").json_value()
             # the Rollouts page: the first row's transcript, coloured by advantage (the default)
             _goto(pg, "Rollouts")
             pg.get_by_text(re.compile(r"\d+ rows match")).first.wait_for()

@@ -291,3 +291,26 @@ def test_a_v1_session_is_scored_on_its_last_output(tmp_path):
     r = _rows(run, "reward=score", 1)
     assert r["score"].to_pylist() == [0.5, 1.0, 1.0, 0.0, 0.5]
     assert r["rescore_failed"].to_pylist() == [0] * 5
+
+
+def test_a_rescored_scenario_is_never_reused_as_a_recompute(tmp_path):
+    """A rescored scenario has the run's resolved settings but not its scores: the baseline
+    computed after it, or a recompute under the rescored name, never reuses its steps (found when
+    a baseline made after a rescore came back equal to the rescore)."""
+    run = shutil.copytree(SAMPLE, tmp_path / "run", ignore=shutil.ignore_patterns("rldiag"))  # no outputs
+    fn = tmp_path / "tag_only.py"
+    fn.write_text(TAG_ONLY)
+    rescore(run, f"{fn}:compute_score", name="tag", workers=1, steps="1:2")
+    base = recompute(run, name="baseline", steps="1:2")
+    assert base.steps_reused == [] and base.steps_done == [1, 2]
+    meta = json.loads(RunLayout(run).scenario("baseline").meta.read_text())
+    assert "reused_from" not in meta or meta["reused_from"] is None
+    captured = [v for s in (1, 2) for v in _rows(run, "baseline", s)["score"].to_pylist()]
+    new = [v for s in (1, 2) for v in _rows(run, "tag", s)["score"].to_pylist()]
+    assert captured != new  # the baseline holds the batches' scores, not the rescore's
+    # a plain recompute named as the rescore: the rescored steps are not its to reuse (the
+    # baseline's, equal by resolved settings, are)
+    recompute(run, name="tag", steps="1:2")
+    meta = json.loads(RunLayout(run).scenario("tag").meta.read_text())
+    assert meta.get("reused_from") == "baseline" and not meta.get("reward")
+    assert [v for s in (1, 2) for v in _rows(run, "tag", s)["score"].to_pylist()] == captured
