@@ -56,6 +56,7 @@ def sample(tmp_path_factory) -> Path:
 
 
 def test_the_toy_reward_rescores_the_sample_to_its_baseline_bit_for_bit(sample):
+    recompute(sample)  # the whole baseline, whatever step range another test of the module left it at
     rep = rescore(sample, TOY, workers=2)
     assert rep.ok and rep.changed == 0 and not rep.failures
     assert rep.rows == 30 * 64 and rep.calls < rep.rows  # identical (source, reply, truth, extra_info) once
@@ -241,10 +242,14 @@ def test_compare_never_recomputes_a_rescore_as_a_plain_recompute(sample, tmp_pat
     assert "score_captured" in _rows(sample, "tag2", 1).column_names
 
 
-def test_what_the_reward_changed(sample, tmp_path):
+def test_what_the_reward_changed(tmp_path):
     from rldiag.analysis.reward_change import reward_changes
     from rldiag.scenario.tokens import ensure_scenario
 
+    # a copy of its own: ensure_scenario rewrites the baseline for steps 1:3 only, which the
+    # module's shared sample must not see (test order: make test-order, seed 1)
+    sample = shutil.copytree(SAMPLE, tmp_path / "grpo-tool", ignore=shutil.ignore_patterns("rldiag"))
+    recompute(sample, steps="1:3")
     fn = tmp_path / "tag_only.py"
     fn.write_text(TAG_ONLY)
     rescore(sample, f"{fn}:compute_score", name="tag3", workers=1, steps="1:3", save_tokens=True)
