@@ -34,6 +34,7 @@ import torch
 
 from rldiag.analysis.candidates import candidate_overrides, describe, is_layout, layout_text
 from rldiag.analysis.logged import LOGGED_TOKEN_COLUMNS, logged_metrics, read_logged_tokens, row_token_of
+from rldiag.analysis.sample_band import Band, replicate_state, sample_bands
 from rldiag.analysis.tolerance import Tolerances, diff, whitened_constant_noise
 from rldiag.config.settings import Settings, resolve_settings
 from rldiag.engine.advantage import ESTIMATORS
@@ -152,6 +153,10 @@ class VerifyReport:
     #: steps checked, and each field not compared there because it is an estimate -> why
     sampled_steps: dict[int, float] = dataclasses.field(default_factory=dict)
     estimates: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: each estimated step metric against the logged values (:mod:`.sample_band`): ``steps``
+    #: with a band, ``inside`` it, ``outside``, the largest ``max_z`` (standard errors) and
+    #: the step where it was (``worst_step``). Never a mismatch.
+    estimate_bands: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def compared(self) -> int:
@@ -220,6 +225,7 @@ class _StepCheck:
     computed_only: set[str]  # metrics computed, not logged
     token_columns: list[str]
     estimated: set[str] = dataclasses.field(default_factory=set)  # fields of a sampled step: estimates
+    bands: dict[str, Band] = dataclasses.field(default_factory=dict)  # step metrics of a sampled step
 
 
 def _nanmax(x: np.ndarray) -> float:
@@ -284,6 +290,7 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | P
     Raises :class:`RldiagError` when the step cannot be loaded or verl would raise on it.
     """
     names = set(read_schema(sf, source).names)
+    before = replicate_state(kl_state) if share < 1.0 else None
     data, result = recompute_step(sf, settings, kl_state, device=device, source=source)
     batch = data.batch
     if result.failed:
@@ -312,16 +319,29 @@ def check_step(sf: StepFile, settings: Settings, kl_state: KLControllerState | P
         fields["response_mask"] = _field_step("response_mask", "exact", sf.step, mask_flat.astype(np.float64),
                                               actual, tols, lengths, None)
     computed = {k: float(v.detach().cpu().to(torch.float64)[0]) for k, v in result.metrics.items()}
-    if share < 1.0:  # a statistic of the kept groups, not of the step the trainer logged
+    bands: dict[str, Band] = {}
+    if share < 1.0:  # a statistic of the kept groups, not of the step the trainer logged: its band
         estimated |= set(computed) & set(logged)
+        bands = sample_bands(batch.to(device), settings, before, computed, logged, share, tols)
     for name in sorted(set(computed) & set(logged) - estimated):
         fields[name] = _field_step(name, "metric", sf.step, np.array([logged[name]], dtype=np.float64),
                                    np.array([computed[name]]), tols, None, None)
     return _StepCheck(fields=fields, logged_only=set(logged) - set(computed), computed_only=set(computed) - set(logged),
-                      token_columns=token_cols, estimated=estimated)
+                      token_columns=token_cols, estimated=estimated, bands=bands)
 
 
 # ---- the run ----------------------------------------------------------------------------------
+
+
+def _add_band(bands: dict[str, dict[str, Any]], name: str, step: int, band: Band) -> None:
+    b = bands.setdefault(name, {"steps": 0, "inside": 0, "outside": 0, "not_placed": 0, "max_z": 0.0,
+                                "worst_step": None, "kind": band.kind})
+    if band.kind == "band":  # a step with a band of some width makes the field a banded one
+        b["kind"] = "band"
+    b["steps"] += 1
+    b[{True: "inside", False: "outside", None: "not_placed"}[band.inside]] += 1
+    if band.inside is not None and (b["worst_step"] is None or band.z > b["max_z"]):
+        b["max_z"], b["worst_step"] = band.z, step
 
 
 def _first_key(name: str) -> tuple[int, str]:
@@ -461,6 +481,8 @@ def verify_run(
         else:
             for name in check.estimated:
                 estimated.setdefault(name, set()).add(step)
+            for name, band in check.bands.items():
+                _add_band(report.estimate_bands, name, step, band)
             if check.fields:
                 report.steps_checked.append(step)
                 _merge(report, check, step, tols)
@@ -475,8 +497,11 @@ def verify_run(
         if progress:
             progress(i + 1, len(chosen), step)
     for name, where in sorted(estimated.items()):
-        report.estimates[name] = (f"an estimate on {len(where)} sampled step(s) (a statistic of the kept prompt "
-                                  "groups, not of the whole step the trainer logged): not compared there")
+        what = (f"an estimate on {len(where)} sampled step(s) (a statistic of the kept prompt groups, not of the "
+                "whole step the trainer logged)")
+        b = report.estimate_bands.get(name)
+        report.estimates[name] = (f"{what}: inside its sampling band on {b['inside']} of {b['steps']}" if b else
+                                  f"{what}: not compared there (a total of the kept rows, or no band)")
     for name in sorted(logged_only):
         report.not_checked[name] = "rldiag does not compute this metric"
     ok_steps = len(report.steps_checked) + len(report.steps_without_logs)

@@ -95,10 +95,19 @@ def print_report(report: api.VerifyResult, verbose: bool = False) -> None:
     if report.sampled_steps:
         shares = sorted(set(report.sampled_steps.values()))
         share = f"{shares[0]:.3g}" if len(shares) == 1 else f"{shares[0]:.3g}-{shares[-1]:.3g}"
+        bands = report.estimate_bands
+        outside = sorted(n for n, b in bands.items() if b["outside"])
         console.print(f"sampled steps (a capture policy kept {share} of their prompt groups): "
-                      f"{len(report.sampled_steps)}; their per-token values of the kept rows are compared, "
-                      f"{len(report.estimates)} step-level fields are estimates there and not compared "
-                      "(--json: estimates)", markup=False)
+                      f"{len(report.sampled_steps)}; their per-token values of the kept rows are compared; "
+                      f"{len(report.estimates)} step-level fields are estimates there, never mismatches: "
+                      f"{len(bands)} placed in their sampling band (a delete-a-group jackknife), "
+                      f"{len(bands) - len(outside)} inside it on every step (--json: estimates, estimate_bands)",
+                      markup=False)
+        for name in outside[:8]:
+            b = bands[name]
+            z = "" if b["kind"] != "band" else f", up to {b['max_z']:.1f} standard errors away (step {b['worst_step']})"
+            console.print(f"  {name}: the logged value outside the sample's band on {b['outside']} of "
+                          f"{b['steps']} steps{z}", markup=False)
     for step, msg in sorted(report.steps_unverifiable.items()):
         err_console.print(f"step {step} cannot be verified: {msg}", markup=False)
     if report.first_mismatch:
