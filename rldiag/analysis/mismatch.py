@@ -41,11 +41,20 @@ THRESHOLDS: dict[str, tuple[str, float, float]] = {
     "lag_ratio": ("lag_abs_gap_lagged / lag_abs_gap_lag0", 1.5, 3.0),
     "lag_spread": ("lag_body_std_lagged / lag_body_std_lag0", 1.4, 2.2),
     "outlier_share": ("top_kl_share", 0.45, 0.7),
-    "outlier_size": ("gap_abs_max", 0.05, 0.2),
+    # a token far enough off to be an outlier on its own: above what bfloat16 rounding reaches on
+    # a collapsed or diverging policy's huge logits (at most 0.24 on the corpus's train split,
+    # whose planted outliers are 1.3 and more), fully at ln 2 (a probability ratio outside [1/2, 2])
+    "outlier_size": ("gap_abs_max", 0.3, 0.69),
     "outlier_separation": ("gap_abs_max / gap_abs_p95", 3.0, 6.0),
     "half": ("half_share", 0.5, 0.9),
     "on_policy_gap": ("lag_body_std_lag0", 4e-5, 1.2e-4),
 }
+#: a step is read for ``outlier_tokens`` (its run confidence's base) when its largest ``|d|`` is
+#: at least :data:`STANDS_OUT` and :data:`STANDS_OUT_RATIO` times the body's bound (``gap_abs_p95``):
+#: a token stands out of the rest, large or not; the ``outlier_size`` ramp then says whether it
+#: is large enough to be an outlier (a step where a smaller one stands out counts against it)
+STANDS_OUT = 0.05
+STANDS_OUT_RATIO = 3.0
 #: ``precision`` with a run gap std at or below this is what bf16 inference produces: severity info
 PRECISION_INFO_STD = 0.05
 
@@ -434,12 +443,12 @@ def diagnose_mismatch(steps: Sequence[int], stats: Mapping[str, np.ndarray],
 
 
 def _stands_out(s: Mapping[str, np.ndarray]) -> np.ndarray:
-    """``(n_steps,)`` bool: the step's largest ``|d|`` is at least the ``outlier_size`` ramp's
-    low bound and the ``outlier_separation`` ramp's low bound times the body's bound."""
+    """``(n_steps,)`` bool: the step's largest ``|d|`` is at least :data:`STANDS_OUT` and
+    :data:`STANDS_OUT_RATIO` times the body's bound."""
     n = len(s["tokens"])
     top = np.nan_to_num(np.asarray(s.get("gap_abs_max", np.zeros(n)), dtype=np.float64))
     body = np.asarray(s.get("gap_abs_p95", s.get("gap_abs_p99", np.zeros(n))), dtype=np.float64)
-    return (top >= THRESHOLDS["outlier_size"][1]) & (top >= THRESHOLDS["outlier_separation"][1] * np.nan_to_num(body))
+    return (top >= STANDS_OUT) & (top >= STANDS_OUT_RATIO * np.nan_to_num(body))
 
 
 def _precision_severity(summ: Mapping[str, float], confidences: Mapping[str, float]) -> str:

@@ -74,14 +74,19 @@ def _num(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def steps_text(n: float) -> str:
+    """``1 step``, ``2.5 steps``."""
+    return f"{n:g} step" + ("" if n == 1 else "s")
+
+
 def lead_words(lead: float | None, kind: str | None) -> str:
     what = f"the onset of {kind}" if kind else "the labelled onset"
     if lead is None:
         return f"no lead time ({what} not labelled)"
     if lead > 0:
-        return f"fires {lead:g} steps before {what}"
+        return f"fires {steps_text(lead)} before {what}"
     if lead < 0:
-        return f"fires {-lead:g} steps after {what}"
+        return f"fires {steps_text(-lead)} after {what}"
     return f"fires at {what}"
 
 
@@ -139,7 +144,7 @@ def lead_summary(split: dict[str, Any]) -> str:
     """Which calibrated rules warn before the labelled onset and which only confirm it after the
     fact (median lead > 0, <= 0), and the warning or critical ones below the floor."""
     rows = [r for r in split["rules"] if r["status"] == "calibrated" and r["lead_steps"] is not None]
-    early = [f"`{key(r)}` ({r['lead_steps']:g} steps before {r['detects']})" for r in rows if r["lead_steps"] > 0]
+    early = [f"`{key(r)}` ({steps_text(r['lead_steps'])} before {r['detects']})" for r in rows if r["lead_steps"] > 0]
     audit = [f"`{key(r)}` ({lead_words(r['lead_steps'], r['detects']).removeprefix('fires ')})"
              for r in rows if r["lead_steps"] <= 0]
     below = [f"`{key(r)}`" for r in split["rules"] if r["meets_floor"] is False]

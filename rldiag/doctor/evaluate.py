@@ -5,13 +5,13 @@ gives one finding or several (a rule naming causes)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from rldiag.doctor import rules as _rules  # noqa: F401  (registers every rule kind, mismatch included)
-from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Passed, Skip
+from rldiag.doctor.evaluators import RULE_KINDS, Context, Finding, Passed, Series, Skip
 from rldiag.doctor.rule import Rule
 from rldiag.doctor.signals import SignalTable
 
@@ -41,7 +41,8 @@ def evaluate_rules(rules: list[Rule], table: SignalTable, settings: Mapping[str,
                    engine_settings: Any = None) -> RuleResults:
     """Every rule of ``rules`` over ``table`` under ``settings`` (the run's keys with the derived
     ones resolved). A rule with a ``window`` reads only the tail of its series that the window
-    covers (:meth:`SignalTable.series`, ``tail``). ``run`` / ``engine_settings``: the
+    covers (:meth:`SignalTable.series`, ``tail``); one with a ``warmup`` of N none of the run's
+    first N steps (counted from the table's first step, :func:`after_warmup`). ``run`` / ``engine_settings``: the
     :class:`~rldiag.io.rundir.RunDir` and resolved Settings, for a rule that reads example
     tokens back from the batch files (``rollout_mismatch``)."""
     out = RuleResults()
@@ -50,7 +51,10 @@ def evaluate_rules(rules: list[Rule], table: SignalTable, settings: Mapping[str,
         if why_not is not None:
             out.not_applicable[rule.id] = why_not
             continue
-        series = partial(table.series, tail=rule.window) if rule.window is not None else table.series
+        series: Callable[[str, str], Series | None] = (
+            partial(table.series, tail=rule.window) if rule.window is not None else table.series)
+        if rule.warmup and table.first_step is not None:
+            series = after_warmup(series, table.first_step + rule.warmup)
         ctx = Context(settings=settings, series=series, run=run, engine_settings=engine_settings)
         outcome = RULE_KINDS.get(rule.kind)(rule, ctx)
         if isinstance(outcome, list):
@@ -68,6 +72,20 @@ def evaluate_rules(rules: list[Rule], table: SignalTable, settings: Mapping[str,
             f.evidence.state, f.evidence.state_since = "ongoing", table.first_step
     out.findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     return out
+
+
+def after_warmup(series: Callable[[str, str], Series | None], first: int) -> Callable[[str, str], Series | None]:
+    """``series`` without the steps before ``first`` (a rule's ``warmup``: the run's first steps
+    are not read; a series with no step left is None, as one never given)."""
+
+    def cut(name: str, source: str) -> Series | None:
+        s = series(name, source)
+        if s is None:
+            return None
+        keep = s.steps >= first
+        return Series(s.name, s.steps[keep], s.values[keep], s.source) if keep.any() else None
+
+    return cut
 
 
 def add_band(finding: Finding, settings: Mapping[str, Any]) -> None:

@@ -25,6 +25,9 @@ class Rule:
     when: dict[str, Any] = field(default_factory=dict)
     window: int | None = None
     min_steps: int = 1
+    # the run's first ``warmup`` steps are never read (a critic's first updates, say): the
+    # window and ``min_steps`` count the steps after them (rldiag.doctor.evaluate.after_warmup)
+    warmup: int = 0
     params: dict[str, Any] = field(default_factory=dict)
     origin: str = ""  # the file that defined (or last overrode) it
     # the settings that address it (rules.yaml's ``addresses``, checked and completed by

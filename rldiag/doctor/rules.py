@@ -28,8 +28,8 @@ BUILTIN_RULES = Path(__file__).with_name("rules.yaml")
 SEVERITIES = ("info", "warning", "critical")
 SOURCES = ("any", "logged", "recomputed")
 #: keys every rule may have, whatever its kind.
-COMMON_KEYS = {"id", "kind", "title", "why", "severity", "enabled", "when", "source", "window", "min_steps", "metric",
-               "addresses"}
+COMMON_KEYS = {"id", "kind", "title", "why", "severity", "enabled", "when", "source", "window", "min_steps", "warmup",
+               "metric", "addresses"}
 #: how a counterfactual reduces a metric over the window's steps
 ADDRESS_STATISTICS = ("mean", "median", "max", "last")
 ADDRESS_KEYS = ("settings", "metrics", "statistic")
@@ -81,11 +81,14 @@ def _build(raw: dict, origin: str) -> Rule:
     for name, v in (("window", window), ("min_steps", min_steps)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"{where}: '{name}' must be a positive integer, got {v!r}")
+    warmup = raw.get("warmup", 0)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ConfigError(f"{where}: 'warmup' must be a non-negative integer, got {warmup!r}")
     params = {k: v for k, v in raw.items() if k not in COMMON_KEYS}
     addresses = _addresses(raw.get("addresses"), raw.get("metric"), where)
     rule = Rule(id=rid, kind=kind, title=raw["title"].strip(), why=" ".join(raw["why"].split()), severity=severity,
                 metric=raw.get("metric"), source=source, when=dict(when), window=window, min_steps=min_steps,
-                params=params, origin=origin, addresses=addresses)
+                warmup=warmup, params=params, origin=origin, addresses=addresses)
     check = meta.check
     if check is not None:
         problem = check(rule)

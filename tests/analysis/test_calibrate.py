@@ -106,6 +106,7 @@ def test_the_calibration_sentence_and_table():
     assert few["precision"] is None and few["status"] == "not enough data" and "3 run(s)" in few["text"]
     assert calibration_for("other", None, cal)["status"] == "no calibration"
     assert lead_words(-2, "divergence") == "fires 2 steps after the onset of divergence"
+    assert lead_words(1, "divergence") == "fires 1 step before the onset of divergence"
     table = render_table(cal["splits"]["test"] | {"rules": cal["splits"]["test"]["rules"][:1]})
     assert "| `r` |  | warning | 30 | 20 | 19 | 1 | 5 | 0.95 [0.80, 0.99] | 0.80 [0.60, 0.90] |" in table
     assert "meets the floor" in table

@@ -13,13 +13,28 @@ from rldiag.capture.health import FINDINGS_KEY, PREFIX
 from rldiag.toy.config import PRESETS
 from rldiag.toy.trainer import ToyTrainer
 
+#: a user's rules file making vf_explained_var_negative critical from the critic's first steps
+#: (the built-in rule waits out a warm-up, at warning: docs/calibration.md)
+STRICT_CRITIC = """
+rules:
+  - id: vf_explained_var_negative
+    below: 0.0
+    stat: each
+    min_fraction: 0.5
+    min_steps: 3
+    warmup: 0
+    severity: critical
+"""
+
 
 def test_a_critical_finding_stops_the_toy_trainer_after_its_step(tmp_path, caplog):
     torch.set_num_threads(1)
     trainer = ToyTrainer(PRESETS["ppo-gae"](steps=8))
     run = tmp_path / "run"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(STRICT_CRITIC)
     with caplog.at_level(logging.WARNING, logger="rldiag.capture.health"):
-        summary = trainer.run(run, doctor=True, stop_at=2)
+        summary = trainer.run(run, doctor=True, stop_at=2, rules_files=[rules])
     lines = {x["step"]: x["data"] for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     # vf_explained_var_negative (critical): below 0 at >= half the last 10 steps, from 3 steps on
     ev = [lines[s]["critic/vf_explained_var"] for s in sorted(lines)]

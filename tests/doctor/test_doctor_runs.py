@@ -41,7 +41,8 @@ def test_healthy_grpo_run_gives_no_alarm(tmp_path, capsys):
 
 
 def test_healthy_gae_run_gives_no_alarm(tmp_path):
-    root = write_run(tmp_path / "run", critic=True, config={"algorithm": {"adv_estimator": "gae"}})
+    # vf_explained_var_negative reads a critic after its first 10 steps (warmup), 5 steps at least
+    root = write_run(tmp_path / "run", critic=True, config={"algorithm": {"adv_estimator": "gae"}}, steps=16)
     rep = diagnose(root)
     assert counted(rep) == [], [f.message for f in rep.findings]
     assert "vf_explained_var_negative" in rep.passed
@@ -115,7 +116,7 @@ CASES = [
     ("ppo_kl_collapse", dict(plant=_plant_on_policy_late), {"ppo_kl_collapse"}, True),
     ("clipfrac_high", dict(plant=_shift_cur(lambda s, i: s.rng.normal(0, 0.6, len(s.old[i])))), {"clipfrac_high"}, False),
     ("dual_clip", dict(plant=_plant_dual_clip), {"dual_clip_firing"}, True),
-    ("vf_explained_var", dict(critic=True, config={"algorithm": {"adv_estimator": "gae"}},
+    ("vf_explained_var", dict(critic=True, config={"algorithm": {"adv_estimator": "gae"}}, steps=16,
                               plant=lambda st, s: s.values.__setitem__(slice(None), [
                                   s.rng.normal(0, 2, len(m)).astype(np.float32) for m in s.mask])),
      {"vf_explained_var_negative"}, True),

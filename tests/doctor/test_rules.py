@@ -115,6 +115,34 @@ rules:
     assert main(["doctor", str(root), "--rules", str(user)]) == 1
 
 
+def test_warmup_leaves_the_runs_first_steps_unread():
+    """A rule with ``warmup: N`` reads none of the run's first N steps (from the table's first
+    step, whatever the metric): its window and min_steps count the steps after them."""
+    from rldiag.doctor.evaluate import evaluate_rules
+    from rldiag.doctor.signals import SignalTable
+
+    table = SignalTable()
+    table.add_logged(1, {"other": 0.0})  # the run starts at step 1; m from step 2
+    for step, v in zip(range(2, 9), [9.0, 9.0, 9.0, 0.5, 0.5, 0.5, 0.5], strict=True):
+        table.add_logged(step, {"m": v})
+    rule = Rule(id="r", kind="threshold", title="t", why="w", metric="m", params={"above": 1.0, "stat": "max"})
+    assert [f.evidence.steps for f in evaluate_rules([rule], table, {}).findings] == [[2, 3, 4, 5, 6, 7, 8]]
+    late = Rule(id="r", kind="threshold", title="t", why="w", metric="m", params={"above": 1.0, "stat": "max"},
+                warmup=3, min_steps=2)
+    res = evaluate_rules([late], table, {})  # steps 1-3 unread: 9 at step 4 still counts
+    assert res.findings and res.findings[0].evidence.window == [4, 8]
+    later = Rule(id="r", kind="threshold", title="t", why="w", metric="m", params={"above": 1.0, "stat": "max"},
+                 warmup=4, min_steps=2)
+    assert "r" in evaluate_rules([later], table, {}).passed
+    short = Rule(id="r", kind="threshold", title="t", why="w", metric="m", params={"above": 1.0, "stat": "max"},
+                 warmup=4, min_steps=5)  # 4 steps left (5..8)
+    assert "needs 5" in evaluate_rules([short], table, {}).not_evaluated["r"]
+    windowed = Rule(id="r", kind="threshold", title="t", why="w", metric="m", params={"above": 1.0, "stat": "max"},
+                    warmup=2, window=3)  # the tail of 3 (6..8), nothing before step 3 in any case
+    assert "r" in evaluate_rules([windowed], table, {}).passed
+    assert load_rules()[0].warmup == 0 and {r.id: r.warmup for r in load_rules()}["vf_explained_var_negative"] == 10
+
+
 @pytest.mark.parametrize("text,message", [
     ("rules:\n  - id: x\n    kind: nope\n    title: t\n    why: w\n", "unknown kind 'nope'"),
     ("rules:\n  - id: x\n    kind: threshold\n    metric: m\n    abvoe: 1\n    title: t\n    why: w\n", "unknown key(s) abvoe"),
@@ -124,6 +152,7 @@ rules:
      "rising or falling"),
     ("rules:\n  - id: ppo_kl_high\n    severity: loud\n", "severity must be one of"),
     ("rules:\n  - id: ppo_kl_high\n    window: 0\n", "'window' must be a positive integer"),
+    ("rules:\n  - id: ppo_kl_high\n    warmup: -1\n", "'warmup' must be a non-negative integer"),
     ("rules:\n  - kind: threshold\n", "string 'id'"),
     ("rules: [unclosed\n", "not valid YAML"),
     ("- just a list\n", "a list under 'rules:'"),
