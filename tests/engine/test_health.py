@@ -12,7 +12,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rldiag.engine.health import component_means, empty_fraction, group_std_mean, top_weight_share, weight_share
+from rldiag.engine.health import (
+    PIECE_TOKENS,
+    component_means,
+    empty_fraction,
+    gradient_weight_shares,
+    group_std_mean,
+    top_sum,
+    top_weight_share,
+    weight_share,
+)
 from rldiag.engine.repetition import compression_ratio, compression_ratios, repetition_metrics
 
 
@@ -108,3 +117,31 @@ def test_compression_of_a_long_tailed_step_is_finite_and_not_repetitive():
     mask = np.ones(int(lengths.sum()), np.int8)
     got = compression_ratios(text, mask)
     assert got.shape == (1024,) and np.isfinite(got).all() and (got > 0.3).all()
+
+
+def test_top_sum_selection_is_the_full_top_k():
+    # ties (GRPO: one weight per row) and a long tail; the threshold path against a plain topk
+    gen = torch.Generator().manual_seed(3)
+    rows = torch.randint(1, 2000, (400,), generator=gen)
+    x = torch.repeat_interleave(torch.rand(400, generator=gen) ** 3, rows)
+    x[torch.rand(x.numel(), generator=gen) < 0.2] = -1.0  # off the actor tokens
+    for k in (1, 7, x.numel() // 100, x.numel() // 20):
+        plain = torch.topk(x, k).values.to(torch.float64).cumsum(0)[-1]
+        assert torch.equal(top_sum(x, k), plain), k
+
+
+def test_shares_over_pieces_equal_one_step_sums():
+    # a step longer than a piece: the piece-by-piece float64 sums against the exact ones
+    gen = torch.Generator().manual_seed(4)
+    n = PIECE_TOKENS * 2 + 12345
+    g = torch.rand(n, generator=gen)
+    actor = torch.rand(n, generator=gen) < 0.9
+    clipped = (torch.rand(n, generator=gen) < 0.1).to(torch.float32)
+    top, share = gradient_weight_shares(g, actor, [0, 100, n], 0.01, clipped)
+    for s, (a, b) in enumerate(((0, 100), (100, n))):
+        gs, acts, cs = g[a:b].double(), actor[a:b], clipped[a:b].double()
+        unclipped = torch.where(acts, gs * (1 - cs), 0.0)
+        k = math.ceil(int(acts.sum()) * 0.01 - 1e-9)
+        want = torch.sort(unclipped, descending=True).values[:k].sum() / unclipped.sum()
+        assert top[s].item() == pytest.approx(want.item(), rel=1e-6)
+        assert share is not None and share[s].item() == pytest.approx(((gs * cs * acts).sum() / gs.sum()).item(), rel=1e-6)
