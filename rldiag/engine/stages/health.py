@@ -19,10 +19,10 @@ from rldiag.engine.health import (
     empty_fraction,
     gradient_weight_shares,
     group_std_mean,
-    in_step_order,
     step_bounds,
 )
 from rldiag.engine.repetition import COMPRESSION_COLUMN, MIN_TOKENS, TEXT_COLUMN, THRESHOLD, repetition_metrics
+from rldiag.engine.segments import step_token_bounds
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.stages.base import Metric, Stage, State
 
@@ -45,14 +45,13 @@ def _health(st: State) -> None:
     clipped = pol.clipped if pol is not None else None
     actor = st.mask > 0
     g = gradient_weight(st.adv, w)  # without the clip, once for both metrics
-    order = in_step_order(sid)  # rows out of step order (never in a packed batch): their tokens put in step order
-    if order is not None:
+    bounds = step_token_bounds(rows, sid, n)
+    if bounds is None:  # rows out of step order (never in a packed batch): their tokens put in step order
+        order = torch.argsort(sid, stable=True)
         sub, tok = rows.take(order)
         g, actor = g.index_select(0, tok), actor.index_select(0, tok)
         clipped = None if clipped is None else clipped.index_select(0, tok)
         bounds = step_bounds(sid.index_select(0, order).index_select(0, sub.row_ids), n)
-    else:
-        bounds = rows.offsets.index_select(0, torch.tensor(step_bounds(sid, n), device=sid.device)).tolist()
     top, clipped_share = gradient_weight_shares(g, actor, bounds, TOP_FRACTION, clipped)
     m["rldiag/grad_weight/top1pct_share"] = top
     if clipped_share is not None:
