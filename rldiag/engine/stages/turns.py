@@ -156,8 +156,11 @@ def multi_turn_stats(st: State) -> None:
     st.metrics[f"{PREFIX}count/max"] = seg_max(turns, sid, n)
 
     # spans: every row cut at its turn starts; each span lies in one turn (or before the first)
-    cut = torch.nonzero(starts | row_starts(rows)).flatten()
-    spans = Rows.from_offsets(torch.cat([cut, torch.full((1,), rows.n_tokens, dtype=torch.long, device=cut.device)]))
+    marks = starts | row_starts(rows)
+    cut = torch.nonzero(marks).flatten()
+    span_ids = torch.cumsum(marks, 0, dtype=torch.long).sub_(1)  # each token's span (no empty span)
+    del marks
+    spans = Rows(torch.cat([cut, torch.full((1,), rows.n_tokens, dtype=torch.long, device=cut.device)]), span_ids)
     span_turn = turn.index_select(0, cut)
     nb = len(BUCKETS)
     key = sid.index_select(0, rows.row_ids.index_select(0, cut)) * nb + (span_turn.clamp(min=1, max=nb) - 1)
