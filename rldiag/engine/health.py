@@ -61,21 +61,29 @@ def top_sum(x: torch.Tensor, k: int) -> torch.Tensor:
     """float64 scalar: the ``k`` largest values of ``x`` ``(n,)`` float32 (``1 <= k <= n``),
     added largest first, one after another.
 
-    A selection, no sort of ``x``: the ``k`` largest are ``torch.topk`` of the values at or above
-    a threshold ``t`` taken from a strided sample (its ``1.25 k / SAMPLE_STRIDE + 16``-th largest),
-    used only when ``t`` keeps at least ``k`` values, which makes the ``k`` largest of the
-    candidates those of ``x`` (the same values in the same order: the same sum to the bit);
-    otherwise ``torch.topk`` of every value. A NaN is never selected by the threshold: the callers
-    read the sum only where the step's total is finite."""
+    A selection, no sort of ``x``: a threshold ``t`` from a strided sample (its ``1.25 k /
+    SAMPLE_STRIDE + 16``-th largest value); where at least ``k`` values are above ``t``, the ``k``
+    largest are ``torch.topk`` of those; where fewer (``m``) are above it but at least ``k`` at or
+    above it, the ``k``-th largest is ``t`` itself: the ``m`` values above it in descending order,
+    then ``t`` ``k - m`` times (ties at the threshold, as equal gradient weights of whole rows make
+    them, are never gathered). Either way the same values in the same order as ``torch.topk`` of
+    every value (its fallback otherwise), so the same sum to the bit. A NaN is never selected by
+    the threshold: the callers read the sum only where the step's total is finite."""
     n = x.numel()
+    vals = None
     if k * 4 * SAMPLE_STRIDE < n:
         sample = x[::SAMPLE_STRIDE].contiguous()
-        ks = min(sample.numel(), (5 * k) // (4 * SAMPLE_STRIDE) + 16)
-        t = torch.topk(sample, ks, sorted=False).values.min()
-        keep = x >= t
-        if int(torch.count_nonzero(keep)) >= k:
-            x = x.index_select(0, torch.nonzero(keep).flatten())
-    return torch.topk(x, k).values.to(torch.float64).cumsum(0)[-1]
+        t = torch.topk(sample, min(sample.numel(), (5 * k) // (4 * SAMPLE_STRIDE) + 16), sorted=False).values.min()
+        above = x > t
+        m = int(torch.count_nonzero(above))
+        if m >= k:
+            vals = torch.topk(x.index_select(0, torch.nonzero(above).flatten()), k).values
+        elif m + int(torch.count_nonzero(x == t)) >= k:
+            top = torch.sort(x.index_select(0, torch.nonzero(above).flatten()), descending=True).values
+            vals = torch.cat([top, t.expand(k - m)])
+    if vals is None:
+        vals = torch.topk(x, k).values
+    return vals.to(torch.float64).cumsum(0)[-1]
 
 
 def gradient_weight_shares(g: torch.Tensor, actor: torch.Tensor, bounds: list[int], frac: float = 0.01,
@@ -115,10 +123,8 @@ def gradient_weight_shares(g: torch.Tensor, actor: torch.Tensor, bounds: list[in
                 den[s] += g64.sum()
                 num[s] += g64.mul_((cp * ap).to(f64)).sum()
                 gp = gp * (1.0 - cp)
-            out = ranked[lo - a:hi - a]
-            torch.where(ap, gp, torch.zeros((), dtype=gp.dtype, device=gp.device), out=out)
-            total[s] += out.sum(dtype=f64)
-            out.masked_fill_(~ap, -1.0)
+            total[s] += torch.where(ap, gp, torch.zeros((), dtype=gp.dtype, device=gp.device)).sum(dtype=f64)
+            torch.where(ap, gp, torch.full((), -1.0, dtype=gp.dtype, device=gp.device), out=ranked[lo - a:hi - a])
         count = int(torch.count_nonzero(actor[a:b]))
         if count:
             # ceil of frac x count (a float product 0.01 x 300 may round past the integer: take it off)

@@ -128,6 +128,11 @@ def test_top_sum_selection_is_the_full_top_k():
     for k in (1, 7, x.numel() // 100, x.numel() // 20):
         plain = torch.topk(x, k).values.to(torch.float64).cumsum(0)[-1]
         assert torch.equal(top_sum(x, k), plain), k
+    # few distinct weights, each on many tokens: the k-th largest is the sampled threshold (the tie branch)
+    ties = torch.tensor([0.5, 0.25, 0.125, 0.1])[torch.randint(0, 4, (200_000,), generator=gen)]
+    ties[:3] = torch.tensor([0.9, 0.8, 0.7])
+    for k in (2, 3, 40, 1000, 2000):
+        assert torch.equal(top_sum(ties, k), torch.topk(ties, k).values.to(torch.float64).cumsum(0)[-1]), k
 
 
 def test_shares_over_pieces_equal_one_step_sums():

@@ -25,6 +25,7 @@ from rldiag.engine.stages.turns import (
     multi_turn_stats,
     single_turn_stats,
     turn_index,
+    turn_starts,
 )
 from rldiag.engine.step_failures import StepErrors
 from tests.conftest import make_batch, settings
@@ -255,11 +256,16 @@ def test_single_turn_rows_take_the_rows_as_spans_to_the_bit():
                              rollout=list(-np.abs(gen.normal(1, 0.5, length)))))
     rows[0]["mask"] = [0] * len(rows[0]["mask"])
     b = _batch(rows)
-    assert inner_turn_starts(b.response_mask, b.rows) == 0
+    on = b.response_mask > 0
+    starts = turn_starts(on, b.rows)
+    assert inner_turn_starts(starts, b.rows) == 0
     out = []
-    for path in (single_turn_stats, multi_turn_stats):
+    for single in (True, False):
         state = _state_before_turns(b)
-        path(state)
+        if single:
+            single_turn_stats(state, on)
+        else:
+            multi_turn_stats(state, on, starts)
         TURNS_LOSS.run(state)
         out.append(state)
     one, general = out
@@ -269,5 +275,6 @@ def test_single_turn_rows_take_the_rows_as_spans_to_the_bit():
         for name in a:
             assert a[name].dtype == c[name].dtype and torch.equal(a[name], c[name]), (kind, name)
     # a turn after the first token (a leading tool token, a second turn) is counted
-    assert inner_turn_starts(torch.tensor([0.0, 1.0, 1.0]), Rows.from_lengths(torch.tensor([3]))) == 1
-    assert inner_turn_starts(torch.tensor([1.0, 0.0, 1.0, 1.0]), Rows.from_lengths(torch.tensor([2, 2]))) == 0
+    for mask, lengths, inner in (([0, 1, 1], [3], 1), ([1, 0, 1, 1], [2, 0, 2], 0), ([1, 0, 1, 0, 0, 1], [4, 2], 2)):
+        layout = Rows.from_lengths(torch.tensor(lengths))
+        assert inner_turn_starts(turn_starts(torch.tensor(mask) > 0, layout), layout) == inner, mask

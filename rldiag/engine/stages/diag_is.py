@@ -78,7 +78,7 @@ DIAG_IS = Stage(
                "0.5)", _R, when=_WHEN),
         Metric(f"{PREFIX}seq/{{mean,max,min,std}}", f"{_SEQ}: mean and std over the step's actor tokens; max and "
                "min: of the rows' untruncated ratios (= rollout_corr/rollout_is_* under rollout_is=sequence, "
-               "threshold 2.0)", _R, when=_WHEN),
+               "threshold 2.0; mean and std to float32 rounding)", _R, when=_WHEN),
         Metric(f"{PREFIX}seq/eff_sample_size", "1 / mean(normalised w^2) of the sequence weights over actor tokens",
                _R, when=_WHEN),
         Metric(f"{PREFIX}seq/ratio_fraction_{{high,low}}", "share of the step's rows whose sequence ratio is above 2 "

@@ -88,19 +88,11 @@ def _write(st: State, out: dict[str, torch.Tensor]) -> None:
             st.metrics[f"{PREFIX}{bucket}/{stat}"] = table[:, b].to(torch.float32)
 
 
-def inner_turn_starts(mask: torch.Tensor, rows: Rows) -> int:
-    """How many turns start after their row's first token, at most (0: every row has at most one
-    turn, from its first token). Counted as ``mask[i] > mask[i - 1]`` within rows (one pass), which
-    holds at every turn start (``mask[i - 1] <= 0 < mask[i]``) and may count more, never fewer."""
-    n = rows.n_tokens
-    if n < 2:
-        return 0
-    rises = int(torch.count_nonzero(mask[1:] > mask[:-1]))  # at position i + 1
-    if not rises:
-        return 0
-    starts = rows.offsets[1:-1]
-    starts = starts[(starts > 0) & (starts < n)]  # rows' first tokens after the first token
-    return rises - int(torch.count_nonzero(mask.index_select(0, starts) > mask.index_select(0, starts - 1)))
+def inner_turn_starts(starts: torch.Tensor, rows: Rows) -> int:
+    """How many of the turn starts ``starts`` ``(tokens,)`` bool (:func:`turn_starts`) are after
+    their row's first token (0: every row has at most one turn, from its first token)."""
+    first = rows.offsets[:-1][rows.lengths > 0]
+    return int(torch.count_nonzero(starts)) - int(torch.count_nonzero(starts.index_select(0, first)))
 
 
 def _write_turn_stats(st: State, ts: TurnSpans, span_sums: dict[str, torch.Tensor]) -> None:
@@ -122,13 +114,14 @@ def _span_sums(st: State, spans: Rows) -> dict[str, torch.Tensor]:
     return out
 
 
-def single_turn_stats(st: State) -> None:
+def single_turn_stats(st: State, on0: torch.Tensor) -> None:
     """The turns where no row has a turn after its first token (:func:`inner_turn_starts` is 0):
     a row's one turn is every actor token of it, so the spans are the rows themselves (the same
-    sums as :func:`multi_turn_stats` over them, to the bit) and every token's turn is its mask."""
+    sums as :func:`multi_turn_stats` over them, to the bit) and every token's turn is its mask.
+    ``on0`` ``(tokens,)`` bool: the original mask's actor tokens."""
     batch = st.batch
     rows, sid, n = batch.rows, batch.step_ids, batch.n_steps
-    st.tokens["turn"] = st.turn = (st.mask0 > 0).to(torch.int32)
+    st.tokens["turn"] = st.turn = on0.to(torch.int32)
     first = rows.offsets[:-1].clamp(max=max(rows.n_tokens - 1, 0))
     has = (rows.lengths > 0) & (st.mask0.index_select(0, first) > 0) if rows.n_tokens else rows.lengths > 0
     turns = has.to(torch.float32)  # a row has its one turn where its first token is an actor token
@@ -141,16 +134,14 @@ def single_turn_stats(st: State) -> None:
     _write_turn_stats(st, ts, _span_sums(st, rows))
 
 
-def multi_turn_stats(st: State) -> None:
+def multi_turn_stats(st: State, on0: torch.Tensor, starts: torch.Tensor) -> None:
     """The turns in general: each token's turn numbered from the turn starts, and the rows cut at
-    their turn starts into spans whose masked sums are added up per (step, turn bucket)."""
+    their turn starts into spans whose masked sums are added up per (step, turn bucket). ``on0``
+    ``(tokens,)`` bool the original mask's actor tokens, ``starts`` their turn starts."""
     batch = st.batch
     rows, sid, n = batch.rows, batch.step_ids, batch.n_steps
-    on0 = st.mask0 > 0
-    starts = turn_starts(on0, rows)
     turns = rows.count(starts)
     st.tokens["turn"] = st.turn = turn = number_turns(starts, on0, rows, turns)
-    del on0
     st.rows["turns"] = turns.to(torch.long)
     st.metrics[f"{PREFIX}count/mean"] = seg_mean(turns, sid, n)
     st.metrics[f"{PREFIX}count/max"] = seg_max(turns, sid, n)
@@ -171,10 +162,13 @@ def multi_turn_stats(st: State) -> None:
 
 
 def _turns(st: State) -> None:
-    if inner_turn_starts(st.mask0, st.batch.rows) == 0:
-        single_turn_stats(st)
+    on0 = st.mask0 > 0
+    starts = turn_starts(on0, st.batch.rows)
+    if inner_turn_starts(starts, st.batch.rows) == 0:
+        del starts
+        single_turn_stats(st, on0)
     else:
-        multi_turn_stats(st)
+        multi_turn_stats(st, on0, starts)
 
 
 def _turns_loss(st: State) -> None:
