@@ -140,15 +140,18 @@ def multi_turn_stats(st: State, on0: torch.Tensor, starts: torch.Tensor) -> None
     ``(tokens,)`` bool the original mask's actor tokens, ``starts`` their turn starts."""
     batch = st.batch
     rows, sid, n = batch.rows, batch.step_ids, batch.n_steps
-    turns = rows.count(starts)
+    turn_at = torch.nonzero(starts).flatten()  # where each turn starts
+    turns = torch.bincount(rows.row_ids.index_select(0, turn_at), minlength=rows.n_rows)[:rows.n_rows].to(torch.float32)
     st.tokens["turn"] = st.turn = turn = number_turns(starts, on0, rows, turns)
     st.rows["turns"] = turns.to(torch.long)
     st.metrics[f"{PREFIX}count/mean"] = seg_mean(turns, sid, n)
     st.metrics[f"{PREFIX}count/max"] = seg_max(turns, sid, n)
 
     # spans: every row cut at its turn starts; each span lies in one turn (or before the first)
-    marks = starts | row_starts(rows)
-    cut = torch.nonzero(marks).flatten()
+    first = rows.offsets[:-1][rows.lengths > 0]
+    cut = torch.unique(torch.cat([turn_at, first]))  # sorted: the turn starts and the rows' first tokens
+    marks = starts.clone()
+    marks[first] = True
     span_ids = torch.cumsum(marks, 0, dtype=torch.long).sub_(1)  # each token's span (no empty span)
     del marks
     spans = Rows(torch.cat([cut, torch.full((1,), rows.n_tokens, dtype=torch.long, device=cut.device)]), span_ids)
