@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from rldiag.engine.gradient_weight import gradient_weight, unclipped_part
 from rldiag.engine.segments import seg_count, seg_std, seg_sum
 
 __all__ = ["PIECE_TOKENS", "component_means", "empty_fraction", "gradient_weight_shares", "group_std_mean",
@@ -86,10 +87,12 @@ def top_sum(x: torch.Tensor, k: int) -> torch.Tensor:
     return vals.to(torch.float64).cumsum(0)[-1]
 
 
-def gradient_weight_shares(g: torch.Tensor, actor: torch.Tensor, bounds: list[int], frac: float = 0.01,
-                           clipped: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def gradient_weight_shares(adv: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, bounds: list[int],
+                           frac: float = 0.01, clipped: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per step ``(n_steps,)`` float32, from one pass over each step's tokens in pieces of
-    :data:`PIECE_TOKENS`:
+    :data:`PIECE_TOKENS` (each piece's gradient weights ``g = |A| w``,
+    :func:`rldiag.engine.gradient_weight.gradient_weight`, made and used while in cache):
 
     - the top share: of the summed ``g x (1 - clipped)`` over the step's actor tokens, the share
       its ``ceil(frac x actor tokens)`` largest carry (at least one token; NaN where the step's
@@ -97,35 +100,38 @@ def gradient_weight_shares(g: torch.Tensor, actor: torch.Tensor, bounds: list[in
     - the clipped share (None without ``clipped``): ``sum(g x clipped x actor) / sum(g)``, the
       share of the step's unclipped weight the clip zeroes (NaN where ``sum(g)`` is 0).
 
-    ``g`` ``(tokens,)`` float32 each token's gradient weight without the clip (>= 0), ``actor``
-    ``(tokens,)`` bool the tokens that count, ``clipped`` ``(tokens,)`` the clip indicator (a
+    ``adv``, ``weights`` ``(tokens,)`` the advantages and the aggregation weights, ``mask``
+    ``(tokens,)`` the actor tokens where ``> 0``, ``clipped`` ``(tokens,)`` the clip indicator (a
     clip probability counts by its value), the tokens in step order with ``bounds`` (``n_steps +
     1``) the offsets of each step's (:func:`step_bounds`). The float64 sums are taken piece by
     piece (``torch.sum`` of each piece, the pieces added in order), so no float64 copy of the
     tokens is made; they differ from a sequential sum in the tokens' order by rounding only
-    (docs/performance.md). The tokens off ``actor`` count as 0 in the sums and as -1 in the
+    (docs/performance.md). The tokens off the mask count as 0 in the sums and as -1 in the
     selection (below every weight), so nothing is compacted."""
     n = len(bounds) - 1
     f64 = torch.float64
-    zeros = torch.zeros(n, dtype=f64, device=g.device)
+    zeros = torch.zeros(n, dtype=f64, device=adv.device)
     top, total, num, den = zeros.clone(), zeros.clone(), zeros.clone(), zeros.clone()
+    zero = torch.zeros((), dtype=torch.float32, device=adv.device)
+    minus = torch.full((), -1.0, dtype=torch.float32, device=adv.device)
     for s in range(n):
         a, b = bounds[s], bounds[s + 1]
         if a == b:
             continue
-        ranked = torch.empty(b - a, dtype=torch.float32, device=g.device)  # the unclipped weight, -1 off actor
+        ranked = torch.empty(b - a, dtype=torch.float32, device=adv.device)  # the unclipped weight, -1 off actor
+        count = 0
         for lo in range(a, b, PIECE_TOKENS):
             hi = min(lo + PIECE_TOKENS, b)
-            gp, ap = g[lo:hi], actor[lo:hi]
+            gp, ap = gradient_weight(adv[lo:hi], weights[lo:hi]), mask[lo:hi] > 0
+            count += int(torch.count_nonzero(ap))
             if clipped is not None:
                 cp = clipped[lo:hi].to(torch.float32)
                 g64 = gp.to(f64)
                 den[s] += g64.sum()
                 num[s] += g64.mul_((cp * ap).to(f64)).sum()
-                gp = gp * (1.0 - cp)
-            total[s] += torch.where(ap, gp, torch.zeros((), dtype=gp.dtype, device=gp.device)).sum(dtype=f64)
-            torch.where(ap, gp, torch.full((), -1.0, dtype=gp.dtype, device=gp.device), out=ranked[lo - a:hi - a])
-        count = int(torch.count_nonzero(actor[a:b]))
+                gp = unclipped_part(gp, cp)
+            total[s] += torch.where(ap, gp, zero).sum(dtype=f64)
+            torch.where(ap, gp, minus, out=ranked[lo - a:hi - a])
         if count:
             # ceil of frac x count (a float product 0.01 x 300 may round past the integer: take it off)
             k = max(1, math.ceil(count * frac - 1e-9))
@@ -143,7 +149,8 @@ def top_weight_share(g: torch.Tensor, tok_step: torch.Tensor, actor: torch.Tenso
     order = in_step_order(tok_step)
     if order is not None:
         g, tok_step, actor = g.index_select(0, order), tok_step.index_select(0, order), actor.index_select(0, order)
-    return gradient_weight_shares(g.to(torch.float32), actor, step_bounds(tok_step, n_steps), frac)[0]
+    ones = torch.ones_like(g, dtype=torch.float32)  # g = |g| x 1, the same values
+    return gradient_weight_shares(g, ones, actor, step_bounds(tok_step, n_steps), frac)[0]
 
 
 def weight_share(g: torch.Tensor, on: torch.Tensor, tok_step: torch.Tensor, n_steps: int) -> torch.Tensor:
@@ -154,8 +161,8 @@ def weight_share(g: torch.Tensor, on: torch.Tensor, tok_step: torch.Tensor, n_st
     order = in_step_order(tok_step)
     if order is not None:
         g, on, tok_step = g.index_select(0, order), on.index_select(0, order), tok_step.index_select(0, order)
-    actor = torch.ones(g.shape, dtype=torch.bool, device=g.device)
-    share = gradient_weight_shares(g.to(torch.float32), actor, step_bounds(tok_step, n_steps), 0.01, on)[1]
+    ones = torch.ones_like(g, dtype=torch.float32)  # every token counts; g = |g| x 1, the same values
+    share = gradient_weight_shares(g, ones, ones, step_bounds(tok_step, n_steps), 0.01, on)[1]
     assert share is not None  # computed with an indicator
     return share
 

@@ -142,7 +142,8 @@ def test_shares_over_pieces_equal_one_step_sums():
     g = torch.rand(n, generator=gen)
     actor = torch.rand(n, generator=gen) < 0.9
     clipped = (torch.rand(n, generator=gen) < 0.1).to(torch.float32)
-    top, share = gradient_weight_shares(g, actor, [0, 100, n], 0.01, clipped)
+    adv = torch.where(torch.rand(n, generator=gen) < 0.5, -g, g)  # |A| x 1 is g
+    top, share = gradient_weight_shares(adv, torch.ones(n), actor.float(), [0, 100, n], 0.01, clipped)
     for s, (a, b) in enumerate(((0, 100), (100, n))):
         gs, acts, cs = g[a:b].double(), actor[a:b], clipped[a:b].double()
         unclipped = torch.where(acts, gs * (1 - cs), 0.0)
@@ -150,3 +151,26 @@ def test_shares_over_pieces_equal_one_step_sums():
         want = torch.sort(unclipped, descending=True).values[:k].sum() / unclipped.sum()
         assert top[s].item() == pytest.approx(want.item(), rel=1e-6)
         assert share is not None and share[s].item() == pytest.approx(((gs * cs * acts).sum() / gs.sum()).item(), rel=1e-6)
+
+
+def test_health_stage_on_rows_out_of_step_order():
+    """Rows of two steps interleaved (step ids 0, 1, 0, 1): the stage sorts their tokens by step,
+    and each step's gradient-weight shares are those of the same rows in step order."""
+    from rldiag.engine.pipeline import recompute_batch
+    from tests.conftest import make_batch
+    from tests.conftest import settings as engine_settings
+
+    gen = np.random.default_rng(5)
+    lp = [list(-np.abs(gen.normal(1, 0.3, 6))) for _ in range(4)]
+    new = [list(np.array(r) + gen.normal(0, 0.3, 6)) for r in lp]
+    scores = [[0.0] * 5 + [s] for s in (1.0, 0.0, 0.0, 1.0)]
+    mask = [[1, 1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+    mixed = make_batch(scores=scores, mask=mask, uids=["a", "b", "a", "b"], steps=[1, 2, 1, 2],
+                       old_log_probs=lp, log_probs=new)
+    order = [0, 2, 1, 3]
+    sorted_ = make_batch(scores=[scores[i] for i in order], mask=[mask[i] for i in order], uids=["a", "a", "b", "b"],
+                         steps=[1, 1, 2, 2], old_log_probs=[lp[i] for i in order], log_probs=[new[i] for i in order])
+    a, b = (recompute_batch(x, engine_settings(estimator="grpo")) for x in (mixed, sorted_))
+    for name in ("rldiag/grad_weight/top1pct_share", "rldiag/grad_weight/clipped_share"):
+        assert a.metrics[name].tolist() == pytest.approx(b.metrics[name].tolist(), rel=1e-6), name
+    assert 0 < a.metrics["rldiag/grad_weight/top1pct_share"][0].item() < 1

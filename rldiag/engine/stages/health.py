@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine.aggregation import token_weights
-from rldiag.engine.gradient_weight import gradient_weight
 from rldiag.engine.health import (
     component_means,
     empty_fraction,
@@ -43,16 +42,15 @@ def _health(st: State) -> None:
     pol = st.policy
     w = pol.weights if pol is not None and pol.weights is not None else token_weights(st.agg_mode, st.mask, st.actor_norm)
     clipped = pol.clipped if pol is not None else None
-    actor = st.mask > 0
-    g = gradient_weight(st.adv, w)  # without the clip, once for both metrics
+    adv, mask = st.adv, st.mask
     bounds = step_token_bounds(rows, sid, n)
     if bounds is None:  # rows out of step order (never in a packed batch): their tokens put in step order
         order = torch.argsort(sid, stable=True)
         sub, tok = rows.take(order)
-        g, actor = g.index_select(0, tok), actor.index_select(0, tok)
+        adv, w, mask = adv.index_select(0, tok), w.index_select(0, tok), mask.index_select(0, tok)
         clipped = None if clipped is None else clipped.index_select(0, tok)
         bounds = step_bounds(sid.index_select(0, order).index_select(0, sub.row_ids), n)
-    top, clipped_share = gradient_weight_shares(g, actor, bounds, TOP_FRACTION, clipped)
+    top, clipped_share = gradient_weight_shares(adv, w, mask, bounds, TOP_FRACTION, clipped)
     m["rldiag/grad_weight/top1pct_share"] = top
     if clipped_share is not None:
         # the clipped tokens' share of the weight the unclipped formula would give them all
