@@ -188,6 +188,7 @@ def _turns_loss(st: State) -> None:
         st.tokens["loss_weight"] = st.loss_weights
         out["loss_weight"] = ts.per_turn(ts.spans.sum(st.loss_weights))
     _write(st, out)
+    st.turn_spans = None  # no later stage reads them: the spans' token ids (8 bytes a token) go
 
 
 _R = "rldiag"
@@ -235,5 +236,5 @@ TURNS_LOSS = Stage(
     ),
     tokens=("loss_weight",),
     uses=("mask", "policy", "segs", "turn_spans"),
-    sets=("loss_weights",),
+    sets=("loss_weights", "turn_spans"),
 )
