@@ -201,3 +201,19 @@ def test_bench_rescore_prints_its_row_and_the_timeout_case(tmp_path):
     assert _ratio_of_printed(float(ratio), float(rs_s), float(rc_s))
     # 1% of the first 200 rows sleep past the timeout: exactly those reported, no worker left
     assert "2 rows reported, 0 workers left" in lines[-1]
+
+
+def test_bench_stage_peaks_prints_each_stage_against_its_own_start(tmp_path):
+    """bench/bench_stage_peaks.py on a small synthetic run: one row per stage that allocated, each a
+    stage of the engine, with its peak at least what it kept."""
+    from rldiag.engine.stages import STAGES
+    from rldiag.synth import SynthSpec, write_synth_run
+
+    run = write_synth_run(tmp_path / "run", SynthSpec(steps=1, prompts=32, n=8, max_len=512, extra_columns=True))
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_stage_peaks.py"), str(run)], check=True,
+                         capture_output=True, text=True, timeout=600).stdout
+    lines = out.splitlines()
+    assert "bytes per token of each stage" in lines[0] and lines[1].split() == ["stage", "peak", "kept"]
+    rows = [line.split() for line in lines[2:]]
+    assert rows and {r[0] for r in rows} <= {s.name for s in STAGES}
+    assert all(float(peak) >= float(kept) for _, peak, kept in rows)

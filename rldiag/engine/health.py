@@ -1,7 +1,11 @@
 """Per-step health signals of the update and of the outputs, for the doctor's rules
 (:mod:`rldiag.engine.stages.health` writes them). Pure tensor functions: no loop per row, the
-cost follows the tokens (a top-k selection of each step's actor tokens for the top share, no sort).
+cost follows the tokens (a top-k selection of each step's actor tokens for the top share, no sort;
+float64 sums piece by piece, no float64 copy of the tokens).
 
+- :func:`gradient_weight_shares`: both gradient-weight shares below in one pass over a step's
+  tokens in step order (the stage's form; :func:`top_weight_share` and :func:`weight_share` take
+  tokens in any order).
 - :func:`top_weight_share`: share of a step's gradient weight
   (:mod:`rldiag.engine.gradient_weight`) carried by its top ``frac`` of actor tokens by weight.
 - :func:`weight_share`: share of a step's weight on the tokens an indicator selects (the PPO
@@ -15,11 +19,15 @@ cost follows the tokens (a top-k selection of each step's actor tokens for the t
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from rldiag.engine.gradient_weight import gradient_weight, unclipped_part
 from rldiag.engine.segments import seg_count, seg_std, seg_sum
 
-__all__ = ["component_means", "empty_fraction", "group_std_mean", "top_weight_share", "weight_share"]
+__all__ = ["PIECE_TOKENS", "component_means", "empty_fraction", "gradient_weight_shares", "group_std_mean",
+           "in_step_order", "step_bounds", "top_sum", "top_weight_share", "weight_share"]
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -28,43 +36,135 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), nan)
 
 
+#: tokens per piece of a step whose float64 sums are taken at once (a float64 copy of one piece,
+#: never of the step's tokens)
+PIECE_TOKENS = 1 << 18
+#: the sample of a step's weights that bounds its top k from below: every ``SAMPLE_STRIDE``-th token
+SAMPLE_STRIDE = 16
+
+
+def step_bounds(tok_step: torch.Tensor, n_steps: int) -> list[int]:
+    """``n_steps + 1`` token offsets of each step's tokens, for tokens in step order
+    (``tok_step`` ``(tokens,)`` non-decreasing)."""
+    counts = torch.bincount(tok_step, minlength=n_steps)[:n_steps]
+    return [0] + torch.cumsum(counts, 0).tolist()
+
+
+def in_step_order(tok_step: torch.Tensor) -> torch.Tensor | None:
+    """The stable permutation ``(tokens,)`` that puts tokens in step order; None when they are
+    already (a packed batch's tokens are)."""
+    if tok_step.numel() < 2 or bool((tok_step[1:] >= tok_step[:-1]).all()):
+        return None
+    return torch.argsort(tok_step, stable=True)
+
+
+def top_sum(x: torch.Tensor, k: int) -> torch.Tensor:
+    """float64 scalar: the ``k`` largest values of ``x`` ``(n,)`` float32 (``1 <= k <= n``),
+    added largest first, one after another.
+
+    A selection, no sort of ``x``: a threshold ``t`` from a strided sample (its ``1.25 k /
+    SAMPLE_STRIDE + 16``-th largest value); where at least ``k`` values are above ``t``, the ``k``
+    largest are ``torch.topk`` of those; where fewer (``m``) are above it but at least ``k`` at or
+    above it, the ``k``-th largest is ``t`` itself: the ``m`` values above it in descending order,
+    then ``t`` ``k - m`` times (ties at the threshold, as equal gradient weights of whole rows make
+    them, are never gathered). Either way the same values in the same order as ``torch.topk`` of
+    every value (its fallback otherwise), so the same sum to the bit. A NaN is never selected by
+    the threshold: the callers read the sum only where the step's total is finite."""
+    n = x.numel()
+    vals = None
+    if k * 4 * SAMPLE_STRIDE < n:
+        sample = x[::SAMPLE_STRIDE].contiguous()
+        t = torch.topk(sample, min(sample.numel(), (5 * k) // (4 * SAMPLE_STRIDE) + 16), sorted=False).values.min()
+        above = x > t
+        m = int(torch.count_nonzero(above))
+        if m >= k:
+            vals = torch.topk(x.index_select(0, torch.nonzero(above).flatten()), k).values
+        elif m + int(torch.count_nonzero(x == t)) >= k:
+            top = torch.sort(x.index_select(0, torch.nonzero(above).flatten()), descending=True).values
+            vals = torch.cat([top, t.expand(k - m)])
+    if vals is None:
+        vals = torch.topk(x, k).values
+    return vals.to(torch.float64).cumsum(0)[-1]
+
+
+def gradient_weight_shares(adv: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, bounds: list[int],
+                           frac: float = 0.01, clipped: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per step ``(n_steps,)`` float32, from one pass over each step's tokens in pieces of
+    :data:`PIECE_TOKENS` (each piece's gradient weights ``g = |A| w``,
+    :func:`rldiag.engine.gradient_weight.gradient_weight`, made and used while in cache):
+
+    - the top share: of the summed ``g x (1 - clipped)`` over the step's actor tokens, the share
+      its ``ceil(frac x actor tokens)`` largest carry (at least one token; NaN where the step's
+      weight is 0; :func:`top_sum`);
+    - the clipped share (None without ``clipped``): ``sum(g x clipped x actor) / sum(g)``, the
+      share of the step's unclipped weight the clip zeroes (NaN where ``sum(g)`` is 0).
+
+    ``adv``, ``weights`` ``(tokens,)`` the advantages and the aggregation weights, ``mask``
+    ``(tokens,)`` the actor tokens where ``> 0``, ``clipped`` ``(tokens,)`` the clip indicator (a
+    clip probability counts by its value), the tokens in step order with ``bounds`` (``n_steps +
+    1``) the offsets of each step's (:func:`step_bounds`). The float64 sums are taken piece by
+    piece (``torch.sum`` of each piece, the pieces added in order), so no float64 copy of the
+    tokens is made; they differ from a sequential sum in the tokens' order by rounding only
+    (docs/performance.md). The tokens off the mask count as 0 in the sums and as -1 in the
+    selection (below every weight), so nothing is compacted."""
+    n = len(bounds) - 1
+    f64 = torch.float64
+    zeros = torch.zeros(n, dtype=f64, device=adv.device)
+    top, total, num, den = zeros.clone(), zeros.clone(), zeros.clone(), zeros.clone()
+    zero = torch.zeros((), dtype=torch.float32, device=adv.device)
+    minus = torch.full((), -1.0, dtype=torch.float32, device=adv.device)
+    for s in range(n):
+        a, b = bounds[s], bounds[s + 1]
+        if a == b:
+            continue
+        ranked = torch.empty(b - a, dtype=torch.float32, device=adv.device)  # the unclipped weight, -1 off actor
+        count = 0
+        for lo in range(a, b, PIECE_TOKENS):
+            hi = min(lo + PIECE_TOKENS, b)
+            gp, ap = gradient_weight(adv[lo:hi], weights[lo:hi]), mask[lo:hi] > 0
+            count += int(torch.count_nonzero(ap))
+            if clipped is not None:
+                cp = clipped[lo:hi].to(torch.float32)
+                g64 = gp.to(f64)
+                den[s] += g64.sum()
+                num[s] += g64.mul_((cp * ap).to(f64)).sum()
+                gp = unclipped_part(gp, cp)
+            total[s] += torch.where(ap, gp, zero).sum(dtype=f64)
+            torch.where(ap, gp, minus, out=ranked[lo - a:hi - a])
+        if count:
+            # ceil of frac x count (a float product 0.01 x 300 may round past the integer: take it off)
+            k = max(1, math.ceil(count * frac - 1e-9))
+            top[s] = top_sum(ranked, min(k, count))
+    top_share = _ratio(top, total).to(torch.float32)
+    return top_share, None if clipped is None else _ratio(num, den).to(torch.float32)
+
+
 def top_weight_share(g: torch.Tensor, tok_step: torch.Tensor, actor: torch.Tensor, n_steps: int,
                      frac: float = 0.01) -> torch.Tensor:
     """``(n_steps,)`` float32: per step, the share of the summed ``g`` over its actor tokens that
-    its ``ceil(frac x actor tokens)`` largest carry (at least one token; NaN where the step's
-    weight is 0).
-
-    ``g`` ``(tokens,)`` each token's weight (>= 0), ``tok_step`` ``(tokens,)`` its step,
-    ``actor`` ``(tokens,)`` bool, the tokens that count. Ties among equal weights do not change
-    the share. A selection, not a sort: per step, ``torch.topk`` of its ``k`` largest weights,
-    summed largest first (float64); the denominator is the step's float64 sum in the tokens'
-    order (``seg_sum``). The tokens of a packed batch are in step order; otherwise one stable
-    sort by step (integers) puts them so. The tokens off ``actor`` count as 0 in the sum (adding
-    +0.0 changes no float sum) and as -1 in the selection (below every weight), so nothing is
-    compacted."""
-    w = torch.where(actor, g, 0.0).to(torch.float64)
-    s = tok_step
-    if s.numel() > 1 and not bool((s[1:] >= s[:-1]).all()):
-        order = torch.argsort(s, stable=True)
-        w, s, actor = w.index_select(0, order), s.index_select(0, order), actor.index_select(0, order)
-    count = seg_sum(actor.to(torch.long), s, n_steps)  # actor tokens per step
-    # ceil of frac x count (a float product 0.01 x 300 may round past the integer: take it off)
-    k = torch.ceil(count.to(torch.float64) * frac - 1e-9).clamp_min(1).to(torch.long)
-    ranked = torch.where(actor, w, -1.0)
-    top = torch.zeros(n_steps, dtype=torch.float64, device=w.device)
-    sizes = torch.bincount(s, minlength=n_steps)[:n_steps].tolist()
-    for i, (part, kk, c) in enumerate(zip(ranked.split(sizes), k.tolist(), count.tolist())):
-        if c:  # the k largest, largest first, added one after another
-            top[i] = torch.topk(part, min(kk, c)).values.cumsum(0)[-1]
-    return _ratio(top, seg_sum(w, s, n_steps)).to(torch.float32)
+    its ``ceil(frac x actor tokens)`` largest carry (:func:`gradient_weight_shares`), for tokens
+    in any order (``tok_step`` ``(tokens,)`` each token's step; one stable sort by step where
+    they are not in step order). Ties among equal weights do not change the share."""
+    order = in_step_order(tok_step)
+    if order is not None:
+        g, tok_step, actor = g.index_select(0, order), tok_step.index_select(0, order), actor.index_select(0, order)
+    ones = torch.ones_like(g, dtype=torch.float32)  # g = |g| x 1, the same values
+    return gradient_weight_shares(g, ones, actor, step_bounds(tok_step, n_steps), frac)[0]
 
 
 def weight_share(g: torch.Tensor, on: torch.Tensor, tok_step: torch.Tensor, n_steps: int) -> torch.Tensor:
     """``(n_steps,)`` float32: per step ``sum(g x on) / sum(g)`` (NaN where ``sum(g)`` is 0).
     ``g`` ``(tokens,)`` weights, ``on`` ``(tokens,)`` an indicator in [0, 1] (a clip
-    probability counts by its value)."""
-    g64 = g.to(torch.float64)
-    return _ratio(seg_sum(g64 * on.to(torch.float64), tok_step, n_steps), seg_sum(g64, tok_step, n_steps)).to(torch.float32)
+    probability counts by its value); float64 sums piece by piece, as
+    :func:`gradient_weight_shares`' clipped share."""
+    order = in_step_order(tok_step)
+    if order is not None:
+        g, on, tok_step = g.index_select(0, order), on.index_select(0, order), tok_step.index_select(0, order)
+    ones = torch.ones_like(g, dtype=torch.float32)  # every token counts; g = |g| x 1, the same values
+    share = gradient_weight_shares(g, ones, ones, step_bounds(tok_step, n_steps), 0.01, on)[1]
+    assert share is not None  # computed with an indicator
+    return share
 
 
 def empty_fraction(actor_tokens: torch.Tensor, lengths: torch.Tensor, step_ids: torch.Tensor, n_steps: int) -> torch.Tensor:

@@ -112,3 +112,14 @@ def step_masked_var(values: torch.Tensor, mask: torch.Tensor, rows: Rows, step_i
     mean = seg_sum(rows.masked_sum(values, mask), step_ids, n_steps) / n
     dev = values - rows.expand(mean[step_ids])
     return seg_sum(rows.masked_square_sum(dev, mask), step_ids, n_steps) / (n - 1)
+
+
+def step_token_bounds(rows: Rows, step_ids: torch.Tensor, n_steps: int) -> list[int] | None:
+    """The ``n_steps + 1`` token offsets of each step's tokens, for rows in step order (a packed
+    batch's: ``step_ids`` ``(rows,)`` non-decreasing), so that a step's tokens are one slice;
+    None where the rows are not in step order."""
+    if step_ids.numel() > 1 and not bool((step_ids[1:] >= step_ids[:-1]).all()):
+        return None
+    row_bounds = torch.zeros(n_steps + 1, dtype=torch.long, device=step_ids.device)
+    torch.cumsum(torch.bincount(step_ids, minlength=n_steps)[:n_steps], 0, out=row_bounds[1:])
+    return rows.offsets.index_select(0, row_bounds).tolist()

@@ -12,8 +12,12 @@ import torch
 
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.batch import pack
+from rldiag.engine.diag_is import tis_statistics
+from rldiag.engine.layout import Rows
 from rldiag.engine.pipeline import recompute_batch
 from rldiag.engine.requirements import recompute_columns
+from rldiag.engine.rollout_correction import CorrectionConfig, is_weights
+from rldiag.engine.segments import step_token_bounds
 from rldiag.engine.stages import STAGES, State
 from rldiag.engine.stages.diag_is import DIAG_IS, STATS
 from rldiag.engine.step_failures import StepErrors
@@ -23,6 +27,8 @@ from rldiag.synth import SynthSpec, write_synth_run
 from tests.conftest import make_batch, settings
 
 RC = "algorithm.rollout_correction."
+#: the sequence level's statistics taken in closed form per row (rldiag/engine/diag_is.py)
+CLOSED_FORM = ("mean", "std", "eff_sample_size")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +87,29 @@ def test_equal_to_rollout_correction_under_the_same_settings(run, level, part, r
     r = _recompute(run, overrides)
     assert r.metrics["rldiag/diag_is/token/ratio_fraction_high"].sum() > 0  # the drift reaches the threshold
     for stat in STATS:
-        assert torch.equal(r.metrics[f"rldiag/diag_is/{part}/{stat}"], r.metrics[f"rollout_corr/rollout_is_{stat}"]), stat
+        got, verl = r.metrics[f"rldiag/diag_is/{part}/{stat}"], r.metrics[f"rollout_corr/rollout_is_{stat}"]
+        if part == "seq" and stat in CLOSED_FORM:
+            # closed form per row in float64 against verl's float32 sums of each row's weight token by token
+            # (pieces of up to 64 equal float32 values, the rows added in float32): within those sums' rounding,
+            # (63 + rows) x 2^-24 relative at most
+            assert torch.allclose(got, verl, rtol=(63 + 16) * 2**-24, atol=0), stat
+        else:
+            assert torch.equal(got, verl), stat
+
+
+def test_sequence_statistics_against_float64(run):
+    """The sequence level's closed form per row against the definition over every actor token in float64."""
+    r = _recompute(run, {})
+    batch, _ = _batch(run, {})
+    mask, sid = batch.response_mask.double(), batch.step_ids
+    w = batch.rows.expand(r.rows["is_weight_seq"].double())
+    tok_step = sid.index_select(0, batch.rows.row_ids)
+    for s in range(batch.n_steps):
+        on = (tok_step == s) & (mask > 0)
+        x = w[on].numpy()
+        want = {"mean": x.mean(), "std": x.std(), "eff_sample_size": 1 / np.mean((x / x.mean()) ** 2)}
+        for stat, v in want.items():
+            assert r.metrics[f"rldiag/diag_is/seq/{stat}"][s].item() == pytest.approx(v, rel=2**-23), stat
 
 
 def test_the_loss_never_changes(run):
@@ -143,3 +171,27 @@ def test_a_step_without_actor_tokens_gives_nan_and_does_not_fail():
             assert math.isfinite(v[0].item()) and math.isnan(v[1].item()), (part, stat)
     # the step fails for verl's rollout correction (its diagnostics raise on it), never for these
     assert all(m.startswith("rollout correction:") for m in r.failed.values())
+
+
+def test_shared_pass_token_level_is_is_weights_to_the_bit():
+    """rldiag/engine/diag_is.py's token level against is_weights on random rows (an empty step,
+    a step whose every token is masked out, drift past both thresholds); a NaN off the mask takes
+    is_weights' own path (None)."""
+    gen = torch.Generator().manual_seed(11)
+    lengths = torch.randint(0, 300, (40,), generator=gen)
+    rows = Rows.from_lengths(lengths)
+    sid = torch.repeat_interleave(torch.tensor([0, 1, 3]), torch.tensor([15, 10, 15]))  # step 2: no row
+    mask = (torch.rand(rows.n_tokens, generator=gen) < 0.8).float()
+    mask[rows.offsets[15]:rows.offsets[25]] = 0.0  # step 1: no actor token
+    d = torch.randn(rows.n_tokens, generator=gen) * 0.7
+    bounds = step_token_bounds(rows, sid, 4)
+    assert bounds is not None
+    got = tis_statistics(d, mask, rows, sid, 4, bounds, 2.0)
+    assert got is not None
+    w, want = is_weights(d, mask, CorrectionConfig("token", 2.0), rows, sid, 4, seq_stats=False)
+    assert torch.equal(got.token_weights, w)
+    for stat in STATS:
+        a, b = got.token[f"rollout_is_{stat}"], want[f"rollout_is_{stat}"]
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()]), stat
+    d[mask == 0] = float("nan")
+    assert tis_statistics(d, mask, rows, sid, 4, bounds, 2.0) is None

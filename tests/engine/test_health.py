@@ -12,7 +12,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rldiag.engine.health import component_means, empty_fraction, group_std_mean, top_weight_share, weight_share
+from rldiag.engine.health import (
+    PIECE_TOKENS,
+    component_means,
+    empty_fraction,
+    gradient_weight_shares,
+    group_std_mean,
+    top_sum,
+    top_weight_share,
+    weight_share,
+)
 from rldiag.engine.repetition import compression_ratio, compression_ratios, repetition_metrics
 
 
@@ -108,3 +117,60 @@ def test_compression_of_a_long_tailed_step_is_finite_and_not_repetitive():
     mask = np.ones(int(lengths.sum()), np.int8)
     got = compression_ratios(text, mask)
     assert got.shape == (1024,) and np.isfinite(got).all() and (got > 0.3).all()
+
+
+def test_top_sum_selection_is_the_full_top_k():
+    # ties (GRPO: one weight per row) and a long tail; the threshold path against a plain topk
+    gen = torch.Generator().manual_seed(3)
+    rows = torch.randint(1, 2000, (400,), generator=gen)
+    x = torch.repeat_interleave(torch.rand(400, generator=gen) ** 3, rows)
+    x[torch.rand(x.numel(), generator=gen) < 0.2] = -1.0  # off the actor tokens
+    for k in (1, 7, x.numel() // 100, x.numel() // 20):
+        plain = torch.topk(x, k).values.to(torch.float64).cumsum(0)[-1]
+        assert torch.equal(top_sum(x, k), plain), k
+    # few distinct weights, each on many tokens: the k-th largest is the sampled threshold (the tie branch)
+    ties = torch.tensor([0.5, 0.25, 0.125, 0.1])[torch.randint(0, 4, (200_000,), generator=gen)]
+    ties[:3] = torch.tensor([0.9, 0.8, 0.7])
+    for k in (2, 3, 40, 1000, 2000):
+        assert torch.equal(top_sum(ties, k), torch.topk(ties, k).values.to(torch.float64).cumsum(0)[-1]), k
+
+
+def test_shares_over_pieces_equal_one_step_sums():
+    # a step longer than a piece: the piece-by-piece float64 sums against the exact ones
+    gen = torch.Generator().manual_seed(4)
+    n = PIECE_TOKENS * 2 + 12345
+    g = torch.rand(n, generator=gen)
+    actor = torch.rand(n, generator=gen) < 0.9
+    clipped = (torch.rand(n, generator=gen) < 0.1).to(torch.float32)
+    adv = torch.where(torch.rand(n, generator=gen) < 0.5, -g, g)  # |A| x 1 is g
+    top, share = gradient_weight_shares(adv, torch.ones(n), actor.float(), [0, 100, n], 0.01, clipped)
+    for s, (a, b) in enumerate(((0, 100), (100, n))):
+        gs, acts, cs = g[a:b].double(), actor[a:b], clipped[a:b].double()
+        unclipped = torch.where(acts, gs * (1 - cs), 0.0)
+        k = math.ceil(int(acts.sum()) * 0.01 - 1e-9)
+        want = torch.sort(unclipped, descending=True).values[:k].sum() / unclipped.sum()
+        assert top[s].item() == pytest.approx(want.item(), rel=1e-6)
+        assert share is not None and share[s].item() == pytest.approx(((gs * cs * acts).sum() / gs.sum()).item(), rel=1e-6)
+
+
+def test_health_stage_on_rows_out_of_step_order():
+    """Rows of two steps interleaved (step ids 0, 1, 0, 1): the stage sorts their tokens by step,
+    and each step's gradient-weight shares are those of the same rows in step order."""
+    from rldiag.engine.pipeline import recompute_batch
+    from tests.conftest import make_batch
+    from tests.conftest import settings as engine_settings
+
+    gen = np.random.default_rng(5)
+    lp = [list(-np.abs(gen.normal(1, 0.3, 6))) for _ in range(4)]
+    new = [list(np.array(r) + gen.normal(0, 0.3, 6)) for r in lp]
+    scores = [[0.0] * 5 + [s] for s in (1.0, 0.0, 0.0, 1.0)]
+    mask = [[1, 1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+    mixed = make_batch(scores=scores, mask=mask, uids=["a", "b", "a", "b"], steps=[1, 2, 1, 2],
+                       old_log_probs=lp, log_probs=new)
+    order = [0, 2, 1, 3]
+    sorted_ = make_batch(scores=[scores[i] for i in order], mask=[mask[i] for i in order], uids=["a", "a", "b", "b"],
+                         steps=[1, 1, 2, 2], old_log_probs=[lp[i] for i in order], log_probs=[new[i] for i in order])
+    a, b = (recompute_batch(x, engine_settings(estimator="grpo")) for x in (mixed, sorted_))
+    for name in ("rldiag/grad_weight/top1pct_share", "rldiag/grad_weight/clipped_share"):
+        assert a.metrics[name].tolist() == pytest.approx(b.metrics[name].tolist(), rel=1e-6), name
+    assert 0 < a.metrics["rldiag/grad_weight/top1pct_share"][0].item() < 1

@@ -16,7 +16,18 @@ from hypothesis import strategies as st
 from rldiag.engine.batch import Batch
 from rldiag.engine.layout import Rows
 from rldiag.engine.pipeline import recompute_batch
-from rldiag.engine.stages.turns import BUCKETS, TURNS, TURNS_LOSS, turn_index
+from rldiag.engine.stages import STAGES, State
+from rldiag.engine.stages.turns import (
+    BUCKETS,
+    TURNS,
+    TURNS_LOSS,
+    inner_turn_starts,
+    multi_turn_stats,
+    single_turn_stats,
+    turn_index,
+    turn_starts,
+)
+from rldiag.engine.step_failures import StepErrors
 from tests.conftest import make_batch, settings
 
 HS = hsettings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -218,3 +229,52 @@ def test_turn_loss_weights_add_up_to_the_rows_and_the_loss(agg):
     r = recompute_batch(b, settings(estimator="grpo", agg=agg))
     per_turn = sum(r.metrics[f"rldiag/turns/{k}/loss_weight"] for k in BUCKETS)
     assert per_turn.item() == pytest.approx(r.rows["loss_weight"].sum().item(), rel=1e-6)
+
+
+def _state_before_turns(b):
+    s = settings(estimator="grpo")
+    state = State(b, s, None, StepErrors(b.steps))
+    for stage in STAGES:
+        if stage is TURNS:
+            return state
+        stage.run(state)
+    raise AssertionError("no turns stage")
+
+
+def test_single_turn_rows_take_the_rows_as_spans_to_the_bit():
+    """Rows with at most one turn from their first token (trailing tool tokens, empty rows, rows
+    without an actor token): the single-turn path writes what the general one does, to the bit."""
+    gen = np.random.default_rng(2)
+    rows = []
+    for s in (1, 2):
+        for _ in range(12):
+            length = int(gen.integers(0, 150))
+            on = int(gen.integers(0, length + 1)) if gen.random() < 0.5 else length  # 1s then 0s
+            rows.append(dict(step=s, uid=int(gen.integers(0, 3)), mask=[1] * on + [0] * (length - on),
+                             score=[0.0] * max(length - 1, 0) + [float(gen.integers(0, 3))] * min(length, 1),
+                             old=list(-np.abs(gen.normal(1, 0.5, length))), new=list(-np.abs(gen.normal(1, 0.5, length))),
+                             rollout=list(-np.abs(gen.normal(1, 0.5, length)))))
+    rows[0]["mask"] = [0] * len(rows[0]["mask"])
+    b = _batch(rows)
+    on = b.response_mask > 0
+    starts = turn_starts(on, b.rows)
+    assert inner_turn_starts(starts, b.rows) == 0
+    out = []
+    for single in (True, False):
+        state = _state_before_turns(b)
+        if single:
+            single_turn_stats(state, on)
+        else:
+            multi_turn_stats(state, on, starts)
+        TURNS_LOSS.run(state)
+        out.append(state)
+    one, general = out
+    for kind in ("metrics", "rows", "tokens"):
+        a, c = getattr(one, kind), getattr(general, kind)
+        assert set(a) == set(c)
+        for name in a:
+            assert a[name].dtype == c[name].dtype and torch.equal(a[name], c[name]), (kind, name)
+    # a turn after the first token (a leading tool token, a second turn) is counted
+    for mask, lengths, inner in (([0, 1, 1], [3], 1), ([1, 0, 1, 1], [2, 0, 2], 0), ([1, 0, 1, 0, 0, 1], [4, 2], 2)):
+        layout = Rows.from_lengths(torch.tensor(lengths))
+        assert inner_turn_starts(turn_starts(torch.tensor(mask) > 0, layout), layout) == inner, mask

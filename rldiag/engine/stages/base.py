@@ -132,7 +132,7 @@ class State:
     policy: PolicyLossOutput | None = None
     # turns (turns): each token's turn (0: not an actor token), each token's weight in actor/pg_loss
     turn: torch.Tensor = field(init=False)
-    turn_spans: TurnSpans | None = None  # the rows cut at their turns (turns), for the loss's part (turns_loss)
+    turn_spans: TurnSpans | None = None  # the rows cut at their turns (turns), for the loss's part (turns_loss, which drops them)
     loss_weights: torch.Tensor | None = None
 
     def global_norm_of(self, s: Segmentation, filtered: bool = True) -> AggNorm:

@@ -8,15 +8,18 @@ settings. They are diagnostics only: the loss, the mask and the IS weights it us
 The weights and their statistics are :func:`rldiag.engine.rollout_correction.is_weights`' own, on
 the original mask, so ``rldiag/diag_is/token/<stat>`` equals ``rollout_corr/rollout_is_<stat>``
 of a run with ``rollout_is=token``, ``rollout_is_threshold=2.0`` (``seq/``: ``rollout_is=sequence``),
-without batch normalisation.
+without batch normalisation: to the bit at the token level; at the sequence level the mean, std
+and effective sample size are taken in closed form per row (:mod:`rldiag.engine.diag_is`) and
+differ from verl's token sums in their last float32 bits.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rldiag.engine.diag_is import tis_statistics
 from rldiag.engine.rollout_correction import SAFETY_BOUND, CorrectionConfig, is_weights
-from rldiag.engine.segments import step_mask_count
+from rldiag.engine.segments import step_mask_count, step_token_bounds
 from rldiag.engine.stages.base import Metric, Stage, State
 
 #: the truncation threshold of the diagnostic weights (verl's default rollout_is_threshold)
@@ -35,14 +38,23 @@ def _diag_is(st: State) -> None:
     log_ratio = st.old_lp - batch.rollout_log_probs
     empty = step_mask_count(st.mask0, rows, sid, n) == 0  # no statistic: NaN, never a failed step
     nan = torch.full((n,), float("nan"), dtype=torch.float32, device=sid.device)
-    for part, level in LEVELS.items():
-        w, m = is_weights(log_ratio, st.mask0, CorrectionConfig(level, THRESHOLD), rows, sid, n, seq_stats=False)
+    bounds = step_token_bounds(rows, sid, n)
+    fused = None if bounds is None else tis_statistics(log_ratio, st.mask0, rows, sid, n, bounds, THRESHOLD)
+    if fused is not None:  # one shared pass (rldiag.engine.diag_is)
+        levels = {"token": fused.token, "seq": fused.seq}
+        st.diag_is_token, ratio = fused.token_weights, fused.seq_ratio
+    else:  # a non-finite log-ratio, or rows out of step order: verl's formulas level by level
+        levels = {}
+        for part, level in LEVELS.items():
+            w, levels[part] = is_weights(log_ratio, st.mask0, CorrectionConfig(level, THRESHOLD), rows, sid, n,
+                                         seq_stats=False)
+            if level == "token":
+                st.diag_is_token = w
+        row_log = rows.masked_sum(log_ratio, st.mask0)  # the rows' summed log-ratios, as the sequence level sums them
+        ratio = torch.exp(torch.clamp(row_log, -SAFETY_BOUND, SAFETY_BOUND))
+    for part, m in levels.items():
         for stat in STATS:
             st.metrics[f"{PREFIX}{part}/{stat}"] = torch.where(empty, nan, m[f"rollout_is_{stat}"].to(torch.float32))
-        if level == "token":
-            st.diag_is_token = w
-    row_log = rows.masked_sum(log_ratio, st.mask0)  # the rows' summed log-ratios, as the sequence level sums them
-    ratio = torch.exp(torch.clamp(row_log, -SAFETY_BOUND, SAFETY_BOUND))
     st.diag_is_seq_ratio, st.diag_is_seq = ratio, ratio.clamp(max=THRESHOLD)
     st.rows.update(is_weight_seq=st.diag_is_seq, is_ratio_seq=st.diag_is_seq_ratio)
 
@@ -66,7 +78,7 @@ DIAG_IS = Stage(
                "0.5)", _R, when=_WHEN),
         Metric(f"{PREFIX}seq/{{mean,max,min,std}}", f"{_SEQ}: mean and std over the step's actor tokens; max and "
                "min: of the rows' untruncated ratios (= rollout_corr/rollout_is_* under rollout_is=sequence, "
-               "threshold 2.0)", _R, when=_WHEN),
+               "threshold 2.0; mean and std to float32 rounding)", _R, when=_WHEN),
         Metric(f"{PREFIX}seq/eff_sample_size", "1 / mean(normalised w^2) of the sequence weights over actor tokens",
                _R, when=_WHEN),
         Metric(f"{PREFIX}seq/ratio_fraction_{{high,low}}", "share of the step's rows whose sequence ratio is above 2 "

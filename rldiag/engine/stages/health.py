@@ -13,9 +13,15 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine.aggregation import token_weights
-from rldiag.engine.gradient_weight import gradient_weight, unclipped_part
-from rldiag.engine.health import component_means, empty_fraction, group_std_mean, top_weight_share, weight_share
+from rldiag.engine.health import (
+    component_means,
+    empty_fraction,
+    gradient_weight_shares,
+    group_std_mean,
+    step_bounds,
+)
 from rldiag.engine.repetition import COMPRESSION_COLUMN, MIN_TOKENS, TEXT_COLUMN, THRESHOLD, repetition_metrics
+from rldiag.engine.segments import step_token_bounds
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.stages.base import Metric, Stage, State
 
@@ -32,18 +38,23 @@ def component_names(s: EngineSettings) -> tuple[str, ...]:
 def _health(st: State) -> None:
     batch, m = st.batch, st.metrics
     sid, n, rows = batch.step_ids, batch.n_steps, batch.rows
-    tok_step = sid.index_select(0, rows.row_ids)
     # the gradient weight: the policy loss's aggregation weights and clip, else the aggregation's own
     pol = st.policy
     w = pol.weights if pol is not None and pol.weights is not None else token_weights(st.agg_mode, st.mask, st.actor_norm)
     clipped = pol.clipped if pol is not None else None
-    actor = st.mask > 0
-    g = gradient_weight(st.adv, w)  # without the clip, once for both metrics
-    m["rldiag/grad_weight/top1pct_share"] = top_weight_share(unclipped_part(g, clipped), tok_step, actor, n,
-                                                             TOP_FRACTION)
-    if clipped is not None:
+    adv, mask = st.adv, st.mask
+    bounds = step_token_bounds(rows, sid, n)
+    if bounds is None:  # rows out of step order (never in a packed batch): their tokens put in step order
+        order = torch.argsort(sid, stable=True)
+        sub, tok = rows.take(order)
+        adv, w, mask = adv.index_select(0, tok), w.index_select(0, tok), mask.index_select(0, tok)
+        clipped = None if clipped is None else clipped.index_select(0, tok)
+        bounds = step_bounds(sid.index_select(0, order).index_select(0, sub.row_ids), n)
+    top, clipped_share = gradient_weight_shares(adv, w, mask, bounds, TOP_FRACTION, clipped)
+    m["rldiag/grad_weight/top1pct_share"] = top
+    if clipped_share is not None:
         # the clipped tokens' share of the weight the unclipped formula would give them all
-        m["rldiag/grad_weight/clipped_share"] = weight_share(g, clipped * actor, tok_step, n)
+        m["rldiag/grad_weight/clipped_share"] = clipped_share
     actor_tokens = rows.mask_count(st.mask0)
     m["rldiag/output/empty_fraction"] = empty_fraction(actor_tokens, batch.lengths, sid, n)
     if COMPRESSION_COLUMN in batch.extra:

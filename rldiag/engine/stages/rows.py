@@ -18,14 +18,24 @@ from rldiag.engine.stages.signals import group_flatness
 
 
 def last_masked(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """``(rows,)`` ``values`` at each row's last token of ``mask``, NaN for a row without one."""
+    """``(rows,)`` ``values`` at each row's last token of ``mask``, NaN for a row without one.
+
+    The last masked token of a row is where the running count of masked tokens (one int32
+    cumulative sum; int64 past 2^31 tokens) first reaches the count up to the row's end: a binary
+    search per row (``torch.searchsorted``), no per-token index array."""
     nan = torch.full((rows.n_rows,), float("nan"), dtype=values.dtype, device=values.device)
     if rows.n_tokens == 0:
         return nan
-    index = torch.arange(rows.n_tokens, dtype=torch.float64, device=values.device)
-    last = rows.amax(torch.where(mask > 0, index, torch.full_like(index, -1.0)), empty=-1.0)
-    found = values.index_select(0, last.clamp(min=0).to(torch.long))
-    return torch.where(last >= 0, found, nan)
+    dtype = torch.int32 if rows.n_tokens < 2**31 else torch.long
+    running = torch.cumsum(mask > 0, 0, dtype=dtype)
+    def count_before(pos: torch.Tensor) -> torch.Tensor:  # masked tokens before each position (rows,)
+        got = running.index_select(0, (pos - 1).clamp_(min=0))
+        return torch.where(pos > 0, got, torch.zeros_like(got))
+
+    at_end = count_before(rows.offsets[1:])
+    found = at_end > count_before(rows.offsets[:-1])  # the row has a masked token
+    last = torch.searchsorted(running, at_end).clamp_(max=rows.n_tokens - 1)
+    return torch.where(found, values.index_select(0, last), nan)
 
 
 def _rows(st: State) -> None:

@@ -10,9 +10,11 @@ mismatch statistics do: a mean over no token is 0, ``tokens`` says there was non
 is written on every step and ordinary runs hold no NaN.
 
 Vectorised: a token's turn is the running count of its row's turn starts (a mask-1 token whose
-predecessor in the row is mask 0, or the row's first token); the per-turn sums are per-row
+predecessor in the row is mask 0, or the row's first token; :func:`number_turns`); the per-turn sums are per-row
 segment reductions over *spans* (each row cut at its turn starts, so a span is one turn and the
-tool tokens after it, or a row's leading tool tokens), then per (step, turn).
+tool tokens after it, or a row's leading tool tokens), then per (step, turn). Where no row has a
+turn after its first token (single-turn rows without leading tool tokens:
+:func:`inner_turn_starts` is 0), the spans are the rows themselves and nothing is cut.
 """
 
 from __future__ import annotations
@@ -31,18 +33,25 @@ PREFIX = "rldiag/turns/"
 
 
 def turn_index(mask: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """``(tokens,)`` int64: each token's turn in its row (1, 2, ...: the maximal runs of ``mask``
-    1 in order), 0 where ``mask`` is 0. No loop over rows: a cumulative count of turn starts less
-    the count before the row."""
+    """``(tokens,)`` int32: each token's turn in its row (1, 2, ...: the maximal runs of ``mask``
+    1 in order), 0 where ``mask`` is 0 (:func:`number_turns` of :func:`turn_starts`)."""
     on = mask > 0
-    n = rows.n_tokens
-    if n == 0:
-        return torch.zeros(0, dtype=torch.long, device=mask.device)
+    if rows.n_tokens == 0:
+        return torch.zeros(0, dtype=torch.int32, device=mask.device)
     starts = turn_starts(on, rows)
-    count = torch.cumsum(starts.to(torch.long), 0)
-    first = rows.offsets[:-1].clamp(max=n - 1)  # an empty row's entry is never read
-    before = (count - starts.to(torch.long)).index_select(0, first)
-    return (count - rows.expand(before)) * on.to(torch.long)
+    return number_turns(starts, on, rows, rows.count(starts))
+
+
+def number_turns(starts: torch.Tensor, on: torch.Tensor, rows: Rows, turns: torch.Tensor) -> torch.Tensor:
+    """``(tokens,)`` int32 each token's turn from the turn starts ``starts`` ``(tokens,)`` bool, the
+    actor tokens ``on`` ``(tokens,)`` bool and each row's turns ``turns`` ``(rows,)``. No loop over
+    rows and no per-token gather: one int32 running count of the starts, from which each row's end
+    takes away the row's turns (so the count restarts at 0 in the next row), times ``on``."""
+    count = starts.to(torch.int32)
+    ends = rows.offsets[1:-1]  # where each row but the last ends
+    inside = ends < rows.n_tokens
+    count.index_add_(0, ends[inside], turns[:-1][inside].to(torch.int32).neg_())
+    return torch.cumsum(count, 0, dtype=torch.int32).mul_(on)
 
 
 def turn_starts(on: torch.Tensor, rows: Rows) -> torch.Tensor:
@@ -79,33 +88,90 @@ def _write(st: State, out: dict[str, torch.Tensor]) -> None:
             st.metrics[f"{PREFIX}{bucket}/{stat}"] = table[:, b].to(torch.float32)
 
 
-def _turns(st: State) -> None:
+def inner_turn_starts(starts: torch.Tensor, rows: Rows) -> int:
+    """How many of the turn starts ``starts`` ``(tokens,)`` bool (:func:`turn_starts`) are after
+    their row's first token (0: every row has at most one turn, from its first token)."""
+    first = rows.offsets[:-1][rows.lengths > 0]
+    return int(torch.count_nonzero(starts)) - int(torch.count_nonzero(starts.index_select(0, first)))
+
+
+def _write_turn_stats(st: State, ts: TurnSpans, span_sums: dict[str, torch.Tensor]) -> None:
+    """The per-turn means of the span sums (and the turns' tokens) as metrics."""
+    sums = {"advantage": ts.per_turn(span_sums["advantage"])}
+    if "is_weight" in span_sums:
+        sums["is_weight"] = ts.per_turn(span_sums["is_weight"])
+        sums["rollout_kl"] = ts.per_turn(span_sums["rollout_kl"])
+    _write(st, {"tokens": ts.count, **ts.means(sums)})
+
+
+def _span_sums(st: State, spans: Rows) -> dict[str, torch.Tensor]:
+    """The masked sums over each span (or row) the per-turn means read ``(spans,)``."""
+    batch, mask = st.batch, st.mask
+    out = {"advantage": spans.masked_sum(st.adv, mask)}
+    if st.diag_is_token is not None and batch.rollout_log_probs is not None and st.old_lp is not None:
+        out["is_weight"] = spans.masked_sum(st.diag_is_token, mask)
+        out["rollout_kl"] = spans.masked_sum(kl_k1(st.old_lp, batch.rollout_log_probs), mask)
+    return out
+
+
+def single_turn_stats(st: State, on0: torch.Tensor) -> None:
+    """The turns where no row has a turn after its first token (:func:`inner_turn_starts` is 0):
+    a row's one turn is every actor token of it, so the spans are the rows themselves (the same
+    sums as :func:`multi_turn_stats` over them, to the bit) and every token's turn is its mask.
+    ``on0`` ``(tokens,)`` bool: the original mask's actor tokens."""
     batch = st.batch
     rows, sid, n = batch.rows, batch.step_ids, batch.n_steps
-    on0 = st.mask0 > 0
-    st.turn = turn_index(st.mask0, rows)
-    st.tokens["turn"] = st.turn.to(torch.int32)
-    starts = turn_starts(on0, rows)
-    turns = rows.count(starts)
+    st.tokens["turn"] = st.turn = on0.to(torch.int32)
+    first = rows.offsets[:-1].clamp(max=max(rows.n_tokens - 1, 0))
+    has = (rows.lengths > 0) & (st.mask0.index_select(0, first) > 0) if rows.n_tokens else rows.lengths > 0
+    turns = has.to(torch.float32)  # a row has its one turn where its first token is an actor token
+    st.rows["turns"] = turns.to(torch.long)
+    st.metrics[f"{PREFIX}count/mean"] = seg_mean(turns, sid, n)
+    st.metrics[f"{PREFIX}count/max"] = seg_max(turns, sid, n)
+    key = sid * len(BUCKETS)  # every row's turn is turn 1
+    ts = TurnSpans(rows, key, has, n, _per_turn(key, has, n, rows.mask_count(st.mask)))
+    st.turn_spans = ts
+    _write_turn_stats(st, ts, _span_sums(st, rows))
+
+
+def multi_turn_stats(st: State, on0: torch.Tensor, starts: torch.Tensor) -> None:
+    """The turns in general: each token's turn numbered from the turn starts, and the rows cut at
+    their turn starts into spans whose masked sums are added up per (step, turn bucket). ``on0``
+    ``(tokens,)`` bool the original mask's actor tokens, ``starts`` their turn starts."""
+    batch = st.batch
+    rows, sid, n = batch.rows, batch.step_ids, batch.n_steps
+    turn_at = torch.nonzero(starts).flatten()  # where each turn starts
+    turns = torch.bincount(rows.row_ids.index_select(0, turn_at), minlength=rows.n_rows)[:rows.n_rows].to(torch.float32)
+    st.tokens["turn"] = st.turn = turn = number_turns(starts, on0, rows, turns)
     st.rows["turns"] = turns.to(torch.long)
     st.metrics[f"{PREFIX}count/mean"] = seg_mean(turns, sid, n)
     st.metrics[f"{PREFIX}count/max"] = seg_max(turns, sid, n)
 
     # spans: every row cut at its turn starts; each span lies in one turn (or before the first)
-    cut = torch.nonzero(starts | row_starts(rows)).flatten()
-    spans = Rows.from_offsets(torch.cat([cut, torch.full((1,), rows.n_tokens, dtype=torch.long, device=cut.device)]))
-    span_turn = st.turn.index_select(0, cut)
+    first = rows.offsets[:-1][rows.lengths > 0]
+    cut = torch.unique(torch.cat([turn_at, first]))  # sorted: the turn starts and the rows' first tokens
+    marks = starts.clone()
+    marks[first] = True
+    span_ids = torch.cumsum(marks, 0, dtype=torch.long).sub_(1)  # each token's span (no empty span)
+    del marks
+    spans = Rows(torch.cat([cut, torch.full((1,), rows.n_tokens, dtype=torch.long, device=cut.device)]), span_ids)
+    span_turn = turn.index_select(0, cut)
     nb = len(BUCKETS)
     key = sid.index_select(0, rows.row_ids.index_select(0, cut)) * nb + (span_turn.clamp(min=1, max=nb) - 1)
     live = span_turn > 0  # a row's leading tool tokens: no turn
-    mask = st.mask
-    ts = TurnSpans(spans, key, live, n, _per_turn(key, live, n, spans.mask_count(mask)))
+    ts = TurnSpans(spans, key, live, n, _per_turn(key, live, n, spans.mask_count(st.mask)))
     st.turn_spans = ts
-    sums = {"advantage": ts.per_turn(spans.masked_sum(st.adv, mask))}
-    if st.diag_is_token is not None and batch.rollout_log_probs is not None and st.old_lp is not None:
-        sums["is_weight"] = ts.per_turn(spans.masked_sum(st.diag_is_token, mask))
-        sums["rollout_kl"] = ts.per_turn(spans.masked_sum(kl_k1(st.old_lp, batch.rollout_log_probs), mask))
-    _write(st, {"tokens": ts.count, **ts.means(sums)})
+    _write_turn_stats(st, ts, _span_sums(st, spans))
+
+
+def _turns(st: State) -> None:
+    on0 = st.mask0 > 0
+    starts = turn_starts(on0, st.batch.rows)
+    if inner_turn_starts(starts, st.batch.rows) == 0:
+        del starts
+        single_turn_stats(st, on0)
+    else:
+        multi_turn_stats(st, on0, starts)
 
 
 def _turns_loss(st: State) -> None:
@@ -122,6 +188,7 @@ def _turns_loss(st: State) -> None:
         st.tokens["loss_weight"] = st.loss_weights
         out["loss_weight"] = ts.per_turn(ts.spans.sum(st.loss_weights))
     _write(st, out)
+    st.turn_spans = None  # no later stage reads them: the spans' token ids (8 bytes a token) go
 
 
 _R = "rldiag"
@@ -169,5 +236,5 @@ TURNS_LOSS = Stage(
     ),
     tokens=("loss_weight",),
     uses=("mask", "policy", "segs", "turn_spans"),
-    sets=("loss_weights",),
+    sets=("loss_weights", "turn_spans"),
 )
