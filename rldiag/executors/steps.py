@@ -15,6 +15,7 @@ and therefore write bit-identical results.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import sys
@@ -24,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -209,6 +211,38 @@ def hashed_record(info: dict, remote: bool, content: bytes) -> dict:
     return out
 
 
+#: A local file is hashed in pieces of this many bytes, never held whole.
+HASH_PIECE = 1 << 20
+
+
+def hashed_file_record(info: dict, fd: int) -> dict:
+    """:func:`hashed_record` of a local file open as ``fd`` (closed here), read in pieces of
+    :data:`HASH_PIECE` bytes at their offsets (``os.pread``: the file's position, which the
+    loader may share, is left alone), so that no more than a piece of it is held at once."""
+    h = hashlib.sha256()
+    size = 0
+    try:
+        while piece := os.pread(fd, HASH_PIECE, size):
+            h.update(piece)
+            size += len(piece)
+    finally:
+        os.close(fd)
+    out = dict(info)
+    out["size"] = size
+    out["sha256"] = h.hexdigest()
+    return out
+
+
+def open_step_file(sf: StepFile):
+    """A local step file, open for reading (binary): hashed (:func:`hashed_file_record`, on a
+    duplicate of its descriptor) and parsed from the same open file, so both see the same bytes
+    even when the path is replaced meanwhile."""
+    path = sf.path
+    if not isinstance(path, Path):
+        raise InternalError(f"{path}: an object store's file is read whole, not opened")
+    return open(path, "rb")  # noqa: SIM115 - closed by fetch once loaded
+
+
 _HASH_POOL: ThreadPoolExecutor | None = None
 
 #: The hash thread's nice value: it runs when a core would otherwise be idle.
@@ -238,33 +272,48 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
           columns: ColumnPlan | None = None) -> Fetched:
     """Hash the step's file, and load it unless the previous result can be reused.
 
-    A file whose hash is not known already is read once. Its bytes are parsed here and hashed on
-    a low-priority thread (hashlib releases the GIL): on a machine whose cores are all busy with
-    loading and computing, the hash takes the gaps, and whoever needs it first (the step's record,
-    :meth:`Fetched.record`, after the step is computed) waits for the rest. Neither the disk nor
-    an object store is read twice. ``pin``: page-locked tensors, so that the copy to a GPU
+    A file whose hash is not known already is hashed on a low-priority thread (hashlib releases
+    the GIL): on a machine whose cores are all busy with loading and computing, the hash takes the
+    gaps, and whoever needs it first (the step's record, :meth:`Fetched.record`, after the step is
+    computed) waits for the rest. A local file is opened once, hashed in pieces from that open
+    file (:func:`hashed_file_record`) and parsed from it: its bytes are never held whole beside
+    the decoded columns (a second read of a page the hash read comes from the page cache). An
+    object store's file is read once, whole: its bytes are parsed here and hashed on that thread.
+    ``pin``: page-locked tensors, so that the copy to a GPU
     overlaps. ``hash_file=False`` skips the input record (a pass that only needs the data).
     ``columns``: the columns to load (default: those a recompute reads, the column planner's
     :func:`~rldiag.engine.requirements.recompute_columns`).
     """
     sf = task.step_file()
     old = task.previous
-    content: bytes | None = None
+    content: Any = None  # the file's bytes (an object store's), or the open local file
     pending = None
     info: dict = {}
-    if hash_file:
-        info, remote = stat_record(sf, task.rel)
-        if not known_hash(info, remote, old):
-            content = sf.path.read_bytes()
-            if task.reusable and old:  # the hash decides whether the file is parsed at all
-                info = hashed_record(info, remote, content)
-            else:
-                pending = hash_pool().submit(hashed_record, dict(info), remote, content)
-        if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
-            return Fetched(task, info)
-    plan = columns if columns is not None else recompute_columns(job.settings)
-    data, error = try_load(sf, job.settings, plan, content)
-    content = None
+    try:
+        if hash_file:
+            info, remote = stat_record(sf, task.rel)
+            if not known_hash(info, remote, old):
+                decides = bool(task.reusable and old)  # the hash decides whether the file is parsed at all
+                hashed: Callable[[], dict]
+                if remote:
+                    content = sf.path.read_bytes()
+                    hashed = functools.partial(hashed_record, dict(info), remote, content)
+                else:
+                    content = open_step_file(sf)
+                    hashed = functools.partial(hashed_file_record, dict(info), os.dup(content.fileno()))
+                if decides:
+                    info = hashed()
+                else:
+                    pending = hash_pool().submit(hashed)
+                del hashed
+            if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
+                return Fetched(task, info)
+        plan = columns if columns is not None else recompute_columns(job.settings)
+        data, error = try_load(sf, job.settings, plan, content)
+    finally:
+        if content is not None and not isinstance(content, bytes):
+            content.close()
+        content = None
     if data is None:
         return Fetched(task, info, error=error, pending=pending)
     if job.rescored is not None and task.step in job.rescored:
@@ -274,8 +323,9 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
     return Fetched(task, info, data=data, pending=pending)
 
 
-def try_load(sf: StepFile, settings: Settings, plan: ColumnPlan, content: bytes | None) -> tuple[StepData | None, str | None]:
-    """The step loaded with ``plan`` (from ``content`` when its bytes were read), or the error
+def try_load(sf: StepFile, settings: Settings, plan: ColumnPlan, content: Any) -> tuple[StepData | None, str | None]:
+    """The step loaded with ``plan`` (from ``content`` when its bytes were read or the file is
+    open: :func:`~rldiag.io.loader.load_step`'s ``source``), or the error
     that fails it (``Type: message``)."""
     try:
         return load_step(sf, settings, plan, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES), None
