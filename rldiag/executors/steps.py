@@ -34,6 +34,7 @@ import torch
 
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import pack as pack_batches
+from rldiag.engine.liveness import FREEABLE_COLUMNS
 from rldiag.engine.pipeline import Result, recompute_batch
 from rldiag.engine.requirements import ColumnPlan, recompute_columns
 from rldiag.errors import InternalError, RldiagError
@@ -449,14 +450,35 @@ def pack_batch(pack: list[Fetched], job: Job):
     return pack_batches([f.loaded.batch for f in pack]).to(torch.device(job.device))
 
 
+def release_columns(pack: list[Fetched]) -> None:
+    """Drop the loaded steps' optional token columns (the log-probs, entropy, values,
+    ``loss_mask``; :data:`~rldiag.engine.liveness.FREEABLE_COLUMNS`) once their pack is made, so
+    that the engine frees each when its last reader has run (what the outcomes read of a step
+    stays: its lengths, rows and tokens)."""
+    for f in pack:
+        b = f.loaded.batch
+        gone: dict[str, Any] = {c: None for c in FREEABLE_COLUMNS if getattr(b, c) is not None}
+        f.loaded.batch = dataclasses.replace(b, **gone)
+
+
 def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
-    """Recompute one pack on ``job.device``; one outcome per step, in order."""
-    batch = pack_batch(pack, job)
+    """Recompute one pack on ``job.device``; one outcome per step, in order. The pack's steps
+    are the engine's alone from here: their columns are freed as the stages finish with them
+    (:func:`release_columns`), and the per-token outputs are kept only with ``job.save_tokens``."""
     try:
-        result = recompute_batch(batch, job.settings, kl_state)
+        # the packed batch is handed over, never bound here: the engine's reference is its only one
+        result = recompute_batch(_packed(pack, job), job.settings, kl_state, release=True,
+                                 keep_tokens=job.save_tokens)
     except COMPUTE_ERRORS as exc:
         return pack_outcomes(pack, job, exc)
     return pack_outcomes(pack, job, result)
+
+
+def _packed(pack: list[Fetched], job: Job):
+    """The pack's batch (:func:`pack_batch`), its steps' own columns released (:func:`release_columns`)."""
+    batch = pack_batch(pack, job)
+    release_columns(pack)
+    return batch
 
 
 def pack_outcomes(pack: list[Fetched], job: Job, result: Result | BaseException,

@@ -80,9 +80,9 @@ def test_local_executor_widens_for_the_last_packs_only_with_a_core_to_spare(synt
     seen: list[int] = []
     real = steps_mod.recompute_batch
 
-    def spy(batch, settings, kl_state):
+    def spy(batch, settings, kl_state, **how):
         seen.append(torch.get_num_threads())
-        return real(batch, settings, kl_state)
+        return real(batch, settings, kl_state, **how)
 
     monkeypatch.setattr(steps_mod, "recompute_batch", spy)
     monkeypatch.setattr(allocator, "usable_cores", lambda: 3)
