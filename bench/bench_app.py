@@ -32,16 +32,21 @@ names with '/', grouped by prefix) and a few small batches, then measures:
   until the background worker has written the baseline of every step, against `rldiag
   recompute --no-reuse --device cpu` on another copy of the run (target: 1.3x); the free disk
   is checked first (two copies of the run and their outputs)
+  opening a 16 M-token step (--only open; --open-run RUN, default bench_memory.py's step16m):
+  a server started fresh, the Step page opened until the baseline is written and the page drawn
+  with it; the peak resident memory of the server and of its process tree
 
 Usage:
   .venv/bin/python bench/bench_app.py                      # 10,000 steps x 150 metrics
   .venv/bin/python bench/bench_app.py --steps 2000 --metrics 50 --no-browser
   .venv/bin/python bench/bench_app.py --only pages,baseline --baseline-steps 50
+  .venv/bin/python bench/bench_app.py --only open --dir /tmp/app-bench      # the 16 M-token step
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -51,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -422,7 +428,98 @@ def bench_baseline(root: Path, steps: int, rows: int, length: int, browser: bool
     return rows_out
 
 
-PARTS = ("store", "whatif", "browser", "pages", "baseline")
+def _step16m(root: Path) -> Path:
+    """bench_memory.py's 16 M-token step (8,192 rows, lognormal lengths, 3.5 % at the 32k cap)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_recompute import CAPPED_SHARE, TAILED, make_tailed_run
+
+    steps, rows, cap, at_cap = TAILED["step16m"]
+    return make_tailed_run(root / "step16m", steps, rows, cap, capped=CAPPED_SHARE["step16m"], capped_rows=at_cap)
+
+
+def _tree_rss(pid: int) -> tuple[int, int]:
+    """(the process's resident bytes, its whole tree's: it and every descendant)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        own = proc.memory_info().rss
+        kids = proc.children(recursive=True)
+    except psutil.Error:
+        return 0, 0
+    total = own
+    for k in kids:
+        with contextlib.suppress(psutil.Error):
+            total += k.memory_info().rss
+    return own, total
+
+
+def bench_open(run: Path) -> list[tuple[str, float, str]]:
+    """The app opening ``run`` (issue 38 item 5: the 16 M-token step): a server started fresh
+    (its baseline computed anew: a copy of the run without its rldiag/ directory), the Step page
+    opened headless, from navigation until the baseline's scenario lists every step and the page
+    shows the step's groups with the baseline's advantages; the server's and its process tree's
+    resident memory sampled every 0.2 s (the baseline's recompute runs in a child process)."""
+    from playwright.sync_api import sync_playwright
+
+    from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
+
+    exe = chromium_path()
+    if exe is None:
+        return [("open: the 16 M-token step", float("nan"), "skipped: no chromium")]
+    steps = len(list((run / "batches").iterdir()))
+    tokens = sum(f.stat().st_size for f in (run / "batches").iterdir())
+    meta_file = run / "rldiag" / "scenarios" / "baseline" / "scenario.json"
+    if (run / "rldiag").exists():
+        shutil.rmtree(run / "rldiag")
+    peak = {"own": 0, "tree": 0}
+    with AppServer(run, timeout=180) as srv, sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                own, tree = _tree_rss(srv.proc.pid)
+                peak["own"], peak["tree"] = max(peak["own"], own), max(peak["tree"], tree)
+                time.sleep(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
+                                                   viewport={"width": 1400, "height": 1000})
+        pg = ctx.new_page()
+        pg.set_default_timeout(1_800_000)
+        t0 = time.perf_counter()
+        pg.goto(f"{srv.url}/step", wait_until="commit")
+        meta: dict = {}
+        while time.perf_counter() < t0 + 1800:  # the worker writes scenario.json last
+            try:
+                meta = json.loads(meta_file.read_text())
+            except (OSError, ValueError):
+                meta = {}
+            if len(meta.get("steps_done", [])) + len(meta.get("steps_failed", {})) >= steps:
+                break
+            time.sleep(0.2)
+        t_base = time.perf_counter() - t0
+        _wait_text(pg, r"advantage · baseline", 1_800_000)
+        pg.wait_for_selector(".js-plotly-plot .main-svg", state="attached")
+        t_page = time.perf_counter() - t0
+        errors = pg.locator('[data-testid="stException"]').count()
+        ctx.close()
+        stop.set()
+        sampler.join()
+    shape = f"{steps} step(s), {tokens / 2**20:.0f} MB of batches; load average {os.getloadavg()[0]:.1f}"
+    failed = meta.get("steps_failed", {})
+    return [
+        ("open: baseline written (navigation -> scenario.json)", t_base,
+         f"{shape}; its recompute {meta.get('seconds', float('nan')):.1f} s" + (f"; FAILED {failed}" if failed else "")),
+        ("open: Step page drawn with the baseline", t_page, f"{errors} exception(s) shown" if errors else "no exception"),
+        ("open: peak RSS, the server alone (MB)", peak["own"] / 2**20, "MB, not seconds"),
+        ("open: peak RSS, the server's process tree (MB)", peak["tree"] / 2**20,
+         "MB, not seconds: the server, the fork server and the baseline's child"),
+    ]
+
+
+PARTS = ("store", "whatif", "browser", "pages", "baseline", "open")
 
 
 def main() -> None:
@@ -436,6 +533,8 @@ def main() -> None:
     ap.add_argument("--baseline", default="", help="the app's baseline run STEPSxROWSxTOKENS (default: "
                     "--baseline-steps x 256 x 512)")
     ap.add_argument("--baseline-steps", type=int, default=100, help="steps of the app's baseline run")
+    ap.add_argument("--open-run", type=Path, help="the run the 'open' part opens (its rldiag/ directory is "
+                    "removed first; default: bench_memory.py's step16m workload, made under --dir)")
     args = ap.parse_args()
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
     unknown = parts - set(PARTS)
@@ -466,6 +565,8 @@ def main() -> None:
             rows += bench_pages(root)
         if "baseline" in parts:
             rows += bench_baseline(root, *shape, browser=not args.no_browser)
+        if "open" in parts and not args.no_browser:
+            rows += bench_open(args.open_run or _step16m(root))
     print_table(f"rldiag app: {args.steps:,} steps x {args.metrics} metrics", rows)
 
 
