@@ -46,7 +46,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -56,7 +55,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -407,15 +405,7 @@ def bench_baseline(root: Path, steps: int, rows: int, length: int, browser: bool
         t0 = time.perf_counter()
         pg.goto(srv.url, wait_until="commit")
         deadline = t0 + 3600
-        meta: dict = {}
-        while time.perf_counter() < deadline:  # the worker writes scenario.json last
-            try:
-                meta = json.loads(meta_file.read_text())
-            except (OSError, ValueError):
-                meta = {}
-            if len(meta.get("steps_done", [])) + len(meta.get("steps_failed", {})) >= steps:
-                break
-            time.sleep(0.05)
+        meta = await_baseline(meta_file, steps, deadline)
         t_app = time.perf_counter() - t0
         ctx.close()
     rows_out += [
@@ -428,6 +418,21 @@ def bench_baseline(root: Path, steps: int, rows: int, length: int, browser: bool
     return rows_out
 
 
+def await_baseline(meta_file: Path, steps: int, deadline: float) -> dict:
+    """The baseline's scenario.json once it lists ``steps`` steps done or failed (the worker writes
+    it last), or as it is at ``deadline`` (``time.perf_counter()``)."""
+    meta: dict = {}
+    while time.perf_counter() < deadline:
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            meta = {}
+        if len(meta.get("steps_done", [])) + len(meta.get("steps_failed", {})) >= steps:
+            break
+        time.sleep(0.05)
+    return meta
+
+
 def _step16m(root: Path) -> Path:
     """bench_memory.py's 16 M-token step (8,192 rows, lognormal lengths, 3.5 % at the 32k cap)."""
     sys.path.insert(0, str(ROOT / "bench"))
@@ -437,32 +442,14 @@ def _step16m(root: Path) -> Path:
     return make_tailed_run(root / "step16m", steps, rows, cap, capped=CAPPED_SHARE["step16m"], capped_rows=at_cap)
 
 
-def _tree_rss(pid: int) -> tuple[int, int]:
-    """(the process's resident bytes, its whole tree's: it and every descendant)."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        own = proc.memory_info().rss
-        kids = proc.children(recursive=True)
-    except psutil.Error:
-        return 0, 0
-    total = own
-    for k in kids:
-        with contextlib.suppress(psutil.Error):
-            total += k.memory_info().rss
-    return own, total
-
-
 def bench_open(run: Path) -> list[tuple[str, float, str]]:
     """The app opening ``run`` (issue 38 item 5: the 16 M-token step): a server started fresh
     (its baseline computed anew: a copy of the run without its rldiag/ directory), the Step page
     opened headless, from navigation until the baseline's scenario lists every step and the page
-    shows the step's groups with the baseline's advantages; the server's and its process tree's
-    resident memory sampled every 0.2 s (the baseline's recompute runs in a child process)."""
-    from playwright.sync_api import sync_playwright
-
-    from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
+    shows the step's groups with the baseline's advantages; the server's resident memory and its
+    process tree's (PSS summed: shared pages once) sampled every 0.2 s (the baseline's recompute
+    runs in a child process; the Step page's per-token values in the server)."""
+    from rldiag.viz.serve import chromium_path
 
     exe = chromium_path()
     if exe is None:
@@ -472,50 +459,25 @@ def bench_open(run: Path) -> list[tuple[str, float, str]]:
     meta_file = run / "rldiag" / "scenarios" / "baseline" / "scenario.json"
     if (run / "rldiag").exists():
         shutil.rmtree(run / "rldiag")
-    peak = {"own": 0, "tree": 0}
-    with AppServer(run, timeout=180) as srv, sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
-        stop = threading.Event()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_rollouts import watched_page
 
-        def sample() -> None:
-            while not stop.is_set():
-                own, tree = _tree_rss(srv.proc.pid)
-                peak["own"], peak["tree"] = max(peak["own"], own), max(peak["tree"], tree)
-                time.sleep(0.2)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
-                                                   viewport={"width": 1400, "height": 1000})
-        pg = ctx.new_page()
-        pg.set_default_timeout(1_800_000)
-        t0 = time.perf_counter()
-        pg.goto(f"{srv.url}/step", wait_until="commit")
-        meta: dict = {}
-        while time.perf_counter() < t0 + 1800:  # the worker writes scenario.json last
-            try:
-                meta = json.loads(meta_file.read_text())
-            except (OSError, ValueError):
-                meta = {}
-            if len(meta.get("steps_done", [])) + len(meta.get("steps_failed", {})) >= steps:
-                break
-            time.sleep(0.2)
+    with watched_page(run, exe, "step", 180, 1_800_000) as (_, pg, mem, t0):
+        meta = await_baseline(meta_file, steps, t0 + 1800)
         t_base = time.perf_counter() - t0
         _wait_text(pg, r"advantage · baseline", 1_800_000)
         pg.wait_for_selector(".js-plotly-plot .main-svg", state="attached")
         t_page = time.perf_counter() - t0
         errors = pg.locator('[data-testid="stException"]').count()
-        ctx.close()
-        stop.set()
-        sampler.join()
     shape = f"{steps} step(s), {tokens / 2**20:.0f} MB of batches; load average {os.getloadavg()[0]:.1f}"
     failed = meta.get("steps_failed", {})
     return [
         ("open: baseline written (navigation -> scenario.json)", t_base,
          f"{shape}; its recompute {meta.get('seconds', float('nan')):.1f} s" + (f"; FAILED {failed}" if failed else "")),
         ("open: Step page drawn with the baseline", t_page, f"{errors} exception(s) shown" if errors else "no exception"),
-        ("open: peak RSS, the server alone (MB)", peak["own"] / 2**20, "MB, not seconds"),
-        ("open: peak RSS, the server's process tree (MB)", peak["tree"] / 2**20,
-         "MB, not seconds: the server, the fork server and the baseline's child"),
+        ("open: peak RSS, the server alone (MB)", mem.peak_root_rss / 2**20, "MB, not seconds"),
+        ("open: peak PSS, the server's process tree (MB)", mem.peak_pss / 2**20,
+         f"MB, not seconds: the server, the fork server and the baseline's child (RSS summed {mem.peak_rss / 2**20:.0f})"),
     ]
 
 
