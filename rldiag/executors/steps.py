@@ -50,6 +50,13 @@ from rldiag.io.rundir import StepFile
 #: peaked 40-70 MB higher on 20 steps x 512 x 1,024, in the same time (docs/performance.md).
 PREFETCH = 1
 
+#: A step of this many tokens or more is computed with nothing read ahead: the next step's decoded
+#: columns (36 bytes a token once loaded, more while it decodes) would sit beside the step's peak.
+#: On the tail32k bench run (3 steps of 2.7-3.2 M tokens) a recompute peaked 982-1,023 MB without
+#: the read-ahead and 1,064-1,089 MB with it, in the same time under load (4.5-6.8 s and 5.6-6.9 s;
+#: docs/performance.md). Smaller steps (the uniform workloads' 0.5 M) keep theirs.
+READ_AHEAD_MAX_TOKENS = 1 << 21
+
 #: Pack steps together until this many tokens; one step may exceed it alone.
 DEFAULT_PACK_TOKENS = 1 << 19
 
@@ -343,10 +350,13 @@ R = TypeVar("R")
 class Prefetched(Generic[T, R]):
     """``fn(task)`` for each task in order, run up to ``depth`` tasks ahead on one background
     thread (an iterator of :class:`Fetched`). The thread is shut down when iteration ends, is
-    abandoned, or fails."""
+    abandoned, or fails. ``hold(result)``, when given and true for a result, reads nothing ahead
+    while the consumer has that result: the next task starts when the consumer asks for it
+    (a step too large to decode beside its computation, :func:`large_step`)."""
 
-    def __init__(self, tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH):
-        self._tasks, self._fn, self._depth = tasks, fn, max(1, depth)
+    def __init__(self, tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH,
+                 hold: Callable[[R], bool] | None = None):
+        self._tasks, self._fn, self._depth, self._hold = tasks, fn, max(1, depth), hold
         self._queue: deque = deque()
         self._exhausted = False
 
@@ -372,17 +382,33 @@ class Prefetched(Generic[T, R]):
                 submit()
             while queue:
                 fut = queue.popleft()
-                if not self._exhausted:
+                if self._hold is None:
+                    if not self._exhausted:
+                        submit()
+                    yield fut.result()
+                    continue
+                result = fut.result()
+                held = self._hold(result)
+                if not self._exhausted and not held:
                     submit()
-                yield fut.result()
+                yield result
+                if held and not self._exhausted:  # the consumer is done with it: read on
+                    submit()
         finally:
             self._exhausted = True
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def prefetched(tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH) -> Prefetched[T, R]:
+def prefetched(tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH,
+               hold: Callable[[R], bool] | None = None) -> Prefetched[T, R]:
     """``fn(task)`` for each task in order, run up to ``depth`` tasks ahead (see :class:`Prefetched`)."""
-    return Prefetched(tasks, fn, depth)
+    return Prefetched(tasks, fn, depth, hold)
+
+
+def large_step(f: Fetched) -> bool:
+    """Whether ``f`` loaded at least :data:`READ_AHEAD_MAX_TOKENS` tokens: the next step is then
+    read only once its pack is computed (:class:`Prefetched`'s ``hold``)."""
+    return f.data is not None and f.data.n_tokens >= READ_AHEAD_MAX_TOKENS
 
 
 class Packer:
