@@ -52,9 +52,9 @@ PREFETCH = 1
 
 #: A step of this many tokens or more is computed with nothing read ahead: the next step's decoded
 #: columns (36 bytes a token once loaded, more while it decodes) would sit beside the step's peak.
-#: On the tail32k bench run (3 steps of 2.7-3.2 M tokens) a recompute peaked 982-1,023 MB without
-#: the read-ahead and 1,064-1,089 MB with it, in the same time under load (4.5-6.8 s and 5.6-6.9 s;
-#: docs/performance.md). Smaller steps (the uniform workloads' 0.5 M) keep theirs.
+#: On the tail32k bench run (3 steps of 2.7-3.2 M tokens) a recompute peaked 959-982 MB without
+#: the read-ahead and 1,120-1,168 MB with it, in 4.3-4.7 s against 4.7-5.5 s (docs/performance.md).
+#: Smaller steps keep theirs: on tail16k (0.5-0.63 M tokens) it saves a third of the time.
 READ_AHEAD_MAX_TOKENS = 1 << 21
 
 #: Pack steps together until this many tokens; one step may exceed it alone.

@@ -128,7 +128,10 @@ def row_count(sf: StepFile) -> int:
 #: column at once holds all of them together: about 100-130 bytes a token at the read's peak for
 #: a step of 2.7 M tokens (8 list columns), against about 60 read column by column (30 live)
 #: (bench/bench_memory.py). The values read are the same; a smaller step keeps the parallel read.
-BY_COLUMN_VALUES = 1 << 20
+#: From 262,144 values (1 M before): a tail16k step of 0.63 M tokens peaked at 143 bytes a token
+#: loaded at once, 103 by column, in the same time (about 0.13 s; a uniform 512 x 1,024 step
+#: 53-107 ms either way under load, threads off as on 2 cores).
+BY_COLUMN_VALUES = 1 << 18
 
 
 def _values(pf: pq.ParquetFile) -> int:
