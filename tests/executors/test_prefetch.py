@@ -51,10 +51,10 @@ def test_a_held_result_reads_nothing_ahead_until_the_consumer_asks_again():
     for item in p:
         with cond:
             if item in (1, 2):
-                assert not cond.wait_for(lambda: len(started) > item + 1, timeout=0.2)  # nothing ahead
+                assert not cond.wait_for(lambda n=item + 1: len(started) > n, timeout=0.2)  # nothing ahead
                 assert started == list(range(item + 1))
             elif item < 4:
-                assert cond.wait_for(lambda: len(started) > item + 1, timeout=10)  # the next one read ahead
+                assert cond.wait_for(lambda n=item + 1: len(started) > n, timeout=10)  # the next one read ahead
         seen.append(item)
     assert seen == [0, 1, 2, 3, 4] and started == [0, 1, 2, 3, 4]
 
