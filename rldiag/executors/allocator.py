@@ -55,9 +55,10 @@ TOP_PAD = 64 << 20
 #: busy an arena of its own, and memory freed into one arena serves only that arena's later
 #: requests: the loader thread decodes a step (Arrow's buffers, the tensors made from them) in
 #: its arena, the engine computes on the main thread in another, and each kept its own
-#: high-water mark. One arena: a recompute of the tail32k bench run (3 steps x 2,048 rows, cap
-#: 32k) peaked 1,320-1,343 MB against 1,521-1,570 MB (``/usr/bin/time -f %M``, alternating runs;
-#: docs/performance.md); two threads contend for its lock on few, large blocks.
+#: high-water mark. One arena: the tail32k bench run's 3 steps (2,048 rows, cap 32k) fetched on a
+#: thread and computed one after the other peaked 1,085-1,153 MB against 1,203-1,233 MB (whole
+#: recomputes under load: 1,320-1,430 against 1,431-1,570; docs/performance.md); two threads
+#: contend for its lock on few, large blocks.
 ARENA_MAX = 1
 
 
