@@ -32,11 +32,15 @@ names with '/', grouped by prefix) and a few small batches, then measures:
   until the background worker has written the baseline of every step, against `rldiag
   recompute --no-reuse --device cpu` on another copy of the run (target: 1.3x); the free disk
   is checked first (two copies of the run and their outputs)
+  opening a 16 M-token step (--only open; --open-run RUN, default bench_memory.py's step16m):
+  a server started fresh, the Step page opened until the baseline is written and the page drawn
+  with it; the peak resident memory of the server and of its process tree
 
 Usage:
   .venv/bin/python bench/bench_app.py                      # 10,000 steps x 150 metrics
   .venv/bin/python bench/bench_app.py --steps 2000 --metrics 50 --no-browser
   .venv/bin/python bench/bench_app.py --only pages,baseline --baseline-steps 50
+  .venv/bin/python bench/bench_app.py --only open --dir /tmp/app-bench      # the 16 M-token step
 """
 
 from __future__ import annotations
@@ -401,15 +405,7 @@ def bench_baseline(root: Path, steps: int, rows: int, length: int, browser: bool
         t0 = time.perf_counter()
         pg.goto(srv.url, wait_until="commit")
         deadline = t0 + 3600
-        meta: dict = {}
-        while time.perf_counter() < deadline:  # the worker writes scenario.json last
-            try:
-                meta = json.loads(meta_file.read_text())
-            except (OSError, ValueError):
-                meta = {}
-            if len(meta.get("steps_done", [])) + len(meta.get("steps_failed", {})) >= steps:
-                break
-            time.sleep(0.05)
+        meta = await_baseline(meta_file, steps, deadline)
         t_app = time.perf_counter() - t0
         ctx.close()
     rows_out += [
@@ -422,7 +418,70 @@ def bench_baseline(root: Path, steps: int, rows: int, length: int, browser: bool
     return rows_out
 
 
-PARTS = ("store", "whatif", "browser", "pages", "baseline")
+def await_baseline(meta_file: Path, steps: int, deadline: float) -> dict:
+    """The baseline's scenario.json once it lists ``steps`` steps done or failed (the worker writes
+    it last), or as it is at ``deadline`` (``time.perf_counter()``)."""
+    meta: dict = {}
+    while time.perf_counter() < deadline:
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            meta = {}
+        if len(meta.get("steps_done", [])) + len(meta.get("steps_failed", {})) >= steps:
+            break
+        time.sleep(0.05)
+    return meta
+
+
+def _step16m(root: Path) -> Path:
+    """bench_memory.py's 16 M-token step (8,192 rows, lognormal lengths, 3.5 % at the 32k cap)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_recompute import CAPPED_SHARE, TAILED, make_tailed_run
+
+    steps, rows, cap, at_cap = TAILED["step16m"]
+    return make_tailed_run(root / "step16m", steps, rows, cap, capped=CAPPED_SHARE["step16m"], capped_rows=at_cap)
+
+
+def bench_open(run: Path) -> list[tuple[str, float, str]]:
+    """The app opening ``run`` (issue 38 item 5: the 16 M-token step): a server started fresh
+    (its baseline computed anew: a copy of the run without its rldiag/ directory), the Step page
+    opened headless, from navigation until the baseline's scenario lists every step and the page
+    shows the step's groups with the baseline's advantages; the server's resident memory and its
+    process tree's (PSS summed: shared pages once) sampled every 0.2 s (the baseline's recompute
+    runs in a child process; the Step page's per-token values in the server)."""
+    from rldiag.viz.serve import chromium_path
+
+    exe = chromium_path()
+    if exe is None:
+        return [("open: the 16 M-token step", float("nan"), "skipped: no chromium")]
+    steps = len(list((run / "batches").iterdir()))
+    tokens = sum(f.stat().st_size for f in (run / "batches").iterdir())
+    meta_file = run / "rldiag" / "scenarios" / "baseline" / "scenario.json"
+    if (run / "rldiag").exists():
+        shutil.rmtree(run / "rldiag")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_rollouts import watched_page
+
+    with watched_page(run, exe, "step", 180, 1_800_000) as (_, pg, mem, t0):
+        meta = await_baseline(meta_file, steps, t0 + 1800)
+        t_base = time.perf_counter() - t0
+        _wait_text(pg, r"advantage · baseline", 1_800_000)
+        pg.wait_for_selector(".js-plotly-plot .main-svg", state="attached")
+        t_page = time.perf_counter() - t0
+        errors = pg.locator('[data-testid="stException"]').count()
+    shape = f"{steps} step(s), {tokens / 2**20:.0f} MB of batches; load average {os.getloadavg()[0]:.1f}"
+    failed = meta.get("steps_failed", {})
+    return [
+        ("open: baseline written (navigation -> scenario.json)", t_base,
+         f"{shape}; its recompute {meta.get('seconds', float('nan')):.1f} s" + (f"; FAILED {failed}" if failed else "")),
+        ("open: Step page drawn with the baseline", t_page, f"{errors} exception(s) shown" if errors else "no exception"),
+        ("open: peak RSS, the server alone (MB)", mem.peak_root_rss / 2**20, "MB, not seconds"),
+        ("open: peak PSS, the server's process tree (MB)", mem.peak_pss / 2**20,
+         f"MB, not seconds: the server, the fork server and the baseline's child (RSS summed {mem.peak_rss / 2**20:.0f})"),
+    ]
+
+
+PARTS = ("store", "whatif", "browser", "pages", "baseline", "open")
 
 
 def main() -> None:
@@ -436,6 +495,8 @@ def main() -> None:
     ap.add_argument("--baseline", default="", help="the app's baseline run STEPSxROWSxTOKENS (default: "
                     "--baseline-steps x 256 x 512)")
     ap.add_argument("--baseline-steps", type=int, default=100, help="steps of the app's baseline run")
+    ap.add_argument("--open-run", type=Path, help="the run the 'open' part opens (its rldiag/ directory is "
+                    "removed first; default: bench_memory.py's step16m workload, made under --dir)")
     args = ap.parse_args()
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
     unknown = parts - set(PARTS)
@@ -466,6 +527,8 @@ def main() -> None:
             rows += bench_pages(root)
         if "baseline" in parts:
             rows += bench_baseline(root, *shape, browser=not args.no_browser)
+        if "open" in parts and not args.no_browser:
+            rows += bench_open(args.open_run or _step16m(root))
     print_table(f"rldiag app: {args.steps:,} steps x {args.metrics} metrics", rows)
 
 

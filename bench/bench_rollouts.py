@@ -27,6 +27,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -81,6 +82,7 @@ class TreeMemory(threading.Thread):
     def __init__(self, pid: int):
         super().__init__(daemon=True)
         self.pid, self.peak_pss, self.peak_rss, self.done = pid, 0, 0, threading.Event()
+        self.peak_root_rss = 0  # the process alone (its resident size)
 
     def run(self) -> None:
         import psutil
@@ -94,7 +96,35 @@ class TreeMemory(threading.Thread):
                 except psutil.Error:  # a child that just ended
                     continue
                 pss, rss = pss + info.pss, rss + info.rss
+                if p is root:
+                    self.peak_root_rss = max(self.peak_root_rss, info.rss)
             self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
+
+
+@contextlib.contextmanager
+def watched_page(run: Path, exe: str, path: str, server_timeout: float, page_timeout_ms: int):
+    """``rldiag app RUN`` started fresh, its process tree's memory watched (:class:`TreeMemory`,
+    stopped on exit), and a headless page navigated to ``path``: ``(server, page, memory, t0)``,
+    ``t0`` the navigation's start (``time.perf_counter()``)."""
+    from playwright.sync_api import sync_playwright
+
+    from rldiag.viz.serve import CHROMIUM_ARGS, AppServer
+
+    with AppServer(run, timeout=server_timeout) as srv, sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        mem = TreeMemory(srv.proc.pid)
+        mem.start()
+        ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
+                                                   viewport={"width": 1400, "height": 1000})
+        try:
+            pg = ctx.new_page()
+            pg.set_default_timeout(page_timeout_ms)
+            t0 = time.perf_counter()
+            pg.goto(f"{srv.url}/{path}", wait_until="commit")
+            yield srv, pg, mem, t0
+        finally:
+            ctx.close()
+            mem.done.set()
+            mem.join()
 
 
 def _caption(pg) -> str:
@@ -114,10 +144,8 @@ def _until(pg, predicate, timeout_s: float = 600) -> float:
 
 
 def bench_app(run: Path, steps: int, rows: int, cap: int) -> list[tuple[str, float, str]]:
-    from playwright.sync_api import sync_playwright
-
     from rldiag import api
-    from rldiag.viz.serve import CHROMIUM_ARGS, AppServer, chromium_path
+    from rldiag.viz.serve import chromium_path
 
     exe = chromium_path()
     if exe is None:
@@ -132,15 +160,7 @@ def bench_app(run: Path, steps: int, rows: int, cap: int) -> list[tuple[str, flo
         return len(meta.get("steps_done", [])) + len(meta.get("steps_failed", {}))
 
     out = []
-    with AppServer(run, timeout=300) as srv, sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
-        mem = TreeMemory(srv.proc.pid)
-        mem.start()
-        ctx = p.chromium.launch_persistent_context(profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
-                                                   viewport={"width": 1400, "height": 1000})
-        pg = ctx.new_page()
-        pg.set_default_timeout(600_000)
-        t0 = time.perf_counter()
-        pg.goto(f"{srv.url}/rollouts", wait_until="commit")
+    with watched_page(run, exe, "rollouts", 300, 600_000) as (srv, pg, mem, t0):
         pg.wait_for_selector('[data-testid="stDataFrame"]', state="attached")
         t_first = time.perf_counter() - t0
         out.append(("Rollouts while the baseline computes: the first page", t_first,
@@ -149,7 +169,7 @@ def bench_app(run: Path, steps: int, rows: int, cap: int) -> list[tuple[str, flo
             time.sleep(0.1)
         t_app = time.perf_counter() - t0
         mem.done.set()
-        mem.join()
+        mem.join()  # the baseline's peak (watched_page stops it again on exit: a no-op)
         seconds = json.loads(meta_file.read_text()).get("seconds", float("nan"))
         out.append(("the app's baseline (page opened -> every step written)", t_app,
                     f"the worker's recompute {seconds:.1f} s; load average {os.getloadavg()[0]:.1f}"))
@@ -192,7 +212,6 @@ def bench_app(run: Path, steps: int, rows: int, cap: int) -> list[tuple[str, flo
         errors = pg.locator('[data-testid="stException"]').count()
         if errors:
             out.append(("exceptions shown on the page", float(errors), "count, not seconds"))
-        ctx.close()
     return out
 
 

@@ -188,6 +188,21 @@ def test_bench_memory_prints_bytes_per_token_and_where_the_high_water_rose(tmp_p
     assert "bytes a token above the RSS before the recompute" in out
 
 
+def test_bench_memory_makes_the_16m_step_at_a_scale(tmp_path):
+    """step16m (issue 38 item 5): one step of lognormal lengths with 3.5 % of the rows at the 32k cap."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out = bench_output("bench_memory.py", tmp_path, "--workloads", "step16m", "--scale", "0.0625", "--repeat", "1")
+    row = next(line for line in out.splitlines() if line.startswith("step16m "))
+    cells = row.split()
+    assert cells[1:4] == ["1", "x", "512"] and float(cells[5]) == float(cells[4]) > 0  # one step: the largest
+    (f,) = (tmp_path / "step16m-512" / "batches").iterdir()
+    lengths = pc.list_value_length(pq.read_table(f, columns=["response_mask"])["response_mask"]).to_numpy()
+    assert 6 <= int((lengths == 32768).sum()) <= 36  # about 3.5 % of 512 rows at the cap (18), drawn
+    assert 1_000 < float(lengths.sum()) / len(lengths) < 3_000  # about 1,950 tokens a row: 16 M for 8,192 rows
+
+
 def test_bench_rescore_prints_its_row_and_the_timeout_case(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_rescore.py"), "--dir", str(tmp_path), "--rows", "400",

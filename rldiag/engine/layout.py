@@ -38,7 +38,8 @@ def row_ids_of(offsets: torch.Tensor) -> torch.Tensor:
     starts = offsets[1:-1]
     marks = torch.zeros(n + 1, dtype=torch.long, device=offsets.device)
     marks.index_add_(0, starts, torch.ones_like(starts))
-    return torch.cumsum(marks[:n], 0)
+    # summed in place: the marks become the row ids (one token-sized int64 tensor at the peak, not two)
+    return marks[:n].cumsum_(0)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ import torch
 
 from rldiag.engine.batch import Batch
 from rldiag.engine.kl_control import KLControllerState, PresetKLCoefficients, initial_kl_state
+from rldiag.engine.liveness import release_plan
 from rldiag.engine.settings import EngineSettings
 from rldiag.engine.stages import STAGES, State
 from rldiag.engine.step_failures import StepErrors
@@ -54,12 +55,27 @@ class Result:
 
 
 def recompute_batch(
-    batch: Batch, settings: EngineSettings, kl_state: KLControllerState | PresetKLCoefficients | None = None
+    batch: Batch, settings: EngineSettings, kl_state: KLControllerState | PresetKLCoefficients | None = None,
+    *, release: bool = False, keep_tokens: bool = True,
 ) -> Result:
     """Recompute everything rldiag derives for the steps packed in ``batch``: every stage of
-    :data:`~rldiag.engine.stages.STAGES` in order over one state."""
+    :data:`~rldiag.engine.stages.STAGES` in order over one state.
+
+    ``release``: drop each state field and batch column once the last stage that reads it has
+    run (:mod:`rldiag.engine.liveness`), so that its memory is reused by the stages after it; the
+    caller's ``batch`` object keeps its columns, so this only saves memory where the caller holds
+    no other reference to them. ``keep_tokens=False``: the per-token outputs are dropped as they
+    are made (``Result.tokens`` is empty), for a caller that does not write them. Neither changes
+    a number."""
+    steps = list(batch.steps)
     state = State(batch, settings, kl_state, StepErrors(batch.steps))
-    for stage in STAGES:
+    del batch  # the state's reference alone, so that a released column is freed
+    plan = release_plan(STAGES, settings) if release else None
+    for i, stage in enumerate(STAGES):
         stage.run(state)
-    return Result(steps=list(batch.steps), metrics=state.metrics, tokens=state.tokens, failed=state.errors.failed(),
+        if not keep_tokens:
+            state.tokens.clear()
+        if plan is not None:
+            plan[i].apply(state, stage.name)
+    return Result(steps=steps, metrics=state.metrics, tokens=state.tokens, failed=state.errors.failed(),
                   rows=state.rows)

@@ -7,8 +7,9 @@ in again: on this project's 2-core machine about 350,000 minor faults and a seco
 time for 20 such steps, about 0.5 s of a 2.2 s recompute. PyTorch's CPU tuning guide recommends a
 caching allocator (jemalloc or TCMalloc) for the same reason; without changing the process's
 allocator, glibc's own ``mallopt`` knobs get most of the way: every block comes from the heap
-(no ``mmap`` per block, the larger ones of a big step included), and freed memory is kept for the
-next step instead of being trimmed back to the system.
+(no ``mmap`` per block, the larger ones of a big step included), freed memory is kept for the
+next step instead of being trimmed back to the system, and every thread allocates from one heap
+(what the loader thread frees, the engine's thread reuses).
 
 The memory kept is what one step needed at its peak (the process's RSS stays at that level
 rather than dropping between steps); it does not grow with the number of steps. Set
@@ -37,6 +38,7 @@ M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
 M_MMAP_MAX = -4
+M_ARENA_MAX = -8
 
 #: Blocks up to this size come from the heap (glibc's maximum on 64-bit: 4 MiB * sizeof(long)).
 MMAP_THRESHOLD = 32 << 20
@@ -49,6 +51,15 @@ MMAP_MAX = 0
 TRIM_THRESHOLD = 256 << 20
 #: Extra memory requested each time the heap grows, so that a step grows it a few times at most.
 TOP_PAD = 64 << 20
+#: Heaps (arenas) the process's threads share: one. glibc gives a thread that finds the main heap
+#: busy an arena of its own, and memory freed into one arena serves only that arena's later
+#: requests: the loader thread decodes a step (Arrow's buffers, the tensors made from them) in
+#: its arena, the engine computes on the main thread in another, and each kept its own
+#: high-water mark. One arena: the tail32k bench run's 3 steps (2,048 rows, cap 32k) fetched on a
+#: thread and computed one after the other peaked 1,085-1,153 MB against 1,203-1,233 MB (whole
+#: recomputes under load: 1,320-1,430 against 1,431-1,570; docs/performance.md); two threads
+#: contend for its lock on few, large blocks.
+ARENA_MAX = 1
 
 
 
@@ -76,7 +87,7 @@ def tune_host_allocator() -> bool:
     tuned = all(
         mallopt(param, value) == 1
         for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_MMAP_MAX, MMAP_MAX), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-                             (M_TOP_PAD, TOP_PAD))
+                             (M_TOP_PAD, TOP_PAD), (M_ARENA_MAX, ARENA_MAX))
     )
     if tuned:
         share_heap_with_arrow()

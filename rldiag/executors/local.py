@@ -14,7 +14,7 @@ from rldiag.executors.allocator import engine_threads, tune_host_allocator
 from rldiag.executors.base import Plan
 from rldiag.executors.device import resolve_device
 from rldiag.executors.klchain import SequentialChain, is_adaptive, replay_statistics
-from rldiag.executors.steps import Fetched, StepOutcome, fetch, prefetched, process
+from rldiag.executors.steps import Fetched, StepOutcome, fetch, large_step, prefetched, process
 
 
 class LocalExecutor:
@@ -36,7 +36,7 @@ class LocalExecutor:
             kc = SequentialChain(kl_state, job, replay_statistics(plan.replay, job), plan.logged_kl)
             kl_for, not_loaded = kc.state_for, kc.not_loaded
         pin = torch.device(job.device).type == "cuda"
-        fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin))
+        fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin), hold=large_step)
         every = torch.get_num_threads()
         with engine_threads(job.device):
 

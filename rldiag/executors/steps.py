@@ -15,6 +15,7 @@ and therefore write bit-identical results.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import sys
@@ -24,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -32,6 +34,7 @@ import torch
 
 from rldiag.config.settings import Settings
 from rldiag.engine.batch import pack as pack_batches
+from rldiag.engine.liveness import FREEABLE_COLUMNS
 from rldiag.engine.pipeline import Result, recompute_batch
 from rldiag.engine.requirements import ColumnPlan, recompute_columns
 from rldiag.errors import InternalError, RldiagError
@@ -46,6 +49,13 @@ from rldiag.io.rundir import StepFile
 #: bytes, decoded table and tensors (about 3 times its data) and gained no time: two ahead
 #: peaked 40-70 MB higher on 20 steps x 512 x 1,024, in the same time (docs/performance.md).
 PREFETCH = 1
+
+#: A step of this many tokens or more is computed with nothing read ahead: the next step's decoded
+#: columns (36 bytes a token once loaded, more while it decodes) would sit beside the step's peak.
+#: On the tail32k bench run (3 steps of 2.7-3.2 M tokens) a recompute peaked 959-982 MB without
+#: the read-ahead and 1,120-1,168 MB with it, in 4.3-4.7 s against 4.7-5.5 s (docs/performance.md).
+#: Smaller steps keep theirs: on tail16k (0.5-0.63 M tokens) it saves a third of the time.
+READ_AHEAD_MAX_TOKENS = 1 << 21
 
 #: Pack steps together until this many tokens; one step may exceed it alone.
 DEFAULT_PACK_TOKENS = 1 << 19
@@ -209,6 +219,38 @@ def hashed_record(info: dict, remote: bool, content: bytes) -> dict:
     return out
 
 
+#: A local file is hashed in pieces of this many bytes, never held whole.
+HASH_PIECE = 1 << 20
+
+
+def hashed_file_record(info: dict, fd: int) -> dict:
+    """:func:`hashed_record` of a local file open as ``fd`` (closed here), read in pieces of
+    :data:`HASH_PIECE` bytes at their offsets (``os.pread``: the file's position, which the
+    loader may share, is left alone), so that no more than a piece of it is held at once."""
+    h = hashlib.sha256()
+    size = 0
+    try:
+        while piece := os.pread(fd, HASH_PIECE, size):
+            h.update(piece)
+            size += len(piece)
+    finally:
+        os.close(fd)
+    out = dict(info)
+    out["size"] = size
+    out["sha256"] = h.hexdigest()
+    return out
+
+
+def open_step_file(sf: StepFile):
+    """A local step file, open for reading (binary): hashed (:func:`hashed_file_record`, on a
+    duplicate of its descriptor) and parsed from the same open file, so both see the same bytes
+    even when the path is replaced meanwhile."""
+    path = sf.path
+    if not isinstance(path, Path):
+        raise InternalError(f"{path}: an object store's file is read whole, not opened")
+    return open(path, "rb")  # noqa: SIM115 - closed by fetch once loaded
+
+
 _HASH_POOL: ThreadPoolExecutor | None = None
 
 #: The hash thread's nice value: it runs when a core would otherwise be idle.
@@ -238,33 +280,48 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
           columns: ColumnPlan | None = None) -> Fetched:
     """Hash the step's file, and load it unless the previous result can be reused.
 
-    A file whose hash is not known already is read once. Its bytes are parsed here and hashed on
-    a low-priority thread (hashlib releases the GIL): on a machine whose cores are all busy with
-    loading and computing, the hash takes the gaps, and whoever needs it first (the step's record,
-    :meth:`Fetched.record`, after the step is computed) waits for the rest. Neither the disk nor
-    an object store is read twice. ``pin``: page-locked tensors, so that the copy to a GPU
+    A file whose hash is not known already is hashed on a low-priority thread (hashlib releases
+    the GIL): on a machine whose cores are all busy with loading and computing, the hash takes the
+    gaps, and whoever needs it first (the step's record, :meth:`Fetched.record`, after the step is
+    computed) waits for the rest. A local file is opened once, hashed in pieces from that open
+    file (:func:`hashed_file_record`) and parsed from it: its bytes are never held whole beside
+    the decoded columns (a second read of a page the hash read comes from the page cache). An
+    object store's file is read once, whole: its bytes are parsed here and hashed on that thread.
+    ``pin``: page-locked tensors, so that the copy to a GPU
     overlaps. ``hash_file=False`` skips the input record (a pass that only needs the data).
     ``columns``: the columns to load (default: those a recompute reads, the column planner's
     :func:`~rldiag.engine.requirements.recompute_columns`).
     """
     sf = task.step_file()
     old = task.previous
-    content: bytes | None = None
+    content: Any = None  # the file's bytes (an object store's), or the open local file
     pending = None
     info: dict = {}
-    if hash_file:
-        info, remote = stat_record(sf, task.rel)
-        if not known_hash(info, remote, old):
-            content = sf.path.read_bytes()
-            if task.reusable and old:  # the hash decides whether the file is parsed at all
-                info = hashed_record(info, remote, content)
-            else:
-                pending = hash_pool().submit(hashed_record, dict(info), remote, content)
-        if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
-            return Fetched(task, info)
-    plan = columns if columns is not None else recompute_columns(job.settings)
-    data, error = try_load(sf, job.settings, plan, content)
-    content = None
+    try:
+        if hash_file:
+            info, remote = stat_record(sf, task.rel)
+            if not known_hash(info, remote, old):
+                decides = bool(task.reusable and old)  # the hash decides whether the file is parsed at all
+                hashed: Callable[[], dict]
+                if remote:
+                    content = sf.path.read_bytes()
+                    hashed = functools.partial(hashed_record, dict(info), remote, content)
+                else:
+                    content = open_step_file(sf)
+                    hashed = functools.partial(hashed_file_record, dict(info), os.dup(content.fileno()))
+                if decides:
+                    info = hashed()
+                else:
+                    pending = hash_pool().submit(hashed)
+                del hashed
+            if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
+                return Fetched(task, info)
+        plan = columns if columns is not None else recompute_columns(job.settings)
+        data, error = try_load(sf, job.settings, plan, content)
+    finally:
+        if content is not None and not isinstance(content, bytes):
+            content.close()
+        content = None
     if data is None:
         return Fetched(task, info, error=error, pending=pending)
     if job.rescored is not None and task.step in job.rescored:
@@ -274,8 +331,9 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
     return Fetched(task, info, data=data, pending=pending)
 
 
-def try_load(sf: StepFile, settings: Settings, plan: ColumnPlan, content: bytes | None) -> tuple[StepData | None, str | None]:
-    """The step loaded with ``plan`` (from ``content`` when its bytes were read), or the error
+def try_load(sf: StepFile, settings: Settings, plan: ColumnPlan, content: Any) -> tuple[StepData | None, str | None]:
+    """The step loaded with ``plan`` (from ``content`` when its bytes were read or the file is
+    open: :func:`~rldiag.io.loader.load_step`'s ``source``), or the error
     that fails it (``Type: message``)."""
     try:
         return load_step(sf, settings, plan, source=content, threads=usable_cores() >= ARROW_THREADS_FROM_CORES), None
@@ -292,10 +350,13 @@ R = TypeVar("R")
 class Prefetched(Generic[T, R]):
     """``fn(task)`` for each task in order, run up to ``depth`` tasks ahead on one background
     thread (an iterator of :class:`Fetched`). The thread is shut down when iteration ends, is
-    abandoned, or fails."""
+    abandoned, or fails. ``hold(result)``, when given and true for a result, reads nothing ahead
+    while the consumer has that result: the next task starts when the consumer asks for it
+    (a step too large to decode beside its computation, :func:`large_step`)."""
 
-    def __init__(self, tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH):
-        self._tasks, self._fn, self._depth = tasks, fn, max(1, depth)
+    def __init__(self, tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH,
+                 hold: Callable[[R], bool] | None = None):
+        self._tasks, self._fn, self._depth, self._hold = tasks, fn, max(1, depth), hold
         self._queue: deque = deque()
         self._exhausted = False
 
@@ -321,17 +382,33 @@ class Prefetched(Generic[T, R]):
                 submit()
             while queue:
                 fut = queue.popleft()
-                if not self._exhausted:
+                if self._hold is None:
+                    if not self._exhausted:
+                        submit()
+                    yield fut.result()
+                    continue
+                result = fut.result()
+                held = self._hold(result)
+                if not self._exhausted and not held:
                     submit()
-                yield fut.result()
+                yield result
+                if held and not self._exhausted:  # the consumer is done with it: read on
+                    submit()
         finally:
             self._exhausted = True
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def prefetched(tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH) -> Prefetched[T, R]:
+def prefetched(tasks: Iterable[T], fn: Callable[[T], R], depth: int = PREFETCH,
+               hold: Callable[[R], bool] | None = None) -> Prefetched[T, R]:
     """``fn(task)`` for each task in order, run up to ``depth`` tasks ahead (see :class:`Prefetched`)."""
-    return Prefetched(tasks, fn, depth)
+    return Prefetched(tasks, fn, depth, hold)
+
+
+def large_step(f: Fetched) -> bool:
+    """Whether ``f`` loaded at least :data:`READ_AHEAD_MAX_TOKENS` tokens: the next step is then
+    read only once its pack is computed (:class:`Prefetched`'s ``hold``)."""
+    return f.data is not None and f.data.n_tokens >= READ_AHEAD_MAX_TOKENS
 
 
 class Packer:
@@ -399,14 +476,35 @@ def pack_batch(pack: list[Fetched], job: Job):
     return pack_batches([f.loaded.batch for f in pack]).to(torch.device(job.device))
 
 
+def release_columns(pack: list[Fetched]) -> None:
+    """Drop the loaded steps' optional token columns (the log-probs, entropy, values,
+    ``loss_mask``; :data:`~rldiag.engine.liveness.FREEABLE_COLUMNS`) once their pack is made, so
+    that the engine frees each when its last reader has run (what the outcomes read of a step
+    stays: its lengths, rows and tokens)."""
+    for f in pack:
+        b = f.loaded.batch
+        gone: dict[str, Any] = {c: None for c in FREEABLE_COLUMNS if getattr(b, c) is not None}
+        f.loaded.batch = dataclasses.replace(b, **gone)
+
+
 def compute_pack(pack: list[Fetched], job: Job, kl_state) -> list[StepOutcome]:
-    """Recompute one pack on ``job.device``; one outcome per step, in order."""
-    batch = pack_batch(pack, job)
+    """Recompute one pack on ``job.device``; one outcome per step, in order. The pack's steps
+    are the engine's alone from here: their columns are freed as the stages finish with them
+    (:func:`release_columns`), and the per-token outputs are kept only with ``job.save_tokens``."""
     try:
-        result = recompute_batch(batch, job.settings, kl_state)
+        # the packed batch is handed over, never bound here: the engine's reference is its only one
+        result = recompute_batch(_packed(pack, job), job.settings, kl_state, release=True,
+                                 keep_tokens=job.save_tokens)
     except COMPUTE_ERRORS as exc:
         return pack_outcomes(pack, job, exc)
     return pack_outcomes(pack, job, result)
+
+
+def _packed(pack: list[Fetched], job: Job):
+    """The pack's batch (:func:`pack_batch`), its steps' own columns released (:func:`release_columns`)."""
+    batch = pack_batch(pack, job)
+    release_columns(pack)
+    return batch
 
 
 def pack_outcomes(pack: list[Fetched], job: Job, result: Result | BaseException,

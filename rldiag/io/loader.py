@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -55,21 +55,34 @@ def _unreadable(sf: StepFile, exc: Exception) -> BatchError:
                       file=str(sf.path), step=sf.step)
 
 
-def _parquet(sf: StepFile, source: bytes | None) -> pq.ParquetFile:
-    """The step's Parquet file, from its bytes when the caller has read them."""
+#: what a caller may hand the readers below in place of the file's path: its bytes, already read
+#: (to hash them), or the file open for reading (binary), which the caller closes
+Source = bytes | BinaryIO | None
+
+
+def _reader(source: bytes | BinaryIO):
+    """An Arrow input of ``source``: a buffer over bytes, the open file itself (from its start)."""
+    if isinstance(source, bytes):
+        return pa.BufferReader(source)
+    source.seek(0)
+    return source
+
+
+def _parquet(sf: StepFile, source: Source) -> pq.ParquetFile:
+    """The step's Parquet file, from ``source`` when the caller has it (:data:`Source`)."""
     if source is not None:
-        return parquet_file(pa.BufferReader(source))
+        return parquet_file(_reader(source))
     src, fs = arrow_source(sf.path)
     return parquet_file(src, fs)
 
 
-def read_schema(sf: StepFile, source: bytes | None = None) -> pa.Schema:
-    """The schema of one batch file; ``source``: the file's bytes, already read."""
+def read_schema(sf: StepFile, source: Source = None) -> pa.Schema:
+    """The schema of one batch file; ``source``: the file's bytes or the open file (:data:`Source`)."""
     try:
         if sf.format == "parquet":
             return _parquet(sf, source).schema_arrow
         if source is not None:
-            return open_ipc(pa.BufferReader(source)).schema
+            return open_ipc(_reader(source)).schema
         with open_input_file(sf.path) as src:
             return open_ipc(src).schema
     except (pa.ArrowException, OSError) as exc:
@@ -115,7 +128,10 @@ def row_count(sf: StepFile) -> int:
 #: column at once holds all of them together: about 100-130 bytes a token at the read's peak for
 #: a step of 2.7 M tokens (8 list columns), against about 60 read column by column (30 live)
 #: (bench/bench_memory.py). The values read are the same; a smaller step keeps the parallel read.
-BY_COLUMN_VALUES = 1 << 20
+#: From 262,144 values (1 M before): a tail16k step of 0.63 M tokens peaked at 143 bytes a token
+#: loaded at once, 103 by column, in the same time (about 0.13 s; a uniform 512 x 1,024 step
+#: 53-107 ms either way under load, threads off as on 2 cores).
+BY_COLUMN_VALUES = 1 << 18
 
 
 def _values(pf: pq.ParquetFile) -> int:
@@ -136,9 +152,10 @@ def _read_by_column(pf: pq.ParquetFile, columns: list[str] | None) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in names], metadata=schema.metadata))
 
 
-def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | None = None,
+def read_table(sf: StepFile, columns: list[str] | None = None, source: Source = None,
                threads: bool = True, choose=None) -> pa.Table:
-    """Read ``columns`` (all when None) of one batch file; ``source``: its bytes, already read.
+    """Read ``columns`` (all when None) of one batch file; ``source``: its bytes, already read,
+    or the open file (:data:`Source`).
 
     ``threads``: decode columns on Arrow's thread pool (the fastest read alone; a pipeline whose
     other stages keep the cores busy spends less CPU with ``False``). ``choose(names)``, when
@@ -153,7 +170,7 @@ def read_table(sf: StepFile, columns: list[str] | None = None, source: bytes | N
                 return _read_by_column(pf, columns)
             return pf.read(columns=columns, use_threads=threads)
         if source is not None:
-            table = open_ipc(pa.BufferReader(source)).read_all()
+            table = open_ipc(_reader(source)).read_all()
         else:
             with open_input_file(sf.path) as src:
                 table = open_ipc(src).read_all()
@@ -402,13 +419,14 @@ class StepData:
 
 
 def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequence[str],
-              source: bytes | None = None, threads: bool = True) -> StepData:
+              source: Source = None, threads: bool = True) -> StepData:
     """Load one batch file into a one-step :class:`Batch` (on the CPU). ``columns``: the columns
     to read, or a :class:`~rldiag.engine.requirements.ColumnPlan` (the column planner's, e.g.
     ``recompute_columns(settings)``) whose columns the file has are read. ``settings``: the
     response and prompt horizons (``data.max_response_length``, ``data.max_prompt_length``).
     ``source``: the file's bytes when the caller has read them (to hash them), so that the file
-    is not read again. ``threads``: see :func:`read_table`."""
+    is not read again, or the file open for reading (:data:`Source`). ``threads``: see
+    :func:`read_table`."""
     if isinstance(columns, ColumnPlan):
         plan = columns
 
@@ -481,7 +499,7 @@ def load_step(sf: StepFile, settings: EngineSettings, columns: ColumnPlan | Sequ
 ROW_TABLE_SKIP = frozenset(("step", "row", *REWARD_INPUT_COLUMNS, REWARD_INPUT_REPR_COLUMN))
 
 
-def row_columns(sf: StepFile, source: bytes | None = None, exclude: frozenset[str] = ROW_TABLE_SKIP) -> pa.Table:
+def row_columns(sf: StepFile, source: Source = None, exclude: frozenset[str] = ROW_TABLE_SKIP) -> pa.Table:
     """The file's per-row (scalar) columns for the per-row table: ``uid``, reward components,
     ids, counts, anything not a list (list columns hold one value per token) and not in
     ``exclude``. Reads only those columns."""

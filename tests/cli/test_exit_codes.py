@@ -65,10 +65,10 @@ def _engine_raising(monkeypatch, exc: BaseException, on_step: int | None = None)
 
     real = steps.recompute_batch
 
-    def broken(batch, settings, kl_state):
+    def broken(batch, settings, kl_state, **how):
         if on_step is None or on_step in batch.steps:
             raise exc
-        return real(batch, settings, kl_state)
+        return real(batch, settings, kl_state, **how)
 
     monkeypatch.setattr(steps, "recompute_batch", broken)
 

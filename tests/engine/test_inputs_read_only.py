@@ -33,7 +33,10 @@ def test_recompute_leaves_loaded_inputs_unchanged(step, estimator):
     })
     b = load_step(sf, s, recompute_columns(s)).batch
     before = {name: getattr(b, name).clone() for name in TOKEN_FIELDS if getattr(b, name) is not None}
-    assert len(before) >= 8  # mask, scores and the log-prob, value and entropy columns
+    # mask, scores, the log-prob and entropy columns; the values and vpreds only with a critic
+    # (gae's), which alone reads them
+    assert len(before) == (9 if s.uses_critic else 7)
+    assert (b.values is not None) == (b.vpreds is not None) == s.uses_critic
     recompute_batch(b, s)
     for name, t in before.items():
         assert torch.equal(getattr(b, name), t), name

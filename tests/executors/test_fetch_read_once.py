@@ -1,5 +1,6 @@
 """A step's batch file is read at most once per recompute: its SHA-256 is taken from the bytes the
-loader parses, and not at all when its size and mtime match the previous scenario's record."""
+loader parses (a local file: from the one open file the loader parses, in pieces), and not at all
+when its size and mtime match the previous scenario's record."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def _batch_files(run) -> dict[int, pathlib.Path]:
 
 
 class _Spy:
-    """Records reads of batch files (Path.read_bytes), loads (load_step) and hashes (sha256) made
-    by the step fetcher, from any thread."""
+    """Records reads of batch files (Path.read_bytes, or the one open of a local file the fetcher
+    hashes and parses), loads (load_step) and hashes (sha256) made by the step fetcher, from any
+    thread."""
 
     def __init__(self, monkeypatch, run):
         self.lock = threading.Lock()
@@ -50,6 +52,7 @@ class _Spy:
         self.hashes = 0
         batches = (run / "batches").resolve()
         real_read = pathlib.Path.read_bytes
+        real_open = steps_mod.open_step_file
         real_load = steps_mod.load_step
         real_sha = hashlib.sha256
 
@@ -58,6 +61,11 @@ class _Spy:
                 with self.lock:
                     self.reads.append(pathlib.Path(path))
             return real_read(path)
+
+        def open_step_file(sf):  # a local file is opened once: hashed and parsed from that open file
+            with self.lock:
+                self.reads.append(pathlib.Path(sf.path))
+            return real_open(sf)
 
         def load_step(sf, settings, columns, source=None, threads=True):
             with self.lock:
@@ -75,6 +83,7 @@ class _Spy:
 
         monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
         monkeypatch.setattr(steps_mod, "load_step", load_step)
+        monkeypatch.setattr(steps_mod, "open_step_file", open_step_file)
         monkeypatch.setattr(steps_mod, "hashlib", _Hashlib)
 
     def read_names(self) -> list[str]:
@@ -96,7 +105,7 @@ def test_first_recompute_records_sha256_and_size_of_each_file(run, monkeypatch):
         assert rec["size"] == len(data) == path.stat().st_size
         assert rec["mtime_ns"] == path.stat().st_mtime_ns
         assert rec["file"] == str(path.relative_to(run))
-    # each file read once, and parsed from those bytes (not opened a second time by the loader)
+    # each file opened once, and parsed from that open file (not opened a second time by the loader)
     assert reads == sorted(p.name for p in files.values())
     assert loads == [(1, True), (2, True), (3, True)]
     assert hashes == 3
@@ -310,20 +319,46 @@ def test_hashed_records_size_and_digest():
     assert info["hashed_ns"] > 0 and info["sha256"] == hashlib.sha256(content).hexdigest()
 
 
+def test_a_local_file_is_hashed_in_pieces(tmp_path, monkeypatch):
+    """The hash of an open local file reads it piece by piece (never whole), from its offsets,
+    and closes the descriptor it was given; the digest and size are the whole file's."""
+    path = tmp_path / "f.bin"
+    content = bytes(range(256)) * 1000 + b"tail"
+    path.write_bytes(content)
+    monkeypatch.setattr(steps_mod, "HASH_PIECE", 4096)
+    reads = []
+    real_pread = os.pread
+
+    def pread(fd, n, offset):
+        reads.append((n, offset))
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(steps_mod.os, "pread", pread)
+    with open(path, "rb") as fh:
+        fh.seek(17)  # the loader's position: left where it was
+        fd = os.dup(fh.fileno())
+        info = steps_mod.hashed_file_record({"step": 1}, fd)
+        assert fh.tell() == 17
+    assert info == {"step": 1, "size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    assert all(n == 4096 for n, _ in reads) and [o for _, o in reads] == [*range(0, len(content), 4096), len(content)]
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+
+
 def test_the_record_is_read_only_through_its_accessor_which_waits_for_the_hash(run, monkeypatch):
     """The hash runs on a background thread into an object of its own: a record read at any time,
     from any thread, has the file's hash, and the fetch exposes no dict the thread writes into."""
     release = threading.Event()
     order = []
-    real = steps_mod.hashed_record
+    real = steps_mod.hashed_file_record  # a local file: hashed in pieces from the open file
 
-    def held(info, remote, content):
+    def held(info, fd):
         release.wait()
-        out = real(info, remote, content)
+        out = real(info, fd)
         order.append("hashed")
         return out
 
-    monkeypatch.setattr(steps_mod, "hashed_record", held)
+    monkeypatch.setattr(steps_mod, "hashed_file_record", held)
     path = _batch_files(run)[1]
     f = fetch(_task(run, 1), _job(run))
     assert not hasattr(f, "info")

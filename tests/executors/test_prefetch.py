@@ -33,6 +33,46 @@ def test_yields_in_order_and_reads_at_most_depth_ahead():
     assert out == [0, 10, 20, 30, 40, 50]
 
 
+def test_a_held_result_reads_nothing_ahead_until_the_consumer_asks_again():
+    """``hold``: while the consumer has a held result (a step too large to decode beside its
+    computation), no task is started; the others are read ahead as before. Deterministic: the
+    consumer waits for the loader to have started the next task where it may."""
+    started: list[int] = []
+    cond = threading.Condition()
+
+    def fn(task):
+        with cond:
+            started.append(task)
+            cond.notify_all()
+        return task
+
+    p = Prefetched(range(5), fn, depth=1, hold=lambda r: r in (1, 2))
+    seen = []
+    for item in p:
+        with cond:
+            if item in (1, 2):
+                assert not cond.wait_for(lambda n=item + 1: len(started) > n, timeout=0.2)  # nothing ahead
+                assert started == list(range(item + 1))
+            elif item < 4:
+                assert cond.wait_for(lambda n=item + 1: len(started) > n, timeout=10)  # the next one read ahead
+        seen.append(item)
+    assert seen == [0, 1, 2, 3, 4] and started == [0, 1, 2, 3, 4]
+
+
+def test_a_large_step_is_held():
+    """The local executor holds a step of READ_AHEAD_MAX_TOKENS or more (and never a failed one)."""
+    from types import SimpleNamespace
+
+    from rldiag.executors.steps import READ_AHEAD_MAX_TOKENS, large_step
+
+    def fetched(tokens):
+        return SimpleNamespace(data=None if tokens is None else SimpleNamespace(n_tokens=tokens))
+
+    assert large_step(fetched(READ_AHEAD_MAX_TOKENS)) and large_step(fetched(3_000_000))
+    assert not large_step(fetched(READ_AHEAD_MAX_TOKENS - 1)) and not large_step(fetched(None))
+    assert READ_AHEAD_MAX_TOKENS > 512 * 1024  # the uniform bench's steps keep their read-ahead
+
+
 def test_idle_only_when_every_task_is_read():
     gate = threading.Event()
 
@@ -80,9 +120,9 @@ def test_local_executor_widens_for_the_last_packs_only_with_a_core_to_spare(synt
     seen: list[int] = []
     real = steps_mod.recompute_batch
 
-    def spy(batch, settings, kl_state):
+    def spy(batch, settings, kl_state, **how):
         seen.append(torch.get_num_threads())
-        return real(batch, settings, kl_state)
+        return real(batch, settings, kl_state, **how)
 
     monkeypatch.setattr(steps_mod, "recompute_batch", spy)
     monkeypatch.setattr(allocator, "usable_cores", lambda: 3)

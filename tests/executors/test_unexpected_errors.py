@@ -29,10 +29,10 @@ def test_an_unforeseen_load_error_fails_only_its_step(synth_run, monkeypatch):
 def test_an_unforeseen_compute_error_fails_only_its_pack(synth_run, monkeypatch):
     real = steps_mod.recompute_batch
 
-    def compute(batch, settings, kl_state):
+    def compute(batch, settings, kl_state, **how):
         if 3 in batch.steps:
             raise RuntimeError("shape mismatch")
-        return real(batch, settings, kl_state)
+        return real(batch, settings, kl_state, **how)
 
     monkeypatch.setattr(steps_mod, "recompute_batch", compute)
     rep = recompute(synth_run, name="x", device="cpu", reuse=False, pack_tokens=1)  # one step per pack

@@ -55,7 +55,8 @@ def _load(sf, settings):
 
 def test_columns_follow_the_estimator():
     names = list(_cols())
-    base = {"uid", "response_mask", "token_level_scores", "values", "old_log_probs"}
+    # values only where a critic is in use (none of these estimators has one unless enabled)
+    base = {"uid", "response_mask", "token_level_scores", "old_log_probs"}
 
     def read(settings):
         return set(recompute_columns(settings).select(names))
@@ -63,9 +64,10 @@ def test_columns_follow_the_estimator():
     assert read(_settings("rloo")) == base
     assert read(_settings("remax")) == base | {"reward_baselines"}
     assert read(_settings("grpo")) == base | {"session_id", "output_index"}
-    assert read(_settings("step_gae")) == base | {"traj_uid", "step_index"}
+    assert read(_settings("step_gae")) == base | {"traj_uid", "step_index", "values"}  # its critic's values
     assert read(_settings("tir_optimal_token_baseline")) == base | {"sum_pi_squared"}
     assert read(_settings("gdpo", **{"algorithm.gdpo_reward_keys": "acc,fmt"})) == base | {"acc", "fmt"}
+    assert read(_settings("rloo", **{"critic.enable": True})) == base | {"values"}
 
 
 def test_extra_columns_land_in_batch_extra(tmp_path):

@@ -23,13 +23,18 @@ def _inputs(run, name) -> dict[str, dict]:
 def hashed(monkeypatch):
     """The files hashed during the test (by the relative name their record gets)."""
     seen: list[str] = []
-    real = steps_mod.hashed_record
+    real, real_file = steps_mod.hashed_record, steps_mod.hashed_file_record
 
     def spy(info, remote, content):
         seen.append(info["file"])
         return real(info, remote, content)
 
+    def spy_file(info, fd):  # a local file, hashed in pieces from the open file
+        seen.append(info["file"])
+        return real_file(info, fd)
+
     monkeypatch.setattr(steps_mod, "hashed_record", spy)
+    monkeypatch.setattr(steps_mod, "hashed_file_record", spy_file)
     return seen
 
 

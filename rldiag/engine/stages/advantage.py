@@ -67,6 +67,8 @@ DATA_METRICS = Stage(
     "verl's compute_data_metrics: scores, rewards, advantages, returns, values, lengths, per step",
     _data_metrics,
     optional=("values", "prompt_length", "num_turns", "tool_call_counts"),
+    # the values only where a critic is in use (verl's data metrics read them only then)
+    optional_fn=lambda s: (("values",) if s.uses_critic else ()) + ("prompt_length", "num_turns", "tool_call_counts"),
     metrics=(
         Metric(f"critic/score/{_STATS}", "the rows' summed token_level_scores (non-aborted rows)", _D),
         Metric(f"critic/rewards/{_STATS}", "the rows' summed token_level_rewards (KL penalty included)", _D),

@@ -42,6 +42,8 @@ CRITIC = Stage(
     "compute_value_loss)",
     _critic,
     needs=("vpreds", "values"),
+    # without a critic the stage writes nothing: the columns are not read (4 bytes a token each)
+    needs_fn=lambda s: ("vpreds", "values") if s.uses_critic else (),
     settings=("critic.cliprange_value", "critic.loss_agg_mode", "critic.loss_scale_factor",
               "actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.loss_scale_factor", "rldiag.verl_version"),
     metrics=(
