@@ -398,6 +398,68 @@ def child_main(conn: Any, run: str, device: str) -> None:
             memory.release()
 
 
+# -- one-off work in a child --------------------------------------------------------------------
+
+
+def in_child(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a child process of the fork server (``fn`` importable by name,
+    its arguments and result picklable): the memory of a page's one-off recompute (a step's
+    per-token values; a step of 16 M tokens takes several GB) is the child's and goes back to the
+    system when it ends, instead of staying in the server's heap beside every session. Inline in
+    the ``sync`` and ``off`` modes (tests, and servers that compute nothing in the background).
+    An :class:`~rldiag.errors.RldiagError` raised in the child is raised here again (its type
+    and message); a child that dies (killed, out of memory) raises :class:`ComputeError`."""
+    if MODE != "thread":
+        return fn(*args, **kwargs)
+    from rldiag.errors import ComputeError
+
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_call_in_child, args=(child, fn, args, kwargs), name="rldiag-page-work", daemon=True)
+    proc.start()
+    child.close()
+    answer: tuple[bool, Any] | None = None
+    try:
+        answer = parent.recv()
+    except (EOFError, OSError):
+        pass
+    finally:
+        parent.close()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+    if answer is None:
+        raise ComputeError(f"the process computing {getattr(fn, '__name__', fn)} ended before it answered "
+                           f"(exit code {proc.exitcode}: killed, or out of memory?)")
+    ok, value = answer
+    if ok:
+        return value
+    kind, message = value
+    err = next((c for c in _error_types() if c.__name__ == kind), RldiagError)
+    raise err(message)
+
+
+def _error_types() -> list[type[RldiagError]]:
+    out, todo = [], [RldiagError]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def _call_in_child(conn: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's
+    try:
+        try:
+            conn.send((True, fn(*args, **kwargs)))
+        except RldiagError as exc:
+            conn.send((False, (type(exc).__name__, str(exc))))
+    finally:
+        conn.close()
+
+
 # -- one worker per (process, run) ---------------------------------------------------------------
 
 _registry: dict[tuple[str, str], BaselineWorker] = {}
