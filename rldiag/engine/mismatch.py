@@ -193,13 +193,19 @@ def _tails(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], n
     a = d.abs()
     if a.numel() != n - below:
         raise AssertionError(f"mismatch tails: {a.numel()} tokens read back for {n - below}")
-    asc = torch.from_numpy(np.sort(a.numpy())) if a.device.type == "cpu" else torch.sort(a).values
+    # the ranks needed in place (a selection, not a sort), then the top k sorted (smallest first)
+    kth = sorted({r - below for _, lo, hi in ranks for r in (lo, hi)} | {a.numel() - k})
+    if a.device.type == "cpu":
+        part = torch.from_numpy(np.partition(a.numpy(), kth))
+        top = torch.from_numpy(np.sort(part[a.numel() - k:].numpy()))
+    else:
+        part = torch.sort(a).values
+        top = part[a.numel() - k:]
 
     def rank(r: int) -> float:
-        return float(asc[r - below])
+        return float(part[r - below])
 
     p99, p95 = (rank(lo) + (h - lo) * (rank(hi) - rank(lo)) for h, lo, hi in ranks)
-    top = asc[asc.numel() - k:]
     top_sum = float(torch.mul(top, 0.5).mul_(top).cumsum_(0)[-1]) if k else 0.0
     return _Tails(p99, p95, top_sum, d, y, a)
 

@@ -259,7 +259,7 @@ def scan_chunk(inp: Inputs, buf: Buffers, ch: Chunk, at: int, nonpositive: bool,
     out += [t.sum(), torch.dot(dm, t)]
     out.append(torch.exp(am, out=t).sum() - (m - n))  # exp(0) = 1 off the actor tokens
     out.append(torch.gt(am, EXTREME, out=t).sum())
-    out.append(half_count(inp.rollout[ch.a: ch.a + m], ym, buf))
+    out.append(half_count(inp.rollout[ch.a: ch.a + m], ym))
     out += pair_sums(x, y, a, ch, buf)
     out.append(am.max())
     # |d| in float32 for the quantiles: its bucket in the step's histogram
@@ -272,17 +272,16 @@ def scan_chunk(inp: Inputs, buf: Buffers, ch: Chunk, at: int, nonpositive: bool,
     return torch.cat([torch.tensor([n], dtype=torch.float64, device=s.device), s, torch.stack(out)])
 
 
-def half_count(rollout: torch.Tensor, y: torch.Tensor, buf: Buffers) -> torch.Tensor:
+def half_count(rollout: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """How many of the tokens' rollout log-probs are non-zero 16-bit floats: a bfloat16 (the
     float32's low 16 bits 0) or a normal float16 (low 13 bits 0, ``|y|`` in the normal range).
     ``rollout`` ``(m,)`` as stored, ``y`` ``(m,)`` float64, 0 off the actor tokens (so that they
     count in neither). Both kinds have the low 13 bits 0, which a float32 log-softmax's values
     almost never have: the few that do are gathered and tested."""
     bits = (rollout if rollout.dtype == torch.float32 else rollout.to(torch.float32)).view(torch.int32)
-    low = buf.t[1, :bits.numel()]
-    torch.eq(bits & 0x1FFF, 0, out=low)
+    low = (bits & 0x1FFF).eq_(0)  # 1 where the low 13 bits are 0 (in int32: cheaper than a bool array)
     if not bool(low.sum()):
-        return low.new_zeros(())
+        return y.new_zeros(())
     at = low.nonzero().squeeze(1)
     b, size = bits.index_select(0, at), y.index_select(0, at).abs()
     bf16 = ((b & 0xFFFF) == 0) & (size != 0)
