@@ -65,8 +65,10 @@ BODY_QUANTILE = 0.95
 #: log-prob), unconfident below 1/20 (``UNCONFIDENT``): ``gap_confident`` / ``gap_unconfident``
 #: average ``d`` over each; ``extreme_share`` counts the tokens with ``|d|`` above ``EXTREME``
 #: (a probability ratio outside [1/2, 2]); all three are defined with the pass that counts them
-#: the body's moments are the step's less its excluded tokens' unless that cancels more than
-#: this factor of a variance or of the summed |d| away (then the body is summed on its own)
+#: the most a moment may lose to cancellation: a step's moments from plain product sums, and
+#: the body's as the step's less its excluded tokens', are used while a series' ``n mean^2`` (the
+#: body's: the step's variance or summed ``|d|``) stays within this factor of its variance (its
+#: own); past it the step is rescanned centred, the body summed on its own
 CANCEL = 2.0 ** 16
 
 #: every statistic :func:`mismatch_stats` returns (without lag data the ``lag_*`` ones are absent)
