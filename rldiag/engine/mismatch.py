@@ -168,8 +168,9 @@ def _tails(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], n
     order statistics, as ``torch.quantile``) and the top 1 %'s summed ``d^2 / 2``, from the
     step's histogram (:data:`rldiag.engine.mismatch_scan.HIST_SHIFT`): the tokens whose bucket is
     at or above that of the lowest rank needed (the 95th percentile's lower neighbour) are read
-    back, their ``|d|`` recomputed in float64 and sorted; the order statistics are those exact
-    values. The top tokens' ``d^2 / 2`` are added smallest first."""
+    back and their ``|d|`` recomputed in float64; the ranks needed are selected among them
+    (``np.partition``) and the top 1 % sorted: the order statistics are those exact values, and
+    the top tokens' ``d^2 / 2`` are added smallest first."""
     ranks = []
     for q in (QUANTILE, BODY_QUANTILE):
         h = (n - 1) * q
