@@ -27,9 +27,11 @@ arXiv 2510.11370, as AReaL logs it: ``rollout_train_extreme_frac_tau2``,
 ``areal/trainer/ppo/actor.py``, ``PPOActor._log_r3_effectiveness_stats``, inclusionAI/AReaL pull
 request 1207).
 
-:func:`mismatch_stats` computes them in one pass over a packed batch's actor tokens (mask 1;
-verl's agent loop stores 0.0 as the rollout log-prob of a tool token, so those are left out);
-deciding which causes hold is :mod:`rldiag.analysis.mismatch`'s. Every input is flat
+:func:`mismatch_stats` computes them in one pass over each step's actor tokens (mask 1;
+verl's agent loop stores 0.0 as the rollout log-prob of a tool token, so those are left out),
+chunk by chunk (:mod:`rldiag.engine.mismatch_scan`: float64 per chunk, never a token-sized
+float64 copy; the quantiles from a histogram and the few tokens above it, no sort); deciding
+which causes hold is :mod:`rldiag.analysis.mismatch`'s. Every input is flat
 ``(tokens,)`` (or ``(rows,)``) and every output ``(n_steps,)`` float64: NaN only for a step
 without actor tokens; a statistic with nothing to measure otherwise has its neutral value (a
 correlation or slope of a constant series 0, ``positive_share`` of equal streams 0.5, a mean over
@@ -42,10 +44,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from rldiag.engine import mismatch_scan as scan
 from rldiag.engine.layout import Rows
-from rldiag.engine.segments import seg_count, seg_max, seg_sum
+from rldiag.engine.mismatch_scan import CONFIDENT as CONFIDENT
+from rldiag.engine.mismatch_scan import EXTREME as EXTREME
+from rldiag.engine.mismatch_scan import UNCONFIDENT as UNCONFIDENT
+from rldiag.engine.segments import seg_count, seg_sum
 
 #: the share of a step's tokens whose summed k2 ``top_kl_share`` reports
 TOP_SHARE = 0.01
@@ -54,12 +61,15 @@ QUANTILE = 0.99
 #: ``gap_abs_p95``'s quantile: the body of a step's gap (the ``body_*`` statistics) is its tokens
 #: with ``|d|`` at most this quantile, so that a handful of outlier tokens (up to 5 %) is left out
 BODY_QUANTILE = 0.95
-#: a token is confident when the rollout gave it at least this probability, unconfident below
-#: ``UNCONFIDENT``: ``gap_confident`` / ``gap_unconfident`` average ``d`` over each
-CONFIDENT = math.log(0.5)
-UNCONFIDENT = math.log(0.05)
-#: ``extreme_share`` counts the tokens with ``|d|`` above this (a probability ratio outside [1/2, 2])
-EXTREME = math.log(2.0)
+#: a token is confident when the rollout gave it at least probability 1/2 (``CONFIDENT``, a
+#: log-prob), unconfident below 1/20 (``UNCONFIDENT``): ``gap_confident`` / ``gap_unconfident``
+#: average ``d`` over each; ``extreme_share`` counts the tokens with ``|d|`` above ``EXTREME``
+#: (a probability ratio outside [1/2, 2]); all three are defined with the pass that counts them
+#: the most a moment may lose to cancellation: a step's moments from plain product sums, and
+#: the body's as the step's less its excluded tokens', are used while a series' ``n mean^2`` (the
+#: body's: the step's variance or summed ``|d|``) stays within this factor of its variance (its
+#: own); past it the step is rescanned centred, the body summed on its own
+CANCEL = 2.0 ** 16
 
 #: every statistic :func:`mismatch_stats` returns (without lag data the ``lag_*`` ones are absent)
 STATS = (
@@ -100,94 +110,6 @@ def actor_tokens(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, r
     return ActorTokens(x, y, x - y, step_ids.index_select(0, row), row, pos, index)
 
 
-class _Steps:
-    """Per-step reductions over flat values ``(n,)`` keyed by ``step`` ``(n,)`` in ``[0, n_steps)``.
-
-    Sums are taken in the values' order, one after another, as :func:`seg_sum` (``index_add_``)
-    takes them, so they are the same values. Where the steps are contiguous and in order (a
-    packed batch's tokens) and on the CPU, each step's sum is the last of a running sum
-    (``cumsum``) over its slice, written over one scratch array that every sum reuses: about 2.5
-    times faster than ``index_add_``, and no array of the batch's size allocated (and
-    page-faulted in) per sum (bench/bench_mismatch.py)."""
-
-    def __init__(self, step: torch.Tensor, n: int, sizes: list[int] | None = None,
-                 scratch: torch.Tensor | None = None):
-        self.step, self.n = step, n
-        self.count = seg_count(step, n, torch.float64)
-        if sizes is None and step.device.type == "cpu" and (step.numel() < 2 or bool((step[1:] >= step[:-1]).all())):
-            sizes = self.count.to(torch.long).tolist()
-        self.sizes = sizes  # each step's tokens where they are contiguous and in order, else None
-        self._scratch = scratch
-
-    def scratch(self, numel: int) -> torch.Tensor:
-        """A float64 array of ``numel`` values, shared by every sum of these steps: what is
-        written to it lasts until the next sum."""
-        if self._scratch is None or self._scratch.numel() < numel:
-            self._scratch = torch.empty(numel, dtype=torch.float64, device=self.step.device)
-        return self._scratch[:numel]
-
-    def drop_last(self) -> _Steps:
-        """The same steps without the last value (``step[:-1]``), sharing the scratch array."""
-        sizes = None
-        if self.sizes is not None:
-            sizes = list(self.sizes)
-            filled = [i for i, k in enumerate(sizes) if k]
-            if filled:
-                sizes[filled[-1]] -= 1
-        return _Steps(self.step[:-1], self.n, sizes, self.scratch(max(self.step.numel() - 1, 0)))
-
-    def sum(self, v: torch.Tensor, in_scratch: bool = False) -> torch.Tensor:
-        """Each step's sum of ``v``; ``in_scratch``: ``v`` is (a prefix of) :meth:`scratch`,
-        which the running sum overwrites."""
-        if self.sizes is None:
-            return seg_sum(v, self.step, self.n)
-        if not in_scratch and v.dtype != torch.float64:
-            v, in_scratch = self.scratch(v.numel()).copy_(v), True
-        # in the scratch array: the running sum in place; else written there (no copy first)
-        out = v if in_scratch else self.scratch(v.numel())
-
-        def last(p: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-            return torch.cumsum(p, 0, out=o)[-1:].clone() if p.numel() else p.new_zeros(1)
-
-        if self.n == 1:
-            return last(v, out)
-        return torch.cat([last(p, o) for p, o in zip(v.split(self.sizes), out.split(self.sizes))])
-
-    def product_sum(self, a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
-        """Each step's sum of ``a * b``."""
-        return self.sum(torch.mul(a, b, out=self.scratch(a.numel())), in_scratch=True)
-
-    def mean(self, v: torch.Tensor, in_scratch: bool = False) -> torch.Tensor:
-        return self.sum(v, in_scratch) / self.count
-
-    def per_value(self, m: torch.Tensor) -> torch.Tensor:
-        """A per-step ``m`` ``(n_steps,)`` for each value: broadcast where there is one step,
-        else gathered (``index_select``: ``m[step]`` is an advanced-indexing gather several times
-        slower on the CPU, with the same values)."""
-        return m if self.n == 1 else m.index_select(0, self.step)
-
-    def dev(self, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``v`` less its step's mean, written to ``out`` (which may be ``v``)."""
-        return self.less(v, self.mean(v), out)
-
-    def less(self, v: torch.Tensor, m: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``v`` less its step's value of ``m`` ``(n_steps,)``, written to ``out`` (which may be ``v``)."""
-        if self.n == 1:
-            return torch.sub(v, m, out=out)
-        if self.sizes is None:
-            return torch.sub(v, torch.index_select(m, 0, self.step), out=out)
-        # contiguous steps: each slice less its step's mean (the same values, no gathered copy)
-        for p, o, mi in zip(v.split(self.sizes), out.split(self.sizes), m):
-            torch.sub(p, mi, out=o)
-        return out
-
-    def max(self, v: torch.Tensor) -> torch.Tensor:
-        if self.sizes is None:
-            return seg_max(v, self.step, self.n)
-        nan = v.new_full((), float("nan"))
-        return torch.stack([p.max() if p.numel() else nan for p in v.split(self.sizes)])
-
-
 def _mean(v: torch.Tensor, seg: torch.Tensor, n: int, count: torch.Tensor) -> torch.Tensor:
     return seg_sum(v, seg, n) / count
 
@@ -219,149 +141,198 @@ def _corr(a: torch.Tensor, b: torch.Tensor, seg: torch.Tensor, n: int, count: to
     return _corr_of(*_moments(a, b, seg, n, count), count)
 
 
-def _tails(absd: torch.Tensor, k2_sum: torch.Tensor, steps: _Steps) -> dict[str, torch.Tensor]:
-    """``gap_abs_p99`` and ``gap_abs_p95`` (linear interpolation, as ``torch.quantile``) and
-    ``top_kl_share`` by a selection, no sort: per step, ``torch.topk`` of its largest ``|d|`` down
-    to the lower quantile's lower neighbour (about 5 % of its tokens, and at least the top 1 %
-    ``top_kl_share`` sums). The order statistics are exact; the top tokens' ``d^2 / 2`` are added
-    smallest first. ``k2_sum`` ``(n_steps,)``: each step's summed ``d^2 / 2`` in the tokens'
-    order (``kl_k2``'s), the share's denominator."""
-    n, count = steps.n, steps.count
-    counts = count.to(torch.long)
-    sizes = steps.sizes
-    if sizes is None:
-        absd = absd.index_select(0, torch.argsort(steps.step, stable=True))
-        sizes = counts.tolist()
-    nan = torch.full((n,), float("nan"), dtype=torch.float64, device=absd.device)
-    # each quantile at (count - 1) * q between its two neighbours (ascending ranks lo and hi)
+def _div(num: float, den: float, when_zero: float) -> float:
+    return num / den if den != 0 else when_zero
+
+
+def _corr_f(cov: float, va: float, vb: float) -> float:
+    """Pearson correlation from population moments; 0 where either series is constant."""
+    return _div(cov, math.sqrt(va * vb), 0.0)
+
+
+@dataclass
+class _Tails:
+    """A step's order statistics of ``|d|`` and its tokens at or above the lower quantile's
+    bucket (``d``, ``y``, ``a = |d|``: float64, the candidates :func:`_tails` read back)."""
+
+    p99: float
+    p95: float
+    top_sum: float
+    d: torch.Tensor
+    y: torch.Tensor
+    a: torch.Tensor
+
+
+def _tails(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], n: int) -> _Tails:
+    """``gap_abs_p99`` and ``gap_abs_p95`` (linear interpolation between the two neighbouring
+    order statistics, as ``torch.quantile``) and the top 1 %'s summed ``d^2 / 2``, from the
+    step's histogram (:data:`rldiag.engine.mismatch_scan.HIST_SHIFT`): the tokens whose bucket is
+    at or above that of the lowest rank needed (the 95th percentile's lower neighbour) are read
+    back and their ``|d|`` recomputed in float64; the ranks needed are selected among them
+    (``np.partition``) and the top 1 % sorted: the order statistics are those exact values, and
+    the top tokens' ``d^2 / 2`` are added smallest first."""
     ranks = []
     for q in (QUANTILE, BODY_QUANTILE):
-        h = (count - 1).clamp_min(0) * q
-        lo = h.floor().to(torch.long)
-        ranks.append((h, lo, torch.minimum(lo + 1, (counts - 1).clamp_min(0)), nan.clone(), nan.clone()))
-    top = torch.ceil(count * TOP_SHARE).to(torch.long)
-    top_sum = torch.zeros(n, dtype=torch.float64, device=absd.device)
-    lowest = ranks[1][1].tolist()
-    for i, (part, c, low, k) in enumerate(zip(absd.split(sizes), counts.tolist(), lowest, top.tolist())):
-        if not c:
-            continue
-        largest = torch.topk(part, max(k, c - low)).values  # descending: ascending rank r is at c - 1 - r
-        for _, lo, hi, v_lo, v_hi in ranks:
-            v_lo[i], v_hi[i] = largest[c - 1 - int(lo[i])], largest[c - 1 - int(hi[i])]
-        if k:
-            asc = largest[:k].flip(0)
-            top_sum[i] = torch.mul(asc, 0.5).mul_(asc).cumsum_(0)[-1]
-    p99, p95 = (torch.where(counts > 0, v_lo + (h - lo) * (v_hi - v_lo), nan) for h, lo, _, v_lo, v_hi in ranks)
-    return {"gap_abs_p99": p99, "gap_abs_p95": p95, "top_kl_share": _ratio(top_sum, k2_sum, 0.0, count)}
+        h = (n - 1) * q
+        lo = math.floor(h)
+        ranks.append((h, lo, min(lo + 1, n - 1)))
+    k = math.ceil(n * TOP_SHARE)
+    lowest = min(ranks[1][1], n - k)
+    cum = buf.hist.cumsum(0)
+    bucket = int(torch.searchsorted(cum, torch.tensor([lowest], device=cum.device), right=True)[0])
+    below = int(cum[bucket - 1]) if bucket else 0
+    bound = torch.tensor([bucket << scan.HIST_SHIFT], dtype=torch.int32).view(torch.float32).item()
+    size = sum(b - a for a, b in ranges)
+    at = (buf.abs32[:size] >= bound).nonzero().squeeze(1)
+    if len(ranges) == 1:
+        index = at + ranges[0][0]
+    else:  # the step's tokens in several runs of rows: each run's place in abs32
+        first = torch.tensor([0] + [b - a for a, b in ranges[:-1]], device=at.device).cumsum(0)
+        run = torch.searchsorted(first, at, right=True) - 1
+        index = at - first.index_select(0, run) + torch.tensor([a for a, _ in ranges], device=at.device).index_select(0, run)
+    x = inp.old.index_select(0, index).to(torch.float64)
+    y = inp.rollout.index_select(0, index).to(torch.float64)
+    d = x - y
+    a = d.abs()
+    if a.numel() != n - below:
+        raise AssertionError(f"mismatch tails: {a.numel()} tokens read back for {n - below}")
+    # the ranks needed in place (a selection, not a sort), then the top k sorted (smallest first)
+    kth = sorted({r - below for _, lo, hi in ranks for r in (lo, hi)} | {a.numel() - k})
+    if a.device.type == "cpu":
+        part = torch.from_numpy(np.partition(a.numpy(), kth))
+        top = torch.from_numpy(np.sort(part[a.numel() - k:].numpy()))
+    else:
+        part = torch.sort(a).values
+        top = part[a.numel() - k:]
+
+    def rank(r: int) -> float:
+        return float(part[r - below])
+
+    p99, p95 = (rank(lo) + (h - lo) * (rank(hi) - rank(lo)) for h, lo, hi in ranks)
+    top_sum = float(torch.mul(top, 0.5).mul_(top).cumsum_(0)[-1]) if k else 0.0
+    return _Tails(p99, p95, top_sum, d, y, a)
 
 
-def _shift(t: ActorTokens, steps: _Steps, absd: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The rollout series against the trainer's shifted by one position: pairs of actor tokens
-    next to each other in a row; ``next``: ``|y_t - x_{t+1}|``, ``prev``: ``|y_{t+1} - x_t|``,
-    ``pair``: the unshifted ``|d_t|`` over the same pairs."""
-    # each pair by its first token, as a weight 1 or 0: the sums over all tokens equal those over
-    # the pairs alone (every term is >= 0, so adding 0 changes nothing), without gathering the pairs
-    adj = ((t.row[1:] == t.row[:-1]) & (t.pos[1:] == t.pos[:-1] + 1)).to(torch.float64)
-    first = steps.drop_last()
-    cnt = first.sum(adj)
-    k = adj.numel()
-    pair = first.sum(torch.add(absd[:-1], absd[1:], out=first.scratch(k)).mul_(0.5).mul_(adj), in_scratch=True)
-    nxt = first.sum(torch.sub(t.y[:-1], t.x[1:], out=first.scratch(k)).abs_().mul_(adj), in_scratch=True)
-    prv = first.sum(torch.sub(t.y[1:], t.x[:-1], out=first.scratch(k)).abs_().mul_(adj), in_scratch=True)
-    count = steps.count
-    return {"pair_abs_gap": _ratio(pair, cnt, 0.0, count), "shift_next_abs_gap": _ratio(nxt, cnt, 0.0, count),
-            "shift_prev_abs_gap": _ratio(prv, cnt, 0.0, count)}
+def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] | None:
+    """The body's moments (as :data:`rldiag.engine.mismatch_scan.BODY`) as the step's less
+    those of its tokens above ``gap_abs_p95`` (Chan et al.'s update reversed), or None where the
+    subtraction would cancel more than :data:`CANCEL` of a variance or of the summed ``|d|``."""
+    out = tails.a > tails.p95
+    n = whole["n"]
+    base = {"n": n, "s_d": whole["s_d"], "s_y": whole["s_y"], "s_a": whole["s_a"], "m_dd": whole["m_dd"],
+            "m_dy": whole["m_dy"], "m_yy": whole["m_yy"]}
+    n_e = int(out.sum())
+    if n_e == 0:
+        return base
+    d, y, a = tails.d[out], tails.y[out], tails.a[out]
+    md, my = d.mean(), y.mean()
+    cd, cy = d - md, y - my
+    e = {"s_d": float(d.sum()), "s_y": float(y.sum()), "s_a": float(a.sum()), "m_dd": float(cd @ cd),
+         "m_dy": float(cd @ cy), "m_yy": float(cy @ cy)}
+    n_b = n - n_e
+    body = {"n": n_b, **{k: base[k] - e[k] for k in ("s_d", "s_y", "s_a")}}
+    dd = e["s_d"] / n_e - body["s_d"] / n_b
+    dy = e["s_y"] / n_e - body["s_y"] / n_b
+    w = n_b * n_e / n
+    body["m_dd"] = base["m_dd"] - e["m_dd"] - w * dd * dd
+    body["m_dy"] = base["m_dy"] - e["m_dy"] - w * dd * dy
+    body["m_yy"] = base["m_yy"] - e["m_yy"] - w * dy * dy
+    for k, total in (("m_dd", base["m_dd"]), ("m_yy", base["m_yy"]), ("s_a", base["s_a"])):
+        if body[k] * CANCEL < total:
+            return None
+    return body
 
 
-def body_mask(absd: torch.Tensor, step: torch.Tensor, p95: torch.Tensor) -> torch.Tensor:
-    """``(n,)`` bool: the tokens of the body of each step's gap, ``|d|`` at most the step's
-    ``gap_abs_p95`` ``(n_steps,)``: the top 5 % (a handful of outlier tokens) left out."""
-    return absd <= p95.index_select(0, step)
+def _combine_body(rec: torch.Tensor, lag: bool) -> dict[str, float]:
+    """A step's body (and lag) quantities from its :func:`rldiag.engine.mismatch_scan.body_chunk` records."""
+    b = {k: i for i, k in enumerate(scan.BODY + (scan.LAG if lag else ()))}
+    n, s, m = scan.combine(rec, b["n"], slice(b["s_d"], b["s_y"] + 1), ((0, 0), (0, 1), (1, 1)),
+                           slice(b["m_dd"], b["m_yy"] + 1))
+    out = {"n": float(n), "s_d": float(s[0]), "s_y": float(s[1]), "s_a": float(rec[:, b["s_a"]].sum()),
+           "m_dd": float(m[0]), "m_dy": float(m[1]), "m_yy": float(m[2])}
+    if lag:
+        for part in ("on", "off"):
+            pn, ps, pm = scan.combine(rec, b[f"{part}_n"], slice(b[f"{part}_s_d"], b[f"{part}_s_d"] + 1), ((0, 0),),
+                                      slice(b[f"{part}_m_dd"], b[f"{part}_m_dd"] + 1))
+            out.update({f"{part}_n": float(pn), f"{part}_s_d": float(ps[0]), f"{part}_m_dd": float(pm[0])})
+        for k in ("on_s_a", "lag0_n", "lag0_s_a", "lagged_n", "lagged_s_a"):
+            out[k] = float(rec[:, b[k]].sum())
+    return out
 
 
-def _centred(v: torch.Tensor, w: torch.Tensor, steps: _Steps, cnt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``v`` ``(n,)`` less its step's mean over the tokens of weight 1 (``w`` ``(n,)``, 0 or 1;
-    ``cnt`` their count per step), 0 on the others; and those means ``(n_steps,)``. Weights, not a
-    gathered copy: the sums are the same (adding 0 changes none) and no boolean gather is paid."""
-    mean = steps.product_sum(v, w) / cnt
-    return steps.less(v, mean, out=torch.empty_like(v)).mul_(w), mean
+def _whole(rec: torch.Tensor, centred: bool) -> dict[str, float] | None:
+    """A step's quantities (:data:`rldiag.engine.mismatch_scan.FIELDS`: the moments centred on
+    the step's means) from its chunk records ``(chunks, fields)``; None where records of plain
+    sums of products (not ``centred``) cancel more than :data:`CANCEL` of a variance away."""
+    f = scan.F
+    how = scan.combine if centred else scan.combine_raw
+    n, s, m = how(rec, f["n"], slice(f["s_x"], f["s_ya"] + 1), scan.PAIRS, slice(f["m_xy"], f["m_yaya"] + 1))
+    if not centred and float(n) > 0 and scan.cancels(float(n), s.tolist(), m.tolist(), scan.PAIRS, CANCEL):
+        return None
+    out = dict(zip(scan.FIELDS, rec.sum(0).tolist(), strict=True))
+    out.update(zip(scan.FIELDS[f["s_x"]: f["m_yaya"] + 1], s.tolist() + m.tolist(), strict=True))
+    out["n"] = float(n)
+    out["max"] = float(rec[:, f["max"]].max())
+    return out
 
 
-def _body(t: ActorTokens, body: torch.Tensor, steps: _Steps) -> dict[str, torch.Tensor]:
-    """The gap's statistics over the body's tokens (:func:`body_mask`), so that a handful of
-    outlier tokens cannot hide the body's own fingerprint: ``body_gap_mean``, ``body_gap_std``,
-    ``body_positive_share``, ``body_slope`` and ``body_gap_rollout_corr`` as their whole-step
-    namesakes (neutral values where the step has no body token)."""
-    w = body.to(torch.float64)
-    cnt = steps.sum(w)
-    dev_d, mean = _centred(t.d, w, steps, cnt)
-    dev_y, _ = _centred(t.y, w, steps, cnt)
-
-    def m2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return steps.product_sum(a, b) / cnt
-
-    var_d, var_y, cov_dy = m2(dev_d, dev_d), m2(dev_y, dev_y), m2(dev_d, dev_y)
-    pos = _ratio(steps.product_sum(t.d.clamp_min(0), w), steps.product_sum(t.d.abs(), w), 0.5, cnt)
-    # x = y + d: cov(x, y) = cov(d, y) + var(y), one centred series fewer
-    return {"body_gap_mean": mean, "body_gap_std": var_d.sqrt(), "body_positive_share": pos,
-            "body_slope": _ratio(cov_dy + var_y, var_y, 1.0, cnt),
-            "body_gap_rollout_corr": _corr_of(cov_dy, var_d, var_y, cnt)}
-
-
-def half_share(t: ActorTokens, n: int) -> torch.Tensor:
-    """``(n_steps,)`` the share of a step's tokens whose rollout log-prob is non-zero and a 16-bit
-    float (exactly a bfloat16 or a normal float16 value), read from the float32 bits: an engine
-    whose log-softmax ran in half precision reports nothing else, one computing in float32
-    almost never does (a float32 value has 16 and 13 low mantissa bits to spare)."""
-    bits = t.y.to(torch.float32).view(torch.int32)
-    size = t.y.abs()
-    # bfloat16: the low 16 bits of the float32 are 0; float16 (normal range): the low 13 are
-    bf16 = (bits & 0xFFFF) == 0
-    fp16 = ((bits & 0x1FFF) == 0) & (size >= 2.0 ** -14) & (size <= 65504.0)
-    count = seg_count(t.step, n, torch.float64)
-    return seg_sum(((bf16 | fp16) & (size != 0)).to(torch.float64), t.step, n) / count
+def _whole_stats(w: dict[str, float]) -> dict[str, float]:
+    n = w["n"]
+    var_d, var_x, var_y = w["m_dd"] / n, w["m_xx"] / n, w["m_yy"] / n
+    cov_xy = w["m_xy"] / n
+    var_a = w["m_aa"] / n
+    return {
+        "tokens": n, "gap_mean": w["s_d"] / n, "gap_std": math.sqrt(var_d), "gap_abs_mean": w["s_a"] / n,
+        "gap_abs_max": w["max"], "kl_k2": 0.5 * w["d2"] / n,
+        # sum of max(d, 0) = (sum |d| + sum d) / 2: exactly 0 (1) where every d <= 0 (>= 0)
+        "positive_share": _div(0.5 * (w["s_a"] + w["s_d"]), w["s_a"], 0.5),
+        "slope": _div(cov_xy, var_y, 1.0),  # x on y: T_roll / T_train; 1 for a constant rollout series
+        "gap_rollout_corr": _corr_f(w["m_dy"] / n, var_d, var_y),
+        "logprob_corr": _corr_f(cov_xy, var_x, var_y),
+        "gap_confident": _div(w["d_conf"], w["n_conf"], 0.0),
+        "gap_unconfident": _div(w["d_unconf"], w["n_unconf"], 0.0),
+        "confident_share": w["n_conf"] / n, "unconfident_share": w["n_unconf"] / n,
+        "gap_position_corr": _corr_f(w["m_ap"] / n, var_a, w["m_pp"] / n),
+        "gap_logprob_corr": _corr_f(w["m_aya"] / n, var_a, w["m_yaya"] / n),
+        "pair_abs_gap": _div(0.5 * w["pair_abs"], w["pairs"], 0.0),
+        "shift_next_abs_gap": _div(w["shift_next"], w["pairs"], 0.0),
+        "shift_prev_abs_gap": _div(w["shift_prev"], w["pairs"], 0.0),
+        # NeMo RL's token_mult_prob_error and AReaL's extreme-token share, token means over the step
+        "token_mult_prob_error": w["exp"] / n, "extreme_share": w["extreme"] / n,
+        "half_share": w["half"] / n,
+    }
 
 
-def _lag(t: ActorTokens, lag_rows: torch.Tensor, n_rows: int, n: int, body: torch.Tensor,
-         steps: _Steps) -> dict[str, torch.Tensor]:
-    """The gap against each row's policy lag ``(rows,)``: over rows with actor tokens, the
-    correlation and least-squares slope of the row's mean ``|d|`` on its lag (0 when the lag is
-    the same for every row), the mean lag, the mean ``|d|`` over the tokens of on-policy (lag 0)
-    and of lagged rows (0 without such rows), and the share of tokens in on-policy rows; the std
-    of ``d`` over the body's tokens (``body`` ``(n,)``, :func:`body_mask`) of on-policy and of
-    lagged rows (0 without such tokens), and ``positive_share`` over the body's tokens of on-policy
-    rows (0.5 without any): a lag adds spread to the lagged rows whatever the other causes do to all rows."""
-    absd = t.d.abs()
-    row_tokens = seg_count(t.row, n_rows, torch.float64)
-    row_gap = seg_sum(absd, t.row, n_rows) / row_tokens
-    has = row_tokens > 0
-    lag = lag_rows.to(torch.float64)
-    row_step = torch.zeros(n_rows, dtype=torch.long, device=lag.device)
-    row_step.index_copy_(0, t.row, t.step)
-    seg, lg, gp = row_step[has], lag[has], row_gap[has]
+def _body_stats(b: dict[str, float]) -> dict[str, float]:
+    nb = b["n"]
+    var_d, var_y, cov_dy = b["m_dd"] / nb, b["m_yy"] / nb, b["m_dy"] / nb
+    # x = y + d: cov(x, y) = cov(d, y) + var(y)
+    return {"body_gap_mean": b["s_d"] / nb, "body_gap_std": math.sqrt(max(var_d, 0.0)),
+            "body_positive_share": _div(0.5 * (b["s_a"] + b["s_d"]), b["s_a"], 0.5),
+            "body_slope": _div(cov_dy + var_y, var_y, 1.0), "body_gap_rollout_corr": _corr_f(cov_dy, var_d, var_y)}
+
+
+def _lag_stats(b: dict[str, float], n: float) -> dict[str, float]:
+    out = {}
+    for name, part in (("lag_body_std_lag0", "on"), ("lag_body_std_lagged", "off")):
+        out[name] = math.sqrt(max(b[f"{part}_m_dd"] / b[f"{part}_n"], 0.0)) if b[f"{part}_n"] else 0.0
+    out["lag0_positive_share"] = _div(0.5 * (b["on_s_a"] + b["on_s_d"]), b["on_s_a"], 0.5)
+    out["lag_abs_gap_lag0"] = _div(b["lag0_s_a"], b["lag0_n"], 0.0)
+    out["lag_abs_gap_lagged"] = _div(b["lagged_s_a"], b["lagged_n"], 0.0)
+    out["lag0_share"] = b["lag0_n"] / n
+    return out
+
+
+def _row_lag(row_abs: torch.Tensor, row_n: torch.Tensor, lag_rows: torch.Tensor, step_ids: torch.Tensor,
+             n: int) -> dict[str, torch.Tensor]:
+    """Over the rows with actor tokens, per step: the mean lag, and the correlation and
+    least-squares slope of the row's mean ``|d|`` on its lag (0 when the lag is the same for every row)."""
+    has = row_n > 0
+    seg, lg, gp = step_ids[has], lag_rows.to(torch.float64)[has], (row_abs / row_n)[has]
     cnt = seg_count(seg, n, torch.float64)
     cov, vl, _ = _moments(lg, gp, seg, n, cnt)
-    tok_lag = lag.index_select(0, t.row)
-    on = (tok_lag == 0).to(torch.float64)
-    count = seg_count(t.step, n, torch.float64)
-    on_cnt, off_cnt = seg_sum(on, t.step, n), seg_sum(1 - on, t.step, n)
-    spread = {}
-    for name, part in (("lag_body_std_lag0", on), ("lag_body_std_lagged", 1 - on)):
-        w = part * body
-        w_cnt = steps.sum(w)
-        dev, _ = _centred(t.d, w, steps, w_cnt)
-        var = steps.product_sum(dev, dev) / w_cnt
-        spread[name] = torch.where(w_cnt > 0, var.sqrt(), _ratio(var, w_cnt, 0.0, count))  # NaN: no token at all
-    on_body = on * body
-    on_pos = _ratio(steps.product_sum(t.d.clamp_min(0), on_body), steps.product_sum(absd, on_body), 0.5, count)
-    return {**spread, "lag0_positive_share": on_pos,
-        "lag_mean": _mean(lg, seg, n, cnt),
-        "lag_gap_corr": _corr(lg, gp, seg, n, cnt),
-        "lag_gap_slope": _ratio(cov, vl, 0.0, cnt),
-        "lag_abs_gap_lag0": _ratio(seg_sum(absd * on, t.step, n), on_cnt, 0.0, count),
-        "lag_abs_gap_lagged": _ratio(seg_sum(absd * (1 - on), t.step, n), off_cnt, 0.0, count),
-        "lag0_share": on_cnt / count,
-    }
+    return {"lag_mean": _mean(lg, seg, n, cnt), "lag_gap_corr": _corr(lg, gp, seg, n, cnt),
+            "lag_gap_slope": _ratio(cov, vl, 0.0, cnt)}
 
 
 def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: Rows,
@@ -375,67 +346,64 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
         rows: the token layout; ``step_ids``: ``(rows,)`` each row's step in ``[0, n_steps)``.
         lag: ``(rows,)`` each row's policy lag (``step - 1 - policy_version``), or None.
 
+    One pass over each step's tokens (:mod:`rldiag.engine.mismatch_scan`) gives every statistic
+    but the body's; the order statistics of ``|d|`` come from its histogram and the few tokens
+    above the 95th percentile's bucket; the body's moments are the step's less those tokens'
+    (Chan et al.'s update reversed). A second pass sums the body on its own where that
+    subtraction would cancel (:data:`CANCEL`) and, with ``lag``, always (the per-row and on- /
+    off-policy sums).
+
     Returns ``name -> (n_steps,)`` float64.
     """
-    t = actor_tokens(old, rollout, mask, rows, step_ids)
-    steps = _Steps(t.step, n_steps)
-    count = steps.count
-    d, absd = t.d, t.d.abs()
-    # each series' deviations from its step's mean taken once, in three arrays reused throughout,
-    # and shared by the moments below (each statistic is the same expression as on its own, so
-    # the same values); every product and running sum goes to the steps' scratch array
-    dev, dev_x, dev_y = torch.empty_like(d), torch.empty_like(d), torch.empty_like(d)
-    mean = steps.mean(d)
-    steps.dev(d, out=dev)
-    abs_sum = steps.sum(absd)
-    abs_mean = abs_sum / count
-
-    def m2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return steps.product_sum(a, b) / count
-
-    var_d = m2(dev, dev)
-    k2_sum = steps.sum(torch.mul(d, 0.5, out=steps.scratch(d.numel())).mul_(d), in_scratch=True)
-    out = {
-        "tokens": count,
-        "gap_mean": mean,
-        "gap_std": var_d.sqrt(),
-        "gap_abs_mean": abs_mean,
-        "gap_abs_max": steps.max(absd),
-        "kl_k2": k2_sum / count,
-        "positive_share": _ratio(steps.sum(torch.clamp_min(d, 0, out=steps.scratch(d.numel())), in_scratch=True),
-                                 abs_sum, 0.5, count),
-    }
-    out.update(_tails(absd, k2_sum, steps))
-    steps.dev(t.x, out=dev_x)
-    steps.dev(t.y, out=dev_y)
-    cov_xy, var_x, var_y = m2(dev_x, dev_y), m2(dev_x, dev_x), m2(dev_y, dev_y)
-    out["slope"] = _ratio(cov_xy, var_y, 1.0, count)  # x on y: T_roll / T_train; 1 for a constant rollout series
-    out["gap_rollout_corr"] = _corr_of(m2(dev, dev_y), var_d, var_y, count)
-    out["logprob_corr"] = _corr_of(cov_xy, var_x, var_y, count)
-    conf = dev.copy_(t.y >= CONFIDENT)  # 1.0 / 0.0, over dev (done with)
-    n_conf = steps.sum(conf)
-    out["gap_confident"] = _ratio(steps.product_sum(d, conf), n_conf, 0.0, count)
-    unconf = dev.copy_(t.y < UNCONFIDENT)
-    n_unconf = steps.sum(unconf)
-    out["gap_unconfident"] = _ratio(steps.product_sum(d, unconf), n_unconf, 0.0, count)
-    out["confident_share"], out["unconfident_share"] = n_conf / count, n_unconf / count
-    dev_abs = steps.dev(absd, out=dev_x)
-    var_abs = m2(dev_abs, dev_abs)
-    other = steps.dev(dev_y.copy_(t.pos), out=dev_y)
-    out["gap_position_corr"] = _corr_of(m2(dev_abs, other), var_abs, m2(other, other), count)
-    other = steps.dev(torch.abs(t.y, out=dev_y), out=dev_y)
-    out["gap_logprob_corr"] = _corr_of(m2(dev_abs, other), var_abs, m2(other, other), count)
-    del dev, dev_x, dev_y, dev_abs, other, conf, unconf
-    out.update(_shift(t, steps, absd))
-    body = body_mask(absd, t.step, out["gap_abs_p95"])
-    out.update(_body(t, body, steps))
-    out["half_share"] = half_share(t, n_steps)
+    inp = scan.Inputs(old, rollout, mask, rows)
+    ranges = scan.step_ranges(rows, step_ids, n_steps)
+    sizes = [sum(b - a for a, b in r) for r in ranges]
+    device = old.device
+    buf = scan.Buffers(max(1, min(scan.CHUNK, max(sizes, default=1))), max(sizes, default=0), device)
+    buf.offsets = rows.offsets.to(torch.float64)
+    names = STATS + (LAG_STATS if lag is not None else ())
+    values = {k: [math.nan] * n_steps for k in names}
+    row_abs = row_n = lag_rows = None
+    nonpositive = rollout.numel() == 0 or bool(rollout.max() <= 0)
     if lag is not None:
-        out.update(_lag(t, lag, rows.n_rows, n_steps, body, steps))
-    # NeMo RL's token_mult_prob_error and AReaL's extreme-token share, token means over the step
-    out["token_mult_prob_error"] = steps.sum(torch.exp(absd, out=steps.scratch(d.numel())), in_scratch=True) / count
-    out["extreme_share"] = steps.sum(steps.scratch(d.numel()).copy_(absd > EXTREME), in_scratch=True) / count
+        lag_rows = lag.to(device)
+        row_abs = torch.zeros(rows.n_rows, dtype=torch.float64, device=device)
+        row_n = torch.zeros(rows.n_rows, dtype=torch.float64, device=device)
+    for s in range(n_steps):
+        values["tokens"][s] = 0.0
+        if not sizes[s]:
+            continue
+        whole = None
+        for centred in (False, True):  # plain sums of products, centred where they cancel
+            buf.hist.zero_()
+            recs = [scan.scan_chunk(inp, buf, scan.load(inp, buf, a, m, me), at, nonpositive, centred)
+                    for a, m, me, at in scan.chunks(ranges[s], buf.size)]
+            whole = _whole(torch.stack(recs), centred)
+            if whole is not None:
+                break
+        assert whole is not None
+        n = whole["n"]
+        if n == 0:
+            continue
+        stats = _whole_stats(whole)
+        tails = _tails(inp, buf, ranges[s], int(n))
+        stats.update({"gap_abs_p99": tails.p99, "gap_abs_p95": tails.p95,
+                      "top_kl_share": _div(tails.top_sum, 0.5 * whole["d2"], 0.0)})
+        body = None if lag is not None else _excluded_body(whole, tails)
+        if body is None:
+            brec = [scan.body_chunk(inp, buf, scan.load(inp, buf, a, m, me), tails.p95, lag_rows, row_abs, row_n)
+                    for a, m, me, _ in scan.chunks(ranges[s], buf.size)]
+            body = _combine_body(torch.stack(brec), lag is not None)
+        stats.update(_body_stats(body))
+        if lag is not None:
+            stats.update(_lag_stats(body, n))
+        for k, v in stats.items():
+            values[k][s] = v
+    out = {k: torch.tensor(v, dtype=torch.float64, device=device) for k, v in values.items()}
+    if lag is not None and row_abs is not None and row_n is not None:
+        out.update(_row_lag(row_abs, row_n, lag, step_ids, n_steps))
     return out
+
 
 
 @dataclass(frozen=True)

@@ -250,3 +250,49 @@ def test_the_stage_runs_whatever_the_correction_settings_and_can_be_switched_off
     _, off = _recompute(lag_run, {"rldiag.mismatch.enable": False})
     assert not any(k.startswith("rldiag/mismatch/") for k in off.metrics)
     assert "actor/pg_loss" in off.metrics  # nothing else changes
+
+
+# ---- the chunked pass's paths -------------------------------------------------------------------
+
+
+def _mixed_batch(seed: int, kind: str):
+    """3 steps of rows in shuffled step order, 10 % of the tokens off the mask, a -inf rollout
+    log-prob, a lag per row; ``kind``: noisy streams, or a constant gap (0) but for 3 % outliers."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 60, 30)
+    total = int(lengths.sum())
+    old = -np.abs(rng.normal(0.5, 1.5, total))
+    roll = old + rng.standard_t(2, total) * 0.05
+    if kind == "constant_body":
+        roll = old.copy()
+        roll[rng.integers(0, total, total // 30)] -= 2.0
+    mask = (rng.random(total) >= 0.1).astype(np.float32)
+    roll[rng.integers(0, total)] = -np.inf
+    sid = rng.integers(0, 3, 30)
+    lag = rng.integers(0, 3, 30)
+    return old.astype(np.float32), roll.astype(np.float32), mask, lengths, sid, 3, lag
+
+
+@pytest.mark.parametrize("chunk", [5, 64])
+@pytest.mark.parametrize("cancel", [0.0, 2.0**16])
+@pytest.mark.parametrize("kind", ["noise", "constant_body"])
+@pytest.mark.parametrize("with_lag", [False, True])
+def test_chunks_and_both_moment_paths_equal_the_reference(monkeypatch, chunk, cancel, kind, with_lag):
+    """Chunks much shorter than the rows (pairs and positions across chunk edges), and both ways
+    to the moments: plain product sums and the body as the step less its outliers (``CANCEL``
+    2^16), or every step rescanned centred and the body summed on its own (``CANCEL`` 0)."""
+    import rldiag.engine.mismatch as mm
+    import rldiag.engine.mismatch_scan as scan
+
+    monkeypatch.setattr(scan, "CHUNK", chunk)
+    monkeypatch.setattr(mm, "CANCEL", cancel)
+    old, roll, mask, lengths, sid, n, lag = _mixed_batch(3, kind)
+    lag = lag if with_lag else None
+    got = mismatch_stats(torch.from_numpy(old), torch.from_numpy(roll), torch.from_numpy(mask),
+                         Rows.from_lengths(torch.from_numpy(lengths)), torch.from_numpy(sid), n,
+                         lag=None if lag is None else torch.from_numpy(lag))
+    want = reference(old, roll, mask, lengths, sid, n, lag)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k].numpy(), v, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=k)
+    if kind == "constant_body":  # the body's gap is exactly 0: its spread and correlation exactly 0, whatever the path
+        assert got["body_gap_std"].tolist() == [0.0] * n and got["body_gap_rollout_corr"].tolist() == [0.0] * n
