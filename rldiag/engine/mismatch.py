@@ -181,7 +181,7 @@ def _tails(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], n
     cum = buf.hist.cumsum(0)
     bucket = int(torch.searchsorted(cum, torch.tensor([lowest], device=cum.device), right=True)[0])
     below = int(cum[bucket - 1]) if bucket else 0
-    bound = torch.tensor([bucket << scan.HIST_SHIFT], dtype=torch.int32).view(torch.float32).item()
+    bound = float(np.array([bucket << scan.HIST_SHIFT], dtype=np.int32).view(np.float32)[0])
     size = sum(b - a for a, b in ranges)
     at = (buf.abs32[:size] >= bound).nonzero().squeeze(1)
     if len(ranges) == 1:
@@ -225,10 +225,10 @@ def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] |
     if n_e == 0:
         return base
     d, y, a = tails.d[out], tails.y[out], tails.a[out]
-    md, my = d.mean(), y.mean()
-    cd, cy = d - md, y - my
-    e = {"s_d": float(d.sum()), "s_y": float(y.sum()), "s_a": float(a.sum()), "m_dd": float(cd @ cd),
-         "m_dy": float(cd @ cy), "m_yy": float(cy @ cy)}
+    sd, sy = scan.dsum(d), scan.dsum(y)
+    cd, cy = d - sd / n_e, y - sy / n_e
+    e = {"s_d": float(sd), "s_y": float(sy), "s_a": float(scan.dsum(a)), "m_dd": float(scan.ddot(cd, cd)),
+         "m_dy": float(scan.ddot(cd, cy)), "m_yy": float(scan.ddot(cy, cy))}
     n_b = n - n_e
     body = {"n": n_b, **{k: base[k] - e[k] for k in ("s_d", "s_y", "s_a")}}
     dd = e["s_d"] / n_e - body["s_d"] / n_b

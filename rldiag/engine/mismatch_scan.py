@@ -36,6 +36,28 @@ import torch
 
 from rldiag.engine.layout import Rows
 
+#: a long sum is taken as rows of this many values (each row summed by one thread), then the
+#: few row sums: torch splits a single sum of 32,768 values or more across its threads, and its
+#: value would then depend on the thread count (tests/engine/test_thread_count.py); a reduction
+#: with several outputs gives each output to one thread, whatever their number
+BLOCK = 4096
+
+
+def dsum(x: torch.Tensor) -> torch.Tensor:
+    """``x.sum()`` of a 1-D tensor, the same bits whatever torch's thread count."""
+    k = x.numel() // BLOCK
+    if k == 0:
+        return x.sum()
+    head = x[: k * BLOCK].view(k, BLOCK).sum(1)
+    return torch.cat([head, x[k * BLOCK:].sum(0, keepdim=True)]).sum()
+
+
+def ddot(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``u @ v`` of two 1-D tensors as :func:`dsum` of their product (a BLAS dot splits its sum
+    by the thread count too)."""
+    return dsum(u * v)
+
+
 #: tokens per chunk: large enough that the chunk's 100-odd tensor operations cost little per
 #: token, small enough that its float64 arrays (about 20 of CHUNK values) stay in the cache
 CHUNK = 1 << 17
@@ -241,23 +263,23 @@ def scan_chunk(inp: Inputs, buf: Buffers, ch: Chunk, at: int, nonpositive: bool,
         c = torch.sub(vm, (s / max(n, 1.0))[:, None], out=buf.c[:k, :m])
         if km is not None:
             c.mul_(km)
-    out = [torch.dot(c[i], c[j]) for i, j in PAIRS[:5]]  # xy, xx, yy, dd, dy
+    out = [ddot(c[i], c[j]) for i, j in PAIRS[:5]]  # xy, xx, yy, dd, dy
     # |d|^2 = d^2: the plain sum is the same; centred, |d| is its own series
-    out.append(torch.dot(c[3], c[3]) if centred else out[3])
-    out += [torch.dot(c[3], c[4]), torch.dot(c[4], c[4])]  # a p, p p
+    out.append(ddot(c[3], c[3]) if centred else out[3])
+    out += [ddot(c[3], c[4]), ddot(c[4], c[4])]  # a p, p p
     if nonpositive:
         s = torch.cat([s, -s[1:2]])
-        out += [-torch.dot(c[3], c[1]), out[2]]  # a |y| = -(a y), |y| |y| = y y
+        out += [-ddot(c[3], c[1]), out[2]]  # a |y| = -(a y), |y| |y| = y y
     else:
-        out += [torch.dot(c[3], c[5]), torch.dot(c[5], c[5]) if centred else out[2]]
+        out += [ddot(c[3], c[5]), ddot(c[5], c[5]) if centred else out[2]]
     t = buf.t[0, :m]
-    out.append(torch.dot(dm, dm))
+    out.append(ddot(dm, dm))
     # y = 0 off the actor tokens: confident (with d = 0), so m - n of the count is theirs
     torch.ge(ym, CONFIDENT, out=t)
-    out += [t.sum() - (m - n), torch.dot(dm, t)]
+    out += [t.sum() - (m - n), ddot(dm, t)]
     torch.lt(ym, UNCONFIDENT, out=t)
-    out += [t.sum(), torch.dot(dm, t)]
-    out.append(torch.exp(am, out=t).sum() - (m - n))  # exp(0) = 1 off the actor tokens
+    out += [t.sum(), ddot(dm, t)]
+    out.append(dsum(torch.exp(am, out=t)) - (m - n))  # exp(0) = 1 off the actor tokens
     out.append(torch.gt(am, EXTREME, out=t).sum())
     out.append(half_count(inp.rollout[ch.a: ch.a + m], ym))
     out += pair_sums(x, y, a, ch, buf)
@@ -305,9 +327,9 @@ def pair_sums(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, ch: Chunk, buf:
     t = buf.t[2, :k]
 
     def total(v: torch.Tensor) -> torch.Tensor:
-        return v.index_fill_(0, across, 0.0).sum() if w is None else torch.dot(w, v)
+        return dsum(v.index_fill_(0, across, 0.0)) if w is None else ddot(w, v)
 
-    out = [torch.tensor(float(k - across.unique().numel()), dtype=torch.float64) if w is None else w.sum(),
+    out = [torch.tensor(float(k - across.unique().numel()), dtype=torch.float64, device=x.device) if w is None else w.sum(),
            total(torch.add(a[:-1], a[1:], out=t))]
     out.append(total(torch.sub(y[:-1], x[1:], out=t).abs_()))
     out.append(total(torch.sub(y[1:], x[:-1], out=t).abs_()))
@@ -338,12 +360,12 @@ LAG = ("on_n", "on_s_d", "on_s_a", "on_m_dd", "off_n", "off_s_d", "off_m_dd", "l
 def _moments(w: torch.Tensor, n: torch.Tensor, series: list[torch.Tensor], out: torch.Tensor) -> list[torch.Tensor]:
     """Sums of each series weighted by ``w`` (0/1) and their centred products (every pair for
     two series, the square for one); ``out``: ``(len(series), m)`` scratch."""
-    sums = [torch.dot(v, w) for v in series]
+    sums = [ddot(v, w) for v in series]
     inv = 1.0 / n.clamp_min(1.0)
     cen = [torch.sub(v, s * inv, out=o).mul_(w) for v, s, o in zip(series, sums, out, strict=False)]
-    prods = [torch.dot(cen[0], cen[0])]
+    prods = [ddot(cen[0], cen[0])]
     if len(cen) == 2:
-        prods += [torch.dot(cen[0], cen[1]), torch.dot(cen[1], cen[1])]
+        prods += [ddot(cen[0], cen[1]), ddot(cen[1], cen[1])]
     return sums + prods
 
 
@@ -360,7 +382,7 @@ def body_chunk(inp: Inputs, buf: Buffers, ch: Chunk, p95: float, lag_rows: torch
         wb.mul_(km)
     nb = wb.sum()
     sums = _moments(wb, nb, [d, y], buf.c[:, :m])
-    out = [nb, sums[0], sums[1], torch.dot(a, wb), *sums[2:]]
+    out = [nb, sums[0], sums[1], ddot(a, wb), *sums[2:]]
     if lag_rows is not None and row_abs is not None and row_n is not None:
         rid = inp.rows.row_ids[ch.a: ch.a + m]
         on = buf.t[5, :m]
@@ -373,8 +395,8 @@ def body_chunk(inp: Inputs, buf: Buffers, ch: Chunk, p95: float, lag_rows: torch
         on_m = _moments(won, n_on, [d], buf.c[:, :m])
         of_m = _moments(wof, n_of, [d], buf.c[:, :m])
         torch.sub(1.0, on, out=off) if km is None else torch.sub(km, on, out=off)
-        out += [n_on, on_m[0], torch.dot(a, won), on_m[1], n_of, of_m[0], of_m[1],
-                on.sum(), torch.dot(a, on), off.sum(), torch.dot(a, off)]
+        out += [n_on, on_m[0], ddot(a, won), on_m[1], n_of, of_m[0], of_m[1],
+                on.sum(), ddot(a, on), off.sum(), ddot(a, off)]
         row_abs.index_add_(0, rid, a)
         row_n.index_add_(0, rid, torch.ones_like(a) if km is None else km)
     return torch.stack(out)
