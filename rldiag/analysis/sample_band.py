@@ -34,6 +34,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from rldiag.analysis.tolerance import Tolerances, diff
@@ -133,8 +134,7 @@ def sample_bands(batch: Batch, settings: Settings, kl_state, estimates: Mapping[
         kind = _kind(n)
         if kind == "total":
             continue
-        within_tol = not bool(diff(torch.tensor([log]).numpy(), torch.tensor([est]).numpy(),
-                                   tols.for_field(n, "metric")).bad.any())
+        within_tol = not bool(diff(np.array([log]), np.array([est]), tols.for_field(n, "metric")).bad.any())
         if kind == "max":
             out[n] = Band(est, log, math.nan, kind, within_tol or est <= log)
             continue
