@@ -38,6 +38,10 @@ def browser_path() -> str | None:
     return None
 
 
+#: kaleido's error when its tab evaluated before the page's script ran (:func:`save_figure`)
+UNLOADED_PAGE = "kaleido_scopes is not defined"
+
+
 def save_figure(fig: go.Figure, path: str | Path, *, width: int | None = None, height: int | None = None,
                 scale: float = 1.0) -> Path:
     """Save ``fig`` as ``path`` (``.png`` or ``.svg``, by its suffix) and return the path. Raises
@@ -56,8 +60,15 @@ def save_figure(fig: go.Figure, path: str | Path, *, width: int | None = None, h
         raise ExportError(INSTALL_BROWSER)
     os.environ.setdefault("BROWSER_PATH", browser)  # kaleido's choreographer starts this one
     out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.write_image(str(out), format=fmt, width=width, height=height, scale=scale)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise ExportError(f"{out}: kaleido could not draw the figure with {browser}: {exc}") from exc
+    for attempt in (1, 2):
+        try:
+            fig.write_image(str(out), format=fmt, width=width, height=height, scale=scale)
+            break
+        except (OSError, RuntimeError, ValueError) as exc:
+            # kaleido 1.x evaluates its call in a fresh Chromium tab that may not have run the
+            # page's own script yet (its ``kaleido_scopes`` undefined): a race inside kaleido, seen
+            # once in a loaded CI run; a second tab has the script. Any other error is final.
+            if attempt == 1 and UNLOADED_PAGE in str(exc):
+                continue
+            raise ExportError(f"{out}: kaleido could not draw the figure with {browser}: {exc}") from exc
     return out
