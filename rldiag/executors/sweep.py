@@ -23,9 +23,12 @@ engine shares the stages of scenarios whose controllers hold the same value.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -50,6 +53,7 @@ from rldiag.executors.steps import (
     StepOutcome,
     StepTask,
     hash_pool,
+    hashed_file_record,
     hashed_record,
     known_hash,
     pack_batch,
@@ -58,22 +62,38 @@ from rldiag.executors.steps import (
     stat_record,
     try_load,
 )
-from rldiag.io.loader import read_schema, row_columns
+from rldiag.io.loader import Source, read_schema, row_columns
 
 __all__ = ["SweepExecutor", "SweepHooks", "fetch_many", "load_key"]
 
-Reader = Callable[[Any], bytes]
+#: ``read(path)``: a step file's content, as the loader takes it (:data:`~rldiag.io.loader.Source`):
+#: a local file open for reading (binary; :func:`fetch_many` closes it), or an object store's bytes.
+Reader = Callable[[Any], Source]
 
 
-def _read_bytes(path: Any) -> bytes:
+def open_content(path: Any) -> Source:
+    """A step file's content for :func:`fetch_many`: a local file open, so that it is hashed in
+    pieces and parsed from the open file, never held whole beside the decoded columns; an object
+    store's file read whole, once (reading it twice would double the requests)."""
+    if isinstance(path, Path):
+        return open(path, "rb")  # noqa: SIM115 - closed by fetch_many
     return path.read_bytes()
+
+
+def hasher(info: dict, remote: bool, content: Any) -> Callable[[], dict]:
+    """How ``content`` is hashed into a new record: bytes whole
+    (:func:`~rldiag.executors.steps.hashed_record`), an open local file in pieces from a
+    duplicate of its descriptor (:func:`~rldiag.executors.steps.hashed_file_record`)."""
+    if isinstance(content, bytes):
+        return functools.partial(hashed_record, dict(info), remote, content)
+    return functools.partial(hashed_file_record, dict(info), os.dup(content.fileno()))
 
 
 @dataclass(frozen=True)
 class SweepHooks:
-    """Seams for tests and measurements: ``read(path) -> bytes`` reads a step file whole (every
-    read of a step's content goes through it), ``on_stage(stage, scenarios)`` is told each time
-    an engine stage runs, for which scenarios (indices into the plans)."""
+    """Seams for tests and measurements: ``read(path)`` gives a step file's content (every
+    read of a step's content goes through it: :data:`Reader`), ``on_stage(stage, scenarios)``
+    is told each time an engine stage runs, for which scenarios (indices into the plans)."""
 
     read: Reader | None = None
     on_stage: StageHook | None = None
@@ -95,41 +115,57 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
     record and whether its previous result may be reused): the file read at most once, hashed
     once, parsed once per :func:`load_key`; a :class:`Fetched` per scenario, as
     :func:`~rldiag.executors.steps.fetch` would give it. ``columns``: each scenario's column
-    plan, when the caller has them (default: the column planner's)."""
-    read = read or _read_bytes
+    plan, when the caller has them (default: the column planner's). A local file is opened
+    once (:func:`open_content`), hashed in pieces on the hash thread and parsed from the open
+    file: its bytes are never held whole."""
+    read = read or open_content
     plans = list(columns) if columns is not None else [recompute_columns(job.settings) for job in jobs]
     sf = tasks[0].step_file()
     info, remote = stat_record(sf, tasks[0].rel)
     for t in tasks:  # a record of this size and mtime: the hash without reading the file
         if known_hash(info, remote, t.previous):
             break
-    content: bytes | None = None
-    pending = None
-    if "sha256" not in info:
-        content = read(sf.path)
-        if any(t.reusable and t.previous for t in tasks):  # the hash decides what is parsed
-            info = hashed_record(info, remote, content)
-        else:
-            pending = hash_pool().submit(hashed_record, dict(info), remote, content)
-    out: list[Fetched | None] = [None] * len(tasks)
-    todo: list[int] = []
-    for i, t in enumerate(tasks):
-        old = t.previous
-        if t.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
-            out[i] = Fetched(t, info)
-        else:
-            todo.append(i)
-    loads: dict[tuple, list[int]] = {}
-    if todo:
-        if content is None:
+    content: Source = None
+    try:
+        pending = None
+        if "sha256" not in info:
             content = read(sf.path)
-        try:
-            names: Sequence[str] | None = read_schema(sf, content).names
-        except RldiagError:
-            names = None  # unreadable: each load below reports it
-        for i in todo:
-            key = load_key(jobs[i].settings, plans[i], names) if names is not None else ("unreadable", i)
-            loads.setdefault(key, []).append(i)
+            if any(t.reusable and t.previous for t in tasks):  # the hash decides what is parsed
+                info = hasher(info, remote, content)()
+            else:
+                pending = hash_pool().submit(hasher(info, remote, content))
+        out: list[Fetched | None] = [None] * len(tasks)
+        todo: list[int] = []
+        for i, t in enumerate(tasks):
+            old = t.previous
+            if t.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
+                out[i] = Fetched(t, info)
+            else:
+                todo.append(i)
+        if todo and content is None:
+            content = read(sf.path)
+        _load_todo(tasks, jobs, plans, todo, sf, content, pin, pending, info, out)
+    finally:
+        if content is not None and not isinstance(content, bytes):
+            content.close()
+        content = None
+    return [f for f in out if f is not None]
+
+
+def _load_todo(tasks: Sequence[StepTask], jobs: Sequence[Job], plans: Sequence[ColumnPlan], todo: list[int],
+               sf: Any, content: Source, pin: bool, pending: Any, info: dict, out: list[Fetched | None]) -> None:
+    """Parse ``content`` once per :func:`load_key` for the scenarios ``todo`` (indices), setting
+    their :class:`Fetched` in ``out``, and the per-row table's own columns from the same content."""
+    if not todo:
+        return
+    loads: dict[tuple, list[int]] = {}
+    try:
+        names: Sequence[str] | None = read_schema(sf, content).names
+    except RldiagError:
+        names = None  # unreadable: each load below reports it
+    for i in todo:
+        key = load_key(jobs[i].settings, plans[i], names) if names is not None else ("unreadable", i)
+        loads.setdefault(key, []).append(i)
     for idxs in loads.values():
         data, error = try_load(sf, jobs[idxs[0]].settings, plans[idxs[0]], content)
         errors = {i: error for i in idxs}
@@ -150,8 +186,6 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
             fetched = out[i]
             assert fetched is not None
             fetched.row_columns = own
-    content = None
-    return [f for f in out if f is not None]
 
 
 class _SharedChain:

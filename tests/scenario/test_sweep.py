@@ -4,6 +4,7 @@ stages run once; reuse, names, the summary, the disk check, failures of one scen
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 import rldiag
 from rldiag.errors import ConfigError, DiskSpaceError
-from rldiag.executors.sweep import SweepHooks
+from rldiag.executors.sweep import SweepHooks, open_content
 from rldiag.io.outputs import TOKEN_OUTPUTS
 from rldiag.io.run_layout import RunLayout
 from rldiag.io.rundir import RunDir
@@ -55,16 +56,20 @@ def assert_metrics_close(a: Path, b: Path) -> None:
 
 
 class Reads:
-    """The sweep's reader seam: counts the reads of each step file (from any thread)."""
+    """The sweep's reader seam: counts the reads of each step file (from any thread), and keeps
+    the files it opened (as the default reader does, a local file is opened, not read whole)."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.count: dict[str, int] = {}
+        self.opened: list = []
 
-    def __call__(self, path) -> bytes:
+    def __call__(self, path):
         with self.lock:
             self.count[Path(str(path)).name] = self.count.get(Path(str(path)).name, 0) + 1
-        return path.read_bytes()
+            f = open_content(path)
+            self.opened.append(f)
+        return f
 
 
 # -- (b) every scenario is its own recompute -------------------------------------------------------
@@ -144,6 +149,7 @@ def test_each_step_file_is_read_once_for_eight_scenarios(run):
     rep = sweep(run, {CLIP: [0.1, 0.2, 0.3, 0.4]}, estimators=["grpo", "rloo"], hooks=SweepHooks(read=reads))
     assert len(rep.scenarios) == 8 and rep.ok
     assert reads.count == {sf.path.name: 1 for sf in RunDir(run).step_files()}
+    assert reads.opened and all(f.closed for f in reads.opened)  # opened, parsed, hashed in pieces, closed
     again = Reads()  # unchanged files, hashes known from the records: nothing to read at all
     rep = sweep(run, {CLIP: [0.1, 0.2, 0.3, 0.4]}, estimators=["grpo", "rloo"], hooks=SweepHooks(read=again))
     assert again.count == {} and all(r == [1, 2, 3] for r in rep.steps_reused.values())
@@ -162,7 +168,8 @@ def test_the_fetcher_reads_once_for_every_scenario_and_the_row_tables(run):
     assert reads.count == {sf.path.name: 1}
     assert got[0].data is got[1].data is not None and got[2].data is None and "reward_baselines" in str(got[2].error)
     assert isinstance(got[0].row_columns, pa.Table) and got[0].row_columns is got[1].row_columns
-    assert got[0].record()["sha256"] == got[2].record()["sha256"]
+    assert got[0].record()["sha256"] == got[2].record()["sha256"] == hashlib.sha256(sf.path.read_bytes()).hexdigest()
+    assert got[0].record()["size"] == sf.path.stat().st_size and reads.opened[0].closed
 
 
 def test_scenarios_loading_other_columns_still_read_each_file_once(tmp_path):
