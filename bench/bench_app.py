@@ -477,7 +477,7 @@ def bench_open(run: Path) -> list[tuple[str, float, str]]:
         ("open: Step page drawn with the baseline", t_page, f"{errors} exception(s) shown" if errors else "no exception"),
         ("open: peak RSS, the server alone (MB)", mem.peak_root_rss / 2**20, "MB, not seconds"),
         ("open: peak PSS, the server's process tree (MB)", mem.peak_pss / 2**20,
-         f"MB, not seconds: the server, the fork server and the baseline's child (RSS summed {mem.peak_rss / 2**20:.0f})"),
+         f"MB, not seconds (RSS summed {mem.peak_rss / 2**20:.0f}); at the peak: {mem.breakdown()}"),
     ]
 
 
