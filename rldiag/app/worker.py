@@ -56,8 +56,8 @@ MODE = os.environ.get(MODE_VAR, "thread") if os.environ.get(MODE_VAR, "thread") 
 POLL_SECONDS = 2.0
 #: a worker whose run no page asked about for this long stops following it
 IDLE_STOP_SECONDS = 900.0
-#: what the fork server imports before it forks the baseline's children
-PRELOAD = ["rldiag.app.worker", "rldiag.app.pagework", *api.WARM_MODULES]
+#: what the fork server imports before it forks the children (:mod:`rldiag.app.forkinit` first: one arena)
+PRELOAD = ["rldiag.app.forkinit", "rldiag.app.worker", "rldiag.app.pagework", *api.WARM_MODULES]
 
 
 def mp_context() -> Any:
