@@ -117,3 +117,42 @@ def test_quiet_baselines_holds_every_worker_of_the_process(run, monkeypatch):
         assert w.wait(lambda s: s.passes >= 1, WAIT).error is None
     finally:
         worker.forget(worker.key_of(Store(run)))
+
+
+def heaps_after_threads() -> int:
+    """glibc's heaps (arenas) of this process after four threads allocated at once (its
+    ``malloc_info`` report, one ``<heap nr=...>`` per arena)."""
+    import ctypes
+    import threading
+
+    libc = ctypes.CDLL(None)
+    barrier = threading.Barrier(4)
+
+    def work() -> None:
+        barrier.wait()  # all four allocate at the same time: a busy arena makes glibc look for another
+        keep = [bytearray(200_000) for _ in range(200)]
+        del keep
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+    libc.open_memstream.restype = ctypes.c_void_p
+    stream = ctypes.c_void_p(libc.open_memstream(ctypes.byref(buf), ctypes.byref(size)))
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    return ctypes.string_at(buf, size.value).decode().count("<heap nr=")
+
+
+def test_the_fork_servers_children_allocate_from_one_heap(monkeypatch):
+    """rldiag.app.forkinit, preloaded first: the children's threads share one arena (the
+    recompute's loader thread and its engine; a second arena kept its own high-water mark)."""
+    import sys
+
+    if not sys.platform.startswith("linux") or worker.mp_context().get_start_method() != "forkserver":
+        pytest.skip("glibc and the fork server only")
+    assert worker.PRELOAD[0] == "rldiag.app.forkinit"
+    monkeypatch.setattr(worker, "MODE", "thread")
+    assert pagework.in_child(heaps_after_threads) == 1
