@@ -34,7 +34,8 @@ names with '/', grouped by prefix) and a few small batches, then measures:
   is checked first (two copies of the run and their outputs)
   opening a 16 M-token step (--only open; --open-run RUN, default bench_memory.py's step16m):
   a server started fresh, the Step page opened until the baseline is written and the page drawn
-  with it; the peak resident memory of the server and of its process tree
+  with it; the peak resident memory of the server and of its process tree (PSS, by process:
+  the server, the fork server, the baseline's child, a page's child)
 
 Usage:
   .venv/bin/python bench/bench_app.py                      # 10,000 steps x 150 metrics

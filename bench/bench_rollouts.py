@@ -10,7 +10,7 @@ checks the free disk first, then:
   app        ``rldiag app RUN`` started fresh, headless chromium opens the Rollouts page at once:
              while the background baseline computes: the first page of the table (the steps
              done so far), and the memory of the server's whole process tree (sampled every
-             0.2 s, the maximum); the baseline's wall time from the page's opening until every
+             0.2 s, the maximum, by process at that maximum); the baseline's wall time from the page's opening until every
              step is written, against the CLI's (target: 1.3x)
   Rollouts   after the baseline, each from its action until the page shows its result:
              the table's first page on opening the page (target 2 s), a widget filter over all
