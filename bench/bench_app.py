@@ -34,7 +34,8 @@ names with '/', grouped by prefix) and a few small batches, then measures:
   is checked first (two copies of the run and their outputs)
   opening a 16 M-token step (--only open; --open-run RUN, default bench_memory.py's step16m):
   a server started fresh, the Step page opened until the baseline is written and the page drawn
-  with it; the peak resident memory of the server and of its process tree
+  with it; the peak resident memory of the server and of its process tree (PSS, by process:
+  the server, the fork server, the baseline's child, a page's child)
 
 Usage:
   .venv/bin/python bench/bench_app.py                      # 10,000 steps x 150 metrics
@@ -477,7 +478,7 @@ def bench_open(run: Path) -> list[tuple[str, float, str]]:
         ("open: Step page drawn with the baseline", t_page, f"{errors} exception(s) shown" if errors else "no exception"),
         ("open: peak RSS, the server alone (MB)", mem.peak_root_rss / 2**20, "MB, not seconds"),
         ("open: peak PSS, the server's process tree (MB)", mem.peak_pss / 2**20,
-         f"MB, not seconds: the server, the fork server and the baseline's child (RSS summed {mem.peak_rss / 2**20:.0f})"),
+         f"MB, not seconds (RSS summed {mem.peak_rss / 2**20:.0f}); at the peak: {mem.breakdown()}"),
     ]
 
 

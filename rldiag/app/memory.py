@@ -24,6 +24,8 @@ from functools import lru_cache
 #: glibc's mallopt parameter (malloc.h) and the arenas ``rldiag app`` allows
 M_ARENA_MAX = -8
 ARENAS = 2
+#: prctl's option that names the calling thread (linux/prctl.h); the main thread's is the process's
+PR_SET_NAME = 15
 
 
 def _libc_fn(name: str, argtypes: list, restype):
@@ -61,6 +63,15 @@ def release() -> bool:
         return False
     trim(0)
     return True
+
+
+def name_process(name: str) -> bool:
+    """Name this process (Linux ``prctl(PR_SET_NAME)``: ``/proc/PID/comm``, what ``top`` and ``ps
+    -o comm`` show; 15 bytes at most): the app's children are told apart from their fork server,
+    whose command line they share. True when set."""
+    fn = _libc_fn("prctl", [ctypes.c_int, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong],
+                  ctypes.c_int)
+    return bool(fn is not None and fn(PR_SET_NAME, name.encode()[:15], 0, 0, 0) == 0)
 
 
 def rss_mb(pid: int | str = "self") -> float:

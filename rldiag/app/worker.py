@@ -56,11 +56,11 @@ MODE = os.environ.get(MODE_VAR, "thread") if os.environ.get(MODE_VAR, "thread") 
 POLL_SECONDS = 2.0
 #: a worker whose run no page asked about for this long stops following it
 IDLE_STOP_SECONDS = 900.0
-#: what the fork server imports before it forks the baseline's children
-PRELOAD = ["rldiag.app.worker", *api.WARM_MODULES]
+#: what the fork server imports before it forks the children (:mod:`rldiag.app.forkinit` first: one arena)
+PRELOAD = ["rldiag.app.forkinit", "rldiag.app.worker", "rldiag.app.pagework", *api.WARM_MODULES]
 
 
-def _context() -> Any:
+def mp_context() -> Any:
     """The multiprocessing context of the children: the fork server (its preloaded modules), else spawn."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
@@ -73,7 +73,7 @@ def prepare() -> None:
     """Start the fork server now (its imports run beside the server's start), for background workers."""
     if MODE != "thread":
         return
-    ctx = _context()
+    ctx = mp_context()
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
@@ -137,6 +137,12 @@ class BaselineWorker:
         self._thread: threading.Thread | None = None
         self._seen_sig: tuple | None = None
         self._last_asked = clock()
+        # a page's heavy work (:mod:`rldiag.app.pagework`) holds the recomputes: none starts, and
+        # the child's under way pauses at its next step (``_go`` cleared) and says so (``_paused``)
+        self._holds = 0
+        self._computing = False  # a recompute was sent to the child and has not answered
+        self._paused = False
+        self._go: Any = None  # the child's event (multiprocessing), set while it may compute
 
     # -- what the pages call -------------------------------------------------------------------
 
@@ -168,6 +174,8 @@ class BaselineWorker:
         scenario it was writing stays as it was)."""
         self._stop.set()
         self._wake.set()
+        with self._cond:
+            self._cond.notify_all()  # a recompute waiting for a page's heavy work gives up
         self._end_child(wait=False)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -191,6 +199,35 @@ class BaselineWorker:
         """Around a write of the run's token cache (:func:`rldiag.api.step_tokens`)."""
         with self._tokens:
             yield
+
+    def hold(self) -> None:
+        """A page's heavy work starts (:func:`rldiag.app.pagework.quiet_baselines`): no recompute
+        starts until :meth:`resume`, and the one under way pauses after its current step (its memory
+        given back to the system first)."""
+        with self._cond:
+            self._holds += 1
+            if self._go is not None:
+                self._go.clear()
+
+    def resume(self) -> None:
+        """The page's heavy work ended: the recomputes go on."""
+        with self._cond:
+            self._holds = max(0, self._holds - 1)
+            if not self._holds:
+                if self._go is not None:
+                    self._go.set()
+                self._cond.notify_all()
+
+    def wait_quiet(self, timeout: float | None = None) -> bool:
+        """Block (after :meth:`hold`) until no recompute of this worker computes: none sent to the
+        child, or the child paused between two steps; False when ``timeout`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._computing or self._paused or self._stop.is_set(), timeout)
+
+    @property
+    def quiet(self) -> bool:
+        with self._cond:
+            return not self._computing or self._paused
 
     @property
     def alive(self) -> bool:
@@ -316,23 +353,40 @@ class BaselineWorker:
             return _recompute_here(str(self.run), steps, self.device, tokens, progress)
         try:
             _, conn = self._child_up()
+            with self._cond:  # a page's heavy work first: no recompute starts while one holds it
+                self._cond.wait_for(lambda: not self._holds or self._stop.is_set())
+                if self._stop.is_set():
+                    return None, "the baseline's worker was stopped"
+                self._computing, self._paused = True, False
             conn.send((steps, tokens))
             while True:
                 msg = conn.recv()
                 if msg[0] == "progress":
                     progress(*msg[1:])
+                elif msg[0] in ("paused", "resumed"):
+                    with self._cond:
+                        self._paused = msg[0] == "paused"
+                        self._cond.notify_all()
                 else:
                     return msg[1], msg[2]
         except (EOFError, OSError) as exc:  # the child died (killed, out of memory) or was stopped
             self._end_child(wait=False)
             return None, f"the baseline's process ended ({type(exc).__name__})"
+        finally:
+            with self._cond:
+                self._computing = self._paused = False
+                self._cond.notify_all()
 
     def _child_up(self) -> tuple[Any, Any]:
         if self._child is not None and self._child[0].is_alive():
             return self._child
-        ctx = _context()
+        ctx = mp_context()
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=child_main, args=(child, str(self.run), self.device),
+        with self._cond:
+            self._go = ctx.Event()
+            if not self._holds:
+                self._go.set()
+        proc = ctx.Process(target=child_main, args=(child, str(self.run), self.device, self._go),
                            name=f"rldiag-baseline:{self.run.name}", daemon=True)
         proc.start()
         child.close()
@@ -370,11 +424,14 @@ def _recompute_here(run: str, steps: list[int] | None, device: str, tokens: bool
             "steps_reused": list(res.steps_reused), "seconds": res.seconds}, None
 
 
-def child_main(conn: Any, run: str, device: str) -> None:
+def child_main(conn: Any, run: str, device: str, go: Any = None) -> None:
     """The baseline's child process: one recompute per ``(steps, save_tokens)`` received, its
     progress and ``("done", summary, error)`` sent back, until ``None`` or the parent goes away.
-    Ctrl-C is the server's to handle (the child ends with its pipe)."""
+    ``go`` (an event): when it is cleared (a page's heavy work, :meth:`BaselineWorker.hold`), the
+    recompute pauses after its current step, its freed memory given back to the system, between
+    ``("paused",)`` and ``("resumed",)``. Ctrl-C is the server's to handle (the child ends with its pipe)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    memory.name_process("rldiag-baseline")
     api.warm_up()  # preloaded by the fork server; spawned: imported here, once
 
     while True:
@@ -388,6 +445,11 @@ def child_main(conn: Any, run: str, device: str) -> None:
 
         def progress(done: int, total: int, what: str) -> None:
             conn.send(("progress", done, total, what))
+            if go is not None and not go.is_set():
+                memory.release()
+                conn.send(("paused",))
+                go.wait()
+                conn.send(("resumed",))
 
         try:
             summary, error = _recompute_here(run, steps, device, tokens, progress)
@@ -396,68 +458,6 @@ def child_main(conn: Any, run: str, device: str) -> None:
             return
         finally:
             memory.release()
-
-
-# -- one-off work in a child --------------------------------------------------------------------
-
-
-def in_child(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in a child process of the fork server (``fn`` importable by name,
-    its arguments and result picklable): the memory of a page's one-off recompute (a step's
-    per-token values; a step of 16 M tokens takes several GB) is the child's and goes back to the
-    system when it ends, instead of staying in the server's heap beside every session. Inline in
-    the ``sync`` and ``off`` modes (tests, and servers that compute nothing in the background).
-    An :class:`~rldiag.errors.RldiagError` raised in the child is raised here again (its type
-    and message); a child that dies (killed, out of memory) raises :class:`ComputeError`."""
-    if MODE != "thread":
-        return fn(*args, **kwargs)
-    from rldiag.errors import ComputeError
-
-    ctx = _context()
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_call_in_child, args=(child, fn, args, kwargs), name="rldiag-page-work", daemon=True)
-    proc.start()
-    child.close()
-    answer: tuple[bool, Any] | None = None
-    try:
-        answer = parent.recv()
-    except (EOFError, OSError):
-        pass
-    finally:
-        parent.close()
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10)
-    if answer is None:
-        raise ComputeError(f"the process computing {getattr(fn, '__name__', fn)} ended before it answered "
-                           f"(exit code {proc.exitcode}: killed, or out of memory?)")
-    ok, value = answer
-    if ok:
-        return value
-    kind, message = value
-    err = next((c for c in _error_types() if c.__name__ == kind), RldiagError)
-    raise err(message)
-
-
-def _error_types() -> list[type[RldiagError]]:
-    out, todo = [], [RldiagError]
-    while todo:
-        cls = todo.pop()
-        out.append(cls)
-        todo.extend(cls.__subclasses__())
-    return out
-
-
-def _call_in_child(conn: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's
-    try:
-        try:
-            conn.send((True, fn(*args, **kwargs)))
-        except RldiagError as exc:
-            conn.send((False, (type(exc).__name__, str(exc))))
-    finally:
-        conn.close()
 
 
 # -- one worker per (process, run) ---------------------------------------------------------------
@@ -481,6 +481,12 @@ def worker_for(store: Store, **options) -> BaselineWorker:
             options.setdefault("synchronous", MODE == "sync")
             w = _registry[key] = BaselineWorker(store, **options)
         return w
+
+
+def workers() -> list[BaselineWorker]:
+    """Every worker of this process."""
+    with _registry_lock:
+        return list(_registry.values())
 
 
 def lookup(key: tuple[str, str]) -> BaselineWorker | None:

@@ -60,3 +60,25 @@ def test_limit_arenas_is_accepted_by_glibc():
     code = "from rldiag.app import memory; print(memory.limit_arenas(), memory.limit_arenas(3))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True"]
+
+
+def test_name_process_names_the_calling_thread_what_ps_shows():
+    """memory.name_process: the app's children are told apart from their fork server by their
+    ``comm`` (bench_rollouts' breakdown of the tree). Called on a thread here, so that only that
+    thread is renamed (on a process's main thread it is the process's name)."""
+    import sys
+    import threading
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("Linux prctl only")
+    got = []
+
+    def work() -> None:
+        ok = memory.name_process("rldiag-page-work-too-long")
+        with open("/proc/thread-self/comm") as fh:
+            got.append((ok, fh.read().strip()))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert got == [(True, "rldiag-page-wor")]  # 15 bytes: the kernel's limit

@@ -229,25 +229,3 @@ def test_rldiag_app_starts_the_baseline_of_its_runs_before_a_page_asks(run, monk
         assert snap.error is None and _meta(Store(run))["steps_done"] == [1, 2, 3]
     finally:
         worker.stop_all(WAIT)
-
-
-def test_a_pages_one_off_work_runs_in_a_child_and_comes_back_with_its_errors(run, monkeypatch):
-    """worker.in_child (the Step page's per-token values): the work runs in another process, its
-    result is the inline one, an RldiagError comes back as itself, a child that dies is a
-    ComputeError; inline in the sync mode."""
-    import os
-
-    from rldiag.errors import ComputeError, RunDirError
-
-    monkeypatch.setattr(worker, "MODE", "thread")
-    assert worker.in_child(os.getpid) != os.getpid()
-    got = worker.in_child(api.step_tokens, run, 2, "baseline", device="cpu")
-    assert got.error is None and got.computed and got.path.is_file()
-    again = api.step_tokens(run, 2, "baseline", device="cpu")  # the child's cache, read here
-    assert (again.path, again.computed) == (got.path, False)
-    with pytest.raises(RunDirError, match="nowhere"):
-        worker.in_child(api.step_tokens, run.parent / "nowhere", 1, "baseline")
-    with pytest.raises(ComputeError, match="exit code 3"):
-        worker.in_child(os._exit, 3)
-    monkeypatch.setattr(worker, "MODE", "sync")
-    assert worker.in_child(os.getpid) == os.getpid()

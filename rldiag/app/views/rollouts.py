@@ -9,7 +9,7 @@ import polars as pl
 import streamlit as st
 
 from rldiag import api
-from rldiag.app import session
+from rldiag.app import pagework, session
 from rldiag.errors import RldiagError
 from rldiag.store import file_sig
 from rldiag.viz.transcript import (
@@ -45,17 +45,12 @@ store = session.store_or_stop()
 
 @st.cache_data(max_entries=256, show_spinner=False)
 def row_values(run: str, scenario: str, step: int, row: int, column: str, sig: tuple) -> list | None:
-    """One row's per-token ``column`` under ``scenario`` (None: the scenario has none): from
-    :func:`rldiag.api.step_token_frame` (its saved tokens, else the step recomputed aside into the
-    run's token cache, on disk). Only the row's values are kept in memory, not the step's frame
-    (1,024 rows of a long-tailed step are a million tokens); ``sig`` keys the cache on the run's
-    files."""
-    with session.heavy_work():  # the step's arrays go back to the system afterwards
-        frame = api.step_token_frame(run, step, scenario, columns=[column])
-        got = frame.filter(pl.col("row") == row)
-        values = got[column][0].to_list() if column in frame.columns and len(got) else None
-        del frame, got
-    return values
+    """One row's per-token ``column`` under ``scenario`` (None: the scenario has none):
+    :func:`rldiag.app.pagework.row_token_values` in a child process (the step's frame, its
+    recompute when the token cache lacks it, stay there: 1,024 rows of a long-tailed step are a
+    million tokens), with the background baseline paused meanwhile; only the row's values are
+    kept in memory. ``sig`` keys the cache on the run's files."""
+    return pagework.in_child(pagework.row_token_values, run, scenario, step, row, column)
 
 
 @st.cache_data(max_entries=256, show_spinner=False)

@@ -4,7 +4,7 @@ debugging checklist (scores, rewards, masks, groups, advantages, then ratios) ev
 import streamlit as st
 
 from rldiag import api
-from rldiag.app import session, worker
+from rldiag.app import pagework, session
 from rldiag.store.tokentext import RANKINGS
 from rldiag.viz.charts import group_figure, heat_strip
 from rldiag.viz.checklist import RATIO_METRICS, evaluate
@@ -47,8 +47,9 @@ def step_tokens(step: int) -> None:
         return
     with st.spinner(f"Computing step {step}'s per-token values (the run's own settings)"):
         with session.tokens_lock(store), session.heavy_work():
-            # in a child process: a large step's recompute does not stay in the server's memory
-            got = worker.in_child(api.step_tokens, store.run, step, BASELINE, device="cpu")
+            # in a child process (a large step's recompute does not stay in the server's memory),
+            # the background baseline paused meanwhile (never two steps' peaks at once)
+            got = pagework.in_child(api.step_tokens, store.run, step, BASELINE, device="cpu")
     if got.error:
         failed[key] = got.error
         st.warning(f"Step {step}'s per-token values could not be computed: {got.error}")
