@@ -11,6 +11,7 @@ with the most own time, under cProfile (which slows Python-heavy code, not torch
 
   .venv/bin/python bench/bench_phases.py RUN
   .venv/bin/python bench/bench_phases.py RUN --cprofile 25
+  .venv/bin/python bench/bench_phases.py RUN --spare 2     # every core wherever the loader is quiet
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def main() -> None:
     ap.add_argument("run")
     ap.add_argument("--cprofile", type=int, default=0, help="print the N functions with most own time")
     ap.add_argument("--name", default="bench-phases")
+    ap.add_argument("--spare", type=float, default=None,
+                    help="take the machine's idle cores as this (rldiag.executors.allocator.idle_cores), to "
+                         "measure the engine on every core, or on one fewer, whatever the load")
     args = ap.parse_args()
     t0 = time.perf_counter()
     import torch  # noqa: F401
@@ -102,6 +106,10 @@ def main() -> None:
     t_imports = time.perf_counter()
     ph = Phases()
     instrument(ph)
+    if args.spare is not None:
+        import rldiag.executors.allocator as allocator
+
+        allocator.idle_cores = lambda: args.spare  # type: ignore[assignment]
     prof = None
     if args.cprofile:
         import cProfile

@@ -123,6 +123,21 @@ def idle_cores() -> float:
     return usable_cores() - load
 
 
+def pack_threads(every: int, fewer: int, loader_quiet: bool) -> int:
+    """Set torch's intra-op threads for the next pack of a CPU recompute and return the count:
+    ``fewer`` (:func:`engine_threads`') while the loader thread reads a step beside the engine;
+    ``every`` while it reads nothing (``loader_quiet``: the last packs, or a large step computed
+    with nothing read ahead), but only where the machine has a core to spare (at least half a
+    core idle over the last minute). torch's intra-op threads wait for each other at every
+    operation, and where another process or the loader holds a core each wait lasts a time slice
+    of the scheduler (docs/performance.md, "Threads"). The engine's results do not depend on the
+    thread count (tests/engine/test_thread_count.py)."""
+    want = every if loader_quiet and every > fewer and idle_cores() >= 0.5 else fewer
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
+    return want
+
+
 @contextmanager
 def engine_threads(device: str) -> Iterator[int]:
     """torch's intra-op threads for a CPU recompute: one fewer than the usable cores (at least

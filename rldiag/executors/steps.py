@@ -363,7 +363,13 @@ class Prefetched(Generic[T, R]):
     @property
     def idle(self) -> bool:
         """Whether the loader has nothing left to do: every task submitted and finished."""
-        return self._exhausted and all(f.done() for f in self._queue)
+        return self._exhausted and self.quiet
+
+    @property
+    def quiet(self) -> bool:
+        """Whether the loader thread is reading nothing now: every task submitted so far has
+        finished (the last ones read, or a held result waiting for the consumer, see ``hold``)."""
+        return all(f.done() for f in self._queue)
 
     def __iter__(self) -> Iterator[R]:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldiag-load")
