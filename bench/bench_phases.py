@@ -3,11 +3,12 @@
 ``rldiag recompute RUN --no-reuse`` as the CLI runs it (the local executor, the host allocator
 tuned, the loader and hash threads), in this process, with timers around its phases: the imports
 (torch's and rldiag's), each fetch on the loader thread (open, read, decode, validate, tensors),
-the hash of each file on the hash thread, each engine stage on the main thread, the per-row tables
-and the scenario's writes. Each phase's wall seconds and the CPU seconds of the thread that ran
-it (``time.thread_time``); the process's wall and CPU time, minor page faults, and how much of
-the loader's time overlapped the engine's. ``--cprofile N``: the N functions of the main thread
-with the most own time, under cProfile (which slows Python-heavy code, not torch's kernels).
+the hash of each file (on the hash thread, or its rest on the thread that needs the record),
+each engine stage on the main thread, the per-row tables and the scenario's writes. Each phase's
+wall seconds and the CPU seconds of the thread that ran it (``time.thread_time``); the process's
+wall and CPU time, minor page faults, and how much of the loader's time overlapped the engine's.
+``--cprofile N``: the N functions of the main thread with the most own time, under cProfile
+(which slows Python-heavy code, not torch's kernels).
 
   .venv/bin/python bench/bench_phases.py RUN
   .venv/bin/python bench/bench_phases.py RUN --cprofile 25
@@ -75,7 +76,7 @@ def instrument(ph: Phases) -> None:
         object.__setattr__(st, "run", ph.wrap(f"stage {st.name}", st.run))
     fetch = ph.wrap("fetch (loader thread)", steps_mod.fetch)
     steps_mod.fetch = local.fetch = fetch  # type: ignore[assignment]
-    steps_mod.hashed_file_record = ph.wrap("hash (hash thread)", steps_mod.hashed_file_record)  # type: ignore[assignment]
+    steps_mod.PieceHash.run = ph.wrap("hash (either thread)", steps_mod.PieceHash.run)  # type: ignore[method-assign]
     steps_mod.load_step = ph.wrap("  of which load_step", steps_mod.load_step)  # type: ignore[assignment]
     steps_mod.recompute_batch = ph.wrap("engine (all stages)", steps_mod.recompute_batch)  # type: ignore[assignment]
     steps_mod.pack_batch = ph.wrap("pack the batch", steps_mod.pack_batch)  # type: ignore[assignment]
