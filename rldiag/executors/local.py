@@ -39,11 +39,12 @@ class LocalExecutor:
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin), hold=large_step)
         every = torch.get_num_threads()
         with engine_threads(job.device) as fewer:
+            spare = allocator.SpareCores(fewer)
 
             def threads() -> None:
                 # every core for a pack computed while the loader reads nothing (the last packs, a
                 # large step held), one fewer while it reads the next step (allocator.pack_threads)
-                allocator.pack_threads(every, fewer, fetched.quiet)
+                allocator.pack_threads(every, fewer, fetched.quiet, spare)
 
             yield from process(fetched, job, kl_for, before_compute=threads, not_loaded=not_loaded)
 

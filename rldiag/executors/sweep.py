@@ -242,10 +242,11 @@ class SweepExecutor:
         packers = [Packer(job.pack_tokens) for job in jobs]
         every = torch.get_num_threads()
         with engine_threads(device) as fewer:
+            spare = allocator.SpareCores(fewer)
 
             def widen() -> None:
                 # as LocalExecutor: every core for the last packs, nothing left to read, a core to spare
-                allocator.pack_threads(every, fewer, fetched.idle)
+                allocator.pack_threads(every, fewer, fetched.idle, spare)
 
             for row in fetched:
                 yield from self._drain([packers[i].push(f) for i, f in enumerate(row)], jobs, kl_for, not_loaded, widen)

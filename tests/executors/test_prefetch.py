@@ -140,6 +140,7 @@ def _threads_per_pack(synth_run, monkeypatch, spare: float, hold) -> list[int]:
     monkeypatch.setattr(local_mod, "large_step", hold)
     monkeypatch.setattr(allocator, "usable_cores", lambda: 3)
     monkeypatch.setattr(allocator, "idle_cores", lambda: spare)
+    monkeypatch.setattr(allocator, "SpareCores", lambda fewer: (lambda: spare))  # what the others leave
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
