@@ -17,6 +17,16 @@ memory kept for reuse), so the high-water mark is the most memory live at once.
   .venv/bin/python bench/bench_memory.py --workloads tail32k --scale 0.5 --stages
   .venv/bin/python bench/bench_memory.py --workloads step8k32k --repeat 1  # 8,192 rows, 11.9 M tokens
   .venv/bin/python bench/bench_memory.py --workloads step16m --repeat 1    # the 16 M-token step: once
+  .venv/bin/python bench/bench_memory.py --workloads none --slope 192,384,768,1536
+
+``--slope ROWS``: the marginal bytes a token, what "memory that follows tokens at a small constant"
+means once the fixed costs are left out. Runs of one long-tailed shape (tail32k's: 3 steps,
+lognormal lengths around 600 tokens, 2 % of the rows at the 32k cap) at several sizes (rows a
+step; 192, 384, 768 and 1,536 make largest steps of about 0.3, 0.6, 1.2 and 2.4 M tokens), each
+measured as whole processes: the recompute, the torch-importing decode floor and the pyarrow-only
+one (bench_whole.py's); then the least-squares line of each one's peak RSS above the base against
+the tokens of the run's largest step: its slope in bytes a token, and its intercept in MB (the
+part of the peak that does not follow the tokens).
 """
 
 from __future__ import annotations
@@ -123,23 +133,94 @@ def stage_table(run: Path) -> None:
             print(f"  {name:<28} +{grew / big:6.0f} B/token")
 
 
+def least_squares(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """The least-squares line ``y = slope x + intercept`` through the points ``(xs, ys)``
+    (at least two distinct ``xs``)."""
+    n = len(xs)
+    if n != len(ys) or n < 2:
+        raise ValueError(f"need two points or more, not {n} x and {len(ys)} y")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("every x is the same: no slope")
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope, my - slope * mx
+
+
+#: the processes of the slope table: this tree's recompute and the two decode floors (bench_whole.py)
+SLOPE_PROCESSES = ("this", "torch", "arrow")
+
+
+def slope_table(base: Path, rows_list: list[int], repeat: int) -> None:
+    """Peak RSS above the base against the largest step's tokens, at each size; the least-squares
+    slope (bytes a token) and intercept (MB) of each process (see the module's ``--slope``)."""
+    from bench_whole import commands, measure
+
+    steps, _, cap, _ = TAILED["tail32k"]
+    tiny = make_run(base / "fixed-1-8-64", 1, 8, 64)
+
+    def peaks(run: Path) -> dict[str, float]:
+        cmds = {k: v for k, v in commands(run, None).items() if k in SLOPE_PROCESSES}
+        got: dict[str, list[float]] = {k: [] for k in cmds}
+        for _ in range(repeat):  # alternating; the least of each (the allocator's luck aside)
+            for k, (cmd, path, fresh) in cmds.items():
+                got[k].append(measure(cmd, path, fresh)["peak_rss_mb"])
+        return {k: min(v) for k, v in got.items()}
+
+    fixed = peaks(tiny)
+    print(f"slope: {steps} steps of the tail32k shape (cap {cap:,}) at {', '.join(map(str, rows_list))} rows a step; "
+          "peak RSS above the base (one step of 8 rows x 64 tokens: "
+          + ", ".join(f"{k} {v:.0f} MB" for k, v in fixed.items()) + ")")
+    head = f"{'rows':>6} {'Mtokens':>8} {'largest':>8}" + "".join(f" {k + ' MB':>9} {k + ' B/t':>9}" for k in fixed)
+    print(head)
+    print("-" * len(head))
+    xs: list[float] = []
+    ys: dict[str, list[float]] = {k: [] for k in fixed}
+    for rows in rows_list:
+        run = make_tailed_run(base / f"slope-{rows}", steps, rows, cap)
+        _, _, tokens, _ = run_shape(run)
+        big = largest_step_tokens(run)
+        got = peaks(run)
+        xs.append(big)
+        cells = ""
+        for k, mb in got.items():
+            above = (mb - fixed[k]) * 2**20
+            ys[k].append(above)
+            cells += f" {mb:>9.0f} {above / big:>9.0f}"
+        print(f"{rows:>6} {tokens / 1e6:>8.2f} {big / 1e6:>8.2f}{cells}", flush=True)
+    print("least squares of the peak above the base against the largest step's tokens:")
+    for k, y in ys.items():
+        slope, intercept = least_squares(xs, y)
+        marginal = ", ".join(f"{(y[i + 1] - y[i]) / (xs[i + 1] - xs[i]):.0f}" for i in range(len(xs) - 1))
+        print(f"  {k:<6} slope {slope:>6.1f} bytes a token, intercept {intercept / 2**20:>7.1f} MB "
+              f"(between neighbouring sizes: {marginal} B/token)")
+    print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="tail16k,tail32k", help=f"of {', '.join(TAILED)}")
     ap.add_argument("--scale", type=float, default=1.0, help="rows of each workload times this")
     ap.add_argument("--repeat", type=int, default=2, help="best of N processes")
     ap.add_argument("--stages", action="store_true", help="the RSS high-water mark's rises, stage by stage")
+    ap.add_argument("--slope", default=None, metavar="ROWS",
+                    help="rows a step of the slope's runs, comma-separated (e.g. 192,384,768,1536)")
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rldiag-memory-bench-"))
+    base.mkdir(parents=True, exist_ok=True)
+    if args.slope:
+        slope_table(base, [int(r) for r in args.slope.split(",")], args.repeat)
     runs = {}
-    for name in args.workloads.split(","):
+    for name in [w for w in args.workloads.split(",") if w and w != "none"]:
         steps, rows, cap, capped_rows = TAILED[name]
         rows = max(8, int(rows * args.scale))
         t0 = time.perf_counter()
         runs[name] = make_tailed_run(base / f"{name}-{rows}", steps, rows, cap, capped_rows=capped_rows,
                                      capped=CAPPED_SHARE.get(name, TAIL_CAPPED))
         print(f"made the {name} run ({runs[name]}) in {time.perf_counter() - t0:.1f} s", flush=True)
+    if not runs:
+        return
     process_table(runs, args.repeat)
     if args.stages:
         stage_table(max(runs.values(), key=largest_step_tokens))

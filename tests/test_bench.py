@@ -232,3 +232,34 @@ def test_bench_stage_peaks_prints_each_stage_against_its_own_start(tmp_path):
     rows = [line.split() for line in lines[2:]]
     assert rows and {r[0] for r in rows} <= {s.name for s in STAGES}
     assert all(float(peak) >= float(kept) for _, peak, kept in rows)
+
+
+def test_bench_whole_measures_this_tree_a_baseline_and_both_floors_side_by_side(tmp_path):
+    """bench/bench_whole.py at the smallest size, with this commit's own rldiag as the baseline:
+    one row per workload, every process measured, the ratios those of the medians printed."""
+    out = bench_output("bench_whole.py", str(tmp_path), "--baseline", "HEAD", "--workloads", "uniform,tail32k",
+                       "--steps", "2", "--rows", "16", "--tokens", "32", "--scale", "0.01", "--repeat", "1")
+    lines = out.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("workload"))
+    rows = {line.split()[0]: line.split() for line in lines[top + 2:] if line and not line.startswith(" ")}
+    assert set(rows) == {"uniform", "tail32k"}
+    for cells in rows.values():
+        assert len(cells) == 20  # name, steps x rows (3 cells), Mtok, then 15 numbers
+        this, base, torch_floor, arrow = (float(c) for c in cells[5:9])  # wall seconds
+        assert min(this, base, torch_floor, arrow) > 0
+        assert _ratio_of_printed(float(cells[9]), this, torch_floor) and _ratio_of_printed(float(cells[10]), this, base)
+        assert all(float(c) > 0 for c in cells[11:14] + cells[16:20])  # CPU seconds, peak MB of each process
+    assert (tmp_path / "rev-HEAD" / "rldiag" / "engine").is_dir()  # the baseline's package, extracted
+    scen = tmp_path / "run-2-16-32-twin" / "rldiag" / "scenarios" / "bench-whole"
+    assert (scen / "scenario.json").is_file()  # the baseline wrote into the run's twin, not the run
+    assert "load average" in out
+
+
+def test_bench_memory_slope_fits_a_line_per_process(tmp_path):
+    out = bench_output("bench_memory.py", str(tmp_path), "--workloads", "none", "--slope", "8,16", "--repeat", "1")
+    fits = {line.split()[0]: line.split() for line in out.splitlines() if "bytes a token, intercept" in line}
+    assert set(fits) == {"this", "torch", "arrow"}
+    for cells in fits.values():
+        float(cells[2]), float(cells[7])  # the slope and the intercept, numbers
+    sizes = [line.split() for line in out.splitlines() if line.split()[:1] in (["8"], ["16"])]
+    assert [int(c[0]) for c in sizes] == [8, 16] and all(float(c[3]) > 0 for c in sizes)  # this tree's peak MB

@@ -25,7 +25,6 @@ from rldiag import api
 from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, console, err_console, fmt, progress_bar
 from rldiag.errors import QueryError, RunDirError
-from rldiag.store.rows import PREVIEW_COLUMN
 
 #: the columns the table shows first, when the query has them (``--columns`` picks others); the sort
 #: column is always shown, and the response preview last
@@ -71,6 +70,9 @@ def _rows(args: argparse.Namespace, preview: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: every command's parser imports this module, and the store brings duckdb
+    from rldiag.store.rows import PREVIEW_COLUMN
+
     preview = 0 if args.json else max(0, args.preview)
     try:
         frame = _rows(args, preview)

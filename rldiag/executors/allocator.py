@@ -28,7 +28,8 @@ import ctypes.util
 import functools
 import os
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -121,6 +122,65 @@ def idle_cores() -> float:
     except (OSError, AttributeError):
         return float(usable_cores())
     return usable_cores() - load
+
+
+def cpu_sample() -> tuple[float, float, float] | None:
+    """(CPU seconds the whole machine has been busy, this process's CPU seconds, a monotonic
+    time) now, from ``/proc/stat`` (user, nice, system, irq, softirq and steal time of every CPU)
+    and :func:`os.times`; None where the platform has no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    busy = sum(fields) - fields[3] - fields[4]  # less idle and iowait
+    own = os.times()
+    return busy / hz, own.user + own.system, time.monotonic()
+
+
+#: :class:`SpareCores` needs a window this long (seconds) to tell; a shorter one (CPU times
+#: count in ticks of 10 ms) falls back to the load average (:func:`idle_cores`).
+SPARE_WINDOW = 0.1
+
+
+class SpareCores:
+    """Cores another engine thread would find free, measured between calls: the usable cores less
+    the CPU the machine's *other* processes used since the last call (the machine's busy time less
+    this process's own, over the wall time) less the ``fewer`` threads the engine has already.
+
+    The 1-minute load average (:func:`idle_cores`) counts this process's own threads and lags by
+    a minute, so on a quiet machine a recompute's own loader and engine kept it above the rule's
+    threshold; this measures what the others leave now. Falls back to :func:`idle_cores` where the
+    platform has no ``/proc/stat`` or the window is shorter than :data:`SPARE_WINDOW`."""
+
+    def __init__(self, fewer: int):
+        self.fewer = fewer
+        self._last = cpu_sample()
+
+    def __call__(self) -> float:
+        now, last = cpu_sample(), self._last
+        if now is None or last is None or now[2] - last[2] < SPARE_WINDOW:
+            return idle_cores()
+        self._last = now
+        others = max(0.0, (now[0] - last[0]) - (now[1] - last[1])) / (now[2] - last[2])
+        return usable_cores() - others - self.fewer
+
+
+def pack_threads(every: int, fewer: int, loader_quiet: bool, spare: Callable[[], float] | None = None) -> int:
+    """Set torch's intra-op threads for the next pack of a CPU recompute and return the count:
+    ``fewer`` (:func:`engine_threads`') while the loader thread reads a step beside the engine;
+    ``every`` while it reads nothing (``loader_quiet``: the last packs, or a large step computed
+    with nothing read ahead), but only where the machine has a core to spare: ``spare()`` at least
+    half a core (:class:`SpareCores`; default :func:`idle_cores`, the load average's). torch's
+    intra-op threads wait for each other at every operation, and where another process or the
+    loader holds a core each wait lasts a time slice of the scheduler (docs/performance.md,
+    "Threads"). The engine's results do not depend on the thread count
+    (tests/engine/test_thread_count.py)."""
+    want = every if loader_quiet and every > fewer and (spare or idle_cores)() >= 0.5 else fewer
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
+    return want
 
 
 @contextmanager

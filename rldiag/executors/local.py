@@ -38,18 +38,15 @@ class LocalExecutor:
         pin = torch.device(job.device).type == "cuda"
         fetched = prefetched(plan.tasks, lambda t: fetch(t, job, pin=pin), hold=large_step)
         every = torch.get_num_threads()
-        with engine_threads(job.device):
+        with engine_threads(job.device) as fewer:
+            spare = allocator.SpareCores(fewer)
 
-            def widen() -> None:
-                # the last packs, nothing left to read: the engine takes every core, but only where
-                # the machine has a core to spare. torch's intra-op threads wait for each other at
-                # every operation, and where another process holds a core each wait lasts a time
-                # slice of the scheduler (docs/performance.md, "Threads"); the results do not
-                # depend on the thread count (tests/engine/test_thread_count.py)
-                if torch.get_num_threads() < every and fetched.idle and allocator.idle_cores() >= 0.5:
-                    torch.set_num_threads(every)
+            def threads() -> None:
+                # every core for a pack computed while the loader reads nothing (the last packs, a
+                # large step held), one fewer while it reads the next step (allocator.pack_threads)
+                allocator.pack_threads(every, fewer, fetched.quiet, spare)
 
-            yield from process(fetched, job, kl_for, before_compute=widen, not_loaded=not_loaded)
+            yield from process(fetched, job, kl_for, before_compute=threads, not_loaded=not_loaded)
 
     def close(self) -> None:
         """Nothing to release: the executor holds no resources between runs."""

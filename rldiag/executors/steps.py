@@ -149,22 +149,28 @@ class Fetched:
     """
 
     def __init__(self, task: StepTask, record: dict | None = None, *, pending: Future | None = None,
-                 data: StepData | None = None, error: str | None = None):
+                 data: StepData | None = None, error: str | None = None,
+                 finish: Callable[[], dict] | None = None):
         self.task = task
         self.data = data
         self.error = error
         self._record = dict(record or {})
         self._pending = pending
+        self._finish = finish  # hashes what the hash thread has not yet (PieceHash.run), on the caller's thread
         self._lock = threading.Lock()
         #: the file's per-row columns (:func:`~rldiag.io.loader.row_columns`) when the fetcher read
         #: them from the bytes it had (a sweep), or the error that kept them; None: read when needed
         self.row_columns: pa.Table | BaseException | None = None
 
     def record(self) -> dict:
-        """The input record for scenario.json, its hash finished (a copy)."""
+        """The input record for scenario.json, its hash finished (a copy): what the hash thread
+        has not hashed yet is hashed on the caller's thread (where the fetch gave a way to)."""
         with self._lock:
             if self._pending is not None:
-                self._record, self._pending = self._pending.result(), None
+                # a local file's rest hashed here, not waited for: the hash thread only has to
+                # find it done, whenever it runs
+                self._record = self._finish() if self._finish is not None else self._pending.result()
+                self._pending = self._finish = None
             return dict(self._record)
 
     @property
@@ -223,26 +229,57 @@ def hashed_record(info: dict, remote: bool, content: bytes) -> dict:
 HASH_PIECE = 1 << 20
 
 
+class PieceHash:
+    """The record of a local file open as ``fd`` (:func:`hashed_record`'s, closed once read),
+    hashed in pieces of :data:`HASH_PIECE` bytes at their offsets (``os.pread``: the file's
+    position, which the loader may share, is left alone), so that no more than a piece of it is
+    held at once.
+
+    Any thread may advance it (:meth:`run`): the hash thread runs it in the machine's idle
+    moments, and a thread that needs the record (:meth:`Fetched.record`) hashes what is left
+    itself rather than wait for a low-priority thread, which a loaded machine runs last. The
+    pieces are hashed in order under a lock, so the digest is the file's whichever thread read
+    which piece."""
+
+    def __init__(self, info: dict, fd: int):
+        self._info = dict(info)
+        self._fd = fd
+        self._sha = hashlib.sha256()
+        self._size = 0
+        self._lock = threading.Lock()
+        self._result: dict | None = None
+        self._error: OSError | None = None
+
+    def run(self) -> dict:
+        """Hash the pieces left, if any; the record (a copy), or the error the file's read raised."""
+        while True:
+            with self._lock:
+                if self._error is not None:
+                    raise self._error
+                if self._result is not None:
+                    return dict(self._result)
+                try:
+                    piece = os.pread(self._fd, HASH_PIECE, self._size)
+                except OSError as exc:
+                    self._error = exc
+                    os.close(self._fd)
+                    raise
+                if piece:
+                    self._sha.update(piece)
+                    self._size += len(piece)
+                    continue
+                os.close(self._fd)
+                self._result = {**self._info, "size": self._size, "sha256": self._sha.hexdigest()}
+
+
 def hashed_file_record(info: dict, fd: int) -> dict:
-    """:func:`hashed_record` of a local file open as ``fd`` (closed here), read in pieces of
-    :data:`HASH_PIECE` bytes at their offsets (``os.pread``: the file's position, which the
-    loader may share, is left alone), so that no more than a piece of it is held at once."""
-    h = hashlib.sha256()
-    size = 0
-    try:
-        while piece := os.pread(fd, HASH_PIECE, size):
-            h.update(piece)
-            size += len(piece)
-    finally:
-        os.close(fd)
-    out = dict(info)
-    out["size"] = size
-    out["sha256"] = h.hexdigest()
-    return out
+    """:func:`hashed_record` of a local file open as ``fd`` (closed here), in pieces
+    (:class:`PieceHash`, on this thread alone)."""
+    return PieceHash(info, fd).run()
 
 
 def open_step_file(sf: StepFile):
-    """A local step file, open for reading (binary): hashed (:func:`hashed_file_record`, on a
+    """A local step file, open for reading (binary): hashed (:class:`PieceHash`, on a
     duplicate of its descriptor) and parsed from the same open file, so both see the same bytes
     even when the path is replaced meanwhile."""
     path = sf.path
@@ -283,8 +320,9 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
     A file whose hash is not known already is hashed on a low-priority thread (hashlib releases
     the GIL): on a machine whose cores are all busy with loading and computing, the hash takes the
     gaps, and whoever needs it first (the step's record, :meth:`Fetched.record`, after the step is
-    computed) waits for the rest. A local file is opened once, hashed in pieces from that open
-    file (:func:`hashed_file_record`) and parsed from it: its bytes are never held whole beside
+    computed) hashes the rest of a local file itself (on a loaded machine the low-priority thread
+    runs last) or waits for an object store's. A local file is opened once, hashed in pieces from
+    that open file (:class:`PieceHash`) and parsed from it: its bytes are never held whole beside
     the decoded columns (a second read of a page the hash read comes from the page cache). An
     object store's file is read once, whole: its bytes are parsed here and hashed on that thread.
     ``pin``: page-locked tensors, so that the copy to a GPU
@@ -296,6 +334,7 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
     old = task.previous
     content: Any = None  # the file's bytes (an object store's), or the open local file
     pending = None
+    finish = None  # a local file's PieceHash.run: whoever needs the record first may finish the hash
     info: dict = {}
     try:
         if hash_file:
@@ -308,11 +347,12 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
                     hashed = functools.partial(hashed_record, dict(info), remote, content)
                 else:
                     content = open_step_file(sf)
-                    hashed = functools.partial(hashed_file_record, dict(info), os.dup(content.fileno()))
+                    hashed = PieceHash(dict(info), os.dup(content.fileno())).run
                 if decides:
                     info = hashed()
                 else:
                     pending = hash_pool().submit(hashed)
+                    finish = None if remote else hashed
                 del hashed
             if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
                 return Fetched(task, info)
@@ -323,12 +363,12 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
             content.close()
         content = None
     if data is None:
-        return Fetched(task, info, error=error, pending=pending)
+        return Fetched(task, info, error=error, pending=pending, finish=finish)
     if job.rescored is not None and task.step in job.rescored:
         data = job.rescored[task.step].apply(data)
     if pin:
         data.batch = data.batch.pin_memory()
-    return Fetched(task, info, data=data, pending=pending)
+    return Fetched(task, info, data=data, pending=pending, finish=finish)
 
 
 def try_load(sf: StepFile, settings: Settings, plan: ColumnPlan, content: Any) -> tuple[StepData | None, str | None]:
@@ -363,7 +403,13 @@ class Prefetched(Generic[T, R]):
     @property
     def idle(self) -> bool:
         """Whether the loader has nothing left to do: every task submitted and finished."""
-        return self._exhausted and all(f.done() for f in self._queue)
+        return self._exhausted and self.quiet
+
+    @property
+    def quiet(self) -> bool:
+        """Whether the loader thread is reading nothing now: every task submitted so far has
+        finished (the last ones read, or a held result waiting for the consumer, see ``hold``)."""
+        return all(f.done() for f in self._queue)
 
     def __iter__(self) -> Iterator[R]:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldiag-load")

@@ -275,12 +275,12 @@ class SweepExecutor:
         fetched = prefetched(rows, lambda tasks: fetch_many(tasks, jobs, pin=pin, read=read, columns=columns))
         packers = [Packer(job.pack_tokens) for job in jobs]
         every = torch.get_num_threads()
-        with engine_threads(device):
+        with engine_threads(device) as fewer:
+            spare = allocator.SpareCores(fewer)
 
             def widen() -> None:
-                # as LocalExecutor: the last packs, nothing left to read, a core to spare
-                if torch.get_num_threads() < every and fetched.idle and allocator.idle_cores() >= 0.5:
-                    torch.set_num_threads(every)
+                # as LocalExecutor: every core for the last packs, nothing left to read, a core to spare
+                allocator.pack_threads(every, fewer, fetched.idle, spare)
 
             for row in fetched:
                 yield from self._drain([packers[i].push(f) for i, f in enumerate(row)], jobs, kl_for, not_loaded, widen)

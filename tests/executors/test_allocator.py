@@ -155,3 +155,35 @@ def test_idle_cores_are_the_usable_ones_less_the_load(monkeypatch):
 
     monkeypatch.setattr(allocator.os, "getloadavg", no_load)
     assert allocator.idle_cores() == 4.0
+
+
+def test_spare_cores_are_what_the_other_processes_leave_beside_the_engine(monkeypatch):
+    """SpareCores: the usable cores less the CPU the machine's other processes used since the last
+    call (the machine's busy time less this process's own) less the engine's threads; a window
+    too short to tell, or no /proc/stat, falls back to the load average's idle cores."""
+    samples = iter([
+        (100.0, 10.0, 0.0),  # at construction: machine busy s, own CPU s, monotonic s
+        (101.5, 11.3, 1.0),  # 1 s later: the machine busy 1.5 cores, this process 1.3 of them
+        (101.6, 11.4, 1.05),  # 50 ms later: too short a window
+        (103.6, 13.9, 2.0),  # own ticks above the machine's (rounding): the others used nothing
+        None,  # no /proc/stat
+    ])
+    monkeypatch.setattr(allocator, "cpu_sample", lambda: next(samples))
+    monkeypatch.setattr(allocator, "usable_cores", lambda: 2)
+    monkeypatch.setattr(allocator, "idle_cores", lambda: -7.0)
+    spare = allocator.SpareCores(fewer=1)
+    assert spare() == pytest.approx(2 - 0.2 - 1)
+    assert spare() == -7.0  # 50 ms: the load average's answer, and the window goes on
+    assert spare() == pytest.approx(2 - 0.0 - 1)  # from the last sample taken (1.0 s): 1 s window
+    assert spare() == -7.0
+
+
+@pytest.mark.parametrize("quiet, spare, want", [(True, 0.8, 3), (True, 0.3, 2), (False, 5.0, 2)])
+def test_pack_threads_widens_only_for_a_quiet_loader_and_a_spare_core(quiet, spare, want):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert allocator.pack_threads(3, 2, quiet, lambda: spare) == want
+        assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)

@@ -345,30 +345,58 @@ def test_a_local_file_is_hashed_in_pieces(tmp_path, monkeypatch):
         os.fstat(fd)  # closed
 
 
-def test_the_record_is_read_only_through_its_accessor_which_waits_for_the_hash(run, monkeypatch):
+def test_the_record_is_read_only_through_its_accessor_which_finishes_the_hash(run, monkeypatch):
     """The hash runs on a background thread into an object of its own: a record read at any time,
-    from any thread, has the file's hash, and the fetch exposes no dict the thread writes into."""
+    from any thread, has the file's hash, and the fetch exposes no dict the thread writes into. A
+    reader that finds the hash unfinished (the low-priority hash thread not run yet, as on a loaded
+    machine) hashes the rest itself rather than wait for that thread."""
     release = threading.Event()
     order = []
-    real = steps_mod.hashed_file_record  # a local file: hashed in pieces from the open file
+    real = steps_mod.PieceHash.run  # a local file: hashed in pieces from the open file
 
-    def held(info, fd):
-        release.wait()
-        out = real(info, fd)
-        order.append("hashed")
-        return out
+    def held(self):
+        if threading.current_thread().name.startswith("rldiag-hash"):
+            release.wait()  # the hash thread gets no core until released
+            out = real(self)
+            order.append("hashed")
+            return out
+        return real(self)
 
-    monkeypatch.setattr(steps_mod, "hashed_file_record", held)
+    monkeypatch.setattr(steps_mod.PieceHash, "run", held)
     path = _batch_files(run)[1]
     f = fetch(_task(run, 1), _job(run))
     assert not hasattr(f, "info")
     got = []
     reader = threading.Thread(target=lambda: (got.append(f.record()), order.append("read")))
     reader.start()
+    reader.join()  # done while the hash thread is still held
+    assert order == ["read"]
     release.set()
-    reader.join()
-    assert order == ["hashed", "read"]
+    steps_mod.hash_pool().submit(lambda: None).result()  # the one hash thread: done with the file
+    assert order == ["read", "hashed"]
     assert got[0]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     rec = f.record()
     rec["sha256"] = "changed by the caller"
     assert f.record()["sha256"] == got[0]["sha256"]  # each reader gets a copy
+
+
+def test_a_piece_hash_advanced_by_two_threads_is_the_files_digest(tmp_path, monkeypatch):
+    """PieceHash: two threads taking pieces as they come (in order, under its lock) give the file's
+    SHA-256 and size, both get the same record, and the descriptor is closed once."""
+    path = tmp_path / "f.bin"
+    content = bytes(range(251)) * 4000 + b"end"
+    path.write_bytes(content)
+    monkeypatch.setattr(steps_mod, "HASH_PIECE", 1000)
+    fd = os.open(path, os.O_RDONLY)
+    ph = steps_mod.PieceHash({"step": 3}, fd)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(ph.run())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = {"step": 3, "size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    assert got == [want, want]
+    assert ph.run() == want  # done: nothing read again
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed

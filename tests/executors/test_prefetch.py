@@ -112,28 +112,64 @@ def test_abandoned_iteration_stops_the_thread():
     assert not any(t.name.startswith("rldiag-load") and t.is_alive() for t in threading.enumerate())
 
 
-@pytest.mark.parametrize("spare, last", [(1.0, 3), (0.2, 2)])
-def test_local_executor_widens_for_the_last_packs_only_with_a_core_to_spare(synth_run, monkeypatch, spare, last):
-    """While steps remain to be read the engine has one core fewer; once the loader is done it
-    gets them all where the machine has a core to spare, and keeps one fewer where it is busy;
-    the caller's thread count is back afterwards."""
+def _threads_per_pack(synth_run, monkeypatch, spare: float, hold) -> list[int]:
+    """torch's thread count as each pack of a recompute of ``synth_run`` (one step a pack) starts,
+    on a machine of 3 usable cores with ``spare`` idle; ``hold(fetched)``: the local executor's
+    read-ahead rule. Deterministic: the loader's read of each step after the first waits until the
+    pack before it has started, so the loader is busy exactly where a step is read ahead."""
+    import rldiag.executors.local as local_mod
+
     seen: list[int] = []
+    started = {}
     real = steps_mod.recompute_batch
+    real_fetch = local_mod.fetch
 
     def spy(batch, settings, kl_state, **how):
         seen.append(torch.get_num_threads())
+        started[batch.steps[0]].set()  # the next step may be read now
         return real(batch, settings, kl_state, **how)
 
+    def gated_fetch(task, job, **kw):
+        before = [s for s in started if s < task.step]
+        if before:
+            started[max(before)].wait(timeout=30)
+        return real_fetch(task, job, **kw)
+
     monkeypatch.setattr(steps_mod, "recompute_batch", spy)
+    monkeypatch.setattr(local_mod, "fetch", gated_fetch)
+    monkeypatch.setattr(local_mod, "large_step", hold)
     monkeypatch.setattr(allocator, "usable_cores", lambda: 3)
     monkeypatch.setattr(allocator, "idle_cores", lambda: spare)
+    monkeypatch.setattr(allocator, "SpareCores", lambda fewer: (lambda: spare))  # what the others leave
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        rep = recompute(synth_run, name="t", pack_tokens=1)  # one step per pack
+        from rldiag.io.rundir import RunDir
+
+        started.update({sf.step: threading.Event() for sf in RunDir(synth_run).require_steps()})
+        rep = recompute(synth_run, name="t", pack_tokens=1, reuse=False)  # one step per pack
         assert rep.ok and len(seen) == 5
-        assert seen[0] == 2 and seen[-1] == last  # the first with the loader busy, the last alone
-        assert sorted(seen) == seen  # never narrowed again
-        assert torch.get_num_threads() == 3
+        assert torch.get_num_threads() == 3  # the caller's count back
     finally:
         torch.set_num_threads(before)
+    return seen
+
+
+@pytest.mark.parametrize("spare, last", [(1.0, 3), (0.2, 2)])
+def test_local_executor_widens_for_the_last_packs_only_with_a_core_to_spare(synth_run, monkeypatch, spare, last):
+    """While steps remain to be read the engine has one core fewer; once the loader is done it
+    gets them all where the machine has a core to spare, and keeps one fewer where it is busy."""
+    seen = _threads_per_pack(synth_run, monkeypatch, spare, hold=lambda f: False)
+    assert seen == [2, 2, 2, 2, last]  # the loader busy with the next step but for the last pack
+
+
+@pytest.mark.parametrize("spare, counts", [(1.0, [3, 3, 3, 3, 3]), (0.2, [2, 2, 2, 2, 2])])
+def test_a_held_step_is_computed_on_every_core_with_one_to_spare(synth_run, monkeypatch, spare, counts):
+    """A step held (too large to read the next one beside it) is computed while the loader reads
+    nothing: every core, where the machine has one to spare; the narrower count comes back for a
+    pack computed beside a read."""
+    assert _threads_per_pack(synth_run, monkeypatch, spare, hold=lambda f: True) == counts
+    held = {2, 4}  # steps 2 and 4 held, the others read ahead (the synth run's steps are 1..5)
+    seen = _threads_per_pack(synth_run, monkeypatch, spare, hold=lambda f: f.task.step in held)
+    wide = counts[0]
+    assert seen == [2, wide, 2, wide, wide]  # step 5, the last, has nothing after it

@@ -23,18 +23,19 @@ def _inputs(run, name) -> dict[str, dict]:
 def hashed(monkeypatch):
     """The files hashed during the test (by the relative name their record gets)."""
     seen: list[str] = []
-    real, real_file = steps_mod.hashed_record, steps_mod.hashed_file_record
+    real = steps_mod.hashed_record
 
     def spy(info, remote, content):
         seen.append(info["file"])
         return real(info, remote, content)
 
-    def spy_file(info, fd):  # a local file, hashed in pieces from the open file
-        seen.append(info["file"])
-        return real_file(info, fd)
+    class SpyPieceHash(steps_mod.PieceHash):  # a local file, hashed in pieces from the open file
+        def __init__(self, info, fd):
+            seen.append(info["file"])
+            super().__init__(info, fd)
 
     monkeypatch.setattr(steps_mod, "hashed_record", spy)
-    monkeypatch.setattr(steps_mod, "hashed_file_record", spy_file)
+    monkeypatch.setattr(steps_mod, "PieceHash", SpyPieceHash)
     return seen
 
 
