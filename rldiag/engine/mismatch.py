@@ -152,25 +152,69 @@ def _corr_f(cov: float, va: float, vb: float) -> float:
 
 @dataclass
 class _Tails:
-    """A step's order statistics of ``|d|`` and its tokens at or above the lower quantile's
-    bucket (``d``, ``y``, ``a = |d|``: float64, the candidates :func:`_tails` read back)."""
+    """A step's order statistics of ``|d|`` and its actor tokens at or above the threshold
+    :func:`_tails` read back (``d``, ``y``, ``a = |d|``: float64)."""
 
     p99: float
     p95: float
     top_sum: float
-    d: torch.Tensor
-    y: torch.Tensor
-    a: torch.Tensor
+    largest: float
+    d: np.ndarray
+    y: np.ndarray
+    a: np.ndarray
+
+
+#: the tails' threshold is an order statistic of every SAMPLE-th token's ``|d|`` (float32)
+SAMPLE = 16
+
+
+def _threshold(abs32: np.ndarray, need: int) -> float:
+    """A float32 value that about ``1.1 need`` (and likely at least ``need``) of ``abs32``'s
+    values reach, from a strided sample: the ``j``-th largest of every :data:`SAMPLE`-th value,
+    ``j`` the sample's expected share of ``need`` with a margin of three standard deviations
+    (binomial) and 10 %; ``-inf`` (every token) where that is most of the sample."""
+    sample = abs32[::SAMPLE]
+    expect = need / SAMPLE
+    j = math.ceil(1.1 * expect + 3.0 * math.sqrt(expect)) + 2
+    if j >= sample.shape[0] // 2:
+        return -math.inf
+    return float(np.partition(sample, sample.shape[0] - j)[sample.shape[0] - j])
+
+
+def _gather(t: torch.Tensor, index: np.ndarray) -> np.ndarray:
+    """``t[index]`` on the host (gathered on the tensor's device, then copied)."""
+    if t.device.type == "cpu" and t.dtype != torch.bfloat16:
+        return t.detach().numpy()[index]
+    return scan.host(t.index_select(0, torch.from_numpy(index).to(t.device)))
+
+
+def _read_back(inp: scan.Inputs, abs32: np.ndarray, ranges: list[tuple[int, int]],
+               threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """The trainer's and the rollout's log-probs (float64) of the step's actor tokens whose
+    ``|d|`` in float32 is at least ``threshold``."""
+    at = np.flatnonzero(abs32 >= threshold)
+    if len(ranges) == 1:
+        index = at + ranges[0][0]
+    else:  # the step's tokens in several runs of rows: each run's place in abs32
+        first = np.cumsum([0] + [b - a for a, b in ranges[:-1]])
+        run = np.searchsorted(first, at, side="right") - 1
+        index = at - first[run] + np.array([a for a, _ in ranges])[run]
+    x = _gather(inp.old, index).astype(np.float64)
+    y = _gather(inp.rollout, index).astype(np.float64)
+    keep = (_gather(inp.mask, index) > 0) & np.isfinite(x) & np.isfinite(y)  # abs32 is 0 off the mask
+    return x[keep], y[keep]
 
 
 def _tails(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], n: int) -> _Tails:
     """``gap_abs_p99`` and ``gap_abs_p95`` (linear interpolation between the two neighbouring
-    order statistics, as ``torch.quantile``) and the top 1 %'s summed ``d^2 / 2``, from the
-    step's histogram (:data:`rldiag.engine.mismatch_scan.HIST_SHIFT`): the tokens whose bucket is
-    at or above that of the lowest rank needed (the 95th percentile's lower neighbour) are read
-    back and their ``|d|`` recomputed in float64; the ranks needed are selected among them
-    (``np.partition``) and the top 1 % sorted: the order statistics are those exact values, and
-    the top tokens' ``d^2 / 2`` are added smallest first."""
+    order statistics, as ``torch.quantile``), the top 1 %'s summed ``d^2 / 2`` and the largest
+    ``|d|``, from the tokens whose ``|d|`` in float32 reaches a threshold below the lowest rank
+    needed (the 95th percentile's lower neighbour; :func:`_threshold`, lowered to every token
+    where too few reach it). Rounding to float32 keeps the order (it is monotone), so those
+    tokens are the step's top ``|S|`` in float64 too: the ranks needed are selected among them,
+    their ``|d|`` recomputed in float64 (``np.partition``), and the top 1 % sorted: the order
+    statistics are those exact values, and the top tokens' ``d^2 / 2`` are added smallest
+    first."""
     ranks = []
     for q in (QUANTILE, BODY_QUANTILE):
         h = (n - 1) * q
@@ -178,39 +222,27 @@ def _tails(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], n
         ranks.append((h, lo, min(lo + 1, n - 1)))
     k = math.ceil(n * TOP_SHARE)
     lowest = min(ranks[1][1], n - k)
-    cum = buf.hist.cumsum(0)
-    bucket = int(torch.searchsorted(cum, torch.tensor([lowest], device=cum.device), right=True)[0])
-    below = int(cum[bucket - 1]) if bucket else 0
-    bound = float(np.array([bucket << scan.HIST_SHIFT], dtype=np.int32).view(np.float32)[0])
-    size = sum(b - a for a, b in ranges)
-    at = (buf.abs32[:size] >= bound).nonzero().squeeze(1)
-    if len(ranges) == 1:
-        index = at + ranges[0][0]
-    else:  # the step's tokens in several runs of rows: each run's place in abs32
-        first = torch.tensor([0] + [b - a for a, b in ranges[:-1]], device=at.device).cumsum(0)
-        run = torch.searchsorted(first, at, right=True) - 1
-        index = at - first.index_select(0, run) + torch.tensor([a for a, _ in ranges], device=at.device).index_select(0, run)
-    x = inp.old.index_select(0, index).to(torch.float64)
-    y = inp.rollout.index_select(0, index).to(torch.float64)
+    abs32 = buf.abs32[: sum(b - a for a, b in ranges)]
+    threshold = _threshold(abs32, n - lowest)
+    x, y = _read_back(inp, abs32, ranges, threshold)
+    if x.shape[0] < n - lowest:  # the sample's threshold was too high: every token
+        x, y = _read_back(inp, abs32, ranges, -math.inf)
     d = x - y
-    a = d.abs()
-    if a.numel() != n - below:
-        raise AssertionError(f"mismatch tails: {a.numel()} tokens read back for {n - below}")
+    a = np.abs(d)
+    below = n - a.shape[0]
+    if below > lowest:
+        raise AssertionError(f"mismatch tails: {a.shape[0]} tokens read back for ranks from {lowest} of {n}")
     # the ranks needed in place (a selection, not a sort), then the top k sorted (smallest first)
-    kth = sorted({r - below for _, lo, hi in ranks for r in (lo, hi)} | {a.numel() - k})
-    if a.device.type == "cpu":
-        part = torch.from_numpy(np.partition(a.numpy(), kth))
-        top = torch.from_numpy(np.sort(part[a.numel() - k:].numpy()))
-    else:
-        part = torch.sort(a).values
-        top = part[a.numel() - k:]
+    kth = sorted({r - below for _, lo, hi in ranks for r in (lo, hi)} | {a.shape[0] - k})
+    part = np.partition(a, kth)
+    top = np.sort(part[a.shape[0] - k:])
 
     def rank(r: int) -> float:
         return float(part[r - below])
 
     p99, p95 = (rank(lo) + (h - lo) * (rank(hi) - rank(lo)) for h, lo, hi in ranks)
-    top_sum = float(torch.mul(top, 0.5).mul_(top).cumsum_(0)[-1]) if k else 0.0
-    return _Tails(p99, p95, top_sum, d, y, a)
+    top_sum = float(np.cumsum(0.5 * top * top)[-1]) if k else 0.0
+    return _Tails(p99, p95, top_sum, float(top[-1]), d, y, a)
 
 
 def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] | None:
@@ -225,10 +257,10 @@ def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] |
     if n_e == 0:
         return base
     d, y, a = tails.d[out], tails.y[out], tails.a[out]
-    sd, sy = scan.dsum(d), scan.dsum(y)
+    sd, sy = float(d.sum()), float(y.sum())
     cd, cy = d - sd / n_e, y - sy / n_e
-    e = {"s_d": float(sd), "s_y": float(sy), "s_a": float(scan.dsum(a)), "m_dd": float(scan.ddot(cd, cd)),
-         "m_dy": float(scan.ddot(cd, cy)), "m_yy": float(scan.ddot(cy, cy))}
+    e = {"s_d": sd, "s_y": sy, "s_a": float(a.sum()), "m_dd": scan.bdot(cd, cd), "m_dy": scan.bdot(cd, cy),
+         "m_yy": scan.bdot(cy, cy)}
     n_b = n - n_e
     body = {"n": n_b, **{k: base[k] - e[k] for k in ("s_d", "s_y", "s_a")}}
     dd = e["s_d"] / n_e - body["s_d"] / n_b
@@ -243,36 +275,40 @@ def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] |
     return body
 
 
-def _combine_body(rec: torch.Tensor, lag: bool) -> dict[str, float]:
+def _combine_body(rec: np.ndarray, lag: bool) -> dict[str, float]:
     """A step's body (and lag) quantities from its :func:`rldiag.engine.mismatch_scan.body_chunk` records."""
     b = {k: i for i, k in enumerate(scan.BODY + (scan.LAG if lag else ()))}
     n, s, m = scan.combine(rec, b["n"], slice(b["s_d"], b["s_y"] + 1), ((0, 0), (0, 1), (1, 1)),
                            slice(b["m_dd"], b["m_yy"] + 1))
-    out = {"n": float(n), "s_d": float(s[0]), "s_y": float(s[1]), "s_a": float(rec[:, b["s_a"]].sum()),
+    out = {"n": n, "s_d": float(s[0]), "s_y": float(s[1]), "s_a": float(rec[:, b["s_a"]].sum()),
            "m_dd": float(m[0]), "m_dy": float(m[1]), "m_yy": float(m[2])}
     if lag:
         for part in ("on", "off"):
             pn, ps, pm = scan.combine(rec, b[f"{part}_n"], slice(b[f"{part}_s_d"], b[f"{part}_s_d"] + 1), ((0, 0),),
                                       slice(b[f"{part}_m_dd"], b[f"{part}_m_dd"] + 1))
-            out.update({f"{part}_n": float(pn), f"{part}_s_d": float(ps[0]), f"{part}_m_dd": float(pm[0])})
+            out.update({f"{part}_n": pn, f"{part}_s_d": float(ps[0]), f"{part}_m_dd": float(pm[0])})
         for k in ("on_s_a", "lag0_n", "lag0_s_a", "lagged_n", "lagged_s_a"):
             out[k] = float(rec[:, b[k]].sum())
     return out
 
 
-def _whole(rec: torch.Tensor, centred: bool) -> dict[str, float] | None:
+def _whole(rec: np.ndarray, centred: bool) -> dict[str, float] | None:
     """A step's quantities (:data:`rldiag.engine.mismatch_scan.FIELDS`: the moments centred on
     the step's means) from its chunk records ``(chunks, fields)``; None where records of plain
-    sums of products (not ``centred``) cancel more than :data:`CANCEL` of a variance away."""
+    sums of products (not ``centred``) cancel more than :data:`CANCEL` of a variance away (the
+    trainer's ``sum x x = sum d d + 2 sum d y + sum y y`` included)."""
     f = scan.F
     how = scan.combine if centred else scan.combine_raw
-    n, s, m = how(rec, f["n"], slice(f["s_x"], f["s_ya"] + 1), scan.PAIRS, slice(f["m_xy"], f["m_yaya"] + 1))
-    if not centred and float(n) > 0 and scan.cancels(float(n), s.tolist(), m.tolist(), scan.PAIRS, CANCEL):
-        return None
-    out = dict(zip(scan.FIELDS, rec.sum(0).tolist(), strict=True))
-    out.update(zip(scan.FIELDS[f["s_x"]: f["m_yaya"] + 1], s.tolist() + m.tolist(), strict=True))
-    out["n"] = float(n)
-    out["max"] = float(rec[:, f["max"]].max())
+    n, s, m = how(rec, f["n"], slice(f["s_d"], f["s_x"] + 1), scan.PAIRS, slice(f["m_dd"], f["m_xy"] + 1))
+    total = rec.sum(0)
+    if not centred and n > 0:
+        if scan.cancels(n, s.tolist(), m.tolist(), scan.PAIRS, CANCEL):
+            return None
+        if (total[f["m_dd"]] + total[f["m_yy"]]) > CANCEL * total[f["m_xx"]]:
+            return None
+    out = dict(zip(scan.FIELDS, total.tolist(), strict=True))
+    out.update(zip(scan.FIELDS[f["s_d"]: f["m_xy"] + 1], s.tolist() + m.tolist(), strict=True))
+    out["n"] = n
     return out
 
 
@@ -282,8 +318,8 @@ def _whole_stats(w: dict[str, float]) -> dict[str, float]:
     cov_xy = w["m_xy"] / n
     var_a = w["m_aa"] / n
     return {
-        "tokens": n, "gap_mean": w["s_d"] / n, "gap_std": math.sqrt(var_d), "gap_abs_mean": w["s_a"] / n,
-        "gap_abs_max": w["max"], "kl_k2": 0.5 * w["d2"] / n,
+        "tokens": n, "gap_mean": w["s_d"] / n, "gap_std": math.sqrt(max(var_d, 0.0)), "gap_abs_mean": w["s_a"] / n,
+        "kl_k2": 0.5 * w["d2"] / n,
         # sum of max(d, 0) = (sum |d| + sum d) / 2: exactly 0 (1) where every d <= 0 (>= 0)
         "positive_share": _div(0.5 * (w["s_a"] + w["s_d"]), w["s_a"], 0.5),
         "slope": _div(cov_xy, var_y, 1.0),  # x on y: T_roll / T_train; 1 for a constant rollout series
@@ -346,39 +382,42 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
         rows: the token layout; ``step_ids``: ``(rows,)`` each row's step in ``[0, n_steps)``.
         lag: ``(rows,)`` each row's policy lag (``step - 1 - policy_version``), or None.
 
-    One pass over each step's tokens (:mod:`rldiag.engine.mismatch_scan`) gives every statistic
-    but the body's; the order statistics of ``|d|`` come from its histogram and the few tokens
-    above the 95th percentile's bucket; the body's moments are the step's less those tokens'
-    (Chan et al.'s update reversed). A second pass sums the body on its own where that
+    One pass over each step's tokens (:mod:`rldiag.engine.mismatch_scan`, on the host) gives
+    every statistic but the body's and the order statistics; those of ``|d|`` come from the few
+    tokens above a threshold (:func:`_tails`); the body's moments are the step's less those
+    tokens' (Chan et al.'s update reversed). A second pass sums the body on its own where that
     subtraction would cancel (:data:`CANCEL`) and, with ``lag``, always (the per-row and on- /
     off-policy sums).
 
-    Returns ``name -> (n_steps,)`` float64.
+    Returns ``name -> (n_steps,)`` float64, on the batch's device.
     """
-    inp = scan.Inputs(old, rollout, mask, rows)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a step without actor tokens: NaN, as torch gave
+        return _stats(old, rollout, mask, rows, step_ids, n_steps, lag)
+
+
+def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: Rows, step_ids: torch.Tensor,
+           n_steps: int, lag: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    inp = scan.Inputs.of(old, rollout, mask, rows)
     ranges = scan.step_ranges(rows, step_ids, n_steps)
     sizes = [sum(b - a for a, b in r) for r in ranges]
     device = old.device
-    buf = scan.Buffers(max(1, min(scan.CHUNK, max(sizes, default=1))), max(sizes, default=0), device)
-    buf.offsets = rows.offsets.to(torch.float64)
+    buf = scan.Buffers(max(1, min(scan.CHUNK, max(sizes, default=1))), max(sizes, default=0))
     names = STATS + (LAG_STATS if lag is not None else ())
     values = {k: [math.nan] * n_steps for k in names}
     row_abs = row_n = lag_rows = None
-    nonpositive = rollout.numel() == 0 or bool(rollout.max() <= 0)
     if lag is not None:
-        lag_rows = lag.to(device)
-        row_abs = torch.zeros(rows.n_rows, dtype=torch.float64, device=device)
-        row_n = torch.zeros(rows.n_rows, dtype=torch.float64, device=device)
+        lag_rows = scan.host(lag)
+        row_abs = np.zeros(rows.n_rows, dtype=np.float64)
+        row_n = np.zeros(rows.n_rows, dtype=np.float64)
     for s in range(n_steps):
         values["tokens"][s] = 0.0
         if not sizes[s]:
             continue
         whole = None
         for centred in (False, True):  # plain sums of products, centred where they cancel
-            buf.hist.zero_()
-            recs = [scan.scan_chunk(inp, buf, scan.load(inp, buf, a, m, me), at, nonpositive, centred)
+            recs = [scan.scan_chunk(buf, scan.load(inp, buf, a, m, me), at, centred)
                     for a, m, me, at in scan.chunks(ranges[s], buf.size)]
-            whole = _whole(torch.stack(recs), centred)
+            whole = _whole(np.stack(recs), centred)
             if whole is not None:
                 break
         assert whole is not None
@@ -387,13 +426,13 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
             continue
         stats = _whole_stats(whole)
         tails = _tails(inp, buf, ranges[s], int(n))
-        stats.update({"gap_abs_p99": tails.p99, "gap_abs_p95": tails.p95,
+        stats.update({"gap_abs_p99": tails.p99, "gap_abs_p95": tails.p95, "gap_abs_max": tails.largest,
                       "top_kl_share": _div(tails.top_sum, 0.5 * whole["d2"], 0.0)})
         body = None if lag is not None else _excluded_body(whole, tails)
         if body is None:
-            brec = [scan.body_chunk(inp, buf, scan.load(inp, buf, a, m, me), tails.p95, lag_rows, row_abs, row_n)
+            brec = [scan.body_chunk(buf, scan.load(inp, buf, a, m, me), tails.p95, lag_rows, row_abs, row_n)
                     for a, m, me, _ in scan.chunks(ranges[s], buf.size)]
-            body = _combine_body(torch.stack(brec), lag is not None)
+            body = _combine_body(np.stack(brec), lag is not None)
         stats.update(_body_stats(body))
         if lag is not None:
             stats.update(_lag_stats(body, n))
@@ -401,9 +440,9 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
             values[k][s] = v
     out = {k: torch.tensor(v, dtype=torch.float64, device=device) for k, v in values.items()}
     if lag is not None and row_abs is not None and row_n is not None:
-        out.update(_row_lag(row_abs, row_n, lag, step_ids, n_steps))
+        out.update(_row_lag(torch.from_numpy(row_abs).to(device), torch.from_numpy(row_n).to(device),
+                            lag.to(device), step_ids, n_steps))
     return out
-
 
 
 @dataclass(frozen=True)
