@@ -164,85 +164,52 @@ class _Tails:
     a: np.ndarray
 
 
-#: the tails' threshold is an order statistic of every SAMPLE-th token's ``|d|`` (float32)
-SAMPLE = 16
+def _pick_again(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], picked: scan.Picked,
+                need: int) -> scan.Picked:
+    """Where fewer than ``need`` tokens reached the step's threshold: the step's tokens read
+    again, keeping those that reach a lower one (twice the share ``need`` is of the step's
+    tokens in the step's sample; every token above 0 where that is no lower)."""
+    sample = np.concatenate(picked.sample)
+    size = sum(b - a for a, b in ranges)
+    lower = scan.threshold(sample, min(1.0, 2.0 * need / size))
+    again = scan.Picked(lower if 0 < lower < picked.threshold else 0.0)
+    for a, m, me, _ in scan.chunks(ranges, buf.size):
+        scan.pick(buf, scan.load(inp, buf, a, m, me), again)
+    return again
 
 
-def _threshold(abs32: np.ndarray, need: int) -> float:
-    """A float32 value that about ``1.1 need`` (and likely at least ``need``) of ``abs32``'s
-    values reach, from a strided sample: the ``j``-th largest of every :data:`SAMPLE`-th value,
-    ``j`` the sample's expected share of ``need`` with a margin of three standard deviations
-    (binomial) and 10 %; ``-inf`` (every token) where that is most of the sample."""
-    sample = abs32[::SAMPLE]
-    expect = need / SAMPLE
-    j = math.ceil(1.1 * expect + 3.0 * math.sqrt(expect)) + 2
-    if j >= sample.shape[0] // 2:
-        return -math.inf
-    return float(np.partition(sample, sample.shape[0] - j)[sample.shape[0] - j])
-
-
-def _gather(t: torch.Tensor, index: np.ndarray) -> np.ndarray:
-    """``t[index]`` on the host (gathered on the tensor's device, then copied)."""
-    if t.device.type == "cpu" and t.dtype != torch.bfloat16:
-        return t.detach().numpy()[index]
-    return scan.host(t.index_select(0, torch.from_numpy(index).to(t.device)))
-
-
-def _read_back(inp: scan.Inputs, abs32: np.ndarray, ranges: list[tuple[int, int]],
-               threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    """The trainer's and the rollout's log-probs (float64) of the step's actor tokens whose
-    ``|d|`` in float32 is at least ``threshold``."""
-    at = np.flatnonzero(abs32 >= threshold)
-    if len(ranges) == 1:
-        index = at + ranges[0][0]
-    else:  # the step's tokens in several runs of rows: each run's place in abs32
-        first = np.cumsum([0] + [b - a for a, b in ranges[:-1]])
-        run = np.searchsorted(first, at, side="right") - 1
-        index = at - first[run] + np.array([a for a, _ in ranges])[run]
-    x = _gather(inp.old, index).astype(np.float64)
-    y = _gather(inp.rollout, index).astype(np.float64)
-    keep = (_gather(inp.mask, index) > 0) & np.isfinite(x) & np.isfinite(y)  # abs32 is 0 off the mask
-    return x[keep], y[keep]
-
-
-def _tails(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], n: int) -> _Tails:
+def _tails(picked: scan.Picked, n: int) -> _Tails:
     """``gap_abs_p99`` and ``gap_abs_p95`` (linear interpolation between the two neighbouring
     order statistics, as ``torch.quantile``), the top 1 %'s summed ``d^2 / 2`` and the largest
-    ``|d|``, from the tokens whose ``|d|`` in float32 reaches a threshold below the lowest rank
-    needed (the 95th percentile's lower neighbour; :func:`_threshold`, lowered to every token
-    where too few reach it). Rounding to float32 keeps the order (it is monotone), so those
-    tokens are the step's top ``|S|`` in float64 too: the ranks needed are selected among them,
-    their ``|d|`` recomputed in float64 (``np.partition``), and the top 1 % sorted: the order
-    statistics are those exact values, and the top tokens' ``d^2 / 2`` are added smallest
-    first."""
+    ``|d|``, from the step's picked tokens (:class:`rldiag.engine.mismatch_scan.Picked`): every
+    token that reaches the threshold is picked, so they are the step's top ``|S|`` (with a
+    threshold <= 0, every token above 0, the others exactly 0). The ranks needed are selected
+    among them (``np.partition``) and the top 1 % sorted: the order statistics are exact
+    float64 values, and the top tokens' ``d^2 / 2`` are added smallest first."""
     ranks = []
     for q in (QUANTILE, BODY_QUANTILE):
         h = (n - 1) * q
         lo = math.floor(h)
         ranks.append((h, lo, min(lo + 1, n - 1)))
     k = math.ceil(n * TOP_SHARE)
-    lowest = min(ranks[1][1], n - k)
-    abs32 = buf.abs32[: sum(b - a for a, b in ranges)]
-    threshold = _threshold(abs32, n - lowest)
-    x, y = _read_back(inp, abs32, ranges, threshold)
-    if x.shape[0] < n - lowest:  # the sample's threshold was too high: every token
-        x, y = _read_back(inp, abs32, ranges, -math.inf)
-    d = x - y
+    d = np.concatenate(picked.d)
+    y = np.concatenate(picked.y)
     a = np.abs(d)
     below = n - a.shape[0]
-    if below > lowest:
-        raise AssertionError(f"mismatch tails: {a.shape[0]} tokens read back for ranks from {lowest} of {n}")
+    lowest = min(ranks[1][1], n - k)
+    if picked.threshold > 0 and below > lowest:
+        raise AssertionError(f"mismatch tails: {a.shape[0]} tokens picked for ranks from {lowest} of {n}")
     # the ranks needed in place (a selection, not a sort), then the top k sorted (smallest first)
-    kth = sorted({r - below for _, lo, hi in ranks for r in (lo, hi)} | {a.shape[0] - k})
-    part = np.partition(a, kth)
-    top = np.sort(part[a.shape[0] - k:])
+    kth = sorted({r - below for _, lo, hi in ranks for r in (lo, hi) if r >= below} | {max(a.shape[0] - k, 0)})
+    part = np.partition(a, [i for i in kth if i < a.shape[0]]) if a.shape[0] else a
+    top = np.sort(part[max(a.shape[0] - k, 0):])
 
     def rank(r: int) -> float:
-        return float(part[r - below])
+        return float(part[r - below]) if r >= below else 0.0  # below the picked tokens: |d| = 0
 
     p99, p95 = (rank(lo) + (h - lo) * (rank(hi) - rank(lo)) for h, lo, hi in ranks)
-    top_sum = float(np.cumsum(0.5 * top * top)[-1]) if k else 0.0
-    return _Tails(p99, p95, top_sum, float(top[-1]), d, y, a)
+    top_sum = float(np.cumsum(0.5 * top * top)[-1]) if top.shape[0] else 0.0
+    return _Tails(p99, p95, top_sum, float(top[-1]) if top.shape[0] else 0.0, d, y, a)
 
 
 def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] | None:
@@ -401,7 +368,7 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
     ranges = scan.step_ranges(rows, step_ids, n_steps)
     sizes = [sum(b - a for a, b in r) for r in ranges]
     device = old.device
-    buf = scan.Buffers(max(1, min(scan.CHUNK, max(sizes, default=1))), max(sizes, default=0))
+    buf = scan.Buffers(max(1, min(scan.CHUNK, max(sizes, default=1))))
     names = STATS + (LAG_STATS if lag is not None else ())
     values = {k: [math.nan] * n_steps for k in names}
     row_abs = row_n = lag_rows = None
@@ -415,17 +382,26 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
             continue
         whole = None
         for centred in (False, True):  # plain sums of products, centred where they cancel
-            recs = [scan.scan_chunk(buf, scan.load(inp, buf, a, m, me), at, centred)
-                    for a, m, me, at in scan.chunks(ranges[s], buf.size)]
+            recs = []
+            picked = None
+            for a, m, me, _ in scan.chunks(ranges[s], buf.size):
+                ch = scan.load(inp, buf, a, m, me)
+                picked = picked or scan.Picked(scan.first_threshold(buf, ch))
+                recs.append(scan.scan_chunk(buf, ch, centred, picked))
             whole = _whole(np.stack(recs), centred)
             if whole is not None:
                 break
-        assert whole is not None
+        assert whole is not None and picked is not None
         n = whole["n"]
         if n == 0:
             continue
+        need = int(n) - min(math.floor((n - 1) * BODY_QUANTILE), int(n) - math.ceil(n * TOP_SHARE))
+        while picked.threshold > 0 and sum(v.shape[0] for v in picked.d) < need:
+            picked = _pick_again(inp, buf, ranges[s], picked, need)
+        if picked.holds_extreme:
+            whole["extreme"] = float(sum(int(np.count_nonzero(np.abs(v) > EXTREME)) for v in picked.d))
         stats = _whole_stats(whole)
-        tails = _tails(inp, buf, ranges[s], int(n))
+        tails = _tails(picked, int(n))
         stats.update({"gap_abs_p99": tails.p99, "gap_abs_p95": tails.p95, "gap_abs_max": tails.largest,
                       "top_kl_share": _div(tails.top_sum, 0.5 * whole["d2"], 0.0)})
         body = None if lag is not None else _excluded_body(whole, tails)

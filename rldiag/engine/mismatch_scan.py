@@ -158,17 +158,13 @@ def cancels(n: float, s: list[float], m: list[float], pairs: tuple[tuple[int, in
 
 @dataclass
 class Buffers:
-    """The arrays a chunk is computed in (reused by every chunk and step), and the
-    step's ``|d|`` in float32 (``abs32``, 0 off the actor tokens: what ``rldiag.engine.mismatch``
-    reads back for the quantiles)."""
+    """The arrays a chunk is computed in (reused by every chunk and step)."""
 
     size: int
-    step_tokens: int
     v: np.ndarray = field(init=False)  # (ROWS, size + 1) float64: the rows D .. W
     flags: np.ndarray = field(init=False)  # (size + 1,) bool: the chunk's actor flags
     cmp: np.ndarray = field(init=False)  # (size + 1,) bool scratch
     bits: np.ndarray = field(init=False)  # (size + 1,) int32 scratch
-    abs32: np.ndarray = field(init=False)  # (step_tokens,) float32
     base: np.ndarray = field(init=False)  # (size + 1,) float64 0, 1, 2, ...
 
     def __post_init__(self) -> None:
@@ -176,7 +172,6 @@ class Buffers:
         self.flags = np.empty(self.size + 1, dtype=bool)
         self.cmp = np.empty(self.size + 1, dtype=bool)
         self.bits = np.empty(self.size + 1, dtype=np.int32)
-        self.abs32 = np.empty(self.step_tokens, dtype=np.float32)
         self.base = np.arange(self.size + 1, dtype=np.float64)
 
 
@@ -321,9 +316,10 @@ def position_sums(buf: Buffers, ch: Chunk) -> tuple[float, float, float]:
     return float(s1), float(s2), ap
 
 
-def scan_chunk(buf: Buffers, ch: Chunk, at: int, centred: bool) -> np.ndarray:
-    """The chunk's record (:data:`FIELDS`) ``(len(FIELDS),)`` float64; its ``|d|`` in float32
-    goes to ``buf.abs32[at: at + m]``.
+def scan_chunk(buf: Buffers, ch: Chunk, centred: bool, picked: Picked) -> np.ndarray:
+    """The chunk's record (:data:`FIELDS`) ``(len(FIELDS),)`` float64; its tokens for the order
+    statistics go to ``picked`` (:func:`pick`; ``extreme`` is left to them where they hold every
+    token above it).
 
     ``centred``: the ``m_*`` fields are the chunk's products centred on its own means (for
     :func:`combine`); else the plain sums of products (for :func:`combine_raw`: no centred copy
@@ -359,11 +355,65 @@ def scan_chunk(buf: Buffers, ch: Chunk, at: int, centred: bool) -> np.ndarray:
         np.copyto(t, flags)
         out += [float(np.count_nonzero(flags) - off_mask), bdot(d, t)]
     out.append(float(np.exp(a, out=t).sum()) - (m - n))  # exp(0) = 1 off the actor tokens
-    out.append(float(np.count_nonzero(np.greater(a, EXTREME, out=flags))))
+    out.append(0.0 if picked.holds_extreme else float(np.count_nonzero(np.greater(a, EXTREME, out=flags))))
     out.append(half_count(ch.rollout, y, buf.bits[:m]))
     out += pair_sums(buf, ch)
-    np.copyto(buf.abs32[at: at + m], a)  # |d| in float32 for the quantiles (0 off the mask)
+    pick(buf, ch, picked)
     return np.array(out, dtype=np.float64)
+
+
+#: the step's order statistics come from the tokens whose |d| reaches a threshold set on its
+#: first chunk: the top PICK of that chunk's tokens (1.5 times the 5 % the quantiles need), read
+#: from a strided sample of every SAMPLE-th token
+PICK = 0.075
+SAMPLE = 8
+
+
+@dataclass
+class Picked:
+    """The tokens a step's pass keeps for its order statistics: those whose ``|d|`` reaches
+    ``threshold`` (for a threshold <= 0, those above 0: the others are exactly 0), their d and y
+    (float64), and every :data:`SAMPLE`-th token's ``|d|`` (0 off the mask: to set a lower
+    threshold where too few reach this one). ``holds_extreme``: every token with ``|d|`` above
+    :data:`EXTREME` is kept (the threshold is at most that), so that they are counted there."""
+
+    threshold: float
+    d: list[np.ndarray] = field(default_factory=list)
+    y: list[np.ndarray] = field(default_factory=list)
+    sample: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def holds_extreme(self) -> bool:
+        return self.threshold <= EXTREME
+
+
+def threshold(sample: np.ndarray, share: float) -> float:
+    """The value that the top ``share`` of ``sample`` reaches (0, every token above 0, for a
+    sample of fewer than 64 values)."""
+    if sample.shape[0] < 64:
+        return 0.0
+    j = min(int(sample.shape[0] * (1.0 - share)), sample.shape[0] - 1)
+    return float(np.partition(sample, j)[j])
+
+
+def first_threshold(buf: Buffers, ch: Chunk) -> float:
+    """The threshold a step's first chunk sets: the top :data:`PICK` of its sampled ``|d|``."""
+    return threshold(buf.v[A, :ch.m:SAMPLE], PICK)
+
+
+def pick(buf: Buffers, ch: Chunk, picked: Picked) -> None:
+    """Keep the chunk's tokens whose ``|d|`` reaches ``picked.threshold`` (above 0 for a
+    threshold <= 0; the tokens off the mask have ``|d|`` 0, so that none is kept), and its sample."""
+    m, v = ch.m, buf.v
+    a = v[A, :m]
+    if picked.threshold > 0:
+        sel = np.greater_equal(a, picked.threshold, out=buf.cmp[:m])
+    else:
+        sel = np.greater(a, 0.0, out=buf.cmp[:m])
+    at = np.flatnonzero(sel)
+    picked.d.append(v[D, at])
+    picked.y.append(v[Y, at])
+    picked.sample.append(a[::SAMPLE].copy())
 
 
 def _centred_moments(buf: Buffers, ch: Chunk, p: np.ndarray, sums: list[float]) -> list[float]:
@@ -389,8 +439,6 @@ def half_count(rollout: np.ndarray, y: np.ndarray, bits_buf: np.ndarray) -> floa
     almost never have: the few that do are gathered and tested."""
     bits = (rollout if rollout.dtype == np.float32 else rollout.astype(np.float32)).view(np.int32)
     low = np.bitwise_and(bits, 0x1FFF, out=bits_buf)
-    if low.min() != 0:
-        return 0.0
     at = np.flatnonzero(low == 0)
     b, size = bits[at], np.abs(y[at])
     bf16 = ((b & 0xFFFF) == 0) & (size != 0)
@@ -401,30 +449,33 @@ def half_count(rollout: np.ndarray, y: np.ndarray, bits_buf: np.ndarray) -> floa
 def pair_sums(buf: Buffers, ch: Chunk) -> list[float]:
     """Over the pairs of adjacent actor tokens of a row starting in the chunk: their count, the
     sum of ``|d_t| + |d_t+1|``, of ``|y_t - x_t+1|`` and of ``|y_t+1 - x_t|``. Each pair by its
-    first token; a pair across two rows or with a token off the mask is set to 0 by its index."""
+    first token; the pairs across two rows or with a token off the mask (``bad``, a few) are
+    left out: their terms set to 0 by index, or, for ``|d_t| + |d_t+1|``, taken from the sums
+    of ``|d|`` (no array of pair terms)."""
     k = ch.me - 1
     if k <= 0:
         return [0.0, 0.0, 0.0, 0.0]
     v = buf.v
     x, y, a = v[X, :ch.me], v[Y, :ch.me], v[A, :ch.me]
-    bad = ch.across
     if ch.actor is None:
-        count = k - bad.shape[0]
+        bad = ch.across
     else:
-        off = ch.off
-        bad = np.concatenate([bad, off[off < k], off[off > 0] - 1])
-        both = np.logical_and(ch.actor[:-1], ch.actor[1:], out=buf.cmp[:k])
-        count = int(np.count_nonzero(both)) - int(np.count_nonzero(both[ch.across]))
-    t = v[T, :k]
-
-    def total(terms: np.ndarray) -> float:
-        terms[bad] = 0.0
-        return float(terms.sum())
-
+        valid = np.logical_and(ch.actor[:-1], ch.actor[1:], out=buf.cmp[:k])
+        valid[ch.across] = False
+        bad = np.flatnonzero(~valid)
+    # sum over t < k of |d_t| + |d_t+1|: the chunk's sum of |d| over its m tokens, its first
+    # token once less, the next run's first token (a pair's second, t + 1 = m) once more
+    s_a = float(ch.sums[2])
+    ends = s_a - float(a[0]) + (float(a[k]) if k == ch.m else -float(a[k]))
+    pair_abs = (s_a + ends) - float(a[bad].sum() + a[bad + 1].sum())
+    t = v[T: U + 1, :k]
     # x is the trainer's as read (not masked): its terms off the mask are set to 0
-    return [float(count), total(np.add(a[:-1], a[1:], out=t)),
-            total(np.abs(np.subtract(y[:-1], x[1:], out=t), out=t)),
-            total(np.abs(np.subtract(y[1:], x[:-1], out=t), out=t))]
+    np.subtract(y[:-1], x[1:], out=t[0])
+    np.subtract(y[1:], x[:-1], out=t[1])
+    np.abs(t, out=t)
+    t[:, bad] = 0.0
+    shifts = t.sum(axis=1)
+    return [float(k - bad.shape[0]), pair_abs, float(shifts[0]), float(shifts[1])]
 
 
 def chunks(ranges: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int, int, int]]:
