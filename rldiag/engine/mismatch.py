@@ -29,8 +29,8 @@ request 1207).
 
 :func:`mismatch_stats` computes them in one pass over each step's actor tokens (mask 1;
 verl's agent loop stores 0.0 as the rollout log-prob of a tool token, so those are left out),
-chunk by chunk (:mod:`rldiag.engine.mismatch_scan`: float64 per chunk, never a token-sized
-float64 copy; the quantiles from a histogram and the few tokens above it, no sort); deciding
+chunk by chunk on the host (:mod:`rldiag.engine.mismatch_scan`: numpy, float64 per chunk, never a
+token-sized copy; the quantiles selected among the tokens above a threshold, no sort); deciding
 which causes hold is :mod:`rldiag.analysis.mismatch`'s. Every input is flat
 ``(tokens,)`` (or ``(rows,)``) and every output ``(n_steps,)`` float64: NaN only for a step
 without actor tokens; a statistic with nothing to measure otherwise has its neutral value (a

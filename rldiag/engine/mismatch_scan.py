@@ -27,10 +27,10 @@ two-pass accurate, and exactly 0 for a constant series (the float64 mean of a co
 value is that value). The trainer's series ``x = y + d`` is not read: its moments are ``d``'s and
 ``y``'s (``sum x x = sum d d + 2 sum d y + sum y y``), the centred scan sums it directly.
 
-Quantiles: each token's ``|d|`` rounded to float32 (whose order is that of the values: the
-rounding is monotone) is kept for the step (4 bytes a token of the step, 0 off the mask); after
-the pass, :mod:`rldiag.engine.mismatch` reads back the tokens at or above a threshold below the
-lowest rank needed (about 5 % of the step), their ``|d|`` recomputed in float64.
+Quantiles: the step's first chunk sets a threshold (:func:`first_threshold`) and each chunk
+keeps the d and y of its tokens whose ``|d|`` reaches it (:class:`Picked`, about 8 % of the
+step; no token-sized array): :mod:`rldiag.engine.mismatch` selects the order statistics among
+them exactly, or reads the step again with a lower threshold where too few reach it.
 """
 
 from __future__ import annotations
@@ -373,7 +373,7 @@ SAMPLE = 8
 class Picked:
     """The tokens a step's pass keeps for its order statistics: those whose ``|d|`` reaches
     ``threshold`` (for a threshold <= 0, those above 0: the others are exactly 0), their d and y
-    (float64), and every :data:`SAMPLE`-th token's ``|d|`` (0 off the mask: to set a lower
+    (float64), and every :data:`SAMPLE`-th token's ``|d|`` (float32, 0 off the mask: to set a lower
     threshold where too few reach this one). ``holds_extreme``: every token with ``|d|`` above
     :data:`EXTREME` is kept (the threshold is at most that), so that they are counted there."""
 
@@ -413,7 +413,7 @@ def pick(buf: Buffers, ch: Chunk, picked: Picked) -> None:
     at = np.flatnonzero(sel)
     picked.d.append(v[D, at])
     picked.y.append(v[Y, at])
-    picked.sample.append(a[::SAMPLE].copy())
+    picked.sample.append(a[::SAMPLE].astype(np.float32))
 
 
 def _centred_moments(buf: Buffers, ch: Chunk, p: np.ndarray, sums: list[float]) -> list[float]:
