@@ -48,7 +48,9 @@ import numpy as np
 import torch
 
 from rldiag.engine import mismatch_scan as scan
+from rldiag.engine import mismatch_sums as sums
 from rldiag.engine.layout import Rows
+from rldiag.engine.mismatch_body import BODY, LAG, body_chunk
 from rldiag.engine.mismatch_scan import CONFIDENT as CONFIDENT
 from rldiag.engine.mismatch_scan import EXTREME as EXTREME
 from rldiag.engine.mismatch_scan import UNCONFIDENT as UNCONFIDENT
@@ -213,7 +215,7 @@ def _tails(picked: scan.Picked, n: int) -> _Tails:
 
 
 def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] | None:
-    """The body's moments (as :data:`rldiag.engine.mismatch_scan.BODY`) as the step's less
+    """The body's moments (as :data:`rldiag.engine.mismatch_BODY`) as the step's less
     those of its tokens above ``gap_abs_p95`` (Chan et al.'s update reversed), or None where the
     subtraction would cancel more than :data:`CANCEL` of a variance or of the summed ``|d|``."""
     out = tails.a > tails.p95
@@ -226,8 +228,8 @@ def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] |
     d, y, a = tails.d[out], tails.y[out], tails.a[out]
     sd, sy = float(d.sum()), float(y.sum())
     cd, cy = d - sd / n_e, y - sy / n_e
-    e = {"s_d": sd, "s_y": sy, "s_a": float(a.sum()), "m_dd": scan.bdot(cd, cd), "m_dy": scan.bdot(cd, cy),
-         "m_yy": scan.bdot(cy, cy)}
+    e = {"s_d": sd, "s_y": sy, "s_a": float(a.sum()), "m_dd": sums.bdot(cd, cd), "m_dy": sums.bdot(cd, cy),
+         "m_yy": sums.bdot(cy, cy)}
     n_b = n - n_e
     body = {"n": n_b, **{k: base[k] - e[k] for k in ("s_d", "s_y", "s_a")}}
     dd = e["s_d"] / n_e - body["s_d"] / n_b
@@ -243,15 +245,15 @@ def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] |
 
 
 def _combine_body(rec: np.ndarray, lag: bool) -> dict[str, float]:
-    """A step's body (and lag) quantities from its :func:`rldiag.engine.mismatch_scan.body_chunk` records."""
-    b = {k: i for i, k in enumerate(scan.BODY + (scan.LAG if lag else ()))}
-    n, s, m = scan.combine(rec, b["n"], slice(b["s_d"], b["s_y"] + 1), ((0, 0), (0, 1), (1, 1)),
+    """A step's body (and lag) quantities from its :func:`rldiag.engine.mismatch_body_chunk` records."""
+    b = {k: i for i, k in enumerate(BODY + (LAG if lag else ()))}
+    n, s, m = sums.combine(rec, b["n"], slice(b["s_d"], b["s_y"] + 1), ((0, 0), (0, 1), (1, 1)),
                            slice(b["m_dd"], b["m_yy"] + 1))
     out = {"n": n, "s_d": float(s[0]), "s_y": float(s[1]), "s_a": float(rec[:, b["s_a"]].sum()),
            "m_dd": float(m[0]), "m_dy": float(m[1]), "m_yy": float(m[2])}
     if lag:
         for part in ("on", "off"):
-            pn, ps, pm = scan.combine(rec, b[f"{part}_n"], slice(b[f"{part}_s_d"], b[f"{part}_s_d"] + 1), ((0, 0),),
+            pn, ps, pm = sums.combine(rec, b[f"{part}_n"], slice(b[f"{part}_s_d"], b[f"{part}_s_d"] + 1), ((0, 0),),
                                       slice(b[f"{part}_m_dd"], b[f"{part}_m_dd"] + 1))
             out.update({f"{part}_n": pn, f"{part}_s_d": float(ps[0]), f"{part}_m_dd": float(pm[0])})
         for k in ("on_s_a", "lag0_n", "lag0_s_a", "lagged_n", "lagged_s_a"):
@@ -265,11 +267,11 @@ def _whole(rec: np.ndarray, centred: bool) -> dict[str, float] | None:
     sums of products (not ``centred``) cancel more than :data:`CANCEL` of a variance away (the
     trainer's ``sum x x = sum d d + 2 sum d y + sum y y`` included)."""
     f = scan.F
-    how = scan.combine if centred else scan.combine_raw
+    how = sums.combine if centred else sums.combine_raw
     n, s, m = how(rec, f["n"], slice(f["s_d"], f["s_x"] + 1), scan.PAIRS, slice(f["m_dd"], f["m_xy"] + 1))
     total = rec.sum(0)
     if not centred and n > 0:
-        if scan.cancels(n, s.tolist(), m.tolist(), scan.PAIRS, CANCEL):
+        if sums.cancels(n, s.tolist(), m.tolist(), scan.PAIRS, CANCEL):
             return None
         if (total[f["m_dd"]] + total[f["m_yy"]]) > CANCEL * total[f["m_xx"]]:
             return None
@@ -406,7 +408,7 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
                       "top_kl_share": _div(tails.top_sum, 0.5 * whole["d2"], 0.0)})
         body = None if lag is not None else _excluded_body(whole, tails)
         if body is None:
-            brec = [scan.body_chunk(buf, scan.load(inp, buf, a, m, me), tails.p95, lag_rows, row_abs, row_n)
+            brec = [body_chunk(buf, scan.load(inp, buf, a, m, me), tails.p95, lag_rows, row_abs, row_n)
                     for a, m, me, _ in scan.chunks(ranges[s], buf.size)]
             body = _combine_body(np.stack(brec), lag is not None)
         stats.update(_body_stats(body))

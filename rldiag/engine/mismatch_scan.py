@@ -1,31 +1,28 @@
 """One pass over a step's tokens for the mismatch fingerprints (:mod:`rldiag.engine.mismatch`):
 every sum, product sum and count at once, chunk by chunk, on the host in numpy.
 
-The step's tokens are read in chunks of :data:`CHUNK` tokens of the packed layout (the actor
-mask applied as 0/1 weights, nothing compacted; each token's position from the layout's row
-offsets, no index array of the tokens). Each chunk's two log-prob streams are widened to
-float64 in arrays reused by every chunk (``(ROWS, CHUNK + 1)``, never a token-sized float64
+The step's tokens are read in chunks of :data:`CHUNK` tokens of the packed layout (nothing
+compacted: the tokens off the actor mask set to 0 by their indices; the positions' sums from the
+layout's row offsets, no index array of the tokens). Each chunk's two log-prob streams are
+widened to float64 in arrays reused by every chunk (``(ROWS, CHUNK + 1)``, never a token-sized
 copy) and reduced to one record (:data:`FIELDS`) of float64 sums. The chunk is read from the
 batch's tensors as a numpy view (a copy of the chunk on the host for a batch on another device):
 the pass is numpy's, whatever the device, so that its results are the same bits on every device
 and every torch thread count.
 
-Reductions: a sum of a chunk's series is numpy's pairwise sum (one thread); a sum of products
-``sum(u v)`` is :func:`bdot`: the chunk cut into blocks of :data:`BLOCK` values, one BLAS dot per
-block (no product array written: about 3x cheaper than a product and its sum), the blocks'
-dots added pairwise. A dot of at most 10,000 values runs on one thread in OpenBLAS (numpy's
-wheels; it splits a longer one by its thread count), so no sum depends on a thread count.
+Reductions (:mod:`rldiag.engine.mismatch_sums`): a sum of a chunk's series is numpy's pairwise
+sum (one thread); a sum of products is ``bdot``, one BLAS dot per block of 8,192 values (one
+thread each), no product array written.
 
 Moments: the records hold plain sums of products, ``sum(a b)``, and a step's centred moment is
-``sum(a b) - sum(a) sum(b) / n`` (:func:`combine_raw`): no centred copy of any series. That
-form loses about ``n mean^2 / sum((a - mean)^2)`` times the float64 rounding of the sums; where
-that factor passes the caller's bound (:func:`cancels`; a constant series, whose variance must
-be exactly 0, always does) the step is scanned again with each chunk centred on its own mean and
-the chunks combined by the pairwise update of Chan, Golub and LeVeque ("Algorithms for computing
-the sample variance", 1983), :func:`combine`: ``M = sum_c [M_c + n_c (m_c - mu)(m'_c - mu')]``,
-two-pass accurate, and exactly 0 for a constant series (the float64 mean of a constant float32
-value is that value). The trainer's series ``x = y + d`` is not read: its moments are ``d``'s and
-``y``'s (``sum x x = sum d d + 2 sum d y + sum y y``), the centred scan sums it directly.
+``sum(a b) - sum(a) sum(b) / n`` (``combine_raw``): no centred copy of any series. That form
+loses about ``n mean^2 / sum((a - mean)^2)`` times the float64 rounding of the sums; where that
+factor passes the caller's bound (``cancels``; a constant series, whose variance must be exactly
+0, always does) the step is scanned again with each chunk centred on its own mean and the chunks
+combined by Chan, Golub and LeVeque's pairwise update (``combine``): two-pass accurate, and
+exactly 0 for a constant series (the float64 mean of a constant float32 value is that value).
+The trainer's series ``x = y + d`` has no products of its own: its moments are ``d``'s and
+``y``'s (``sum x x = sum d d + 2 sum d y + sum y y``); the centred scan sums it directly.
 
 Quantiles: the step's first chunk sets a threshold (:func:`first_threshold`) and each chunk
 keeps the d and y of its tokens whose ``|d|`` reaches it (:class:`Picked`, about 8 % of the
@@ -44,25 +41,7 @@ import numpy as np
 import torch
 
 from rldiag.engine.layout import Rows
-
-#: a sum of products is taken in blocks of this many values, one BLAS dot each (one thread:
-#: OpenBLAS splits a dot across its threads above 10,000 values), then the blocks' dots
-BLOCK = 8192
-
-
-def bdot(u: np.ndarray, v: np.ndarray) -> float:
-    """``sum(u * v)`` of two 1-D float64 arrays of one length, the same bits whatever the
-    thread counts: one BLAS dot per block of :data:`BLOCK` values (no product array), the
-    blocks' dots summed pairwise, then the rest's dot."""
-    n = u.shape[0]
-    k = n - n % BLOCK
-    total = 0.0
-    if k:
-        total = float(np.matmul(u[:k].reshape(-1, 1, BLOCK), v[:k].reshape(-1, BLOCK, 1)).sum())
-    if k < n:
-        total += float(np.dot(u[k:], v[k:]))
-    return total
-
+from rldiag.engine.mismatch_sums import bdot
 
 #: tokens per chunk: large enough that the chunk's 60-odd array operations cost little per
 #: token, small enough that its float64 arrays stay in the cache
@@ -114,46 +93,6 @@ def step_ranges(rows: Rows, step_ids: torch.Tensor, n_steps: int) -> list[list[t
         if b > a:
             out[s].append((a, b))
     return out
-
-
-def combine(rec: np.ndarray, n_col: int, sums: slice, pairs: tuple[tuple[int, int], ...],
-            moments: slice) -> tuple[float, np.ndarray, np.ndarray]:
-    """The step's ``(n, sums, centred cross-products)`` from chunk records ``rec`` ``(chunks, k)``:
-    ``n`` at column ``n_col``, the series' sums at ``sums``, the chunks' centred products of the
-    series ``pairs`` at ``moments`` (Chan et al.'s pairwise update; a chunk without tokens adds
-    nothing)."""
-    n_c = rec[:, n_col]
-    s_c = rec[:, sums]
-    n = float(n_c.sum())
-    s = s_c.sum(0)
-    has = n_c > 0
-    dev = np.where(has[:, None], s_c / np.where(has, n_c, 1.0)[:, None] - s / n, 0.0)
-    i = [p[0] for p in pairs]
-    j = [p[1] for p in pairs]
-    m = rec[:, moments].sum(0) + (n_c[:, None] * dev[:, i] * dev[:, j]).sum(0)
-    return n, s, m
-
-
-def combine_raw(rec: np.ndarray, n_col: int, sums: slice, pairs: tuple[tuple[int, int], ...],
-                moments: slice) -> tuple[float, np.ndarray, np.ndarray]:
-    """As :func:`combine` from records of plain sums of products: ``sum(a b) - sum(a) sum(b) / n``.
-    Its rounding grows with ``mean^2 / variance`` of a series (the caller checks it: :func:`cancels`)."""
-    n = float(rec[:, n_col].sum())
-    s = rec[:, sums].sum(0)
-    i = [p[0] for p in pairs]
-    j = [p[1] for p in pairs]
-    m = rec[:, moments].sum(0) - s[i] * s[j] / n
-    return n, s, m
-
-
-def cancels(n: float, s: list[float], m: list[float], pairs: tuple[tuple[int, int], ...], factor: float) -> bool:
-    """Whether a variance of :func:`combine_raw` lost more than ``factor`` to cancellation: its
-    series' ``n mean^2`` above ``factor`` times the variance's sum (a constant series, whose
-    variance must be 0 exactly, always)."""
-    for (i, j), v in zip(pairs, m, strict=True):
-        if i == j and s[i] * s[i] / n > factor * v:
-            return True
-    return False
 
 
 @dataclass
@@ -488,58 +427,3 @@ def chunks(ranges: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int,
             m = min(size, hi - a)
             yield a, m, min(m + 1, hi - a), at
             at += m
-
-
-#: a body chunk's record: the body's tokens (|d| at most the step's gap_abs_p95), their sums of
-#: d, y, |d| and centred d d, d y, y y; with the lag, the same over the body's tokens of
-#: on-policy (lag 0) rows (d, |d|, d d) and of lagged rows (d, d d), and the tokens and sum of
-#: |d| of on-policy and lagged rows
-BODY = ("n", "s_d", "s_y", "s_a", "m_dd", "m_dy", "m_yy")
-LAG = ("on_n", "on_s_d", "on_s_a", "on_m_dd", "off_n", "off_s_d", "off_m_dd", "lag0_n", "lag0_s_a", "lagged_n",
-       "lagged_s_a")
-
-
-def _moments(w: np.ndarray, series: list[np.ndarray], out: np.ndarray) -> list[float]:
-    """The count of ``w`` (0/1), the sums of each series weighted by it and their centred
-    products (every pair for two series, the square for one); ``out``: ``(len(series), m)``
-    scratch."""
-    n = float(w.sum())
-    sums = [bdot(s, w) for s in series]
-    inv = 1.0 / max(n, 1.0)
-    cen = [np.multiply(np.subtract(s, t * inv, out=o), w, out=o) for s, t, o in zip(series, sums, out, strict=False)]
-    prods = [bdot(cen[0], cen[0])]
-    if len(cen) == 2:
-        prods += [bdot(cen[0], cen[1]), bdot(cen[1], cen[1])]
-    return [n] + sums + prods
-
-
-def body_chunk(buf: Buffers, ch: Chunk, p95: float, lag_rows: np.ndarray | None, row_abs: np.ndarray | None,
-               row_n: np.ndarray | None) -> np.ndarray:
-    """The chunk's body record (:data:`BODY`, then :data:`LAG` with ``lag_rows`` ``(rows,)``),
-    its tokens already in ``buf`` (:func:`load`); with the lag, each row's sum of |d| and actor
-    tokens are added to ``row_abs`` / ``row_n`` ``(rows,)``."""
-    m, v = ch.m, buf.v
-    y, d, a = v[Y, :m], v[D, :m], v[A, :m]
-    off = ch.off[ch.off < m]
-    scratch = np.empty((2, m), dtype=np.float64)
-    wb = v[T, :m]
-    np.copyto(wb, np.less_equal(a, p95, out=buf.cmp[:m]))
-    wb[off] = 0.0
-    nb, s_d, s_y, m_dd, m_dy, m_yy = _moments(wb, [d, y], scratch)
-    out = [nb, s_d, s_y, bdot(a, wb), m_dd, m_dy, m_yy]
-    if lag_rows is not None and row_abs is not None and row_n is not None:
-        rows = np.arange(ch.first, ch.first + ch.seg.shape[0])
-        counts = np.diff(np.concatenate([ch.seg, [m]]))
-        on, lagged = v[U, :m], v[X, :m]  # the body pass reads no x
-        np.copyto(on, np.repeat(lag_rows[rows] == 0, counts))
-        np.subtract(1.0, on, out=lagged)
-        on[off] = 0.0
-        lagged[off] = 0.0
-        won = np.multiply(wb, on, out=v[W, :m])
-        on_m = _moments(won, [d], scratch)
-        of_m = _moments(np.subtract(wb, won, out=scratch[1]), [d], scratch)
-        out += [on_m[0], on_m[1], bdot(a, won), on_m[2], of_m[0], of_m[1], of_m[2],
-                float(on.sum()), bdot(a, on), float(lagged.sum()), bdot(a, lagged)]
-        row_abs[rows] += np.add.reduceat(a, ch.seg)
-        row_n[rows] += counts - np.bincount(np.searchsorted(ch.seg, off, side="right") - 1, minlength=rows.shape[0])
-    return np.array(out, dtype=np.float64)
