@@ -185,9 +185,10 @@ def _tails(picked: scan.Picked, n: int) -> _Tails:
     order statistics, as ``torch.quantile``), the top 1 %'s summed ``d^2 / 2`` and the largest
     ``|d|``, from the step's picked tokens (:class:`rldiag.engine.mismatch_scan.Picked`): every
     token that reaches the threshold is picked, so they are the step's top ``|S|`` (with a
-    threshold <= 0, every token above 0, the others exactly 0). The ranks needed are selected
-    among them (``np.partition``) and the top 1 % sorted: the order statistics are exact
-    float64 values, and the top tokens' ``d^2 / 2`` are added smallest first."""
+    threshold <= 0, every token above 0, the others exactly 0). The top ``k + 1`` are selected
+    and sorted (the top 1 % and the 99th percentile's neighbours), the 95th's neighbours
+    selected among the rest (``np.partition``): the order statistics are exact float64 values,
+    and the top tokens' ``d^2 / 2`` are added smallest first."""
     ranks = []
     for q in (QUANTILE, BODY_QUANTILE):
         h = (n - 1) * q
@@ -201,15 +202,23 @@ def _tails(picked: scan.Picked, n: int) -> _Tails:
     lowest = min(ranks[1][1], n - k)
     if picked.threshold > 0 and below > lowest:
         raise AssertionError(f"mismatch tails: {a.shape[0]} tokens picked for ranks from {lowest} of {n}")
-    # the ranks needed in place (a selection, not a sort), then the top k sorted (smallest first)
-    kth = sorted({r - below for _, lo, hi in ranks for r in (lo, hi) if r >= below} | {max(a.shape[0] - k, 0)})
-    part = np.partition(a, [i for i in kth if i < a.shape[0]]) if a.shape[0] else a
-    top = np.sort(part[max(a.shape[0] - k, 0):])
+    # the top k + 1 selected and sorted (smallest first: the top 1 % and the 99th percentile's
+    # neighbours, which are among them), then the 95th's neighbours selected below them
+    size = a.shape[0]
+    t = min(size, k + 1)
+    part = np.partition(a, size - t) if 0 < t < size else a
+    top = np.sort(part[size - t:])
+    lower = sorted({r - below for _, lo, hi in ranks for r in (lo, hi) if 0 <= r - below < size - t})
+    rest = np.partition(part[: size - t], lower) if lower else part
 
     def rank(r: int) -> float:
-        return float(part[r - below]) if r >= below else 0.0  # below the picked tokens: |d| = 0
+        i = r - below
+        if i < 0:
+            return 0.0  # below the picked tokens: |d| = 0
+        return float(top[i - (size - t)]) if i >= size - t else float(rest[i])
 
     p99, p95 = (rank(lo) + (h - lo) * (rank(hi) - rank(lo)) for h, lo, hi in ranks)
+    top = top[max(t - k, 0):]
     top_sum = float(np.cumsum(0.5 * top * top)[-1]) if top.shape[0] else 0.0
     return _Tails(p99, p95, top_sum, float(top[-1]) if top.shape[0] else 0.0, d, y, a)
 
