@@ -2,7 +2,7 @@
 every sum, product sum and count at once, chunk by chunk, on the host in numpy.
 
 The step's tokens are read in chunks of :data:`CHUNK` tokens of the packed layout (nothing
-compacted: the tokens off the actor mask set to 0 by their indices; the positions' sums from the
+compacted: the tokens off the actor mask set to 0 by their indices; each token's position from the
 layout's row offsets, no index array of the tokens). Each chunk's two log-prob streams are
 widened to float64 in arrays reused by every chunk (``(ROWS, CHUNK + 1)``, never a token-sized
 copy) and reduced to one record (:data:`FIELDS`) of float64 sums. The chunk is read from the
@@ -69,15 +69,10 @@ EXTREME = math.log(2.0)
 HALF_MIN, HALF_MAX = 2.0 ** -14, 65504.0
 
 #: the rows of :attr:`Buffers.v`: the masked series d, y, |d| (in this order: one call sums
-#: them), the trainer's x as read, the positions (only where they are needed as a series), the
-#: actor weights (likewise) and scratch rows
+#: them), the trainer's x as read, the positions, the actor weights (where a path needs them as
+#: a series) and scratch rows
 D, Y, A, X, P, K, T, U, W = range(9)
 ROWS = 9
-#: the largest position whose sums of squares a chunk takes in int64 from the rows' lengths
-#: (``sum i^2`` up to it stays below 2^63); longer rows take the positions as a series
-MAX_POSITION = 1 << 20
-
-
 def step_ranges(rows: Rows, step_ids: torch.Tensor, n_steps: int) -> list[list[tuple[int, int]]]:
     """Each step's token ranges ``[start, end)``: the runs of consecutive rows of that step
     (one range a step in a packed batch, whose steps follow each other)."""
@@ -223,38 +218,6 @@ def positions(buf: Buffers, ch: Chunk) -> np.ndarray:
     return p
 
 
-def position_sums(buf: Buffers, ch: Chunk) -> tuple[float, float, float]:
-    """``(sum p, sum p^2, sum |d| p)`` over the chunk's actor tokens, ``p`` the position in the
-    row: the first two from the row pieces' lengths (exact integers) less the tokens off the
-    mask, the third as ``sum |d| t - sum_r start_r sum_(t in r) |d|`` (``t`` the index in the
-    chunk) — no series of positions, unless a row is longer than :data:`MAX_POSITION`."""
-    m = ch.m
-    a = buf.v[A, :m]
-    counts = np.diff(np.concatenate([ch.seg, [m]]))
-    q = ch.seg - ch.origin  # each piece's first position
-    if int(q[-1] + counts[-1]) > MAX_POSITION or int(q.max() + counts.max()) > MAX_POSITION:
-        p = positions(buf, ch)
-        return float(p.sum()), bdot(p, p), bdot(a, p)
-
-    def upto(k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # sum i and sum i^2 over 0 <= i < k
-        return k * (k - 1) // 2, (k - 1) * k * (2 * k - 1) // 6
-
-    s1_hi, s2_hi = upto(q + counts)
-    s1_lo, s2_lo = upto(q)
-    s1, s2 = int((s1_hi - s1_lo).sum()), int((s2_hi - s2_lo).sum())
-    off = ch.off[: np.searchsorted(ch.off, m)]
-    if off.shape[0]:  # less the tokens off the mask: p = index - origin of its piece
-        at = np.searchsorted(off, np.concatenate([ch.seg, [m]]))
-        c = np.diff(at)
-        o1 = np.concatenate([[0], np.cumsum(off)])
-        o2 = np.concatenate([[0], np.cumsum(off * off)])
-        t1, t2 = o1[at[1:]] - o1[at[:-1]], o2[at[1:]] - o2[at[:-1]]
-        s1 -= int((t1 - ch.origin * c).sum())
-        s2 -= int((t2 - 2 * ch.origin * t1 + ch.origin * ch.origin * c).sum())
-    ap = bdot(a, buf.base[:m]) - float(np.dot(ch.origin.astype(np.float64), np.add.reduceat(a, ch.seg)))
-    return float(s1), float(s2), ap
-
-
 def scan_chunk(buf: Buffers, ch: Chunk, centred: bool, picked: Picked) -> np.ndarray:
     """The chunk's record (:data:`FIELDS`) ``(len(FIELDS),)`` float64; its tokens for the order
     statistics go to ``picked`` (:func:`pick`; ``extreme`` is left to them where they hold every
@@ -274,18 +237,16 @@ def scan_chunk(buf: Buffers, ch: Chunk, centred: bool, picked: Picked) -> np.nda
         ya = np.abs(y, out=v[U, :m])
         s_ya = float(ya.sum())
     dd = bdot(d, d)
+    p = positions(buf, ch)
+    s_p = float(p.sum())
+    out = [float(n), s_d, s_y, s_p, s_a, s_ya, s_d + s_y]
     if centred:
-        p = positions(buf, ch)
-        s_p = float(p.sum())
-        out = [float(n), s_d, s_y, s_p, s_a, s_ya, s_d + s_y]
         out += _centred_moments(buf, ch, p, [s_d, s_y, s_p, s_a, s_ya, s_d + s_y])
     else:
-        s_p, pp, ap = position_sums(buf, ch)
         dy, yy = bdot(d, y), bdot(y, y)
         aya = -bdot(a, y) if ya is None else bdot(a, ya)
         # |d|^2 = d^2, |y|^2 = y^2, x = d + y: their plain sums are these
-        out = [float(n), s_d, s_y, s_p, s_a, s_ya, s_d + s_y, dd, dy, yy, dd, ap, pp, aya, yy,
-               dd + 2.0 * dy + yy, dy + yy]
+        out += [dd, dy, yy, dd, bdot(a, p), bdot(p, p), aya, yy, dd + 2.0 * dy + yy, dy + yy]
     out.append(dd)
     t, flags = v[T, :m], buf.cmp[:m]
     # y = 0 off the actor tokens: confident (with d = 0), so m - n of the count is theirs
