@@ -183,14 +183,16 @@ def load(inp: Inputs, buf: Buffers, a: int, m: int, me: int) -> Chunk:
     np.subtract(x, y, out=d)
     actor = None if ks.min() > 0 else np.greater(ks, 0, out=buf.flags[:me])
     off = _EMPTY if actor is None else np.flatnonzero(~actor)
-    v[D: Y + 1, off] = 0.0  # a non-finite log-prob off the mask goes too
+    for r in (D, Y):  # a non-finite log-prob off the mask goes too (row by row: a 2-D index costs more)
+        v[r, off] = 0.0
     np.abs(d, out=v[A, :me])
     sums = v[D: A + 1, :m].sum(axis=1)
     if not (np.isfinite(sums).all() and np.isfinite(v[D: A + 1, m:me]).all()):
         # a non-finite log-prob on the mask: not an actor token
         actor = np.greater(ks, 0, out=buf.flags[:me]) & np.isfinite(xs) & np.isfinite(ys)
         off = np.flatnonzero(~actor)
-        v[D: A + 1, off] = 0.0
+        for r in (D, Y, A):
+            v[r, off] = 0.0
         sums = v[D: A + 1, :m].sum(axis=1)
     first, seg, origin, across = _rows(inp, a, m, me)
     n = m - int(np.searchsorted(off, m))
