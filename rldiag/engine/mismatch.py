@@ -29,8 +29,8 @@ request 1207).
 
 :func:`mismatch_stats` computes them in one pass over each step's actor tokens (mask 1;
 verl's agent loop stores 0.0 as the rollout log-prob of a tool token, so those are left out),
-chunk by chunk (:mod:`rldiag.engine.mismatch_scan`: float64 per chunk, never a token-sized
-float64 copy; the quantiles from a histogram and the few tokens above it, no sort); deciding
+chunk by chunk on the host (:mod:`rldiag.engine.mismatch_scan`: numpy, float64 per chunk, never a
+token-sized copy; the quantiles selected among the tokens above a threshold, no sort); deciding
 which causes hold is :mod:`rldiag.analysis.mismatch`'s. Every input is flat
 ``(tokens,)`` (or ``(rows,)``) and every output ``(n_steps,)`` float64: NaN only for a step
 without actor tokens; a statistic with nothing to measure otherwise has its neutral value (a
@@ -48,7 +48,9 @@ import numpy as np
 import torch
 
 from rldiag.engine import mismatch_scan as scan
+from rldiag.engine import mismatch_sums as sums
 from rldiag.engine.layout import Rows
+from rldiag.engine.mismatch_body import BODY, LAG, body_chunk
 from rldiag.engine.mismatch_scan import CONFIDENT as CONFIDENT
 from rldiag.engine.mismatch_scan import EXTREME as EXTREME
 from rldiag.engine.mismatch_scan import UNCONFIDENT as UNCONFIDENT
@@ -152,83 +154,91 @@ def _corr_f(cov: float, va: float, vb: float) -> float:
 
 @dataclass
 class _Tails:
-    """A step's order statistics of ``|d|`` and its tokens at or above the lower quantile's
-    bucket (``d``, ``y``, ``a = |d|``: float64, the candidates :func:`_tails` read back)."""
+    """A step's order statistics of ``|d|`` and its actor tokens at or above the threshold
+    :func:`_tails` read back (``d``, ``y``, ``a = |d|``: float64)."""
 
     p99: float
     p95: float
     top_sum: float
-    d: torch.Tensor
-    y: torch.Tensor
-    a: torch.Tensor
+    largest: float
+    d: np.ndarray
+    y: np.ndarray
+    a: np.ndarray
 
 
-def _tails(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], n: int) -> _Tails:
+def _pick_again(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], picked: scan.Picked,
+                need: int) -> scan.Picked:
+    """Where fewer than ``need`` tokens reached the step's threshold: the step's tokens read
+    again, keeping those that reach a lower one (twice the share ``need`` is of the step's
+    tokens in the step's sample; every token above 0 where that is no lower)."""
+    sample = np.concatenate(picked.sample)
+    size = sum(b - a for a, b in ranges)
+    lower = scan.threshold(sample, min(1.0, 2.0 * need / size))
+    again = scan.Picked(lower if 0 < lower < picked.threshold else 0.0)
+    for a, m, me, _ in scan.chunks(ranges, buf.size):
+        scan.pick(buf, scan.load(inp, buf, a, m, me), again)
+    return again
+
+
+def _tails(picked: scan.Picked, n: int) -> _Tails:
     """``gap_abs_p99`` and ``gap_abs_p95`` (linear interpolation between the two neighbouring
-    order statistics, as ``torch.quantile``) and the top 1 %'s summed ``d^2 / 2``, from the
-    step's histogram (:data:`rldiag.engine.mismatch_scan.HIST_SHIFT`): the tokens whose bucket is
-    at or above that of the lowest rank needed (the 95th percentile's lower neighbour) are read
-    back and their ``|d|`` recomputed in float64; the ranks needed are selected among them
-    (``np.partition``) and the top 1 % sorted: the order statistics are those exact values, and
-    the top tokens' ``d^2 / 2`` are added smallest first."""
+    order statistics, as ``torch.quantile``), the top 1 %'s summed ``d^2 / 2`` and the largest
+    ``|d|``, from the step's picked tokens (:class:`rldiag.engine.mismatch_scan.Picked`): every
+    token that reaches the threshold is picked, so they are the step's top ``|S|`` (with a
+    threshold <= 0, every token above 0, the others exactly 0). The top ``k + 1`` are selected
+    and sorted (the top 1 % and the 99th percentile's neighbours), the 95th's neighbours
+    selected among the rest (``np.partition``): the order statistics are exact float64 values,
+    and the top tokens' ``d^2 / 2`` are added smallest first."""
     ranks = []
     for q in (QUANTILE, BODY_QUANTILE):
         h = (n - 1) * q
         lo = math.floor(h)
         ranks.append((h, lo, min(lo + 1, n - 1)))
     k = math.ceil(n * TOP_SHARE)
+    d = np.concatenate(picked.d)
+    y = np.concatenate(picked.y)
+    a = np.abs(d)
+    below = n - a.shape[0]
     lowest = min(ranks[1][1], n - k)
-    cum = buf.hist.cumsum(0)
-    bucket = int(torch.searchsorted(cum, torch.tensor([lowest], device=cum.device), right=True)[0])
-    below = int(cum[bucket - 1]) if bucket else 0
-    bound = float(np.array([bucket << scan.HIST_SHIFT], dtype=np.int32).view(np.float32)[0])
-    size = sum(b - a for a, b in ranges)
-    at = (buf.abs32[:size] >= bound).nonzero().squeeze(1)
-    if len(ranges) == 1:
-        index = at + ranges[0][0]
-    else:  # the step's tokens in several runs of rows: each run's place in abs32
-        first = torch.tensor([0] + [b - a for a, b in ranges[:-1]], device=at.device).cumsum(0)
-        run = torch.searchsorted(first, at, right=True) - 1
-        index = at - first.index_select(0, run) + torch.tensor([a for a, _ in ranges], device=at.device).index_select(0, run)
-    x = inp.old.index_select(0, index).to(torch.float64)
-    y = inp.rollout.index_select(0, index).to(torch.float64)
-    d = x - y
-    a = d.abs()
-    if a.numel() != n - below:
-        raise AssertionError(f"mismatch tails: {a.numel()} tokens read back for {n - below}")
-    # the ranks needed in place (a selection, not a sort), then the top k sorted (smallest first)
-    kth = sorted({r - below for _, lo, hi in ranks for r in (lo, hi)} | {a.numel() - k})
-    if a.device.type == "cpu":
-        part = torch.from_numpy(np.partition(a.numpy(), kth))
-        top = torch.from_numpy(np.sort(part[a.numel() - k:].numpy()))
-    else:
-        part = torch.sort(a).values
-        top = part[a.numel() - k:]
+    if picked.threshold > 0 and below > lowest:
+        raise AssertionError(f"mismatch tails: {a.shape[0]} tokens picked for ranks from {lowest} of {n}")
+    # the top k + 1 selected and sorted (smallest first: the top 1 % and the 99th percentile's
+    # neighbours, which are among them), then the 95th's neighbours selected below them
+    size = a.shape[0]
+    t = min(size, k + 1)
+    part = np.partition(a, size - t) if 0 < t < size else a
+    top = np.sort(part[size - t:])
+    lower = sorted({r - below for _, lo, hi in ranks for r in (lo, hi) if 0 <= r - below < size - t})
+    rest = np.partition(part[: size - t], lower) if lower else part
 
     def rank(r: int) -> float:
-        return float(part[r - below])
+        i = r - below
+        if i < 0:
+            return 0.0  # below the picked tokens: |d| = 0
+        return float(top[i - (size - t)]) if i >= size - t else float(rest[i])
 
     p99, p95 = (rank(lo) + (h - lo) * (rank(hi) - rank(lo)) for h, lo, hi in ranks)
-    top_sum = float(torch.mul(top, 0.5).mul_(top).cumsum_(0)[-1]) if k else 0.0
-    return _Tails(p99, p95, top_sum, d, y, a)
+    top = top[max(t - k, 0):]
+    top_sum = float(np.cumsum(0.5 * top * top)[-1]) if top.shape[0] else 0.0
+    return _Tails(p99, p95, top_sum, float(top[-1]) if top.shape[0] else 0.0, d, y, a)
 
 
 def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] | None:
-    """The body's moments (as :data:`rldiag.engine.mismatch_scan.BODY`) as the step's less
+    """The body's moments (as :data:`rldiag.engine.mismatch_BODY`) as the step's less
     those of its tokens above ``gap_abs_p95`` (Chan et al.'s update reversed), or None where the
     subtraction would cancel more than :data:`CANCEL` of a variance or of the summed ``|d|``."""
-    out = tails.a > tails.p95
+    out = np.flatnonzero(tails.a > tails.p95)  # indices, then takes: cheaper than boolean indexing
     n = whole["n"]
     base = {"n": n, "s_d": whole["s_d"], "s_y": whole["s_y"], "s_a": whole["s_a"], "m_dd": whole["m_dd"],
             "m_dy": whole["m_dy"], "m_yy": whole["m_yy"]}
-    n_e = int(out.sum())
+    n_e = out.shape[0]
     if n_e == 0:
         return base
-    d, y, a = tails.d[out], tails.y[out], tails.a[out]
-    sd, sy = scan.dsum(d), scan.dsum(y)
+    d, y, a = tails.d.take(out), tails.y.take(out), tails.a.take(out)
+    sd, sy = float(d.sum()), float(y.sum())
     cd, cy = d - sd / n_e, y - sy / n_e
-    e = {"s_d": float(sd), "s_y": float(sy), "s_a": float(scan.dsum(a)), "m_dd": float(scan.ddot(cd, cd)),
-         "m_dy": float(scan.ddot(cd, cy)), "m_yy": float(scan.ddot(cy, cy))}
+    e = {"s_d": sd, "s_y": sy, "s_a": float(a.sum()), "m_dd": sums.bdot(cd, cd), "m_dy": sums.bdot(cd, cy),
+         "m_yy": sums.bdot(cy, cy)}
     n_b = n - n_e
     body = {"n": n_b, **{k: base[k] - e[k] for k in ("s_d", "s_y", "s_a")}}
     dd = e["s_d"] / n_e - body["s_d"] / n_b
@@ -243,36 +253,40 @@ def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] |
     return body
 
 
-def _combine_body(rec: torch.Tensor, lag: bool) -> dict[str, float]:
-    """A step's body (and lag) quantities from its :func:`rldiag.engine.mismatch_scan.body_chunk` records."""
-    b = {k: i for i, k in enumerate(scan.BODY + (scan.LAG if lag else ()))}
-    n, s, m = scan.combine(rec, b["n"], slice(b["s_d"], b["s_y"] + 1), ((0, 0), (0, 1), (1, 1)),
+def _combine_body(rec: np.ndarray, lag: bool) -> dict[str, float]:
+    """A step's body (and lag) quantities from its :func:`rldiag.engine.mismatch_body_chunk` records."""
+    b = {k: i for i, k in enumerate(BODY + (LAG if lag else ()))}
+    n, s, m = sums.combine(rec, b["n"], slice(b["s_d"], b["s_y"] + 1), ((0, 0), (0, 1), (1, 1)),
                            slice(b["m_dd"], b["m_yy"] + 1))
-    out = {"n": float(n), "s_d": float(s[0]), "s_y": float(s[1]), "s_a": float(rec[:, b["s_a"]].sum()),
+    out = {"n": n, "s_d": float(s[0]), "s_y": float(s[1]), "s_a": float(rec[:, b["s_a"]].sum()),
            "m_dd": float(m[0]), "m_dy": float(m[1]), "m_yy": float(m[2])}
     if lag:
         for part in ("on", "off"):
-            pn, ps, pm = scan.combine(rec, b[f"{part}_n"], slice(b[f"{part}_s_d"], b[f"{part}_s_d"] + 1), ((0, 0),),
+            pn, ps, pm = sums.combine(rec, b[f"{part}_n"], slice(b[f"{part}_s_d"], b[f"{part}_s_d"] + 1), ((0, 0),),
                                       slice(b[f"{part}_m_dd"], b[f"{part}_m_dd"] + 1))
-            out.update({f"{part}_n": float(pn), f"{part}_s_d": float(ps[0]), f"{part}_m_dd": float(pm[0])})
+            out.update({f"{part}_n": pn, f"{part}_s_d": float(ps[0]), f"{part}_m_dd": float(pm[0])})
         for k in ("on_s_a", "lag0_n", "lag0_s_a", "lagged_n", "lagged_s_a"):
             out[k] = float(rec[:, b[k]].sum())
     return out
 
 
-def _whole(rec: torch.Tensor, centred: bool) -> dict[str, float] | None:
+def _whole(rec: np.ndarray, centred: bool) -> dict[str, float] | None:
     """A step's quantities (:data:`rldiag.engine.mismatch_scan.FIELDS`: the moments centred on
     the step's means) from its chunk records ``(chunks, fields)``; None where records of plain
-    sums of products (not ``centred``) cancel more than :data:`CANCEL` of a variance away."""
+    sums of products (not ``centred``) cancel more than :data:`CANCEL` of a variance away (the
+    trainer's ``sum x x = sum d d + 2 sum d y + sum y y`` included)."""
     f = scan.F
-    how = scan.combine if centred else scan.combine_raw
-    n, s, m = how(rec, f["n"], slice(f["s_x"], f["s_ya"] + 1), scan.PAIRS, slice(f["m_xy"], f["m_yaya"] + 1))
-    if not centred and float(n) > 0 and scan.cancels(float(n), s.tolist(), m.tolist(), scan.PAIRS, CANCEL):
-        return None
-    out = dict(zip(scan.FIELDS, rec.sum(0).tolist(), strict=True))
-    out.update(zip(scan.FIELDS[f["s_x"]: f["m_yaya"] + 1], s.tolist() + m.tolist(), strict=True))
-    out["n"] = float(n)
-    out["max"] = float(rec[:, f["max"]].max())
+    how = sums.combine if centred else sums.combine_raw
+    n, s, m = how(rec, f["n"], slice(f["s_d"], f["s_x"] + 1), scan.PAIRS, slice(f["m_dd"], f["m_xy"] + 1))
+    total = rec.sum(0)
+    if not centred and n > 0:
+        if sums.cancels(n, s.tolist(), m.tolist(), scan.PAIRS, CANCEL):
+            return None
+        if (total[f["m_dd"]] + total[f["m_yy"]]) > CANCEL * total[f["m_xx"]]:
+            return None
+    out = dict(zip(scan.FIELDS, total.tolist(), strict=True))
+    out.update(zip(scan.FIELDS[f["s_d"]: f["m_xy"] + 1], s.tolist() + m.tolist(), strict=True))
+    out["n"] = n
     return out
 
 
@@ -282,8 +296,8 @@ def _whole_stats(w: dict[str, float]) -> dict[str, float]:
     cov_xy = w["m_xy"] / n
     var_a = w["m_aa"] / n
     return {
-        "tokens": n, "gap_mean": w["s_d"] / n, "gap_std": math.sqrt(var_d), "gap_abs_mean": w["s_a"] / n,
-        "gap_abs_max": w["max"], "kl_k2": 0.5 * w["d2"] / n,
+        "tokens": n, "gap_mean": w["s_d"] / n, "gap_std": math.sqrt(max(var_d, 0.0)), "gap_abs_mean": w["s_a"] / n,
+        "kl_k2": 0.5 * w["d2"] / n,
         # sum of max(d, 0) = (sum |d| + sum d) / 2: exactly 0 (1) where every d <= 0 (>= 0)
         "positive_share": _div(0.5 * (w["s_a"] + w["s_d"]), w["s_a"], 0.5),
         "slope": _div(cov_xy, var_y, 1.0),  # x on y: T_roll / T_train; 1 for a constant rollout series
@@ -346,54 +360,66 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
         rows: the token layout; ``step_ids``: ``(rows,)`` each row's step in ``[0, n_steps)``.
         lag: ``(rows,)`` each row's policy lag (``step - 1 - policy_version``), or None.
 
-    One pass over each step's tokens (:mod:`rldiag.engine.mismatch_scan`) gives every statistic
-    but the body's; the order statistics of ``|d|`` come from its histogram and the few tokens
-    above the 95th percentile's bucket; the body's moments are the step's less those tokens'
-    (Chan et al.'s update reversed). A second pass sums the body on its own where that
+    One pass over each step's tokens (:mod:`rldiag.engine.mismatch_scan`, on the host) gives
+    every statistic but the body's and the order statistics; those of ``|d|`` come from the few
+    tokens above a threshold (:func:`_tails`); the body's moments are the step's less those
+    tokens' (Chan et al.'s update reversed). A second pass sums the body on its own where that
     subtraction would cancel (:data:`CANCEL`) and, with ``lag``, always (the per-row and on- /
     off-policy sums).
 
-    Returns ``name -> (n_steps,)`` float64.
+    Returns ``name -> (n_steps,)`` float64, on the batch's device.
     """
-    inp = scan.Inputs(old, rollout, mask, rows)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a step without actor tokens: NaN, as torch gave
+        return _stats(old, rollout, mask, rows, step_ids, n_steps, lag)
+
+
+def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: Rows, step_ids: torch.Tensor,
+           n_steps: int, lag: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    inp = scan.Inputs.of(old, rollout, mask, rows)
     ranges = scan.step_ranges(rows, step_ids, n_steps)
     sizes = [sum(b - a for a, b in r) for r in ranges]
     device = old.device
-    buf = scan.Buffers(max(1, min(scan.CHUNK, max(sizes, default=1))), max(sizes, default=0), device)
-    buf.offsets = rows.offsets.to(torch.float64)
+    buf = scan.Buffers(max(1, min(scan.CHUNK, max(sizes, default=1))))
     names = STATS + (LAG_STATS if lag is not None else ())
     values = {k: [math.nan] * n_steps for k in names}
     row_abs = row_n = lag_rows = None
-    nonpositive = rollout.numel() == 0 or bool(rollout.max() <= 0)
     if lag is not None:
-        lag_rows = lag.to(device)
-        row_abs = torch.zeros(rows.n_rows, dtype=torch.float64, device=device)
-        row_n = torch.zeros(rows.n_rows, dtype=torch.float64, device=device)
+        lag_rows = scan.host(lag)
+        row_abs = np.zeros(rows.n_rows, dtype=np.float64)
+        row_n = np.zeros(rows.n_rows, dtype=np.float64)
     for s in range(n_steps):
         values["tokens"][s] = 0.0
         if not sizes[s]:
             continue
         whole = None
         for centred in (False, True):  # plain sums of products, centred where they cancel
-            buf.hist.zero_()
-            recs = [scan.scan_chunk(inp, buf, scan.load(inp, buf, a, m, me), at, nonpositive, centred)
-                    for a, m, me, at in scan.chunks(ranges[s], buf.size)]
-            whole = _whole(torch.stack(recs), centred)
+            recs = []
+            picked = None
+            for a, m, me, _ in scan.chunks(ranges[s], buf.size):
+                ch = scan.load(inp, buf, a, m, me)
+                picked = picked or scan.Picked(scan.first_threshold(buf, ch))
+                recs.append(scan.scan_chunk(buf, ch, centred, picked))
+            whole = _whole(np.stack(recs), centred)
             if whole is not None:
                 break
-        assert whole is not None
+        assert whole is not None and picked is not None
         n = whole["n"]
         if n == 0:
             continue
+        need = int(n) - min(math.floor((n - 1) * BODY_QUANTILE), int(n) - math.ceil(n * TOP_SHARE))
+        while picked.threshold > 0 and sum(v.shape[0] for v in picked.d) < need:
+            picked = _pick_again(inp, buf, ranges[s], picked, need)
+        if picked.holds_extreme:
+            whole["extreme"] = float(sum(int(np.count_nonzero(np.abs(v) > EXTREME)) for v in picked.d))
         stats = _whole_stats(whole)
-        tails = _tails(inp, buf, ranges[s], int(n))
-        stats.update({"gap_abs_p99": tails.p99, "gap_abs_p95": tails.p95,
+        tails = _tails(picked, int(n))
+        stats.update({"gap_abs_p99": tails.p99, "gap_abs_p95": tails.p95, "gap_abs_max": tails.largest,
                       "top_kl_share": _div(tails.top_sum, 0.5 * whole["d2"], 0.0)})
         body = None if lag is not None else _excluded_body(whole, tails)
         if body is None:
-            brec = [scan.body_chunk(inp, buf, scan.load(inp, buf, a, m, me), tails.p95, lag_rows, row_abs, row_n)
+            brec = [body_chunk(buf, scan.load(inp, buf, a, m, me), tails.p95, lag_rows, row_abs, row_n)
                     for a, m, me, _ in scan.chunks(ranges[s], buf.size)]
-            body = _combine_body(torch.stack(brec), lag is not None)
+            body = _combine_body(np.stack(brec), lag is not None)
         stats.update(_body_stats(body))
         if lag is not None:
             stats.update(_lag_stats(body, n))
@@ -401,9 +427,9 @@ def mismatch_stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor,
             values[k][s] = v
     out = {k: torch.tensor(v, dtype=torch.float64, device=device) for k, v in values.items()}
     if lag is not None and row_abs is not None and row_n is not None:
-        out.update(_row_lag(row_abs, row_n, lag, step_ids, n_steps))
+        out.update(_row_lag(torch.from_numpy(row_abs).to(device), torch.from_numpy(row_n).to(device),
+                            lag.to(device), step_ids, n_steps))
     return out
-
 
 
 @dataclass(frozen=True)

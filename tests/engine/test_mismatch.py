@@ -296,3 +296,69 @@ def test_chunks_and_both_moment_paths_equal_the_reference(monkeypatch, chunk, ca
         np.testing.assert_allclose(got[k].numpy(), v, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=k)
     if kind == "constant_body":  # the body's gap is exactly 0: its spread and correlation exactly 0, whatever the path
         assert got["body_gap_std"].tolist() == [0.0] * n and got["body_gap_rollout_corr"].tolist() == [0.0] * n
+
+
+# ---- the order statistics from the picked tokens ----------------------------------------------
+
+
+def _tail_reference(old, roll, mask, lengths, sid, n_steps):
+    """The statistics that come from the step's largest |d|, vectorised (the per-token reference
+    is too slow for steps of tens of thousands of tokens)."""
+    x, y = old.astype(np.float64), roll.astype(np.float64)
+    step = np.repeat(sid, lengths)
+    keep = (mask > 0) & np.isfinite(x) & np.isfinite(y)
+    out = {k: [] for k in ("gap_abs_p99", "gap_abs_p95", "gap_abs_max", "top_kl_share", "extreme_share",
+                           "body_gap_mean", "body_gap_std", "body_slope")}
+    for s in range(n_steps):
+        d = (x - y)[keep & (step == s)]
+        yy = y[keep & (step == s)]
+        ad = np.abs(d)
+        p99, p95 = np.quantile(ad, [0.99, 0.95])
+        k2 = 0.5 * d * d
+        body = ad <= p95
+        db, yb = d[body], yy[body]
+        out["gap_abs_p99"].append(p99)
+        out["gap_abs_p95"].append(p95)
+        out["gap_abs_max"].append(ad.max())
+        out["top_kl_share"].append(np.sort(k2)[::-1][: math.ceil(0.01 * len(d))].sum() / k2.sum())
+        out["extreme_share"].append((ad > math.log(2)).mean())
+        out["body_gap_mean"].append(db.mean())
+        out["body_gap_std"].append(db.std())
+        out["body_slope"].append(np.mean((db + yb - (db + yb).mean()) * (yb - yb.mean())) / yb.var())
+    return out
+
+
+@pytest.mark.parametrize("layout", ["stationary", "quiet_first_chunk", "loud_first_chunk", "mostly_equal"])
+def test_order_statistics_of_long_steps_from_the_picked_tokens(monkeypatch, layout):
+    """Steps of about 30,000 tokens in chunks of 4,096: the threshold the first chunk sets picks
+    the step's top tokens (``stationary``); a first chunk whose gaps are 100 times smaller than
+    the rest's sets one that picks nearly every token; 100 times larger, one that picks too few,
+    and the step is read again with a lower threshold; most gaps exactly 0 (``mostly_equal``):
+    the tokens above 0 are picked, the others' order statistics are 0."""
+    import rldiag.engine.mismatch as mm
+    import rldiag.engine.mismatch_scan as scan
+
+    monkeypatch.setattr(scan, "CHUNK", 4096)
+    again = []
+    real = mm._pick_again
+    monkeypatch.setattr(mm, "_pick_again", lambda *a: again.append(1) or real(*a))
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(200, 1200, 80)
+    sid = np.repeat([0, 1], [40, 40])
+    total = int(lengths.sum())
+    old = -np.abs(rng.normal(0.5, 1.5, total))
+    gap = rng.standard_t(3, total) * 0.05
+    scale = {"quiet_first_chunk": 0.01, "loud_first_chunk": 100.0}.get(layout, 1.0)
+    gap[:4096] *= scale  # step 0's first chunk
+    if layout == "mostly_equal":
+        gap[rng.random(total) < 0.97] = 0.0
+    mask = (rng.random(total) >= 0.05).astype(np.float32)
+    old32, roll32 = old.astype(np.float32), (old - gap).astype(np.float32)
+    got = mismatch_stats(torch.from_numpy(old32), torch.from_numpy(roll32), torch.from_numpy(mask),
+                         Rows.from_lengths(torch.from_numpy(lengths)), torch.from_numpy(sid), 2)
+    want = _tail_reference(old32, roll32, mask, lengths, sid, 2)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k].numpy(), v, rtol=1e-9, atol=1e-12, err_msg=k)
+    assert bool(again) == (layout == "loud_first_chunk")
+    if layout == "mostly_equal":
+        assert got["gap_abs_p95"].tolist() == [0.0, 0.0] and got["gap_abs_p99"].min() > 0
