@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
@@ -86,6 +87,42 @@ def sidebar() -> None:
     acc = gate.policy()
     if acc.shared:
         st.sidebar.caption(access.shared_note(acc))
+
+
+def widget_key(name: str) -> str:
+    """The key of the widget ``name`` now: ``name`` itself until the page gave it a value of its own
+    (:func:`set_widget`), then ``name~<n>``."""
+    gen = int(st.session_state.get(f"{name}~gen", 0))
+    return f"{name}~{gen}" if gen else name
+
+
+def set_widget(name: str, value: Any) -> str:
+    """Give the widget ``name`` a value of the page's own (not its user's); the key to draw it with.
+
+    The browser sends every widget's state with each of its requests, the fragments' timers
+    included (the metrics page's panels ask every second), so a request it sent before it drew the
+    page's last run carries the widget as it was. Streamlit applies that old value over the one the
+    page set, and calls the widget's ``on_change`` as though its user had changed it: a baseline
+    added to an overlay left it again, with the overlay marked as changed by hand, and a zoom
+    went back to the whole run. A widget the browser already shows is therefore given a new value
+    under a new key (a new widget): the old one's state, from an earlier request, no longer reaches
+    it. A widget not drawn yet, or already holding ``value``, keeps its key."""
+    key = widget_key(name)
+    if key in st.session_state and st.session_state[key] != value:
+        gen = int(st.session_state.get(f"{name}~gen", 0)) + 1
+        st.session_state[f"{name}~gen"] = gen
+        key = widget_key(name)
+    st.session_state[key] = value
+    return key
+
+
+def by_hand(flag: str, name: str, key: str) -> None:
+    """The ``on_change`` of the widget ``name`` drawn under ``key`` (``args=(flag, name, key)``):
+    its user changed it, so ``flag`` (the page sets its value while it holds) goes False.
+    Streamlit also calls an older key's ``on_change`` when a late request carries that widget's
+    state (:func:`set_widget`): that one changes nothing."""
+    if key == widget_key(name):
+        st.session_state[flag] = False
 
 
 def run_path() -> str:

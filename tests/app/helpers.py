@@ -58,6 +58,16 @@ def open_app(run: Path | str | None, page: str | None = None, **state) -> AppTes
     return at
 
 
+def request_sent_now(at: AppTest):
+    """A request the browser sends now (every widget's state as the page stands), delivered when
+    the returned function is called: after other runs, as a request still on its way is. Returns
+    the AppTest after that run."""
+    tree = at.main.root
+    states = tree.get_widget_states()  # the values now: the tree's widgets read the session state later
+    tree.get_widget_states = lambda: states
+    return tree.run
+
+
 def _decode(obj):
     """Plotly sends numpy arrays as ``{"dtype", "bdata"}`` (base64): back to lists for asserts."""
     if isinstance(obj, dict):

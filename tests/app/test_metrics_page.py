@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 from rldiag.scenario.recompute import recompute
 from rldiag.store import Store
 from rldiag.viz.panels import panel_csv
-from tests.app.helpers import APP, open_app, panels, series, series_names, xs, ys
+from tests.app.helpers import APP, open_app, panels, request_sent_now, series, series_names, xs, ys
 
 
 def _status(at) -> str:
@@ -203,3 +203,37 @@ def test_a_panels_data_exports_as_csv(app_run):
     csv = panel_csv(store.joined(["actor/pg_loss"], ["baseline"]), "actor/pg_loss", store.source_columns(["baseline"]))
     lines = csv.decode().splitlines()
     assert lines[0] == "step,logged,baseline" and len(lines) == 7 and lines[5].startswith("5,,")
+
+
+def test_a_request_sent_before_the_page_was_drawn_again_undoes_nothing(app_run, tmp_path, monkeypatch):
+    """The browser sends every widget's state with each request, the panels' timer's (every
+    second) included: one sent before it drew the page's last run carries the widgets as they
+    were then. The baseline the page added to the overlay when the worker wrote it, and a zoom
+    drawn on a panel, stay (Streamlit would apply the old values over the page's, and call the
+    overlay's on_change as if it had been changed by hand: the baseline left the panels for good)."""
+    from rldiag.app import worker
+
+    monkeypatch.setattr(worker, "MODE", "off")  # the baseline lands when the test says so
+    scenario = app_run / "rldiag" / "scenarios" / "baseline"
+    scenario.rename(tmp_path / "away")
+    at = open_app(app_run)
+    assert series_names(_first(at)) == ["logged"] and at.multiselect(key="m_scenarios").value == []
+    sent = request_sent_now(at)  # the panels' timer fires: the widgets as the browser has them
+    (tmp_path / "away").rename(scenario)  # the background baseline is written
+    at.run()  # the baseline's fragment saw it: the whole page again
+    assert series_names(_first(at)) == ["logged", "baseline"]
+    sent()  # ... and is taken after that run, which the browser had not drawn when it sent it
+    at.run()
+    spec = _first(at)
+    assert series_names(spec) == ["logged", "baseline"] and xs(spec, "baseline") == [1, 2, 3, 4, 5, 6]
+    assert "m_scenarios_auto" not in at.session_state  # the overlay was not changed by hand
+
+    sent = request_sent_now(at)
+    at.session_state["m_zoom"] = (2, 3)  # a box drawn over steps 2-3 of a panel (metrics._on_select)
+    at.run()
+    assert xs(_first(at), "logged") == [2, 3]
+    sent()  # a request sent before the browser drew the zoom
+    at.run()
+    spec = _first(at)
+    assert xs(spec, "logged") == [2, 3] and xs(spec, "baseline") == [2, 3]
+    assert spec["alt"] == "critic/score/mean: logged steps 2-3; baseline steps 2-3"

@@ -10,7 +10,7 @@ import pytest
 from rldiag.scenario.recompute import recompute
 from rldiag.viz import runs
 from rldiag.viz.runs import default_run
-from tests.app.helpers import charts, fresh_sample, open_app, panels, subplot_titles
+from tests.app.helpers import charts, fresh_sample, open_app, panels, request_sent_now, subplot_titles
 
 OFF = "views/offpolicy.py"
 HEALTH = "views/health.py"
@@ -32,6 +32,30 @@ def test_offpolicy_panels_and_is_weights(app_run):
     at.select_slider(key="op_is_step").set_value(5).run()
     hist5 = charts(at)[-1]["data"][0]["x"]
     assert hist0 != hist5 and len(hist5) > 0
+
+
+def _kl_sources(at) -> set[str]:
+    return {t["name"] for s in charts(at) if "rollout_corr/kl" in subplot_titles(s) for t in s["data"]}
+
+
+def test_offpolicy_overlay_keeps_a_scenario_past_a_request_sent_before_it(app_run, tmp_path):
+    """The overlay follows the scenarios as they are written (the baseline and one more) until it
+    is changed by hand; a request the browser sent before it drew the new scenario in the overlay
+    (its widget states as they were) changes neither (see test_metrics_page for the mechanism)."""
+    recompute(app_run, {"algorithm.rollout_correction.rollout_is": "token"}, name="is", device="cpu")
+    scenario = app_run / "rldiag" / "scenarios" / "is"
+    scenario.rename(tmp_path / "away")
+    at = open_app(app_run, OFF)
+    assert _kl_sources(at) == {"logged", "baseline"}
+    sent = request_sent_now(at)  # a request on its way, sent with the overlay as first drawn
+    (tmp_path / "away").rename(scenario)  # a second scenario is written
+    at.run()
+    assert _kl_sources(at) == {"logged", "baseline", "is"}
+    sent()
+    at.run()
+    assert _kl_sources(at) == {"logged", "baseline", "is"}
+    assert at.multiselect[-1].value == ["baseline", "is"]
+    assert "op_scenarios_auto" not in at.session_state  # the overlay was not changed by hand
 
 
 def test_offpolicy_places_the_run_in_its_reference_bands(app_run):

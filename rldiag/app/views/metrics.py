@@ -74,15 +74,16 @@ def controls():
     st.query_params["metrics"] = selected
 
     c3, c4 = st.columns([3, 2])
-    if "m_scenarios" not in st.session_state:
-        st.session_state["m_scenarios"] = []
-    if st.session_state.get("m_scenarios_auto", True) and "baseline" in scenarios \
-            and "baseline" not in st.session_state["m_scenarios"]:
+    key = session.widget_key("m_scenarios")
+    picked = st.session_state.get(key, [])
+    if st.session_state.get("m_scenarios_auto", True) and "baseline" in scenarios and "baseline" not in picked:
         # the baseline joins the panels when the background worker has written it, until the
-        # overlay is changed by hand
-        st.session_state["m_scenarios"] = ["baseline", *st.session_state["m_scenarios"]]
-    overlay = c3.multiselect("Recomputed scenarios on the same axes", scenarios, key="m_scenarios",
-                             on_change=lambda: st.session_state.update(m_scenarios_auto=False))
+        # overlay is changed by hand (a new key: no request sent before cancels it)
+        key = session.set_widget("m_scenarios", ["baseline", *picked])
+    elif key not in st.session_state:
+        st.session_state[key] = []
+    overlay = c3.multiselect("Recomputed scenarios on the same axes", scenarios, key=key,
+                             on_change=session.by_hand, args=("m_scenarios_auto", "m_scenarios", key))
     smoothing = c4.slider("EMA smoothing", 0.0, 0.99, 0.0, 0.01, key="m_ema")
 
     c5, c6, c7 = st.columns([1, 1, 2])
@@ -100,18 +101,19 @@ def controls():
     bounds = store.step_bounds(overlay)
     lo = hi = None
     if bounds and bounds[0] < bounds[1]:
+        key = session.widget_key("m_range")
         pending = st.session_state.pop("m_zoom", None)
         if pending is not None:  # a box drawn on a panel: zoom to its steps, at full resolution
-            st.session_state["m_range"] = (max(bounds[0], pending[0]), min(bounds[1], pending[1]))
-        elif "m_range" in st.session_state:
-            st.session_state["m_range"] = follow_range(st.session_state["m_range"], st.session_state.get("m_range_max"),
-                                                       bounds)
+            key = session.set_widget("m_range", (max(bounds[0], pending[0]), min(bounds[1], pending[1])))
+        elif key in st.session_state:
+            # changed only with the bounds, which make the slider a new widget of its own
+            st.session_state[key] = follow_range(st.session_state[key], st.session_state.get("m_range_max"), bounds)
         else:
-            st.session_state["m_range"] = (bounds[0], bounds[1])
+            st.session_state[key] = (bounds[0], bounds[1])
         st.session_state["m_range_max"] = bounds[1]
         # the value lives in the session state only: a default passed as well makes Streamlit log a
         # warning with a stack trace whenever the state was set above
-        lo, hi = st.slider("Steps", bounds[0], bounds[1], key="m_range",
+        lo, hi = st.slider("Steps", bounds[0], bounds[1], key=key,
                            help="Narrow it (or draw a box on a panel) to see every step of a range.")
         if hi == bounds[1]:
             hi = None  # the range reaches the last step: keep following the run

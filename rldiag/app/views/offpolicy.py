@@ -158,11 +158,13 @@ def page() -> None:
     bands_section()
     scenarios = store.scenario_names()
     with_rc = [s for s in scenarios if panels(store.scenario_metric_names(s))]
+    key = session.widget_key("op_scenarios")
     if st.session_state.get("op_scenarios_auto", True):
         # until the overlay is changed by hand: the baseline (and one more), as scenarios appear
-        st.session_state["op_scenarios"] = baseline_first(with_rc)[:2]
-    overlay = st.multiselect("Recomputed scenarios on the same axes", with_rc, key="op_scenarios",
-                             on_change=lambda: st.session_state.update(op_scenarios_auto=False))
+        # (a new key when it changes: no request sent before cancels it)
+        key = session.set_widget("op_scenarios", baseline_first(with_rc)[:2])
+    overlay = st.multiselect("Recomputed scenarios on the same axes", with_rc, key=key,
+                             on_change=session.by_hand, args=("op_scenarios_auto", "op_scenarios", key))
     groups = panels(store.metric_names(overlay))
     if not has_rollout_corr(groups):
         snap = session.baseline_state(store)
