@@ -272,6 +272,17 @@ class PieceHash:
                 self._result = {**self._info, "size": self._size, "sha256": self._sha.hexdigest()}
 
 
+def content_hasher(info: dict, remote: bool, content: Any) -> tuple[Callable[[], dict], Callable[[], dict] | None]:
+    """How a step's ``content`` is hashed into its new record: ``(hash, finish)``. Bytes (an
+    object store's file) are hashed whole (:func:`hashed_record`) and ``finish`` is None (whoever
+    needs the record waits for the hash thread); an open local file in pieces from a duplicate of
+    its descriptor (:class:`PieceHash`), whose ``run`` is both: any thread may finish it."""
+    if isinstance(content, bytes):
+        return functools.partial(hashed_record, dict(info), remote, content), None
+    run = PieceHash(dict(info), os.dup(content.fileno())).run
+    return run, run
+
+
 def hashed_file_record(info: dict, fd: int) -> dict:
     """:func:`hashed_record` of a local file open as ``fd`` (closed here), in pieces
     (:class:`PieceHash`, on this thread alone)."""
@@ -341,18 +352,12 @@ def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,
             info, remote = stat_record(sf, task.rel)
             if not known_hash(info, remote, old):
                 decides = bool(task.reusable and old)  # the hash decides whether the file is parsed at all
-                hashed: Callable[[], dict]
-                if remote:
-                    content = sf.path.read_bytes()
-                    hashed = functools.partial(hashed_record, dict(info), remote, content)
-                else:
-                    content = open_step_file(sf)
-                    hashed = PieceHash(dict(info), os.dup(content.fileno())).run
+                content = sf.path.read_bytes() if remote else open_step_file(sf)
+                hashed, finish = content_hasher(info, remote, content)
                 if decides:
-                    info = hashed()
+                    info, finish = hashed(), None
                 else:
                     pending = hash_pool().submit(hashed)
-                    finish = None if remote else hashed
                 del hashed
             if task.reusable and old and old.get("sha256") == info.get("sha256") and old.get("size") == info.get("size"):
                 return Fetched(task, info)

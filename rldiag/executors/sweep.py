@@ -23,8 +23,6 @@ engine shares the stages of scenarios whose controllers hold the same value.
 
 from __future__ import annotations
 
-import functools
-import os
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -52,9 +50,8 @@ from rldiag.executors.steps import (
     Packer,
     StepOutcome,
     StepTask,
+    content_hasher,
     hash_pool,
-    hashed_file_record,
-    hashed_record,
     known_hash,
     pack_batch,
     pack_outcomes,
@@ -78,15 +75,6 @@ def open_content(path: Any) -> Source:
     if isinstance(path, Path):
         return open(path, "rb")  # noqa: SIM115 - closed by fetch_many
     return path.read_bytes()
-
-
-def hasher(info: dict, remote: bool, content: Any) -> Callable[[], dict]:
-    """How ``content`` is hashed into a new record: bytes whole
-    (:func:`~rldiag.executors.steps.hashed_record`), an open local file in pieces from a
-    duplicate of its descriptor (:func:`~rldiag.executors.steps.hashed_file_record`)."""
-    if isinstance(content, bytes):
-        return functools.partial(hashed_record, dict(info), remote, content)
-    return functools.partial(hashed_file_record, dict(info), os.dup(content.fileno()))
 
 
 @dataclass(frozen=True)
@@ -127,13 +115,15 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
             break
     content: Source = None
     try:
-        pending = None
+        pending = finish = None
         if "sha256" not in info:
             content = read(sf.path)
+            hashed, finish = content_hasher(info, remote, content)
             if any(t.reusable and t.previous for t in tasks):  # the hash decides what is parsed
-                info = hasher(info, remote, content)()
+                info, finish = hashed(), None
             else:
-                pending = hash_pool().submit(hasher(info, remote, content))
+                pending = hash_pool().submit(hashed)
+            del hashed
         out: list[Fetched | None] = [None] * len(tasks)
         todo: list[int] = []
         for i, t in enumerate(tasks):
@@ -144,7 +134,7 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
                 todo.append(i)
         if todo and content is None:
             content = read(sf.path)
-        _load_todo(tasks, jobs, plans, todo, sf, content, pin, pending, info, out)
+        _load_todo(tasks, jobs, plans, todo, sf, content, pin, (pending, finish), info, out)
     finally:
         if content is not None and not isinstance(content, bytes):
             content.close()
@@ -153,9 +143,11 @@ def fetch_many(tasks: Sequence[StepTask], jobs: Sequence[Job], pin: bool = False
 
 
 def _load_todo(tasks: Sequence[StepTask], jobs: Sequence[Job], plans: Sequence[ColumnPlan], todo: list[int],
-               sf: Any, content: Source, pin: bool, pending: Any, info: dict, out: list[Fetched | None]) -> None:
+               sf: Any, content: Source, pin: bool, hashing: tuple, info: dict, out: list[Fetched | None]) -> None:
     """Parse ``content`` once per :func:`load_key` for the scenarios ``todo`` (indices), setting
-    their :class:`Fetched` in ``out``, and the per-row table's own columns from the same content."""
+    their :class:`Fetched` in ``out`` (``hashing``: the hash's ``(pending, finish)``, as
+    :func:`~rldiag.executors.steps.fetch` gives them), and the per-row table's own columns from
+    the same content."""
     if not todo:
         return
     loads: dict[tuple, list[int]] = {}
@@ -175,7 +167,8 @@ def _load_todo(tasks: Sequence[StepTask], jobs: Sequence[Job], plans: Sequence[C
         if data is not None and pin:
             data.batch = data.batch.pin_memory()
         for i in idxs:
-            out[i] = Fetched(tasks[i], info, data=data, error=errors[i] if data is None else None, pending=pending)
+            out[i] = Fetched(tasks[i], info, data=data, error=errors[i] if data is None else None,
+                             pending=hashing[0], finish=hashing[1])
     if loads:  # the per-row table's own columns, from the same bytes (rather than a read per scenario)
         own: pa.Table | BaseException
         try:

@@ -380,6 +380,36 @@ def test_the_record_is_read_only_through_its_accessor_which_finishes_the_hash(ru
     assert f.record()["sha256"] == got[0]["sha256"]  # each reader gets a copy
 
 
+def test_a_sweeps_records_finish_the_hash_without_waiting_for_the_hash_thread(run, monkeypatch):
+    """A sweep's fetch (one read for every scenario) hashes a local file as a recompute's does:
+    every scenario's record, read while the hash thread has no core, has the file's hash, hashed
+    on the reader's thread, and the hash thread later finds it done."""
+    from rldiag.executors.sweep import fetch_many
+
+    release = threading.Event()
+    order = []
+    real = steps_mod.PieceHash.run
+
+    def held(self):
+        if threading.current_thread().name.startswith("rldiag-hash"):
+            release.wait()
+            out = real(self)
+            order.append("hashed")
+            return out
+        return real(self)
+
+    monkeypatch.setattr(steps_mod.PieceHash, "run", held)
+    path = _batch_files(run)[1]
+    got = fetch_many([_task(run, 1)] * 2, [_job(run)] * 2)
+    records = [f.record() for f in got]  # on this thread, the hash thread still held
+    assert order == []
+    release.set()
+    steps_mod.hash_pool().submit(lambda: None).result()
+    assert order == ["hashed"]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert [r["sha256"] for r in records] == [digest, digest] and records[0]["size"] == path.stat().st_size
+
+
 def test_a_piece_hash_advanced_by_two_threads_is_the_files_digest(tmp_path, monkeypatch):
     """PieceHash: two threads taking pieces as they come (in order, under its lock) give the file's
     SHA-256 and size, both get the same record, and the descriptor is closed once."""
