@@ -345,24 +345,31 @@ def test_a_local_file_is_hashed_in_pieces(tmp_path, monkeypatch):
         os.fstat(fd)  # closed
 
 
-def test_the_record_is_read_only_through_its_accessor_which_finishes_the_hash(run, monkeypatch):
-    """The hash runs on a background thread into an object of its own: a record read at any time,
-    from any thread, has the file's hash, and the fetch exposes no dict the thread writes into. A
-    reader that finds the hash unfinished (the low-priority hash thread not run yet, as on a loaded
-    machine) hashes the rest itself rather than wait for that thread."""
+def _hash_thread_held(monkeypatch):
+    """The hash thread gets no core until ``release`` is set (a loaded machine); ``order`` gets
+    "hashed" when it has run. Other threads advance a :class:`PieceHash` as usual."""
     release = threading.Event()
-    order = []
+    order: list[str] = []
     real = steps_mod.PieceHash.run  # a local file: hashed in pieces from the open file
 
     def held(self):
         if threading.current_thread().name.startswith("rldiag-hash"):
-            release.wait()  # the hash thread gets no core until released
+            release.wait()
             out = real(self)
             order.append("hashed")
             return out
         return real(self)
 
     monkeypatch.setattr(steps_mod.PieceHash, "run", held)
+    return release, order
+
+
+def test_the_record_is_read_only_through_its_accessor_which_finishes_the_hash(run, monkeypatch):
+    """The hash runs on a background thread into an object of its own: a record read at any time,
+    from any thread, has the file's hash, and the fetch exposes no dict the thread writes into. A
+    reader that finds the hash unfinished (the low-priority hash thread not run yet, as on a loaded
+    machine) hashes the rest itself rather than wait for that thread."""
+    release, order = _hash_thread_held(monkeypatch)
     path = _batch_files(run)[1]
     f = fetch(_task(run, 1), _job(run))
     assert not hasattr(f, "info")
@@ -386,19 +393,7 @@ def test_a_sweeps_records_finish_the_hash_without_waiting_for_the_hash_thread(ru
     on the reader's thread, and the hash thread later finds it done."""
     from rldiag.executors.sweep import fetch_many
 
-    release = threading.Event()
-    order = []
-    real = steps_mod.PieceHash.run
-
-    def held(self):
-        if threading.current_thread().name.startswith("rldiag-hash"):
-            release.wait()
-            out = real(self)
-            order.append("hashed")
-            return out
-        return real(self)
-
-    monkeypatch.setattr(steps_mod.PieceHash, "run", held)
+    release, order = _hash_thread_held(monkeypatch)
     path = _batch_files(run)[1]
     got = fetch_many([_task(run, 1)] * 2, [_job(run)] * 2)
     records = [f.record() for f in got]  # on this thread, the hash thread still held
