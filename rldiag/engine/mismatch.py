@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rldiag.engine import mismatch_native as native
 from rldiag.engine import mismatch_scan as scan
 from rldiag.engine import mismatch_sums as sums
 from rldiag.engine.layout import Rows
@@ -380,6 +381,7 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
     sizes = [sum(b - a for a, b in r) for r in ranges]
     device = old.device
     buf = scan.Buffers(max(1, min(scan.CHUNK, max(sizes, default=1))))
+    compiled = native.Out(buf.size) if native.usable(inp) else None
     names = STATS + (LAG_STATS if lag is not None else ())
     values = {k: [math.nan] * n_steps for k in names}
     row_abs = row_n = lag_rows = None
@@ -396,6 +398,10 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
             recs = []
             picked = None
             for a, m, me, _ in scan.chunks(ranges[s], buf.size):
+                if compiled is not None and not centred:  # the compiled pass
+                    picked = picked or scan.Picked(native.first_threshold(inp, a, m))
+                    recs.append(native.scan_chunk(inp, compiled, a, m, me, picked))
+                    continue
                 ch = scan.load(inp, buf, a, m, me)
                 picked = picked or scan.Picked(scan.first_threshold(buf, ch))
                 recs.append(scan.scan_chunk(buf, ch, centred, picked))

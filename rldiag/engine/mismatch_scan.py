@@ -168,7 +168,8 @@ def _rows(inp: Inputs, a: int, m: int, me: int) -> tuple[int, np.ndarray, np.nda
     inside = starts[starts < m]
     seg = np.concatenate([[0], inside])
     origin = np.concatenate([[inp.offsets[first] - a], inside])
-    return first, seg, origin, starts - 1
+    # empty rows start where the next one does: each token ends a row once
+    return first, seg, origin, np.unique(starts) - 1
 
 
 def load(inp: Inputs, buf: Buffers, a: int, m: int, me: int) -> Chunk:

@@ -362,3 +362,22 @@ def test_order_statistics_of_long_steps_from_the_picked_tokens(monkeypatch, layo
     assert bool(again) == (layout == "loud_first_chunk")
     if layout == "mostly_equal":
         assert got["gap_abs_p95"].tolist() == [0.0, 0.0] and got["gap_abs_p99"].min() > 0
+
+
+@pytest.mark.parametrize("chunk", [3, 5, 65536])
+def test_empty_rows_at_a_chunk_edge_count_each_pair_once(monkeypatch, chunk):
+    """Empty rows (a response of no tokens) share their offset with the next row: a chunk edge
+    there once left the pair before it out three times (``pair_abs_gap`` 0.604 for 0.3875)."""
+    import rldiag.engine.mismatch_scan as scan
+
+    monkeypatch.setattr(scan, "CHUNK", chunk)
+    old = np.array([-1.0, -2.0, -0.5, -0.25, -1.5, -3.0, -0.75, -2.5])
+    roll = old - np.array([0.5, -0.25, 0.125, 0.0, 0.5, 1.0, -0.5, 0.25])
+    lengths = np.array([3, 0, 0, 2, 3])
+    sid = np.zeros(5, dtype=np.int64)
+    rows = Rows.from_lengths(torch.from_numpy(lengths))
+    got = mismatch_stats(torch.from_numpy(old), torch.from_numpy(roll), torch.ones(8), rows, torch.from_numpy(sid), 1)
+    want = reference(old, roll, np.ones(8), lengths, sid, 1)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k].numpy(), v, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=k)
+    assert got["pair_abs_gap"].item() == pytest.approx(0.3875)

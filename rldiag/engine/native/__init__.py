@@ -1,0 +1,42 @@
+"""The engine's compiled kernels: plain C shared libraries (``*.c`` beside this file), built at
+install time by ``setup.py`` (optional: an install without a C compiler builds none) and loaded
+through :mod:`ctypes` (no Python API: a call holds no GIL).
+
+Every kernel has a numpy twin, the one the engine falls back to where its library was not
+built, and the tests hold the two to the same numbers (``tests/engine/test_mismatch_native.py``).
+``RLDIAG_NATIVE=0`` in the environment turns every kernel off (the numpy twins then run).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+from functools import cache
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def library_path(name: str) -> Path | None:
+    """The built library of the kernel ``name`` (``_<name>`` with this interpreter's extension
+    suffix, as setuptools names it), or None where it was not built."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = HERE / f"_{name}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+@cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The kernel ``name``'s library, or None: not built, unloadable, or ``RLDIAG_NATIVE=0``."""
+    if os.environ.get("RLDIAG_NATIVE", "1") == "0":
+        return None
+    path = library_path(name)
+    if path is None:
+        return None
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:
+        return None

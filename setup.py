@@ -1,0 +1,16 @@
+"""The engine's compiled kernels (rldiag/engine/native/*.c): plain C libraries loaded through
+ctypes, optional (an install without a C compiler builds none, and the engine runs their numpy
+twins). Everything else about the package is in pyproject.toml."""
+
+from setuptools import Extension, setup
+
+# IEEE float64 in the source's order: no fast-math, no fused multiply-adds (results the same
+# bits on every machine and run)
+FLAGS = ["-O2", "-fno-fast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
+
+setup(
+    ext_modules=[
+        Extension("rldiag.engine.native._mismatch_chunk", ["rldiag/engine/native/mismatch_chunk.c"],
+                  extra_compile_args=FLAGS, libraries=["m"], optional=True),
+    ],
+)

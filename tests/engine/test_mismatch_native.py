@@ -1,0 +1,162 @@
+"""The compiled mismatch pass (rldiag.engine.mismatch_native, native/mismatch_chunk.c) against its
+numpy twin (rldiag.engine.mismatch_scan): the same chunk records and picked tokens, and the same
+statistics from ``mismatch_stats``, on batches with everything the pass must get right: tokens off
+the mask, non-finite log-probs on and off it, empty rows, rows across chunk edges, positive
+rollout log-probs, 16-bit values, masks of every dtype."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+import rldiag.engine.mismatch_native as native
+import rldiag.engine.mismatch_scan as scan
+from rldiag.engine.layout import Rows
+from rldiag.engine.mismatch import STATS, mismatch_stats
+
+pytestmark = pytest.mark.skipif(not native.usable(scan.Inputs.of(
+    torch.zeros(1), torch.zeros(1), torch.ones(1), Rows.from_lengths(torch.tensor([1])))),
+    reason="the compiled kernel was not built (no C compiler at install); .ci/run requires it")
+
+HS = hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+#: statistics that are counts, order statistics or ratios of counts: the same bits on both passes
+EXACT = ("tokens", "gap_abs_p99", "gap_abs_p95", "gap_abs_max", "confident_share", "unconfident_share",
+         "extreme_share", "half_share")
+
+
+def batch(seed: int, n_rows: int, chunk_rows: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A float32 batch: long-tailed rows (some empty), about 5 % of tokens off the mask, a few
+    non-finite log-probs on and off it, a few positive rollout log-probs, 16-bit values."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 400 if chunk_rows else 60, n_rows)
+    lengths[rng.random(n_rows) < 0.1] = 0
+    total = int(lengths.sum())
+    old = -np.abs(rng.normal(0.8, 1.2, total))
+    gap = rng.standard_t(3, total) * 0.05
+    roll = old - gap
+    positive = rng.random(total) < 0.02
+    roll[positive] = rng.uniform(0.0, 0.5, int(positive.sum()))  # a few positive rollout log-probs
+    half = rng.random(total) < 0.1
+    roll[half] = roll[half].astype(np.float16)  # 16-bit values
+    mask = (rng.random(total) >= 0.05).astype(np.float32)
+    bad = rng.choice(total, size=min(total, 6), replace=False) if total else np.zeros(0, dtype=int)
+    old[bad[:2]] = np.nan
+    roll[bad[2:4]] = -np.inf
+    mask[bad[4:]] = 0.0
+    old[bad[4:]] = np.inf  # non-finite off the mask
+    step = np.sort(rng.integers(0, 3, n_rows))
+    return old.astype(np.float32), roll.astype(np.float32), mask, lengths, step
+
+
+def both(old, roll, mask, lengths, step, n_steps):
+    """``mismatch_stats`` by the compiled pass (float32 streams) and by the numpy pass (the same
+    values in float64, which the kernel does not take)."""
+    rows = Rows.from_lengths(torch.from_numpy(lengths))
+    sid = torch.from_numpy(step)
+    got = mismatch_stats(torch.from_numpy(old), torch.from_numpy(roll), torch.from_numpy(mask), rows, sid, n_steps)
+    want = mismatch_stats(torch.from_numpy(old.astype(np.float64)), torch.from_numpy(roll.astype(np.float64)),
+                          torch.from_numpy(mask), rows, sid, n_steps)
+    return got, want
+
+
+def assert_same(got, want):
+    for k in STATS:
+        g, w = got[k].numpy(), want[k].numpy()
+        if k in EXACT:
+            np.testing.assert_array_equal(g, w, err_msg=k)
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-15, equal_nan=True, err_msg=k)
+
+
+@HS
+@given(seed=st.integers(0, 2**31 - 1), n_rows=st.integers(1, 40), chunk=st.sampled_from([64, 257, 4096]))
+def test_every_statistic_equals_the_numpy_pass(seed, n_rows, chunk):
+    """Chunks of 64 and 257 tokens (rows, pairs and positions across chunk edges) and one chunk a step."""
+    old, roll, mask, lengths, step = batch(seed, n_rows, chunk_rows=True)
+    saved = scan.CHUNK
+    scan.CHUNK = chunk
+    try:
+        got, want = both(old, roll, mask, lengths, step, 3)
+    finally:
+        scan.CHUNK = saved
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.float32, torch.uint8])
+@pytest.mark.parametrize("narrow", [torch.float32, torch.bfloat16, torch.float16])
+def test_masks_of_every_dtype_and_16_bit_streams(mask_dtype, narrow):
+    """A bool, integer or float mask, and bfloat16 / float16 log-prob streams (each widened to
+    float32 exactly): the same statistics as the numpy pass on the same values in float64."""
+    old, roll, mask, lengths, step = batch(11, 30, chunk_rows=True)
+    keep = np.isfinite(old) & np.isfinite(roll)
+    old, roll = np.where(keep, old, -1.0).astype(np.float32), np.where(keep, roll, -1.0).astype(np.float32)
+    o, r = torch.from_numpy(old).to(narrow), torch.from_numpy(roll).to(narrow)
+    rows, sid = Rows.from_lengths(torch.from_numpy(lengths)), torch.from_numpy(step)
+    m = torch.from_numpy(mask).to(mask_dtype)
+    assert native.usable(scan.Inputs.of(o, r, m, rows))
+    got = mismatch_stats(o, r, m, rows, sid, 3)
+    want = mismatch_stats(o.to(torch.float64), r.to(torch.float64), torch.from_numpy(mask), rows, sid, 3)
+    assert_same(got, want)
+
+
+def test_chunk_records_and_picks_equal_the_numpy_pass():
+    """Chunk by chunk: every field of the record within float64 rounding (counts exactly), the
+    same picked tokens in the same order and the same sample, at a threshold that picks some
+    tokens and at 0 (every token above 0)."""
+    old, roll, mask, lengths, step = batch(5, 60, chunk_rows=True)
+    rows = Rows.from_lengths(torch.from_numpy(lengths))
+    inp = scan.Inputs.of(torch.from_numpy(old), torch.from_numpy(roll), torch.from_numpy(mask), rows)
+    total = int(lengths.sum())
+    size = 1000
+    buf, out = scan.Buffers(size), native.Out(size)
+    counts = [scan.F[k] for k in ("n", "n_conf", "n_unconf", "extreme", "half", "pairs")]
+    seen = 0
+    for threshold in (0.05, 0.0):
+        for a, m, me, _ in scan.chunks([(0, total)], size):
+            mine, theirs = scan.Picked(threshold), scan.Picked(threshold)
+            got = native.scan_chunk(inp, out, a, m, me, mine)
+            want = scan.scan_chunk(buf, scan.load(inp, buf, a, m, me), False, theirs)
+            np.testing.assert_array_equal(got[counts], want[counts])
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+            for g, w in ((mine.d, theirs.d), (mine.y, theirs.y), (mine.sample, theirs.sample)):
+                np.testing.assert_array_equal(np.concatenate(g), np.concatenate(w))
+            seen += len(mine.d[0])
+    assert seen > 100  # the thresholds picked tokens
+
+
+def test_first_threshold_equals_the_numpy_pass():
+    old, roll, mask, lengths, _ = batch(3, 40, chunk_rows=True)
+    inp = scan.Inputs.of(torch.from_numpy(old), torch.from_numpy(roll), torch.from_numpy(mask),
+                         Rows.from_lengths(torch.from_numpy(lengths)))
+    m = min(int(lengths.sum()), 2000)
+    buf = scan.Buffers(m)
+    want = scan.first_threshold(buf, scan.load(inp, buf, 0, m, m))
+    assert native.first_threshold(inp, 0, m) == want and want > 0
+
+
+def test_rows_starting_and_ending_at_a_chunk_edge_and_empty_rows(monkeypatch):
+    """A worked case: rows of 3, 0, 0, 2 and 3 tokens in chunks of 3 (a row start on every edge,
+    two empty rows at one offset): positions, pairs and their shifts as defined."""
+    old = np.array([-1.0, -2.0, -0.5, -0.25, -1.5, -3.0, -0.75, -2.5], dtype=np.float32)
+    roll = old - np.array([0.5, -0.25, 0.125, 0.0, 0.5, 1.0, -0.5, 0.25], dtype=np.float32)
+    lengths = np.array([3, 0, 0, 2, 3])
+    mask = np.ones(8, dtype=np.float32)
+    monkeypatch.setattr(scan, "CHUNK", 3)
+    got, want = both(old, roll, mask, lengths, np.zeros(5, dtype=np.int64), 1)
+    assert_same(got, want)
+    d, x, y = (old - roll).astype(np.float64), old.astype(np.float64), roll.astype(np.float64)
+    pairs = [(0, 1), (1, 2), (3, 4), (5, 6), (6, 7)]  # within rows only
+    assert got["pair_abs_gap"].item() == pytest.approx(np.mean([(abs(d[t]) + abs(d[u])) / 2 for t, u in pairs]))
+    assert got["shift_next_abs_gap"].item() == pytest.approx(np.mean([abs(y[t] - x[u]) for t, u in pairs]))
+    pos = np.array([0, 1, 2, 0, 1, 0, 1, 2], dtype=np.float64)
+    a = np.abs(d)
+    corr = np.mean((a - a.mean()) * (pos - pos.mean())) / (a.std() * pos.std())
+    assert got["gap_position_corr"].item() == pytest.approx(corr, rel=1e-12)
+    assert math.isfinite(got["gap_std"].item())
