@@ -3,11 +3,12 @@ record :func:`rldiag.engine.mismatch_scan.scan_chunk` computes with plain sums o
 the tokens it picks for the order statistics, from one read of the chunk's log-probs.
 
 The numpy pass makes about 35 passes over a chunk's float64 arrays (one operation each); this
-makes one over its float32 log-probs and 0/1 flags, every sum kept per token in registers, and
-writes ``|d|`` ``(m,)`` for the sum of ``exp|d|`` (numpy's vectorised exp) and the sample. Same
-tokens, same definitions; the sums are float64 in another order (blocks of 256 tokens, then the
-blocks), so that a statistic differs from the numpy pass's within the float64 rounding of its sums
-(the bound in docs/performance.md); counts and picked tokens are the same. The centred rescan,
+reads the chunk's float32 log-probs and mask once, in blocks of 256 tokens that stay in the
+cache, four float64 lanes at a time. Same tokens, same definitions; the sums are float64 in
+another order (four lanes over a block, then the blocks) and ``exp|d|`` is the kernel's own
+(within 2 units in the last place, as numpy's), so that a statistic differs from the numpy
+pass's within the float64 rounding of its sums (the bound in docs/performance.md); counts,
+order statistics and picked tokens are the same. The centred rescan,
 the body's pass and a second pick keep the numpy pass (rare, or their own reads).
 
 Used where the library was built (``rldiag.engine.native``) and both log-prob streams are
@@ -29,7 +30,7 @@ _LIB = native.load("mismatch_chunk")
 if _LIB is not None:
     _FN = _LIB.rldiag_mismatch_chunk
     _FN.restype = ctypes.c_long
-    _FN.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_long] * 2 + [ctypes.c_void_p] + [ctypes.c_long] * 2
+    _FN.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p] + [ctypes.c_long] * 2
                     + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 4)
     if _LIB.rldiag_mismatch_fields() != len(scan.FIELDS):  # a library built from another version
         _LIB = None
@@ -48,11 +49,10 @@ class Out:
 
     def __init__(self, size: int) -> None:
         self.rec = np.zeros(len(scan.FIELDS), dtype=np.float64)
-        self.a = np.empty(size + 1, dtype=np.float64)
+        self.sample = np.empty(size // scan.SAMPLE + 1, dtype=np.float32)
         self.pick_d = np.empty(size + 1, dtype=np.float64)
         self.pick_y = np.empty(size + 1, dtype=np.float64)
         self.flags = np.empty(size + 1, dtype=np.uint8)
-        self.exp = np.empty(size + 1, dtype=np.float64)
 
 
 def _f32(v: np.ndarray) -> np.ndarray:
@@ -75,24 +75,24 @@ def scan_chunk(inp: scan.Inputs, out: Out, a: int, m: int, me: int, picked: scan
     :func:`rldiag.engine.mismatch_scan.scan_chunk` with plain sums of products; its kept tokens
     and sample go to ``picked``. ``(len(FIELDS),)`` float64."""
     xs, ys = _f32(scan.host(inp.old[a: a + me])), _f32(scan.host(inp.rollout[a: a + me]))
-    ks = scan.host(inp.mask[a: a + me])
-    flags = ks.view(np.uint8) if ks.dtype == np.bool_ else np.greater(ks, 0, out=out.flags[:me].view(np.bool_))
-    flags = np.ascontiguousarray(flags)
+    ks = np.ascontiguousarray(scan.host(inp.mask[a: a + me]))
+    flags = fmask = None  # a float32 mask is read as such; another, as its 0/1 flags
+    if ks.dtype == np.float32:
+        fmask = ks
+    else:
+        flags = ks.view(np.uint8) if ks.dtype == np.bool_ else np.greater(ks, 0, out=out.flags[:me].view(np.bool_))
     first = int(np.searchsorted(inp.offsets, a, side="right")) - 1
     last = int(np.searchsorted(inp.offsets, a + me - 1, side="right")) - 1
     starts = np.ascontiguousarray(inp.offsets[first + 1: last + 1] - a, dtype=np.int64)
-    kept = _FN(xs.ctypes.data, ys.ctypes.data, flags.ctypes.data, m, me, starts.ctypes.data, starts.shape[0],
+    kept = _FN(xs.ctypes.data, ys.ctypes.data, None if flags is None else flags.ctypes.data,
+               None if fmask is None else fmask.ctypes.data, m, me, starts.ctypes.data, starts.shape[0],
                int(inp.offsets[first]) - a, picked.threshold, scan.CONFIDENT, scan.UNCONFIDENT, scan.EXTREME,
-               scan.HALF_MIN, scan.HALF_MAX, out.rec.ctypes.data, out.a.ctypes.data, out.pick_d.ctypes.data,
+               scan.HALF_MIN, scan.HALF_MAX, out.rec.ctypes.data, out.sample.ctypes.data, out.pick_d.ctypes.data,
                out.pick_y.ctypes.data)
     rec = out.rec.copy()
-    f = scan.F
-    absd = out.a[:m]
-    n = int(rec[f["n"]])
-    rec[f["exp"]] = float(np.exp(absd, out=out.exp[:m]).sum()) - (m - n)  # exp(0) = 1 off the actor tokens
     if picked.holds_extreme:
-        rec[f["extreme"]] = 0.0  # counted among the picked tokens
+        rec[scan.F["extreme"]] = 0.0  # counted among the picked tokens
     picked.d.append(out.pick_d[:kept].copy())
     picked.y.append(out.pick_y[:kept].copy())
-    picked.sample.append(absd[::scan.SAMPLE].astype(np.float32))
+    picked.sample.append(out.sample[:(m + scan.SAMPLE - 1) // scan.SAMPLE].copy())
     return rec

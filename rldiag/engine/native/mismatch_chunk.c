@@ -3,17 +3,23 @@
  * sum, count, adjacent-pair sum and the tokens for the order statistics, in one loop over the
  * chunk's trainer (x) and rollout (y) log-probs, where numpy needs about 35 array passes.
  *
+ * A chunk is read in blocks of BLOCK tokens, four lanes of float64 at a time (GCC's vector
+ * types; the AVX2 version where the processor has it, chosen at load time, else SSE2's two
+ * lanes twice: the same operations in the same order, so the same bits). A token off the actor
+ * mask (mask 0 or a log-prob not finite) is 0 in every series by a bitwise AND with its lane's
+ * mask, never a branch, so that a NaN or an infinity goes nowhere.
+ *
  * Plain C, loaded through ctypes (rldiag/engine/mismatch_native.py): no Python API, so it holds
  * no GIL and needs only a C compiler at install time. Built without fast-math or contraction
  * (-ffp-contract=off, see setup.py): every operation is IEEE float64, in a fixed order, so the
  * results are the same bits on every run and thread count.
  *
- * Sums: each series is summed in blocks of BLOCK tokens, each block's sum added to the chunk's
- * (two levels: about sqrt(BLOCK) + sqrt(chunk / BLOCK) roundings on average, as a pairwise sum).
+ * Sums: each series is summed in four lanes over a block, the lanes added in a fixed order and
+ * each block's sum added to the chunk's (two levels: about sqrt(BLOCK / 4) + sqrt(chunk / BLOCK)
+ * roundings on average, as a pairwise sum).
  *
- * The record's layout is rldiag/engine/mismatch_scan.py's FIELDS, in that order; `exp` (the sum
- * of exp|d|) is left to the caller, which takes numpy's vectorised exp over the |d| written to
- * `a_out` (glibc's scalar exp costs about 6 ns a token here, numpy's about 1.4).
+ * The record's layout is rldiag/engine/mismatch_scan.py's FIELDS, in that order. exp|d| is
+ * vexp's, four lanes at a time (glibc's scalar exp costs about 6 ns a token here).
  */
 #include <math.h>
 #include <stdint.h>
@@ -28,119 +34,292 @@ enum {
 };
 
 /* the series summed per token: d, y, p, |d|, |y|, dd, dy, yy, |d|p, pp, |d||y|,
- * d where confident, d where unconfident, and the adjacent pairs' |d|+|d'|, |y - x'|, |y' - x| */
+ * d where confident, d where unconfident, the adjacent pairs' |d|+|d'|, |y - x'|, |y' - x|, exp|d| */
 enum { S_D, S_Y, S_P, S_A, S_YA, S_DD, S_DY, S_YY, S_AP, S_PP, S_AYA, S_DC, S_DU,
-       S_PA, S_SN, S_SP, N_SUMS };
+       S_PA, S_SN, S_SP, S_EXP, N_SUMS };
 
 #define BLOCK 256
 
-static inline int finite32(float v) { return isfinite(v); }
-
 int rldiag_mismatch_fields(void) { return N_FIELDS; }
 
-/* x, y: (me,) float32; flags: (me,) 0/1 (mask > 0), or NULL where every token's mask is;
+typedef double v4d __attribute__((vector_size(32)));
+typedef long long v4l __attribute__((vector_size(32)));
+typedef int v4i __attribute__((vector_size(16)));
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* the sum of a vector's lanes, in a fixed order */
+INLINE double lanes(v4d v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+INLINE long long lanes_l(v4l v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+INLINE v4d and_(v4d v, v4l mask) { return (v4d)((v4l)v & mask); }
+INLINE v4d load(const double *p) { v4d v; memcpy(&v, p, sizeof v); return v; }
+INLINE v4l load_l(const long long *p) { v4l v; memcpy(&v, p, sizeof v); return v; }
+
+/* exp(a) for 0 <= a <= 700, four lanes: a = k ln 2 + r (Cody and Waite's two-part ln 2, so
+ * that k ln2_hi is exact), |r| <= ln 2 / 2, exp(r) by its Taylor series to r^13 / 13! (the next
+ * term under 2^-58 of it, by Estrin's scheme), times 2^k built in the exponent's bits. Within 2 units in the last
+ * place of the exact value (tests/engine/test_mismatch_native.py holds it to numpy's exp). */
+INLINE v4d vexp(v4d a) {
+    const double inv_ln2 = 1.4426950408889634, ln2_hi = 6.93147180369123816490e-01,
+                 ln2_lo = 1.90821492927058770002e-10, shifter = 6755399441055744.0; /* 2^52 + 2^51 */
+    v4d t = a * inv_ln2 + shifter; /* round to nearest: k in the low bits */
+    v4l k = (v4l)t - (v4l)(v4d){shifter, shifter, shifter, shifter};
+    v4d kd = t - shifter;
+    v4d r = (a - kd * ln2_hi) - kd * ln2_lo;
+    /* 1 / i!, the terms paired, then pairs of pairs (Estrin's scheme: a chain of 4 products and
+     * sums, not Horner's 13, so that the out-of-order core overlaps the tokens) */
+    v4d r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
+    v4d p01 = 1.0 + r, p23 = 1.0 / 2 + r * (1.0 / 6), p45 = 1.0 / 24 + r * (1.0 / 120),
+        p67 = 1.0 / 720 + r * (1.0 / 5040), p89 = 1.0 / 40320 + r * (1.0 / 362880),
+        p1011 = 1.0 / 3628800 + r * (1.0 / 39916800), p1213 = 1.0 / 479001600 + r * (1.0 / 6227020800.0);
+    v4d q0 = p01 + r2 * p23, q1 = p45 + r2 * p67, q2 = p89 + r2 * p1011;
+    v4d e = (q0 + r4 * q1) + r8 * (q2 + r4 * p1213);
+    v4d scale = (v4d)((k + 1023) << 52);
+    return e * scale;
+}
+
+/* One chunk's buffers: a block's series (0 off the actor tokens), and for the pairs each
+ * token's x, y, |d| and lane mask one place on, [0] holding the previous block's last token. */
+typedef struct {
+    double d[BLOCK], y[BLOCK], p[BLOCK], a[BLOCK];
+    double px[BLOCK + 1], py[BLOCK + 1], pa[BLOCK + 1];
+    long long act[BLOCK + 1], rs[BLOCK + 1];
+    float fx[BLOCK], fy[BLOCK];
+    uint8_t ff[BLOCK];
+} Block;
+
+/* x, y: (me,) float32; flags: (me,) 0/1 (mask > 0), else fmask: (me,) the float32 mask, else
+ * both NULL where every token's mask is;
  * m: the chunk's tokens, me: m or m + 1 (the next token of the same run, read for the pair the
- * chunk's last token starts); starts: (n_starts,) the row starts inside (0, me), ascending;
- * origin: the first token's row start, relative to the chunk (<= 0); threshold: keep the
- * tokens whose |d| reaches it (above 0 where it is <= 0); confident, unconfident, extreme,
- * half_min, half_max: the thresholds of mismatch_scan.py.
- * Out: rec (N_FIELDS,) (F_EXP left 0), a_out (m,) |d| (0 off the actor tokens), pick_d,
- * pick_y (capacity m): the kept tokens' d and y, in order. Returns how many were kept. */
-long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags, long m, long me,
+ * chunk's last token starts); starts: (n_starts,) the row starts inside (0, me), ascending
+ * (repeated for empty rows); origin: the first token's row start, relative to the chunk
+ * (<= 0); threshold: keep the tokens whose |d| reaches it (above 0 where it is <= 0);
+ * confident, unconfident, extreme, half_min, half_max: the thresholds of mismatch_scan.py.
+ * Out: rec (N_FIELDS,), sample ((m + 7) / 8,): every 8th token's |d| (0 off the actor tokens)
+ * as float32, pick_d, pick_y (capacity m): the kept tokens' d and y, in order. Returns how many
+ * were kept. */
+__attribute__((target_clones("avx2", "default")))
+long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags, const float *fmask,
+                           long m, long me,
                            const long *starts, long n_starts, long origin, double threshold,
                            double confident, double unconfident, double extreme,
                            double half_min, double half_max,
-                           double *rec, double *a_out, double *pick_d, double *pick_y) {
-    double total[N_SUMS], part[N_SUMS];
+                           double *rec, float *sample, double *pick_d, double *pick_y) {
+    Block b;
+    double total[N_SUMS];
     memset(total, 0, sizeof total);
-    memset(part, 0, sizeof part);
-    long n = 0, n_conf = 0, n_unconf = 0, n_extreme = 0, n_half = 0, n_pairs = 0, kept = 0;
+    long long n = 0, n_conf = 0, n_unconf = 0, n_extreme = 0, n_half = 0, n_pairs = 0, off = 0;
+    long kept = 0;
     long next_i = 0;
     long next_start = n_starts > 0 ? starts[0] : me;
     long org = origin;
-    int keep_zero = threshold <= 0.0;
-    /* the previous token's values, for the pair (t - 1, t) */
-    int prev_actor = 0;
-    double prev_x = 0.0, prev_y = 0.0, prev_a = 0.0;
-    for (long i = 0; i < me; i++) {
-        int row_start = 0;
-        while (i == next_start) { /* empty rows start where the next one does */
-            row_start = 1;
-            org = i;
-            next_i++;
-            next_start = next_i < n_starts ? starts[next_i] : me;
-        }
-        float xf = x[i], yf = y[i];
-        int actor = (flags == NULL || flags[i]) && finite32(xf) && finite32(yf);
-        double xv = (double)xf, yv = (double)yf;
-        double d = actor ? xv - yv : 0.0;
-        double a = fabs(d);
-        if (i > 0 && prev_actor && actor && !row_start) {
-            n_pairs++;
-            part[S_PA] += prev_a + a;
-            part[S_SN] += fabs(prev_y - xv);
-            part[S_SP] += fabs(yv - prev_x);
-        }
-        prev_actor = actor;
-        prev_x = xv;
-        prev_y = yv;
-        prev_a = a;
-        if (i >= m) {
-            break; /* the next run's token: its pair only */
-        }
-        a_out[i] = a;
-        if (actor) {
-            double p = (double)(i - org);
-            double ya = fabs(yv);
-            n++;
-            part[S_D] += d;
-            part[S_Y] += yv;
-            part[S_P] += p;
-            part[S_A] += a;
-            part[S_YA] += ya;
-            part[S_DD] += d * d;
-            part[S_DY] += d * yv;
-            part[S_YY] += yv * yv;
-            part[S_AP] += a * p;
-            part[S_PP] += p * p;
-            part[S_AYA] += a * ya;
-            if (yv >= confident) {
-                n_conf++;
-                part[S_DC] += d;
-            }
-            if (yv < unconfident) {
-                n_unconf++;
-                part[S_DU] += d;
-            }
-            if (a > extreme) {
-                n_extreme++;
-            }
-            /* a 16-bit float: the float32's low 13 bits 0, and a bfloat16 (low 16 bits 0,
-             * non-zero) or a normal float16 (|y| in its normal range) */
-            uint32_t bits;
-            memcpy(&bits, &yf, sizeof bits);
-            if ((bits & 0x1FFFu) == 0u) {
-                int bf16 = (bits & 0xFFFFu) == 0u && ya != 0.0;
-                int fp16 = ya >= half_min && ya <= half_max;
-                if (bf16 || fp16) {
-                    n_half++;
+    /* kept: |d| at least the threshold, or above 0 (at least the least double above 0) */
+    const double least = threshold <= 0.0 ? nextafter(0.0, 1.0) : threshold;
+    const v4l absmask = {0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL};
+    const v4l ones = {-1, -1, -1, -1};
+    const v4d inf = {INFINITY, INFINITY, INFINITY, INFINITY};
+    const v4d conf = {confident, confident, confident, confident};
+    const v4d unconf = {unconfident, unconfident, unconfident, unconfident};
+    const v4d ext = {extreme, extreme, extreme, extreme};
+    const v4d zero = {0.0, 0.0, 0.0, 0.0};
+    /* the previous token (none before the chunk) */
+    b.px[0] = b.py[0] = b.pa[0] = 0.0;
+    b.act[0] = 0;
+    for (long b0 = 0; b0 < m; b0 += BLOCK) {
+        long len = b0 + BLOCK < m ? BLOCK : m - b0;
+        long k = (len + 3) & ~3L;
+        const float *bx = x + b0, *by = y + b0;
+        const uint8_t *bf = flags == NULL ? NULL : flags + b0;
+        const float *bm = fmask == NULL ? NULL : fmask + b0;
+        if (k != len) { /* the chunk's last block: its padding is off the actor mask */
+            memcpy(b.fx, bx, len * sizeof(float));
+            memcpy(b.fy, by, len * sizeof(float));
+            memset(b.ff, 0, k);
+            if (bf != NULL) {
+                memcpy(b.ff, bf, len);
+            } else if (bm != NULL) {
+                for (long j = 0; j < len; j++) {
+                    b.ff[j] = bm[j] > 0.0f;
                 }
+            } else {
+                memset(b.ff, 1, len);
             }
-            if (keep_zero ? a > 0.0 : a >= threshold) {
-                pick_d[kept] = d;
-                pick_y[kept] = yv;
-                kept++;
+            for (long j = len; j < k; j++) {
+                b.fx[j] = b.fy[j] = 0.0f;
+            }
+            bx = b.fx;
+            by = b.fy;
+            bf = b.ff;
+            bm = NULL;
+        }
+        /* positions in rows, and where rows start (empty rows start where the next one does) */
+        for (long j = 0; j < k; j++) {
+            b.rs[j + 1] = 0;
+        }
+        for (long j = len; j < k; j++) {
+            b.p[j] = 0.0;
+        }
+        for (long j = 0; j < len;) {
+            long end = next_start - b0 < len ? next_start - b0 : len;
+            for (; j < end; j++) {
+                b.p[j] = (double)(b0 + j - org);
+            }
+            if (j < len) {
+                org = next_start;
+                b.rs[j + 1] = -1;
+                while (next_i < n_starts && starts[next_i] == next_start) {
+                    next_i++;
+                }
+                next_start = next_i < n_starts ? starts[next_i] : me;
             }
         }
-        if ((i + 1) % BLOCK == 0) {
-            for (int s = 0; s < N_SUMS; s++) {
-                total[s] += part[s];
-                part[s] = 0.0;
+        /* the series, 0 off the actor tokens */
+        v4l nv = {0};
+        v4l pos = {0};
+        v4i low = {0}; /* a value whose float32 has its low 13 bits 0: maybe a 16-bit float */
+        for (long j = 0; j < k; j += 4) {
+            v4d xv = {bx[j], bx[j + 1], bx[j + 2], bx[j + 3]};
+            v4d yv = {by[j], by[j + 1], by[j + 2], by[j + 3]};
+            v4i bits;
+            memcpy(&bits, by + j, sizeof bits);
+            low |= (bits & 0x1FFF) == 0;
+            v4l fm = ones;
+            if (bf != NULL) {
+                v4l f = {bf[j], bf[j + 1], bf[j + 2], bf[j + 3]};
+                fm = f != 0;
+            } else if (bm != NULL) {
+                v4d f = {bm[j], bm[j + 1], bm[j + 2], bm[j + 3]};
+                fm = f > zero;
+            }
+            v4l act = fm & (and_(xv, absmask) < inf) & (and_(yv, absmask) < inf);
+            v4d d = and_(xv - yv, act);
+            v4d ym = and_(yv, act);
+            v4d a = and_(d, absmask);
+            v4d p = and_(load(b.p + j), act);
+            memcpy(b.d + j, &d, sizeof d);
+            memcpy(b.y + j, &ym, sizeof ym);
+            memcpy(b.a + j, &a, sizeof a);
+            memcpy(b.p + j, &p, sizeof p);
+            if (((b0 + j) & 7) == 0) {
+                sample[(b0 + j) >> 3] = (float)a[0];
+            }
+            memcpy(b.px + j + 1, &xv, sizeof xv);
+            memcpy(b.py + j + 1, &yv, sizeof yv);
+            memcpy(b.pa + j + 1, &a, sizeof a);
+            memcpy(b.act + j + 1, &act, sizeof act);
+            nv -= act;
+            pos |= ym > zero;
+        }
+        n += lanes_l(nv);
+        int half_any = (low[0] | low[1] | low[2] | low[3]) != 0;
+        off += k;
+        /* the pairs (t - 1, t): both actor tokens, t not a row's first */
+        v4d pa = {0}, sn = {0}, sp = {0};
+        v4l np = {0};
+        for (long j = 0; j < k; j += 4) {
+            v4l pair = load_l(b.act + j) & load_l(b.act + j + 1) & ~load_l(b.rs + j + 1);
+            v4d xp = load(b.px + j), x1 = load(b.px + j + 1), yp = load(b.py + j), y1 = load(b.py + j + 1);
+            pa += and_(load(b.pa + j) + load(b.pa + j + 1), pair);
+            sn += and_(and_(yp - x1, absmask), pair);
+            sp += and_(and_(y1 - xp, absmask), pair);
+            np -= pair;
+        }
+        n_pairs += lanes_l(np);
+        total[S_PA] += lanes(pa);
+        total[S_SN] += lanes(sn);
+        total[S_SP] += lanes(sp);
+        /* the last token, for the next block's first pair */
+        b.px[0] = b.px[len];
+        b.py[0] = b.py[len];
+        b.pa[0] = b.pa[len];
+        b.act[0] = b.act[len];
+        /* the sums, three loops so that each one's accumulators stay in registers */
+        v4d sd = {0}, sy = {0}, sa = {0}, mdd = {0}, mdy = {0}, myy = {0};
+        for (long j = 0; j < k; j += 4) {
+            v4d d = load(b.d + j), yv = load(b.y + j), a = load(b.a + j);
+            sd += d;
+            sy += yv;
+            sa += a;
+            mdd += d * d;
+            mdy += d * yv;
+            myy += yv * yv;
+        }
+        int signed_y = (pos[0] | pos[1] | pos[2] | pos[3]) != 0;
+        v4d s_p = {0}, map = {0}, mpp = {0}, sya = {0}, maya = {0};
+        for (long j = 0; j < k; j += 4) {
+            v4d yv = load(b.y + j), p = load(b.p + j), a = load(b.a + j);
+            v4d ya = signed_y ? and_(yv, absmask) : -yv; /* a log-prob is <= 0: |y| = -y */
+            s_p += p;
+            map += a * p;
+            mpp += p * p;
+            sya += ya;
+            maya += a * ya;
+        }
+        v4d dc = {0}, du = {0}, se = {0};
+        v4l nc = {0}, nu = {0}, ne = {0};
+        for (long j = 0; j < k; j += 4) {
+            v4d d = load(b.d + j), yv = load(b.y + j), a = load(b.a + j);
+            v4l c = yv >= conf, u = yv < unconf; /* lanes of -1 (true) or 0 */
+            dc += and_(d, c);
+            du += and_(d, u);
+            nc -= c;
+            nu -= u;
+            ne -= a > ext;
+            v4l act = load_l(b.act + j + 1);
+            if ((a[0] > 700.0) | (a[1] > 700.0) | (a[2] > 700.0) | (a[3] > 700.0)) {
+                v4d e = {exp(a[0]), exp(a[1]), exp(a[2]), exp(a[3])};
+                se += and_(e, act);
+            } else {
+                se += and_(vexp(a), act);
+            }
+        }
+        total[S_D] += lanes(sd);
+        total[S_Y] += lanes(sy);
+        total[S_A] += lanes(sa);
+        total[S_DD] += lanes(mdd);
+        total[S_DY] += lanes(mdy);
+        total[S_YY] += lanes(myy);
+        total[S_P] += lanes(s_p);
+        total[S_AP] += lanes(map);
+        total[S_PP] += lanes(mpp);
+        total[S_YA] += lanes(sya);
+        total[S_AYA] += lanes(maya);
+        total[S_DC] += lanes(dc);
+        total[S_DU] += lanes(du);
+        total[S_EXP] += lanes(se);
+        n_conf += lanes_l(nc);
+        n_unconf += lanes_l(nu);
+        n_extreme += lanes_l(ne);
+        /* the picked tokens (written, then counted: about 8 % are, in no order) and the 16-bit
+         * values (the float32's low 13 bits 0, and a bfloat16: low 16 bits 0, non-zero, or a
+         * normal float16: |y| in its normal range; y = 0 off the actor tokens counts in neither) */
+        for (long j = 0; j < len; j++) {
+            pick_d[kept] = b.d[j];
+            pick_y[kept] = b.y[j];
+            kept += b.a[j] >= least;
+        }
+        if (half_any) {
+            for (long j = 0; j < len; j++) {
+                uint32_t bits;
+                memcpy(&bits, by + j, sizeof bits);
+                if ((bits & 0x1FFFu) == 0u) {
+                    double ya = fabs(b.y[j]);
+                    n_half += ((bits & 0xFFFFu) == 0u && ya != 0.0) || (ya >= half_min && ya <= half_max);
+                }
             }
         }
     }
-    for (int s = 0; s < N_SUMS; s++) {
-        total[s] += part[s];
+    if (me > m && m > 0) { /* the next run's first token: the pair the chunk's last token starts */
+        float xf = x[m], yf = y[m];
+        int masked = flags != NULL ? flags[m] != 0 : fmask != NULL ? fmask[m] > 0.0f : 1;
+        int actor = masked && isfinite(xf) && isfinite(yf);
+        if (actor && b.act[0] && next_start != m) {
+            double xv = (double)xf, yv = (double)yf;
+            n_pairs++;
+            total[S_PA] += b.pa[0] + fabs(xv - yv);
+            total[S_SN] += fabs(b.py[0] - xv);
+            total[S_SP] += fabs(yv - b.px[0]);
+        }
     }
     double dd = total[S_DD], dy = total[S_DY], yy = total[S_YY];
     rec[F_N] = (double)n;
@@ -162,11 +341,11 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
     rec[F_M_XX] = dd + 2.0 * dy + yy;
     rec[F_M_XY] = dy + yy;
     rec[F_D2] = dd;
-    rec[F_N_CONF] = (double)n_conf;
+    rec[F_N_CONF] = (double)(n_conf - (off - n)); /* y = 0 off the actor tokens and in the padding */
     rec[F_D_CONF] = total[S_DC];
     rec[F_N_UNCONF] = (double)n_unconf;
     rec[F_D_UNCONF] = total[S_DU];
-    rec[F_EXP] = 0.0;
+    rec[F_EXP] = total[S_EXP];
     rec[F_EXTREME] = (double)n_extreme;
     rec[F_HALF] = (double)n_half;
     rec[F_PAIRS] = (double)n_pairs;
