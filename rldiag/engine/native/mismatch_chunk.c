@@ -45,6 +45,8 @@ int rldiag_mismatch_fields(void) { return N_FIELDS; }
 typedef double v4d __attribute__((vector_size(32)));
 typedef long long v4l __attribute__((vector_size(32)));
 typedef int v4i __attribute__((vector_size(16)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef unsigned char v4b __attribute__((vector_size(4)));
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -76,6 +78,26 @@ INLINE v4d vexp(v4d a) {
     v4d e = (q0 + r4 * q1) + r8 * (q2 + r4 * p1213);
     v4d scale = (v4d)((k + 1023) << 52);
     return e * scale;
+}
+
+/* p[j] = first + (j - j0) for j in [j0, j1): four at a time between the multiples of 4 */
+INLINE void fill_iota(double *p, long j0, long j1, double first) {
+    long j = j0;
+    for (; j < j1 && (j & 3); j++) {
+        p[j] = first + (double)(j - j0);
+    }
+    if (j + 4 <= j1) {
+        double f = first + (double)(j - j0);
+        v4d v = {f, f + 1.0, f + 2.0, f + 3.0};
+        const v4d four = {4.0, 4.0, 4.0, 4.0};
+        for (; j + 4 <= j1; j += 4) {
+            memcpy(p + j, &v, sizeof v);
+            v += four;
+        }
+    }
+    for (; j < j1; j++) {
+        p[j] = first + (double)(j - j0);
+    }
 }
 
 /* One chunk's buffers: a block's series (0 off the actor tokens), and for the pairs each
@@ -153,17 +175,14 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
             bm = NULL;
         }
         /* positions in rows, and where rows start (empty rows start where the next one does) */
-        for (long j = 0; j < k; j++) {
-            b.rs[j + 1] = 0;
-        }
+        memset(b.rs + 1, 0, k * sizeof(long long));
         for (long j = len; j < k; j++) {
             b.p[j] = 0.0;
         }
         for (long j = 0; j < len;) {
             long end = next_start - b0 < len ? next_start - b0 : len;
-            for (; j < end; j++) {
-                b.p[j] = (double)(b0 + j - org);
-            }
+            fill_iota(b.p, j, end, (double)(b0 + j - org));
+            j = end > j ? end : j;
             if (j < len) {
                 org = next_start;
                 b.rs[j + 1] = -1;
@@ -176,20 +195,24 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
         /* the series, 0 off the actor tokens */
         v4l nv = {0};
         v4l pos = {0};
+        v4d amax = zero;
         v4i low = {0}; /* a value whose float32 has its low 13 bits 0: maybe a 16-bit float */
         for (long j = 0; j < k; j += 4) {
-            v4d xv = {bx[j], bx[j + 1], bx[j + 2], bx[j + 3]};
-            v4d yv = {by[j], by[j + 1], by[j + 2], by[j + 3]};
-            v4i bits;
-            memcpy(&bits, by + j, sizeof bits);
+            v4f xf, yf;
+            memcpy(&xf, bx + j, sizeof xf);
+            memcpy(&yf, by + j, sizeof yf);
+            v4d xv = __builtin_convertvector(xf, v4d), yv = __builtin_convertvector(yf, v4d);
+            v4i bits = (v4i)yf;
             low |= (bits & 0x1FFF) == 0;
             v4l fm = ones;
             if (bf != NULL) {
-                v4l f = {bf[j], bf[j + 1], bf[j + 2], bf[j + 3]};
-                fm = f != 0;
+                v4b f;
+                memcpy(&f, bf + j, sizeof f);
+                fm = __builtin_convertvector(f, v4l) != 0;
             } else if (bm != NULL) {
-                v4d f = {bm[j], bm[j + 1], bm[j + 2], bm[j + 3]};
-                fm = f > zero;
+                v4f f;
+                memcpy(&f, bm + j, sizeof f);
+                fm = __builtin_convertvector(f, v4d) > zero;
             }
             v4l act = fm & (and_(xv, absmask) < inf) & (and_(yv, absmask) < inf);
             v4d d = and_(xv - yv, act);
@@ -209,9 +232,12 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
             memcpy(b.act + j + 1, &act, sizeof act);
             nv -= act;
             pos |= ym > zero;
+            v4l more = a > amax;
+            amax = (v4d)(((v4l)a & more) | ((v4l)amax & ~more));
         }
         n += lanes_l(nv);
         int half_any = (low[0] | low[1] | low[2] | low[3]) != 0;
+        int small_gaps = (amax[0] <= 700.0) & (amax[1] <= 700.0) & (amax[2] <= 700.0) & (amax[3] <= 700.0);
         off += k;
         /* the pairs (t - 1, t): both actor tokens, t not a row's first */
         v4d pa = {0}, sn = {0}, sp = {0};
@@ -265,12 +291,13 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
             nc -= c;
             nu -= u;
             ne -= a > ext;
-            v4l act = load_l(b.act + j + 1);
-            if ((a[0] > 700.0) | (a[1] > 700.0) | (a[2] > 700.0) | (a[3] > 700.0)) {
-                v4d e = {exp(a[0]), exp(a[1]), exp(a[2]), exp(a[3])};
-                se += and_(e, act);
-            } else {
-                se += and_(vexp(a), act);
+            if (small_gaps) {
+                se += and_(vexp(a), load_l(b.act + j + 1));
+            }
+        }
+        if (!small_gaps) { /* some |d| above vexp's range (a probability ratio past e^700) */
+            for (long j = 0; j < len; j++) {
+                se[0] += b.act[j + 1] ? exp(b.a[j]) : 0.0;
             }
         }
         total[S_D] += lanes(sd);
@@ -293,10 +320,16 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
         /* the picked tokens (written, then counted: about 8 % are, in no order) and the 16-bit
          * values (the float32's low 13 bits 0, and a bfloat16: low 16 bits 0, non-zero, or a
          * normal float16: |y| in its normal range; y = 0 off the actor tokens counts in neither) */
-        for (long j = 0; j < len; j++) {
-            pick_d[kept] = b.d[j];
-            pick_y[kept] = b.y[j];
-            kept += b.a[j] >= least;
+        const v4d lv = {least, least, least, least};
+        for (long j = 0; j < k; j += 4) {
+            v4l keep = load(b.a + j) >= lv; /* the padding's |d| is 0: never kept */
+            if ((keep[0] | keep[1]) | (keep[2] | keep[3])) {
+                for (long t = j; t < j + 4; t++) {
+                    pick_d[kept] = b.d[t];
+                    pick_y[kept] = b.y[t];
+                    kept += b.a[t] >= least;
+                }
+            }
         }
         if (half_any) {
             for (long j = 0; j < len; j++) {
