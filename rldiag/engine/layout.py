@@ -302,3 +302,25 @@ class Rows:
         if padded.dim() != 2:
             raise ValueError(f"expected a (rows, width) tensor, got shape {tuple(padded.shape)}")
         return padded[rows.row_ids, rows.positions()], rows
+
+
+class OffsetRows(Rows):
+    """A layout given by its offsets and token count alone: ``row_ids`` (8 bytes a token) is
+    made only when something reads it. For layouts whose per-row reductions (:meth:`Rows.sum`,
+    the masked sums) read only the offsets, as the turns stage's spans
+    (:mod:`rldiag.engine.stages.turns`): the same results as ``Rows(offsets, row_ids_of(offsets))``."""
+
+    tokens: int
+
+    def __init__(self, offsets: torch.Tensor, n_tokens: int) -> None:
+        object.__setattr__(self, "offsets", offsets)  # a frozen dataclass's fields are set so
+        object.__setattr__(self, "tokens", n_tokens)
+
+    @cached_property
+    def row_ids(self) -> torch.Tensor:
+        """``(tokens,)`` int64, the row of each token (made when first read)."""
+        return row_ids_of(self.offsets)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.tokens
