@@ -22,6 +22,7 @@ import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from rldiag.engine import kernels
@@ -62,6 +63,61 @@ class _ChunkPlan:
     frag_offsets: torch.Tensor
     mid: torch.Tensor
     mid_offsets: torch.Tensor
+
+
+def chunk_plan(offsets: torch.Tensor, n_tokens: int) -> _ChunkPlan:
+    """:meth:`Rows._chunk_plan` of the layout with ``offsets`` ``(rows + 1,)`` and ``n_tokens``
+    tokens, by torch on ``offsets``' device."""
+    n = n_tokens
+    nf = n // PIECE
+    start, end = offsets[:-1], offsets[1:]
+    lo = torch.div(start + (PIECE - 1), PIECE, rounding_mode="floor").clamp_(max=nf)
+    hi = torch.div(end, PIECE, rounding_mode="floor")
+    whole = hi > lo
+    hi = torch.where(whole, hi, lo)
+    # the fragments: [start, lo PIECE) then [hi PIECE, end) where the row has whole chunks,
+    # all of [start, end) where it has none
+    head = torch.where(whole, lo * PIECE - start, end - start)
+    tail = torch.where(whole, end - hi * PIECE, torch.zeros_like(end))
+    frag_rows = Rows.from_lengths(head + tail)
+    k = frag_rows.positions()
+    r = frag_rows.row_ids
+    head_r = head.index_select(0, r)
+    frag = torch.where(k < head_r, start.index_select(0, r) + k, (hi * PIECE).index_select(0, r) + (k - head_r))
+    mid_rows = Rows.from_lengths(hi - lo)
+    mid = lo.index_select(0, mid_rows.row_ids) + mid_rows.positions()
+    return _ChunkPlan(nf, lo, hi, frag, frag_rows.offsets, mid, mid_rows.offsets)
+
+
+def _concat_ranges(first: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ranges ``[first[i], first[i] + lengths[i])`` one after the other ``(sum lengths,)``
+    int64, each value's range ``(sum lengths,)`` and the ranges' offsets ``(ranges + 1,)``."""
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    which = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+    return np.arange(int(offsets[-1]), dtype=np.int64) - (offsets[:-1] - first)[which], which, offsets
+
+
+def chunk_plan_host(offsets: torch.Tensor, n_tokens: int) -> _ChunkPlan:
+    """:meth:`Rows._chunk_plan` of the layout with host ``offsets`` ``(rows + 1,)`` and
+    ``n_tokens`` tokens, computed by numpy (the same integers as torch's form)."""
+    off = offsets.numpy()
+    nf = n_tokens // PIECE
+    start, end = off[:-1], off[1:]
+    lo = np.minimum((start + (PIECE - 1)) // PIECE, nf)
+    hi = end // PIECE
+    whole = hi > lo
+    hi = np.where(whole, hi, lo)
+    # the fragments: [start, lo PIECE) then [hi PIECE, end) where the row has whole chunks, all
+    # of [start, end) where it has none
+    head = np.where(whole, lo * PIECE - start, end - start)
+    tail = np.where(whole, end - hi * PIECE, 0)
+    pos, r, frag_offsets = _concat_ranges(start, head + tail)
+    k = pos - start[r]  # the position in the row's fragments
+    frag = np.where(k < head[r], pos, hi[r] * PIECE + (k - head[r]))
+    mid, _, mid_offsets = _concat_ranges(lo, hi - lo)
+    t = torch.from_numpy
+    return _ChunkPlan(nf, t(lo), t(hi), t(frag), t(frag_offsets), t(mid), t(mid_offsets))
 
 
 @dataclass(frozen=True)
@@ -159,26 +215,13 @@ class Rows:
     @cached_property
     def _chunk_plan(self) -> _ChunkPlan:
         """How :meth:`_chunked_sum` splits each row, fixed by the layout (computed once per
-        layout): its whole chunks ``[lo, hi)`` and the positions of its other tokens."""
-        n = self.n_tokens
-        nf = n // PIECE
-        start, end = self.offsets[:-1], self.offsets[1:]
-        lo = torch.div(start + (PIECE - 1), PIECE, rounding_mode="floor").clamp_(max=nf)
-        hi = torch.div(end, PIECE, rounding_mode="floor")
-        whole = hi > lo
-        hi = torch.where(whole, hi, lo)
-        # the fragments: [start, lo PIECE) then [hi PIECE, end) where the row has whole chunks,
-        # all of [start, end) where it has none
-        head = torch.where(whole, lo * PIECE - start, end - start)
-        tail = torch.where(whole, end - hi * PIECE, torch.zeros_like(end))
-        frag_rows = Rows.from_lengths(head + tail)
-        k = frag_rows.positions()
-        r = frag_rows.row_ids
-        head_r = head.index_select(0, r)
-        frag = torch.where(k < head_r, start.index_select(0, r) + k, (hi * PIECE).index_select(0, r) + (k - head_r))
-        mid_rows = Rows.from_lengths(hi - lo)
-        mid = lo.index_select(0, mid_rows.row_ids) + mid_rows.positions()
-        return _ChunkPlan(nf, lo, hi, frag, frag_rows.offsets, mid, mid_rows.offsets)
+        layout): its whole chunks ``[lo, hi)`` and the positions of its other tokens. On the
+        host by numpy (:func:`chunk_plan_host`: the same integers, a fraction of torch's fixed
+        cost per call on these arrays of a few thousand entries), elsewhere by torch
+        (:func:`chunk_plan`)."""
+        if self.offsets.device.type == "cpu":
+            return chunk_plan_host(self.offsets, self.n_tokens)
+        return chunk_plan(self.offsets, self.n_tokens)
 
     def count(self, cond: torch.Tensor) -> torch.Tensor:
         """Tokens per row where ``cond`` (bool or 0/1) is true, float32 ``(rows,)``."""

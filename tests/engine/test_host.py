@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine.host import count_equal, count_true, indices_above, nonzero_indices, positive, positive_float
+from rldiag.engine.host import (
+    count_equal,
+    count_true,
+    indices_above,
+    nonzero_indices,
+    positive,
+    positive_float,
+    running_sum_on,
+)
 
 
 def _values() -> list[torch.Tensor]:
@@ -45,3 +53,13 @@ def test_a_dtype_numpy_lacks_takes_torch():
     assert positive_float(x).tolist() == [1.0, 0.0, 0.0, 1.0]
     assert indices_above(x, torch.tensor(0.0, dtype=torch.bfloat16)).tolist() == [0, 3]
     assert count_equal(x, torch.tensor(-1.0, dtype=torch.bfloat16)) == 1
+
+
+def test_running_sum_on_matches_torch():
+    g = torch.Generator().manual_seed(7)
+    count = torch.randint(-3, 4, (4000,), generator=g, dtype=torch.int32)
+    on = torch.rand(4000, generator=g) > 0.2
+    want = torch.cumsum(count, 0, dtype=torch.int32) * on
+    got = running_sum_on(count.clone(), on)
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+    assert running_sum_on(torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.bool)).numel() == 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine.host import count_true, nonzero_indices, positive
+from rldiag.engine.host import count_true, nonzero_indices, positive, running_sum_on
 from rldiag.engine.kl import kl_k1
 from rldiag.engine.layout import OffsetRows, Rows
 from rldiag.engine.segments import seg_max, seg_mean
@@ -52,7 +52,7 @@ def number_turns(starts: torch.Tensor, on: torch.Tensor, rows: Rows, turns: torc
     ends = rows.offsets[1:-1]  # where each row but the last ends
     inside = ends < rows.n_tokens
     count.index_add_(0, ends[inside], turns[:-1][inside].to(torch.int32).neg_())
-    return torch.cumsum(count, 0, dtype=torch.int32).mul_(on)
+    return running_sum_on(count, on)
 
 
 def turn_starts(on: torch.Tensor, rows: Rows) -> torch.Tensor:
