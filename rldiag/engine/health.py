@@ -129,16 +129,16 @@ def gradient_weight_shares(adv: torch.Tensor, weights: torch.Tensor, mask: torch
                 cp = clipped[lo:hi].to(torch.float32)
                 g64 = gp.to(f64)
                 den[s] += g64.sum()
-                num[s] += g64.mul_((cp * on).to(f64)).sum()
+                num[s] += g64.mul_(cp * on).sum()  # cp x on widened to float64 as it is multiplied
                 gp = unclipped_part(gp, cp)
             # off the actor tokens 0 in the sum, -1 in the ranking: products with the 0/1 mask (a
             # `where` on a bool mask costs several times more on the CPU), the same values where
             # every weight is finite; a non-finite one takes the `where`s
-            kept = gp * on
+            kept = torch.mul(gp, on, out=ranked[lo - a:hi - a])
             part = kept.sum(dtype=f64)
             if bool(torch.isfinite(part)):
                 total[s] += part
-                torch.add(kept, on.sub_(1.0), out=ranked[lo - a:hi - a])
+                kept.add_(on.sub_(1.0))
             else:
                 ap = mask[lo:hi] > 0
                 total[s] += torch.where(ap, gp, zero).sum(dtype=f64)

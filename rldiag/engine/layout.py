@@ -19,6 +19,7 @@ row boundaries (:mod:`rldiag.engine.scan`).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -249,23 +250,41 @@ class Rows:
         """Masked tokens per row ``(rows,)`` float32 (exact: counts below 2^24). Remembered per
         mask tensor while it lives unchanged (its version counter), so the many masked means over
         one mask count it once; each call gets its own copy."""
+        return self._remembered(self._mask_counts, mask,
+                                lambda: self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32)))
+
+    def column_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`sum` of a tensor several stages sum per row (a batch column: the scores the
+        advantages, the health and the rows stages each add up), remembered per tensor while it
+        lives unchanged, as :meth:`mask_count`; each call gets its own copy."""
+        return self._remembered(self._column_sums, x, lambda: self.sum(x))
+
+    @staticmethod
+    def _remembered(memo: dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]], x: torch.Tensor,
+                    compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``compute()``, remembered in ``memo`` per tensor ``x`` while it lives unchanged (its
+        version counter); a copy to each caller."""
         try:
-            key = (id(mask), mask._version)
+            key = (id(x), x._version)
         except RuntimeError:  # an inference-mode tensor has no version counter: not remembered
-            return self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32))
-        memo = self._mask_counts
+            return compute()
         hit = memo.get(key[0])
-        if hit is not None and hit[0]() is mask and hit[1] == key[1]:
+        if hit is not None and hit[0]() is x and hit[1] == key[1]:
             return hit[2].clone()
-        out = self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32))
-        for k in [k for k, v in memo.items() if v[0]() is None]:  # masks since freed
+        out = compute()
+        for k in [k for k, v in memo.items() if v[0]() is None]:  # tensors since freed
             del memo[k]
-        memo[key[0]] = (weakref.ref(mask), key[1], out)
+        memo[key[0]] = (weakref.ref(x), key[1], out)
         return out.clone()
 
     @cached_property
     def _mask_counts(self) -> dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]]:
         """:meth:`mask_count`'s memory: id(mask) -> (the mask, its version, its counts)."""
+        return {}
+
+    @cached_property
+    def _column_sums(self) -> dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]]:
+        """:meth:`column_sum`'s memory: id(x) -> (the tensor, its version, its row sums)."""
         return {}
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

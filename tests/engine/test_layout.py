@@ -240,3 +240,19 @@ def test_offset_rows_reduce_as_rows():
     assert torch.equal(lazy.mask_count(m), full.mask_count(m))
     assert "row_ids" not in lazy.__dict__  # none of these made the row ids
     assert torch.equal(lazy.row_ids, full.row_ids)
+
+
+def test_column_sum_is_remembered_while_the_tensor_is_unchanged():
+    """The row sums of a column several stages sum are computed once per tensor and version: an
+    in-place change (a new version) or another tensor is summed anew; each caller gets a copy."""
+    rows = Rows.from_lengths(torch.tensor([3, 0, 70, 2]))
+    x = torch.arange(75, dtype=torch.float32)
+    first = rows.column_sum(x)
+    assert torch.equal(first, rows.sum(x))
+    first[0] = -1.0  # the caller's copy
+    assert torch.equal(rows.column_sum(x), rows.sum(x))
+    with patch.object(Rows, "sum", side_effect=AssertionError("summed again")):
+        rows.column_sum(x)  # remembered
+    x[0] = 100.0  # a new version: summed again
+    assert rows.column_sum(x)[0].item() == 103.0
+    assert torch.equal(rows.column_sum(x.clone()), rows.sum(x))
