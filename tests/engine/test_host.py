@@ -63,3 +63,25 @@ def test_running_sum_on_matches_torch():
     got = running_sum_on(count.clone(), on)
     assert got.dtype == torch.int32 and torch.equal(got, want)
     assert running_sum_on(torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.bool)).numel() == 0
+
+
+def test_every_function_off_the_host_gives_the_same():
+    """The torch forms (what another device takes) against the numpy forms, on the same inputs."""
+    from unittest.mock import patch
+
+    from rldiag.engine import host
+
+    x = _values()[0]
+    g = torch.Generator().manual_seed(9)
+    count = torch.randint(-2, 3, (x.numel(),), generator=g, dtype=torch.int32)
+    t = torch.tensor(0.3)
+
+    def each() -> list:
+        return [positive(x), positive_float(x), nonzero_indices(x > 0), count_true(x > 0), indices_above(x, t),
+                count_equal(x, t), running_sum_on(count.clone(), x > 0)]
+
+    on_host = each()
+    with patch.object(host, "_view", return_value=None):
+        off_host = each()
+    for a, b in zip(on_host, off_host):
+        assert a == b if isinstance(a, int) else (a.dtype == b.dtype and torch.equal(a, b))
