@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     import threading
 
     import polars as pl
+    import pyarrow as pa
 
     from rldiag.analysis.agreement import TokenAgreement
     from rldiag.analysis.check import CheckReport as CheckResult
@@ -269,8 +271,9 @@ class RecomputeResult:
 
     name: str
     path: Path | RemotePath  # the scenario's directory
-    #: one row per step done, in step order: ``step`` and verl's metric names (``metrics.parquet``)
-    metrics: pl.DataFrame
+    #: one row per step done, in step order: ``step`` int64 and one float64 column per metric
+    #: (verl's names; ``metrics.parquet``), as an Arrow table (:attr:`metrics`: as a polars frame)
+    metrics_table: pa.Table
     settings: Settings  # every setting, resolved
     device: str
     executor: str = "local"
@@ -292,11 +295,18 @@ class RecomputeResult:
         """Every chosen step was written."""
         return not self.steps_failed
 
+    @cached_property
+    def metrics(self) -> pl.DataFrame:
+        """One row per step done, in step order: ``step`` and verl's metric names
+        (``metrics.parquet``), a polars frame of :attr:`metrics_table` made when first read (so
+        ``rldiag recompute``, which prints from the Arrow table, does not import polars)."""
+        return _frame(self.metrics_table)
+
     @classmethod
     def from_report(cls, rep: ScenarioReport) -> RecomputeResult:
         from rldiag.io.outputs import metrics_table
 
-        return cls(name=rep.name, path=rep.path, metrics=_frame(metrics_table(rep.metrics)), settings=rep.settings,
+        return cls(name=rep.name, path=rep.path, metrics_table=metrics_table(rep.metrics), settings=rep.settings,
                    device=rep.device, executor=rep.executor, steps_done=list(rep.steps_done), steps_failed=dict(rep.steps_failed),
                    steps_reused=sorted(rep.steps_reused), internal_errors=dict(rep.internal), seconds=rep.seconds,
                    rows=rep.rows, tokens=rep.tokens, reused_from=rep.reused_from, warnings=list(rep.warnings))

@@ -115,9 +115,9 @@ def _summary(report: api.RecomputeResult) -> int:
     table.add_column("metric", no_wrap=True)
     for col in ("first", "last", "mean", "min", "max"):
         table.add_column(col, justify="right")
-    frame = report.metrics  # in step order
+    steps = report.metrics_table  # in step order (Arrow: the polars frame would import polars)
     for name in SUMMARY_METRICS:
-        column = frame[name].to_list() if name in frame.columns else []
+        column = steps.column(name).to_pylist() if name in steps.column_names else []
         vals = [v for v in column if v is not None and v == v]  # neither absent nor NaN
         if not vals:
             continue

@@ -33,12 +33,12 @@ def row_values(batch: Batch, rewards: torch.Tensor, name: str, who: str, canonic
     or per-token column."""
     rows = batch.rows
     if name == "seq_reward" or (name == REWARD_METRIC and canonical_reward):
-        return rows.sum(batch.token_level_scores).to(torch.float64)
+        return rows.column_sum(batch.token_level_scores).to(torch.float64)
     if name == "seq_final_reward":
-        return rows.sum(rewards).to(torch.float64)
+        return rows.column_sum(rewards).to(torch.float64)
     column = batch.extra.get(name)
     if column is None and name == "score":
-        return rows.sum(batch.token_level_scores).to(torch.float64)
+        return rows.column_sum(batch.token_level_scores).to(torch.float64)
     if column is None:
         raise MissingInputError(
             f"{who}={name!r} needs a scalar column {name!r} (one number per row), which the batch does not have "

@@ -24,6 +24,7 @@ import math
 import torch
 
 from rldiag.engine.gradient_weight import gradient_weight, unclipped_part
+from rldiag.engine.host import count_equal, indices_above, positive_float
 from rldiag.engine.segments import seg_count, seg_std, seg_sum
 
 __all__ = ["PIECE_TOKENS", "component_means", "empty_fraction", "gradient_weight_shares", "group_std_mean",
@@ -75,12 +76,12 @@ def top_sum(x: torch.Tensor, k: int) -> torch.Tensor:
     if k * 4 * SAMPLE_STRIDE < n:
         sample = x[::SAMPLE_STRIDE].contiguous()
         t = torch.topk(sample, min(sample.numel(), (5 * k) // (4 * SAMPLE_STRIDE) + 16), sorted=False).values.min()
-        above = x > t
-        m = int(torch.count_nonzero(above))
+        above = indices_above(x, t)  # numpy's comparison and scan on the host (rldiag.engine.host)
+        m = int(above.numel())
         if m >= k:
-            vals = torch.topk(x.index_select(0, torch.nonzero(above).flatten()), k).values
-        elif m + int(torch.count_nonzero(x == t)) >= k:
-            top = torch.sort(x.index_select(0, torch.nonzero(above).flatten()), descending=True).values
+            vals = torch.topk(x.index_select(0, above), k).values
+        elif m + count_equal(x, t) >= k:
+            top = torch.sort(x.index_select(0, above), descending=True).values
             vals = torch.cat([top, t.expand(k - m)])
     if vals is None:
         vals = torch.topk(x, k).values
@@ -122,16 +123,26 @@ def gradient_weight_shares(adv: torch.Tensor, weights: torch.Tensor, mask: torch
         count = 0
         for lo in range(a, b, PIECE_TOKENS):
             hi = min(lo + PIECE_TOKENS, b)
-            gp, ap = gradient_weight(adv[lo:hi], weights[lo:hi]), mask[lo:hi] > 0
-            count += int(torch.count_nonzero(ap))
+            gp, on = gradient_weight(adv[lo:hi], weights[lo:hi]), positive_float(mask[lo:hi])
+            count += int(on.sum())  # exact: 0/1 values, fewer than 2^24 a piece
             if clipped is not None:
                 cp = clipped[lo:hi].to(torch.float32)
                 g64 = gp.to(f64)
                 den[s] += g64.sum()
-                num[s] += g64.mul_((cp * ap).to(f64)).sum()
+                num[s] += g64.mul_(cp * on).sum()  # cp x on widened to float64 as it is multiplied
                 gp = unclipped_part(gp, cp)
-            total[s] += torch.where(ap, gp, zero).sum(dtype=f64)
-            torch.where(ap, gp, minus, out=ranked[lo - a:hi - a])
+            # off the actor tokens 0 in the sum, -1 in the ranking: products with the 0/1 mask (a
+            # `where` on a bool mask costs several times more on the CPU), the same values where
+            # every weight is finite; a non-finite one takes the `where`s
+            kept = torch.mul(gp, on, out=ranked[lo - a:hi - a])
+            part = kept.sum(dtype=f64)
+            if bool(torch.isfinite(part)):
+                total[s] += part
+                kept.add_(on.sub_(1.0))
+            else:
+                ap = mask[lo:hi] > 0
+                total[s] += torch.where(ap, gp, zero).sum(dtype=f64)
+                torch.where(ap, gp, minus, out=ranked[lo - a:hi - a])
         if count:
             # ceil of frac x count (a float product 0.01 x 300 may round past the integer: take it off)
             k = max(1, math.ceil(count * frac - 1e-9))

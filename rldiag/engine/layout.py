@@ -19,9 +19,11 @@ row boundaries (:mod:`rldiag.engine.scan`).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from rldiag.engine import kernels
@@ -62,6 +64,61 @@ class _ChunkPlan:
     frag_offsets: torch.Tensor
     mid: torch.Tensor
     mid_offsets: torch.Tensor
+
+
+def chunk_plan(offsets: torch.Tensor, n_tokens: int) -> _ChunkPlan:
+    """:meth:`Rows._chunk_plan` of the layout with ``offsets`` ``(rows + 1,)`` and ``n_tokens``
+    tokens, by torch on ``offsets``' device."""
+    n = n_tokens
+    nf = n // PIECE
+    start, end = offsets[:-1], offsets[1:]
+    lo = torch.div(start + (PIECE - 1), PIECE, rounding_mode="floor").clamp_(max=nf)
+    hi = torch.div(end, PIECE, rounding_mode="floor")
+    whole = hi > lo
+    hi = torch.where(whole, hi, lo)
+    # the fragments: [start, lo PIECE) then [hi PIECE, end) where the row has whole chunks,
+    # all of [start, end) where it has none
+    head = torch.where(whole, lo * PIECE - start, end - start)
+    tail = torch.where(whole, end - hi * PIECE, torch.zeros_like(end))
+    frag_rows = Rows.from_lengths(head + tail)
+    k = frag_rows.positions()
+    r = frag_rows.row_ids
+    head_r = head.index_select(0, r)
+    frag = torch.where(k < head_r, start.index_select(0, r) + k, (hi * PIECE).index_select(0, r) + (k - head_r))
+    mid_rows = Rows.from_lengths(hi - lo)
+    mid = lo.index_select(0, mid_rows.row_ids) + mid_rows.positions()
+    return _ChunkPlan(nf, lo, hi, frag, frag_rows.offsets, mid, mid_rows.offsets)
+
+
+def _concat_ranges(first: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ranges ``[first[i], first[i] + lengths[i])`` one after the other ``(sum lengths,)``
+    int64, each value's range ``(sum lengths,)`` and the ranges' offsets ``(ranges + 1,)``."""
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    which = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+    return np.arange(int(offsets[-1]), dtype=np.int64) - (offsets[:-1] - first)[which], which, offsets
+
+
+def chunk_plan_host(offsets: torch.Tensor, n_tokens: int) -> _ChunkPlan:
+    """:meth:`Rows._chunk_plan` of the layout with host ``offsets`` ``(rows + 1,)`` and
+    ``n_tokens`` tokens, computed by numpy (the same integers as torch's form)."""
+    off = offsets.numpy()
+    nf = n_tokens // PIECE
+    start, end = off[:-1], off[1:]
+    lo = np.minimum((start + (PIECE - 1)) // PIECE, nf)
+    hi = end // PIECE
+    whole = hi > lo
+    hi = np.where(whole, hi, lo)
+    # the fragments: [start, lo PIECE) then [hi PIECE, end) where the row has whole chunks, all
+    # of [start, end) where it has none
+    head = np.where(whole, lo * PIECE - start, end - start)
+    tail = np.where(whole, end - hi * PIECE, 0)
+    pos, r, frag_offsets = _concat_ranges(start, head + tail)
+    k = pos - start[r]  # the position in the row's fragments
+    frag = np.where(k < head[r], pos, hi[r] * PIECE + (k - head[r]))
+    mid, _, mid_offsets = _concat_ranges(lo, hi - lo)
+    t = torch.from_numpy
+    return _ChunkPlan(nf, t(lo), t(hi), t(frag), t(frag_offsets), t(mid), t(mid_offsets))
 
 
 @dataclass(frozen=True)
@@ -159,26 +216,13 @@ class Rows:
     @cached_property
     def _chunk_plan(self) -> _ChunkPlan:
         """How :meth:`_chunked_sum` splits each row, fixed by the layout (computed once per
-        layout): its whole chunks ``[lo, hi)`` and the positions of its other tokens."""
-        n = self.n_tokens
-        nf = n // PIECE
-        start, end = self.offsets[:-1], self.offsets[1:]
-        lo = torch.div(start + (PIECE - 1), PIECE, rounding_mode="floor").clamp_(max=nf)
-        hi = torch.div(end, PIECE, rounding_mode="floor")
-        whole = hi > lo
-        hi = torch.where(whole, hi, lo)
-        # the fragments: [start, lo PIECE) then [hi PIECE, end) where the row has whole chunks,
-        # all of [start, end) where it has none
-        head = torch.where(whole, lo * PIECE - start, end - start)
-        tail = torch.where(whole, end - hi * PIECE, torch.zeros_like(end))
-        frag_rows = Rows.from_lengths(head + tail)
-        k = frag_rows.positions()
-        r = frag_rows.row_ids
-        head_r = head.index_select(0, r)
-        frag = torch.where(k < head_r, start.index_select(0, r) + k, (hi * PIECE).index_select(0, r) + (k - head_r))
-        mid_rows = Rows.from_lengths(hi - lo)
-        mid = lo.index_select(0, mid_rows.row_ids) + mid_rows.positions()
-        return _ChunkPlan(nf, lo, hi, frag, frag_rows.offsets, mid, mid_rows.offsets)
+        layout): its whole chunks ``[lo, hi)`` and the positions of its other tokens. On the
+        host by numpy (:func:`chunk_plan_host`: the same integers, a fraction of torch's fixed
+        cost per call on these arrays of a few thousand entries), elsewhere by torch
+        (:func:`chunk_plan`)."""
+        if self.offsets.device.type == "cpu":
+            return chunk_plan_host(self.offsets, self.n_tokens)
+        return chunk_plan(self.offsets, self.n_tokens)
 
     def count(self, cond: torch.Tensor) -> torch.Tensor:
         """Tokens per row where ``cond`` (bool or 0/1) is true, float32 ``(rows,)``."""
@@ -206,23 +250,41 @@ class Rows:
         """Masked tokens per row ``(rows,)`` float32 (exact: counts below 2^24). Remembered per
         mask tensor while it lives unchanged (its version counter), so the many masked means over
         one mask count it once; each call gets its own copy."""
+        return self._remembered(self._mask_counts, mask,
+                                lambda: self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32)))
+
+    def column_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`sum` of a tensor several stages sum per row (a batch column: the scores the
+        advantages, the health and the rows stages each add up), remembered per tensor while it
+        lives unchanged, as :meth:`mask_count`; each call gets its own copy."""
+        return self._remembered(self._column_sums, x, lambda: self.sum(x))
+
+    @staticmethod
+    def _remembered(memo: dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]], x: torch.Tensor,
+                    compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``compute()``, remembered in ``memo`` per tensor ``x`` while it lives unchanged (its
+        version counter); a copy to each caller."""
         try:
-            key = (id(mask), mask._version)
+            key = (id(x), x._version)
         except RuntimeError:  # an inference-mode tensor has no version counter: not remembered
-            return self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32))
-        memo = self._mask_counts
+            return compute()
         hit = memo.get(key[0])
-        if hit is not None and hit[0]() is mask and hit[1] == key[1]:
+        if hit is not None and hit[0]() is x and hit[1] == key[1]:
             return hit[2].clone()
-        out = self.sum(mask if mask.dtype == torch.float32 else mask.to(torch.float32))
-        for k in [k for k, v in memo.items() if v[0]() is None]:  # masks since freed
+        out = compute()
+        for k in [k for k, v in memo.items() if v[0]() is None]:  # tensors since freed
             del memo[k]
-        memo[key[0]] = (weakref.ref(mask), key[1], out)
+        memo[key[0]] = (weakref.ref(x), key[1], out)
         return out.clone()
 
     @cached_property
     def _mask_counts(self) -> dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]]:
         """:meth:`mask_count`'s memory: id(mask) -> (the mask, its version, its counts)."""
+        return {}
+
+    @cached_property
+    def _column_sums(self) -> dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]]:
+        """:meth:`column_sum`'s memory: id(x) -> (the tensor, its version, its row sums)."""
         return {}
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -302,3 +364,25 @@ class Rows:
         if padded.dim() != 2:
             raise ValueError(f"expected a (rows, width) tensor, got shape {tuple(padded.shape)}")
         return padded[rows.row_ids, rows.positions()], rows
+
+
+class OffsetRows(Rows):
+    """A layout given by its offsets and token count alone: ``row_ids`` (8 bytes a token) is
+    made only when something reads it. For layouts whose per-row reductions (:meth:`Rows.sum`,
+    the masked sums) read only the offsets, as the turns stage's spans
+    (:mod:`rldiag.engine.stages.turns`): the same results as ``Rows(offsets, row_ids_of(offsets))``."""
+
+    tokens: int
+
+    def __init__(self, offsets: torch.Tensor, n_tokens: int) -> None:
+        object.__setattr__(self, "offsets", offsets)  # a frozen dataclass's fields are set so
+        object.__setattr__(self, "tokens", n_tokens)
+
+    @cached_property
+    def row_ids(self) -> torch.Tensor:
+        """``(tokens,)`` int64, the row of each token (made when first read)."""
+        return row_ids_of(self.offsets)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.tokens

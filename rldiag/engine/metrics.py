@@ -52,8 +52,8 @@ def data_metrics(
     out: dict[str, torch.Tensor] = {}
     lengths = batch.lengths.to(torch.float32)
     live = batch.lengths > 0
-    score_sums = rows.sum(batch.token_level_scores)
-    reward_sums = score_sums if token_level_rewards is batch.token_level_scores else rows.sum(token_level_rewards)
+    score_sums = rows.column_sum(batch.token_level_scores)
+    reward_sums = score_sums if token_level_rewards is batch.token_level_scores else rows.column_sum(token_level_rewards)
     out.update(_row_stats("critic/score", score_sums[live], sid[live], n))
     out.update(_row_stats("critic/rewards", reward_sums[live], sid[live], n))
     adv_stats = step_masked_extrema(advantages, mask, rows, sid, n)
@@ -181,8 +181,8 @@ def signal_metrics(
     out["rldiag/advantages/centre_offset"] = offset.to(torch.float32)
     if kl_in_reward:
         rows_live = batch.lengths > 0
-        s = rows.sum(batch.token_level_scores).to(torch.float64)
-        r = rows.sum(token_level_rewards).to(torch.float64)
+        s = rows.column_sum(batch.token_level_scores).to(torch.float64)
+        r = rows.column_sum(token_level_rewards).to(torch.float64)
         keep = rows_live & (s != 0)
         flip = keep & (torch.sign(r) != torch.sign(s))
         out["rldiag/rewards/kl_sign_flip_fraction"] = seg_sum(flip.float(), sid, n) / seg_sum(keep.float(), sid, n)

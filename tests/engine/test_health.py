@@ -153,6 +153,32 @@ def test_shares_over_pieces_equal_one_step_sums():
         assert share is not None and share[s].item() == pytest.approx(((gs * cs * acts).sum() / gs.sum()).item(), rel=1e-6)
 
 
+def test_a_non_finite_weight_off_the_actor_tokens_counts_for_nothing():
+    """The top share takes the tokens off the mask out by products with the 0/1 mask; an inf or
+    NaN weight there (inf x 0 is NaN) takes the `where` form: the shares are those of the same
+    tokens with weight 0 there, to the bit."""
+    gen = torch.Generator().manual_seed(5)
+    n = 3000
+    adv = torch.randn(n, generator=gen)
+    mask = (torch.rand(n, generator=gen) < 0.8).to(torch.float32)
+    clipped = (torch.rand(n, generator=gen) < 0.1).to(torch.float32)
+    off = torch.nonzero(mask == 0).flatten()
+    bounds = [0, 1000, n]
+    want = gradient_weight_shares(adv, torch.ones(n), mask, bounds, 0.01)[0]
+    for bad in (float("inf"), float("nan")):
+        for s in (0, 1):
+            a = adv.clone()
+            a[off[(off >= bounds[s]) & (off < bounds[s + 1])][:3]] = bad
+            got = gradient_weight_shares(a, torch.ones(n), mask, bounds, 0.01)[0]
+            assert torch.equal(got, want), (bad, s)
+    # with the clip: the top share as without the inf; the clipped share reads every token (inf x 0: NaN)
+    a = adv.clone()
+    a[off[:2]] = float("inf")
+    top, share = gradient_weight_shares(a, torch.ones(n), mask, bounds, 0.01, clipped)
+    assert torch.equal(top, gradient_weight_shares(adv, torch.ones(n), mask, bounds, 0.01, clipped)[0])
+    assert share is not None and math.isnan(share[0].item()) and not math.isnan(share[1].item())
+
+
 def test_health_stage_on_rows_out_of_step_order():
     """Rows of two steps interleaved (step ids 0, 1, 0, 1): the stage sorts their tokens by step,
     and each step's gradient-weight shares are those of the same rows in step order."""

@@ -3,6 +3,7 @@ and no result depends on how rows are packed (their order, which rows share a ca
 
 from __future__ import annotations
 
+import dataclasses
 from unittest.mock import patch
 
 import torch
@@ -11,7 +12,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from rldiag.engine import scan
-from rldiag.engine.layout import Rows
+from rldiag.engine.layout import OffsetRows, Rows, chunk_plan, chunk_plan_host
 from rldiag.engine.scan import (
     cumsum_segmented,
     gae_segmented,
@@ -212,3 +213,46 @@ def test_nan_and_inf_stay_in_their_own_row():
         assert float(mx[i]) == float(p.max()) and float(mn[i]) == float(p.min())
         assert abs(float(s[i]) - float(p.double().sum())) < 1e-3
     assert s[3] == 0 and mx[3] == float("-inf") and mn[3] == float("inf")
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(long_ragged())
+def test_chunk_plan_on_the_host_is_torchs(case):
+    """The row split of the chunked reductions computed by numpy on the host (the CPU's form)
+    is the same integers as torch's form (the other devices')."""
+    lengths, _ = case
+    rows = Rows.from_lengths(torch.tensor(lengths, dtype=torch.long))
+    host, plain = chunk_plan_host(rows.offsets, rows.n_tokens), chunk_plan(rows.offsets, rows.n_tokens)
+    for f in dataclasses.fields(host):
+        a, b = getattr(host, f.name), getattr(plain, f.name)
+        assert a == b if isinstance(a, int) else (a.dtype == b.dtype and torch.equal(a, b)), f.name
+
+
+def test_offset_rows_reduce_as_rows():
+    """A layout from its offsets alone (no row ids until read) sums as the full layout, to the bit."""
+    lengths = [300, 5, 0, 700, 64, 1, 130]
+    full = Rows.from_lengths(torch.tensor(lengths))
+    lazy = OffsetRows(full.offsets, full.n_tokens)
+    g = torch.Generator().manual_seed(4)
+    x, m = torch.randn(full.n_tokens, generator=g), (torch.rand(full.n_tokens, generator=g) > 0.3).float()
+    assert lazy.n_tokens == full.n_tokens and lazy.n_rows == full.n_rows
+    assert torch.equal(lazy.sum(x), full.sum(x)) and torch.equal(lazy.masked_sum(x, m), full.masked_sum(x, m))
+    assert torch.equal(lazy.mask_count(m), full.mask_count(m))
+    assert "row_ids" not in lazy.__dict__  # none of these made the row ids
+    assert torch.equal(lazy.row_ids, full.row_ids)
+
+
+def test_column_sum_is_remembered_while_the_tensor_is_unchanged():
+    """The row sums of a column several stages sum are computed once per tensor and version: an
+    in-place change (a new version) or another tensor is summed anew; each caller gets a copy."""
+    rows = Rows.from_lengths(torch.tensor([3, 0, 70, 2]))
+    x = torch.arange(75, dtype=torch.float32)
+    first = rows.column_sum(x)
+    assert torch.equal(first, rows.sum(x))
+    first[0] = -1.0  # the caller's copy
+    assert torch.equal(rows.column_sum(x), rows.sum(x))
+    with patch.object(Rows, "sum", side_effect=AssertionError("summed again")):
+        rows.column_sum(x)  # remembered
+    x[0] = 100.0  # a new version: summed again
+    assert rows.column_sum(x)[0].item() == 103.0
+    assert torch.equal(rows.column_sum(x.clone()), rows.sum(x))

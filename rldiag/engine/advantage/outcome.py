@@ -64,7 +64,7 @@ def grpo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     the session.
     """
     b = inp.batch
-    scores = b.rows.sum(inp.rewards)
+    scores = b.rows.column_sum(inp.rewards)
     norm = bool(inp.settings["algorithm.norm_adv_by_std_in_grpo"])
     if "session_id" in b.extra and "output_index" in b.extra:
         final_of_row, is_final = _session_final_rows(b)
@@ -94,7 +94,7 @@ def grpo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     estimator always divides by ``std + 1e-6``: the setting is ignored here, as in verl.
     """
     b = inp.batch
-    scores = b.rows.sum(inp.rewards).to(torch.float32)
+    scores = b.rows.column_sum(inp.rewards).to(torch.float32)
     g, n = b.group_ids, b.n_groups
     count = seg_count(g, n, torch.float32)
     mean = seg_sum(scores, g, n) / count.clamp_min(1.0)
@@ -115,7 +115,7 @@ def grpo_passk(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     ``std + 1e-6`` of the group when ``norm_adv_by_std_in_grpo``, which verl reads from the config
     here); every other row gets 0. A group of one fails its step (verl raises ValueError)."""
     b = inp.batch
-    scores = b.rows.sum(inp.rewards)
+    scores = b.rows.column_sum(inp.rewards)
     g, n = b.group_ids, b.n_groups
     _, std, cnt = seg_std(scores, g, n)
     flag_rows(
@@ -210,7 +210,7 @@ def rloo_vectorized(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """Leave-one-out in verl's vectorised form ``(n * R - sum_g R) / (n - 1)``; a singleton group
     gets 0 (unlike ``rloo``)."""
     b = inp.batch
-    scores = b.rows.sum(inp.rewards)
+    scores = b.rows.column_sum(inp.rewards)
     cnt = seg_count(b.group_ids, b.n_groups, scores.dtype)[b.group_ids]
     total = seg_sum(scores, b.group_ids, b.n_groups)[b.group_ids]
     scalar = ((cnt * scores - total) / (cnt - 1).clamp_min(1)) * (cnt > 1)  # RLOO (arXiv:2402.14740)
@@ -224,7 +224,7 @@ def opo(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     post-correction action-token count (tool tokens not counted); 0 for a singleton group.
     A group whose rows all have ``L = 0`` gets 0/0 = NaN, as in verl (it sits only on mask-0 rows)."""
     b = inp.batch
-    scores = b.rows.sum(inp.rewards)
+    scores = b.rows.column_sum(inp.rewards)
     length = b.rows.sum(inp.mask)
     num = seg_sum(length * scores, b.group_ids, b.n_groups)
     den = seg_sum(length, b.group_ids, b.n_groups)
@@ -239,7 +239,7 @@ def gpg(inp: AdvInput) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG: ``alpha * (R - group mean) / f_norm`` with ``alpha = rows / max(#rows with R != 0, 1)``
     over the step and verl's ``f_norm = 1``; singleton groups use mean 0."""
     b = inp.batch
-    scores = b.rows.sum(inp.rewards)
+    scores = b.rows.column_sum(inp.rewards)
     rows = seg_count(b.step_ids, b.n_steps, scores.dtype)
     nonzero = seg_sum((scores != 0).to(scores.dtype), b.step_ids, b.n_steps)
     alpha = rows / nonzero.clamp(min=1)  # GPG (arXiv:2504.02546): inverse share of rows with a signal

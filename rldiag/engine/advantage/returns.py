@@ -56,7 +56,7 @@ def reinforce_plus_plus_baseline(inp: AdvInput) -> tuple[torch.Tensor, torch.Ten
     """REINFORCE++-baseline: ``R - group mean`` (mean includes the row; 0 for a singleton group),
     broadcast over the mask, whitened over each step's mask and masked. returns == advantages."""
     b = inp.batch
-    scores = b.rows.sum(inp.rewards)
+    scores = b.rows.column_sum(inp.rewards)
     centred = broadcast(scores - group_mean(scores, b), inp.mask, b.rows)
     adv = step_whiten(centred, inp.mask, b.rows, b.step_ids, b.n_steps, inp.errors, "reinforce_plus_plus_baseline whitening")
     adv = adv * inp.mask

@@ -62,7 +62,7 @@ def _health(st: State) -> None:
         m["rldiag/output/repetition_fraction"] = rep["repetition_fraction"]
         m["rldiag/output/compression_ratio/mean"] = rep["compression_ratio_mean"]
     group_step = torch.zeros(batch.n_groups, dtype=torch.long, device=sid.device).index_copy_(0, batch.group_ids, sid)
-    m["rldiag/groups/score_std/mean"] = group_std_mean(rows.sum(batch.token_level_scores), batch.group_ids,
+    m["rldiag/groups/score_std/mean"] = group_std_mean(rows.column_sum(batch.token_level_scores), batch.group_ids,
                                                        batch.n_groups, group_step, n)
     comps = {c: batch.extra[c] for c in component_names(st.settings) if c in batch.extra}
     if comps:

@@ -44,8 +44,8 @@ def _rows(st: State) -> None:
     actor = rows.mask_count(mask)
     out["length"] = batch.lengths.to(torch.long)
     out["actor_tokens"] = actor.to(torch.long)
-    out["score"] = rows.sum(batch.token_level_scores)
-    out["reward"] = rows.sum(st.rewards)
+    out["score"] = rows.column_sum(batch.token_level_scores)
+    out["reward"] = rows.column_sum(st.rewards)
     out["advantage_mean"] = rows.masked_sum(st.adv, mask) / actor  # 0 / 0: NaN without an actor token
     out["advantage_last"] = last_masked(st.adv, mask, rows)
     if st.diag_is_token is not None and batch.rollout_log_probs is not None and st.old_lp is not None:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from rldiag.engine.host import count_true, nonzero_indices, positive, running_sum_on
 from rldiag.engine.kl import kl_k1
-from rldiag.engine.layout import Rows
+from rldiag.engine.layout import OffsetRows, Rows
 from rldiag.engine.segments import seg_max, seg_mean
 from rldiag.engine.stages.base import Metric, Stage, State, TurnSpans, per_bucket
 
@@ -35,7 +36,7 @@ PREFIX = "rldiag/turns/"
 def turn_index(mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """``(tokens,)`` int32: each token's turn in its row (1, 2, ...: the maximal runs of ``mask``
     1 in order), 0 where ``mask`` is 0 (:func:`number_turns` of :func:`turn_starts`)."""
-    on = mask > 0
+    on = positive(mask)
     if rows.n_tokens == 0:
         return torch.zeros(0, dtype=torch.int32, device=mask.device)
     starts = turn_starts(on, rows)
@@ -51,20 +52,18 @@ def number_turns(starts: torch.Tensor, on: torch.Tensor, rows: Rows, turns: torc
     ends = rows.offsets[1:-1]  # where each row but the last ends
     inside = ends < rows.n_tokens
     count.index_add_(0, ends[inside], turns[:-1][inside].to(torch.int32).neg_())
-    return torch.cumsum(count, 0, dtype=torch.int32).mul_(on)
+    return running_sum_on(count, on)
 
 
 def turn_starts(on: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """``(tokens,)`` bool: the token starts a turn (``on``, and the row's first token or after an off one)."""
-    prev = torch.zeros_like(on)
-    prev[1:] = on[:-1]
-    return on & ~(prev & ~row_starts(rows))
-
-
-def row_starts(rows: Rows) -> torch.Tensor:
-    """``(tokens,)`` bool: the token is its row's first."""
-    out = torch.zeros(rows.n_tokens, dtype=torch.bool, device=rows.device)
-    out[rows.offsets[:-1][rows.lengths > 0]] = True
+    """``(tokens,)`` bool: the token starts a turn (``on``, and the row's first token or after an
+    off one): ``on > previous on`` (true only for on after off), then each row's first token
+    set to its own ``on``."""
+    out = on.clone()
+    if on.numel() > 1:
+        torch.gt(on[1:], on[:-1], out=out[1:])
+    first = rows.offsets[:-1][rows.lengths > 0]
+    out[first] = on.index_select(0, first)
     return out
 
 
@@ -84,15 +83,16 @@ def _per_turn(key: torch.Tensor, live: torch.Tensor, n: int, span_sums: torch.Te
 
 def _write(st: State, out: dict[str, torch.Tensor]) -> None:
     for stat, table in out.items():
+        by_bucket = table.t().to(torch.float32).contiguous()  # (buckets, n_steps): one conversion
         for b, bucket in enumerate(BUCKETS):
-            st.metrics[f"{PREFIX}{bucket}/{stat}"] = table[:, b].to(torch.float32)
+            st.metrics[f"{PREFIX}{bucket}/{stat}"] = by_bucket[b]
 
 
 def inner_turn_starts(starts: torch.Tensor, rows: Rows) -> int:
     """How many of the turn starts ``starts`` ``(tokens,)`` bool (:func:`turn_starts`) are after
     their row's first token (0: every row has at most one turn, from its first token)."""
     first = rows.offsets[:-1][rows.lengths > 0]
-    return int(torch.count_nonzero(starts)) - int(torch.count_nonzero(starts.index_select(0, first)))
+    return count_true(starts) - int(torch.count_nonzero(starts.index_select(0, first)))
 
 
 def _write_turn_stats(st: State, ts: TurnSpans, span_sums: dict[str, torch.Tensor]) -> None:
@@ -134,13 +134,15 @@ def single_turn_stats(st: State, on0: torch.Tensor) -> None:
     _write_turn_stats(st, ts, _span_sums(st, rows))
 
 
-def multi_turn_stats(st: State, on0: torch.Tensor, starts: torch.Tensor) -> None:
+def multi_turn_stats(st: State, on0: torch.Tensor, starts: torch.Tensor, turn_at: torch.Tensor | None = None) -> None:
     """The turns in general: each token's turn numbered from the turn starts, and the rows cut at
     their turn starts into spans whose masked sums are added up per (step, turn bucket). ``on0``
-    ``(tokens,)`` bool the original mask's actor tokens, ``starts`` their turn starts."""
+    ``(tokens,)`` bool the original mask's actor tokens, ``starts`` their turn starts, ``turn_at``
+    ``(turns,)`` where they are (found from ``starts`` when None)."""
     batch = st.batch
     rows, sid, n = batch.rows, batch.step_ids, batch.n_steps
-    turn_at = torch.nonzero(starts).flatten()  # where each turn starts
+    if turn_at is None:
+        turn_at = nonzero_indices(starts)  # where each turn starts
     turns = torch.bincount(rows.row_ids.index_select(0, turn_at), minlength=rows.n_rows)[:rows.n_rows].to(torch.float32)
     st.tokens["turn"] = st.turn = turn = number_turns(starts, on0, rows, turns)
     st.rows["turns"] = turns.to(torch.long)
@@ -150,11 +152,9 @@ def multi_turn_stats(st: State, on0: torch.Tensor, starts: torch.Tensor) -> None
     # spans: every row cut at its turn starts; each span lies in one turn (or before the first)
     first = rows.offsets[:-1][rows.lengths > 0]
     cut = torch.unique(torch.cat([turn_at, first]))  # sorted: the turn starts and the rows' first tokens
-    marks = starts.clone()
-    marks[first] = True
-    span_ids = torch.cumsum(marks, 0, dtype=torch.long).sub_(1)  # each token's span (no empty span)
-    del marks
-    spans = Rows(torch.cat([cut, torch.full((1,), rows.n_tokens, dtype=torch.long, device=cut.device)]), span_ids)
+    # the spans' sums read their offsets only: no token's span id is made (8 bytes a token)
+    spans = OffsetRows(torch.cat([cut, torch.full((1,), rows.n_tokens, dtype=torch.long, device=cut.device)]),
+                       rows.n_tokens)
     span_turn = turn.index_select(0, cut)
     nb = len(BUCKETS)
     key = sid.index_select(0, rows.row_ids.index_select(0, cut)) * nb + (span_turn.clamp(min=1, max=nb) - 1)
@@ -165,13 +165,16 @@ def multi_turn_stats(st: State, on0: torch.Tensor, starts: torch.Tensor) -> None
 
 
 def _turns(st: State) -> None:
-    on0 = st.mask0 > 0
-    starts = turn_starts(on0, st.batch.rows)
-    if inner_turn_starts(starts, st.batch.rows) == 0:
-        del starts
+    rows = st.batch.rows
+    on0 = positive(st.mask0)
+    starts = turn_starts(on0, rows)
+    turn_at = nonzero_indices(starts)  # where each turn starts; as inner_turn_starts counts them:
+    first = rows.offsets[:-1][rows.lengths > 0]
+    if turn_at.numel() == int(torch.count_nonzero(starts.index_select(0, first))):  # no turn after a row's first token
+        del starts, turn_at
         single_turn_stats(st, on0)
     else:
-        multi_turn_stats(st, on0, starts)
+        multi_turn_stats(st, on0, starts, turn_at)
 
 
 def _turns_loss(st: State) -> None:

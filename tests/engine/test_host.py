@@ -1,0 +1,87 @@
+"""rldiag/engine/host.py: numpy's comparisons and index scans on the host give what torch's plain
+forms give (NaN, signed zeros, empty and non-contiguous tensors included), and the plain form
+answers for a dtype numpy lacks."""
+
+from __future__ import annotations
+
+import torch
+
+from rldiag.engine.host import (
+    count_equal,
+    count_true,
+    indices_above,
+    nonzero_indices,
+    positive,
+    positive_float,
+    running_sum_on,
+)
+
+
+def _values() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5000, generator=g).round(decimals=1)  # many ties
+    x[::97] = float("nan")
+    x[5::101] = -0.0
+    x[7::103] = 0.0
+    x[11::89] = float("inf")
+    return [x, x[::3], torch.zeros(0), x.to(torch.float64), (x * 10).nan_to_num().to(torch.int64)]
+
+
+def test_comparisons_match_torch():
+    for x in _values():
+        assert torch.equal(positive(x), x > 0)
+        assert torch.equal(positive_float(x), (x > 0).to(torch.float32))
+        assert positive_float(x).dtype == torch.float32
+        for t in (0.0, 0.3, -1.0, float("inf")):
+            tt = torch.tensor(t if x.is_floating_point() else min(t, 9.0), dtype=torch.float64).to(x.dtype)
+            assert torch.equal(indices_above(x, tt), torch.nonzero(x > tt).flatten()), (x.dtype, t)
+            assert count_equal(x, tt) == int(torch.count_nonzero(x == tt)), (x.dtype, t)
+
+
+def test_scans_match_torch():
+    for x in _values():
+        cond = x > 0
+        assert torch.equal(nonzero_indices(cond), torch.nonzero(cond).flatten())
+        assert nonzero_indices(cond).dtype == torch.int64
+        assert count_true(cond) == int(torch.count_nonzero(cond))
+        assert torch.equal(nonzero_indices(x), torch.nonzero(x).flatten())  # nonzero numbers count as true
+
+
+def test_a_dtype_numpy_lacks_takes_torch():
+    x = torch.tensor([0.5, -1.0, 0.0, 2.0], dtype=torch.bfloat16)
+    assert positive(x).tolist() == [True, False, False, True]
+    assert positive_float(x).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert indices_above(x, torch.tensor(0.0, dtype=torch.bfloat16)).tolist() == [0, 3]
+    assert count_equal(x, torch.tensor(-1.0, dtype=torch.bfloat16)) == 1
+
+
+def test_running_sum_on_matches_torch():
+    g = torch.Generator().manual_seed(7)
+    count = torch.randint(-3, 4, (4000,), generator=g, dtype=torch.int32)
+    on = torch.rand(4000, generator=g) > 0.2
+    want = torch.cumsum(count, 0, dtype=torch.int32) * on
+    got = running_sum_on(count.clone(), on)
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+    assert running_sum_on(torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.bool)).numel() == 0
+
+
+def test_every_function_off_the_host_gives_the_same():
+    """The torch forms (what another device takes) against the numpy forms, on the same inputs."""
+    from unittest.mock import patch
+
+    from rldiag.engine import host
+
+    x = _values()[0]
+    g = torch.Generator().manual_seed(9)
+    count = torch.randint(-2, 3, (x.numel(),), generator=g, dtype=torch.int32)
+    t = torch.tensor(0.3)
+
+    def each() -> list:
+        return [positive(x), positive_float(x), nonzero_indices(x > 0), count_true(x > 0), indices_above(x, t),
+                count_equal(x, t), running_sum_on(count.clone(), x > 0)]
+
+    on_host = each()
+    with patch.object(host, "_view", return_value=None):
+        off_host = each()
+    for a, b in zip(on_host, off_host):
+        assert a == b if isinstance(a, int) else (a.dtype == b.dtype and torch.equal(a, b))
