@@ -16,7 +16,9 @@ PYTEST := $(BIN)/python -m pytest -n $(JOBS) --dist loadgroup
 
 .PHONY: setup sample test test-fast test-order lint typecheck bench clean
 
-$(BIN)/.installed: pyproject.toml
+# the compiled kernels (rldiag/engine/native/*.c) are built by the editable install: a change to
+# one sets the venv up again
+$(BIN)/.installed: pyproject.toml setup.py $(wildcard rldiag/engine/native/*.c)
 	$(PYTHON) -m venv $(VENV)
 	# torch first, from the local CPU wheel: left to itself pip would fetch a CUDA build
 	$(BIN)/python -m pip install -q torch==2.13.0

@@ -26,17 +26,37 @@ import torch
 from rldiag.engine import mismatch_scan as scan
 from rldiag.engine import native
 
-_LIB = native.load("mismatch_chunk")
-if _LIB is not None:
-    _FN = _LIB.rldiag_mismatch_chunk
-    _FN.restype = ctypes.c_long
-    _FN.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p] + [ctypes.c_long] * 2
-                    + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 4)
-    if _LIB.rldiag_mismatch_fields() != len(scan.FIELDS):  # a library built from another version
-        _LIB = None
+#: the calling convention these bindings were written for (``rldiag_mismatch_abi`` in the C)
+ABI = 2
+
+
+
+def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    """The library, its kernel's types declared; None where it is another version's (an install
+    not rebuilt since its sources changed: the numpy pass runs)."""
+    if lib is None:
+        return None
+    try:
+        if lib.rldiag_mismatch_abi() != ABI or lib.rldiag_mismatch_fields() != len(scan.FIELDS):
+            return None
+    except AttributeError:  # older than the calling convention's number
+        return None
+    fn = lib.rldiag_mismatch_chunk
+    fn.restype = ctypes.c_long
+    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p] + [ctypes.c_long] * 2
+                   + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 4)
+    return lib
+
+
+_LIB = _bind(native.load("mismatch_chunk"))
 
 #: the log-prob dtypes the kernel reads (as float32: each widens exactly)
 NARROW = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def built() -> bool:
+    """Whether the kernel's library was built (and is this version's, and not turned off)."""
+    return _LIB is not None
 
 
 def usable(inp: scan.Inputs) -> bool:
@@ -84,7 +104,8 @@ def scan_chunk(inp: scan.Inputs, out: Out, a: int, m: int, me: int, picked: scan
     first = int(np.searchsorted(inp.offsets, a, side="right")) - 1
     last = int(np.searchsorted(inp.offsets, a + me - 1, side="right")) - 1
     starts = np.ascontiguousarray(inp.offsets[first + 1: last + 1] - a, dtype=np.int64)
-    kept = _FN(xs.ctypes.data, ys.ctypes.data, None if flags is None else flags.ctypes.data,
+    assert _LIB is not None
+    kept = _LIB.rldiag_mismatch_chunk(xs.ctypes.data, ys.ctypes.data, None if flags is None else flags.ctypes.data,
                None if fmask is None else fmask.ctypes.data, m, me, starts.ctypes.data, starts.shape[0],
                int(inp.offsets[first]) - a, picked.threshold, scan.CONFIDENT, scan.UNCONFIDENT, scan.EXTREME,
                scan.HALF_MIN, scan.HALF_MAX, out.rec.ctypes.data, out.sample.ctypes.data, out.pick_d.ctypes.data,

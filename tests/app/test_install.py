@@ -25,11 +25,11 @@ def wheel(tmp_path_factory) -> Path:
     # built from a copy of the sources: pip builds in the source tree (build/, *.egg-info), and the
     # checkout is shared with the other test processes of a parallel run
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "rldiag")  # never a sample's outputs
     shutil.copytree(ROOT / "samples", src / "samples", ignore=ignore)
-    shutil.copytree(ROOT / "rldiag", src / "rldiag", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "rldiag", src / "rldiag", symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
                     str(src)], check=True, cwd=out)
     (whl,) = out.glob("rldiag-*.whl")
@@ -45,6 +45,8 @@ def test_the_wheel_holds_the_app_and_the_sample(wheel):
     assert "rldiag/app/samples/grpo-tool/run.yaml" in sample and "rldiag/app/samples/grpo-tool/metrics.jsonl" in sample
     assert sum(n.endswith(".parquet") for n in sample) >= 10
     assert not any("/rldiag/app/samples/grpo-tool/rldiag/" in "/" + n for n in names)  # never a sample's outputs
+    # the compiled mismatch kernel, built by the wheel's own build (no .so was copied)
+    assert any(n.startswith("rldiag/engine/native/_mismatch_chunk") and n.endswith(".so") for n in names), names
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "rldiag = rldiag.cli.main:main" in entry
 

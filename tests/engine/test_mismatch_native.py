@@ -20,9 +20,8 @@ import rldiag.engine.mismatch_scan as scan
 from rldiag.engine.layout import Rows
 from rldiag.engine.mismatch import STATS, mismatch_stats
 
-pytestmark = pytest.mark.skipif(not native.usable(scan.Inputs.of(
-    torch.zeros(1), torch.zeros(1), torch.ones(1), Rows.from_lengths(torch.tensor([1])))),
-    reason="the compiled kernel was not built (no C compiler at install); .ci/run requires it")
+pytestmark = pytest.mark.skipif(not native.built(),
+                                reason="the compiled kernel was not built (no C compiler at install); .ci/run requires it")
 
 HS = hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -160,3 +159,42 @@ def test_rows_starting_and_ending_at_a_chunk_edge_and_empty_rows(monkeypatch):
     corr = np.mean((a - a.mean()) * (pos - pos.mean())) / (a.std() * pos.std())
     assert got["gap_position_corr"].item() == pytest.approx(corr, rel=1e-12)
     assert math.isfinite(got["gap_std"].item())
+
+
+def test_the_kernels_exp_is_within_two_units_in_the_last_place():
+    """A one-token chunk's ``exp`` field is that token's ``exp|d|``: the kernel's own exp against
+    numpy's over gaps from 0 to 750 (past 700 the kernel takes libm's exp; past 709.78 both
+    overflow to inf), the reduction's edges (odd multiples of ln 2 / 2) included."""
+    rng = np.random.default_rng(2)
+    gaps = np.concatenate([[0.0, 1e-30, 1e-8, 0.5 * math.log(2), 1.5 * math.log(2), 700.0, 709.0, 709.7, 710.0, 750.0],
+                           rng.uniform(0, 1, 300), rng.uniform(0, 50, 300), rng.exponential(3, 300)])
+    roll = np.float32(-1.0) - gaps.astype(np.float32)
+    old = np.full_like(roll, -1.0)
+    gaps = old.astype(np.float64) - roll.astype(np.float64)  # float32 values: the gap is exact in float64
+    n = len(gaps)
+    inp = scan.Inputs.of(torch.from_numpy(old), torch.from_numpy(roll), torch.ones(n),
+                         Rows.from_lengths(torch.ones(n, dtype=torch.long)))
+    out = native.Out(4)
+    got = np.array([native.scan_chunk(inp, out, i, 1, 1, scan.Picked(1.0))[scan.F["exp"]] for i in range(n)])
+    with np.errstate(over="ignore"):
+        want = np.exp(gaps)
+    finite = np.isfinite(want)
+    assert (np.isinf(got) == ~finite).all()
+    np.testing.assert_allclose(got[finite], want[finite], rtol=4.5e-16, atol=0)
+
+
+def test_rldiag_native_0_turns_the_kernel_off(tmp_path):
+    """``RLDIAG_NATIVE=0``: the numpy pass runs (and gives the statistics)."""
+    import subprocess
+    import sys
+
+    code = ("import rldiag.engine.mismatch_native as m, torch; from rldiag.engine.layout import Rows;"
+            "from rldiag.engine.mismatch import mismatch_stats;"
+            "s = mismatch_stats(torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.0]), torch.ones(2),"
+            " Rows.from_lengths(torch.tensor([2])), torch.zeros(1, dtype=torch.long), 1);"
+            "print(m.built(), float(s['gap_mean'][0]))")
+    import os
+
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, RLDIAG_NATIVE="0"), capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out == ["False", "0.25"]

@@ -42,6 +42,10 @@ enum { S_D, S_Y, S_P, S_A, S_YA, S_DD, S_DY, S_YY, S_AP, S_PP, S_AYA, S_DC, S_DU
 
 int rldiag_mismatch_fields(void) { return N_FIELDS; }
 
+/* this kernel's calling convention: raised with every change to rldiag_mismatch_chunk's
+ * arguments, so that a library built from other sources is not called */
+int rldiag_mismatch_abi(void) { return 2; }
+
 typedef double v4d __attribute__((vector_size(32)));
 typedef long long v4l __attribute__((vector_size(32)));
 typedef int v4i __attribute__((vector_size(16)));
