@@ -9,6 +9,8 @@ import torch
 from rldiag.engine.host import (
     count_equal,
     count_true,
+    greater_on,
+    indicator_on,
     indices_above,
     nonzero_indices,
     positive,
@@ -47,6 +49,24 @@ def test_scans_match_torch():
         assert torch.equal(nonzero_indices(x), torch.nonzero(x).flatten())  # nonzero numbers count as true
 
 
+def test_masked_indicators_match_torch():
+    """indicator_on and greater_on: the 0/1 float32 products the policy losses wrote with torch
+    (signed zeros of a negative value off the mask, NaN kept; a NaN is never greater)."""
+    g = torch.Generator().manual_seed(5)
+    for x in _values()[:2] + [_values()[3]]:
+        y = x.flip(0)
+        mask = (torch.rand(x.numel(), generator=g) > 0.3).to(torch.float32)
+        for ind in (x > y, x):
+            want = ind.to(torch.float32) * (mask > 0).to(torch.float32)
+            got = indicator_on(ind, mask)
+            assert got.dtype == torch.float32
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)) if x.dtype == torch.float32 else \
+                torch.equal(got.nan_to_num(), want.nan_to_num())
+        want = (x > y).to(torch.float32) * (mask > 0).to(torch.float32)
+        assert torch.equal(greater_on(x, y, mask), want)
+        assert float(greater_on(x, y, mask).sum()) == float(((x > y) & (mask > 0)).sum())
+
+
 def test_a_dtype_numpy_lacks_takes_torch():
     x = torch.tensor([0.5, -1.0, 0.0, 2.0], dtype=torch.bfloat16)
     assert positive(x).tolist() == [True, False, False, True]
@@ -75,13 +95,20 @@ def test_every_function_off_the_host_gives_the_same():
     g = torch.Generator().manual_seed(9)
     count = torch.randint(-2, 3, (x.numel(),), generator=g, dtype=torch.int32)
     t = torch.tensor(0.3)
+    y = x.flip(0)
+    mask = (torch.rand(x.numel(), generator=g) > 0.3).to(torch.float32)
 
     def each() -> list:
         return [positive(x), positive_float(x), nonzero_indices(x > 0), count_true(x > 0), indices_above(x, t),
-                count_equal(x, t), running_sum_on(count.clone(), x > 0)]
+                count_equal(x, t), running_sum_on(count.clone(), x > 0), indicator_on(x > 0.3, mask), indicator_on(x, mask),
+                greater_on(x, y, mask)]
 
     on_host = each()
-    with patch.object(host, "_view", return_value=None):
+    with patch.object(host, "view", return_value=None):
         off_host = each()
     for a, b in zip(on_host, off_host):
-        assert a == b if isinstance(a, int) else (a.dtype == b.dtype and torch.equal(a, b))
+        if isinstance(a, int):
+            assert a == b
+        else:  # as bit patterns (NaN included)
+            assert a.dtype == b.dtype
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)) if a.dtype == torch.float32 else torch.equal(a, b)

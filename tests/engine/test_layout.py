@@ -256,3 +256,23 @@ def test_column_sum_is_remembered_while_the_tensor_is_unchanged():
     x[0] = 100.0  # a new version: summed again
     assert rows.column_sum(x)[0].item() == 103.0
     assert torch.equal(rows.column_sum(x.clone()), rows.sum(x))
+
+
+def test_expand_on_the_host_is_the_gather():
+    """Rows.expand by numpy's repeat (the host) gives torch's gather by row ids, empty rows, a
+    strided input, bool and bfloat16 (the gather) included; a wrong row count is an error."""
+    import pytest
+
+    g = torch.Generator().manual_seed(11)
+    lengths = torch.randint(0, 40, (57,), generator=g)
+    lengths[[0, 5, 56]] = 0
+    rows = Rows.from_lengths(lengths)
+    x = torch.randn(57 * 2, generator=g)
+    x[3] = float("nan")
+    for per_row in (x[:57], x[::2], x[:57].to(torch.float64), x[:57] > 0, torch.arange(57), x[:57].to(torch.bfloat16)):
+        got = rows.expand(per_row)
+        want = per_row.index_select(0, rows.row_ids)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()) and torch.equal(got.isnan(), want.isnan())
+    with pytest.raises(ValueError, match="56 values for 57 rows"):
+        rows.expand(x[:56])

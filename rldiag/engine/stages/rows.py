@@ -60,7 +60,7 @@ def _rows(st: State) -> None:
 def _rows_loss(st: State) -> None:
     rows, out = st.batch.rows, st.rows
     if st.policy is not None and st.policy.clipped is not None:
-        out["clipped_tokens"] = rows.sum(st.policy.clipped)
+        out["clipped_tokens"] = rows.column_sum(st.policy.clipped)
     if st.loss_weights is not None:
         out["loss_weight"] = rows.sum(st.loss_weights)
 
