@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "count_equal", "count_true", "greater_on", "indicator_on", "indices_above", "nonzero_indices", "positive",
-    "positive_float", "running_sum_on", "view",
+    "count_above", "count_below", "count_equal", "count_true", "greater_on", "indicator_on", "indices_above",
+    "min_where", "nonzero_indices", "positive", "positive_float", "running_count", "running_sum_on", "view",
 ]
 
 
@@ -94,6 +94,36 @@ def count_equal(x: torch.Tensor, t: torch.Tensor) -> int:
     """How many values of ``x`` equal the scalar ``t`` (a 0-dim tensor of ``x``'s dtype)."""
     v = view(x)
     return int(torch.count_nonzero(x == t)) if v is None else int(np.count_nonzero(v == _scalar(t, v)))
+
+
+def count_above(x: torch.Tensor, t: torch.Tensor) -> int:
+    """How many values of ``x`` are above the scalar ``t`` (a 0-dim tensor of ``x``'s dtype)."""
+    v = view(x)
+    return int(torch.count_nonzero(x > t)) if v is None else int(np.count_nonzero(v > _scalar(t, v)))
+
+
+def count_below(x: torch.Tensor, t: torch.Tensor) -> int:
+    """How many values of ``x`` are below the scalar ``t`` (a 0-dim tensor of ``x``'s dtype)."""
+    v = view(x)
+    return int(torch.count_nonzero(x < t)) if v is None else int(np.count_nonzero(v < _scalar(t, v)))
+
+
+def min_where(x: torch.Tensor, cond: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """0-dim: the least of ``x`` where ``cond > 0`` and ``fill`` (a 0-dim tensor of ``x``'s dtype)
+    elsewhere, ``torch.where(cond > 0, x, fill).amin()`` (a NaN wins, as there); ``x`` non-empty."""
+    v, c = view(x), view(cond)
+    if v is None or c is None:
+        return torch.where(cond > 0, x, fill).amin()
+    return torch.from_numpy(np.asarray(np.where(c > 0, v, _scalar(fill, v)).min(), dtype=v.dtype))
+
+
+def running_count(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(tokens,)`` of the integer ``dtype`` (int32 or int64): how many entries of ``mask`` up to
+    and including each are above 0, ``torch.cumsum(mask > 0, 0, dtype=dtype)``."""
+    v = view(mask)
+    if v is None:
+        return torch.cumsum(mask > 0, 0, dtype=dtype)
+    return torch.from_numpy(np.cumsum(v > 0, dtype=np.int32 if dtype == torch.int32 else np.int64))
 
 
 def running_sum_on(count: torch.Tensor, on: torch.Tensor) -> torch.Tensor:

@@ -112,3 +112,53 @@ def test_every_function_off_the_host_gives_the_same():
         else:  # as bit patterns (NaN included)
             assert a.dtype == b.dtype
             assert torch.equal(a.view(torch.int32), b.view(torch.int32)) if a.dtype == torch.float32 else torch.equal(a, b)
+
+
+def test_counts_min_and_running_count_match_torch():
+    """count_above / count_below / min_where / running_count against their torch forms (NaN,
+    signed zeros, ties and the bounds themselves included)."""
+    from rldiag.engine.host import count_above, count_below, min_where, running_count
+
+    g = torch.Generator().manual_seed(13)
+    for x in _values()[:2] + [_values()[3]]:
+        if not x.numel():
+            continue
+        cond = (torch.rand(x.numel(), generator=g) > 0.4).to(torch.float32)
+        for t in (0.0, 0.5, 2.0, float("inf")):
+            tt = torch.tensor(t, dtype=x.dtype)
+            assert count_above(x, tt) == int(torch.count_nonzero(x > tt))
+            assert count_below(x, tt) == int(torch.count_nonzero(x < tt))
+        fill = torch.tensor(2.0, dtype=x.dtype)
+        finite = x.nan_to_num(nan=1.5)
+        for v in (finite, x):  # a NaN on the condition wins, as in amin
+            got, want = min_where(v, cond, fill), torch.where(cond > 0, v, fill).amin()
+            assert got.dtype == want.dtype and got.shape == () and torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(got.nan_to_num(), want.nan_to_num())
+        assert float(min_where(finite, torch.zeros_like(cond), fill)) == 2.0
+        for dtype in (torch.int32, torch.int64):
+            got = running_count(x, dtype)
+            assert got.dtype == dtype and torch.equal(got, torch.cumsum(x > 0, 0, dtype=dtype))
+
+
+def test_after_last_zero_matches_the_token_form():
+    """metrics.after_last_zero by numpy's scan of the zeros against the token-sized torch form (the
+    one another device takes): rows without a zero, empty rows, a zero at a row's start and end."""
+    from unittest.mock import patch
+
+    from rldiag.engine import host
+    from rldiag.engine.layout import Rows
+    from rldiag.engine.metrics import after_last_zero
+
+    g = torch.Generator().manual_seed(17)
+    lengths = torch.randint(0, 30, (80,), generator=g)
+    lengths[[0, 9, 79]] = 0
+    rows = Rows.from_lengths(lengths)
+    for p in (0.0, 0.05, 0.5):
+        mask = (torch.rand(rows.n_tokens, generator=g) >= p).to(torch.float32)
+        mask[rows.offsets[3]] = 0.0  # a row starting with a zero
+        mask[rows.offsets[5] - 1] = -0.0  # one ending with one
+        got = after_last_zero(mask, rows)
+        with patch.object(host, "view", return_value=None):
+            want = after_last_zero(mask, rows)
+        assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want)
+    assert torch.equal(after_last_zero(torch.ones(rows.n_tokens), rows), torch.zeros(80))
