@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 __all__ = [
-    "count_above", "count_below", "count_equal", "count_true", "greater_on", "indicator_on", "indices_above",
+    "all_finite", "count_above", "count_below", "count_equal", "count_true", "greater_on", "indicator_on", "indices_above",
     "min_where", "nonzero_indices", "positive", "positive_float", "running_count", "running_sum_on", "view",
 ]
 
@@ -30,6 +30,13 @@ def view(x: torch.Tensor) -> np.ndarray | None:
     if x.device.type != "cpu" or x.dtype in (torch.bfloat16, torch.complex32) or x.is_conj() or x.is_neg():
         return None
     return x.detach().numpy()
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every value of ``x`` is finite (``bool(torch.isfinite(x).all())``; an integer or
+    bool tensor is)."""
+    v = view(x)
+    return bool(torch.isfinite(x).all()) if v is None else bool(np.isfinite(v).all())
 
 
 def positive(x: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,8 @@ from typing import Protocol
 
 import torch
 
+from rldiag.engine import host
+
 
 class Rows(Protocol):
     """The per-row reductions the kernels build on: :class:`rldiag.engine.layout.Rows` (which
@@ -48,7 +50,7 @@ def masked_row_sums(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tor
     verl's ``masked_sum``: a ``where``). Multiplies by the 0/1 mask (one fused pass); only when
     a row sum comes out non-finite is it redone as the plain form."""
     out = rows.sum(values * _as(mask, values.dtype))
-    if not bool(torch.isfinite(out).all()):
+    if not host.all_finite(out):
         out = masked_row_sums_plain(values, mask, rows)
     return out
 
@@ -60,7 +62,7 @@ def masked_row_sums_plain(values: torch.Tensor, mask: torch.Tensor, rows: Rows) 
 def masked_row_square_sums(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """``sum_t mask_t values_t^2`` per row ``(rows,)``, with :func:`masked_row_sums`' rule."""
     out = rows.sum(values * values * _as(mask, values.dtype))
-    if not bool(torch.isfinite(out).all()):
+    if not host.all_finite(out):
         out = masked_row_square_sums_plain(values, mask, rows)
     return out
 
@@ -77,7 +79,7 @@ def count_positive_masked(x: torch.Tensor, mask: torch.Tensor, rows: Rows) -> to
     ``max(sign(x), 0)`` against the 0/1 mask (float arithmetic: no bool tensor); a NaN in ``x``
     falls back to the plain comparison."""
     out = rows.sum(torch.sign(x).clamp_(min=0.0).mul_(_as(mask, x.dtype)))
-    if not bool(torch.isfinite(out).all()):
+    if not host.all_finite(out):
         out = count_positive_masked_plain(x, mask, rows)
     return out.to(torch.float32)
 
@@ -92,7 +94,7 @@ def count_greater_masked(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, r
     ``inf - inf`` is NaN, which takes the plain comparison)."""
     d = a - b
     out = rows.sum(torch.sign(d).clamp_(min=0.0).mul_(_as(mask, d.dtype)))
-    if not bool(torch.isfinite(out).all()):
+    if not host.all_finite(out):
         out = count_greater_masked_plain(a, b, mask, rows)
     return out.to(torch.float32)
 

@@ -178,7 +178,7 @@ class Rows:
         if not x.is_floating_point():
             x = x.to(torch.float32)
         out = self._chunked_sum(x)
-        if not bool(torch.isfinite(out).all()):  # a NaN or inf stays in its own row
+        if not host.all_finite(out):  # a NaN or inf stays in its own row
             out = torch.segment_reduce(x.to(torch.float64), "sum", offsets=self.offsets)
         return out.to(x.dtype)
 
