@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from rldiag.engine import host
@@ -129,7 +130,12 @@ def masked_row_extrema(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> 
 
 
 def masked_row_max(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """The max of :func:`masked_row_extrema` alone ``(rows,)``."""
+    """The max of :func:`masked_row_extrema` alone ``(rows,)``. On the host, the plain form with
+    its ``where`` made by numpy (one pass, no check of the values; a row without a masked token
+    gives ``-inf``)."""
+    v, m = host.view(values), host.view(mask)
+    if v is not None and m is not None and v.shape == m.shape:
+        return rows.amax(torch.from_numpy(np.where(m != 0, v, v.dtype.type(-np.inf))))
     if _shift_is_exact(values):
         return rows.amax(values - (1.0 - _as(mask, values.dtype)) * _BIG)
     return masked_row_max_plain(values, mask, rows)

@@ -276,3 +276,25 @@ def test_expand_on_the_host_is_the_gather():
         assert torch.equal(got.nan_to_num(), want.nan_to_num()) and torch.equal(got.isnan(), want.isnan())
     with pytest.raises(ValueError, match="56 values for 57 rows"):
         rows.expand(x[:56])
+
+
+def test_masked_sum_is_remembered_per_pair_while_both_are_unchanged():
+    """Rows.masked_sum is computed once per (values, mask) pair and versions: a change to either
+    (in place: a new version), or another tensor, is summed anew; each caller gets a copy."""
+    from rldiag.engine import kernels
+
+    rows = Rows.from_lengths(torch.tensor([3, 0, 70, 2]))
+    x = torch.arange(75, dtype=torch.float32)
+    m = (torch.arange(75) % 3 != 0).to(torch.float32)
+    want = kernels.masked_row_sums(x, m, rows)
+    first = rows.masked_sum(x, m)
+    assert torch.equal(first, want)
+    first[0] = -1.0  # the caller's copy
+    with patch.object(kernels, "masked_row_sums", side_effect=AssertionError("summed again")):
+        assert torch.equal(rows.masked_sum(x, m), want)  # remembered
+    m[1] = 0.0  # the mask changes: summed again
+    assert rows.masked_sum(x, m)[0].item() == 2.0
+    x[2] = 10.0  # the values change: summed again
+    assert rows.masked_sum(x, m)[0].item() == 10.0
+    assert rows.masked_sum(m, x)[0].item() == 10.0  # the pair in the other order is another pair
+    assert torch.equal(rows.masked_sum(x.clone(), m), kernels.masked_row_sums(x, m, rows))
