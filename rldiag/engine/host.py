@@ -64,11 +64,11 @@ def indicator_on(indicator: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def greater_on(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``(tokens,)`` float32: 1 where ``a > b`` and ``mask > 0``, else 0 (a NaN is never
-    greater): :func:`indicator_on` of ``a > b``."""
+    greater): :func:`indicator_on` of ``a > b``. ``b`` may be a 0-dim tensor of ``a``'s dtype."""
     va, vb, m = view(a), view(b), view(mask)
     if va is None or vb is None or m is None:
         return (a > b).to(torch.float32) * (mask > 0).to(torch.float32)
-    out = np.greater(va, vb).astype(np.float32)
+    out = np.greater(va, vb[()] if vb.ndim == 0 else vb).astype(np.float32)
     np.multiply(out, m > 0, out=out)
     return torch.from_numpy(out)
 

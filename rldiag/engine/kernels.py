@@ -78,7 +78,10 @@ def masked_row_square_sums_plain(values: torch.Tensor, mask: torch.Tensor, rows:
 def count_positive_masked(x: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """Per row, the masked tokens where ``x > 0`` ``(rows,)`` float32, counted as
     ``max(sign(x), 0)`` against the 0/1 mask (float arithmetic: no bool tensor); a NaN in ``x``
-    falls back to the plain comparison."""
+    falls back to the plain comparison. On the host, the plain form's 0/1 products by numpy
+    (:func:`rldiag.engine.host.greater_on`): the same counts, cheaper there."""
+    if host.view(x) is not None and host.view(mask) is not None and x.shape == mask.shape:
+        return rows.sum(host.greater_on(x, torch.zeros((), dtype=x.dtype), mask))  # 0/1 by numpy: exact counts
     out = rows.sum(torch.sign(x).clamp_(min=0.0).mul_(_as(mask, x.dtype)))
     if not host.all_finite(out):
         out = count_positive_masked_plain(x, mask, rows)
@@ -92,7 +95,11 @@ def count_positive_masked_plain(x: torch.Tensor, mask: torch.Tensor, rows: Rows)
 def count_greater_masked(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """Per row, the masked tokens where ``a > b`` ``(rows,)`` float32, counted as ``a - b > 0``:
     exact for floats (the difference of two distinct floats is never 0 with gradual underflow;
-    ``inf - inf`` is NaN, which takes the plain comparison)."""
+    ``inf - inf`` is NaN, which takes the plain comparison). On the host, the plain form's 0/1
+    products by numpy (:func:`rldiag.engine.host.greater_on`): the same counts, cheaper there."""
+    if host.view(a) is not None and host.view(b) is not None and host.view(mask) is not None and \
+            a.shape == b.shape == mask.shape:
+        return rows.sum(host.greater_on(a, b, mask))  # the comparison's 0/1 by numpy: exact counts
     d = a - b
     out = rows.sum(torch.sign(d).clamp_(min=0.0).mul_(_as(mask, d.dtype)))
     if not host.all_finite(out):
