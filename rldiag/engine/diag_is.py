@@ -68,7 +68,7 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     den = count + MEAN_EPS
     w = torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND).exp_().mul_(mask)  # raw weights, 0 off the mask
     # the bounds as 0-dim tensors of the weights' dtype: the comparison torch makes with a number
-    up, lo = (torch.tensor(v, dtype=w.dtype) for v in (threshold, 1.0 / threshold))
+    up, lo = (torch.tensor(v, dtype=w.dtype, device=w.device) for v in (threshold, 1.0 / threshold))
     high = torch.zeros(n, dtype=torch.float32, device=w.device)
     low = torch.zeros_like(high)
     for s in range(n):

@@ -81,7 +81,7 @@ def count_positive_masked(x: torch.Tensor, mask: torch.Tensor, rows: Rows) -> to
     falls back to the plain comparison. On the host, the plain form's 0/1 products by numpy
     (:func:`rldiag.engine.host.greater_on`): the same counts, cheaper there."""
     if host.view(x) is not None and host.view(mask) is not None and x.shape == mask.shape:
-        return rows.sum(host.greater_on(x, torch.zeros((), dtype=x.dtype), mask))  # 0/1 by numpy: exact counts
+        return rows.sum(host.greater_on(x, torch.zeros((), dtype=x.dtype, device=x.device), mask))  # 0/1 by numpy: exact counts
     out = rows.sum(torch.sign(x).clamp_(min=0.0).mul_(_as(mask, x.dtype)))
     if not host.all_finite(out):
         out = count_positive_masked_plain(x, mask, rows)

@@ -147,7 +147,7 @@ def after_last_zero(mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     off = rows.offsets.numpy()
     zeros = np.flatnonzero(v == 0)
     if zeros.size == 0:
-        return torch.zeros(rows.n_rows, dtype=torch.float32)
+        return torch.zeros(rows.n_rows, dtype=torch.float32, device=mask.device)
     k = np.searchsorted(zeros, off[1:], side="left") - 1  # the last zero before each row's end
     last = np.where(k >= 0, zeros[np.maximum(k, 0)], -1)
     return torch.from_numpy(np.where(last >= off[:-1], last + 1 - off[:-1], 0).astype(np.float32))
