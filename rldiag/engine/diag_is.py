@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rldiag.engine import host
 from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction import SAFETY_BOUND
 from rldiag.engine.segments import MEAN_EPS, seg_max, seg_mean, seg_min, seg_sum, step_mask_count
@@ -66,14 +67,15 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     count = step_mask_count(mask, rows, step_ids, n)  # (n,) float32, remembered per mask
     den = count + MEAN_EPS
     w = torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND).exp_().mul_(mask)  # raw weights, 0 off the mask
-    lo = 1.0 / threshold
+    # the bounds as 0-dim tensors of the weights' dtype: the comparison torch makes with a number
+    up, lo = (torch.tensor(v, dtype=w.dtype, device=w.device) for v in (threshold, 1.0 / threshold))
     high = torch.zeros(n, dtype=torch.float32, device=w.device)
     low = torch.zeros_like(high)
     for s in range(n):
         a, b = bounds[s], bounds[s + 1]
         if a < b:  # off the mask the raw weight is 0: below lo, never above the threshold
-            high[s] = int(torch.count_nonzero(w[a:b] > threshold))
-            low[s] = int(torch.count_nonzero(w[a:b] < lo)) - (b - a)
+            high[s] = host.count_above(w[a:b], up)
+            low[s] = host.count_below(w[a:b], lo) - (b - a)
     low += count  # the actor tokens below lo: those below lo less the tokens off the mask
     w.clamp_(max=threshold)
     row_sum = rows.sum(w)
@@ -95,7 +97,7 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
             continue
         if count[s] > 0:  # a masked weight is > 0 (exp of at least -20), so above every off-mask 0
             w_max[s] = w[a:b].amax()
-            w_min[s] = torch.where(mask[a:b] > 0, w[a:b], big).amin()
+            w_min[s] = host.min_where(w[a:b], mask[a:b], big)
         torch.sub(w[a:b], mean[s], out=buf[a:b])
     tok["rollout_is_max"], tok["rollout_is_min"] = w_max, w_min
     var = seg_sum(rows.sum(buf.square_().mul_(mask)), step_ids, n) / den

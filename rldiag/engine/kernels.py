@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
+
+from rldiag.engine import host
 
 
 class Rows(Protocol):
@@ -48,7 +51,7 @@ def masked_row_sums(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tor
     verl's ``masked_sum``: a ``where``). Multiplies by the 0/1 mask (one fused pass); only when
     a row sum comes out non-finite is it redone as the plain form."""
     out = rows.sum(values * _as(mask, values.dtype))
-    if not bool(torch.isfinite(out).all()):
+    if not host.all_finite(out):
         out = masked_row_sums_plain(values, mask, rows)
     return out
 
@@ -60,7 +63,7 @@ def masked_row_sums_plain(values: torch.Tensor, mask: torch.Tensor, rows: Rows) 
 def masked_row_square_sums(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """``sum_t mask_t values_t^2`` per row ``(rows,)``, with :func:`masked_row_sums`' rule."""
     out = rows.sum(values * values * _as(mask, values.dtype))
-    if not bool(torch.isfinite(out).all()):
+    if not host.all_finite(out):
         out = masked_row_square_sums_plain(values, mask, rows)
     return out
 
@@ -75,9 +78,12 @@ def masked_row_square_sums_plain(values: torch.Tensor, mask: torch.Tensor, rows:
 def count_positive_masked(x: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """Per row, the masked tokens where ``x > 0`` ``(rows,)`` float32, counted as
     ``max(sign(x), 0)`` against the 0/1 mask (float arithmetic: no bool tensor); a NaN in ``x``
-    falls back to the plain comparison."""
+    falls back to the plain comparison. On the host, the plain form's 0/1 products by numpy
+    (:func:`rldiag.engine.host.greater_on`): the same counts, cheaper there."""
+    if host.view(x) is not None and host.view(mask) is not None and x.shape == mask.shape:
+        return rows.sum(host.greater_on(x, torch.zeros((), dtype=x.dtype, device=x.device), mask))  # 0/1 by numpy: exact counts
     out = rows.sum(torch.sign(x).clamp_(min=0.0).mul_(_as(mask, x.dtype)))
-    if not bool(torch.isfinite(out).all()):
+    if not host.all_finite(out):
         out = count_positive_masked_plain(x, mask, rows)
     return out.to(torch.float32)
 
@@ -89,10 +95,14 @@ def count_positive_masked_plain(x: torch.Tensor, mask: torch.Tensor, rows: Rows)
 def count_greater_masked(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
     """Per row, the masked tokens where ``a > b`` ``(rows,)`` float32, counted as ``a - b > 0``:
     exact for floats (the difference of two distinct floats is never 0 with gradual underflow;
-    ``inf - inf`` is NaN, which takes the plain comparison)."""
+    ``inf - inf`` is NaN, which takes the plain comparison). On the host, the plain form's 0/1
+    products by numpy (:func:`rldiag.engine.host.greater_on`): the same counts, cheaper there."""
+    if host.view(a) is not None and host.view(b) is not None and host.view(mask) is not None and \
+            a.shape == b.shape == mask.shape:
+        return rows.sum(host.greater_on(a, b, mask))  # the comparison's 0/1 by numpy: exact counts
     d = a - b
     out = rows.sum(torch.sign(d).clamp_(min=0.0).mul_(_as(mask, d.dtype)))
-    if not bool(torch.isfinite(out).all()):
+    if not host.all_finite(out):
         out = count_greater_masked_plain(a, b, mask, rows)
     return out.to(torch.float32)
 
@@ -127,7 +137,12 @@ def masked_row_extrema(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> 
 
 
 def masked_row_max(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
-    """The max of :func:`masked_row_extrema` alone ``(rows,)``."""
+    """The max of :func:`masked_row_extrema` alone ``(rows,)``. On the host, the plain form with
+    its ``where`` made by numpy (one pass, no check of the values; a row without a masked token
+    gives ``-inf``)."""
+    v, m = host.view(values), host.view(mask)
+    if v is not None and m is not None and v.shape == m.shape:
+        return rows.amax(torch.from_numpy(np.where(m != 0, v, v.dtype.type(-np.inf))))
     if _shift_is_exact(values):
         return rows.amax(values - (1.0 - _as(mask, values.dtype)) * _BIG)
     return masked_row_max_plain(values, mask, rows)

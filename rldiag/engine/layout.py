@@ -26,7 +26,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from rldiag.engine import kernels
+from rldiag.engine import host, kernels
 
 #: tokens per chunk summed in the values' dtype before the chunk sums are accumulated in float64
 PIECE = 64
@@ -178,7 +178,7 @@ class Rows:
         if not x.is_floating_point():
             x = x.to(torch.float32)
         out = self._chunked_sum(x)
-        if not bool(torch.isfinite(out).all()):  # a NaN or inf stays in its own row
+        if not host.all_finite(out):  # a NaN or inf stays in its own row
             out = torch.segment_reduce(x.to(torch.float64), "sum", offsets=self.offsets)
         return out.to(x.dtype)
 
@@ -260,36 +260,46 @@ class Rows:
         return self._remembered(self._column_sums, x, lambda: self.sum(x))
 
     @staticmethod
-    def _remembered(memo: dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]], x: torch.Tensor,
-                    compute: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """``compute()``, remembered in ``memo`` per tensor ``x`` while it lives unchanged (its
-        version counter); a copy to each caller."""
+    def _remembered(memo: dict[tuple[int, ...], tuple[tuple[weakref.ReferenceType, ...], tuple[int, ...], torch.Tensor]],
+                    xs: torch.Tensor | tuple[torch.Tensor, ...], compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``compute()``, remembered in ``memo`` per tensor ``xs`` (or tuple of tensors) while they
+        live unchanged (their version counters); a copy to each caller."""
+        ts = xs if isinstance(xs, tuple) else (xs,)
         try:
-            key = (id(x), x._version)
+            versions = tuple(t._version for t in ts)
         except RuntimeError:  # an inference-mode tensor has no version counter: not remembered
             return compute()
-        hit = memo.get(key[0])
-        if hit is not None and hit[0]() is x and hit[1] == key[1]:
+        ids = tuple(id(t) for t in ts)
+        hit = memo.get(ids)
+        if hit is not None and all(r() is t for r, t in zip(hit[0], ts)) and hit[1] == versions:
             return hit[2].clone()
         out = compute()
-        for k in [k for k, v in memo.items() if v[0]() is None]:  # tensors since freed
+        for k in [k for k, v in memo.items() if any(r() is None for r in v[0])]:  # tensors since freed
             del memo[k]
-        memo[key[0]] = (weakref.ref(x), key[1], out)
+        memo[ids] = (tuple(weakref.ref(t) for t in ts), versions, out)
         return out.clone()
 
     @cached_property
-    def _mask_counts(self) -> dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]]:
-        """:meth:`mask_count`'s memory: id(mask) -> (the mask, its version, its counts)."""
+    def _mask_counts(self) -> dict:
+        """:meth:`mask_count`'s memory: (id(mask),) -> (the mask, its version, its counts)."""
         return {}
 
     @cached_property
-    def _column_sums(self) -> dict[int, tuple[weakref.ReferenceType, int, torch.Tensor]]:
-        """:meth:`column_sum`'s memory: id(x) -> (the tensor, its version, its row sums)."""
+    def _column_sums(self) -> dict:
+        """:meth:`column_sum`'s memory: (id(x),) -> (the tensor, its version, its row sums)."""
+        return {}
+
+    @cached_property
+    def _masked_sums(self) -> dict:
+        """:meth:`masked_sum`'s memory: (id(values), id(mask)) -> (the tensors, their versions, the sums)."""
         return {}
 
     def masked_sum(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Per-row masked sum ``(rows,)``; NaN outside the mask cannot leak in (as verl's masked_sum)."""
-        return kernels.masked_row_sums(values, mask, self)
+        """Per-row masked sum ``(rows,)``; NaN outside the mask cannot leak in (as verl's masked_sum).
+        Remembered per pair of tensors while both live unchanged, as :meth:`mask_count` (the
+        data metrics, the group signals and the rows stage each sum the advantages on the
+        update's mask); each call gets its own copy."""
+        return self._remembered(self._masked_sums, (values, mask), lambda: kernels.masked_row_sums(values, mask, self))
 
     def masked_square_sum(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per-row ``sum(mask * values^2)`` ``(rows,)``, with :meth:`masked_sum`'s NaN rule."""
@@ -311,8 +321,21 @@ class Rows:
     # ---- per-row values on tokens -----------------------------------------------------------
 
     def expand(self, per_row: torch.Tensor) -> torch.Tensor:
-        """``(rows,) -> (tokens,)``: each row's value on each of its tokens."""
-        return per_row.index_select(0, self.row_ids)
+        """``(rows,) -> (tokens,)``: each row's value on each of its tokens. On the host by
+        numpy's ``repeat`` over the row lengths (a copy, the same values: several times faster
+        than torch's gather by ``row_ids`` on the CPU, 0.05 against 0.33 ms for 524,288 float32
+        tokens), elsewhere (or for a dtype numpy lacks) the gather."""
+        v = host.view(per_row)
+        if v is None or self.offsets.device.type != "cpu" or per_row.dim() != 1:
+            return per_row.index_select(0, self.row_ids)
+        if v.shape[0] != self.n_rows:
+            raise ValueError(f"expand: {v.shape[0]} values for {self.n_rows} rows")
+        return torch.from_numpy(np.repeat(v, self._lengths_host))
+
+    @cached_property
+    def _lengths_host(self) -> np.ndarray:
+        """``(rows,)`` int64 row lengths as a numpy array (host layouts only)."""
+        return np.diff(self.offsets.numpy())
 
     def positions(self) -> torch.Tensor:
         """``(tokens,)`` int64: the position of each token in its row (0 at the row's start)."""

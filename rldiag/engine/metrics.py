@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from rldiag.engine import kernels
+from rldiag.engine import host, kernels
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import explained_variance
 from rldiag.engine.layout import Rows
@@ -132,6 +133,26 @@ def rollout_probs_metrics(
     }
 
 
+def after_last_zero(mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """``(rows,)`` float32: ``z_i + 1``, where ``z_i`` is the position in its row of the row's
+    last token with ``mask == 0`` (0 for a row without one). On the host from numpy's scan of
+    the zeros and a binary search per row end (exact integers, the same as the token-sized
+    form used elsewhere: the rows' maxima of the zeros' 1-based indices, less each row's start)."""
+    v = host.view(mask)
+    if v is None or rows.offsets.device.type != "cpu":
+        idx1 = torch.arange(1, rows.n_tokens + 1, dtype=torch.float64, device=mask.device)
+        last_zero = rows.amax(torch.where(mask == 0, idx1, torch.zeros((), dtype=torch.float64, device=mask.device)),
+                              empty=0.0)
+        return (last_zero - rows.offsets[:-1].to(torch.float64)).clamp_(min=0.0).to(torch.float32)
+    off = rows.offsets.numpy()
+    zeros = np.flatnonzero(v == 0)
+    if zeros.size == 0:
+        return torch.zeros(rows.n_rows, dtype=torch.float32, device=mask.device)
+    k = np.searchsorted(zeros, off[1:], side="left") - 1  # the last zero before each row's end
+    last = np.where(k >= 0, zeros[np.maximum(k, 0)], -1)
+    return torch.from_numpy(np.where(last >= off[:-1], last + 1 - off[:-1], 0).astype(np.float32))
+
+
 def signal_metrics(
     batch: Batch,
     token_level_rewards: torch.Tensor,
@@ -159,10 +180,7 @@ def signal_metrics(
     # The cut tokens of a row are its actor tokens less those after its last mask-0 token z_i:
     # T_i - (z_i + 1) of them (none cut when the row has no zero: z_i + 1 = 0).
     m0 = batch.loss_mask if batch.loss_mask is not None else batch.response_mask  # before rejection
-    # z_i + 1 from the 1-based index of the row's last mask-0 token in the whole batch (0: none)
-    idx1 = torch.arange(1, rows.n_tokens + 1, dtype=torch.float64, device=m0.device)
-    last_zero = rows.amax(torch.where(m0 == 0, idx1, torch.zeros((), dtype=torch.float64, device=m0.device)), empty=0.0)
-    last1 = (last_zero - rows.offsets[:-1].to(torch.float64)).clamp_(min=0.0).to(torch.float32)
+    last1 = after_last_zero(m0, rows)
     actor = rows.mask_count(m0)
     cut = actor - (batch.lengths.to(torch.float32) - last1)
     if not mask_resets_return:  # the release carries the return through mask-0 tokens: none is cut

@@ -9,6 +9,8 @@ import torch
 from rldiag.engine.host import (
     count_equal,
     count_true,
+    greater_on,
+    indicator_on,
     indices_above,
     nonzero_indices,
     positive,
@@ -47,6 +49,24 @@ def test_scans_match_torch():
         assert torch.equal(nonzero_indices(x), torch.nonzero(x).flatten())  # nonzero numbers count as true
 
 
+def test_masked_indicators_match_torch():
+    """indicator_on and greater_on: the 0/1 float32 products the policy losses wrote with torch
+    (signed zeros of a negative value off the mask, NaN kept; a NaN is never greater)."""
+    g = torch.Generator().manual_seed(5)
+    for x in _values()[:2] + [_values()[3]]:
+        y = x.flip(0)
+        mask = (torch.rand(x.numel(), generator=g) > 0.3).to(torch.float32)
+        for ind in (x > y, x):
+            want = ind.to(torch.float32) * (mask > 0).to(torch.float32)
+            got = indicator_on(ind, mask)
+            assert got.dtype == torch.float32
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)) if x.dtype == torch.float32 else \
+                torch.equal(got.nan_to_num(), want.nan_to_num())
+        want = (x > y).to(torch.float32) * (mask > 0).to(torch.float32)
+        assert torch.equal(greater_on(x, y, mask), want)
+        assert float(greater_on(x, y, mask).sum()) == float(((x > y) & (mask > 0)).sum())
+
+
 def test_a_dtype_numpy_lacks_takes_torch():
     x = torch.tensor([0.5, -1.0, 0.0, 2.0], dtype=torch.bfloat16)
     assert positive(x).tolist() == [True, False, False, True]
@@ -75,13 +95,70 @@ def test_every_function_off_the_host_gives_the_same():
     g = torch.Generator().manual_seed(9)
     count = torch.randint(-2, 3, (x.numel(),), generator=g, dtype=torch.int32)
     t = torch.tensor(0.3)
+    y = x.flip(0)
+    mask = (torch.rand(x.numel(), generator=g) > 0.3).to(torch.float32)
 
     def each() -> list:
         return [positive(x), positive_float(x), nonzero_indices(x > 0), count_true(x > 0), indices_above(x, t),
-                count_equal(x, t), running_sum_on(count.clone(), x > 0)]
+                count_equal(x, t), running_sum_on(count.clone(), x > 0), indicator_on(x > 0.3, mask), indicator_on(x, mask),
+                greater_on(x, y, mask)]
 
     on_host = each()
-    with patch.object(host, "_view", return_value=None):
+    with patch.object(host, "view", return_value=None):
         off_host = each()
     for a, b in zip(on_host, off_host):
-        assert a == b if isinstance(a, int) else (a.dtype == b.dtype and torch.equal(a, b))
+        if isinstance(a, int):
+            assert a == b
+        else:  # as bit patterns (NaN included)
+            assert a.dtype == b.dtype
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)) if a.dtype == torch.float32 else torch.equal(a, b)
+
+
+def test_counts_min_and_running_count_match_torch():
+    """count_above / count_below / min_where / running_count against their torch forms (NaN,
+    signed zeros, ties and the bounds themselves included)."""
+    from rldiag.engine.host import count_above, count_below, min_where, running_count
+
+    g = torch.Generator().manual_seed(13)
+    for x in _values()[:2] + [_values()[3]]:
+        if not x.numel():
+            continue
+        cond = (torch.rand(x.numel(), generator=g) > 0.4).to(torch.float32)
+        for t in (0.0, 0.5, 2.0, float("inf")):
+            tt = torch.tensor(t, dtype=x.dtype)
+            assert count_above(x, tt) == int(torch.count_nonzero(x > tt))
+            assert count_below(x, tt) == int(torch.count_nonzero(x < tt))
+        fill = torch.tensor(2.0, dtype=x.dtype)
+        finite = x.nan_to_num(nan=1.5)
+        for v in (finite, x):  # a NaN on the condition wins, as in amin
+            got, want = min_where(v, cond, fill), torch.where(cond > 0, v, fill).amin()
+            assert got.dtype == want.dtype and got.shape == () and torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(got.nan_to_num(), want.nan_to_num())
+        assert float(min_where(finite, torch.zeros_like(cond), fill)) == 2.0
+        for dtype in (torch.int32, torch.int64):
+            got = running_count(x, dtype)
+            assert got.dtype == dtype and torch.equal(got, torch.cumsum(x > 0, 0, dtype=dtype))
+
+
+def test_after_last_zero_matches_the_token_form():
+    """metrics.after_last_zero by numpy's scan of the zeros against the token-sized torch form (the
+    one another device takes): rows without a zero, empty rows, a zero at a row's start and end."""
+    from unittest.mock import patch
+
+    from rldiag.engine import host
+    from rldiag.engine.layout import Rows
+    from rldiag.engine.metrics import after_last_zero
+
+    g = torch.Generator().manual_seed(17)
+    lengths = torch.randint(0, 30, (80,), generator=g)
+    lengths[[0, 9, 79]] = 0
+    rows = Rows.from_lengths(lengths)
+    for p in (0.0, 0.05, 0.5):
+        mask = (torch.rand(rows.n_tokens, generator=g) >= p).to(torch.float32)
+        mask[rows.offsets[3]] = 0.0  # a row starting with a zero
+        mask[rows.offsets[5] - 1] = -0.0  # one ending with one
+        got = after_last_zero(mask, rows)
+        with patch.object(host, "view", return_value=None):
+            want = after_last_zero(mask, rows)
+        assert got.dtype == want.dtype == torch.float32 and torch.equal(got, want)
+    assert torch.equal(after_last_zero(torch.ones(rows.n_tokens), rows), torch.zeros(80))

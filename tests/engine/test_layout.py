@@ -256,3 +256,45 @@ def test_column_sum_is_remembered_while_the_tensor_is_unchanged():
     x[0] = 100.0  # a new version: summed again
     assert rows.column_sum(x)[0].item() == 103.0
     assert torch.equal(rows.column_sum(x.clone()), rows.sum(x))
+
+
+def test_expand_on_the_host_is_the_gather():
+    """Rows.expand by numpy's repeat (the host) gives torch's gather by row ids, empty rows, a
+    strided input, bool and bfloat16 (the gather) included; a wrong row count is an error."""
+    import pytest
+
+    g = torch.Generator().manual_seed(11)
+    lengths = torch.randint(0, 40, (57,), generator=g)
+    lengths[[0, 5, 56]] = 0
+    rows = Rows.from_lengths(lengths)
+    x = torch.randn(57 * 2, generator=g)
+    x[3] = float("nan")
+    for per_row in (x[:57], x[::2], x[:57].to(torch.float64), x[:57] > 0, torch.arange(57), x[:57].to(torch.bfloat16)):
+        got = rows.expand(per_row)
+        want = per_row.index_select(0, rows.row_ids)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()) and torch.equal(got.isnan(), want.isnan())
+    with pytest.raises(ValueError, match="56 values for 57 rows"):
+        rows.expand(x[:56])
+
+
+def test_masked_sum_is_remembered_per_pair_while_both_are_unchanged():
+    """Rows.masked_sum is computed once per (values, mask) pair and versions: a change to either
+    (in place: a new version), or another tensor, is summed anew; each caller gets a copy."""
+    from rldiag.engine import kernels
+
+    rows = Rows.from_lengths(torch.tensor([3, 0, 70, 2]))
+    x = torch.arange(75, dtype=torch.float32)
+    m = (torch.arange(75) % 3 != 0).to(torch.float32)
+    want = kernels.masked_row_sums(x, m, rows)
+    first = rows.masked_sum(x, m)
+    assert torch.equal(first, want)
+    first[0] = -1.0  # the caller's copy
+    with patch.object(kernels, "masked_row_sums", side_effect=AssertionError("summed again")):
+        assert torch.equal(rows.masked_sum(x, m), want)  # remembered
+    m[1] = 0.0  # the mask changes: summed again
+    assert rows.masked_sum(x, m)[0].item() == 2.0
+    x[2] = 10.0  # the values change: summed again
+    assert rows.masked_sum(x, m)[0].item() == 10.0
+    assert rows.masked_sum(m, x)[0].item() == 10.0  # the pair in the other order is another pair
+    assert torch.equal(rows.masked_sum(x.clone(), m), kernels.masked_row_sums(x, m, rows))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rldiag.engine import host
 from rldiag.engine.aggregation import AggNorm, aggregate, token_weights
 from rldiag.engine.segments import step_masked_mean
 from rldiag.engine.settings import EngineSettings
@@ -123,7 +124,7 @@ def agg_weights(inp: PolicyLossInput, mode: str | None = None, mask: torch.Tenso
 
 def masked(indicator: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """A per-token indicator (bool or float) as float32, 0 outside ``mask``."""
-    return indicator.to(torch.float32) * (mask > 0).to(torch.float32)
+    return host.indicator_on(indicator, mask)
 
 
 def zeros(inp: PolicyLossInput) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine import kernels
+from rldiag.engine import host, kernels
 from rldiag.engine.policy_loss.base import (
     ACTOR,
     POLICY_LOSSES,
@@ -43,10 +43,13 @@ def ppo_terms(adv: torch.Tensor, ratio: torch.Tensor, clip_low: float, clip_high
     where ``A < 0`` (dual clip, arXiv:1912.09729), else ``clipped1``
     (:func:`rldiag.engine.kernels.dual_clip`).
     """
-    l1 = -adv * ratio
-    l2 = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    neg = -adv  # once for both products (the same values as negating in each)
+    l1 = neg * ratio
+    l2 = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    torch.mul(neg, l2, out=l2)  # -A clip(r), written over the clipped ratio
+    del neg
     clipped1 = torch.maximum(l1, l2)
-    l3 = torch.abs(adv) * clip_c
+    l3 = torch.abs(adv).mul_(clip_c)
     losses = kernels.dual_clip(adv, clipped1, l3)
     return l1, l2, clipped1, l3, losses
 
@@ -67,12 +70,15 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
     def masked_mean_greater(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # masked_mean(a > b)
         return seg_sum(kernels.count_greater_masked(a, b, mask, rows), norm.seg_ids, norm.n_seg) / count
 
+    # the clipped tokens (l2 > l1 on the mask), 0/1: their per-row count is pg_clipfrac's (the same
+    # integers as counting the comparison; remembered for the rows stage's clipped_tokens)
+    clipped = host.greater_on(l2, l1, mask)
     return PolicyLossOutput(
         pg_loss=agg(losses, inp, mask=mask),
         pg_losses=losses,
         ratio=ratio,
         metrics={
-            "actor/pg_clipfrac": masked_mean_greater(l2, l1),
+            "actor/pg_clipfrac": seg_sum(rows.column_sum(clipped), norm.seg_ids, norm.n_seg) / count,
             # the sum of -x is exactly minus the sum of x
             "actor/ppo_kl": -seg_sum(rows.masked_sum(log_ratio, mask), norm.seg_ids, norm.n_seg) / count,
             # verl: masked_mean(clipped1 > l3 and A < 0); clipped1 > l3 = |A| c happens only
@@ -80,7 +86,7 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
             "actor/pg_clipfrac_lower": masked_mean_greater(clipped1, l3),
         },
         weights=agg_weights(inp, mask=mask),
-        clipped=masked(l2 > l1, mask),
+        clipped=clipped,
     )
 
 

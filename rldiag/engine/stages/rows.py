@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from rldiag.engine import host
 from rldiag.engine.kl import k3_from_diff, kl_k1
 from rldiag.engine.layout import Rows
 from rldiag.engine.stages.base import Stage, State
@@ -27,7 +28,7 @@ def last_masked(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.T
     if rows.n_tokens == 0:
         return nan
     dtype = torch.int32 if rows.n_tokens < 2**31 else torch.long
-    running = torch.cumsum(mask > 0, 0, dtype=dtype)
+    running = host.running_count(mask, dtype)
     def count_before(pos: torch.Tensor) -> torch.Tensor:  # masked tokens before each position (rows,)
         got = running.index_select(0, (pos - 1).clamp_(min=0))
         return torch.where(pos > 0, got, torch.zeros_like(got))
@@ -60,7 +61,7 @@ def _rows(st: State) -> None:
 def _rows_loss(st: State) -> None:
     rows, out = st.batch.rows, st.rows
     if st.policy is not None and st.policy.clipped is not None:
-        out["clipped_tokens"] = rows.sum(st.policy.clipped)
+        out["clipped_tokens"] = rows.column_sum(st.policy.clipped)
     if st.loss_weights is not None:
         out["loss_weight"] = rows.sum(st.loss_weights)
 
