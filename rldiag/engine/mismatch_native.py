@@ -65,7 +65,8 @@ def usable(inp: scan.Inputs) -> bool:
 
 
 class Out:
-    """The kernel's output arrays, reused by every chunk: the record, ``|d|`` and the picks."""
+    """The kernel's output arrays, reused by every chunk: the record, the sample and the picks;
+    the 0/1 flags of a mask neither bool nor float32."""
 
     def __init__(self, size: int) -> None:
         self.rec = np.zeros(len(scan.FIELDS), dtype=np.float64)
