@@ -18,6 +18,7 @@ baseline is computing; the baseline resumes when the page's work ends.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -73,7 +74,8 @@ def _run_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[tuple
     """The child's answer (None: it ended without one) and its exit code."""
     ctx = worker.mp_context()
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_call_in_child, args=(child, fn, args, kwargs), name="rldiag-page-work", daemon=True)
+    proc = ctx.Process(target=_call_in_child, args=(child, fn, args, kwargs, dict(os.environ)), name="rldiag-page-work",
+                       daemon=True)
     proc.start()
     child.close()
     answer: tuple[bool, Any] | None = None
@@ -99,8 +101,9 @@ def _error_types() -> list[type[RldiagError]]:
     return out
 
 
-def _call_in_child(conn: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+def _call_in_child(conn: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, env: dict[str, str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's
+    worker.adopt_environment(env)  # the fork server's is that of when it started
     memory.name_process("rldiag-page")
     try:
         try:

@@ -386,7 +386,7 @@ class BaselineWorker:
             self._go = ctx.Event()
             if not self._holds:
                 self._go.set()
-        proc = ctx.Process(target=child_main, args=(child, str(self.run), self.device, self._go),
+        proc = ctx.Process(target=child_main, args=(child, str(self.run), self.device, self._go, dict(os.environ)),
                            name=f"rldiag-baseline:{self.run.name}", daemon=True)
         proc.start()
         child.close()
@@ -424,13 +424,24 @@ def _recompute_here(run: str, steps: list[int] | None, device: str, tokens: bool
             "steps_reused": list(res.steps_reused), "seconds": res.seconds}, None
 
 
-def child_main(conn: Any, run: str, device: str, go: Any = None) -> None:
+def adopt_environment(env: dict[str, str] | None) -> None:
+    """Make a child's environment its parent's at the time it asked (``env``, a copy of
+    ``os.environ``): the fork server that forked the child was started once, with the environment
+    of that moment, and ``RLDIAG_HOME``, ``RLDIAG_READ_ONLY`` and the like decide where a run's
+    outputs go. None: left as it is."""
+    if env is not None and env != dict(os.environ):
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def child_main(conn: Any, run: str, device: str, go: Any = None, env: dict[str, str] | None = None) -> None:
     """The baseline's child process: one recompute per ``(steps, save_tokens)`` received, its
     progress and ``("done", summary, error)`` sent back, until ``None`` or the parent goes away.
     ``go`` (an event): when it is cleared (a page's heavy work, :meth:`BaselineWorker.hold`), the
     recompute pauses after its current step, its freed memory given back to the system, between
     ``("paused",)`` and ``("resumed",)``. Ctrl-C is the server's to handle (the child ends with its pipe)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    adopt_environment(env)
     memory.name_process("rldiag-baseline")
     api.warm_up()  # preloaded by the fork server; spawned: imported here, once
 

@@ -156,3 +156,18 @@ def test_the_fork_servers_children_allocate_from_one_heap(monkeypatch):
     assert worker.PRELOAD[0] == "rldiag.app.forkinit"
     monkeypatch.setattr(worker, "MODE", "thread")
     assert pagework.in_child(heaps_after_threads) == 1
+
+
+def test_the_child_runs_in_the_environment_of_the_moment_it_was_asked(tmp_path, monkeypatch):
+    """The fork server is started once (here by the first call) and keeps the environment of that
+    moment; a child asked later adopts the parent's current one, so that ``RLDIAG_HOME`` (where a
+    read-only run's outputs go) is the same in the child as inline. Before, a server started by an
+    earlier test put this test's outputs in that test's home."""
+    monkeypatch.setattr(worker, "MODE", "thread")
+    pagework.in_child(os.getpid)  # the fork server runs, with this environment
+    monkeypatch.setenv("RLDIAG_HOME", str(tmp_path / "later-home"))
+    monkeypatch.setenv("RLDIAG_TEST_ONLY_VAR", "set after the server started")
+    assert pagework.in_child(os.getenv, "RLDIAG_HOME") == str(tmp_path / "later-home")
+    assert pagework.in_child(os.getenv, "RLDIAG_TEST_ONLY_VAR") == "set after the server started"
+    monkeypatch.delenv("RLDIAG_TEST_ONLY_VAR")
+    assert pagework.in_child(os.getenv, "RLDIAG_TEST_ONLY_VAR") is None
