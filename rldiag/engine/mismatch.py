@@ -156,7 +156,8 @@ def _corr_f(cov: float, va: float, vb: float) -> float:
 @dataclass
 class _Tails:
     """A step's order statistics of ``|d|`` and its actor tokens at or above the threshold
-    :func:`_tails` read back (``d``, ``y``, ``a = |d|``: float64)."""
+    :func:`_tails` read back (``d``, ``y``: float64); how many have ``|d|`` above
+    :data:`EXTREME`."""
 
     p99: float
     p95: float
@@ -164,7 +165,11 @@ class _Tails:
     largest: float
     d: np.ndarray
     y: np.ndarray
-    a: np.ndarray
+    n_extreme: int
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _pick_again(inp: scan.Inputs, buf: scan.Buffers, ranges: list[tuple[int, int]], picked: scan.Picked,
@@ -189,23 +194,31 @@ def _tails(picked: scan.Picked, n: int) -> _Tails:
     threshold <= 0, every token above 0, the others exactly 0). The top ``k + 1`` are selected
     and sorted (the top 1 % and the 99th percentile's neighbours), the 95th's neighbours
     selected among the rest (``np.partition``): the order statistics are exact float64 values,
-    and the top tokens' ``d^2 / 2`` are added smallest first."""
+    and the top tokens' ``d^2 / 2`` are added smallest first. Where the library is built, its
+    radix selection gives the same order statistics, and the top's sum in four lanes
+    (:func:`rldiag.engine.mismatch_native.select`)."""
     ranks = []
     for q in (QUANTILE, BODY_QUANTILE):
         h = (n - 1) * q
         lo = math.floor(h)
         ranks.append((h, lo, min(lo + 1, n - 1)))
     k = math.ceil(n * TOP_SHARE)
-    d = np.concatenate(picked.d)
-    y = np.concatenate(picked.y)
-    a = np.abs(d)
-    below = n - a.shape[0]
+    d, y = _joined(picked.d), _joined(picked.y)
+    size = d.shape[0]
+    below = n - size
     lowest = min(ranks[1][1], n - k)
     if picked.threshold > 0 and below > lowest:
-        raise AssertionError(f"mismatch tails: {a.shape[0]} tokens picked for ranks from {lowest} of {n}")
+        raise AssertionError(f"mismatch tails: {size} tokens picked for ranks from {lowest} of {n}")
+    if native.built():  # the compiled radix selection
+        want = sorted({r - below for _, lo, hi in ranks for r in (lo, hi) if r - below >= 0} | {size - 1} - {-1})
+        vals, top_sum, n_extreme = native.select(d, want, min(k, size), EXTREME)
+        value = dict(zip(want, vals.tolist(), strict=True))
+        p99, p95 = ((value.get(lo - below, 0.0) + (h - lo) * (value.get(hi - below, 0.0) - value.get(lo - below, 0.0)))
+                    for h, lo, hi in ranks)
+        return _Tails(p99, p95, top_sum, value[size - 1] if size else 0.0, d, y, n_extreme)
+    a = np.abs(d)
     # the top k + 1 selected and sorted (smallest first: the top 1 % and the 99th percentile's
     # neighbours, which are among them), then the 95th's neighbours selected below them
-    size = a.shape[0]
     t = min(size, k + 1)
     part = np.partition(a, size - t) if 0 < t < size else a
     top = np.sort(part[size - t:])
@@ -221,25 +234,33 @@ def _tails(picked: scan.Picked, n: int) -> _Tails:
     p99, p95 = (rank(lo) + (h - lo) * (rank(hi) - rank(lo)) for h, lo, hi in ranks)
     top = top[max(t - k, 0):]
     top_sum = float(np.cumsum(0.5 * top * top)[-1]) if top.shape[0] else 0.0
-    return _Tails(p99, p95, top_sum, float(top[-1]) if top.shape[0] else 0.0, d, y, a)
+    return _Tails(p99, p95, top_sum, float(top[-1]) if top.shape[0] else 0.0, d, y,
+                  int(np.count_nonzero(a > EXTREME)))
 
 
 def _excluded_body(whole: dict[str, float], tails: _Tails) -> dict[str, float] | None:
     """The body's moments (as :data:`rldiag.engine.mismatch_BODY`) as the step's less
     those of its tokens above ``gap_abs_p95`` (Chan et al.'s update reversed), or None where the
     subtraction would cancel more than :data:`CANCEL` of a variance or of the summed ``|d|``."""
-    out = np.flatnonzero(tails.a > tails.p95)  # indices, then takes: cheaper than boolean indexing
     n = whole["n"]
     base = {"n": n, "s_d": whole["s_d"], "s_y": whole["s_y"], "s_a": whole["s_a"], "m_dd": whole["m_dd"],
             "m_dy": whole["m_dy"], "m_yy": whole["m_yy"]}
-    n_e = out.shape[0]
-    if n_e == 0:
-        return base
-    d, y, a = tails.d.take(out), tails.y.take(out), tails.a.take(out)
-    sd, sy = float(d.sum()), float(y.sum())
-    cd, cy = d - sd / n_e, y - sy / n_e
-    e = {"s_d": sd, "s_y": sy, "s_a": float(a.sum()), "m_dd": sums.bdot(cd, cd), "m_dy": sums.bdot(cd, cy),
-         "m_yy": sums.bdot(cy, cy)}
+    if native.built():  # both passes over the picks compiled
+        n_e, *vals = native.above(tails.d, tails.y, tails.p95).tolist()
+        if n_e == 0:
+            return base
+        e = dict(zip(("s_d", "s_y", "s_a", "m_dd", "m_dy", "m_yy"), vals, strict=True))
+    else:
+        a = np.abs(tails.d)
+        out = np.flatnonzero(a > tails.p95)  # indices, then takes: cheaper than boolean indexing
+        n_e = out.shape[0]
+        if n_e == 0:
+            return base
+        d, y, a = tails.d.take(out), tails.y.take(out), a.take(out)
+        sd, sy = float(d.sum()), float(y.sum())
+        cd, cy = d - sd / n_e, y - sy / n_e
+        e = {"s_d": sd, "s_y": sy, "s_a": float(a.sum()), "m_dd": sums.bdot(cd, cd), "m_dy": sums.bdot(cd, cy),
+             "m_yy": sums.bdot(cy, cy)}
     n_b = n - n_e
     body = {"n": n_b, **{k: base[k] - e[k] for k in ("s_d", "s_y", "s_a")}}
     dd = e["s_d"] / n_e - body["s_d"] / n_b
@@ -381,7 +402,7 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
     sizes = [sum(b - a for a, b in r) for r in ranges]
     device = old.device
     buf = scan.Buffers(max(1, min(scan.CHUNK, max(sizes, default=1))))
-    compiled = native.Out(buf.size) if native.usable(inp) else None
+    compiled = native.Out(max(1, min(native.chunk_size(), max(sizes, default=1)))) if native.usable(inp) else None
     names = STATS + (LAG_STATS if lag is not None else ())
     values = {k: [math.nan] * n_steps for k in names}
     row_abs = row_n = lag_rows = None
@@ -397,14 +418,19 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
         for centred in (False, True):  # plain sums of products, centred where they cancel
             recs = []
             picked = None
-            for a, m, me, _ in scan.chunks(ranges[s], buf.size):
-                if compiled is not None and not centred:  # the compiled pass
-                    picked = picked or scan.Picked(native.first_threshold(inp, a, m))
+            if compiled is not None:
+                compiled.kept = 0
+            fast = compiled is not None and not centred  # the compiled pass, in its longer chunks
+            for a, m, me, _ in scan.chunks(ranges[s], compiled.size if fast and compiled is not None else buf.size):
+                if fast and compiled is not None:
+                    picked = picked or scan.Picked(native.first_threshold(inp, a, min(m, buf.size)))
                     recs.append(native.scan_chunk(inp, compiled, a, m, me, picked))
                     continue
                 ch = scan.load(inp, buf, a, m, me)
                 picked = picked or scan.Picked(scan.first_threshold(buf, ch))
                 recs.append(scan.scan_chunk(buf, ch, centred, picked))
+            if fast and compiled is not None and picked is not None:
+                compiled.step_picks(picked)  # one array of the step's picks
             whole = _whole(np.stack(recs), centred)
             if whole is not None:
                 break
@@ -415,10 +441,10 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
         need = int(n) - min(math.floor((n - 1) * BODY_QUANTILE), int(n) - math.ceil(n * TOP_SHARE))
         while picked.threshold > 0 and sum(v.shape[0] for v in picked.d) < need:
             picked = _pick_again(inp, buf, ranges[s], picked, need)
-        if picked.holds_extreme:
-            whole["extreme"] = float(sum(int(np.count_nonzero(np.abs(v) > EXTREME)) for v in picked.d))
-        stats = _whole_stats(whole)
         tails = _tails(picked, int(n))
+        if picked.holds_extreme:
+            whole["extreme"] = float(tails.n_extreme)
+        stats = _whole_stats(whole)
         stats.update({"gap_abs_p99": tails.p99, "gap_abs_p95": tails.p95, "gap_abs_max": tails.largest,
                       "top_kl_share": _div(tails.top_sum, 0.5 * whole["d2"], 0.0)})
         body = None if lag is not None else _excluded_body(whole, tails)

@@ -198,3 +198,75 @@ def test_rldiag_native_0_turns_the_kernel_off(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, RLDIAG_NATIVE="0"), capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == ["False", "0.25"]
+
+
+def gaps(seed: int, n: int, kind: str) -> np.ndarray:
+    """Picked gaps of several shapes: heavy-tailed over many octaves, 16-bit values (many ties),
+    all equal, zeros among them."""
+    rng = np.random.default_rng(seed)
+    if kind == "tailed":
+        d = rng.standard_t(2, n) * 10.0 ** rng.uniform(-6, 0, n)
+    elif kind == "ties":
+        d = (rng.normal(0, 0.1, n).astype(np.float16)).astype(np.float64)
+    elif kind == "equal":
+        d = np.full(n, -0.125)
+    else:
+        d = rng.normal(0, 1, n)
+        d[rng.random(n) < 0.3] = 0.0
+    return d
+
+
+@HS
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 3000), kind=st.sampled_from(["tailed", "ties", "equal", "zeros"]),
+       data=st.data())
+def test_select_gives_a_sorts_order_statistics(seed, n, kind, data):
+    """The radix selection against ``np.sort`` of ``|d|``: the same values at every asked rank
+    (exactly), the top k's summed ``d^2 / 2`` within float64 rounding of an exact sum, the count
+    above ``extreme`` exactly."""
+    d = gaps(seed, n, kind)
+    ranks = sorted(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=8)))
+    k = data.draw(st.integers(0, n))
+    vals, top_sum, n_ext = native.select(d, ranks, k, 0.5)
+    a = np.sort(np.abs(d))
+    np.testing.assert_array_equal(vals, a[ranks])
+    top = a[n - k:] if k else a[:0]
+    assert top_sum == pytest.approx(math.fsum((0.5 * top * top).tolist()), rel=1e-13, abs=0)
+    assert n_ext == int(np.count_nonzero(a > 0.5))
+
+
+def test_select_refuses_ranks_out_of_order_or_range():
+    d = np.linspace(-1, 1, 50)
+    for ranks, k in (([3, 2], 1), ([50], 1), ([-1], 1), ([1], 51)):
+        with pytest.raises(ValueError, match="outside 50 tokens"):
+            native.select(d, ranks, k, 1.0)
+
+
+@pytest.mark.parametrize("kind", ["tailed", "ties", "zeros"])
+def test_above_sums_the_tokens_above_the_level(kind):
+    d = gaps(4, 1001, kind)  # an odd count: the four lanes' tail
+    y = -np.abs(np.random.default_rng(5).normal(0.5, 1.0, d.shape[0]))
+    level = float(np.quantile(np.abs(d), 0.6))
+    got = native.above(d, y, level)
+    sel = np.abs(d) > level
+    e, f = d[sel], y[sel]
+    want = [sel.sum(), e.sum(), f.sum(), np.abs(e).sum(), ((e - e.mean()) ** 2).sum(),
+            ((e - e.mean()) * (f - f.mean())).sum(), ((f - f.mean()) ** 2).sum()]
+    assert got[0] == want[0] > 0
+    np.testing.assert_allclose(got[1:], want[1:], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_compiled_tails_equal_the_numpy_tails(seed, monkeypatch):
+    """The step's order statistics and body by the library's selection and sums against the numpy
+    twins (``np.partition``, boolean selection) on the same picks: the order statistics the same
+    bits, the sums within float64 rounding."""
+    import rldiag.engine.mismatch as mm
+
+    old, roll, mask, lengths, step = batch(seed, 40, chunk_rows=True)
+    args = (torch.from_numpy(old), torch.from_numpy(roll), torch.from_numpy(mask),
+            Rows.from_lengths(torch.from_numpy(lengths)), torch.from_numpy(step), 3)
+    got = mismatch_stats(*args)
+    monkeypatch.setattr(mm.native, "built", lambda: False)
+    want = mismatch_stats(*args)
+    assert_same(got, want)
+    np.testing.assert_array_equal(got["gap_abs_p95"].numpy(), want["gap_abs_p95"].numpy())

@@ -20,6 +20,11 @@
  *
  * The record's layout is rldiag/engine/mismatch_scan.py's FIELDS, in that order. exp|d| is
  * vexp's, four lanes at a time (glibc's scalar exp costs about 6 ns a token here).
+ *
+ * After the pass, a step's order statistics from its picked tokens (about 8 % of them):
+ * rldiag_mismatch_select, a radix selection, and rldiag_mismatch_above, the sums of the tokens
+ * above the 95th percentile (rldiag/engine/mismatch.py's _tails and _excluded_body, whose numpy
+ * twins select with np.partition).
  */
 #include <math.h>
 #include <stdint.h>
@@ -44,7 +49,7 @@ int rldiag_mismatch_fields(void) { return N_FIELDS; }
 
 /* this kernel's calling convention: raised with every change to rldiag_mismatch_chunk's
  * arguments, so that a library built from other sources is not called */
-int rldiag_mismatch_abi(void) { return 2; }
+int rldiag_mismatch_abi(void) { return 3; }
 
 typedef double v4d __attribute__((vector_size(32)));
 typedef long long v4l __attribute__((vector_size(32)));
@@ -390,4 +395,284 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
     rec[F_SHIFT_NEXT] = total[S_SN];
     rec[F_SHIFT_PREV] = total[S_SP];
     return kept;
+}
+
+/* ---- the order statistics of a step's picked tokens ---- */
+
+/* a double >= 0 (or NaN-free +0) as an unsigned integer of the same order */
+INLINE uint64_t key_of(double v) {
+    uint64_t k;
+    v = fabs(v);
+    memcpy(&k, &v, sizeof k);
+    return k;
+}
+
+INLINE double value_of(uint64_t k) {
+    double v;
+    memcpy(&v, &k, sizeof v);
+    return v;
+}
+
+#define RADIX 11
+#define BUCKETS (1 << RADIX)
+
+/* keys[0, n): out[i] = the key of rank ranks[i] (ascending ranks, each in [0, n)), radix by radix
+ * from bit `shift` down, RADIX bits at a time: each radix's histogram gives each rank's bucket,
+ * the buckets the ranks fall in are moved to `spare` in one pass (every other key to one spare
+ * slot: no branch) and selected in the same way (`keys` is then their scratch). Below 24 keys,
+ * or past the last radix, an insertion sort. */
+static void select_keys(uint64_t *keys, long n, const long *ranks, long n_ranks, int shift, uint64_t *out,
+                        uint64_t *spare) {
+    if (n <= 24 || shift < 0) {
+        for (long i = 1; i < n; i++) {
+            uint64_t v = keys[i];
+            long j = i - 1;
+            for (; j >= 0 && keys[j] > v; j--) {
+                keys[j + 1] = keys[j];
+            }
+            keys[j + 1] = v;
+        }
+        for (long i = 0; i < n_ranks; i++) {
+            out[i] = keys[ranks[i]];
+        }
+        return;
+    }
+    /* four histograms, added after: a run of keys in one bucket is not one chain of increments */
+    static __thread uint32_t part[4][BUCKETS];
+    long count[BUCKETS], first[BUCKETS];
+    int group_of[BUCKETS];
+    const uint64_t digit = BUCKETS - 1;
+    memset(part, 0, sizeof part);
+    long i4 = 0;
+    for (; i4 + 4 <= n; i4 += 4) {
+        part[0][(keys[i4] >> shift) & digit]++;
+        part[1][(keys[i4 + 1] >> shift) & digit]++;
+        part[2][(keys[i4 + 2] >> shift) & digit]++;
+        part[3][(keys[i4 + 3] >> shift) & digit]++;
+    }
+    for (; i4 < n; i4++) {
+        part[0][(keys[i4] >> shift) & digit]++;
+    }
+    long acc = 0;
+    for (int b = 0; b < BUCKETS; b++) {
+        count[b] = ((long)part[0][b] + part[1][b]) + ((long)part[2][b] + part[3][b]);
+        first[b] = acc;
+        acc += count[b];
+    }
+    /* the groups: the ranks in one bucket (consecutive: the ranks ascend) */
+    int bucket[66];
+    long start[66], fill[66], local[65], upto[65];
+    int n_groups = 0;
+    long at = 0;
+    int b = 0;
+    for (long i = 0; i < n_ranks; i++) {
+        while (first[b] + count[b] <= ranks[i]) {
+            b++;
+        }
+        local[i] = ranks[i] - first[b];
+        if (n_groups == 0 || bucket[n_groups - 1] != b) {
+            bucket[n_groups] = b;
+            start[n_groups] = at;
+            fill[n_groups] = at;
+            at += count[b];
+            n_groups++;
+        }
+        upto[n_groups - 1] = i + 1;
+    }
+    int next = shift >= RADIX ? shift - RADIX : (shift > 0 ? 0 : -1);
+    if (n_groups == 1 && count[bucket[0]] == n) { /* every key in one bucket: the next radix */
+        select_keys(keys, n, ranks, n_ranks, next, out, spare);
+        return;
+    }
+    /* the other keys all go to one slot past the groups' (there is one: not every key is in them) */
+    for (int c = 0; c < BUCKETS; c++) {
+        group_of[c] = n_groups;
+    }
+    for (int g = 0; g < n_groups; g++) {
+        group_of[bucket[g]] = g;
+    }
+    start[n_groups] = fill[n_groups] = at < n ? at : n - 1;
+    for (long i = 0; i < n; i++) {
+        int g = group_of[(keys[i] >> shift) & digit];
+        long pos = fill[g];
+        spare[pos] = keys[i];
+        fill[g] = pos + (g != n_groups);
+    }
+    long i0 = 0;
+    for (int g = 0; g < n_groups; g++) {
+        select_keys(spare + start[g], count[bucket[g]], local + i0, upto[g] - i0, next, out + i0, keys + start[g]);
+        i0 = upto[g];
+    }
+}
+
+/* The order statistics of the picked tokens d[0, n) by |d|: vals[i] = the |d| of ascending rank
+ * ranks[i] (ranks ascending, at most 64, each in [0, n)); with k in [1, n]: top[0] = the summed
+ * d^2 / 2 of the k largest |d| (four lanes, then the lanes), top[1] = how many |d| exceed `extreme`.
+ * keys, spare: (n,) scratch. Returns 0, or -1 for ranks out of order or range. */
+__attribute__((target_clones("avx2", "default")))
+long rldiag_mismatch_select(const double *d, long n, const long *ranks, long n_ranks, long k, double extreme,
+                            double *vals, double *top, uint64_t *keys, uint64_t *spare) {
+    long r[65];
+    uint64_t got[65];
+    if (n_ranks > 64 || k < 0 || k > n) {
+        return -1;
+    }
+    for (long i = 0; i < n_ranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= n || (i > 0 && ranks[i] < ranks[i - 1])) {
+            return -1;
+        }
+        r[i] = ranks[i];
+    }
+    long nr = n_ranks;
+    if (k > 0) { /* the k-th largest: the top's edge */
+        long e = n - k, j = nr;
+        while (j > 0 && r[j - 1] > e) {
+            r[j] = r[j - 1];
+            j--;
+        }
+        r[j] = e;
+        nr++;
+    }
+    /* the keys (|d|'s bits), four lanes at a time, and the bits where any differs from another */
+    const v4l absmask = {0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL};
+    v4l any4 = {0}, all4 = {-1, -1, -1, -1};
+    long n4 = n & ~3L;
+    for (long i = 0; i < n4; i += 4) {
+        v4l kv = (v4l)load(d + i) & absmask;
+        memcpy(keys + i, &kv, sizeof kv);
+        any4 |= kv;
+        all4 &= kv;
+    }
+    uint64_t any = (uint64_t)(any4[0] | any4[1] | any4[2] | any4[3]);
+    uint64_t all = (uint64_t)(all4[0] & all4[1] & all4[2] & all4[3]);
+    for (long i = n4; i < n; i++) {
+        keys[i] = key_of(d[i]);
+        any |= keys[i];
+        all &= keys[i];
+    }
+    if (nr > 0 && n > 0) {
+        /* the first radix: the highest RADIX bits from the highest bit where the keys differ (above it
+         * every key is the same), so that no pass finds every key in one bucket */
+        uint64_t differ = any & ~all;
+        int high = 63;
+        while (high > 0 && !((differ >> high) & 1)) {
+            high--;
+        }
+        select_keys(keys, n, r, nr, high >= RADIX - 1 ? high - (RADIX - 1) : 0, got, spare);
+    }
+    /* the values back in the requested order: r is the requested ranks and the edge, ascending */
+    long w = 0, skip = -1;
+    double edge = 0.0;
+    for (long i = 0; k > 0 && i < nr; i++) {
+        if (r[i] == n - k) {
+            skip = i;
+            edge = value_of(got[i]);
+            break;
+        }
+    }
+    for (long i = 0; i < nr; i++) {
+        if (i != skip) {
+            vals[w++] = value_of(got[i]);
+        }
+    }
+    /* the top's d^2 / 2 (the k - above tokens at the edge's |d| added last) and the extreme
+     * count, four lanes at a time */
+    const v4d edge4 = {edge, edge, edge, edge}, ext4 = {extreme, extreme, extreme, extreme};
+    v4d s4 = {0};
+    v4l above4 = {0}, ext_n4 = {0};
+    for (long i = 0; i < n4; i += 4) {
+        v4d a = and_(load(d + i), absmask);
+        v4l over = a > edge4;
+        s4 += and_(0.5 * a * a, over);
+        above4 -= over;
+        ext_n4 -= a > ext4;
+    }
+    double s = lanes(s4);
+    long above = lanes_l(above4), n_ext = lanes_l(ext_n4);
+    for (long i = n4; i < n; i++) {
+        double a = fabs(d[i]);
+        n_ext += a > extreme;
+        if (a > edge) {
+            s += 0.5 * a * a;
+            above++;
+        }
+    }
+    if (k > 0) {
+        s += (double)(k - above) * (0.5 * edge * edge);
+    }
+    top[0] = k > 0 ? s : 0.0;
+    top[1] = (double)n_ext;
+    return 0;
+}
+
+/* The tokens of d[0, n) with |d| above `level`: out = {count, sum d, sum y, sum |d|, and the
+ * centred sums of products dd, dy, yy about their own means}: two passes, four lanes, each token
+ * masked by its being above (no branch: about a third of the picks are not). */
+__attribute__((target_clones("avx2", "default")))
+void rldiag_mismatch_above(const double *d, const double *y, long n, double level, double *out) {
+    const v4l absmask = {0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL};
+    const v4d lv = {level, level, level, level};
+    v4d sd = {0}, sy = {0}, sa = {0};
+    v4l c4 = {0};
+    long n4 = n & ~3L;
+    for (long i = 0; i < n4; i += 4) {
+        v4d dv = load(d + i), yv = load(y + i), a = and_(dv, absmask);
+        v4l w = a > lv;
+        c4 -= w;
+        sd += and_(dv, w);
+        sy += and_(yv, w);
+        sa += and_(a, w);
+    }
+    long c = lanes_l(c4);
+    double s_d = lanes(sd), s_y = lanes(sy), s_a = lanes(sa);
+    for (long i = n4; i < n; i++) {
+        double a = fabs(d[i]);
+        if (a > level) {
+            c++;
+            s_d += d[i];
+            s_y += y[i];
+            s_a += a;
+        }
+    }
+    double md = c ? s_d / (double)c : 0.0, my = c ? s_y / (double)c : 0.0;
+    const v4d mdv = {md, md, md, md}, myv = {my, my, my, my};
+    v4d dd = {0}, dy = {0}, yy = {0};
+    for (long i = 0; i < n4; i += 4) {
+        v4d dv = load(d + i), yv = load(y + i);
+        v4l w = and_(dv, absmask) > lv;
+        v4d u = and_(dv - mdv, w), v = and_(yv - myv, w);
+        dd += u * u;
+        dy += u * v;
+        yy += v * v;
+    }
+    double m_dd = lanes(dd), m_dy = lanes(dy), m_yy = lanes(yy);
+    for (long i = n4; i < n; i++) {
+        if (fabs(d[i]) > level) {
+            double u = d[i] - md, v = y[i] - my;
+            m_dd += u * u;
+            m_dy += u * v;
+            m_yy += v * v;
+        }
+    }
+    out[0] = (double)c;
+    out[1] = s_d;
+    out[2] = s_y;
+    out[3] = s_a;
+    out[4] = m_dd;
+    out[5] = m_dy;
+    out[6] = m_yy;
+}
+
+/* Every `step`-th token of a chunk of m (x, y and the mask as rldiag_mismatch_chunk reads them):
+ * out[i] = |x - y| of token i * step in float64, 0 off the actor tokens. Returns how many. */
+__attribute__((target_clones("avx2", "default")))
+long rldiag_mismatch_sample(const float *x, const float *y, const uint8_t *flags, const float *fmask, long m,
+                            long step, double *out) {
+    long w = 0;
+    for (long t = 0; t < m; t += step) {
+        int masked = flags != NULL ? flags[t] != 0 : fmask != NULL ? fmask[t] > 0.0f : 1;
+        double xv = (double)x[t], yv = (double)y[t];
+        out[w++] = masked && isfinite(xv) && isfinite(yv) ? fabs(xv - yv) : 0.0;
+    }
+    return w;
 }
