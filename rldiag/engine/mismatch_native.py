@@ -34,7 +34,7 @@ from rldiag.engine import mismatch_scan as scan
 from rldiag.engine import native
 
 #: the calling convention these bindings were written for (``rldiag_mismatch_abi`` in the C)
-ABI = 3
+ABI = 4
 
 
 
@@ -92,6 +92,10 @@ def chunk_size() -> int:
     return scan.CHUNK * SPAN
 
 
+#: a chunk of m tokens writes up to m + 3 picks' places (each quad writes four)
+SLACK = 4
+
+
 class Out:
     """The kernel's output arrays, reused by every chunk: the record, the sample; the picks of
     the step so far (``kept`` of them: each chunk writes its own after the last chunk's, the
@@ -102,14 +106,14 @@ class Out:
         self.size = size
         self.rec = np.zeros(len(scan.FIELDS), dtype=np.float64)
         self.sample = np.empty(size // scan.SAMPLE + 1, dtype=np.float32)
-        self.pick_d = np.empty(size + 1, dtype=np.float64)
-        self.pick_y = np.empty(size + 1, dtype=np.float64)
+        self.pick_d = np.empty(size + SLACK, dtype=np.float64)
+        self.pick_y = np.empty(size + SLACK, dtype=np.float64)
         self.kept = 0
         self.flags = np.empty(size + 1, dtype=np.uint8)
 
     def reserve(self, m: int) -> None:
         """Room for ``m`` more picks after the ``kept`` ones (which are kept)."""
-        need = self.kept + m + 1
+        need = self.kept + m + SLACK
         if need > self.pick_d.shape[0]:
             size = max(need, self.pick_d.shape[0] + self.pick_d.shape[0] // 2)
             for name in ("pick_d", "pick_y"):

@@ -49,7 +49,7 @@ int rldiag_mismatch_fields(void) { return N_FIELDS; }
 
 /* this kernel's calling convention: raised with every change to rldiag_mismatch_chunk's
  * arguments, so that a library built from other sources is not called */
-int rldiag_mismatch_abi(void) { return 3; }
+int rldiag_mismatch_abi(void) { return 4; }
 
 typedef double v4d __attribute__((vector_size(32)));
 typedef long long v4l __attribute__((vector_size(32)));
@@ -89,6 +89,19 @@ INLINE v4d vexp(v4d a) {
     return e * scale;
 }
 
+typedef int v8i __attribute__((vector_size(32)));
+
+/* COMPRESS[bits]: the float32-pair indices that move a quad's doubles whose bit is set in bits
+ * to its front, in order (the others after them) */
+#define P(i) 2 * (i), 2 * (i) + 1
+static const v8i COMPRESS[16] = {
+    {P(0), P(1), P(2), P(3)}, {P(0), P(1), P(2), P(3)}, {P(1), P(0), P(2), P(3)}, {P(0), P(1), P(2), P(3)},
+    {P(2), P(0), P(1), P(3)}, {P(0), P(2), P(1), P(3)}, {P(1), P(2), P(0), P(3)}, {P(0), P(1), P(2), P(3)},
+    {P(3), P(0), P(1), P(2)}, {P(0), P(3), P(1), P(2)}, {P(1), P(3), P(0), P(2)}, {P(0), P(1), P(3), P(2)},
+    {P(2), P(3), P(0), P(1)}, {P(0), P(2), P(3), P(1)}, {P(1), P(2), P(3), P(0)}, {P(0), P(1), P(2), P(3)},
+};
+#undef P
+
 /* p[j] = first + (j - j0) for j in [j0, j1): four at a time between the multiples of 4 */
 INLINE void fill_iota(double *p, long j0, long j1, double first) {
     long j = j0;
@@ -127,7 +140,7 @@ typedef struct {
  * (<= 0); threshold: keep the tokens whose |d| reaches it (above 0 where it is <= 0);
  * confident, unconfident, extreme, half_min, half_max: the thresholds of mismatch_scan.py.
  * Out: rec (N_FIELDS,), sample ((m + 7) / 8,): every 8th token's |d| (0 off the actor tokens)
- * as float32, pick_d, pick_y (capacity m): the kept tokens' d and y, in order. Returns how many
+ * as float32, pick_d, pick_y (capacity m + 4: each quad of tokens writes four): the kept tokens' d and y, in order. Returns how many
  * were kept. */
 __attribute__((target_clones("avx2", "default")))
 long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags, const float *fmask,
@@ -326,19 +339,24 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
         n_conf += lanes_l(nc);
         n_unconf += lanes_l(nu);
         n_extreme += lanes_l(ne);
-        /* the picked tokens (written, then counted: about 8 % are, in no order) and the 16-bit
+        /* the picked tokens (each quad's kept ones moved to its front by one shuffle, all four
+         * written, the kept counted: about 8 % are, in no order, and a branch on them cost a
+         * misprediction every few quads) and the 16-bit
          * values (the float32's low 13 bits 0, and a bfloat16: low 16 bits 0, non-zero, or a
          * normal float16: |y| in its normal range; y = 0 off the actor tokens counts in neither) */
         const v4d lv = {least, least, least, least};
         for (long j = 0; j < k; j += 4) {
             v4l keep = load(b.a + j) >= lv; /* the padding's |d| is 0: never kept */
-            if ((keep[0] | keep[1]) | (keep[2] | keep[3])) {
-                for (long t = j; t < j + 4; t++) {
-                    pick_d[kept] = b.d[t];
-                    pick_y[kept] = b.y[t];
-                    kept += b.a[t] >= least;
-                }
-            }
+            int bits = (int)((keep[0] & 1) | (keep[1] & 2) | (keep[2] & 4) | (keep[3] & 8));
+            v8i order = COMPRESS[bits];
+            v8i dv, yv;
+            memcpy(&dv, b.d + j, sizeof dv);
+            memcpy(&yv, b.y + j, sizeof yv);
+            dv = __builtin_shuffle(dv, order);
+            yv = __builtin_shuffle(yv, order);
+            memcpy(pick_d + kept, &dv, sizeof dv); /* all four written: the kept ones first */
+            memcpy(pick_y + kept, &yv, sizeof yv);
+            kept += __builtin_popcount((unsigned)bits);
         }
         if (half_any) {
             for (long j = 0; j < len; j++) {
