@@ -234,7 +234,7 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
             } else if (bm != NULL) {
                 v4f f;
                 memcpy(&f, bm + j, sizeof f);
-                fm = __builtin_convertvector(f, v4d) > zero;
+                fm = __builtin_convertvector(f > (v4f){0.0f, 0.0f, 0.0f, 0.0f}, v4l);
             }
             v4l act = fm & (and_(xv, absmask) < inf) & (and_(yv, absmask) < inf);
             v4d d = and_(xv - yv, act);
@@ -245,9 +245,6 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
             memcpy(b.y + j, &ym, sizeof ym);
             memcpy(b.a + j, &a, sizeof a);
             memcpy(b.p + j, &p, sizeof p);
-            if (((b0 + j) & 7) == 0) {
-                sample[(b0 + j) >> 3] = (float)a[0];
-            }
             memcpy(b.px + j + 1, &xv, sizeof xv);
             memcpy(b.py + j + 1, &yv, sizeof yv);
             memcpy(b.pa + j + 1, &a, sizeof a);
@@ -256,6 +253,9 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
             pos |= ym > zero;
             v4l more = a > amax;
             amax = (v4d)(((v4l)a & more) | ((v4l)amax & ~more));
+        }
+        for (long j = (8 - (b0 & 7)) & 7; j < k; j += 8) { /* every 8th token's |d| (b0 is a multiple of 8) */
+            sample[(b0 + j) >> 3] = (float)b.a[j];
         }
         n += lanes_l(nv);
         int half_any = (low[0] | low[1] | low[2] | low[3]) != 0;
@@ -347,7 +347,10 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
         const v4d lv = {least, least, least, least};
         for (long j = 0; j < k; j += 4) {
             v4l keep = load(b.a + j) >= lv; /* the padding's |d| is 0: never kept */
-            int bits = (int)((keep[0] & 1) | (keep[1] & 2) | (keep[2] & 4) | (keep[3] & 8));
+            v4l w = keep & (v4l){1, 2, 4, 8}; /* the lanes' bits, ORed across the lanes by two shuffles */
+            w |= __builtin_shuffle(w, (v4l){2, 3, 0, 1});
+            w |= __builtin_shuffle(w, (v4l){1, 0, 3, 2});
+            int bits = (int)w[0];
             v8i order = COMPRESS[bits];
             v8i dv, yv;
             memcpy(&dv, b.d + j, sizeof dv);
