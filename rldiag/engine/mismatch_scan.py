@@ -36,6 +36,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -99,14 +100,18 @@ class Buffers:
     flags: np.ndarray = field(init=False)  # (size + 1,) bool: the chunk's actor flags
     cmp: np.ndarray = field(init=False)  # (size + 1,) bool scratch
     bits: np.ndarray = field(init=False)  # (size + 1,) int32 scratch
-    base: np.ndarray = field(init=False)  # (size + 1,) float64 0, 1, 2, ...
 
     def __post_init__(self) -> None:
         self.v = np.empty((ROWS, self.size + 1), dtype=np.float64)
         self.flags = np.empty(self.size + 1, dtype=bool)
         self.cmp = np.empty(self.size + 1, dtype=bool)
         self.bits = np.empty(self.size + 1, dtype=np.int32)
-        self.base = np.arange(self.size + 1, dtype=np.float64)
+
+    @cached_property
+    def base(self) -> np.ndarray:
+        """``(size + 1,)`` float64 0, 1, 2, ... (written at first use: a pass that never loads a
+        chunk here, the compiled one, pays nothing for it)."""
+        return np.arange(self.size + 1, dtype=np.float64)
 
 
 def host(t: torch.Tensor) -> np.ndarray:
