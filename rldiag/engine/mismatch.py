@@ -457,7 +457,9 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
             stats.update(_lag_stats(body, n))
         for k, v in stats.items():
             values[k][s] = v
-    out = {k: torch.tensor(v, dtype=torch.float64, device=device) for k, v in values.items()}
+    # one tensor of every statistic, its rows handed out as views (a tensor each: 5 us a call)
+    out = dict(zip(values, torch.tensor(list(values.values()), dtype=torch.float64, device=device).unbind(0),
+                   strict=True))
     if lag is not None and row_abs is not None and row_n is not None:
         out.update(_row_lag(torch.from_numpy(row_abs).to(device), torch.from_numpy(row_n).to(device),
                             lag.to(device), step_ids, n_steps))
