@@ -156,9 +156,10 @@ def first_threshold(inp: scan.Inputs, a: int, m: int) -> float:
     from its sampled tokens only: their ``|d|`` in float64 (0 off the actor tokens), the same
     values the numpy pass samples, read and selected by the library."""
     xs, ys, flags, fmask = _streams(inp, a, m)
-    sample = np.empty((m + scan.SAMPLE - 1) // scan.SAMPLE, dtype=np.float64)
+    step = scan.THRESHOLD_SAMPLE
+    sample = np.empty((m + step - 1) // step, dtype=np.float64)
     assert _LIB is not None
-    got = _LIB.rldiag_mismatch_sample(xs.ctypes.data, ys.ctypes.data, _ptr(flags), _ptr(fmask), m, scan.SAMPLE,
+    got = _LIB.rldiag_mismatch_sample(xs.ctypes.data, ys.ctypes.data, _ptr(flags), _ptr(fmask), m, step,
                                       sample.ctypes.data)
     assert got == sample.shape[0]
     if got < 64:

@@ -131,10 +131,11 @@ def test_chunk_records_and_picks_equal_the_numpy_pass():
 
 
 def test_first_threshold_equals_the_numpy_pass():
-    old, roll, mask, lengths, _ = batch(3, 40, chunk_rows=True)
+    old, roll, mask, lengths, _ = batch(3, 80, chunk_rows=True)
     inp = scan.Inputs.of(torch.from_numpy(old), torch.from_numpy(roll), torch.from_numpy(mask),
                          Rows.from_lengths(torch.from_numpy(lengths)))
-    m = min(int(lengths.sum()), 2000)
+    m = min(int(lengths.sum()), 6000)
+    assert m // scan.THRESHOLD_SAMPLE >= 64  # a sample large enough to set a threshold above 0
     buf = scan.Buffers(m)
     want = scan.first_threshold(buf, scan.load(inp, buf, 0, m, m))
     assert native.first_threshold(inp, 0, m) == want and want > 0
