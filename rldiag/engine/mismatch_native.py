@@ -3,7 +3,7 @@ record :func:`rldiag.engine.mismatch_scan.scan_chunk` computes with plain sums o
 the tokens it picks for the order statistics, from one read of the chunk's log-probs.
 
 The numpy pass makes about 35 passes over a chunk's float64 arrays (one operation each); this
-reads the chunk's float32 log-probs and mask once, in blocks of 256 tokens that stay in the
+reads the chunk's float32 log-probs and mask once, in blocks of 128 tokens that stay in the
 cache, four float64 lanes at a time. Same tokens, same definitions; the sums are float64 in
 another order (four lanes over a block, then the blocks) and ``exp|d|`` is the kernel's own
 (within 2 units in the last place, as numpy's), so that a statistic differs from the numpy

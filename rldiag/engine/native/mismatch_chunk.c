@@ -43,7 +43,7 @@ enum {
 enum { S_D, S_Y, S_P, S_A, S_YA, S_DD, S_DY, S_YY, S_AP, S_PP, S_AYA, S_DC, S_DU,
        S_PA, S_SN, S_SP, S_EXP, N_SUMS };
 
-#define BLOCK 256
+#define BLOCK 128
 
 int rldiag_mismatch_fields(void) { return N_FIELDS; }
 
