@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rldiag.engine import host, kernels
+from rldiag.engine import host, kernels, probs_native
 from rldiag.engine.batch import Batch
 from rldiag.engine.critic import explained_variance
 from rldiag.engine.layout import Rows
@@ -100,7 +100,11 @@ def rollout_probs_metrics(
     probabilities ``p = exp(log p)`` compared over each step's masked tokens (verl's
     ``calculate_debug_metrics``): ``|p_old - p_rollout|`` max, mean, unbiased std, and the
     Pearson correlation of the two (arXiv:2506.13585). A step without tokens: valid 0, NaN.
-    Inputs ``(tokens,)``, ``step_ids`` ``(rows,)``; outputs ``(n_steps,)``."""
+    Inputs ``(tokens,)``, ``step_ids`` ``(rows,)``; outputs ``(n_steps,)``. On the host, in
+    one compiled read where the library is built (:mod:`rldiag.engine.probs_native`)."""
+    fields = probs_native.step_fields(old_log_probs, rollout_log_probs, mask, rows, step_ids, n_steps)
+    if fields is not None:
+        return _rollout_probs_from(fields, old_log_probs.device)
     p_old, p_roll = torch.exp(old_log_probs), torch.exp(rollout_log_probs)  # in the inputs' dtype, as verl
     m = mask if mask.dtype == p_old.dtype else mask.to(p_old.dtype)
     diff = (p_old - p_roll).abs()
@@ -129,6 +133,24 @@ def rollout_probs_metrics(
         "training/rollout_probs_diff_max": torch.where(valid, mx.to(torch.float64), nan).to(torch.float32),
         "training/rollout_probs_diff_mean": torch.where(valid, mean, nan).to(torch.float32),
         "training/rollout_probs_diff_std": torch.sqrt(var).to(torch.float32),
+        "training/rollout_actor_probs_pearson_corr": torch.where(valid, corr.clamp(-1.0, 1.0), nan).to(torch.float32),
+    }
+
+
+def _rollout_probs_from(f: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """:func:`rollout_probs_metrics` from the compiled read's per-step fields, by the same
+    formulas as its torch twin (a step without tokens: valid 0, NaN)."""
+    t = {k: torch.from_numpy(v.copy()).to(device) for k, v in f.items()}
+    count = t["n"]
+    valid = count > 0
+    nan = torch.full_like(count, float("nan"))
+    std = torch.sqrt(t["diff_m2"] / (count - 1))  # unbiased, as torch.std
+    corr = t["cross"] / torch.sqrt(t["old_m2"] * t["roll_m2"])  # Pearson (arXiv:2506.13585)
+    return {
+        "training/rollout_probs_diff_valid": valid.to(torch.float32),
+        "training/rollout_probs_diff_max": torch.where(valid, t["diff_max"], nan).to(torch.float32),
+        "training/rollout_probs_diff_mean": torch.where(valid, t["diff_mean"], nan).to(torch.float32),
+        "training/rollout_probs_diff_std": std.to(torch.float32),
         "training/rollout_actor_probs_pearson_corr": torch.where(valid, corr.clamp(-1.0, 1.0), nan).to(torch.float32),
     }
 

@@ -45,8 +45,9 @@ def test_the_wheel_holds_the_app_and_the_sample(wheel):
     assert "rldiag/app/samples/grpo-tool/run.yaml" in sample and "rldiag/app/samples/grpo-tool/metrics.jsonl" in sample
     assert sum(n.endswith(".parquet") for n in sample) >= 10
     assert not any("/rldiag/app/samples/grpo-tool/rldiag/" in "/" + n for n in names)  # never a sample's outputs
-    # the compiled mismatch kernel, built by the wheel's own build (no .so was copied)
-    assert any(n.startswith("rldiag/engine/native/_mismatch_chunk") and n.endswith(".so") for n in names), names
+    # the compiled kernels, built by the wheel's own build (no .so was copied)
+    for kernel in ("_mismatch_chunk", "_rollout_probs"):
+        assert any(n.startswith(f"rldiag/engine/native/{kernel}") and n.endswith(".so") for n in names), names
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "rldiag = rldiag.cli.main:main" in entry
 

@@ -1,0 +1,72 @@
+"""verl's comparison of the trainer's and the rollout engine's token probabilities in one compiled
+read (``native/rollout_probs.c``): per step, the summed weight and the weighted means and centred
+sums of squares of ``|p_old - p_rollout|``, ``p_old`` and ``p_rollout``, their centred sum of
+products and the largest gap; :func:`rldiag.engine.metrics.rollout_probs_metrics` turns them into
+verl's metrics. Its twin there is torch's (about 25 passes over token-sized float32 tensors): the
+same float32 probabilities and gaps (up to the last bit of a float32 exponential), every sum in
+float64 (torch's: float32 per row), so that a metric differs from the twin's by about float32's
+rounding (the tests hold them to 1e-6).
+
+Used where the library was built, the batch is on the host, both log-prob streams are float32 and
+the mask is float32 or bool; elsewhere the twin runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from rldiag.engine import host, native
+from rldiag.engine.layout import Rows
+
+#: the calling convention these bindings were written for (``rldiag_probs_abi`` in the C)
+ABI = 1
+#: the per-step fields the kernel writes, in its order
+FIELDS = ("n", "diff_mean", "diff_m2", "diff_max", "old_mean", "roll_mean", "old_m2", "roll_m2", "cross")
+
+
+def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    if lib is None:
+        return None
+    try:
+        if lib.rldiag_probs_abi() != ABI or lib.rldiag_probs_fields() != len(FIELDS):
+            return None
+    except AttributeError:
+        return None
+    fn = lib.rldiag_rollout_probs
+    fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 2 + [ctypes.c_void_p]
+    return lib
+
+
+_LIB = _bind(native.load("rollout_probs"))
+
+
+def built() -> bool:
+    """Whether the kernel's library was built (and is this version's, and not turned off)."""
+    return _LIB is not None
+
+
+def step_fields(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: Rows, step_ids: torch.Tensor,
+                n_steps: int) -> dict[str, np.ndarray] | None:
+    """Per step (:data:`FIELDS` -> ``(n_steps,)`` float64), or None where the kernel does not apply.
+    ``old``, ``rollout``, ``mask``: ``(tokens,)``; ``step_ids``: ``(rows,)``."""
+    if _LIB is None or old.dtype != torch.float32 or rollout.dtype != torch.float32:
+        return None
+    if mask.dtype not in (torch.float32, torch.bool) or rows.offsets.device.type != "cpu":
+        return None
+    x, y, m = host.view(old), host.view(rollout), host.view(mask)
+    if x is None or y is None or m is None or not (x.shape == y.shape == m.shape == (rows.n_tokens,)):
+        return None
+    x, y, m = np.ascontiguousarray(x), np.ascontiguousarray(y), np.ascontiguousarray(m)
+    offsets = np.ascontiguousarray(rows.offsets.numpy(), dtype=np.int64)
+    steps = np.ascontiguousarray(step_ids.detach().cpu().numpy(), dtype=np.int64)
+    out = np.empty((max(n_steps, 1), len(FIELDS)), dtype=np.float64)
+    fmask = m.ctypes.data if m.dtype == np.float32 else None
+    flags = m.view(np.uint8).ctypes.data if m.dtype == np.bool_ else None
+    if _LIB.rldiag_rollout_probs(x.ctypes.data, y.ctypes.data, fmask, flags, offsets.ctypes.data, steps.ctypes.data,
+                                 rows.n_rows, n_steps, out.ctypes.data) != 0:
+        raise ValueError(f"rollout probabilities: a row's step outside [0, {n_steps})")
+    return {k: out[:n_steps, i] for i, k in enumerate(FIELDS)}
