@@ -420,17 +420,17 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
             picked = None
             if compiled is not None:
                 compiled.kept = 0
-            fast = compiled is not None and not centred  # the compiled pass, in its longer chunks
-            for a, m, me, _ in scan.chunks(ranges[s], compiled.size if fast and compiled is not None else buf.size):
-                if fast and compiled is not None:
+            fast = None if centred else compiled  # the compiled pass, in its longer chunks
+            for a, m, me, _ in scan.chunks(ranges[s], buf.size if fast is None else fast.size):
+                if fast is not None:
                     picked = picked or scan.Picked(native.first_threshold(inp, a, min(m, buf.size)))
-                    recs.append(native.scan_chunk(inp, compiled, a, m, me, picked))
+                    recs.append(native.scan_chunk(inp, fast, a, m, me, picked))
                     continue
                 ch = scan.load(inp, buf, a, m, me)
                 picked = picked or scan.Picked(scan.first_threshold(buf, ch))
                 recs.append(scan.scan_chunk(buf, ch, centred, picked))
-            if fast and compiled is not None and picked is not None:
-                compiled.step_picks(picked)  # one array of the step's picks
+            if fast is not None and picked is not None:
+                fast.step_picks(picked)  # one array of the step's picks
             whole = _whole(np.stack(recs), centred)
             if whole is not None:
                 break

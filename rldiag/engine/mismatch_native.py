@@ -37,16 +37,10 @@ from rldiag.engine import native
 ABI = 4
 
 
-
 def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """The library, its kernel's types declared; None where it is another version's (an install
-    not rebuilt since its sources changed: the numpy pass runs)."""
+    """The library, its functions' types declared; None where it is not this version's
+    (:func:`rldiag.engine.native.checked`: the numpy pass runs)."""
     if lib is None:
-        return None
-    try:
-        if lib.rldiag_mismatch_abi() != ABI or lib.rldiag_mismatch_fields() != len(scan.FIELDS):
-            return None
-    except AttributeError:  # older than the calling convention's number
         return None
     fn = lib.rldiag_mismatch_chunk
     fn.restype = ctypes.c_long
@@ -65,7 +59,7 @@ def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     return lib
 
 
-_LIB = _bind(native.load("mismatch_chunk"))
+_LIB = _bind(native.checked("mismatch_chunk", "mismatch", ABI, len(scan.FIELDS)))
 
 #: the log-prob dtypes the kernel reads (as float32: each widens exactly)
 NARROW = (torch.float32, torch.bfloat16, torch.float16)

@@ -28,12 +28,9 @@ FIELDS = ("n", "diff_mean", "diff_m2", "diff_max", "old_mean", "roll_mean", "old
 
 
 def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    """The library, its function's types declared; None where it is not this version's
+    (:func:`rldiag.engine.native.checked`: the torch twin runs)."""
     if lib is None:
-        return None
-    try:
-        if lib.rldiag_probs_abi() != ABI or lib.rldiag_probs_fields() != len(FIELDS):
-            return None
-    except AttributeError:
         return None
     fn = lib.rldiag_rollout_probs
     fn.restype = ctypes.c_long
@@ -41,7 +38,7 @@ def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     return lib
 
 
-_LIB = _bind(native.load("rollout_probs"))
+_LIB = _bind(native.checked("rollout_probs", "probs", ABI, len(FIELDS)))
 
 
 def built() -> bool:

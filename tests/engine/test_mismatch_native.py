@@ -271,3 +271,15 @@ def test_the_compiled_tails_equal_the_numpy_tails(seed, monkeypatch):
     want = mismatch_stats(*args)
     assert_same(got, want)
     np.testing.assert_array_equal(got["gap_abs_p95"].numpy(), want["gap_abs_p95"].numpy())
+
+
+def test_a_library_of_another_version_is_refused():
+    """``native.checked``: the library only where its calling convention's number and record
+    length are the bindings' (an install not rebuilt since the C changed runs the twin)."""
+    from rldiag.engine import native as libs
+
+    fields = len(scan.FIELDS)
+    assert libs.checked("mismatch_chunk", "mismatch", native.ABI, fields) is not None
+    assert libs.checked("mismatch_chunk", "mismatch", native.ABI - 1, fields) is None
+    assert libs.checked("mismatch_chunk", "mismatch", native.ABI, fields + 1) is None
+    assert libs.checked("mismatch_chunk", "nothing", native.ABI, fields) is None  # no such functions

@@ -40,3 +40,20 @@ def load(name: str) -> ctypes.CDLL | None:
         return ctypes.CDLL(str(path))
     except OSError:
         return None
+
+
+def checked(name: str, prefix: str, abi: int, fields: int) -> ctypes.CDLL | None:
+    """:func:`load`'s library, where it is the version its bindings were written for: its
+    ``rldiag_<prefix>_abi()`` (the calling convention's number, raised with every change to its
+    functions' arguments) is ``abi`` and its ``rldiag_<prefix>_fields()`` (the length of the
+    record it writes) is ``fields``; None otherwise (an install not rebuilt since its sources
+    changed: the twin runs)."""
+    lib = load(name)
+    if lib is None:
+        return None
+    try:
+        if getattr(lib, f"rldiag_{prefix}_abi")() != abi or getattr(lib, f"rldiag_{prefix}_fields")() != fields:
+            return None
+    except AttributeError:  # older than the calling convention's number
+        return None
+    return lib
