@@ -6,8 +6,9 @@ long-tailed runs of bench_recompute.py), whole processes, alternating round by r
   this     ``rldiag recompute RUN --no-reuse --device cpu`` with this tree's rldiag (every stage on,
            the files hashed, the scenario written: as a user's recompute runs)
   REV      the same command with the rldiag of ``--baseline REV`` (``git archive REV rldiag``
-           extracted into a temporary directory), on a twin of the run (its batch files hard-linked,
-           so that neither version reads the other's scenarios)
+           extracted into a directory of its own, and its compiled kernels built there where it has
+           any: without them it would run their slower twins), on a twin of the run (its batch
+           files hard-linked, so that neither version reads the other's scenarios)
   torch    the decode floor that imports torch: this tree's loader
            (:func:`rldiag.io.loader.load_step`) loads every step's planned columns
            (:func:`rldiag.engine.requirements.recompute_columns`) into the engine's flat tensors,
@@ -68,14 +69,27 @@ PROCESSES = ("this", "base", "torch", "arrow")
 
 
 def extract(rev: str, into: Path) -> Path:
-    """``REV``'s ``rldiag/`` package extracted under ``into`` (kept: a second run reuses it)."""
-    tree = into / f"rev-{rev.replace('/', '_')}"
-    if not (tree / "rldiag").is_dir():
+    """``REV``'s ``rldiag/`` package extracted under ``into``, with its compiled kernels where it
+    has any (kept, by commit: a second run reuses it)."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", rev], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    tree = into / f"rev-{commit}"
+    done = tree / ".extracted"
+    if not done.is_file():
+        shutil.rmtree(tree, ignore_errors=True)
         tree.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "rldiag"], check=True,
-                                 capture_output=True).stdout
+        have_setup = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:setup.py"],
+                                    capture_output=True).returncode == 0
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "rldiag", *(["setup.py"] if have_setup else [])],
+                                 check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        if have_setup:
+            # the revision's compiled kernels, as its install builds them: without them it would
+            # run their slower twins and look slower than it is
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, check=True,
+                           capture_output=True)
         compileall.compile_dir(str(tree / "rldiag"), quiet=1)
+        done.touch()
     return tree
 
 
