@@ -13,7 +13,7 @@ machine). The table gives each stage's seconds and share of the summed stage tim
 diagnostic stages (health, mismatch, diag_is, turns, rows) are marked ``*``.
 
 ``--baseline REV``: the same measurement of another commit's rldiag (extracted with ``git
-archive`` into a temporary directory), alternating with this tree's child processes, so that
+archive`` into a directory of its own, with its compiled kernels: bench_whole.extract), alternating with this tree's child processes, so that
 both columns are measured side by side under the same load. Usage:
 
   .venv/bin/python bench/bench_stages.py                                 # uniform and tail16k
@@ -146,12 +146,10 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     versions = {"this": str(ROOT)}
     if args.baseline:
-        tree = base / f"rev-{args.baseline.replace('/', '_')}"
-        if not tree.exists():
-            tree.mkdir()
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.baseline, "rldiag"], check=True,
-                                     capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        sys.path.insert(0, str(ROOT / "bench"))
+        from bench_whole import extract  # the revision's package, with its compiled kernels where it has any
+
+        tree = extract(args.baseline, base)
         versions = {args.baseline: str(tree), "this": str(ROOT)}
     print(f"machine: {os.cpu_count()} cores, torch threads {os.environ.get('BENCH_THREADS', '1')}; "
           f"best of {args.repeat} passes x {args.rounds} rounds")
