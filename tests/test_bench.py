@@ -249,7 +249,13 @@ def test_bench_whole_measures_this_tree_a_baseline_and_both_floors_side_by_side(
         assert min(this, base, torch_floor, arrow) > 0
         assert _ratio_of_printed(float(cells[9]), this, torch_floor) and _ratio_of_printed(float(cells[10]), this, base)
         assert all(float(c) > 0 for c in cells[11:14] + cells[16:20])  # CPU seconds, peak MB of each process
-    assert (tmp_path / "rev-HEAD" / "rldiag" / "engine").is_dir()  # the baseline's package, extracted
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    native = tmp_path / f"rev-{head}" / "rldiag" / "engine" / "native"  # the baseline's package, extracted by commit
+    assert (native.parent / "pipeline.py").is_file()
+    # with its compiled kernels, built there as this tree's install built its own
+    ours = sorted(p.name for p in (ROOT / "rldiag" / "engine" / "native").glob("*.so"))
+    assert sorted(p.name for p in native.glob("*.so")) == ours
     scen = tmp_path / "run-2-16-32-twin" / "rldiag" / "scenarios" / "bench-whole"
     assert (scen / "scenario.json").is_file()  # the baseline wrote into the run's twin, not the run
     assert "load average" in out
