@@ -269,3 +269,22 @@ def test_bench_memory_slope_fits_a_line_per_process(tmp_path):
         float(cells[2]), float(cells[7])  # the slope and the intercept, numbers
     sizes = [line.split() for line in out.splitlines() if line.split()[:1] in (["8"], ["16"])]
     assert [int(c[0]) for c in sizes] == [8, 16] and all(float(c[3]) > 0 for c in sizes)  # this tree's peak MB
+
+
+def test_bench_ab_pairs_the_rounds_of_each_revision(tmp_path):
+    """bench/bench_ab.py at the smallest size, this commit against this tree: one row per
+    revision, the reference's own ratios exactly 1, every process timed, the commit extracted with
+    the kernels this tree built, and no scenario left behind."""
+    out = bench_output("bench_ab.py", str(tmp_path), "--revisions", "HEAD,this", "--rounds", "3", "--steps", "2",
+                       "--rows", "16", "--tokens", "32")
+    lines = out.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("revision"))
+    rows = {line.split()[0]: line.split() for line in lines[top + 1:top + 3]}
+    assert set(rows) == {"HEAD", "this"}
+    assert rows["HEAD"][3] == "1.000" and rows["HEAD"][5] == "1.000"
+    assert all(float(c) > 0 for cells in rows.values() for c in (cells[1], cells[2], cells[3], cells[5]))
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    ours = sorted(p.name for p in (ROOT / "rldiag" / "engine" / "native").glob("*.so"))
+    assert sorted(p.name for p in (tmp_path / f"rev-{head}" / "rldiag" / "engine" / "native").glob("*.so")) == ours
+    assert not list((tmp_path / "run-2-16-32" / "rldiag" / "scenarios").glob("bench-ab-*"))

@@ -1,0 +1,99 @@
+"""Benchmark: whole recompute processes of several revisions, paired round by round.
+
+bench_whole.py gives the median of each process's times and the ratio of the medians; on a machine
+whose speed drifts by 15-50 % between quarter hours, two medians taken minutes apart can differ by
+more than the change being measured. Here each round runs every revision once on the same run
+(in an order reversed every other round), and the table gives, for each revision against the
+first, the median of the rounds' own ratios and their interquartile range: a drift that slows a
+whole round cancels out of its ratio.
+
+All revisions recompute the same run, each process into a scenario of its own, removed once it
+ends (``--no-reuse``: nothing of an earlier scenario is read). Each revision is ``this`` (this
+tree, its installed kernels) or a commit, extracted with its compiled kernels
+(:func:`bench_whole.extract`). Each process: ``rldiag recompute RUN --no-reuse --device cpu``
+(every stage on, the files hashed, the scenario written), its wall seconds and CPU seconds (user
++ system of the child).
+
+  .venv/bin/python bench/bench_ab.py --revisions c84c4f8,this --rounds 10
+  .venv/bin/python bench/bench_ab.py --revisions a3032c6,this --workload tail16k --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_whole import extract, make_workload  # noqa: E402
+
+
+def one(run: Path, tree: Path | None, name: str) -> tuple[float, float]:
+    """One recompute process: wall seconds, CPU seconds (user + system)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    cmd = [sys.executable, "-m", "rldiag.cli.main", "recompute", str(run), "--no-reuse", "--device", "cpu", "--name", name]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   cwd=tree if tree is not None else tempfile.gettempdir())
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(run / "rldiag" / "scenarios" / name, ignore_errors=True)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def paired(times: dict[str, list[tuple[float, float]]], first: str) -> list[str]:
+    """The table: each revision's median wall and CPU seconds, and the median (interquartile
+    range) of its per-round ratios to ``first``'s."""
+    lines = [f"{'revision':<14} {'wall s':>7} {'cpu s':>7} {'wall x':>7} {'IQR':>13} {'cpu x':>7} {'IQR':>13}"]
+    for rev, got in times.items():
+        rw = [a[0] / b[0] for a, b in zip(got, times[first])]
+        rc = [a[1] / b[1] for a, b in zip(got, times[first])]
+        qw = statistics.quantiles(rw, n=4) if len(rw) > 1 else [rw[0]] * 3
+        qc = statistics.quantiles(rc, n=4) if len(rc) > 1 else [rc[0]] * 3
+        lines.append(f"{rev:<14} {statistics.median(g[0] for g in got):>7.2f} {statistics.median(g[1] for g in got):>7.2f} "
+                     f"{statistics.median(rw):>7.3f} {qw[0]:>6.3f}-{qw[2]:<6.3f} {statistics.median(rc):>7.3f} "
+                     f"{qc[0]:>6.3f}-{qc[2]:<6.3f}")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--revisions", default="this", help="comma-separated: 'this' or git revisions (the first is the reference)")
+    ap.add_argument("--workload", default="uniform", help="uniform, tail32k, tail16k or step16m (bench_whole's)")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--scale", type=float, default=1.0, help="shrink the long-tailed workloads (tests)")
+    ap.add_argument("--dir", default=None, help="where to keep generated runs and extracted revisions")
+    args = ap.parse_args()
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rldiag-ab-"))
+    base.mkdir(parents=True, exist_ok=True)
+    revs = [r.strip() for r in args.revisions.split(",") if r.strip()]
+    run = make_workload(base, args.workload, args)
+    trees = {r: (None if r == "this" else extract(r, base)) for r in revs}
+    times: dict[str, list[tuple[float, float]]] = {r: [] for r in revs}
+    print(f"machine: {os.cpu_count()} cores; workload {args.workload} ({run.name}); {args.rounds} rounds, "
+          f"the order reversed every other round; load average {os.getloadavg()[0]:.2f}")
+    for i in range(args.rounds):
+        for r in (revs if i % 2 == 0 else revs[::-1]):
+            times[r].append(one(run, trees[r], f"bench-ab-{i}"))
+    print("\n".join(paired(times, revs[0])))
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
