@@ -16,6 +16,7 @@ tree, its installed kernels) or a commit, extracted with its compiled kernels
 
   .venv/bin/python bench/bench_ab.py --revisions c84c4f8,this --rounds 10
   .venv/bin/python bench/bench_ab.py --revisions a3032c6,this --workload tail16k --rounds 9
+  .venv/bin/python bench/bench_ab.py --revisions a3032c6,this --engine 6 --rounds 3   # the engine alone
 """
 
 from __future__ import annotations
@@ -37,6 +38,54 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_whole import extract, make_workload  # noqa: E402
 
+#: ``--engine``: a child that loads the run's first steps, then times the engine alone on them, one
+#: step a batch and one torch thread (the best of 5 passes after a warm-up), and the load of them
+#: (CPU seconds of its thread, best of 5); written for every revision's API since a3032c6
+ENGINE_CHILD = """
+import inspect, sys, time
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from rldiag.executors.allocator import tune_host_allocator
+tune_host_allocator()
+from rldiag.config.settings import resolve_settings
+from rldiag.engine.batch import pack
+from rldiag.engine.pipeline import recompute_batch
+from rldiag.io.loader import load_step
+from rldiag.io.rundir import RunDir
+run, n = Path(sys.argv[1]), int(sys.argv[2])
+settings = resolve_settings(run)
+files = RunDir(run).step_files()[:n]
+try:
+    from rldiag.engine.requirements import recompute_columns
+    plan = recompute_columns(settings)
+    load = lambda sf: load_step(sf, settings, plan, threads=False)
+except ImportError:  # before the column planner: the loader chooses
+    load = lambda sf: load_step(sf, settings, threads=False)
+kw = {k: v for k, v in (("release", True), ("keep_tokens", False))
+      if k in inspect.signature(recompute_batch).parameters}
+best_load = min(((lambda t: ([load(sf) for sf in files], time.thread_time() - t)[1])(time.thread_time()))
+                for _ in range(5))
+data = [load(sf) for sf in files]
+def engine():
+    for d in data:
+        recompute_batch(pack([d.batch]), settings, None, **kw)
+engine()
+best = min((lambda t: (engine(), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(5))
+print(best / n, best_load / n)
+"""
+
+
+def engine_alone(run: Path, tree: Path | None, steps: int) -> tuple[float, float]:
+    """The engine's seconds a step and the load's CPU seconds a step (:data:`ENGINE_CHILD`)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    out = subprocess.run([sys.executable, "-c", ENGINE_CHILD, str(run), str(steps)], env=env, check=True,
+                         capture_output=True, text=True, cwd=tree if tree is not None else tempfile.gettempdir())
+    engine, load = out.stdout.split()[-2:]
+    return float(engine), float(load)
+
 
 def one(run: Path, tree: Path | None, name: str) -> tuple[float, float]:
     """One recompute process: wall seconds, CPU seconds (user + system)."""
@@ -54,17 +103,19 @@ def one(run: Path, tree: Path | None, name: str) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def paired(times: dict[str, list[tuple[float, float]]], first: str) -> list[str]:
-    """The table: each revision's median wall and CPU seconds, and the median (interquartile
-    range) of its per-round ratios to ``first``'s."""
-    lines = [f"{'revision':<14} {'wall s':>7} {'cpu s':>7} {'wall x':>7} {'IQR':>13} {'cpu x':>7} {'IQR':>13}"]
+def paired(times: dict[str, list[tuple[float, float]]], first: str,
+           names: tuple[str, str] = ("wall", "cpu"), unit: str = "s") -> list[str]:
+    """The table: each revision's median of both measures (wall and CPU seconds by default), and
+    the median (interquartile range) of its per-round ratios to ``first``'s."""
+    a, b = names
+    lines = [f"{'revision':<14} {a + ' ' + unit:>9} {b + ' ' + unit:>9} {a + ' x':>9} {'IQR':>13} {b + ' x':>9} {'IQR':>13}"]
     for rev, got in times.items():
         rw = [a[0] / b[0] for a, b in zip(got, times[first])]
         rc = [a[1] / b[1] for a, b in zip(got, times[first])]
         qw = statistics.quantiles(rw, n=4) if len(rw) > 1 else [rw[0]] * 3
         qc = statistics.quantiles(rc, n=4) if len(rc) > 1 else [rc[0]] * 3
-        lines.append(f"{rev:<14} {statistics.median(g[0] for g in got):>7.2f} {statistics.median(g[1] for g in got):>7.2f} "
-                     f"{statistics.median(rw):>7.3f} {qw[0]:>6.3f}-{qw[2]:<6.3f} {statistics.median(rc):>7.3f} "
+        lines.append(f"{rev:<14} {statistics.median(g[0] for g in got):>9.2f} {statistics.median(g[1] for g in got):>9.2f} "
+                     f"{statistics.median(rw):>9.3f} {qw[0]:>6.3f}-{qw[2]:<6.3f} {statistics.median(rc):>9.3f} "
                      f"{qc[0]:>6.3f}-{qc[2]:<6.3f}")
     return lines
 
@@ -79,6 +130,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--scale", type=float, default=1.0, help="shrink the long-tailed workloads (tests)")
     ap.add_argument("--dir", default=None, help="where to keep generated runs and extracted revisions")
+    ap.add_argument("--engine", type=int, default=0, metavar="STEPS",
+                    help="time the engine alone instead (ms a step, one thread) and the load (CPU ms a step), "
+                         "on the run's first STEPS steps")
     args = ap.parse_args()
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rldiag-ab-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -86,12 +140,18 @@ def main() -> None:
     run = make_workload(base, args.workload, args)
     trees = {r: (None if r == "this" else extract(r, base)) for r in revs}
     times: dict[str, list[tuple[float, float]]] = {r: [] for r in revs}
-    print(f"machine: {os.cpu_count()} cores; workload {args.workload} ({run.name}); {args.rounds} rounds, "
+    what = f"the engine alone on {args.engine} steps" if args.engine else "whole processes"
+    print(f"machine: {os.cpu_count()} cores; workload {args.workload} ({run.name}); {what}; {args.rounds} rounds, "
           f"the order reversed every other round; load average {os.getloadavg()[0]:.2f}")
     for i in range(args.rounds):
         for r in (revs if i % 2 == 0 else revs[::-1]):
-            times[r].append(one(run, trees[r], f"bench-ab-{i}"))
-    print("\n".join(paired(times, revs[0])))
+            got = engine_alone(run, trees[r], args.engine) if args.engine else one(run, trees[r], f"bench-ab-{i}")
+            times[r].append(got)
+    if args.engine:  # the engine's ms a step, the load's CPU ms a step
+        times = {r: [(a * 1e3, b * 1e3) for a, b in got] for r, got in times.items()}
+        print("\n".join(paired(times, revs[0], ("engine", "load"), "ms")))
+    else:
+        print("\n".join(paired(times, revs[0])))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

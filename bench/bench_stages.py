@@ -13,8 +13,9 @@ machine). The table gives each stage's seconds and share of the summed stage tim
 diagnostic stages (health, mismatch, diag_is, turns, rows) are marked ``*``.
 
 ``--baseline REV``: the same measurement of another commit's rldiag (extracted with ``git
-archive`` into a directory of its own, with its compiled kernels: bench_whole.extract), alternating with this tree's child processes, so that
-both columns are measured side by side under the same load. Usage:
+archive`` into a directory of its own, with its compiled kernels: bench_whole.extract),
+alternating with this tree's child processes, so that both columns are measured side by side
+under the same load. Usage:
 
   .venv/bin/python bench/bench_stages.py                                 # uniform and tail16k
   .venv/bin/python bench/bench_stages.py --baseline main --repeat 3

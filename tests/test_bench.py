@@ -288,3 +288,8 @@ def test_bench_ab_pairs_the_rounds_of_each_revision(tmp_path):
     ours = sorted(p.name for p in (ROOT / "rldiag" / "engine" / "native").glob("*.so"))
     assert sorted(p.name for p in (tmp_path / f"rev-{head}" / "rldiag" / "engine" / "native").glob("*.so")) == ours
     assert not list((tmp_path / "run-2-16-32" / "rldiag" / "scenarios").glob("bench-ab-*"))
+    out = bench_output("bench_ab.py", str(tmp_path), "--revisions", "HEAD,this", "--rounds", "1", "--steps", "2",
+                       "--rows", "16", "--tokens", "32", "--engine", "2")
+    head_row = next(line.split() for line in out.splitlines() if line.startswith("HEAD"))
+    this_row = next(line.split() for line in out.splitlines() if line.startswith("this"))
+    assert "engine ms" in out and head_row[3] == "1.000" and float(this_row[1]) > 0 and float(this_row[2]) > 0
