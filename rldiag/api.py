@@ -361,13 +361,19 @@ def recompute(
     and returns the last one after ``idle_timeout`` seconds without a new file (never when
     None: stop it with Ctrl-C, a ``KeyboardInterrupt``).
     """
-    from rldiag.scenario.recompute import follow as run_follow
-    from rldiag.scenario.recompute import recompute as run_recompute
-
     options: dict[str, Any] = dict(name=name, steps=steps, device=device, save_tokens=save_tokens, reuse=reuse,
                                    executor=executor, progress=_by_step(progress))
     if not follow:
-        return RecomputeResult.from_report(run_recompute(run, _overrides(overrides, estimator), **options))
+        from rldiag.io.file_hash import early_hashes, recompute_files
+
+        # the files this process will hash, hashed while it imports torch and the engine (a core
+        # is idle meanwhile); each step's fetch takes its file's hash from there
+        early = recompute_files(run, steps, reuse) if executor == "local" else []
+        with early_hashes(early):
+            from rldiag.scenario.recompute import recompute as run_recompute
+
+            return RecomputeResult.from_report(run_recompute(run, _overrides(overrides, estimator), **options))
+    from rldiag.scenario.recompute import follow as run_follow
 
     def update(rep: ScenarioReport) -> None:
         if on_update is not None:

@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import hashlib
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -39,6 +38,7 @@ from rldiag.engine.pipeline import Result, recompute_batch
 from rldiag.engine.requirements import ColumnPlan, recompute_columns
 from rldiag.errors import InternalError, RldiagError
 from rldiag.executors.allocator import usable_cores
+from rldiag.io.file_hash import PieceHash, claim_early, hash_pool
 from rldiag.io.fs import as_path, is_remote
 from rldiag.io.loader import StepData, load_step, row_columns
 from rldiag.io.outputs import rows_table, tokens_table
@@ -225,60 +225,21 @@ def hashed_record(info: dict, remote: bool, content: bytes) -> dict:
     return out
 
 
-#: A local file is hashed in pieces of this many bytes, never held whole.
-HASH_PIECE = 1 << 20
-
-
-class PieceHash:
-    """The record of a local file open as ``fd`` (:func:`hashed_record`'s, closed once read),
-    hashed in pieces of :data:`HASH_PIECE` bytes at their offsets (``os.pread``: the file's
-    position, which the loader may share, is left alone), so that no more than a piece of it is
-    held at once.
-
-    Any thread may advance it (:meth:`run`): the hash thread runs it in the machine's idle
-    moments, and a thread that needs the record (:meth:`Fetched.record`) hashes what is left
-    itself rather than wait for a low-priority thread, which a loaded machine runs last. The
-    pieces are hashed in order under a lock, so the digest is the file's whichever thread read
-    which piece."""
-
-    def __init__(self, info: dict, fd: int):
-        self._info = dict(info)
-        self._fd = fd
-        self._sha = hashlib.sha256()
-        self._size = 0
-        self._lock = threading.Lock()
-        self._result: dict | None = None
-        self._error: OSError | None = None
-
-    def run(self) -> dict:
-        """Hash the pieces left, if any; the record (a copy), or the error the file's read raised."""
-        while True:
-            with self._lock:
-                if self._error is not None:
-                    raise self._error
-                if self._result is not None:
-                    return dict(self._result)
-                try:
-                    piece = os.pread(self._fd, HASH_PIECE, self._size)
-                except OSError as exc:
-                    self._error = exc
-                    os.close(self._fd)
-                    raise
-                if piece:
-                    self._sha.update(piece)
-                    self._size += len(piece)
-                    continue
-                os.close(self._fd)
-                self._result = {**self._info, "size": self._size, "sha256": self._sha.hexdigest()}
-
-
 def content_hasher(info: dict, remote: bool, content: Any) -> tuple[Callable[[], dict], Callable[[], dict] | None]:
     """How a step's ``content`` is hashed into its new record: ``(hash, finish)``. Bytes (an
     object store's file) are hashed whole (:func:`hashed_record`) and ``finish`` is None (whoever
     needs the record waits for the hash thread); an open local file in pieces from a duplicate of
-    its descriptor (:class:`PieceHash`), whose ``run`` is both: any thread may finish it."""
+    its descriptor (:class:`PieceHash`), whose ``run`` is both: any thread may finish it; a file
+    hashed early (:func:`~rldiag.io.file_hash.claim_early`) by that early hash, done or not."""
     if isinstance(content, bytes):
         return functools.partial(hashed_record, dict(info), remote, content), None
+    early = claim_early(content.name, content.fileno())  # hashed while the process imported the engine
+    if early is not None:
+        base = dict(info)
+
+        def run() -> dict:
+            return {**base, **early.run()}
+        return run, run
     run = PieceHash(dict(info), os.dup(content.fileno())).run
     return run, run
 
@@ -297,31 +258,6 @@ def open_step_file(sf: StepFile):
     if not isinstance(path, Path):
         raise InternalError(f"{path}: an object store's file is read whole, not opened")
     return open(path, "rb")  # noqa: SIM115 - closed by fetch once loaded
-
-
-_HASH_POOL: ThreadPoolExecutor | None = None
-
-#: The hash thread's nice value: it runs when a core would otherwise be idle.
-HASH_NICE = 19
-
-
-def _lower_priority() -> None:
-    """Lower this thread's scheduling priority, where the platform allows it per thread (Linux:
-    ``setpriority`` on a thread id); elsewhere leave it."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_NICE)
-    except (OSError, AttributeError):
-        pass
-
-
-def hash_pool() -> ThreadPoolExecutor:
-    """The one background thread that hashes the step files (lower priority), started on first use."""
-    global _HASH_POOL
-    if _HASH_POOL is None:
-        _HASH_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldiag-hash", initializer=_lower_priority)
-    return _HASH_POOL
 
 
 def fetch(task: StepTask, job: Job, pin: bool = False, hash_file: bool = True,

@@ -30,6 +30,7 @@ from rldiag.errors import ConfigError, RldiagError
 from rldiag.executors import Plan
 from rldiag.executors.klchain import is_adaptive
 from rldiag.executors.steps import Job, StepTask
+from rldiag.io.file_hash import known_inputs
 from rldiag.io.fs import RemotePath, is_remote, relative_to
 from rldiag.io.outputs import json_safe, list_scenarios, read_scenario_at
 from rldiag.io.run_layout import RunLayout, ScenarioLayout
@@ -86,33 +87,6 @@ class Previous:
         executor checks that: size, mtime, SHA-256)."""
         return (self.reusable and step in self.metrics and step in self.row_steps
                 and (not save_tokens or step in self.token_steps))
-
-
-def known_inputs(run: Path | RemotePath, exclude: str) -> dict[str, dict]:
-    """Input records of the run's other complete scenarios, by file (the newest hash first).
-
-    A file whose size and modification time still match such a record keeps its SHA-256
-    without being hashed again (:func:`rldiag.executors.steps.known_hash`): a second scenario
-    of the same run (another estimator, say) reads its files but does not hash them. Local runs
-    only: on an object store each scenario's record is one more request.
-    """
-    if is_remote(run):
-        return {}
-    known: dict[str, dict] = {}
-    layout = RunLayout(run)
-    metas = []
-    for name in list_scenarios(run):
-        if name == exclude:
-            continue
-        try:
-            metas.append(json.loads(layout.scenario(name).meta.read_text()))
-        except (OSError, ValueError):
-            continue
-    for meta in sorted(metas, key=lambda m: str(m.get("created", ""))):  # newer records win
-        for rec in meta.get("inputs", []) if isinstance(meta.get("inputs"), list) else []:
-            if isinstance(rec, dict) and rec.get("file") and rec.get("sha256") and "size" in rec and "mtime_ns" in rec:
-                known[str(rec["file"])] = rec
-    return known
 
 
 def previous(run: Path | RemotePath, name: str, settings: Settings, save_tokens: bool,

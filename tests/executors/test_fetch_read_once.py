@@ -15,6 +15,7 @@ import pytest
 
 from rldiag.config.settings import resolve_settings
 from rldiag.executors import steps as steps_mod
+from rldiag.io import file_hash
 from rldiag.executors.steps import Job, StepTask, fetch, hashed_record, known_hash
 from rldiag.io.rundir import RunDir
 from rldiag.scenario.recompute import recompute
@@ -85,6 +86,7 @@ class _Spy:
         monkeypatch.setattr(steps_mod, "load_step", load_step)
         monkeypatch.setattr(steps_mod, "open_step_file", open_step_file)
         monkeypatch.setattr(steps_mod, "hashlib", _Hashlib)
+        monkeypatch.setattr(file_hash, "hashlib", _Hashlib)  # a local file's pieces (PieceHash)
 
     def read_names(self) -> list[str]:
         return sorted(p.name for p in self.reads)
@@ -319,32 +321,6 @@ def test_hashed_records_size_and_digest():
     assert info["hashed_ns"] > 0 and info["sha256"] == hashlib.sha256(content).hexdigest()
 
 
-def test_a_local_file_is_hashed_in_pieces(tmp_path, monkeypatch):
-    """The hash of an open local file reads it piece by piece (never whole), from its offsets,
-    and closes the descriptor it was given; the digest and size are the whole file's."""
-    path = tmp_path / "f.bin"
-    content = bytes(range(256)) * 1000 + b"tail"
-    path.write_bytes(content)
-    monkeypatch.setattr(steps_mod, "HASH_PIECE", 4096)
-    reads = []
-    real_pread = os.pread
-
-    def pread(fd, n, offset):
-        reads.append((n, offset))
-        return real_pread(fd, n, offset)
-
-    monkeypatch.setattr(steps_mod.os, "pread", pread)
-    with open(path, "rb") as fh:
-        fh.seek(17)  # the loader's position: left where it was
-        fd = os.dup(fh.fileno())
-        info = steps_mod.hashed_file_record({"step": 1}, fd)
-        assert fh.tell() == 17
-    assert info == {"step": 1, "size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
-    assert all(n == 4096 for n, _ in reads) and [o for _, o in reads] == [*range(0, len(content), 4096), len(content)]
-    with pytest.raises(OSError):
-        os.fstat(fd)  # closed
-
-
 def _hash_thread_held(monkeypatch):
     """The hash thread gets no core until ``release`` is set (a loaded machine); ``order`` gets
     "hashed" when it has run. Other threads advance a :class:`PieceHash` as usual."""
@@ -403,25 +379,3 @@ def test_a_sweeps_records_finish_the_hash_without_waiting_for_the_hash_thread(ru
     assert order == ["hashed"]
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert [r["sha256"] for r in records] == [digest, digest] and records[0]["size"] == path.stat().st_size
-
-
-def test_a_piece_hash_advanced_by_two_threads_is_the_files_digest(tmp_path, monkeypatch):
-    """PieceHash: two threads taking pieces as they come (in order, under its lock) give the file's
-    SHA-256 and size, both get the same record, and the descriptor is closed once."""
-    path = tmp_path / "f.bin"
-    content = bytes(range(251)) * 4000 + b"end"
-    path.write_bytes(content)
-    monkeypatch.setattr(steps_mod, "HASH_PIECE", 1000)
-    fd = os.open(path, os.O_RDONLY)
-    ph = steps_mod.PieceHash({"step": 3}, fd)
-    got = []
-    threads = [threading.Thread(target=lambda: got.append(ph.run())) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    want = {"step": 3, "size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
-    assert got == [want, want]
-    assert ph.run() == want  # done: nothing read again
-    with pytest.raises(OSError):
-        os.fstat(fd)  # closed
