@@ -24,6 +24,7 @@ from rldiag.executors.steps import DEFAULT_CHUNK_STEPS, DEFAULT_PACK_TOKENS, Job
 from rldiag.io.fs import RemotePath
 from rldiag.io.run_layout import ScenarioLayout
 from rldiag.io.rundir import RunDir, Steps, parse_steps
+from rldiag.scenario.behind import behind
 from rldiag.scenario.plan import Previous, check_name, check_settings, plan_steps, previous
 from rldiag.scenario.sampling import SampledRun
 from rldiag.scenario.write import ScenarioReport, ScenarioWriter
@@ -90,9 +91,11 @@ def recompute(
         report = ScenarioReport(name=name, path=target.dir, settings=settings, device=dev, executor=ex.name,
                                 warnings=override_warnings(rd, overrides))
         with ScenarioWriter(target, report, prev, overrides, save_tokens) as writer:
-            with closing(ex.run(plan)) as outcomes:
+            # each step written on a thread of its own while the engine computes the next (a step's
+            # token table, with save_tokens, is too large to hold one more of: written here)
+            with closing(ex.run(plan)) as outcomes, behind(writer.record, threaded=not save_tokens) as writes:
                 for i, out in enumerate(outcomes, 1):
-                    writer.record(out)
+                    writes.put(out)
                     if progress:
                         progress(i, len(chosen), out.step)
             extra = sample.mark(report) if sample is not None else None
