@@ -18,6 +18,7 @@ row boundaries (:mod:`rldiag.engine.scan`).
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from rldiag.engine import host, kernels
 
 #: tokens per chunk summed in the values' dtype before the chunk sums are accumulated in float64
 PIECE = 64
+
+#: guards the per-layout memories of row sums (:meth:`Rows._remembered`): the side stages share the layout
+_MEMO_LOCK = threading.Lock()
 
 
 def row_ids_of(offsets: torch.Tensor) -> torch.Tensor:
@@ -270,13 +274,15 @@ class Rows:
         except RuntimeError:  # an inference-mode tensor has no version counter: not remembered
             return compute()
         ids = tuple(id(t) for t in ts)
-        hit = memo.get(ids)
+        with _MEMO_LOCK:  # the side stages' thread shares the layout (rldiag.engine.side)
+            hit = memo.get(ids)
         if hit is not None and all(r() is t for r, t in zip(hit[0], ts)) and hit[1] == versions:
             return hit[2].clone()
         out = compute()
-        for k in [k for k, v in memo.items() if any(r() is None for r in v[0])]:  # tensors since freed
-            del memo[k]
-        memo[ids] = (tuple(weakref.ref(t) for t in ts), versions, out)
+        with _MEMO_LOCK:
+            for k in [k for k, v in memo.items() if any(r() is None for r in v[0])]:  # tensors since freed
+                del memo[k]
+            memo[ids] = (tuple(weakref.ref(t) for t in ts), versions, out)
         return out.clone()
 
     @cached_property

@@ -37,6 +37,7 @@ from rldiag.engine.batch import Batch
 from rldiag.engine.kl_control import KLControllerState, PresetKLCoefficients, initial_kl_state
 from rldiag.engine.liveness import release_plan
 from rldiag.engine.settings import EngineSettings
+from rldiag.engine.side import SIDE, Side, SideRun, SideState, append_results, apply_sets, effective_order, insert_results
 from rldiag.engine.stages import STAGES, State
 from rldiag.engine.step_failures import StepErrors
 
@@ -56,7 +57,7 @@ class Result:
 
 def recompute_batch(
     batch: Batch, settings: EngineSettings, kl_state: KLControllerState | PresetKLCoefficients | None = None,
-    *, release: bool = False, keep_tokens: bool = True,
+    *, release: bool = False, keep_tokens: bool = True, side: Side | None = SIDE,
 ) -> Result:
     """Recompute everything rldiag derives for the steps packed in ``batch``: every stage of
     :data:`~rldiag.engine.stages.STAGES` in order over one state.
@@ -65,17 +66,58 @@ def recompute_batch(
     run (:mod:`rldiag.engine.liveness`), so that its memory is reused by the stages after it; the
     caller's ``batch`` object keeps its columns, so this only saves memory where the caller holds
     no other reference to them. ``keep_tokens=False``: the per-token outputs are dropped as they
-    are made (``Result.tokens`` is empty), for a caller that does not write them. Neither changes
-    a number."""
+    are made (``Result.tokens`` is empty), for a caller that does not write them. ``side``: the
+    diagnostics run on a second thread beside the other stages (:mod:`rldiag.engine.side`; None:
+    every stage on this thread). None of them changes a number."""
     steps = list(batch.steps)
     state = State(batch, settings, kl_state, StepErrors(batch.steps))
     del batch  # the state's reference alone, so that a released column is freed
-    plan = release_plan(STAGES, settings) if release else None
-    for i, stage in enumerate(STAGES):
-        stage.run(state)
-        if not keep_tokens:
-            state.tokens.clear()
-        if plan is not None:
-            plan[i].apply(state, stage.name)
+    on_side = {s.name for s in STAGES if side is not None and s.name in side.stages}
+    order = effective_order(STAGES, side) if on_side and side is not None else list(STAGES)
+    plan = dict(zip((s.name for s in order), release_plan(order, settings))) if release else None
+    names = [s.name for s in STAGES]
+    index = {name: i for i, name in enumerate(names)}
+    run: SideRun | None = None
+    waiting: list[tuple[str, SideState]] = []  # joined side stages whose place in STAGES is still ahead
+    marks: dict[str, tuple[int, int, int]] = {}
+
+    def join(at: int) -> None:
+        nonlocal run
+        assert run is not None
+        views = dict(zip(run.names, run.join()))
+        run = None
+        for name, view in views.items():
+            apply_sets(state, view)
+            if plan is not None:
+                plan[name].apply(state, name)
+        insert_results(state, {n: v for n, v in views.items() if index[n] < at}, names, marks)
+        waiting.extend((n, v) for n, v in views.items() if index[n] >= at)
+
+    try:
+        for stage in order:
+            if stage.name in on_side:
+                continue  # run by the side thread
+            at = index[stage.name]
+            if run is not None and side is not None and stage.name == side.before:
+                join(at)
+            while waiting and index[waiting[0][0]] < at:
+                append_results(state, waiting.pop(0)[1])
+            stage.run(state)
+            if not keep_tokens:
+                state.tokens.clear()
+            marks[stage.name] = (len(state.metrics), len(state.tokens), len(state.rows))
+            if plan is not None:
+                plan[stage.name].apply(state, stage.name)
+            if on_side and side is not None and stage.name == side.after:
+                run = SideRun([s for s in STAGES if s.name in on_side], state, keep_tokens)
+                run.start()
+    except BaseException:
+        if run is not None:  # the side thread ends before the state is dropped; the first error wins
+            run.thread.join()
+        raise
+    if run is not None:  # no join stage in STAGES
+        join(len(names))
+    for _, view in waiting:
+        append_results(state, view)
     return Result(steps=steps, metrics=state.metrics, tokens=state.tokens, failed=state.errors.failed(),
                   rows=state.rows)
