@@ -72,6 +72,8 @@ def recompute_batch(
     steps = list(batch.steps)
     state = State(batch, settings, kl_state, StepErrors(batch.steps))
     del batch  # the state's reference alone, so that a released column is freed
+    if state.batch.response_mask.device.type != "cpu":
+        side = None  # a GPU runs one stream: nothing to gain beside it, and the path is the tested one
     on_side = {s.name for s in STAGES if side is not None and s.name in side.stages}
     order = effective_order(STAGES, side) if on_side and side is not None else list(STAGES)
     plan = dict(zip((s.name for s in order), release_plan(order, settings))) if release else None

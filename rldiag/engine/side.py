@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rldiag.engine.stages.base import Stage, State
+from rldiag.errors import InternalError
 
 __all__ = ["SIDE", "Side", "SideRun", "SideState", "append_results", "apply_sets", "effective_order", "insert_results"]
 
@@ -106,12 +107,49 @@ class SideRun:
 
 
 def effective_order(stages: Sequence[Stage], side: Side) -> list[Stage]:
-    """``stages`` with the side stages moved to just before ``side.before``: the order in which
-    their effects reach the state (what the release plan must see)."""
+    """``stages`` with the side stages moved to just before ``side.before`` (the end where it is
+    absent): the order in which their effects reach the state (what the release plan must see).
+    Raises :class:`InternalError` for a side whose stages could compute something else than on
+    one thread (:func:`check`)."""
+    check(stages, side)
     moved = [s for s in stages if s.name in side.stages]
     rest = [s for s in stages if s.name not in side.stages]
-    at = next(i for i, s in enumerate(rest) if s.name == side.before)
+    at = next((i for i, s in enumerate(rest) if s.name == side.before), len(rest))  # absent: at the end
     return rest[:at] + moved + rest[at:]
+
+
+def check(stages: Sequence[Stage], side: Side) -> None:
+    """Refuse (:class:`InternalError`) a side stage ``S`` that would not see the state it sees on
+    one thread. ``S`` starts once ``side.after`` has run and its fields reach the state at the
+    join; the stages the main thread runs meanwhile, or between the two places of ``S`` (its
+    place in ``stages`` and the join), are ``S``'s window. No stage of the window may set a field
+    ``S`` reads or sets (``S`` would see it half-made, or the wrong one would win), and none of the
+    window placed after ``S`` or after the join may read a field ``S`` sets (it would see it
+    where it should not, or not see it where it should). Every stage involved declares its reads."""
+    names = [s.name for s in stages]
+    if side.after not in names:
+        raise InternalError(f"side stages start after {side.after!r}, which is not a stage")
+    start = names.index(side.after)
+    join = names.index(side.before) if side.before in names else len(names)
+    for s in stages:
+        if s.name not in side.stages:
+            continue
+        at = names.index(s.name)
+        if at <= start:
+            raise InternalError(f"side stage {s.name!r} comes before {side.after!r}, after which it would start")
+        window = [o for i, o in enumerate(stages) if start < i < max(at, join) and o.name not in side.stages]
+        declared = {o.name: (set(o.uses), set(o.sets)) for o in (s, *window) if o.uses is not None and o.sets is not None}
+        for o in (s, *window):
+            if o.name not in declared:
+                raise InternalError(f"stage {o.name!r} does not declare what it reads: nothing runs beside it")
+        uses, made = declared[s.name]
+        touched = uses | made
+        for o in window:
+            o_uses, o_sets = declared[o.name]
+            late = names.index(o.name) > min(at, join)
+            clash = sorted((touched & o_sets) | (made & o_uses if late else set()))
+            if clash:
+                raise InternalError(f"side stage {s.name!r} cannot run beside stage {o.name!r}: both touch {clash}")
 
 
 def insert_results(state: State, side: dict[str, SideState], order: Sequence[str],
