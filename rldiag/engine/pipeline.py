@@ -29,6 +29,7 @@ order of operations of verl's V1 trainer, over one shared state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -37,7 +38,7 @@ from rldiag.engine.batch import Batch
 from rldiag.engine.kl_control import KLControllerState, PresetKLCoefficients, initial_kl_state
 from rldiag.engine.liveness import release_plan
 from rldiag.engine.settings import EngineSettings
-from rldiag.engine.side import SIDE, Side, SideRun, SideState, append_results, apply_sets, effective_order, insert_results
+from rldiag.engine.side import SIDES, Results, Side, SideRun, effective_order
 from rldiag.engine.stages import STAGES, State
 from rldiag.engine.step_failures import StepErrors
 
@@ -57,7 +58,7 @@ class Result:
 
 def recompute_batch(
     batch: Batch, settings: EngineSettings, kl_state: KLControllerState | PresetKLCoefficients | None = None,
-    *, release: bool = False, keep_tokens: bool = True, side: Side | None = SIDE,
+    *, release: bool = False, keep_tokens: bool = True, sides: Sequence[Side] = SIDES,
 ) -> Result:
     """Recompute everything rldiag derives for the steps packed in ``batch``: every stage of
     :data:`~rldiag.engine.stages.STAGES` in order over one state.
@@ -66,60 +67,50 @@ def recompute_batch(
     run (:mod:`rldiag.engine.liveness`), so that its memory is reused by the stages after it; the
     caller's ``batch`` object keeps its columns, so this only saves memory where the caller holds
     no other reference to them. ``keep_tokens=False``: the per-token outputs are dropped as they
-    are made (``Result.tokens`` is empty), for a caller that does not write them. ``side``: the
-    diagnostics run on a second thread beside the other stages (:mod:`rldiag.engine.side`; None:
-    every stage on this thread). None of them changes a number."""
+    are made (``Result.tokens`` is empty), for a caller that does not write them. ``sides``: the
+    diagnostics run on threads of their own beside the other stages, on the CPU
+    (:mod:`rldiag.engine.side`; ``()``: every stage on this thread). None of them changes a number."""
     steps = list(batch.steps)
     state = State(batch, settings, kl_state, StepErrors(batch.steps))
     del batch  # the state's reference alone, so that a released column is freed
     if state.batch.response_mask.device.type != "cpu":
-        side = None  # a GPU runs one stream: nothing to gain beside it, and the path is the tested one
-    on_side = {s.name for s in STAGES if side is not None and s.name in side.stages}
-    order = effective_order(STAGES, side) if on_side and side is not None else list(STAGES)
+        sides = ()  # a GPU runs one stream: nothing to gain beside it, and one thread is the tested path
+    order = effective_order(STAGES, sides)
     plan = dict(zip((s.name for s in order), release_plan(order, settings))) if release else None
-    names = [s.name for s in STAGES]
-    index = {name: i for i, name in enumerate(names)}
-    run: SideRun | None = None
-    waiting: list[tuple[str, SideState]] = []  # joined side stages whose place in STAGES is still ahead
-    marks: dict[str, tuple[int, int, int]] = {}
+    on_side = {n for g in sides for n in g.stages}
+    results = Results([s.name for s in STAGES])
+    running: list[SideRun] = []
 
-    def join(at: int) -> None:
-        nonlocal run
-        assert run is not None
-        views = dict(zip(run.names, run.join()))
-        run = None
+    def join(run: SideRun) -> None:
+        running.remove(run)
+        views = run.join()
         for name, view in views.items():
-            apply_sets(state, view)
+            view.apply()
             if plan is not None:
                 plan[name].apply(state, name)
-        insert_results(state, {n: v for n, v in views.items() if index[n] < at}, names, marks)
-        waiting.extend((n, v) for n, v in views.items() if index[n] >= at)
+        results.merge(state, views)
 
     try:
         for stage in order:
             if stage.name in on_side:
-                continue  # run by the side thread
-            at = index[stage.name]
-            if run is not None and side is not None and stage.name == side.before:
-                join(at)
-            while waiting and index[waiting[0][0]] < at:
-                append_results(state, waiting.pop(0)[1])
+                continue  # run by its group's thread
+            for run in [r for r in running if r.side.before == stage.name]:
+                join(run)
             stage.run(state)
             if not keep_tokens:
                 state.tokens.clear()
-            marks[stage.name] = (len(state.metrics), len(state.tokens), len(state.rows))
+            results.note(state, stage.name)
             if plan is not None:
                 plan[stage.name].apply(state, stage.name)
-            if on_side and side is not None and stage.name == side.after:
-                run = SideRun([s for s in STAGES if s.name in on_side], state, keep_tokens)
-                run.start()
+            for g in sides:
+                if g.after == stage.name:
+                    running.append(SideRun(g, STAGES, state, keep_tokens))
+                    running[-1].start()
+        for run in list(running):  # joined at the end
+            join(run)
     except BaseException:
-        if run is not None:  # the side thread ends before the state is dropped; the first error wins
+        for run in running:  # each side thread ends before the state is dropped; the first error wins
             run.thread.join()
         raise
-    if run is not None:  # no join stage in STAGES
-        join(len(names))
-    for _, view in waiting:
-        append_results(state, view)
     return Result(steps=steps, metrics=state.metrics, tokens=state.tokens, failed=state.errors.failed(),
                   rows=state.rows)

@@ -14,7 +14,7 @@ import torch
 from rldiag.config.settings import resolve_settings
 from rldiag.engine import pipeline
 from rldiag.engine.pipeline import recompute_batch
-from rldiag.engine.side import SIDE, Side, effective_order
+from rldiag.engine.side import END, SIDES, Side, check, effective_order
 from rldiag.engine.stages import STAGES
 from rldiag.errors import InternalError
 from tests.engine.test_liveness import _batch
@@ -48,7 +48,7 @@ def _same_in_order(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> No
 def test_side_stages_give_the_one_thread_results(rich_run, case):  # noqa: F811 - the fixture
     settings = resolve_settings(rich_run, {**EVERYTHING, **CASES[case]})
     for release, keep in ((False, True), (True, True), (True, False)):
-        one = recompute_batch(_batch(rich_run, settings), settings, release=release, keep_tokens=keep, side=None)
+        one = recompute_batch(_batch(rich_run, settings), settings, release=release, keep_tokens=keep, sides=())
         two = recompute_batch(_batch(rich_run, settings), settings, release=release, keep_tokens=keep)
         _same_in_order(one.metrics, two.metrics)
         _same_in_order(one.tokens, two.tokens)
@@ -56,30 +56,20 @@ def test_side_stages_give_the_one_thread_results(rich_run, case):  # noqa: F811 
         assert one.failed == two.failed
 
 
-def test_the_side_stages_results_are_in_the_recompute():
-    """Sanity of the comparison above: the side stages are stages of STAGES that write metrics,
-    and they come after the stage they start after and before the one they are joined at."""
-    names = [s.name for s in STAGES]
-    assert set(SIDE.stages) <= set(names)
-    assert all(names.index(SIDE.after) < names.index(n) for n in SIDE.stages)
-    assert names.index("diag_is") < names.index(SIDE.before)
-    order = [s.name for s in effective_order(STAGES, SIDE)]
-    assert sorted(order) == sorted(names)
-    assert order[order.index(SIDE.before) - len(SIDE.stages):order.index(SIDE.before)] == list(SIDE.stages)
-
-
-def test_a_side_stage_that_reads_what_a_later_stage_sets_is_not_allowed():
-    """Each side stage reads only fields set by the stage it starts after or before (so nothing it
-    reads changes while it runs), and the join stage is the first to read what they set."""
+def test_the_groups_are_stages_placed_where_they_can_run():
+    """Sanity of the comparison above: every side stage is a stage that writes metrics, starts
+    after its group's ``after``, and the release plan's order has each group at its join."""
     names = [s.name for s in STAGES]
     by = {s.name: s for s in STAGES}
-    start, join = names.index(SIDE.after), names.index(SIDE.before)
-    set_between = {f for s in STAGES[start + 1:join] if s.name not in SIDE.stages for f in (s.sets or ())}
-    side_sets = {f for n in SIDE.stages for f in (by[n].sets or ())}
-    for n in SIDE.stages:
-        assert not set(by[n].uses or ()) & set_between, n
-    readers = [s.name for s in STAGES[start + 1:join] if s.name not in SIDE.stages and set(s.uses or ()) & side_sets]
-    assert readers == []
+    for g in SIDES:
+        assert set(g.stages) <= set(names) and g.after in names and (g.before in names or g.before == END)
+        assert all(names.index(g.after) < names.index(n) and by[n].metrics for n in g.stages)
+    check(STAGES, SIDES)
+    order = [s.name for s in effective_order(STAGES, SIDES)]
+    assert sorted(order) == sorted(names)
+    first = SIDES[0]
+    assert order[order.index(first.before) - len(first.stages):order.index(first.before)] == list(first.stages)
+    assert order[-len(SIDES[1].stages):] == list(SIDES[1].stages)
 
 
 def test_an_error_in_a_side_stage_is_raised_and_the_thread_has_ended(rich_run, patch_stage):  # noqa: F811
@@ -127,22 +117,22 @@ def test_side_none_runs_every_stage_on_the_callers_thread(rich_run, patch_stage)
             seen[name] = threading.current_thread().name
             return real(st)
         patch_stage(s.name, spy)
-    recompute_batch(_batch(rich_run, settings), settings, side=None)
+    recompute_batch(_batch(rich_run, settings), settings, sides=())
     assert set(seen.values()) == {threading.current_thread().name}
     seen.clear()
     recompute_batch(_batch(rich_run, settings), settings)
-    assert {n for n, t in seen.items() if t == "rldiag-side-stages"} == set(SIDE.stages)
+    assert {n for n, t in seen.items() if t == "rldiag-side-stages"} == {n for g in SIDES for n in g.stages}
 
 
 def test_a_side_whose_join_stage_is_absent_is_joined_at_the_end(rich_run):  # noqa: F811
     settings = resolve_settings(rich_run, EVERYTHING)
-    one = recompute_batch(_batch(rich_run, settings), settings, side=None)
+    one = recompute_batch(_batch(rich_run, settings), settings, sides=())
     for before in ("rows_loss", "no_such_stage"):
         late = Side(stages=("mismatch",), after="anchor", before=before)
-        two = recompute_batch(_batch(rich_run, settings), settings, side=late, release=True)
+        two = recompute_batch(_batch(rich_run, settings), settings, sides=(late,), release=True)
         _same_in_order(one.metrics, two.metrics)
         _same_in_order(one.rows, two.rows)
-    assert pipeline.SIDE is SIDE
+    assert pipeline.SIDES is SIDES
 
 
 @pytest.mark.parametrize("side, why", [
@@ -150,7 +140,14 @@ def test_a_side_whose_join_stage_is_absent_is_joined_at_the_end(rich_run):  # no
     (Side(("diag_is",), after="advantages", before="turns"), "comes before"),
     (Side(("health",), after="anchor", before="rows"), "cannot run beside"),  # reads the mask, the policy loss made meanwhile
     (Side(("mismatch",), after="no_stage", before="rows"), "not a stage"),
+    (Side(("no_stage",), after="anchor"), "not a stage"),
 ])
 def test_a_side_that_would_change_a_number_is_refused(side, why):
     with pytest.raises(InternalError, match=why):
-        effective_order(STAGES, side)
+        effective_order(STAGES, (side,))
+
+
+def test_two_groups_that_touch_each_others_fields_are_refused():
+    """diag_is sets diag_is_token, which rows reads: the two may not run at once."""
+    with pytest.raises(InternalError, match="may run at once"):
+        check(STAGES, (Side(("diag_is",), after="anchor", before="turns"), Side(("rows",), after="actor_loss")))
