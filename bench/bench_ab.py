@@ -11,8 +11,8 @@ All revisions recompute the same run, each process into a scenario of its own, r
 ends (``--no-reuse``: nothing of an earlier scenario is read). Each revision is ``this`` (this
 tree, its installed kernels) or a commit, extracted with its compiled kernels
 (:func:`bench_whole.extract`). Each process: ``rldiag recompute RUN --no-reuse --device cpu``
-(every stage on, the files hashed, the scenario written), its wall seconds and CPU seconds (user
-+ system of the child).
+(every stage on, the files hashed, the scenario written), its wall and CPU seconds (user +
+system), measured as bench_whole.py measures its processes (:func:`bench_whole.measure`).
 
   .venv/bin/python bench/bench_ab.py --revisions c84c4f8,this --rounds 10
   .venv/bin/python bench/bench_ab.py --revisions a3032c6,this --workload tail16k --rounds 9
@@ -23,20 +23,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_whole import extract, make_workload  # noqa: E402
+from bench_whole import extract, make_workload, measure  # noqa: E402
+
+#: the rldiag command of this venv (a revision's package comes first on its PYTHONPATH)
+CLI = str(Path(sys.executable).with_name("rldiag"))
 
 #: ``--engine``: a child that loads the run's first steps, then times the engine alone on them, one
 #: step a batch and one torch thread (the best of 5 passes after a warm-up), and the load of them
@@ -64,43 +65,38 @@ except ImportError:  # before the column planner: the loader chooses
     load = lambda sf: load_step(sf, settings, threads=False)
 kw = {k: v for k, v in (("release", True), ("keep_tokens", False))
       if k in inspect.signature(recompute_batch).parameters}
-best_load = min(((lambda t: ([load(sf) for sf in files], time.thread_time() - t)[1])(time.thread_time()))
-                for _ in range(5))
+def best(fn, clock):
+    out = []
+    for _ in range(5):
+        t = clock()
+        fn()
+        out.append(clock() - t)
+    return min(out)
+best_load = best(lambda: [load(sf) for sf in files], time.thread_time)
 data = [load(sf) for sf in files]
 def engine():
     for d in data:
         recompute_batch(pack([d.batch]), settings, None, **kw)
 engine()
-best = min((lambda t: (engine(), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(5))
-print(best / n, best_load / n)
+print(best(engine, time.perf_counter) / n, best_load / n)
 """
 
 
-def engine_alone(run: Path, tree: Path | None, steps: int) -> tuple[float, float]:
-    """The engine's seconds a step and the load's CPU seconds a step (:data:`ENGINE_CHILD`)."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    out = subprocess.run([sys.executable, "-c", ENGINE_CHILD, str(run), str(steps)], env=env, check=True,
-                         capture_output=True, text=True, cwd=tree if tree is not None else tempfile.gettempdir())
+def engine_alone(run: Path, tree: Path, steps: int) -> tuple[float, float]:
+    """The engine's seconds a step and the load's CPU seconds a step (:data:`ENGINE_CHILD`) with
+    the package of ``tree``."""
+    out = subprocess.run([sys.executable, "-c", ENGINE_CHILD, str(run), str(steps)], env=dict(os.environ, PYTHONPATH=str(tree)),
+                         check=True, capture_output=True, text=True, cwd=tempfile.gettempdir())
     engine, load = out.stdout.split()[-2:]
     return float(engine), float(load)
 
 
-def one(run: Path, tree: Path | None, name: str) -> tuple[float, float]:
-    """One recompute process: wall seconds, CPU seconds (user + system)."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    cmd = [sys.executable, "-m", "rldiag.cli.main", "recompute", str(run), "--no-reuse", "--device", "cpu", "--name", name]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   cwd=tree if tree is not None else tempfile.gettempdir())
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+def one(run: Path, tree: Path, name: str) -> tuple[float, float]:
+    """One recompute process with the package of ``tree`` (:func:`bench_whole.measure`): wall
+    seconds, CPU seconds (user + system); its scenario removed."""
+    got = measure([CLI, "recompute", str(run), "--no-reuse", "--device", "cpu", "--name", name], str(tree))
     shutil.rmtree(run / "rldiag" / "scenarios" / name, ignore_errors=True)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return got["seconds"], got["cpu_seconds"]
 
 
 def paired(times: dict[str, list[tuple[float, float]]], first: str,
@@ -138,7 +134,7 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     revs = [r.strip() for r in args.revisions.split(",") if r.strip()]
     run = make_workload(base, args.workload, args)
-    trees = {r: (None if r == "this" else extract(r, base)) for r in revs}
+    trees = {r: (ROOT if r == "this" else extract(r, base)) for r in revs}
     times: dict[str, list[tuple[float, float]]] = {r: [] for r in revs}
     what = f"the engine alone on {args.engine} steps" if args.engine else "whole processes"
     print(f"machine: {os.cpu_count()} cores; workload {args.workload} ({run.name}); {what}; {args.rounds} rounds, "

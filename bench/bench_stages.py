@@ -147,7 +147,6 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     versions = {"this": str(ROOT)}
     if args.baseline:
-        sys.path.insert(0, str(ROOT / "bench"))
         from bench_whole import extract  # the revision's package, with its compiled kernels where it has any
 
         tree = extract(args.baseline, base)

@@ -234,6 +234,17 @@ def test_bench_stage_peaks_prints_each_stage_against_its_own_start(tmp_path):
     assert all(float(peak) >= float(kept) for _, peak, kept in rows)
 
 
+def _assert_head_extracted_with_kernels(tmp_path) -> None:
+    """The baseline HEAD's package, extracted under ``tmp_path`` by commit, with the compiled
+    kernels built there as this tree's install built its own."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    native = tmp_path / f"rev-{head}" / "rldiag" / "engine" / "native"
+    assert (native.parent / "pipeline.py").is_file()
+    ours = sorted(p.name for p in (ROOT / "rldiag" / "engine" / "native").glob("*.so"))
+    assert sorted(p.name for p in native.glob("*.so")) == ours
+
+
 def test_bench_whole_measures_this_tree_a_baseline_and_both_floors_side_by_side(tmp_path):
     """bench/bench_whole.py at the smallest size, with this commit's own rldiag as the baseline:
     one row per workload, every process measured, the ratios those of the medians printed."""
@@ -249,13 +260,7 @@ def test_bench_whole_measures_this_tree_a_baseline_and_both_floors_side_by_side(
         assert min(this, base, torch_floor, arrow) > 0
         assert _ratio_of_printed(float(cells[9]), this, torch_floor) and _ratio_of_printed(float(cells[10]), this, base)
         assert all(float(c) > 0 for c in cells[11:14] + cells[16:20])  # CPU seconds, peak MB of each process
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    native = tmp_path / f"rev-{head}" / "rldiag" / "engine" / "native"  # the baseline's package, extracted by commit
-    assert (native.parent / "pipeline.py").is_file()
-    # with its compiled kernels, built there as this tree's install built its own
-    ours = sorted(p.name for p in (ROOT / "rldiag" / "engine" / "native").glob("*.so"))
-    assert sorted(p.name for p in native.glob("*.so")) == ours
+    _assert_head_extracted_with_kernels(tmp_path)
     scen = tmp_path / "run-2-16-32-twin" / "rldiag" / "scenarios" / "bench-whole"
     assert (scen / "scenario.json").is_file()  # the baseline wrote into the run's twin, not the run
     assert "load average" in out
@@ -283,10 +288,7 @@ def test_bench_ab_pairs_the_rounds_of_each_revision(tmp_path):
     assert set(rows) == {"HEAD", "this"}
     assert rows["HEAD"][3] == "1.000" and rows["HEAD"][5] == "1.000"
     assert all(float(c) > 0 for cells in rows.values() for c in (cells[1], cells[2], cells[3], cells[5]))
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()
-    ours = sorted(p.name for p in (ROOT / "rldiag" / "engine" / "native").glob("*.so"))
-    assert sorted(p.name for p in (tmp_path / f"rev-{head}" / "rldiag" / "engine" / "native").glob("*.so")) == ours
+    _assert_head_extracted_with_kernels(tmp_path)
     assert not list((tmp_path / "run-2-16-32" / "rldiag" / "scenarios").glob("bench-ab-*"))
     out = bench_output("bench_ab.py", str(tmp_path), "--revisions", "HEAD,this", "--rounds", "1", "--steps", "2",
                        "--rows", "16", "--tokens", "32", "--engine", "2")
