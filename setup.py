@@ -14,5 +14,7 @@ setup(
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
         Extension("rldiag.engine.native._rollout_probs", ["rldiag/engine/native/rollout_probs.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
+        Extension("rldiag.engine.native._kl_sums", ["rldiag/engine/native/kl_sums.c"],
+                  depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
     ],
 )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rldiag.engine import kl_native
 from rldiag.engine.layout import Rows
 from rldiag.errors import ConfigError
 from rldiag.registry import Entry, Registry
@@ -80,14 +81,22 @@ def k3_from_diff(d: torch.Tensor) -> torch.Tensor:
     return torch.exp(x).sub_(x).sub_(1.0).clamp_(min=-10.0, max=10.0)
 
 
-def kl_row_sums(logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor,
-                rows: Rows) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def kl_row_sums(logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor, rows: Rows,
+                *, keep_diff: bool = True) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
     """Per-row masked sums ``(rows,)`` of k1, k2 and k3 from one difference ``d``, and ``d``
-    itself ``(tokens,)`` (k1, for callers that keep the token values)."""
+    itself ``(tokens,)`` (k1, for callers that keep the token values; None with
+    ``keep_diff=False``). On the host, one compiled read (:mod:`rldiag.engine.kl_native`: float64
+    sums and k3 without float32's rounding of ``exp``); elsewhere torch's passes below."""
+    sums64 = kl_native.row_sums(logprob, ref_logprob, mask, rows.offsets)
+    if sums64 is not None:
+        out = torch.from_numpy(sums64)
+        sums = {"k1": out[:, 0], "k2": 0.5 * out[:, 1], "k3": out[:, 2]}
+        sums = {k: v.to(logprob.dtype) for k, v in sums.items()}
+        return sums, (logprob - ref_logprob) if keep_diff else None
     d = logprob - ref_logprob
     sums = {
         "k1": rows.masked_sum(d, mask),
         "k2": 0.5 * rows.masked_square_sum(d, mask),
         "k3": rows.masked_sum(k3_from_diff(d), mask),
     }
-    return sums, d
+    return sums, d if keep_diff else None

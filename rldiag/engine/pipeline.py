@@ -68,7 +68,7 @@ def recompute_batch(
     are made (``Result.tokens`` is empty), for a caller that does not write them. Neither changes
     a number."""
     steps = list(batch.steps)
-    state = State(batch, settings, kl_state, StepErrors(batch.steps))
+    state = State(batch, settings, kl_state, StepErrors(batch.steps), keep_tokens=keep_tokens)
     del batch  # the state's reference alone, so that a released column is freed
     plan = release_plan(STAGES, settings) if release else None
     for i, stage in enumerate(STAGES):

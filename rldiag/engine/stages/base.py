@@ -100,6 +100,7 @@ class State:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     tokens: dict[str, torch.Tensor] = field(default_factory=dict)
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    keep_tokens: bool = True  # the per-token outputs are kept (False: a stage may skip making them)
     # anchor
     bypass: bool = False
     mask0: torch.Tensor = field(init=False)  # the original mask (loss_mask, else response_mask)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from rldiag.engine import host
-from rldiag.engine.kl import k3_from_diff, kl_k1
+from rldiag.engine.kl import kl_row_sums
 from rldiag.engine.layout import Rows
 from rldiag.engine.stages.base import Stage, State
 from rldiag.engine.stages.signals import group_flatness
@@ -50,9 +50,9 @@ def _rows(st: State) -> None:
     out["advantage_mean"] = rows.masked_sum(st.adv, mask) / actor  # 0 / 0: NaN without an actor token
     out["advantage_last"] = last_masked(st.adv, mask, rows)
     if st.diag_is_token is not None and batch.rollout_log_probs is not None and st.old_lp is not None:
-        d = kl_k1(st.old_lp, batch.rollout_log_probs)
-        out["rollout_kl"] = rows.masked_sum(d, mask) / actor
-        out["rollout_kl_k3"] = rows.masked_sum(k3_from_diff(d), mask) / actor
+        sums, _ = kl_row_sums(st.old_lp, batch.rollout_log_probs, mask, rows, keep_diff=False)
+        out["rollout_kl"] = sums["k1"] / actor
+        out["rollout_kl_k3"] = sums["k3"] / actor
     gcnt, multi, flat = group_flatness(batch, st.rewards)
     out["group_has_signal"] = (multi & ~flat).index_select(0, batch.group_ids).to(torch.int8)
     out["group_size"] = gcnt.index_select(0, batch.group_ids).to(torch.long)

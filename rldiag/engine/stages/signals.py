@@ -22,13 +22,14 @@ def _ref_kl(st: State) -> None:
     for who, lp in (("old", st.old_lp), ("current", batch.log_probs)):
         if lp is None:
             continue
-        sums, d = kl_row_sums(lp, batch.ref_log_prob, st.mask, rows)
+        keep = who == "old" and st.keep_tokens  # the token values only where they are written
+        sums, d = kl_row_sums(lp, batch.ref_log_prob, st.mask, rows, keep_diff=keep)
         for est, row_sum in sums.items():
             st.metrics[f"rldiag/ref_kl/{who}/{est}"] = seg_sum(row_sum, sid, n) / count
-        if who == "old":
+        if keep:
             penalty = st.settings["algorithm.kl_penalty"]
             same = KL_ESTIMATORS.get(penalty) is kl_k1
-            st.tokens["ref_kl"] = d if same else kl_estimate(penalty, lp, batch.ref_log_prob)
+            st.tokens["ref_kl"] = d if same and d is not None else kl_estimate(penalty, lp, batch.ref_log_prob)
 
 
 _R = "rldiag"
@@ -46,7 +47,7 @@ REF_KL = Stage(
         Metric("rldiag/ref_kl/current/{k1,k2,k3}", "KL(pi || pi_ref) over masked tokens", _R, needs=("log_probs",)),
     ),
     tokens=("ref_kl",),
-    uses=("mask", "old_lp"),
+    uses=("keep_tokens", "mask", "old_lp"),
     sets=(),
 )
 
