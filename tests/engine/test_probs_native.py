@@ -112,3 +112,22 @@ def test_the_kernel_does_not_take_float64_log_probs():
     old, roll, mask, rows, step = batch(3, 5, 1)
     assert native.step_fields(old.double(), roll.double(), mask, rows, step, 1) is None
     assert native.step_fields(old, roll, mask, rows, step, 1) is not None
+
+
+def test_each_probability_within_one_unit_in_the_last_place_of_exp():
+    """p = exp(log p) by the kernel's eight-lane float32 exponential, read back one token a step
+    (the rollout's log-prob -inf: the gap is p itself): within one unit in the last place of the
+    correctly rounded float32 exp, over the whole range down to float32's subnormals and 0."""
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.uniform(-1.0, 0.5, 3000), rng.uniform(-30.0, 0.0, 3000), rng.uniform(-104.0, -86.0, 2000),
+                        np.array([0.0, -0.0, -1e-30, -87.33, -103.97, -104.5, -200.0, 0.3466, -0.3466])]).astype(np.float32)
+    n = x.size
+    old, roll = torch.from_numpy(x), torch.full((n,), float("-inf"))
+    fields = native.step_fields(old, roll, torch.ones(n), Rows.from_lengths(torch.ones(n, dtype=torch.long)),
+                                torch.arange(n), n)
+    got = fields["diff_max"].astype(np.float32)
+    exact = np.exp(x.astype(np.float64)).astype(np.float32)  # float64's exp rounded once: correctly rounded here
+    units = np.abs(got.view(np.int32).astype(np.int64) - exact.view(np.int32).astype(np.int64))
+    assert units.max() <= 1, x[units.argmax()]
+    assert got[-3] == 0.0 and got[-4] == 0.0 and got[-7] == 1.0  # 0 below float32's range; exp(-1e-30) = 1
+    assert np.mean(units == 0) > 0.8  # mostly the correctly rounded value itself

@@ -32,18 +32,6 @@ int rldiag_kl_abi(void) { return 1; }
 
 int rldiag_kl_fields(void) { return N_OUT; }
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef int v8i __attribute__((vector_size(32)));
-
-INLINE v8f splat(float a) { return (v8f){a, a, a, a, a, a, a, a}; }
-INLINE v8f select8(v8i on, v8f a, v8f b) { return (v8f)((on & (v8i)a) | (~on & (v8i)b)); }
-
-/* a clamped to [lo, hi]; a NaN stays NaN (the comparisons are false for it), as torch.clamp */
-INLINE v8f clamp8(v8f a, float lo, float hi) {
-    a = select8(a < splat(lo), splat(lo), a);
-    return select8(a > splat(hi), splat(hi), a);
-}
-
 /* verl's k3 of x = clamp(-d, -20, 20): clamp(exp(x) - x - 1, -10, 10), in float32, eight lanes.
  * x = k ln 2 + r (Cody and Waite's two-part ln 2), |r| <= ln 2 / 2, and exp(r) = 1 + r + r^2 q(r)
  * with q the Taylor series to r^5 / 7! (the next term under 1e-7 of r^2 q). Where k = 0 (|x| <=
@@ -53,18 +41,18 @@ INLINE v8f clamp8(v8f a, float lo, float hi) {
  * 1e-7 of it. A NaN stays NaN. */
 INLINE v8f k3_of(v8f x) {
     const float log2e = 1.44269504f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f, shifter = 12582912.0f;
-    v8f t = x * splat(log2e) + splat(shifter); /* round to nearest: k in the low bits */
-    v8i k = (v8i)t - (v8i)splat(shifter);
-    v8f kf = t - splat(shifter);
-    v8f r = (x - kf * splat(ln2_hi)) - kf * splat(ln2_lo);
-    v8f q = splat(1.0f / 5040) * r + splat(1.0f / 720);
-    q = q * r + splat(1.0f / 120);
-    q = q * r + splat(1.0f / 24);
-    q = q * r + splat(1.0f / 6);
-    q = q * r + splat(0.5f);
+    v8f t = x * splat8(log2e) + splat8(shifter); /* round to nearest: k in the low bits */
+    v8i k = (v8i)t - (v8i)splat8(shifter);
+    v8f kf = t - splat8(shifter);
+    v8f r = (x - kf * splat8(ln2_hi)) - kf * splat8(ln2_lo);
+    v8f q = splat8(1.0f / 5040) * r + splat8(1.0f / 720);
+    q = q * r + splat8(1.0f / 120);
+    q = q * r + splat8(1.0f / 24);
+    q = q * r + splat8(1.0f / 6);
+    q = q * r + splat8(0.5f);
     v8f inner = (r * r) * q; /* exp(r) - 1 - r */
     v8f scale = (v8f)((k + 127) << 23);
-    v8f outer = ((splat(1.0f) + (r + inner)) * scale - x) - splat(1.0f);
+    v8f outer = ((splat8(1.0f) + (r + inner)) * scale - x) - splat8(1.0f);
     return clamp8(select8(k == 0, inner, outer), -10.0f, 10.0f);
 }
 
@@ -86,17 +74,17 @@ INLINE v8f mask8(const float *fmask, const uint8_t *flags, long i) {
         memcpy(&f, flags + i, sizeof f);
         return __builtin_convertvector(__builtin_convertvector(f, v8i), v8f);
     }
-    return splat(1.0f);
+    return splat8(1.0f);
 }
 
 /* the terms of eight tokens at a, b with mask values w, added to the block's sums */
 INLINE void add8(v8f xa, v8f xb, v8f w, v8f *s1, v8f *s2, v8f *s3) {
-    v8i on = w != splat(0.0f);
+    v8i on = w != splat8(0.0f);
     v8f d = xa - xb; /* float32, as torch's logprob - ref_logprob */
     v8f k3 = k3_of(clamp8(-d, -20.0f, 20.0f));
-    *s1 += w * select8(on, d, splat(0.0f));
-    *s2 += w * select8(on, d * d, splat(0.0f));
-    *s3 += w * select8(on, k3, splat(0.0f));
+    *s1 += w * select8(on, d, splat8(0.0f));
+    *s2 += w * select8(on, d * d, splat8(0.0f));
+    *s3 += w * select8(on, k3, splat8(0.0f));
 }
 
 /* a, b: (tokens,) float32 log-probs (d = a - b); fmask: (tokens,) the float32 mask, else flags:
@@ -111,7 +99,7 @@ long rldiag_kl_sums(const float *a, const float *b, const float *fmask, const ui
         long end = offsets[r + 1];
         for (long b0 = offsets[r]; b0 < end; b0 += BLOCK) {
             long stop = end - b0 < BLOCK ? end : b0 + BLOCK;
-            v8f s1 = splat(0.0f), s2 = splat(0.0f), s3 = splat(0.0f), xa, xb;
+            v8f s1 = splat8(0.0f), s2 = splat8(0.0f), s3 = splat8(0.0f), xa, xb;
             long i = b0;
             for (; i + 8 <= stop; i += 8) {
                 memcpy(&xa, a + i, sizeof xa);

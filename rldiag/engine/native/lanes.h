@@ -46,4 +46,41 @@ INLINE v4d vexp(v4d a) {
     return e * scale;
 }
 
+/* eight-lane float32 vectors (AVX2's 256 bits where compiled for them, SSE2's twice otherwise) */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+
+INLINE v8f splat8(float a) { return (v8f){a, a, a, a, a, a, a, a}; }
+INLINE v8f select8(v8i on, v8f a, v8f b) { return (v8f)((on & (v8i)a) | (~on & (v8i)b)); }
+
+/* a clamped to [lo, hi]; a NaN stays NaN (the comparisons are false for it), as torch.clamp */
+INLINE v8f clamp8(v8f a, float lo, float hi) {
+    a = select8(a < splat8(lo), splat8(lo), a);
+    return select8(a > splat8(hi), splat8(hi), a);
+}
+
+/* exp(a) in float32, eight lanes, for every float32 a: a = k ln 2 + r (Cody and Waite's two-part
+ * ln 2, a clamped to [-104, 89] first: 0 below, inf above, as float32's own range),
+ * |r| <= ln 2 / 2, exp(r) = 1 + r + r^2 P(r) with the degree-5 minimax P of Moshier's Cephes
+ * expf (within about 1 unit in the last place), times 2^k as two powers of 2 built in the
+ * exponent's bits (each a normal float, so that a result below float32's normal range rounds
+ * to its subnormal or 0 as torch's does). A NaN stays NaN. */
+INLINE v8f vexp8f(v8f a) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f,
+                shifter = 12582912.0f; /* 2^23 + 2^22 */
+    v8f x = clamp8(a, -104.0f, 89.0f);
+    v8f t = x * splat8(log2e) + splat8(shifter); /* round to nearest: k in the low bits */
+    v8i k = (v8i)t - (v8i)splat8(shifter);
+    v8f kf = t - splat8(shifter);
+    v8f r = (x - kf * splat8(ln2_hi)) - kf * splat8(ln2_lo);
+    v8f p = splat8(1.9875691500e-4f) * r + splat8(1.3981999507e-3f);
+    p = p * r + splat8(8.3334519073e-3f);
+    p = p * r + splat8(4.1665795894e-2f);
+    p = p * r + splat8(1.6666665459e-1f);
+    p = p * r + splat8(5.0000001201e-1f);
+    v8f e = splat8(1.0f) + (r + (r * r) * p);
+    v8i k1 = k >> 1, k2 = k - k1; /* 2^k = 2^k1 2^k2, each within the normal range */
+    return (e * (v8f)((k1 + 127) << 23)) * (v8f)((k2 + 127) << 23);
+}
+
 #endif

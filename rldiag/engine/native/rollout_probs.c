@@ -4,7 +4,8 @@
  * log-prob streams and the mask, where torch makes about 25 passes over token-sized float32
  * tensors (rldiag/engine/metrics.py, rollout_probs_metrics, its twin).
  *
- * As verl: p = exp(log p) in float32 (here the float64 exponential, rounded once to float32) and
+ * As verl: p = exp(log p) in float32 (here lanes.h's eight-lane vexp8f, within one unit in the
+ * last place, as torch's own; the two differ in that unit on about 10 % of tokens) and
  * |p_old - p_rollout| in float32; then every sum in float64. A row is read in blocks of BLOCK
  * tokens: each block's weighted means and centred sums of squares and products (two passes over
  * the block, in the first-level cache), merged into its step's by the pairwise update of Chan,
@@ -30,16 +31,6 @@ enum { O_N, O_DIFF_MEAN, O_DIFF_M2, O_DIFF_MAX, O_OLD_MEAN, O_ROLL_MEAN, O_OLD_M
 int rldiag_probs_abi(void) { return 1; }
 
 int rldiag_probs_fields(void) { return N_OUT; }
-
-/* exp(a) as lanes.h's vexp, a clamped to its range [-708, 709] first (below, the float32
- * result is 0 anyway; above, inf); a NaN stays NaN */
-INLINE v4d vexp_clamped(v4d a) {
-    const v4d lo = {-708.0, -708.0, -708.0, -708.0}, hi = {709.0, 709.0, 709.0, 709.0};
-    v4l below = a < lo, above = a > hi;
-    a = (v4d)(((v4l)lo & below) | ((v4l)a & ~below));
-    a = (v4d)(((v4l)hi & above) | ((v4l)a & ~above));
-    return vexp(a);
-}
 
 /* a step's running totals: weight, means, centred sums of squares and the cross-product */
 typedef struct {
@@ -88,7 +79,7 @@ long rldiag_rollout_probs(const float *x, const float *y, const float *fmask, co
         o[O_DIFF_MAX] = -INFINITY;
     }
     double bd[BLOCK], bo[BLOCK], br[BLOCK], bw[BLOCK];
-    float fx[BLOCK], fy[BLOCK], fm[BLOCK];
+    float fx[BLOCK], fy[BLOCK], fm[BLOCK]; /* BLOCK a multiple of 8 */
     const v4d zero = {0.0, 0.0, 0.0, 0.0};
     for (long r = 0; r < n_rows; r++) {
         long s = (long)row_step[r];
@@ -123,8 +114,18 @@ long rldiag_rollout_probs(const float *x, const float *y, const float *fmask, co
                     fm[j] = 1.0f;
                 }
             }
-            for (long j = len; j < k; j++) { /* the padding: off the mask */
+            for (long j = len; j < ((len + 7) & ~7L); j++) { /* the padding: off the mask */
                 fx[j] = fy[j] = fm[j] = 0.0f;
+            }
+            /* the block's probabilities in float32, eight lanes at a time, in place */
+            for (long j = 0; j < len; j += 8) {
+                v8f v;
+                memcpy(&v, fx + j, sizeof v);
+                v = vexp8f(v);
+                memcpy(fx + j, &v, sizeof v);
+                memcpy(&v, fy + j, sizeof v);
+                v = vexp8f(v);
+                memcpy(fy + j, &v, sizeof v);
             }
             /* the probabilities in float32, their gap, each token's weight (0 off the mask, where
              * the values are 0 too: a NaN there goes nowhere), and the block's weighted sums */
@@ -135,8 +136,7 @@ long rldiag_rollout_probs(const float *x, const float *y, const float *fmask, co
                 memcpy(&xf, fx + j, sizeof xf);
                 memcpy(&yf, fy + j, sizeof yf);
                 memcpy(&mf, fm + j, sizeof mf);
-                v4f po = __builtin_convertvector(vexp_clamped(__builtin_convertvector(xf, v4d)), v4f);
-                v4f pr = __builtin_convertvector(vexp_clamped(__builtin_convertvector(yf, v4d)), v4f);
+                v4f po = xf, pr = yf;
                 v4f df = po - pr;
                 df = (v4f)((v4i)df & 0x7FFFFFFF); /* |p_old - p_rollout| in float32, as verl */
                 v4l on = __builtin_convertvector(mf != 0.0f, v4l);
