@@ -14,6 +14,8 @@ setup(
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
         Extension("rldiag.engine.native._rollout_probs", ["rldiag/engine/native/rollout_probs.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
+        Extension("rldiag.engine.native._grad_weight", ["rldiag/engine/native/grad_weight.c"],
+                  depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
         Extension("rldiag.engine.native._kl_sums", ["rldiag/engine/native/kl_sums.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
     ],

@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from rldiag.engine import grad_weight_native
 from rldiag.engine.gradient_weight import gradient_weight, unclipped_part
 from rldiag.engine.host import count_equal, indices_above, positive_float
 from rldiag.engine.segments import seg_count, seg_std, seg_sum
@@ -108,16 +109,26 @@ def gradient_weight_shares(adv: torch.Tensor, weights: torch.Tensor, mask: torch
     piece (``torch.sum`` of each piece, the pieces added in order), so no float64 copy of the
     tokens is made; they differ from a sequential sum in the tokens' order by rounding only
     (docs/performance.md). The tokens off the mask count as 0 in the sums and as -1 in the
-    selection (below every weight), so nothing is compacted."""
+    selection (below every weight), so nothing is compacted. On the host, each step's ranking and
+    sums come from one compiled read instead (:mod:`rldiag.engine.grad_weight_native`: the same
+    float32 values, float64 sums in another order)."""
     n = len(bounds) - 1
     f64 = torch.float64
     zeros = torch.zeros(n, dtype=f64, device=adv.device)
     top, total, num, den = zeros.clone(), zeros.clone(), zeros.clone(), zeros.clone()
     zero = torch.zeros((), dtype=torch.float32, device=adv.device)
     minus = torch.full((), -1.0, dtype=torch.float32, device=adv.device)
+    compiled = grad_weight_native.usable(adv, weights, mask, clipped)
     for s in range(n):
         a, b = bounds[s], bounds[s + 1]
         if a == b:
+            continue
+        if compiled:  # one compiled read of the step (rldiag.engine.grad_weight_native)
+            one = grad_weight_native.step_pass(adv[a:b], weights[a:b], mask[a:b],
+                                               None if clipped is None else clipped[a:b])
+            total[s], num[s], den[s] = one.total, one.num, one.den
+            if one.count:
+                top[s] = top_sum(one.ranked, min(max(1, math.ceil(one.count * frac - 1e-9)), one.count))
             continue
         ranked = torch.empty(b - a, dtype=torch.float32, device=adv.device)  # the unclipped weight, -1 off actor
         count = 0
