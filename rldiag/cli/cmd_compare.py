@@ -14,6 +14,10 @@ from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, console, fmt, progress_bar
 from rldiag.errors import ConfigError
 
+#: the modules the command imports anyway: imported up front, the collector off (rldiag.cli.main)
+IMPORTS = ("rldiag.scenario.recompute", "rldiag.analysis.compare")
+
+
 SUMMARY_ROWS = (
     ("tokens compared", "tokens"),
     ("sign agreement", "sign_agreement"),

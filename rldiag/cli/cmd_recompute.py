@@ -20,6 +20,10 @@ from rldiag.cli.common import (
     report_internal_error,
 )
 
+#: the modules the command imports anyway: imported up front, the collector off (rldiag.cli.main)
+IMPORTS = ("rldiag.scenario.recompute",)
+
+
 SUMMARY_METRICS = (
     "critic/score/mean",
     "critic/advantages/mean",

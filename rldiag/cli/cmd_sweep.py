@@ -14,6 +14,9 @@ from rldiag.cli.common import add_progress_flags, console, err_console, fmt, pro
 from rldiag.config.settings import parse_override
 from rldiag.errors import ConfigError
 
+#: the modules the command imports anyway: imported up front, the collector off (rldiag.cli.main)
+IMPORTS = ("rldiag.scenario.recompute", "rldiag.scenario.sweep")
+
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("sweep", help="many what-ifs from one read of the run: a grid of settings, one scenario each")

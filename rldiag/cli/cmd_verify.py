@@ -17,6 +17,9 @@ from rldiag.cli import exit_codes
 from rldiag.cli.common import add_progress_flags, add_settings_flags, console, err_console, fmt, overrides_from_args, progress_bar
 from rldiag.errors import RldiagError
 
+#: the modules the command imports anyway: imported up front, the collector off (rldiag.cli.main)
+IMPORTS = ("rldiag.scenario.recompute", "rldiag.analysis.verify")
+
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("verify", help="recompute with the run's settings and compare with what it logged")
