@@ -17,6 +17,7 @@ system), measured as bench_whole.py measures its processes (:func:`bench_whole.m
   .venv/bin/python bench/bench_ab.py --revisions c84c4f8,this --rounds 10
   .venv/bin/python bench/bench_ab.py --revisions a3032c6,this --workload tail16k --rounds 9
   .venv/bin/python bench/bench_ab.py --revisions a3032c6,this --engine 6 --rounds 3   # the engine alone
+  .venv/bin/python bench/bench_ab.py --revisions floor,this --workload tail32k       # against the decode floor
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_whole import extract, make_workload, measure  # noqa: E402
+from bench_whole import TORCH_FLOOR, extract, make_workload, measure  # noqa: E402
 
 #: the rldiag command of this venv (a revision's package comes first on its PYTHONPATH)
 CLI = str(Path(sys.executable).with_name("rldiag"))
@@ -91,9 +92,13 @@ def engine_alone(run: Path, tree: Path, steps: int) -> tuple[float, float]:
     return float(engine), float(load)
 
 
-def one(run: Path, tree: Path, name: str) -> tuple[float, float]:
+def one(run: Path, tree: Path, name: str, floor: bool = False) -> tuple[float, float]:
     """One recompute process with the package of ``tree`` (:func:`bench_whole.measure`): wall
-    seconds, CPU seconds (user + system); its scenario removed."""
+    seconds, CPU seconds (user + system); its scenario removed. ``floor``: bench_whole's decode
+    floor (:data:`bench_whole.TORCH_FLOOR`: the loader alone, with this tree's package) instead."""
+    if floor:
+        got = measure([sys.executable, "-c", TORCH_FLOOR, str(run)], str(ROOT))
+        return got["seconds"], got["cpu_seconds"]
     got = measure([CLI, "recompute", str(run), "--no-reuse", "--device", "cpu", "--name", name], str(tree))
     shutil.rmtree(run / "rldiag" / "scenarios" / name, ignore_errors=True)
     return got["seconds"], got["cpu_seconds"]
@@ -118,7 +123,8 @@ def paired(times: dict[str, list[tuple[float, float]]], first: str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--revisions", default="this", help="comma-separated: 'this' or git revisions (the first is the reference)")
+    ap.add_argument("--revisions", default="this",
+                    help="comma-separated: 'this', 'floor' (the decode floor) or git revisions (the first is the reference)")
     ap.add_argument("--workload", default="uniform", help="uniform, tail32k, tail16k or step16m (bench_whole's)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--steps", type=int, default=40)
@@ -134,14 +140,17 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     revs = [r.strip() for r in args.revisions.split(",") if r.strip()]
     run = make_workload(base, args.workload, args)
-    trees = {r: (ROOT if r == "this" else extract(r, base)) for r in revs}
+    trees = {r: (ROOT if r in ("this", "floor") else extract(r, base)) for r in revs}
     times: dict[str, list[tuple[float, float]]] = {r: [] for r in revs}
     what = f"the engine alone on {args.engine} steps" if args.engine else "whole processes"
     print(f"machine: {os.cpu_count()} cores; workload {args.workload} ({run.name}); {what}; {args.rounds} rounds, "
           f"the order reversed every other round; load average {os.getloadavg()[0]:.2f}")
     for i in range(args.rounds):
         for r in (revs if i % 2 == 0 else revs[::-1]):
-            got = engine_alone(run, trees[r], args.engine) if args.engine else one(run, trees[r], f"bench-ab-{i}")
+            if args.engine:
+                got = engine_alone(run, trees[r], args.engine)
+            else:
+                got = one(run, trees[r], f"bench-ab-{i}", floor=r == "floor")
             times[r].append(got)
     if args.engine:  # the engine's ms a step, the load's CPU ms a step
         times = {r: [(a * 1e3, b * 1e3) for a, b in got] for r, got in times.items()}

@@ -12,7 +12,9 @@ long-tailed runs of bench_recompute.py), whole processes, alternating round by r
   torch    the decode floor that imports torch: this tree's loader
            (:func:`rldiag.io.loader.load_step`) loads every step's planned columns
            (:func:`rldiag.engine.requirements.recompute_columns`) into the engine's flat tensors,
-           nothing else
+           nothing else; the garbage collector set as the ``rldiag`` command sets it (off for the
+           imports, their objects frozen, nothing left for the last pass at exit: without that
+           the floor pays about 0.25 s that the command does not)
   arrow    the pyarrow-only floor: ``ParquetFile.read`` of the same columns (bench_recompute.py's)
 
 Each process is measured ``--repeat`` times (its wall time, its CPU time, user + system, and its
@@ -49,13 +51,16 @@ from bench_recompute import CAPPED_SHARE, DECODE, TAIL_CAPPED, TAIL_MEDIAN, TAIL
 #: the torch-importing floor: this tree's loader, every step's planned columns into the engine's
 #: flat tensors (one step held at a time, as a recompute streams them), nothing else
 TORCH_FLOOR = """
-import sys
+import gc, sys
+gc.disable()  # the collector as the rldiag command sets it (rldiag.cli.main): off for the imports,
 from pathlib import Path
 import torch
 from rldiag.config.settings import resolve_settings
 from rldiag.engine.requirements import recompute_columns
 from rldiag.io.loader import load_step
 from rldiag.io.rundir import RunDir
+gc.freeze()  # their objects frozen, on for the work,
+gc.enable()
 run = Path(sys.argv[1])
 settings = resolve_settings(run)
 plan = recompute_columns(settings)
@@ -63,6 +68,7 @@ n = 0
 for sf in RunDir(run).require_steps():
     n += load_step(sf, settings, plan).n_tokens
 print(n)
+gc.freeze()  # and no last full pass at exit
 """
 
 PROCESSES = ("this", "base", "torch", "arrow")
