@@ -45,10 +45,10 @@ def built() -> bool:
 
 
 class StepWeights(NamedTuple):
-    """One step's pass: ``ranked`` ``(tokens,)`` float32, and its float64 sums."""
+    """One step's pass: ``ranked`` ``(tokens,)`` float32, its actor tokens and its float64 sums."""
 
     ranked: torch.Tensor
-    count: int
+    actor: int
     total: float
     num: float
     den: float

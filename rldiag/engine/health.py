@@ -127,8 +127,8 @@ def gradient_weight_shares(adv: torch.Tensor, weights: torch.Tensor, mask: torch
             one = grad_weight_native.step_pass(adv[a:b], weights[a:b], mask[a:b],
                                                None if clipped is None else clipped[a:b])
             total[s], num[s], den[s] = one.total, one.num, one.den
-            if one.count:
-                top[s] = top_sum(one.ranked, min(max(1, math.ceil(one.count * frac - 1e-9)), one.count))
+            if one.actor:
+                top[s] = top_sum(one.ranked, min(max(1, math.ceil(one.actor * frac - 1e-9)), one.actor))
             continue
         ranked = torch.empty(b - a, dtype=torch.float32, device=adv.device)  # the unclipped weight, -1 off actor
         count = 0

@@ -76,7 +76,7 @@ def test_the_ranking_is_torchs_to_the_bit():
     one = native.step_pass(adv, weights, mask, clipped)
     on = mask > 0
     g = adv.abs() * weights
-    assert one.count == int(on.sum())
+    assert one.actor == int(on.sum())
     # the clipped share's sums read every token, as the twin's: the NaN advantage off the mask is in them
     assert math.isnan(one.den) and math.isnan(one.num)
     fin = torch.isfinite(g)
