@@ -56,7 +56,7 @@ typedef struct {
 } Sums;
 
 INLINE void tokens8(v8f a, v8f w, v8f m, v8f c, int clip, float *ranked, Sums *s) {
-    v8f g = (v8f)((v8i)a & (v8i)splat8(-0.0f) ^ (v8i)a) * w; /* |A| w, as torch's abs then product */
+    v8f g = (v8f)((v8i)a & 0x7FFFFFFF) * w; /* |A| w (the sign bit cleared, as torch's abs), then the product */
     v8i on = m > splat8(0.0f);
     if (clip) {
         v8f con = c * select8(on, splat8(1.0f), splat8(0.0f)); /* c x on in float32, as the twin's */

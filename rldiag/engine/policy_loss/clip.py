@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rldiag.engine import host, kernels
+from rldiag.engine import host, kernels, ppo_native
 from rldiag.engine.policy_loss.base import (
     ACTOR,
     POLICY_LOSSES,
@@ -61,18 +61,23 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
     adv = inp.advantages
     log_ratio = clamped_log_ratio(inp.log_prob, old)
     ratio = torch.exp(log_ratio)
-    l1, l2, clipped1, l3, losses = ppo_terms(adv, ratio, s.clip_low, s.clip_high, clip_c)
-    if weights is not None:
-        losses = losses * weights
     norm, rows = inp.norm, inp.rows
     count = step_mask_count(mask, rows, norm.seg_ids, norm.n_seg) + MEAN_EPS
-
-    def masked_mean_greater(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # masked_mean(a > b)
-        return seg_sum(kernels.count_greater_masked(a, b, mask, rows), norm.seg_ids, norm.n_seg) / count
-
-    # the clipped tokens (l2 > l1 on the mask), 0/1: their per-row count is pg_clipfrac's (the same
-    # integers as counting the comparison; remembered for the rows stage's clipped_tokens)
-    clipped = host.greater_on(l2, l1, mask)
+    # on the host, the losses, the clip indicator and the dual clip's row counts in one compiled
+    # read (rldiag.engine.ppo_native: the same float32 operations, the same bits)
+    fused = ppo_native.ppo_tokens(adv, ratio, mask, weights, rows.offsets, 1 - s.clip_low, 1 + s.clip_high, clip_c)
+    if fused is not None:
+        losses, clipped, lower_rows = fused
+    else:
+        l1, l2, clipped1, l3, losses = ppo_terms(adv, ratio, s.clip_low, s.clip_high, clip_c)
+        if weights is not None:
+            losses = losses * weights
+        # the clipped tokens (l2 > l1 on the mask), 0/1: their per-row count is pg_clipfrac's (the
+        # same integers as counting the comparison; remembered for the rows stage's clipped_tokens)
+        clipped = host.greater_on(l2, l1, mask)
+        # verl: masked_mean(clipped1 > l3 and A < 0); clipped1 > l3 = |A| c happens only where
+        # A < 0 (elsewhere clipped1 <= 0 <= l3)
+        lower_rows = kernels.count_greater_masked(clipped1, l3, mask, rows)
     return PolicyLossOutput(
         pg_loss=agg(losses, inp, mask=mask),
         pg_losses=losses,
@@ -81,9 +86,7 @@ def ppo_clip(inp: PolicyLossInput, old: torch.Tensor, mask: torch.Tensor, weight
             "actor/pg_clipfrac": seg_sum(rows.column_sum(clipped), norm.seg_ids, norm.n_seg) / count,
             # the sum of -x is exactly minus the sum of x
             "actor/ppo_kl": -seg_sum(rows.masked_sum(log_ratio, mask), norm.seg_ids, norm.n_seg) / count,
-            # verl: masked_mean(clipped1 > l3 and A < 0); clipped1 > l3 = |A| c happens only
-            # where A < 0 (elsewhere clipped1 <= 0 <= l3)
-            "actor/pg_clipfrac_lower": masked_mean_greater(clipped1, l3),
+            "actor/pg_clipfrac_lower": seg_sum(lower_rows, norm.seg_ids, norm.n_seg) / count,
         },
         weights=agg_weights(inp, mask=mask),
         clipped=clipped,
