@@ -17,7 +17,7 @@ setup(
         Extension("rldiag.engine.native._grad_weight", ["rldiag/engine/native/grad_weight.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
         Extension("rldiag.engine.native._ppo_clip", ["rldiag/engine/native/ppo_clip.c"],
-                  extra_compile_args=FLAGS, optional=True),
+                  depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, optional=True),
         Extension("rldiag.engine.native._kl_sums", ["rldiag/engine/native/kl_sums.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
     ],

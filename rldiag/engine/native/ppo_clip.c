@@ -14,19 +14,61 @@
  * and the clamp keeps a NaN as torch.clamp does. (r > 0, so l1 and l2 carry -A's sign, zeros
  * included: no maximum of zeros of opposite signs.)
  *
- * Plain C loaded through ctypes (rldiag/engine/ppo_native.py), built like mismatch_chunk.c: IEEE
+ * Eight float32 lanes at a time (lanes.h), a row's last tokens padded off the mask. Plain C
+ * loaded through ctypes (rldiag/engine/ppo_native.py), built like mismatch_chunk.c: IEEE
  * arithmetic in the source's order, no contraction.
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "lanes.h"
 
 int rldiag_ppo_abi(void) { return 1; }
 
 int rldiag_ppo_fields(void) { return 1; }
 
-static inline float max_nan(float a, float b) { return a != a ? a : b != b ? b : (a > b ? a : b); }
+/* max and min as torch.maximum and torch.minimum: a NaN in either gives a NaN; otherwise a > b
+ * (a < b) picks a, else b */
+INLINE v8f max_nan8(v8f a, v8f b) { return select8(a != a, a, select8(b != b, b, select8(a > b, a, b))); }
 
-static inline float min_nan(float a, float b) { return a != a ? a : b != b ? b : (a < b ? a : b); }
+INLINE v8f min_nan8(v8f a, v8f b) { return select8(a != a, a, select8(b != b, b, select8(a < b, a, b))); }
+
+/* eight tokens: their losses and clip indicators written, the dual clip's lanes counted (a true
+ * lane adds -1 to `lower`) */
+INLINE void tokens8(v8f a, v8f r, v8i on, const float *w, v8f lo, v8f hi, v8f c, float *loss_out, float *clip_out,
+                    v8i *lower) {
+    v8f neg = -a;
+    v8f l1 = neg * r;
+    v8f cr = select8(r < lo, lo, select8(r > hi, hi, r)); /* torch.clamp: a NaN stays */
+    v8f l2 = neg * cr;
+    v8f c1 = max_nan8(l1, l2);
+    v8f l3 = (v8f)((v8i)a & 0x7FFFFFFF) * c; /* |A| (the sign bit cleared, as torch.abs) times c */
+    v8f m = min_nan8(c1, l3);
+    m = (v8f)(((v8i)m & 0x7FFFFFFF) | ((v8i)c1 & (int)0x80000000)); /* copysign(m, clipped1) */
+    if (w != NULL) {
+        v8f wt;
+        memcpy(&wt, w, sizeof wt);
+        m = m * wt;
+    }
+    memcpy(loss_out, &m, sizeof m);
+    v8f one = select8(on & (l2 > l1), splat8(1.0f), splat8(0.0f));
+    memcpy(clip_out, &one, sizeof one);
+    *lower += on & (c1 > l3);
+}
+
+/* the mask's eight lanes at i as all-ones where the token is on it (> 0; a byte not 0) */
+INLINE v8i on8(const float *fmask, const uint8_t *bmask, long i) {
+    if (fmask != NULL) {
+        v8f m;
+        memcpy(&m, fmask + i, sizeof m);
+        return m > splat8(0.0f);
+    }
+    typedef unsigned char v8b __attribute__((vector_size(8)));
+    v8b b;
+    memcpy(&b, bmask + i, sizeof b);
+    return __builtin_convertvector(b, v8i) != 0;
+}
 
 /* adv, ratio: (tokens,) float32; fmask: the float32 mask, else bmask its bytes; weights: (tokens,)
  * float32 IS weights or NULL; offsets: (n_rows + 1,); lo, hi: the clip bounds 1 - clip_low and
@@ -37,36 +79,40 @@ __attribute__((target_clones("avx2", "default")))
 long rldiag_ppo_clip(const float *adv, const float *ratio, const float *fmask, const uint8_t *bmask,
                      const float *weights, const int64_t *offsets, long n_rows, float lo, float hi, float c,
                      float *losses, float *clipped, double *lower) {
+    const v8f vlo = splat8(lo), vhi = splat8(hi), vc = splat8(c);
     for (long row = 0; row < n_rows; row++) {
-        long count = 0;
-        for (long i = offsets[row]; i < offsets[row + 1]; i++) {
-            float a = adv[i], r = ratio[i];
-            float neg = -a;
-            float l1 = neg * r;
-            float cr = r < lo ? lo : (r > hi ? hi : r);
-            float l2 = neg * cr;
-            float c1 = max_nan(l1, l2);
-            uint32_t ab;
-            __builtin_memcpy(&ab, &a, 4);
-            ab &= 0x7FFFFFFFu; /* |A|: the sign bit cleared, as torch.abs */
-            float abs_a;
-            __builtin_memcpy(&abs_a, &ab, 4);
-            float l3 = abs_a * c;
-            float m = min_nan(c1, l3);
-            uint32_t mb, cb;
-            __builtin_memcpy(&mb, &m, 4);
-            __builtin_memcpy(&cb, &c1, 4);
-            mb = (mb & 0x7FFFFFFFu) | (cb & 0x80000000u); /* copysign(m, clipped1) */
-            __builtin_memcpy(&m, &mb, 4);
-            if (weights != NULL) {
-                m = m * weights[i];
-            }
-            losses[i] = m;
-            int on = fmask != NULL ? fmask[i] > 0.0f : bmask[i] != 0;
-            clipped[i] = (on && l2 > l1) ? 1.0f : 0.0f;
-            count += on && c1 > l3;
+        v8i count = {0, 0, 0, 0, 0, 0, 0, 0};
+        long i = offsets[row], end = offsets[row + 1];
+        for (; i + 8 <= end; i += 8) {
+            v8f a, r;
+            memcpy(&a, adv + i, sizeof a);
+            memcpy(&r, ratio + i, sizeof r);
+            tokens8(a, r, on8(fmask, bmask, i), weights != NULL ? weights + i : NULL, vlo, vhi, vc, losses + i,
+                    clipped + i, &count);
         }
-        lower[row] = (double)count;
+        if (i < end) { /* the row's last tokens, padded off the mask */
+            float fa[8] = {0}, fr[8] = {0}, fw[8] = {0}, fl[8], fc[8];
+            int32_t fo[8] = {0};
+            for (long j = 0; j < end - i; j++) {
+                fa[j] = adv[i + j];
+                fr[j] = ratio[i + j];
+                fw[j] = weights != NULL ? weights[i + j] : 0.0f;
+                fo[j] = (fmask != NULL ? fmask[i + j] > 0.0f : bmask[i + j] != 0) ? -1 : 0;
+            }
+            v8f a, r;
+            v8i on;
+            memcpy(&a, fa, sizeof a);
+            memcpy(&r, fr, sizeof r);
+            memcpy(&on, fo, sizeof on);
+            tokens8(a, r, on, weights != NULL ? fw : NULL, vlo, vhi, vc, fl, fc, &count);
+            memcpy(losses + i, fl, (end - i) * sizeof(float));
+            memcpy(clipped + i, fc, (end - i) * sizeof(float));
+        }
+        long long total = 0;
+        for (int l = 0; l < 8; l++) {
+            total -= count[l];
+        }
+        lower[row] = (double)total;
     }
     return 0;
 }
