@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rldiag.engine import host
+from rldiag.engine import diag_is_native, host
 from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction import SAFETY_BOUND
 from rldiag.engine.segments import MEAN_EPS, seg_max, seg_mean, seg_min, seg_sum, step_mask_count
@@ -71,13 +71,22 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     up, lo = (torch.tensor(v, dtype=w.dtype, device=w.device) for v in (threshold, 1.0 / threshold))
     high = torch.zeros(n, dtype=torch.float32, device=w.device)
     low = torch.zeros_like(high)
+    # on the host, each step's counts, truncation and extrema in one compiled read (exact: the
+    # same values; rldiag.engine.diag_is_native)
+    compiled = diag_is_native.usable(w, mask)
+    extrema: dict[int, diag_is_native.StepCounts] = {}
     for s in range(n):
         a, b = bounds[s], bounds[s + 1]
         if a < b:  # off the mask the raw weight is 0: below lo, never above the threshold
-            high[s] = host.count_above(w[a:b], up)
-            low[s] = host.count_below(w[a:b], lo) - (b - a)
+            if compiled:
+                extrema[s] = got = diag_is_native.step_counts(w[a:b], mask[a:b], float(up), float(lo), threshold)
+                high[s], low[s] = got.above, got.below - (b - a)
+            else:
+                high[s] = host.count_above(w[a:b], up)
+                low[s] = host.count_below(w[a:b], lo) - (b - a)
     low += count  # the actor tokens below lo: those below lo less the tokens off the mask
-    w.clamp_(max=threshold)
+    if not compiled:
+        w.clamp_(max=threshold)
     row_sum = rows.sum(w)
     if not bool(torch.isfinite(row_sum).all()):
         return None
@@ -95,7 +104,9 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
         a, b = bounds[s], bounds[s + 1]
         if a == b:
             continue
-        if count[s] > 0:  # a masked weight is > 0 (exp of at least -20), so above every off-mask 0
+        if count[s] > 0 and s in extrema:
+            w_max[s], w_min[s] = extrema[s].max, extrema[s].min
+        elif count[s] > 0:  # a masked weight is > 0 (exp of at least -20), so above every off-mask 0
             w_max[s] = w[a:b].amax()
             w_min[s] = host.min_where(w[a:b], mask[a:b], big)
         torch.sub(w[a:b], mean[s], out=buf[a:b])

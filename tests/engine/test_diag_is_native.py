@@ -1,0 +1,59 @@
+"""The compiled counts of the diagnostic TIS weights (rldiag.engine.diag_is_native,
+native/tis_counts.c) against numpy and against their twin in rldiag.engine.diag_is: the same
+counts, truncation and extrema, exactly, for masks of both dtypes and lengths around the eight
+lanes; and tis_statistics the same to the bit with the kernel and without."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+import rldiag.engine.diag_is_native as native
+from rldiag.engine.diag_is import tis_statistics
+from rldiag.engine.layout import Rows
+from rldiag.engine.segments import step_token_bounds
+
+pytestmark = pytest.mark.skipif(not native.built(),
+                                reason="the compiled kernel was not built (no C compiler at install); .ci/run requires it")
+
+HS = hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+@HS
+@given(st.integers(0, 10_000), st.integers(1, 70), st.booleans())
+def test_counts_truncation_and_extrema_against_numpy(seed, n, bool_mask):
+    rng = np.random.default_rng(seed)
+    raw = np.exp(np.clip(rng.normal(0, 0.9, n), -20, 20)).astype(np.float32)
+    raw[rng.random(n) < 0.1] = 2.0  # exactly at the cap
+    on = rng.random(n) < 0.7
+    raw[~on] = 0.0  # 0 off the mask, as the raw weights are
+    w = torch.from_numpy(raw.copy())
+    mask = torch.from_numpy(on) if bool_mask else torch.from_numpy(on.astype(np.float32))
+    got = native.step_counts(w, mask, 2.0, 0.5, 2.0)
+    assert got.above == int((raw > 2.0).sum()) and got.below == int((raw < 0.5).sum())
+    trunc = np.minimum(raw, np.float32(2.0))
+    assert np.array_equal(w.numpy(), trunc)  # truncated in place
+    assert got.max == float(trunc.max())
+    assert got.min == float(trunc[on].min() if on.any() else np.float32(2.0))
+
+
+def test_tis_statistics_the_same_bits_with_and_without_the_kernel(monkeypatch):
+    gen = torch.Generator().manual_seed(5)
+    rows = Rows.from_lengths(torch.randint(0, 200, (30,), generator=gen))
+    sid = torch.repeat_interleave(torch.tensor([0, 1, 2]), torch.tensor([10, 10, 10]))
+    for mask in ((torch.rand(rows.n_tokens, generator=gen) < 0.8).float(), torch.rand(rows.n_tokens, generator=gen) < 0.6):
+        d = torch.randn(rows.n_tokens, generator=gen) * 0.8
+        bounds = step_token_bounds(rows, sid, 3)
+        got = tis_statistics(d, mask.float(), rows, sid, 3, bounds, 2.0)
+        with monkeypatch.context() as m:
+            m.setattr(native, "_LIB", None)
+            want = tis_statistics(d, mask.float(), rows, sid, 3, bounds, 2.0)
+        assert got is not None and want is not None
+        assert torch.equal(got.token_weights, want.token_weights)
+        for k, v in want.token.items():
+            assert torch.equal(got.token[k].isnan(), v.isnan()) and torch.equal(got.token[k][~v.isnan()], v[~v.isnan()]), k
+        assert got.token["rollout_is_ratio_fraction_high"].sum() > 0  # drift past the threshold
