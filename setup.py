@@ -20,6 +20,8 @@ setup(
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, optional=True),
         Extension("rldiag.engine.native._tis_counts", ["rldiag/engine/native/tis_counts.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
+        Extension("rldiag.engine.native._span_sums", ["rldiag/engine/native/span_sums.c"],
+                  depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, optional=True),
         Extension("rldiag.engine.native._kl_sums", ["rldiag/engine/native/kl_sums.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
     ],

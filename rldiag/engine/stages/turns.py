@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from rldiag.engine import span_native
 from rldiag.engine.host import count_true, nonzero_indices, positive, running_sum_on
 from rldiag.engine.kl import kl_k1
 from rldiag.engine.layout import OffsetRows, Rows
@@ -104,14 +105,22 @@ def _write_turn_stats(st: State, ts: TurnSpans, span_sums: dict[str, torch.Tenso
     _write(st, {"tokens": ts.count, **ts.means(sums)})
 
 
-def _span_sums(st: State, spans: Rows) -> dict[str, torch.Tensor]:
-    """The masked sums over each span (or row) the per-turn means read ``(spans,)``."""
-    batch, mask = st.batch, st.mask
-    out = {"advantage": spans.masked_sum(st.adv, mask)}
-    if st.diag_is_token is not None and batch.rollout_log_probs is not None and st.old_lp is not None:
-        out["is_weight"] = spans.masked_sum(st.diag_is_token, mask)
-        out["rollout_kl"] = spans.masked_sum(kl_k1(st.old_lp, batch.rollout_log_probs), mask)
-    return out
+def _span_sums(st: State, spans: Rows) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The mask's sum over each span (or row) and the masked sums the per-turn means read
+    ``(spans,)``: on the host in one compiled read (:mod:`rldiag.engine.span_native`), else
+    torch's masked sums."""
+    mask, is_w, old, roll = st.mask, st.diag_is_token, st.old_lp, st.batch.rollout_log_probs
+    if is_w is not None and old is not None and roll is not None:
+        fused = span_native.span_sums([st.adv, is_w], mask, spans.offsets, (old, roll))
+        if fused is not None:
+            return fused[0], dict(zip(("advantage", "is_weight", "rollout_kl"), fused[1]))
+        return spans.mask_count(mask), {"advantage": spans.masked_sum(st.adv, mask),
+                                        "is_weight": spans.masked_sum(is_w, mask),
+                                        "rollout_kl": spans.masked_sum(kl_k1(old, roll), mask)}
+    fused = span_native.span_sums([st.adv], mask, spans.offsets)
+    if fused is not None:
+        return fused[0], {"advantage": fused[1][0]}
+    return spans.mask_count(mask), {"advantage": spans.masked_sum(st.adv, mask)}
 
 
 def single_turn_stats(st: State, on0: torch.Tensor) -> None:
@@ -129,9 +138,10 @@ def single_turn_stats(st: State, on0: torch.Tensor) -> None:
     st.metrics[f"{PREFIX}count/mean"] = seg_mean(turns, sid, n)
     st.metrics[f"{PREFIX}count/max"] = seg_max(turns, sid, n)
     key = sid * len(BUCKETS)  # every row's turn is turn 1
-    ts = TurnSpans(rows, key, has, n, _per_turn(key, has, n, rows.mask_count(st.mask)))
+    count, sums = _span_sums(st, rows)
+    ts = TurnSpans(rows, key, has, n, _per_turn(key, has, n, count))
     st.turn_spans = ts
-    _write_turn_stats(st, ts, _span_sums(st, rows))
+    _write_turn_stats(st, ts, sums)
 
 
 def multi_turn_stats(st: State, on0: torch.Tensor, starts: torch.Tensor, turn_at: torch.Tensor | None = None) -> None:
@@ -159,9 +169,10 @@ def multi_turn_stats(st: State, on0: torch.Tensor, starts: torch.Tensor, turn_at
     nb = len(BUCKETS)
     key = sid.index_select(0, rows.row_ids.index_select(0, cut)) * nb + (span_turn.clamp(min=1, max=nb) - 1)
     live = span_turn > 0  # a row's leading tool tokens: no turn
-    ts = TurnSpans(spans, key, live, n, _per_turn(key, live, n, spans.mask_count(st.mask)))
+    count, sums = _span_sums(st, spans)
+    ts = TurnSpans(spans, key, live, n, _per_turn(key, live, n, count))
     st.turn_spans = ts
-    _write_turn_stats(st, ts, _span_sums(st, spans))
+    _write_turn_stats(st, ts, sums)
 
 
 def _turns(st: State) -> None:
@@ -181,15 +192,21 @@ def _turns_loss(st: State) -> None:
     ts = st.turn_spans
     assert ts is not None  # the turns stage ran
     st.loss_weights = step_loss_weights(st)
+    pol, spans = st.policy, ts.spans
     sums = {}
-    if st.policy is not None:
-        sums["ratio"] = ts.per_turn(ts.spans.masked_sum(st.policy.ratio, st.mask))
-        if st.policy.clipped is not None:
-            sums["pg_clipfrac"] = ts.per_turn(ts.spans.sum(st.policy.clipped))
+    if pol is not None:
+        fused = span_native.span_sums([pol.ratio], st.mask, spans.offsets)  # one compiled read where it applies
+        sums["ratio"] = ts.per_turn(fused[1][0] if fused is not None else spans.masked_sum(pol.ratio, st.mask))
+    plain = {k: v for k, v in (("pg_clipfrac", None if pol is None else pol.clipped), ("loss_weight", st.loss_weights))
+             if v is not None}
+    fused = span_native.span_sums(list(plain.values()), None, spans.offsets) if plain else None
+    totals = dict(zip(plain, fused[1])) if fused is not None else {k: spans.sum(v) for k, v in plain.items()}
+    if "pg_clipfrac" in totals:
+        sums["pg_clipfrac"] = ts.per_turn(totals["pg_clipfrac"])
     out = ts.means(sums)
     if st.loss_weights is not None:
         st.tokens["loss_weight"] = st.loss_weights
-        out["loss_weight"] = ts.per_turn(ts.spans.sum(st.loss_weights))
+        out["loss_weight"] = ts.per_turn(totals["loss_weight"])
     _write(st, out)
     st.turn_spans = None  # no later stage reads them: the spans' token ids (8 bytes a token) go
 
