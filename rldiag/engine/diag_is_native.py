@@ -24,18 +24,8 @@ ABI = 1
 FIELDS = ("above", "below", "max", "min")
 
 
-def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """The library, its function's types declared; None where it is not this version's
-    (:func:`rldiag.engine.native.checked`: the twin runs)."""
-    if lib is None:
-        return None
-    fn = lib.rldiag_tis_counts
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_float] * 3 + [ctypes.c_void_p]
-    return lib
-
-
-_LIB = _bind(native.checked("tis_counts", "tis", ABI, len(FIELDS)))
+_LIB = native.bound("tis_counts", "tis", ABI, len(FIELDS), {"rldiag_tis_counts": (
+    ctypes.c_long, [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_float] * 3 + [ctypes.c_void_p])})
 
 
 def built() -> bool:
@@ -69,7 +59,6 @@ def step_counts(w: torch.Tensor, mask: torch.Tensor, up: float, lo: float, cap: 
     m = np.ascontiguousarray(host.view(mask))
     assert v is not None and v.flags.c_contiguous
     out = np.zeros(len(FIELDS), dtype=np.float64)
-    fmask = m.ctypes.data if m.dtype == np.float32 else None
-    bmask = m.view(np.uint8).ctypes.data if m.dtype == np.bool_ else None
+    fmask, bmask = native.mask_pointers(m)
     _LIB.rldiag_tis_counts(v.ctypes.data, fmask, bmask, v.shape[0], up, lo, cap, out.ctypes.data)
     return StepCounts(int(out[0]), int(out[1]), float(out[2]), float(out[3]))

@@ -25,18 +25,8 @@ ABI = 1
 FIELDS = ("count", "total", "num", "den")
 
 
-def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """The library, its function's types declared; None where it is not this version's
-    (:func:`rldiag.engine.native.checked`: the torch twin runs)."""
-    if lib is None:
-        return None
-    fn = lib.rldiag_grad_weight
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] + [ctypes.c_void_p] * 2
-    return lib
-
-
-_LIB = _bind(native.checked("grad_weight", "gw", ABI, len(FIELDS)))
+_LIB = native.bound("grad_weight", "gw", ABI, len(FIELDS),
+                    {"rldiag_grad_weight": (ctypes.c_long, [ctypes.c_void_p] * 6 + [ctypes.c_long] + [ctypes.c_void_p] * 2)})
 
 
 def built() -> bool:
@@ -52,17 +42,6 @@ class StepWeights(NamedTuple):
     total: float
     num: float
     den: float
-
-
-def _float_or_bytes(x: np.ndarray | None) -> tuple[int | None, int | None] | None:
-    """(float32 pointer, byte pointer) of a float32 or bool array; None for another dtype."""
-    if x is None:
-        return None, None
-    if x.dtype == np.float32:
-        return x.ctypes.data, None
-    if x.dtype == np.bool_:
-        return None, x.view(np.uint8).ctypes.data
-    return None
 
 
 def usable(adv: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, clipped: torch.Tensor | None) -> bool:
@@ -81,8 +60,7 @@ def step_pass(adv: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, clip
     assert _LIB is not None
     arrays = [np.ascontiguousarray(host.view(t)) for t in (adv, weights, mask)]
     clip = None if clipped is None else np.ascontiguousarray(host.view(clipped))
-    m, c = _float_or_bytes(arrays[2]), _float_or_bytes(clip)
-    assert m is not None and c is not None
+    m, c = native.mask_pointers(arrays[2]), native.mask_pointers(clip)
     n = arrays[0].shape[0]
     ranked = np.empty(n, dtype=np.float32)
     out = np.zeros(len(FIELDS), dtype=np.float64)

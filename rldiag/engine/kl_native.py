@@ -24,18 +24,8 @@ ABI = 1
 FIELDS = ("k1", "d2", "k3")
 
 
-def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """The library, its function's types declared; None where it is not this version's
-    (:func:`rldiag.engine.native.checked`: the torch twin runs)."""
-    if lib is None:
-        return None
-    fn = lib.rldiag_kl_sums
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long, ctypes.c_void_p]
-    return lib
-
-
-_LIB = _bind(native.checked("kl_sums", "kl", ABI, len(FIELDS)))
+_LIB = native.bound("kl_sums", "kl", ABI, len(FIELDS),
+                    {"rldiag_kl_sums": (ctypes.c_long, [ctypes.c_void_p] * 5 + [ctypes.c_long, ctypes.c_void_p])})
 
 
 def built() -> bool:
@@ -59,7 +49,6 @@ def row_sums(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, offsets: torc
     off = np.ascontiguousarray(offsets.numpy(), dtype=np.int64)
     n_rows = max(off.shape[0] - 1, 0)
     out = np.empty((n_rows, len(FIELDS)), dtype=np.float64)
-    fmask = m.ctypes.data if m.dtype == np.float32 else None
-    flags = m.view(np.uint8).ctypes.data if m.dtype == np.bool_ else None
-    _LIB.rldiag_kl_sums(x.ctypes.data, y.ctypes.data, fmask, flags, off.ctypes.data, n_rows, out.ctypes.data)
+    fmask, bmask = native.mask_pointers(m)
+    _LIB.rldiag_kl_sums(x.ctypes.data, y.ctypes.data, fmask, bmask, off.ctypes.data, n_rows, out.ctypes.data)
     return out

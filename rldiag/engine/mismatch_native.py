@@ -37,29 +37,14 @@ from rldiag.engine import native
 ABI = 4
 
 
-def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """The library, its functions' types declared; None where it is not this version's
-    (:func:`rldiag.engine.native.checked`: the numpy pass runs)."""
-    if lib is None:
-        return None
-    fn = lib.rldiag_mismatch_chunk
-    fn.restype = ctypes.c_long
-    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p] + [ctypes.c_long] * 2
-                   + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 4)
-    sel = lib.rldiag_mismatch_select
-    sel.restype = ctypes.c_long
-    sel.argtypes = ([ctypes.c_void_p] + [ctypes.c_long] + [ctypes.c_void_p] + [ctypes.c_long] * 2 + [ctypes.c_double]
-                    + [ctypes.c_void_p] * 4)
-    sa = lib.rldiag_mismatch_sample
-    sa.restype = ctypes.c_long
-    sa.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p]
-    ab = lib.rldiag_mismatch_above
-    ab.restype = None
-    ab.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_double] + [ctypes.c_void_p]
-    return lib
-
-
-_LIB = _bind(native.checked("mismatch_chunk", "mismatch", ABI, len(scan.FIELDS)))
+_LIB = native.bound("mismatch_chunk", "mismatch", ABI, len(scan.FIELDS), {
+    "rldiag_mismatch_chunk": (ctypes.c_long, [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p]
+                              + [ctypes.c_long] * 2 + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 4),
+    "rldiag_mismatch_select": (ctypes.c_long, [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p] + [ctypes.c_long] * 2
+                               + [ctypes.c_double] + [ctypes.c_void_p] * 4),
+    "rldiag_mismatch_sample": (ctypes.c_long, [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p]),
+    "rldiag_mismatch_above": (None, [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_double] + [ctypes.c_void_p]),
+})
 
 #: the log-prob dtypes the kernel reads (as float32: each widens exactly)
 NARROW = (torch.float32, torch.bfloat16, torch.float16)

@@ -23,18 +23,8 @@ from rldiag.engine import host, native
 ABI = 1
 
 
-def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """The library, its function's types declared; None where it is not this version's
-    (:func:`rldiag.engine.native.checked`: the torch twin runs)."""
-    if lib is None:
-        return None
-    fn = lib.rldiag_ppo_clip
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] + [ctypes.c_float] * 3 + [ctypes.c_void_p] * 3
-    return lib
-
-
-_LIB = _bind(native.checked("ppo_clip", "ppo", ABI, 1))
+_LIB = native.bound("ppo_clip", "ppo", ABI, 1, {"rldiag_ppo_clip": (
+    ctypes.c_long, [ctypes.c_void_p] * 6 + [ctypes.c_long] + [ctypes.c_float] * 3 + [ctypes.c_void_p] * 3)})
 
 
 def built() -> bool:
@@ -66,8 +56,7 @@ def ppo_tokens(adv: torch.Tensor, ratio: torch.Tensor, mask: torch.Tensor, weigh
     n_rows = max(off.shape[0] - 1, 0)
     losses, clipped = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
     lower = np.empty(n_rows, dtype=np.float64)
-    fmask = m.ctypes.data if m.dtype == np.float32 else None
-    bmask = m.view(np.uint8).ctypes.data if m.dtype == np.bool_ else None
+    fmask, bmask = native.mask_pointers(m)
     _LIB.rldiag_ppo_clip(a.ctypes.data, r.ctypes.data, fmask, bmask, None if w is None else w.ctypes.data,
                          off.ctypes.data, n_rows, lo, hi, c, losses.ctypes.data, clipped.ctypes.data, lower.ctypes.data)
     return torch.from_numpy(losses), torch.from_numpy(clipped), torch.from_numpy(lower.astype(np.float32))

@@ -29,18 +29,8 @@ ABI = 1
 FIELDS = ("n", "diff_mean", "diff_m2", "diff_max", "old_mean", "roll_mean", "old_m2", "roll_m2", "cross")
 
 
-def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """The library, its function's types declared; None where it is not this version's
-    (:func:`rldiag.engine.native.checked`: the torch twin runs)."""
-    if lib is None:
-        return None
-    fn = lib.rldiag_rollout_probs
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 2 + [ctypes.c_void_p]
-    return lib
-
-
-_LIB = _bind(native.checked("rollout_probs", "probs", ABI, len(FIELDS)))
+_LIB = native.bound("rollout_probs", "probs", ABI, len(FIELDS),
+                    {"rldiag_rollout_probs": (ctypes.c_long, [ctypes.c_void_p] * 6 + [ctypes.c_long] * 2 + [ctypes.c_void_p])})
 
 
 def built() -> bool:
@@ -63,9 +53,8 @@ def step_fields(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, ro
     offsets = np.ascontiguousarray(rows.offsets.numpy(), dtype=np.int64)
     steps = np.ascontiguousarray(step_ids.detach().cpu().numpy(), dtype=np.int64)
     out = np.empty((max(n_steps, 1), len(FIELDS)), dtype=np.float64)
-    fmask = m.ctypes.data if m.dtype == np.float32 else None
-    flags = m.view(np.uint8).ctypes.data if m.dtype == np.bool_ else None
-    if _LIB.rldiag_rollout_probs(x.ctypes.data, y.ctypes.data, fmask, flags, offsets.ctypes.data, steps.ctypes.data,
+    fmask, bmask = native.mask_pointers(m)
+    if _LIB.rldiag_rollout_probs(x.ctypes.data, y.ctypes.data, fmask, bmask, offsets.ctypes.data, steps.ctypes.data,
                                  rows.n_rows, n_steps, out.ctypes.data) != 0:
         raise ValueError(f"rollout probabilities: a row's step outside [0, {n_steps})")
     return {k: out[:n_steps, i] for i, k in enumerate(FIELDS)}

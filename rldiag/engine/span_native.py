@@ -26,19 +26,8 @@ ABI = 1
 MAX_SERIES = 8
 
 
-def _bind(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """The library, its function's types declared; None where it is not this version's
-    (:func:`rldiag.engine.native.checked`: the twin runs)."""
-    if lib is None:
-        return None
-    fn = lib.rldiag_span_sums
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
-    return lib
-
-
-_LIB = _bind(native.checked("span_sums", "spans", ABI, MAX_SERIES))
+_LIB = native.bound("span_sums", "spans", ABI, MAX_SERIES, {"rldiag_span_sums": (
+    ctypes.c_long, [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 5 + [ctypes.c_long, ctypes.c_void_p])})
 
 
 def built() -> bool:
@@ -74,8 +63,7 @@ def span_sums(columns: Sequence[torch.Tensor], mask: torch.Tensor | None, offset
     off = np.ascontiguousarray(offsets.numpy(), dtype=np.int64)
     n_spans = max(off.shape[0] - 1, 0)
     out = np.zeros((n_spans, width), dtype=np.float64)
-    fmask = m.ctypes.data if m is not None and m.dtype == np.float32 else None
-    bmask = m.view(np.uint8).ctypes.data if m is not None and m.dtype == np.bool_ else None
+    fmask, bmask = native.mask_pointers(m)
     code = _LIB.rldiag_span_sums(ctypes.cast(pointers, ctypes.c_void_p), len(cols), da, db, fmask, bmask,
                                  off.ctypes.data, n_spans, out.ctypes.data)
     assert code == 0

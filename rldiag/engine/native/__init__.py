@@ -14,6 +14,9 @@ import importlib.machinery
 import os
 from functools import cache
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
@@ -57,3 +60,32 @@ def checked(name: str, prefix: str, abi: int, fields: int) -> ctypes.CDLL | None
     except AttributeError:  # older than the calling convention's number
         return None
     return lib
+
+
+#: a C function's declaration for :func:`bound`: its return type (None: void) and argument types
+Signature = tuple[Any, list[Any]]
+
+
+def bound(name: str, prefix: str, abi: int, fields: int, functions: dict[str, Signature]) -> ctypes.CDLL | None:
+    """:func:`checked`'s library with each of its ``functions`` (name -> (return type, argument
+    types)) declared to ctypes; None where it is not there or not this version (the twin runs)."""
+    lib = checked(name, prefix, abi, fields)
+    if lib is None:
+        return None
+    for fn_name, (restype, argtypes) in functions.items():
+        fn = getattr(lib, fn_name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+def mask_pointers(mask: np.ndarray | None) -> tuple[int | None, int | None]:
+    """``(float32 pointer, byte pointer)`` of a contiguous float32 or bool mask, the other None
+    (both None without a mask): how every kernel takes a mask (``fmask`` / ``bmask``)."""
+    if mask is None:
+        return None, None
+    if mask.dtype == np.float32:
+        return mask.ctypes.data, None
+    if mask.dtype == np.bool_:
+        return None, mask.view(np.uint8).ctypes.data
+    raise TypeError(f"a kernel's mask is float32 or bool, not {mask.dtype}")
