@@ -2,9 +2,9 @@
 install time by ``setup.py`` (optional: an install without a C compiler builds none) and loaded
 through :mod:`ctypes` (no Python API: a call holds no GIL).
 
-Every kernel has a numpy twin, the one the engine falls back to where its library was not
+Every kernel has a numpy or torch twin, the one the engine falls back to where its library was not
 built, and the tests hold the two to the same numbers (``tests/engine/test_mismatch_native.py``).
-``RLDIAG_NATIVE=0`` in the environment turns every kernel off (the numpy twins then run).
+``RLDIAG_NATIVE=0`` in the environment turns every kernel off (the twins then run).
 """
 
 from __future__ import annotations
