@@ -34,7 +34,7 @@ from rldiag.engine import mismatch_scan as scan
 from rldiag.engine import native
 
 #: the calling convention these bindings were written for (``rldiag_mismatch_abi`` in the C)
-ABI = 4
+ABI = 5
 
 
 _LIB = native.bound("mismatch_chunk", "mismatch", ABI, len(scan.FIELDS), {
@@ -44,6 +44,7 @@ _LIB = native.bound("mismatch_chunk", "mismatch", ABI, len(scan.FIELDS), {
                                + [ctypes.c_double] + [ctypes.c_void_p] * 4),
     "rldiag_mismatch_sample": (ctypes.c_long, [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p]),
     "rldiag_mismatch_above": (None, [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_double] + [ctypes.c_void_p]),
+    "rldiag_mismatch_lanes": (ctypes.c_int, []),
 })
 
 #: the log-prob dtypes the kernel reads (as float32: each widens exactly)
@@ -53,6 +54,13 @@ NARROW = (torch.float32, torch.bfloat16, torch.float16)
 def built() -> bool:
     """Whether the kernel's library was built (and is this version's, and not turned off)."""
     return _LIB is not None
+
+
+def lanes() -> int:
+    """The float64 lanes of the kernel's vectors here: 8 where the processor has AVX-512 (one
+    512-bit vector), else 4 (``RLDIAG_NATIVE_LANES=4`` in the environment takes 4 anyway); both
+    give the same bits. 0 where the library was not built."""
+    return 0 if _LIB is None else int(_LIB.rldiag_mismatch_lanes())
 
 
 def usable(inp: scan.Inputs) -> bool:

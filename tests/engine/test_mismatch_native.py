@@ -184,6 +184,54 @@ def test_the_kernels_exp_is_within_two_units_in_the_last_place():
     np.testing.assert_allclose(got[finite], want[finite], rtol=4.5e-16, atol=0)
 
 
+def test_the_small_gaps_exp_is_within_two_units_in_the_last_place():
+    """Up to |d| = 1/8 the kernel takes exp's Taylor series without range reduction: held to
+    numpy's exp densely there and on both sides of the cut (float32 gaps, exact in float64)."""
+    cut = 0.125
+    gaps32 = np.concatenate([np.linspace(0.0, 0.2, 2001, dtype=np.float32),
+                             np.nextafter(np.float32(cut), np.float32(0)) * np.ones(1, np.float32),
+                             np.float32(cut) * np.ones(1, np.float32),
+                             np.nextafter(np.float32(cut), np.float32(1)) * np.ones(1, np.float32)])
+    roll = np.float32(-1.0) - gaps32
+    old = np.full_like(roll, -1.0)
+    gaps = old.astype(np.float64) - roll.astype(np.float64)
+    n = len(gaps)
+    inp = scan.Inputs.of(torch.from_numpy(old), torch.from_numpy(roll), torch.ones(n),
+                         Rows.from_lengths(torch.ones(n, dtype=torch.long)))
+    out = native.Out(4)
+    got = np.array([native.scan_chunk(inp, out, i, 1, 1, scan.Picked(1.0))[scan.F["exp"]] for i in range(n)])
+    np.testing.assert_allclose(got, np.exp(gaps), rtol=4.5e-16, atol=0)
+
+
+def test_four_and_eight_lane_blocks_give_the_same_bits(monkeypatch):
+    """The blocks in one AVX-512 vector (where the processor has it) and in two four-lane ones
+    (``RLDIAG_NATIVE_LANES=4``): every field, pick and sample the same bits, with each kind of
+    mask and gaps on both sides of the small exp's cut and past vexp's range."""
+    old, roll, mask, lengths, _ = batch(21, 200, chunk_rows=True)
+    roll[::97] = old[::97] - 3.0  # |d| above 1/8 in some octets only
+    roll[5000] = old[5000] - 701.0  # past vexp's range: that block takes libm's exp
+    rows = Rows.from_lengths(torch.from_numpy(lengths))
+    total = int(lengths.sum())
+    assert total > 6000
+    runs = {}
+    for lanes in ("8", "4"):
+        if lanes == "4":
+            monkeypatch.setenv("RLDIAG_NATIVE_LANES", "4")
+        else:
+            monkeypatch.delenv("RLDIAG_NATIVE_LANES", raising=False)
+        records = []
+        for m in (torch.from_numpy(mask), torch.from_numpy(mask > 0), torch.from_numpy(mask).to(torch.uint8)):
+            inp = scan.Inputs.of(torch.from_numpy(old), torch.from_numpy(roll), m, rows)
+            out = native.Out(3000)
+            for a, n, me, _ in scan.chunks([(0, total)], 3000):
+                picked = scan.Picked(0.05)
+                rec = native.scan_chunk(inp, out, a, n, me, picked)
+                records.append(np.concatenate([rec, *picked.d, *picked.y, *(s.astype(np.float64) for s in picked.sample)]))
+        runs[lanes] = (native.lanes(), np.concatenate(records))
+    assert runs["4"][0] == 4 and runs["8"][0] in (4, 8)
+    assert np.array_equal(runs["8"][1], runs["4"][1])
+
+
 def test_rldiag_native_0_turns_the_kernel_off(tmp_path):
     """``RLDIAG_NATIVE=0``: the numpy pass runs (and gives the statistics)."""
     import subprocess

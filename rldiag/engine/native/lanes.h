@@ -1,4 +1,4 @@
-/* What the engine's compiled kernels share: four-lane float64 vectors (GCC's vector types: the
+/* What the engine's compiled kernels share: four- and eight-lane float64 vectors (GCC's vector types: the
  * AVX2 instructions where the function is compiled for them, SSE2's two lanes twice otherwise,
  * the same operations in the same order, so the same bits) and their exponential. */
 #ifndef RLDIAG_LANES_H
@@ -21,34 +21,80 @@ INLINE long long lanes_l(v4l v) { return (v[0] + v[1]) + (v[2] + v[3]); }
 INLINE v4d and_(v4d v, v4l mask) { return (v4d)((v4l)v & mask); }
 INLINE v4d load(const double *p) { v4d v; memcpy(&v, p, sizeof v); return v; }
 INLINE v4l load_l(const long long *p) { v4l v; memcpy(&v, p, sizeof v); return v; }
+typedef unsigned long long v4u __attribute__((vector_size(32)));
+typedef unsigned int v4iu __attribute__((vector_size(16)));
+/* -1 in the lanes whose x is negative as a signed integer, else 0: a logical shift (AVX2 has no
+ * 64-bit arithmetic one) and a negation, no comparison (GCC 12 makes scalar code of AVX-512
+ * comparisons combined with other masks) */
+INLINE v4l negative4(v4l x) { return -(v4l)((v4u)x >> 63); }
+/* whether any lane of a mask is set */
+INLINE int any4(v4l m) { return (m[0] | m[1]) | (m[2] | m[3]) ? 1 : 0; }
 
-/* exp(a) for -708 <= a <= 709, four lanes: a = k ln 2 + r (Cody and Waite's two-part ln 2, so
- * that k ln2_hi is exact), |r| <= ln 2 / 2, exp(r) by its Taylor series to r^13 / 13! (the next
- * term under 2^-58 of it, by Estrin's scheme), times 2^k built in the exponent's bits. Within 2
- * units in the last place of the exact value (tests/engine/test_mismatch_native.py holds it to
- * numpy's exp from 0 to 700). Outside its range the caller clamps or takes libm's. */
-INLINE v4d vexp(v4d a) {
-    const double inv_ln2 = 1.4426950408889634, ln2_hi = 6.93147180369123816490e-01,
-                 ln2_lo = 1.90821492927058770002e-10, shifter = 6755399441055744.0; /* 2^52 + 2^51 */
-    v4d t = a * inv_ln2 + shifter; /* round to nearest: k in the low bits */
-    v4l k = (v4l)t - (v4l)(v4d){shifter, shifter, shifter, shifter};
-    v4d kd = t - shifter;
-    v4d r = (a - kd * ln2_hi) - kd * ln2_lo;
-    /* 1 / i!, the terms paired, then pairs of pairs (Estrin's scheme: a chain of 4 products and
-     * sums, not Horner's 13, so that the out-of-order core overlaps the tokens) */
-    v4d r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
-    v4d p01 = 1.0 + r, p23 = 1.0 / 2 + r * (1.0 / 6), p45 = 1.0 / 24 + r * (1.0 / 120),
-        p67 = 1.0 / 720 + r * (1.0 / 5040), p89 = 1.0 / 40320 + r * (1.0 / 362880),
-        p1011 = 1.0 / 3628800 + r * (1.0 / 39916800), p1213 = 1.0 / 479001600 + r * (1.0 / 6227020800.0);
-    v4d q0 = p01 + r2 * p23, q1 = p45 + r2 * p67, q2 = p89 + r2 * p1011;
-    v4d e = (q0 + r4 * q1) + r8 * (q2 + r4 * p1213);
-    v4d scale = (v4d)((k + 1023) << 52);
+/* exp(a) for -708 <= a <= 709, in each lane of a float64 vector type VD whose integer twin is VL:
+ * a = k ln 2 + r (Cody and Waite's two-part ln 2, so that k ln2_hi is exact), |r| <= ln 2 / 2,
+ * exp(r) by its Taylor series to r^13 / 13! (the next term under 2^-58 of it, by Estrin's scheme),
+ * times 2^k built in the exponent's bits. Within 2 units in the last place of the exact value
+ * (tests/engine/test_mismatch_native.py holds it to numpy's exp from 0 to 700). Outside its
+ * range the caller clamps or takes libm's. One body for four lanes (vexp) and eight (vexp8d). */
+#define RLDIAG_VEXP_BODY(VD, VL, a)                                                                        \
+    const double inv_ln2 = 1.4426950408889634, ln2_hi = 6.93147180369123816490e-01,                       \
+                 ln2_lo = 1.90821492927058770002e-10, shifter = 6755399441055744.0; /* 2^52 + 2^51 */       \
+    VD t = a * inv_ln2 + shifter; /* round to nearest: k in the low bits */                                 \
+    VD shift = (VD){0} + shifter;                                                                          \
+    VL k = (VL)t - (VL)shift;                                                                               \
+    VD kd = t - shifter;                                                                                    \
+    VD r = (a - kd * ln2_hi) - kd * ln2_lo;                                                                 \
+    /* 1 / i!, the terms paired, then pairs of pairs (Estrin's scheme: a chain of 4 products and         \
+     * sums, not Horner's 13, so that the out-of-order core overlaps the tokens) */                         \
+    VD r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;                                                              \
+    VD p01 = 1.0 + r, p23 = 1.0 / 2 + r * (1.0 / 6), p45 = 1.0 / 24 + r * (1.0 / 120),                      \
+       p67 = 1.0 / 720 + r * (1.0 / 5040), p89 = 1.0 / 40320 + r * (1.0 / 362880),                          \
+       p1011 = 1.0 / 3628800 + r * (1.0 / 39916800), p1213 = 1.0 / 479001600 + r * (1.0 / 6227020800.0);    \
+    VD q0 = p01 + r2 * p23, q1 = p45 + r2 * p67, q2 = p89 + r2 * p1011;                                     \
+    VD e = (q0 + r4 * q1) + r8 * (q2 + r4 * p1213);                                                         \
+    VD scale = (VD)((k + 1023) << 52);                                                                      \
     return e * scale;
-}
+
+INLINE v4d vexp(v4d a) { RLDIAG_VEXP_BODY(v4d, v4l, a) }
+
+/* eight-lane float64 vectors: AVX-512's 512 bits where compiled for them (twice the four lanes'
+ * throughput on processors with full-width units), AVX2's or SSE2's twice or four times
+ * otherwise: the same operations in the same order, so the same bits */
+typedef double v8d __attribute__((vector_size(64)));
+typedef long long v8l __attribute__((vector_size(64)));
+typedef unsigned long long v8u __attribute__((vector_size(64)));
+typedef unsigned char v8b __attribute__((vector_size(8)));
+
+/* the sum of a vector's lanes, in a fixed order */
+INLINE double lanes8(v8d v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+INLINE long long lanes8_l(v8l v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+INLINE v8d and8(v8d v, v8l mask) { return (v8d)((v8l)v & mask); }
+INLINE v8d load8(const double *p) { v8d v; memcpy(&v, p, sizeof v); return v; }
+INLINE v8l load8_l(const long long *p) { v8l v; memcpy(&v, p, sizeof v); return v; }
+INLINE v8d splat8d(double a) { return (v8d){a, a, a, a, a, a, a, a}; }
+INLINE v8l negative8(v8l x) { return -(v8l)((v8u)x >> 63); }
+INLINE int any8(v8l m) { return ((m[0] | m[1]) | (m[2] | m[3])) | ((m[4] | m[5]) | (m[6] | m[7])) ? 1 : 0; }
+
+INLINE v8d vexp8d(v8d a) { RLDIAG_VEXP_BODY(v8d, v8l, a) }
+
+/* exp(a) for 0 <= a <= 1/8 (SMALL_EXP): its Taylor series to a^10 / 10! (the next term under
+ * 2^-58 of it; no range reduction), by Estrin's scheme. Within 2 units in the last place as
+ * vexp, at about half its operations: most of a run's trainer-rollout gaps are this small. */
+#define SMALL_EXP 0.125
+#define RLDIAG_VEXP_SMALL_BODY(VD, a)                                                                     \
+    VD a2 = a * a, a4 = a2 * a2, a8 = a4 * a4;                                                             \
+    VD p01 = 1.0 + a, p23 = 1.0 / 2 + a * (1.0 / 6), p45 = 1.0 / 24 + a * (1.0 / 120),                     \
+       p67 = 1.0 / 720 + a * (1.0 / 5040), p89 = 1.0 / 40320 + a * (1.0 / 362880);                        \
+    VD q0 = p01 + a2 * p23, q1 = p45 + a2 * p67, q2 = p89 + a2 * (1.0 / 3628800);                          \
+    return (q0 + a4 * q1) + a8 * q2;
+
+INLINE v4d vexp4d_small(v4d a) { RLDIAG_VEXP_SMALL_BODY(v4d, a) }
+INLINE v8d vexp8d_small(v8d a) { RLDIAG_VEXP_SMALL_BODY(v8d, a) }
 
 /* eight-lane float32 vectors (AVX2's 256 bits where compiled for them, SSE2's twice otherwise) */
 typedef float v8f __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
+typedef unsigned int v8iu __attribute__((vector_size(32)));
 
 INLINE v8f splat8(float a) { return (v8f){a, a, a, a, a, a, a, a}; }
 INLINE v8f select8(v8i on, v8f a, v8f b) { return (v8f)((on & (v8i)a) | (~on & (v8i)b)); }

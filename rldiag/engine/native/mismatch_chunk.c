@@ -3,23 +3,25 @@
  * sum, count, adjacent-pair sum and the tokens for the order statistics, in one loop over the
  * chunk's trainer (x) and rollout (y) log-probs, where numpy needs about 35 array passes.
  *
- * A chunk is read in blocks of BLOCK tokens, four lanes of float64 at a time (GCC's vector
- * types; the AVX2 version where the processor has it, chosen at load time, else SSE2's two
- * lanes twice: the same operations in the same order, so the same bits). A token off the actor
- * mask (mask 0 or a log-prob not finite) is 0 in every series by a bitwise AND with its lane's
- * mask, never a branch, so that a NaN or an infinity goes nowhere.
+ * A chunk is read in blocks of BLOCK tokens, eight lanes of float64 at a time (mismatch_block.h:
+ * one AVX-512 vector where the processor has AVX-512, else two four-lane ones, AVX2's or SSE2's
+ * pairs: the same operations in the same order, so the same bits; the AVX-512 blocks take about
+ * 0.7 of the four-lane ones' time here, docs/performance.md). A token off the actor mask (mask 0
+ * or a log-prob not finite) is 0 in every series by a bitwise AND with its lane's mask, never a
+ * branch, so that a NaN or an infinity goes nowhere.
  *
  * Plain C, loaded through ctypes (rldiag/engine/mismatch_native.py): no Python API, so it holds
  * no GIL and needs only a C compiler at install time. Built without fast-math or contraction
  * (-ffp-contract=off, see setup.py): every operation is IEEE float64, in a fixed order, so the
- * results are the same bits on every run and thread count.
+ * results are the same bits on every run, thread count and processor.
  *
- * Sums: each series is summed in four lanes over a block, the lanes added in a fixed order and
- * each block's sum added to the chunk's (two levels: about sqrt(BLOCK / 4) + sqrt(chunk / BLOCK)
+ * Sums: each series is summed in eight lanes over a block, the lanes added in a fixed order and
+ * each block's sum added to the chunk's (two levels: about sqrt(BLOCK / 8) + sqrt(chunk / BLOCK)
  * roundings on average, as a pairwise sum).
  *
  * The record's layout is rldiag/engine/mismatch_scan.py's FIELDS, in that order. exp|d| is
- * vexp's, four lanes at a time (glibc's scalar exp costs about 6 ns a token here).
+ * lanes.h's: its Taylor series without range reduction up to |d| = 1/8 (most tokens), vexp
+ * above (glibc's scalar exp costs about 6 ns a token here), each within 2 units in the last place.
  *
  * After the pass, a step's order statistics from its picked tokens (about 8 % of them):
  * rldiag_mismatch_select, a radix selection, and rldiag_mismatch_above, the sums of the tokens
@@ -28,6 +30,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lanes.h"
@@ -51,9 +54,7 @@ int rldiag_mismatch_fields(void) { return N_FIELDS; }
 
 /* this kernel's calling convention: raised with every change to rldiag_mismatch_chunk's
  * arguments, so that a library built from other sources is not called */
-int rldiag_mismatch_abi(void) { return 4; }
-
-typedef int v8i __attribute__((vector_size(32)));
+int rldiag_mismatch_abi(void) { return 5; }
 
 /* COMPRESS[bits]: the float32-pair indices that move a quad's doubles whose bit is set in bits
  * to its front, in order (the others after them) */
@@ -96,6 +97,39 @@ typedef struct {
     uint8_t ff[BLOCK];
 } Block;
 
+/* one block's series and sums (mismatch_block.h), for eight lanes in one AVX-512 vector or two
+ * four-lane ones: the same bits */
+#define W 8
+#define BLOCK_FN block_w8
+#define BLOCK_ATTR static __attribute__((target("arch=x86-64-v4"), noinline))
+#include "mismatch_block.h"
+#undef W
+#undef BLOCK_FN
+#undef BLOCK_ATTR
+#define W 4
+#define BLOCK_FN block_w4
+#define BLOCK_ATTR INLINE
+#include "mismatch_block.h"
+#undef W
+#undef BLOCK_FN
+#undef BLOCK_ATTR
+
+/* whether this processor runs block_w8: AVX-512's F, VL, DQ, BW and CD (x86-64-v4); the
+ * environment's RLDIAG_NATIVE_LANES=4 takes the four-lane blocks anyway (the tests compare both) */
+static int wide_lanes(void) {
+    const char *lanes = getenv("RLDIAG_NATIVE_LANES");
+    if (lanes != NULL && strcmp(lanes, "4") == 0) {
+        return 0;
+    }
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512cd");
+}
+
+/* the float64 lanes of a block's vectors on this processor (and environment): 8 or 4 */
+int rldiag_mismatch_lanes(void) { return wide_lanes() ? 8 : 4; }
+
 /* x, y: (me,) float32; flags: (me,) 0/1 (mask > 0), else fmask: (me,) the float32 mask, else
  * both NULL where every token's mask is;
  * m: the chunk's tokens, me: m or m + 1 (the next token of the same run, read for the pair the
@@ -123,19 +157,14 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
     long org = origin;
     /* kept: |d| at least the threshold, or above 0 (at least the least double above 0) */
     const double least = threshold <= 0.0 ? nextafter(0.0, 1.0) : threshold;
-    const v4l absmask = {0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL, 0x7FFFFFFFFFFFFFFFLL};
-    const v4l ones = {-1, -1, -1, -1};
-    const v4d inf = {INFINITY, INFINITY, INFINITY, INFINITY};
-    const v4d conf = {confident, confident, confident, confident};
-    const v4d unconf = {unconfident, unconfident, unconfident, unconfident};
-    const v4d ext = {extreme, extreme, extreme, extreme};
-    const v4d zero = {0.0, 0.0, 0.0, 0.0};
+    const double levels[3] = {confident, unconfident, extreme};
+    const int wide = wide_lanes();
     /* the previous token (none before the chunk) */
     b.px[0] = b.py[0] = b.pa[0] = 0.0;
     b.act[0] = 0;
     for (long b0 = 0; b0 < m; b0 += BLOCK) {
         long len = b0 + BLOCK < m ? BLOCK : m - b0;
-        long k = (len + 3) & ~3L;
+        long k = (len + 7) & ~7L; /* whole octets: the padding is off the actor mask */
         const float *bx = x + b0, *by = y + b0;
         const uint8_t *bf = flags == NULL ? NULL : flags + b0;
         const float *bm = fmask == NULL ? NULL : fmask + b0;
@@ -178,131 +207,23 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
                 next_start = next_i < n_starts ? starts[next_i] : me;
             }
         }
-        /* the series, 0 off the actor tokens */
-        v4l nv = {0};
-        v4l pos = {0};
-        v4d amax = zero;
-        v4i low = {0}; /* a value whose float32 has its low 13 bits 0: maybe a 16-bit float */
-        for (long j = 0; j < k; j += 4) {
-            v4f xf, yf;
-            memcpy(&xf, bx + j, sizeof xf);
-            memcpy(&yf, by + j, sizeof yf);
-            v4d xv = __builtin_convertvector(xf, v4d), yv = __builtin_convertvector(yf, v4d);
-            v4i bits = (v4i)yf;
-            low |= (bits & 0x1FFF) == 0;
-            v4l fm = ones;
-            if (bf != NULL) {
-                v4b f;
-                memcpy(&f, bf + j, sizeof f);
-                fm = __builtin_convertvector(f, v4l) != 0;
-            } else if (bm != NULL) {
-                v4f f;
-                memcpy(&f, bm + j, sizeof f);
-                fm = __builtin_convertvector(f > (v4f){0.0f, 0.0f, 0.0f, 0.0f}, v4l);
-            }
-            v4l act = fm & (and_(xv, absmask) < inf) & (and_(yv, absmask) < inf);
-            v4d d = and_(xv - yv, act);
-            v4d ym = and_(yv, act);
-            v4d a = and_(d, absmask);
-            v4d p = and_(load(b.p + j), act);
-            memcpy(b.d + j, &d, sizeof d);
-            memcpy(b.y + j, &ym, sizeof ym);
-            memcpy(b.a + j, &a, sizeof a);
-            memcpy(b.p + j, &p, sizeof p);
-            memcpy(b.px + j + 1, &xv, sizeof xv);
-            memcpy(b.py + j + 1, &yv, sizeof yv);
-            memcpy(b.pa + j + 1, &a, sizeof a);
-            memcpy(b.act + j + 1, &act, sizeof act);
-            nv -= act;
-            pos |= ym > zero;
-            v4l more = a > amax;
-            amax = (v4d)(((v4l)a & more) | ((v4l)amax & ~more));
-        }
+        long long counts[5] = {0};
+        int half_any = wide ? block_w8(&b, bx, by, bf, bm, k, len, levels, total, counts)
+                            : block_w4(&b, bx, by, bf, bm, k, len, levels, total, counts);
+        n += counts[0];
+        n_conf += counts[1];
+        n_unconf += counts[2];
+        n_extreme += counts[3];
+        n_pairs += counts[4];
+        off += k;
         for (long j = (8 - (b0 & 7)) & 7; j < k; j += 8) { /* every 8th token's |d| (b0 is a multiple of 8) */
             sample[(b0 + j) >> 3] = (float)b.a[j];
         }
-        n += lanes_l(nv);
-        int half_any = (low[0] | low[1] | low[2] | low[3]) != 0;
-        int small_gaps = (amax[0] <= 700.0) & (amax[1] <= 700.0) & (amax[2] <= 700.0) & (amax[3] <= 700.0);
-        off += k;
-        /* the pairs (t - 1, t): both actor tokens, t not a row's first */
-        v4d pa = {0}, sn = {0}, sp = {0};
-        v4l np = {0};
-        for (long j = 0; j < k; j += 4) {
-            v4l pair = load_l(b.act + j) & load_l(b.act + j + 1) & ~load_l(b.rs + j + 1);
-            v4d xp = load(b.px + j), x1 = load(b.px + j + 1), yp = load(b.py + j), y1 = load(b.py + j + 1);
-            pa += and_(load(b.pa + j) + load(b.pa + j + 1), pair);
-            sn += and_(and_(yp - x1, absmask), pair);
-            sp += and_(and_(y1 - xp, absmask), pair);
-            np -= pair;
-        }
-        n_pairs += lanes_l(np);
-        total[S_PA] += lanes(pa);
-        total[S_SN] += lanes(sn);
-        total[S_SP] += lanes(sp);
         /* the last token, for the next block's first pair */
         b.px[0] = b.px[len];
         b.py[0] = b.py[len];
         b.pa[0] = b.pa[len];
         b.act[0] = b.act[len];
-        /* the sums, three loops so that each one's accumulators stay in registers */
-        v4d sd = {0}, sy = {0}, sa = {0}, mdd = {0}, mdy = {0}, myy = {0};
-        for (long j = 0; j < k; j += 4) {
-            v4d d = load(b.d + j), yv = load(b.y + j), a = load(b.a + j);
-            sd += d;
-            sy += yv;
-            sa += a;
-            mdd += d * d;
-            mdy += d * yv;
-            myy += yv * yv;
-        }
-        int signed_y = (pos[0] | pos[1] | pos[2] | pos[3]) != 0;
-        v4d s_p = {0}, map = {0}, mpp = {0}, sya = {0}, maya = {0};
-        for (long j = 0; j < k; j += 4) {
-            v4d yv = load(b.y + j), p = load(b.p + j), a = load(b.a + j);
-            v4d ya = signed_y ? and_(yv, absmask) : -yv; /* a log-prob is <= 0: |y| = -y */
-            s_p += p;
-            map += a * p;
-            mpp += p * p;
-            sya += ya;
-            maya += a * ya;
-        }
-        v4d dc = {0}, du = {0}, se = {0};
-        v4l nc = {0}, nu = {0}, ne = {0};
-        for (long j = 0; j < k; j += 4) {
-            v4d d = load(b.d + j), yv = load(b.y + j), a = load(b.a + j);
-            v4l c = yv >= conf, u = yv < unconf; /* lanes of -1 (true) or 0 */
-            dc += and_(d, c);
-            du += and_(d, u);
-            nc -= c;
-            nu -= u;
-            ne -= a > ext;
-            if (small_gaps) {
-                se += and_(vexp(a), load_l(b.act + j + 1));
-            }
-        }
-        if (!small_gaps) { /* some |d| above vexp's range (a probability ratio past e^700) */
-            for (long j = 0; j < len; j++) {
-                se[0] += b.act[j + 1] ? exp(b.a[j]) : 0.0;
-            }
-        }
-        total[S_D] += lanes(sd);
-        total[S_Y] += lanes(sy);
-        total[S_A] += lanes(sa);
-        total[S_DD] += lanes(mdd);
-        total[S_DY] += lanes(mdy);
-        total[S_YY] += lanes(myy);
-        total[S_P] += lanes(s_p);
-        total[S_AP] += lanes(map);
-        total[S_PP] += lanes(mpp);
-        total[S_YA] += lanes(sya);
-        total[S_AYA] += lanes(maya);
-        total[S_DC] += lanes(dc);
-        total[S_DU] += lanes(du);
-        total[S_EXP] += lanes(se);
-        n_conf += lanes_l(nc);
-        n_unconf += lanes_l(nu);
-        n_extreme += lanes_l(ne);
         /* the picked tokens (each quad's kept ones moved to its front by one shuffle, all four
          * written, the kept counted: about 8 % are, in no order, and a branch on them cost a
          * misprediction every few quads) and the 16-bit

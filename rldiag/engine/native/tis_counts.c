@@ -43,7 +43,6 @@ long rldiag_tis_counts(float *w, const float *fmask, const uint8_t *bmask, long 
         if (fmask != NULL) {
             memcpy(&m, fmask + i, sizeof m);
         } else {
-            typedef unsigned char v8b __attribute__((vector_size(8)));
             v8b b;
             memcpy(&b, bmask + i, sizeof b);
             m = __builtin_convertvector(b, v8f);
