@@ -28,6 +28,7 @@ None where a weight is not finite (a NaN log-ratio, on or off the mask), for the
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +36,7 @@ import torch
 from rldiag.engine import diag_is_native, host
 from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction import SAFETY_BOUND
-from rldiag.engine.segments import MEAN_EPS, seg_max, seg_mean, seg_min, seg_sum, step_mask_count
+from rldiag.engine.segments import MEAN_EPS, seg_count, seg_max, seg_min, seg_sum, step_mask_count
 
 Metrics = dict[str, torch.Tensor]
 
@@ -66,14 +67,16 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     weight is not finite."""
     count = step_mask_count(mask, rows, step_ids, n)  # (n,) float32, remembered per mask
     den = count + MEAN_EPS
-    w = torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND).exp_().mul_(mask)  # raw weights, 0 off the mask
+    w = torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND).exp_()
     # the bounds as 0-dim tensors of the weights' dtype: the comparison torch makes with a number
     up, lo = (torch.tensor(v, dtype=w.dtype, device=w.device) for v in (threshold, 1.0 / threshold))
     high = torch.zeros(n, dtype=torch.float32, device=w.device)
     low = torch.zeros_like(high)
-    # on the host, each step's counts, truncation and extrema in one compiled read (exact: the
-    # same values; rldiag.engine.diag_is_native)
-    compiled = diag_is_native.usable(w, mask)
+    # on the host, each step's product by the mask, counts, truncation and extrema in one compiled
+    # read (exact: the same values; rldiag.engine.diag_is_native), where the steps cover the tokens
+    compiled = diag_is_native.usable(w, mask) and bounds[0] == 0 and bounds[-1] == w.numel()
+    if not compiled:
+        w.mul_(mask)  # raw weights, 0 off the mask
     extrema: dict[int, diag_is_native.StepCounts] = {}
     for s in range(n):
         a, b = bounds[s], bounds[s + 1]
@@ -100,6 +103,8 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     w_max = torch.full((n,), float("nan"), dtype=w.dtype, device=w.device)
     w_min = w_max.clone()
     buf = torch.empty_like(w)  # the deviations from the step's mean, then the normalised weights
+    # the step means and mean + 1e-8 (as torch adds a number to a float32 tensor: in float32)
+    means, dens = mean.tolist(), (mean + MEAN_EPS).tolist()
     for s in range(n):
         a, b = bounds[s], bounds[s + 1]
         if a == b:
@@ -109,16 +114,22 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
         elif count[s] > 0:  # a masked weight is > 0 (exp of at least -20), so above every off-mask 0
             w_max[s] = w[a:b].amax()
             w_min[s] = host.min_where(w[a:b], mask[a:b], big)
-        torch.sub(w[a:b], mean[s], out=buf[a:b])
+        if compiled:  # (w - mean)^2 m in one read, the same float32 operations
+            diag_is_native.spread(w[a:b], mask[a:b], means[s], dens[s], diag_is_native.DEVIATION, buf[a:b])
+        else:
+            torch.sub(w[a:b], mean[s], out=buf[a:b])
     tok["rollout_is_max"], tok["rollout_is_min"] = w_max, w_min
-    var = seg_sum(rows.sum(buf.square_().mul_(mask)), step_ids, n) / den
+    var = seg_sum(rows.sum(buf if compiled else buf.square_().mul_(mask)), step_ids, n) / den
     std = torch.sqrt(torch.clamp(var, min=0.0))
     tok["rollout_is_std"] = torch.where(count > 1, std, torch.zeros_like(std))
     for s in range(n):
         a, b = bounds[s], bounds[s + 1]
-        torch.div(w[a:b], mean[s:s + 1] + MEAN_EPS, out=buf[a:b])
+        if compiled and a < b:
+            diag_is_native.spread(w[a:b], mask[a:b], means[s], dens[s], diag_is_native.NORMALISED, buf[a:b])
+        elif not compiled:
+            torch.div(w[a:b], mean[s:s + 1] + MEAN_EPS, out=buf[a:b])
     # the normalised weights are 0 off the mask (0 / mean), so their squares need no mask
-    tok["rollout_is_eff_sample_size"] = 1.0 / (seg_sum(rows.sum(buf.square_()), step_ids, n) / den)
+    tok["rollout_is_eff_sample_size"] = 1.0 / (seg_sum(rows.sum(buf if compiled else buf.square_()), step_ids, n) / den)
     del buf
     row_log = rows.masked_sum(log_ratio, mask)
     ratio, seq = _sequence(row_log, rows.mask_count(mask), step_ids, n, count, threshold)
@@ -128,26 +139,42 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
 def _sequence(row_log: torch.Tensor, row_count: torch.Tensor, step_ids: torch.Tensor, n: int, count: torch.Tensor,
               threshold: float) -> tuple[torch.Tensor, Metrics]:
     """The sequence level from the rows' summed log-ratios ``(rows,)`` and actor tokens
-    ``row_count`` ``(rows,)``: each row's ratio ``(rows,)`` and the metrics ``(n,)``."""
+    ``row_count`` ``(rows,)``: each row's ratio ``(rows,)`` and the metrics ``(n,)``. A few
+    operations over the rows (a 512-row step's are microseconds each): the sums that share a
+    segment pass are stacked into one."""
     ratio = torch.exp(torch.clamp(row_log, -SAFETY_BOUND, SAFETY_BOUND))
     f64 = torch.float64
     w = ratio.clamp(max=threshold).to(f64)
     c = row_count.to(f64)
     den = count.to(f64) + MEAN_EPS
     mean = seg_sum(c * w, step_ids, n) / den
-    var = seg_sum(c * (w - mean.index_select(0, step_ids)).square(), step_ids, n) / den
+    row_mean = mean.index_select(0, step_ids)
+    spread = torch.stack(((w - row_mean).square(), (w / (row_mean + MEAN_EPS)).square()), 1).mul_(c.unsqueeze(1))
+    var, norm2 = (_seg_sums(spread, step_ids, n) / den.unsqueeze(1)).unbind(1)
     std = torch.sqrt(torch.clamp(var, min=0.0))
-    norm = w / (mean.index_select(0, step_ids) + MEAN_EPS)
-    ess = 1.0 / (seg_sum(c * norm.square(), step_ids, n) / den)
-    log_up = torch.log(torch.tensor(threshold, dtype=torch.float32, device=row_log.device))
-    log_lo = torch.log(torch.tensor(1.0 / threshold, dtype=torch.float32, device=row_log.device))
+    log_up, log_lo = _log_bounds(threshold, row_log.device)
+    beyond = _seg_sums(torch.stack((row_log > log_up, row_log < log_lo), 1).to(torch.float32), step_ids, n)
+    beyond /= seg_count(step_ids, n).unsqueeze(1)  # NaN for a step without rows
     m: Metrics = {
         "rollout_is_max": torch.exp(torch.clamp(seg_max(row_log, step_ids, n), max=SAFETY_BOUND)),
         "rollout_is_min": torch.exp(seg_min(row_log, step_ids, n)),
         "rollout_is_mean": mean.to(torch.float32),
-        "rollout_is_ratio_fraction_high": seg_mean((row_log > log_up).float(), step_ids, n),
-        "rollout_is_ratio_fraction_low": seg_mean((row_log < log_lo).float(), step_ids, n),
+        "rollout_is_ratio_fraction_high": beyond[:, 0],
+        "rollout_is_ratio_fraction_low": beyond[:, 1],
         "rollout_is_std": torch.where(count > 1, std, torch.zeros_like(std)).to(torch.float32),
-        "rollout_is_eff_sample_size": ess.to(torch.float32),
+        "rollout_is_eff_sample_size": (1.0 / norm2).to(torch.float32),
     }
     return ratio, m
+
+
+def _seg_sums(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
+    """Each column of ``x`` ``(rows, k)`` summed per segment ``(num, k)`` (empty segments: 0)."""
+    return torch.zeros(num, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, seg, x)
+
+
+@functools.cache
+def _log_bounds(threshold: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """log(threshold) and log(1 / threshold) as float32 0-dim tensors, as verl's sequence level
+    compares the rows' summed log-ratios with them (computed once per threshold and device)."""
+    return (torch.log(torch.tensor(threshold, dtype=torch.float32, device=device)),
+            torch.log(torch.tensor(1.0 / threshold, dtype=torch.float32, device=device)))

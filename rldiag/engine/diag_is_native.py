@@ -1,8 +1,11 @@
 """The diagnostic token-level TIS weights' exact statistics of a step in one compiled read
-(``native/tis_counts.c``), for :func:`rldiag.engine.diag_is.tis_statistics` (its twin: numpy's
-two counts, torch's clamp and ``amax``, numpy's masked minimum): the weights above and below the
-ratio fractions' bounds, the truncation in place, and the truncated weights' extrema. Counts, a
-clamp and extrema are exact: the same values as the twin's (tests/engine/test_diag_is_native.py).
+(``native/tis_counts.c``), for :func:`rldiag.engine.diag_is.tis_statistics` (its twin: torch's
+``mul_`` by the mask, numpy's two counts, torch's clamp and ``amax``, numpy's masked minimum): the
+weights made 0 off the mask, those above and below the ratio fractions' bounds, the truncation in
+place, and the truncated weights' extrema. A product, counts, a clamp and extrema are exact: the
+same values as the twin's (tests/engine/test_diag_is_native.py). Then :func:`spread`: the
+standard deviation's and the effective sample size's token terms by the twin's float32
+operations in its order (the same bits), one read each where torch makes three passes and two.
 
 Used where the library was built and the weights are a float32 host tensor (the mask float32 or
 bool); elsewhere the twin runs.
@@ -19,13 +22,21 @@ import torch
 from rldiag.engine import host, native
 
 #: the calling convention these bindings were written for (``rldiag_tis_abi`` in the C)
-ABI = 1
+ABI = 2
 #: the fields the kernel writes, in its order
 FIELDS = ("above", "below", "max", "min")
 
 
-_LIB = native.bound("tis_counts", "tis", ABI, len(FIELDS), {"rldiag_tis_counts": (
-    ctypes.c_long, [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_float] * 3 + [ctypes.c_void_p])})
+_LIB = native.bound("tis_counts", "tis", ABI, len(FIELDS), {
+    "rldiag_tis_counts": (ctypes.c_long, [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_float] * 3
+                          + [ctypes.c_void_p]),
+    "rldiag_tis_spread": (ctypes.c_long, [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_float] * 2
+                          + [ctypes.c_long, ctypes.c_void_p]),
+})
+
+#: :func:`spread`'s terms: the standard deviation's ``(w - mean)^2 m`` and the effective sample
+#: size's ``(w / (mean + 1e-8))^2``
+DEVIATION, NORMALISED = 0, 1
 
 
 def built() -> bool:
@@ -52,8 +63,9 @@ def usable(w: torch.Tensor, mask: torch.Tensor) -> bool:
 
 
 def step_counts(w: torch.Tensor, mask: torch.Tensor, up: float, lo: float, cap: float) -> StepCounts:
-    """A step's slice of the raw weights ``w`` ``(tokens,)`` (where :func:`usable`): counted,
-    truncated to ``cap`` in place, its extrema."""
+    """A step's slice of the raw weights ``w = exp(clamp(d))`` ``(tokens,)`` (where :func:`usable`):
+    multiplied by the mask and truncated to ``cap`` in place, counted before the truncation, its
+    extrema after."""
     assert _LIB is not None
     v = host.view(w)
     m = np.ascontiguousarray(host.view(mask))
@@ -62,3 +74,16 @@ def step_counts(w: torch.Tensor, mask: torch.Tensor, up: float, lo: float, cap: 
     fmask, bmask = native.mask_pointers(m)
     _LIB.rldiag_tis_counts(v.ctypes.data, fmask, bmask, v.shape[0], up, lo, cap, out.ctypes.data)
     return StepCounts(int(out[0]), int(out[1]), float(out[2]), float(out[3]))
+
+
+def spread(w: torch.Tensor, mask: torch.Tensor, mean: float, den: float, mode: int, out: torch.Tensor) -> None:
+    """A step's slice of the truncated weights ``w`` ``(tokens,)`` (where :func:`usable`) into
+    ``out`` (float32, contiguous, ``w``'s shape): :data:`DEVIATION` ``(w - mean)^2 mask``, or
+    :data:`NORMALISED` ``(w / den)^2``, ``mean`` and ``den`` float32 values (``den = mean + 1e-8``
+    as torch adds it in float32)."""
+    assert _LIB is not None and out.dtype == torch.float32 and out.is_contiguous() and out.shape == w.shape
+    v, o = host.view(w), host.view(out)
+    m = np.ascontiguousarray(host.view(mask))
+    assert v is not None and o is not None and v.flags.c_contiguous
+    fmask, bmask = native.mask_pointers(m)
+    _LIB.rldiag_tis_spread(v.ctypes.data, fmask, bmask, v.shape[0], mean, den, mode, o.ctypes.data)

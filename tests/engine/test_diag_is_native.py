@@ -30,8 +30,8 @@ def test_counts_truncation_and_extrema_against_numpy(seed, n, bool_mask):
     raw = np.exp(np.clip(rng.normal(0, 0.9, n), -20, 20)).astype(np.float32)
     raw[rng.random(n) < 0.1] = 2.0  # exactly at the cap
     on = rng.random(n) < 0.7
-    raw[~on] = 0.0  # 0 off the mask, as the raw weights are
-    w = torch.from_numpy(raw.copy())
+    w = torch.from_numpy(raw.copy())  # exp(clamp(d)) on every token: the kernel makes it 0 off the mask
+    raw[~on] = 0.0
     mask = torch.from_numpy(on) if bool_mask else torch.from_numpy(on.astype(np.float32))
     got = native.step_counts(w, mask, 2.0, 0.5, 2.0)
     assert got.above == int((raw > 2.0).sum()) and got.below == int((raw < 0.5).sum())
@@ -39,6 +39,24 @@ def test_counts_truncation_and_extrema_against_numpy(seed, n, bool_mask):
     assert np.array_equal(w.numpy(), trunc)  # truncated in place
     assert got.max == float(trunc.max())
     assert got.min == float(trunc[on].min() if on.any() else np.float32(2.0))
+
+
+@HS
+@given(st.integers(0, 10_000), st.integers(1, 70), st.booleans())
+def test_spread_terms_are_torchs_bits(seed, n, bool_mask):
+    """The standard deviation's and the effective sample size's token terms against the torch
+    operations they replace, to the bit, for masks of both dtypes and lengths around the lanes."""
+    rng = np.random.default_rng(seed)
+    on = rng.random(n) < 0.7
+    w = torch.from_numpy(np.minimum(np.exp(rng.normal(0, 0.9, n)), 2.0).astype(np.float32) * on)
+    mask = torch.from_numpy(on) if bool_mask else torch.from_numpy(on.astype(np.float32))
+    mean = w.sum() / (torch.tensor(float(on.sum())) + 1e-8)
+    den = mean + 1e-8
+    out = torch.empty_like(w)
+    native.spread(w, mask, float(mean), float(den), native.DEVIATION, out)
+    assert torch.equal(out, (w - mean).square_().mul_(mask))
+    native.spread(w, mask, float(mean), float(den), native.NORMALISED, out)
+    assert torch.equal(out, torch.div(w, mean.reshape(1) + 1e-8).square_())
 
 
 def test_tis_statistics_the_same_bits_with_and_without_the_kernel(monkeypatch):

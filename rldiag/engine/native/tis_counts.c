@@ -1,11 +1,17 @@
 /* The diagnostic token-level TIS weights' exact statistics of a step in one read
- * (rldiag/engine/diag_is.py, tis_statistics, whose torch and numpy twin makes five passes): of
- * the raw weights w (0 off the mask), how many are above `up` and below `lo` (verl's
- * rollout_is_ratio_fraction_high / _low, before truncation), then each weight truncated in place
- * to `cap` (torch.clamp_(max=cap): a NaN stays), and of the truncated weights the largest over
- * the step and the least over its actor tokens (mask above 0; `cap` where it has none). Counts,
- * a clamp and extrema: exact, so the same values as the twin's in any order. (A NaN weight is
- * left out of the extrema: the caller takes the general path for any weight not finite.)
+ * (rldiag/engine/diag_is.py, tis_statistics, whose torch and numpy twin makes six passes): the
+ * raw weights w = exp(clamp(d)) made 0 off the mask in place (w m, torch's mul_), how many are
+ * above `up` and below `lo` (verl's rollout_is_ratio_fraction_high / _low, before truncation),
+ * then each weight truncated in place to `cap` (torch.clamp_(max=cap): a NaN stays), and of the
+ * truncated weights the largest over the step and the least over its actor tokens (mask above 0;
+ * `cap` where it has none). A product, counts, a clamp and extrema: exact, so the same values as
+ * the twin's in any order. (A NaN weight is left out of the extrema: the caller takes the general
+ * path for any weight not finite.)
+ *
+ * Then rldiag_tis_spread: the terms of the standard deviation and of the effective sample size,
+ * token by token, by the same float32 operations in the same order as the twin's torch ones (a
+ * difference, a product, a quotient: IEEE, without contraction), so the same bits, in one read
+ * where torch makes three passes and two.
  *
  * Eight float32 lanes at a time (lanes.h), the last tokens one by one. Plain C loaded through
  * ctypes (rldiag/engine/diag_is_native.py), built like mismatch_chunk.c.
@@ -19,11 +25,27 @@
 
 enum { O_ABOVE, O_BELOW, O_MAX, O_MIN, N_OUT };
 
-int rldiag_tis_abi(void) { return 1; }
+int rldiag_tis_abi(void) { return 2; }
 
 int rldiag_tis_fields(void) { return N_OUT; }
 
-/* w: (n,) float32, truncated in place; fmask: the float32 mask, else bmask its bytes. Out:
+/* the mask's eight values as float32: fmask's, else bmask's bytes (0 or 1) */
+INLINE v8f mask8(const float *fmask, const uint8_t *bmask, long i) {
+    v8f m;
+    if (fmask != NULL) {
+        memcpy(&m, fmask + i, sizeof m);
+    } else { /* each byte moved to its lane by shifts (GCC makes scalar code of a conversion from bytes) */
+        uint64_t b;
+        memcpy(&b, bmask + i, sizeof b);
+        unsigned lo = (unsigned)b, hi = (unsigned)(b >> 32);
+        v8iu v = (v8iu){lo, lo, lo, lo, hi, hi, hi, hi} >> (v8iu){0, 8, 16, 24, 0, 8, 16, 24};
+        m = __builtin_convertvector((v8i)(v & 0xFF), v8f);
+    }
+    return m;
+}
+
+/* w: (n,) float32 exp(clamp(d)), multiplied by the mask and truncated in place; fmask: the
+ * float32 mask, else bmask its bytes. Out:
  * (N_OUT,) float64: the counts above up and below lo, the largest truncated weight (-inf for
  * n = 0) and the least on the mask (cap where none). Returns 0. */
 __attribute__((target_clones("avx2", "default")))
@@ -33,20 +55,14 @@ long rldiag_tis_counts(float *w, const float *fmask, const uint8_t *bmask, long 
     v8f mx = splat8(-INFINITY), mn = splat8(cap);
     long i = 0;
     for (; i + 8 <= n; i += 8) {
-        v8f x, m;
+        v8f x, m = mask8(fmask, bmask, i);
         memcpy(&x, w + i, sizeof x);
+        x = x * m;
         above += x > splat8(up); /* a true lane is -1 */
         below += x < splat8(lo);
         x = select8(x > splat8(cap), splat8(cap), x);
         memcpy(w + i, &x, sizeof x);
         mx = select8(x > mx, x, mx);
-        if (fmask != NULL) {
-            memcpy(&m, fmask + i, sizeof m);
-        } else {
-            v8b b;
-            memcpy(&b, bmask + i, sizeof b);
-            m = __builtin_convertvector(b, v8f);
-        }
         mn = select8((m > splat8(0.0f)) & (x < mn), x, mn);
     }
     long long na = 0, nb = 0;
@@ -58,18 +74,53 @@ long rldiag_tis_counts(float *w, const float *fmask, const uint8_t *bmask, long 
         fmn = mn[l] < fmn ? mn[l] : fmn;
     }
     for (; i < n; i++) {
-        float x = w[i];
+        float m = fmask != NULL ? fmask[i] : (float)bmask[i];
+        float x = w[i] * m;
         na += x > up;
         nb += x < lo;
         x = x > cap ? cap : x;
         w[i] = x;
         fmx = x > fmx ? x : fmx;
-        float m = fmask != NULL ? fmask[i] : (float)bmask[i];
         fmn = (m > 0.0f && x < fmn) ? x : fmn;
     }
     out[O_ABOVE] = (double)na;
     out[O_BELOW] = (double)nb;
     out[O_MAX] = fmx;
     out[O_MIN] = fmn;
+    return 0;
+}
+
+/* w: (n,) float32 a step's truncated weights (0 off the mask); mean, den: the step's mean weight
+ * and mean + 1e-8, float32. Out: (n,) float32, mode 0: (w - mean)^2 m (m the mask, as
+ * rldiag_tis_counts reads it); mode 1: (w / den)^2. Returns 0. */
+__attribute__((target_clones("avx2", "default")))
+long rldiag_tis_spread(const float *w, const float *fmask, const uint8_t *bmask, long n, float mean, float den,
+                       long mode, float *out) {
+    long i = 0;
+    if (mode == 0) {
+        for (; i + 8 <= n; i += 8) {
+            v8f x;
+            memcpy(&x, w + i, sizeof x);
+            x = x - splat8(mean);
+            x = (x * x) * mask8(fmask, bmask, i);
+            memcpy(out + i, &x, sizeof x);
+        }
+        for (; i < n; i++) {
+            float x = w[i] - mean;
+            out[i] = (x * x) * (fmask != NULL ? fmask[i] : (float)bmask[i]);
+        }
+    } else {
+        for (; i + 8 <= n; i += 8) {
+            v8f x;
+            memcpy(&x, w + i, sizeof x);
+            x = x / splat8(den);
+            x = x * x;
+            memcpy(out + i, &x, sizeof x);
+        }
+        for (; i < n; i++) {
+            float x = w[i] / den;
+            out[i] = x * x;
+        }
+    }
     return 0;
 }
