@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rldiag.engine import diag_is_native, host
+from rldiag.engine import diag_is_native, host, kernels
 from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction import SAFETY_BOUND
 from rldiag.engine.segments import MEAN_EPS, seg_count, seg_max, seg_min, seg_sum, step_mask_count
@@ -77,12 +77,16 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     compiled = diag_is_native.usable(w, mask) and bounds[0] == 0 and bounds[-1] == w.numel()
     if not compiled:
         w.mul_(mask)  # raw weights, 0 off the mask
+    # the log-ratios' products with the mask, for the rows' masked sums, in the same read
+    products = torch.empty_like(w) if compiled and log_ratio.dtype == w.dtype and log_ratio.is_contiguous() else None
     extrema: dict[int, diag_is_native.StepCounts] = {}
     for s in range(n):
         a, b = bounds[s], bounds[s + 1]
         if a < b:  # off the mask the raw weight is 0: below lo, never above the threshold
             if compiled:
-                extrema[s] = got = diag_is_native.step_counts(w[a:b], mask[a:b], float(up), float(lo), threshold)
+                extrema[s] = got = diag_is_native.step_counts(
+                    w[a:b], mask[a:b], float(up), float(lo), threshold,
+                    None if products is None else log_ratio[a:b], None if products is None else products[a:b])
                 high[s], low[s] = got.above, got.below - (b - a)
             else:
                 high[s] = host.count_above(w[a:b], up)
@@ -102,7 +106,9 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     big = torch.full((), threshold, dtype=w.dtype, device=w.device)
     w_max = torch.full((n,), float("nan"), dtype=w.dtype, device=w.device)
     w_min = w_max.clone()
-    buf = torch.empty_like(w)  # the deviations from the step's mean, then the normalised weights
+    # the deviations from the step's mean, and the normalised weights
+    dev = torch.empty_like(w)
+    norm = torch.empty_like(w) if compiled else dev
     # the step means and mean + 1e-8 (as torch adds a number to a float32 tensor: in float32)
     means, dens = mean.tolist(), (mean + MEAN_EPS).tolist()
     for s in range(n):
@@ -114,24 +120,26 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
         elif count[s] > 0:  # a masked weight is > 0 (exp of at least -20), so above every off-mask 0
             w_max[s] = w[a:b].amax()
             w_min[s] = host.min_where(w[a:b], mask[a:b], big)
-        if compiled:  # (w - mean)^2 m in one read, the same float32 operations
-            diag_is_native.spread(w[a:b], mask[a:b], means[s], dens[s], diag_is_native.DEVIATION, buf[a:b])
+        if compiled:  # (w - mean)^2 m and (w / (mean + 1e-8))^2 in one read, the same float32 operations
+            diag_is_native.spread(w[a:b], mask[a:b], means[s], dens[s], dev[a:b], norm[a:b])
         else:
-            torch.sub(w[a:b], mean[s], out=buf[a:b])
+            torch.sub(w[a:b], mean[s], out=dev[a:b])
     tok["rollout_is_max"], tok["rollout_is_min"] = w_max, w_min
-    var = seg_sum(rows.sum(buf if compiled else buf.square_().mul_(mask)), step_ids, n) / den
+    var = seg_sum(rows.sum(dev if compiled else dev.square_().mul_(mask)), step_ids, n) / den
+    del dev
     std = torch.sqrt(torch.clamp(var, min=0.0))
     tok["rollout_is_std"] = torch.where(count > 1, std, torch.zeros_like(std))
-    for s in range(n):
-        a, b = bounds[s], bounds[s + 1]
-        if compiled and a < b:
-            diag_is_native.spread(w[a:b], mask[a:b], means[s], dens[s], diag_is_native.NORMALISED, buf[a:b])
-        elif not compiled:
-            torch.div(w[a:b], mean[s:s + 1] + MEAN_EPS, out=buf[a:b])
+    if not compiled:
+        for s in range(n):
+            a, b = bounds[s], bounds[s + 1]
+            torch.div(w[a:b], mean[s:s + 1] + MEAN_EPS, out=norm[a:b])
+        norm.square_()
     # the normalised weights are 0 off the mask (0 / mean), so their squares need no mask
-    tok["rollout_is_eff_sample_size"] = 1.0 / (seg_sum(rows.sum(buf if compiled else buf.square_()), step_ids, n) / den)
-    del buf
-    row_log = rows.masked_sum(log_ratio, mask)
+    tok["rollout_is_eff_sample_size"] = 1.0 / (seg_sum(rows.sum(norm), step_ids, n) / den)
+    del norm
+    row_log = (rows.masked_sum(log_ratio, mask) if products is None
+               else kernels.masked_row_sums_of(products, log_ratio, mask, rows))
+    del products
     ratio, seq = _sequence(row_log, rows.mask_count(mask), step_ids, n, count, threshold)
     return TISStatistics(w, tok, ratio, seq)
 

@@ -22,21 +22,17 @@ import torch
 from rldiag.engine import host, native
 
 #: the calling convention these bindings were written for (``rldiag_tis_abi`` in the C)
-ABI = 2
+ABI = 3
 #: the fields the kernel writes, in its order
 FIELDS = ("above", "below", "max", "min")
 
 
 _LIB = native.bound("tis_counts", "tis", ABI, len(FIELDS), {
     "rldiag_tis_counts": (ctypes.c_long, [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_float] * 3
-                          + [ctypes.c_void_p]),
+                          + [ctypes.c_void_p] * 3),
     "rldiag_tis_spread": (ctypes.c_long, [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_float] * 2
-                          + [ctypes.c_long, ctypes.c_void_p]),
+                          + [ctypes.c_void_p] * 2),
 })
-
-#: :func:`spread`'s terms: the standard deviation's ``(w - mean)^2 m`` and the effective sample
-#: size's ``(w / (mean + 1e-8))^2``
-DEVIATION, NORMALISED = 0, 1
 
 
 def built() -> bool:
@@ -62,28 +58,37 @@ def usable(w: torch.Tensor, mask: torch.Tensor) -> bool:
             and mask.device.type == "cpu")
 
 
-def step_counts(w: torch.Tensor, mask: torch.Tensor, up: float, lo: float, cap: float) -> StepCounts:
+def step_counts(w: torch.Tensor, mask: torch.Tensor, up: float, lo: float, cap: float,
+                log_ratio: torch.Tensor | None = None, products: torch.Tensor | None = None) -> StepCounts:
     """A step's slice of the raw weights ``w = exp(clamp(d))`` ``(tokens,)`` (where :func:`usable`):
     multiplied by the mask and truncated to ``cap`` in place, counted before the truncation, its
-    extrema after."""
+    extrema after; with ``log_ratio`` (``d``, float32, ``w``'s shape), ``products`` (float32,
+    contiguous) gets ``d * mask``."""
     assert _LIB is not None
     v = host.view(w)
     m = np.ascontiguousarray(host.view(mask))
     assert v is not None and v.flags.c_contiguous
     out = np.zeros(len(FIELDS), dtype=np.float64)
     fmask, bmask = native.mask_pointers(m)
-    _LIB.rldiag_tis_counts(v.ctypes.data, fmask, bmask, v.shape[0], up, lo, cap, out.ctypes.data)
+    d = dm = None
+    if log_ratio is not None and products is not None:
+        dv, pv = host.view(log_ratio), host.view(products)
+        assert dv is not None and pv is not None and dv.flags.c_contiguous and pv.flags.c_contiguous
+        assert dv.dtype == pv.dtype == np.float32 and dv.shape == pv.shape == v.shape
+        d, dm = dv.ctypes.data, pv.ctypes.data
+    _LIB.rldiag_tis_counts(v.ctypes.data, fmask, bmask, v.shape[0], up, lo, cap, d, dm, out.ctypes.data)
     return StepCounts(int(out[0]), int(out[1]), float(out[2]), float(out[3]))
 
 
-def spread(w: torch.Tensor, mask: torch.Tensor, mean: float, den: float, mode: int, out: torch.Tensor) -> None:
-    """A step's slice of the truncated weights ``w`` ``(tokens,)`` (where :func:`usable`) into
-    ``out`` (float32, contiguous, ``w``'s shape): :data:`DEVIATION` ``(w - mean)^2 mask``, or
-    :data:`NORMALISED` ``(w / den)^2``, ``mean`` and ``den`` float32 values (``den = mean + 1e-8``
-    as torch adds it in float32)."""
-    assert _LIB is not None and out.dtype == torch.float32 and out.is_contiguous() and out.shape == w.shape
-    v, o = host.view(w), host.view(out)
+def spread(w: torch.Tensor, mask: torch.Tensor, mean: float, den: float, dev: torch.Tensor, norm: torch.Tensor) -> None:
+    """A step's slice of the truncated weights ``w`` ``(tokens,)`` (where :func:`usable`): into
+    ``dev`` ``(w - mean)^2 mask`` and into ``norm`` ``(w / den)^2`` (float32, contiguous, ``w``'s
+    shape), ``mean`` and ``den`` float32 values (``den = mean + 1e-8`` as torch adds it in float32)."""
+    assert _LIB is not None
+    v, o1, o2 = host.view(w), host.view(dev), host.view(norm)
     m = np.ascontiguousarray(host.view(mask))
-    assert v is not None and o is not None and v.flags.c_contiguous
+    assert v is not None and o1 is not None and o2 is not None and v.flags.c_contiguous
+    for o in (o1, o2):
+        assert o.dtype == np.float32 and o.flags.c_contiguous and o.shape == v.shape
     fmask, bmask = native.mask_pointers(m)
-    _LIB.rldiag_tis_spread(v.ctypes.data, fmask, bmask, v.shape[0], mean, den, mode, o.ctypes.data)
+    _LIB.rldiag_tis_spread(v.ctypes.data, fmask, bmask, v.shape[0], mean, den, o1.ctypes.data, o2.ctypes.data)

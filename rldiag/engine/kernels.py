@@ -50,7 +50,14 @@ def masked_row_sums(values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> tor
     """``sum_t mask_t values_t`` per row ``(rows,)``, a NaN or inf outside the mask kept out (as
     verl's ``masked_sum``: a ``where``). Multiplies by the 0/1 mask (one fused pass); only when
     a row sum comes out non-finite is it redone as the plain form."""
-    out = rows.sum(values * _as(mask, values.dtype))
+    return masked_row_sums_of(values * _as(mask, values.dtype), values, mask, rows)
+
+
+def masked_row_sums_of(products: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """:func:`masked_row_sums` from its products ``values * mask`` ``(tokens,)``, made already (in a
+    compiled read that had the tokens at hand): the same row sums, the same rule for a non-finite
+    one."""
+    out = rows.sum(products)
     if not host.all_finite(out):
         out = masked_row_sums_plain(values, mask, rows)
     return out

@@ -33,7 +33,12 @@ def test_counts_truncation_and_extrema_against_numpy(seed, n, bool_mask):
     w = torch.from_numpy(raw.copy())  # exp(clamp(d)) on every token: the kernel makes it 0 off the mask
     raw[~on] = 0.0
     mask = torch.from_numpy(on) if bool_mask else torch.from_numpy(on.astype(np.float32))
-    got = native.step_counts(w, mask, 2.0, 0.5, 2.0)
+    d = torch.from_numpy(rng.normal(0, 0.9, n).astype(np.float32))
+    d[0] = float("inf")  # inf x 0 is NaN off the mask, as torch's product
+    products = torch.empty_like(d)
+    got = native.step_counts(w, mask, 2.0, 0.5, 2.0, d, products)
+    assert torch.equal(products.isnan(), (d * mask).isnan())
+    assert torch.equal(products.nan_to_num(), (d * mask).nan_to_num())  # the rows' masked sums' terms
     assert got.above == int((raw > 2.0).sum()) and got.below == int((raw < 0.5).sum())
     trunc = np.minimum(raw, np.float32(2.0))
     assert np.array_equal(w.numpy(), trunc)  # truncated in place
@@ -52,11 +57,10 @@ def test_spread_terms_are_torchs_bits(seed, n, bool_mask):
     mask = torch.from_numpy(on) if bool_mask else torch.from_numpy(on.astype(np.float32))
     mean = w.sum() / (torch.tensor(float(on.sum())) + 1e-8)
     den = mean + 1e-8
-    out = torch.empty_like(w)
-    native.spread(w, mask, float(mean), float(den), native.DEVIATION, out)
-    assert torch.equal(out, (w - mean).square_().mul_(mask))
-    native.spread(w, mask, float(mean), float(den), native.NORMALISED, out)
-    assert torch.equal(out, torch.div(w, mean.reshape(1) + 1e-8).square_())
+    dev, norm = torch.empty_like(w), torch.empty_like(w)
+    native.spread(w, mask, float(mean), float(den), dev, norm)
+    assert torch.equal(dev, (w - mean).square_().mul_(mask))
+    assert torch.equal(norm, torch.div(w, mean.reshape(1) + 1e-8).square_())
 
 
 def test_tis_statistics_the_same_bits_with_and_without_the_kernel(monkeypatch):

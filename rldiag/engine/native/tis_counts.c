@@ -8,10 +8,11 @@
  * the twin's in any order. (A NaN weight is left out of the extrema: the caller takes the general
  * path for any weight not finite.)
  *
- * Then rldiag_tis_spread: the terms of the standard deviation and of the effective sample size,
- * token by token, by the same float32 operations in the same order as the twin's torch ones (a
- * difference, a product, a quotient: IEEE, without contraction), so the same bits, in one read
- * where torch makes three passes and two.
+ * In the same read, the log-ratios' products with the mask (the terms of the rows' masked sums,
+ * torch's values * mask). Then rldiag_tis_spread: the terms of the standard deviation and of the
+ * effective sample size, token by token, by the same float32 operations in the same order as the
+ * twin's torch ones (a difference, a product, a quotient: IEEE, without contraction), so the same
+ * bits, in one read where torch makes five passes.
  *
  * Eight float32 lanes at a time (lanes.h), the last tokens one by one. Plain C loaded through
  * ctypes (rldiag/engine/diag_is_native.py), built like mismatch_chunk.c.
@@ -25,7 +26,7 @@
 
 enum { O_ABOVE, O_BELOW, O_MAX, O_MIN, N_OUT };
 
-int rldiag_tis_abi(void) { return 2; }
+int rldiag_tis_abi(void) { return 3; }
 
 int rldiag_tis_fields(void) { return N_OUT; }
 
@@ -45,12 +46,13 @@ INLINE v8f mask8(const float *fmask, const uint8_t *bmask, long i) {
 }
 
 /* w: (n,) float32 exp(clamp(d)), multiplied by the mask and truncated in place; fmask: the
- * float32 mask, else bmask its bytes. Out:
+ * float32 mask, else bmask its bytes; d: (n,) float32 the log-ratios, whose products d m go to dm
+ * (the rows' masked sums' terms), or NULL. Out:
  * (N_OUT,) float64: the counts above up and below lo, the largest truncated weight (-inf for
  * n = 0) and the least on the mask (cap where none). Returns 0. */
 __attribute__((target_clones("avx2", "default")))
 long rldiag_tis_counts(float *w, const float *fmask, const uint8_t *bmask, long n, float up, float lo, float cap,
-                       double *out) {
+                       const float *d, float *dm, double *out) {
     v8i above = {0, 0, 0, 0, 0, 0, 0, 0}, below = above;
     v8f mx = splat8(-INFINITY), mn = splat8(cap);
     long i = 0;
@@ -58,6 +60,12 @@ long rldiag_tis_counts(float *w, const float *fmask, const uint8_t *bmask, long 
         v8f x, m = mask8(fmask, bmask, i);
         memcpy(&x, w + i, sizeof x);
         x = x * m;
+        if (d != NULL) {
+            v8f v;
+            memcpy(&v, d + i, sizeof v);
+            v = v * m;
+            memcpy(dm + i, &v, sizeof v);
+        }
         above += x > splat8(up); /* a true lane is -1 */
         below += x < splat8(lo);
         x = select8(x > splat8(cap), splat8(cap), x);
@@ -76,6 +84,9 @@ long rldiag_tis_counts(float *w, const float *fmask, const uint8_t *bmask, long 
     for (; i < n; i++) {
         float m = fmask != NULL ? fmask[i] : (float)bmask[i];
         float x = w[i] * m;
+        if (d != NULL) {
+            dm[i] = d[i] * m;
+        }
         na += x > up;
         nb += x < lo;
         x = x > cap ? cap : x;
@@ -91,36 +102,27 @@ long rldiag_tis_counts(float *w, const float *fmask, const uint8_t *bmask, long 
 }
 
 /* w: (n,) float32 a step's truncated weights (0 off the mask); mean, den: the step's mean weight
- * and mean + 1e-8, float32. Out: (n,) float32, mode 0: (w - mean)^2 m (m the mask, as
- * rldiag_tis_counts reads it); mode 1: (w / den)^2. Returns 0. */
+ * and mean + 1e-8, float32. Out: (n,) float32 each, dev: (w - mean)^2 m (m the mask, as
+ * rldiag_tis_counts reads it), norm: (w / den)^2. Returns 0. */
 __attribute__((target_clones("avx2", "default")))
 long rldiag_tis_spread(const float *w, const float *fmask, const uint8_t *bmask, long n, float mean, float den,
-                       long mode, float *out) {
+                       float *dev, float *norm) {
     long i = 0;
-    if (mode == 0) {
-        for (; i + 8 <= n; i += 8) {
-            v8f x;
-            memcpy(&x, w + i, sizeof x);
-            x = x - splat8(mean);
-            x = (x * x) * mask8(fmask, bmask, i);
-            memcpy(out + i, &x, sizeof x);
-        }
-        for (; i < n; i++) {
-            float x = w[i] - mean;
-            out[i] = (x * x) * (fmask != NULL ? fmask[i] : (float)bmask[i]);
-        }
-    } else {
-        for (; i + 8 <= n; i += 8) {
-            v8f x;
-            memcpy(&x, w + i, sizeof x);
-            x = x / splat8(den);
-            x = x * x;
-            memcpy(out + i, &x, sizeof x);
-        }
-        for (; i < n; i++) {
-            float x = w[i] / den;
-            out[i] = x * x;
-        }
+    const v8f vmean = splat8(mean), vden = splat8(den);
+    for (; i + 8 <= n; i += 8) {
+        v8f x, q;
+        memcpy(&x, w + i, sizeof x);
+        q = x / vden;
+        q = q * q;
+        x = x - vmean;
+        x = (x * x) * mask8(fmask, bmask, i);
+        memcpy(dev + i, &x, sizeof x);
+        memcpy(norm + i, &q, sizeof q);
+    }
+    for (; i < n; i++) {
+        float x = w[i] - mean, q = w[i] / den;
+        dev[i] = (x * x) * (fmask != NULL ? fmask[i] : (float)bmask[i]);
+        norm[i] = q * q;
     }
     return 0;
 }
