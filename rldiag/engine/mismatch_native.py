@@ -79,8 +79,8 @@ def chunk_size() -> int:
     return scan.CHUNK * SPAN
 
 
-#: a chunk of m tokens writes up to m + 3 picks' places (each quad writes four)
-SLACK = 4
+#: a chunk of m tokens writes up to m + 7 picks' places (each octet may write eight)
+SLACK = 8
 
 
 class Out:

@@ -33,6 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <immintrin.h>
+
 #include "lanes.h"
 
 enum {
@@ -114,6 +116,22 @@ typedef struct {
 #undef BLOCK_FN
 #undef BLOCK_ATTR
 
+/* The block's picked tokens (|d| at least `least`) with AVX-512's compression, eight at a time:
+ * their d and y to pick_d and pick_y in order, all eight places written (the kept first).
+ * Returns how many were kept. The same picks as the four-lane loop in rldiag_mismatch_chunk. */
+__attribute__((target("arch=x86-64-v4"), noinline))
+static long pick_w8(const Block *b, long k, double least, double *pick_d, double *pick_y) {
+    long kept = 0;
+    const __m512d lv = _mm512_set1_pd(least);
+    for (long j = 0; j < k; j += 8) {
+        __mmask8 keep = _mm512_cmp_pd_mask(_mm512_loadu_pd(b->a + j), lv, _CMP_GE_OQ);
+        _mm512_storeu_pd(pick_d + kept, _mm512_maskz_compress_pd(keep, _mm512_loadu_pd(b->d + j)));
+        _mm512_storeu_pd(pick_y + kept, _mm512_maskz_compress_pd(keep, _mm512_loadu_pd(b->y + j)));
+        kept += __builtin_popcount((unsigned)keep);
+    }
+    return kept;
+}
+
 /* whether this processor runs block_w8: AVX-512's F, VL, DQ, BW and CD (x86-64-v4); the
  * environment's RLDIAG_NATIVE_LANES=4 takes the four-lane blocks anyway (the tests compare both) */
 static int wide_lanes(void) {
@@ -138,7 +156,8 @@ int rldiag_mismatch_lanes(void) { return wide_lanes() ? 8 : 4; }
  * (<= 0); threshold: keep the tokens whose |d| reaches it (above 0 where it is <= 0);
  * confident, unconfident, extreme, half_min, half_max: the thresholds of mismatch_scan.py.
  * Out: rec (N_FIELDS,), sample ((m + 7) / 8,): every 8th token's |d| (0 off the actor tokens)
- * as float32, pick_d, pick_y (capacity m + 4: each quad of tokens writes four): the kept tokens' d and y, in order. Returns how many
+ * as float32, pick_d, pick_y (capacity m + 8: each octet of tokens may write eight): the kept tokens' d and
+ * y, in order. Returns how many
  * were kept. */
 __attribute__((target_clones("avx2", "default")))
 long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags, const float *fmask,
@@ -230,21 +249,25 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
          * values (the float32's low 13 bits 0, and a bfloat16: low 16 bits 0, non-zero, or a
          * normal float16: |y| in its normal range; y = 0 off the actor tokens counts in neither) */
         const v4d lv = {least, least, least, least};
-        for (long j = 0; j < k; j += 4) {
-            v4l keep = load(b.a + j) >= lv; /* the padding's |d| is 0: never kept */
-            v4l w = keep & (v4l){1, 2, 4, 8}; /* the lanes' bits, ORed across the lanes by two shuffles */
-            w |= __builtin_shuffle(w, (v4l){2, 3, 0, 1});
-            w |= __builtin_shuffle(w, (v4l){1, 0, 3, 2});
-            int bits = (int)w[0];
-            v8i order = COMPRESS[bits];
-            v8i dv, yv;
-            memcpy(&dv, b.d + j, sizeof dv);
-            memcpy(&yv, b.y + j, sizeof yv);
-            dv = __builtin_shuffle(dv, order);
-            yv = __builtin_shuffle(yv, order);
-            memcpy(pick_d + kept, &dv, sizeof dv); /* all four written: the kept ones first */
-            memcpy(pick_y + kept, &yv, sizeof yv);
-            kept += __builtin_popcount((unsigned)bits);
+        if (wide) {
+            kept += pick_w8(&b, k, least, pick_d + kept, pick_y + kept);
+        } else {
+            for (long j = 0; j < k; j += 4) {
+                v4l keep = load(b.a + j) >= lv; /* the padding's |d| is 0: never kept */
+                v4l w = keep & (v4l){1, 2, 4, 8}; /* the lanes' bits, ORed across the lanes by two shuffles */
+                w |= __builtin_shuffle(w, (v4l){2, 3, 0, 1});
+                w |= __builtin_shuffle(w, (v4l){1, 0, 3, 2});
+                int bits = (int)w[0];
+                v8i order = COMPRESS[bits];
+                v8i dv, yv;
+                memcpy(&dv, b.d + j, sizeof dv);
+                memcpy(&yv, b.y + j, sizeof yv);
+                dv = __builtin_shuffle(dv, order);
+                yv = __builtin_shuffle(yv, order);
+                memcpy(pick_d + kept, &dv, sizeof dv); /* all four written: the kept ones first */
+                memcpy(pick_y + kept, &yv, sizeof yv);
+                kept += __builtin_popcount((unsigned)bits);
+            }
         }
         if (half_any) {
             for (long j = 0; j < len; j++) {
