@@ -11,7 +11,8 @@ FLAGS = ["-O2", "-fno-fast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
 setup(
     ext_modules=[
         Extension("rldiag.engine.native._mismatch_chunk", ["rldiag/engine/native/mismatch_chunk.c"],
-                  depends=["rldiag/engine/native/lanes.h", "rldiag/engine/native/mismatch_block.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
+                  depends=["rldiag/engine/native/lanes.h", "rldiag/engine/native/mismatch_block.h"],
+                  extra_compile_args=FLAGS, libraries=["m"], optional=True),
         Extension("rldiag.engine.native._rollout_probs", ["rldiag/engine/native/rollout_probs.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
         Extension("rldiag.engine.native._grad_weight", ["rldiag/engine/native/grad_weight.c"],
