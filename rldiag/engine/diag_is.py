@@ -31,12 +31,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rldiag.engine import diag_is_native, host, kernels
 from rldiag.engine.layout import Rows
 from rldiag.engine.rollout_correction import SAFETY_BOUND
-from rldiag.engine.segments import MEAN_EPS, seg_count, seg_max, seg_min, seg_sum, step_mask_count
+from rldiag.engine.segments import MEAN_EPS, seg_sum, step_mask_count
 
 Metrics = dict[str, torch.Tensor]
 
@@ -147,42 +148,60 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
 def _sequence(row_log: torch.Tensor, row_count: torch.Tensor, step_ids: torch.Tensor, n: int, count: torch.Tensor,
               threshold: float) -> tuple[torch.Tensor, Metrics]:
     """The sequence level from the rows' summed log-ratios ``(rows,)`` and actor tokens
-    ``row_count`` ``(rows,)``: each row's ratio ``(rows,)`` and the metrics ``(n,)``. A few
-    operations over the rows (a 512-row step's are microseconds each): the sums that share a
-    segment pass are stacked into one."""
+    ``row_count`` ``(rows,)`` of rows in step order: each row's ratio ``(rows,)`` and the metrics
+    ``(n,)``. The rows' float64 arithmetic is numpy's on the host (rows-sized arrays: about a
+    microsecond an operation, where torch's dispatch costs 5-10; a copy from another device): the
+    same IEEE operations, the per-step sums in the rows' order as ``index_add_``'s. The float32
+    exponentials stay torch's, as verl's."""
     ratio = torch.exp(torch.clamp(row_log, -SAFETY_BOUND, SAFETY_BOUND))
-    f64 = torch.float64
-    w = ratio.clamp(max=threshold).to(f64)
-    c = row_count.to(f64)
-    den = count.to(f64) + MEAN_EPS
-    mean = seg_sum(c * w, step_ids, n) / den
-    row_mean = mean.index_select(0, step_ids)
-    spread = torch.stack(((w - row_mean).square(), (w / (row_mean + MEAN_EPS)).square()), 1).mul_(c.unsqueeze(1))
-    var, norm2 = (_seg_sums(spread, step_ids, n) / den.unsqueeze(1)).unbind(1)
-    std = torch.sqrt(torch.clamp(var, min=0.0))
-    log_up, log_lo = _log_bounds(threshold, row_log.device)
-    beyond = _seg_sums(torch.stack((row_log > log_up, row_log < log_lo), 1).to(torch.float32), step_ids, n)
-    beyond /= seg_count(step_ids, n).unsqueeze(1)  # NaN for a step without rows
+    log32 = _host(row_log)
+    w = np.minimum(_host(ratio), np.float32(threshold)).astype(np.float64)
+    c = _host(row_count).astype(np.float64)
+    sid = _host(step_ids)
+    den = _host(count).astype(np.float64) + MEAN_EPS
+    mean = np.bincount(sid, weights=c * w, minlength=n)[:n] / den
+    row_mean = mean[sid]
+    var = np.bincount(sid, weights=(w - row_mean) ** 2 * c, minlength=n)[:n] / den
+    norm2 = np.bincount(sid, weights=(w / (row_mean + MEAN_EPS)) ** 2 * c, minlength=n)[:n] / den
+    std = np.where(_host(count) > 1, np.sqrt(np.maximum(var, 0.0)), 0.0)
+    log_up, log_lo = _log_bounds(threshold)
+    rows_of = np.bincount(sid, minlength=n)[:n].astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a step without rows: NaN
+        high = np.bincount(sid, weights=log32 > log_up, minlength=n)[:n].astype(np.float32) / rows_of
+        low = np.bincount(sid, weights=log32 < log_lo, minlength=n)[:n].astype(np.float32) / rows_of
+        ess = 1.0 / norm2
+    # each step's largest and least summed log-ratio (rows in step order: a slice each; NaN where none)
+    first = np.searchsorted(sid, np.arange(n + 1))
+    some = first[1:] > first[:-1]
+    ext = np.full((2, n), np.nan, dtype=np.float32)
+    if log32.size:
+        ext[0, some] = np.maximum.reduceat(log32, first[:-1][some])
+        ext[1, some] = np.minimum.reduceat(log32, first[:-1][some])
+    ext_t = torch.from_numpy(ext).to(row_log.device)
+    ext_t[0].clamp_(max=SAFETY_BOUND)
+    ext_t.exp_()
+    stats = torch.from_numpy(np.stack([mean, std, ess]).astype(np.float32)).to(row_log.device)
+    fractions = torch.from_numpy(np.stack([high, low])).to(row_log.device)
     m: Metrics = {
-        "rollout_is_max": torch.exp(torch.clamp(seg_max(row_log, step_ids, n), max=SAFETY_BOUND)),
-        "rollout_is_min": torch.exp(seg_min(row_log, step_ids, n)),
-        "rollout_is_mean": mean.to(torch.float32),
-        "rollout_is_ratio_fraction_high": beyond[:, 0],
-        "rollout_is_ratio_fraction_low": beyond[:, 1],
-        "rollout_is_std": torch.where(count > 1, std, torch.zeros_like(std)).to(torch.float32),
-        "rollout_is_eff_sample_size": (1.0 / norm2).to(torch.float32),
+        "rollout_is_max": ext_t[0],
+        "rollout_is_min": ext_t[1],
+        "rollout_is_mean": stats[0],
+        "rollout_is_ratio_fraction_high": fractions[0],
+        "rollout_is_ratio_fraction_low": fractions[1],
+        "rollout_is_std": stats[1],
+        "rollout_is_eff_sample_size": stats[2],
     }
     return ratio, m
 
 
-def _seg_sums(x: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
-    """Each column of ``x`` ``(rows, k)`` summed per segment ``(num, k)`` (empty segments: 0)."""
-    return torch.zeros(num, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, seg, x)
+def _host(t: torch.Tensor) -> np.ndarray:
+    """A rows-sized tensor's values on the host (a view there, else a copy)."""
+    return t.detach().cpu().numpy()
 
 
 @functools.cache
-def _log_bounds(threshold: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """log(threshold) and log(1 / threshold) as float32 0-dim tensors, as verl's sequence level
-    compares the rows' summed log-ratios with them (computed once per threshold and device)."""
-    return (torch.log(torch.tensor(threshold, dtype=torch.float32, device=device)),
-            torch.log(torch.tensor(1.0 / threshold, dtype=torch.float32, device=device)))
+def _log_bounds(threshold: float) -> tuple[np.float32, np.float32]:
+    """log(threshold) and log(1 / threshold) as torch's float32 logs, as verl's sequence level
+    compares the rows' summed log-ratios with them (computed once per threshold)."""
+    up, lo = (torch.log(torch.tensor(v, dtype=torch.float32)).item() for v in (threshold, 1.0 / threshold))
+    return np.float32(up), np.float32(lo)
