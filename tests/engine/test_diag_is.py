@@ -195,3 +195,37 @@ def test_shared_pass_token_level_is_is_weights_to_the_bit():
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()]), stat
     d[mask == 0] = float("nan")
     assert tis_statistics(d, mask, rows, sid, 4, bounds, 2.0) is None
+
+
+def test_sequence_level_against_its_definition_per_step():
+    """The sequence level (numpy over the rows) against each step's definition in torch: the rows'
+    extreme ratios and fractions to the bit, the mean, std and effective sample size within float32
+    rounding, a step without rows without extremes (rows in step order, as tis_statistics takes them)."""
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 50, (30,), generator=gen)
+    rows = Rows.from_lengths(lengths)
+    sid = torch.repeat_interleave(torch.tensor([0, 1, 3]), torch.tensor([12, 8, 10]))  # step 2: no row
+    mask = (torch.rand(rows.n_tokens, generator=gen) < 0.9).float()
+    d = torch.randn(rows.n_tokens, generator=gen) * 0.15
+    d[rows.offsets[3]:rows.offsets[4]] = 30.0  # a row past the safety bound: its ratio clamped at exp(20)
+    got = tis_statistics(d, mask, rows, sid, 4, step_token_bounds(rows, sid, 4), 2.0)
+    assert got is not None
+    row_log, count = rows.masked_sum(d, mask), rows.mask_count(mask)
+    for s in range(4):
+        on = sid == s
+        v = {k: got.seq[f"rollout_is_{k}"][s].item() for k in ("max", "min", "ratio_fraction_high",
+                                                                 "ratio_fraction_low", "mean", "std", "eff_sample_size")}
+        if not on.any():  # no row: no extreme, no fraction (the stage makes every statistic NaN)
+            assert all(math.isnan(v[k]) for k in ("max", "min", "ratio_fraction_high", "ratio_fraction_low")), v
+            continue
+        lg = row_log[on]
+        assert v["max"] == torch.exp(lg.max().clamp(max=20.0)).item() and v["min"] == torch.exp(lg.min()).item()
+        assert v["ratio_fraction_high"] == (lg > torch.log(torch.tensor(2.0))).float().mean().item()
+        assert v["ratio_fraction_low"] == (lg < torch.log(torch.tensor(0.5))).float().mean().item()
+        w = torch.exp(lg.clamp(-20.0, 20.0)).clamp(max=2.0).double()
+        c = count[on].double()
+        mean = (c * w).sum() / (c.sum() + 1e-8)
+        std = ((c * (w - mean) ** 2).sum() / (c.sum() + 1e-8)).sqrt()
+        ess = 1.0 / ((c * (w / (mean + 1e-8)) ** 2).sum() / (c.sum() + 1e-8))
+        for k, want in (("mean", mean), ("std", std), ("eff_sample_size", ess)):
+            assert v[k] == pytest.approx(want.item(), rel=2**-23), k
