@@ -34,7 +34,7 @@ from rldiag.engine import mismatch_scan as scan
 from rldiag.engine import native
 
 #: the calling convention these bindings were written for (``rldiag_mismatch_abi`` in the C)
-ABI = 5
+ABI = 6
 
 
 _LIB = native.bound("mismatch_chunk", "mismatch", ABI, len(scan.FIELDS), {
@@ -42,7 +42,7 @@ _LIB = native.bound("mismatch_chunk", "mismatch", ABI, len(scan.FIELDS), {
                               + [ctypes.c_long] * 2 + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 4),
     "rldiag_mismatch_select": (ctypes.c_long, [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p] + [ctypes.c_long] * 2
                                + [ctypes.c_double] + [ctypes.c_void_p] * 4),
-    "rldiag_mismatch_sample": (ctypes.c_long, [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p]),
+    "rldiag_mismatch_sample": (ctypes.c_long, [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_void_p]),
     "rldiag_mismatch_above": (None, [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_double] + [ctypes.c_void_p]),
     "rldiag_mismatch_lanes": (ctypes.c_int, []),
 })
@@ -143,11 +143,11 @@ def first_threshold(inp: scan.Inputs, a: int, m: int) -> float:
     from its sampled tokens only: their ``|d|`` in float64 (0 off the actor tokens), the same
     values the numpy pass samples, read and selected by the library."""
     xs, ys, flags, fmask = _streams(inp, a, m)
-    step = scan.THRESHOLD_SAMPLE
-    sample = np.empty((m + step - 1) // step, dtype=np.float64)
+    run = scan.THRESHOLD_RUN
+    sample = np.empty(scan.threshold_positions(m).shape[0], dtype=np.float64)
     assert _LIB is not None
-    got = _LIB.rldiag_mismatch_sample(xs.ctypes.data, ys.ctypes.data, _ptr(flags), _ptr(fmask), m, step,
-                                      sample.ctypes.data)
+    got = _LIB.rldiag_mismatch_sample(xs.ctypes.data, ys.ctypes.data, _ptr(flags), _ptr(fmask), m,
+                                      run * scan.THRESHOLD_SAMPLE, run, sample.ctypes.data)
     assert got == sample.shape[0]
     if got < 64:
         return 0.0

@@ -56,7 +56,7 @@ int rldiag_mismatch_fields(void) { return N_FIELDS; }
 
 /* this kernel's calling convention: raised with every change to rldiag_mismatch_chunk's
  * arguments, so that a library built from other sources is not called */
-int rldiag_mismatch_abi(void) { return 5; }
+int rldiag_mismatch_abi(void) { return 6; }
 
 /* COMPRESS[bits]: the float32-pair indices that move a quad's doubles whose bit is set in bits
  * to its front, in order (the others after them) */
@@ -592,16 +592,20 @@ void rldiag_mismatch_above(const double *d, const double *y, long n, double leve
     out[6] = m_yy;
 }
 
-/* Every `step`-th token of a chunk of m (x, y and the mask as rldiag_mismatch_chunk reads them):
- * out[i] = |x - y| of token i * step in float64, 0 off the actor tokens. Returns how many. */
+/* The first threshold's sample of a chunk of m tokens (x, y and the mask as rldiag_mismatch_chunk
+ * reads them): runs of `run` consecutive tokens, one starting every `step` tokens; out: each
+ * sampled token's |x - y| in float64, 0 off the actor tokens, in order. Returns how many. */
 __attribute__((target_clones("avx2", "default")))
 long rldiag_mismatch_sample(const float *x, const float *y, const uint8_t *flags, const float *fmask, long m,
-                            long step, double *out) {
+                            long step, long run, double *out) {
     long w = 0;
-    for (long t = 0; t < m; t += step) {
-        int masked = flags != NULL ? flags[t] != 0 : fmask != NULL ? fmask[t] > 0.0f : 1;
-        double xv = (double)x[t], yv = (double)y[t];
-        out[w++] = masked && isfinite(xv) && isfinite(yv) ? fabs(xv - yv) : 0.0;
+    for (long t0 = 0; t0 < m; t0 += step) {
+        long end = t0 + run < m ? t0 + run : m;
+        for (long t = t0; t < end; t++) {
+            int masked = flags != NULL ? flags[t] != 0 : fmask != NULL ? fmask[t] > 0.0f : 1;
+            double xv = (double)x[t], yv = (double)y[t];
+            out[w++] = masked && isfinite(xv) && isfinite(yv) ? fabs(xv - yv) : 0.0;
+        }
     }
     return w;
 }
