@@ -422,9 +422,9 @@ def _stats(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, rows: R
                 compiled.kept = 0
             fast = None if centred else compiled  # the compiled pass, in its longer chunks
             for a, m, me, _ in scan.chunks(ranges[s], buf.size if fast is None else fast.size):
-                if fast is not None:
-                    picked = picked or scan.Picked(native.first_threshold(inp, a, min(m, buf.size)))
-                    recs.append(native.scan_chunk(inp, fast, a, m, me, picked))
+                if fast is not None:  # the first chunk's threshold set by the kernel (NaN: not yet)
+                    picked = picked or scan.Picked(math.nan)
+                    recs.append(native.scan_chunk(inp, fast, a, m, me, picked, sampled=min(m, buf.size)))
                     continue
                 ch = scan.load(inp, buf, a, m, me)
                 picked = picked or scan.Picked(scan.first_threshold(buf, ch))

@@ -25,7 +25,6 @@ float32, bfloat16 or float16 (widened to float32 exactly); float64 log-probs tak
 from __future__ import annotations
 
 import ctypes
-import math
 
 import numpy as np
 import torch
@@ -34,12 +33,12 @@ from rldiag.engine import mismatch_scan as scan
 from rldiag.engine import native
 
 #: the calling convention these bindings were written for (``rldiag_mismatch_abi`` in the C)
-ABI = 6
+ABI = 7
 
 
 _LIB = native.bound("mismatch_chunk", "mismatch", ABI, len(scan.FIELDS), {
     "rldiag_mismatch_chunk": (ctypes.c_long, [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_void_p]
-                              + [ctypes.c_long] * 2 + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 4),
+                              + [ctypes.c_long] * 2 + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 6),
     "rldiag_mismatch_select": (ctypes.c_long, [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p] + [ctypes.c_long] * 2
                                + [ctypes.c_double] + [ctypes.c_void_p] * 4),
     "rldiag_mismatch_sample": (ctypes.c_long, [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_void_p]),
@@ -97,6 +96,15 @@ class Out:
         self.pick_y = np.empty(size + SLACK, dtype=np.float64)
         self.kept = 0
         self.flags = np.empty(size + 1, dtype=np.uint8)
+        self.used = np.zeros(1, dtype=np.float64)
+        self.spec = np.array([0.0, scan.THRESHOLD_RUN * scan.THRESHOLD_SAMPLE, scan.THRESHOLD_RUN, scan.PICK])
+
+    def first_spec(self, sampled: int) -> np.ndarray:
+        """The kernel's spec of a first threshold: the tokens sampled from, the runs' step and
+        length, the top share (rldiag/engine/mismatch_scan.py's THRESHOLD_SAMPLE, THRESHOLD_RUN,
+        PICK)."""
+        self.spec[0] = sampled
+        return self.spec
 
     def reserve(self, m: int) -> None:
         """Room for ``m`` more picks after the ``kept`` ones (which are kept)."""
@@ -138,28 +146,16 @@ def _ptr(v: np.ndarray | None) -> int | None:
     return None if v is None else v.ctypes.data
 
 
-def first_threshold(inp: scan.Inputs, a: int, m: int) -> float:
-    """:func:`rldiag.engine.mismatch_scan.first_threshold` of the step's first chunk ``[a, a + m)``,
-    from its sampled tokens only: their ``|d|`` in float64 (0 off the actor tokens), the same
-    values the numpy pass samples, read and selected by the library."""
-    xs, ys, flags, fmask = _streams(inp, a, m)
-    run = scan.THRESHOLD_RUN
-    sample = np.empty(scan.threshold_positions(m).shape[0], dtype=np.float64)
-    assert _LIB is not None
-    got = _LIB.rldiag_mismatch_sample(xs.ctypes.data, ys.ctypes.data, _ptr(flags), _ptr(fmask), m,
-                                      run * scan.THRESHOLD_SAMPLE, run, sample.ctypes.data)
-    assert got == sample.shape[0]
-    if got < 64:
-        return 0.0
-    j = min(int(got * (1.0 - scan.PICK)), got - 1)  # scan.threshold's rank
-    return float(select(sample, [j], 0, math.inf)[0][0])
-
-
-def scan_chunk(inp: scan.Inputs, out: Out, a: int, m: int, me: int, picked: scan.Picked) -> np.ndarray:
+def scan_chunk(inp: scan.Inputs, out: Out, a: int, m: int, me: int, picked: scan.Picked,
+               sampled: int = 0) -> np.ndarray:
     """The record of the chunk ``[a, a + m)`` (reading ``me`` tokens: the next one's pair), as
     :func:`rldiag.engine.mismatch_scan.scan_chunk` with plain sums of products; its kept tokens
     and sample go to ``picked`` (the tokens as views of ``out``'s arrays, after the ``out.kept``
-    before them: ``out.kept = 0`` starts a step). ``(len(FIELDS),)`` float64."""
+    before them: ``out.kept = 0`` starts a step). A ``picked.threshold`` NaN: a step's first
+    chunk, whose threshold the kernel sets first, as
+    :func:`rldiag.engine.mismatch_scan.first_threshold` from the sample of its first ``sampled``
+    tokens (the same values, selected by the library), into ``picked.threshold``.
+    ``(len(FIELDS),)`` float64."""
     xs, ys, flags, fmask = _streams(inp, a, me, out.flags)
     first = int(np.searchsorted(inp.offsets, a, side="right")) - 1
     last = int(np.searchsorted(inp.offsets, a + me - 1, side="right")) - 1
@@ -171,7 +167,11 @@ def scan_chunk(inp: scan.Inputs, out: Out, a: int, m: int, me: int, picked: scan
                xs.ctypes.data, ys.ctypes.data, _ptr(flags), _ptr(fmask), m, me, starts.ctypes.data, starts.shape[0],
                int(inp.offsets[first]) - a, picked.threshold, scan.CONFIDENT, scan.UNCONFIDENT, scan.EXTREME,
                scan.HALF_MIN, scan.HALF_MAX, out.rec.ctypes.data, out.sample.ctypes.data,
-               out.pick_d.ctypes.data + 8 * at, out.pick_y.ctypes.data + 8 * at)
+               out.pick_d.ctypes.data + 8 * at, out.pick_y.ctypes.data + 8 * at, out.first_spec(sampled).ctypes.data,
+               out.used.ctypes.data)
+    if kept < 0:
+        raise MemoryError(f"mismatch pass: no memory for the first threshold's sample of {sampled} tokens")
+    picked.threshold = float(out.used[0])
     rec = out.rec.copy()
     if picked.holds_extreme:
         rec[scan.F["extreme"]] = 0.0  # counted among the picked tokens

@@ -103,16 +103,28 @@ class Buffers:
     """The arrays a chunk is computed in (reused by every chunk and step)."""
 
     size: int
-    v: np.ndarray = field(init=False)  # (ROWS, size + 1) float64: the rows D .. W
-    flags: np.ndarray = field(init=False)  # (size + 1,) bool: the chunk's actor flags
-    cmp: np.ndarray = field(init=False)  # (size + 1,) bool scratch
-    bits: np.ndarray = field(init=False)  # (size + 1,) int32 scratch
 
-    def __post_init__(self) -> None:
-        self.v = np.empty((ROWS, self.size + 1), dtype=np.float64)
-        self.flags = np.empty(self.size + 1, dtype=bool)
-        self.cmp = np.empty(self.size + 1, dtype=bool)
-        self.bits = np.empty(self.size + 1, dtype=np.int32)
+    # each allocated at its first use: a step the compiled pass reads alone never needs them
+
+    @cached_property
+    def v(self) -> np.ndarray:
+        """``(ROWS, size + 1)`` float64: the rows D .. W."""
+        return np.empty((ROWS, self.size + 1), dtype=np.float64)
+
+    @cached_property
+    def flags(self) -> np.ndarray:
+        """``(size + 1,)`` bool: the chunk's actor flags."""
+        return np.empty(self.size + 1, dtype=bool)
+
+    @cached_property
+    def cmp(self) -> np.ndarray:
+        """``(size + 1,)`` bool scratch."""
+        return np.empty(self.size + 1, dtype=bool)
+
+    @cached_property
+    def bits(self) -> np.ndarray:
+        """``(size + 1,)`` int32 scratch."""
+        return np.empty(self.size + 1, dtype=np.int32)
 
     @cached_property
     def base(self) -> np.ndarray:

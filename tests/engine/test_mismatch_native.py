@@ -138,7 +138,12 @@ def test_first_threshold_equals_the_numpy_pass():
     assert scan.threshold_positions(m).shape[0] >= 64  # a sample large enough to set a threshold above 0
     buf = scan.Buffers(m)
     want = scan.first_threshold(buf, scan.load(inp, buf, 0, m, m))
-    assert native.first_threshold(inp, 0, m) == want and want > 0
+    picked = scan.Picked(math.nan)  # the kernel sets a step's first threshold from its first m tokens
+    native.scan_chunk(inp, native.Out(m), 0, m, m, picked, sampled=m)
+    assert picked.threshold == want and want > 0
+    few = scan.Picked(math.nan)  # below 64 sampled tokens: 0, every token above 0 picked
+    native.scan_chunk(inp, native.Out(m), 0, m, m, few, sampled=1000)
+    assert scan.threshold_positions(1000).shape[0] < 64 and few.threshold == 0.0
 
 
 def test_rows_starting_and_ending_at_a_chunk_edge_and_empty_rows(monkeypatch):

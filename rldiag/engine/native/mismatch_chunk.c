@@ -56,7 +56,7 @@ int rldiag_mismatch_fields(void) { return N_FIELDS; }
 
 /* this kernel's calling convention: raised with every change to rldiag_mismatch_chunk's
  * arguments, so that a library built from other sources is not called */
-int rldiag_mismatch_abi(void) { return 6; }
+int rldiag_mismatch_abi(void) { return 7; }
 
 /* COMPRESS[bits]: the float32-pair indices that move a quad's doubles whose bit is set in bits
  * to its front, in order (the others after them) */
@@ -148,6 +148,37 @@ static int wide_lanes(void) {
 /* the float64 lanes of a block's vectors on this processor (and environment): 8 or 4 */
 int rldiag_mismatch_lanes(void) { return wide_lanes() ? 8 : 4; }
 
+long rldiag_mismatch_sample(const float *x, const float *y, const uint8_t *flags, const float *fmask, long m,
+                            long step, long run, double *out);
+long rldiag_mismatch_select(const double *d, long n, const long *ranks, long n_ranks, long k, double extreme,
+                            double *vals, double *top, uint64_t *keys, uint64_t *spare);
+
+/* The threshold a step's first chunk sets (rldiag/engine/mismatch_scan.py's first_threshold and
+ * threshold): of its first m tokens, runs of `run` every `step` sampled, and the value of rank
+ * floor(n (1 - share)) of the n sampled |d| (0 below 64 of them). NaN: no memory. */
+static double first_threshold(const float *x, const float *y, const uint8_t *flags, const float *fmask, long m,
+                              long step, long run, double share) {
+    long n = 0;
+    for (long t0 = 0; t0 < m; t0 += step) {
+        n += t0 + run < m ? run : m - t0;
+    }
+    if (n < 64) {
+        return 0.0;
+    }
+    double *sample = malloc(n * sizeof(double));
+    uint64_t *keys = malloc(2 * n * sizeof(uint64_t));
+    double value = NAN, top[2];
+    if (sample != NULL && keys != NULL) {
+        rldiag_mismatch_sample(x, y, flags, fmask, m, step, run, sample);
+        long j = (long)((double)n * (1.0 - share));
+        j = j < n - 1 ? j : n - 1;
+        rldiag_mismatch_select(sample, n, &j, 1, 0, INFINITY, &value, top, keys, keys + n);
+    }
+    free(sample);
+    free(keys);
+    return value;
+}
+
 /* x, y: (me,) float32; flags: (me,) 0/1 (mask > 0), else fmask: (me,) the float32 mask, else
  * both NULL where every token's mask is;
  * m: the chunk's tokens, me: m or m + 1 (the next token of the same run, read for the pair the
@@ -155,17 +186,20 @@ int rldiag_mismatch_lanes(void) { return wide_lanes() ? 8 : 4; }
  * (repeated for empty rows); origin: the first token's row start, relative to the chunk
  * (<= 0); threshold: keep the tokens whose |d| reaches it (above 0 where it is <= 0);
  * confident, unconfident, extreme, half_min, half_max: the thresholds of mismatch_scan.py.
- * Out: rec (N_FIELDS,), sample ((m + 7) / 8,): every 8th token's |d| (0 off the actor tokens)
+ * A threshold NaN: the step's first chunk, whose threshold is set from its own first first[0]
+ * tokens (first_threshold: runs of first[2] tokens every first[1], their top share first[3]).
+ * Out: used, the threshold; rec (N_FIELDS,), sample ((m + 7) / 8,): every 8th token's |d| (0 off the actor tokens)
  * as float32, pick_d, pick_y (capacity m + 8: each octet of tokens may write eight): the kept tokens' d and
  * y, in order. Returns how many
- * were kept. */
+ * were kept (-1: no memory for the first threshold's sample). */
 __attribute__((target_clones("avx2", "default")))
 long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags, const float *fmask,
                            long m, long me,
                            const long *starts, long n_starts, long origin, double threshold,
                            double confident, double unconfident, double extreme,
                            double half_min, double half_max,
-                           double *rec, float *sample, double *pick_d, double *pick_y) {
+                           double *rec, float *sample, double *pick_d, double *pick_y,
+                           const double *first, double *used) {
     Block b;
     double total[N_SUMS];
     memset(total, 0, sizeof total);
@@ -174,6 +208,13 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
     long next_i = 0;
     long next_start = n_starts > 0 ? starts[0] : me;
     long org = origin;
+    if (isnan(threshold)) { /* the step's first chunk: its threshold from its own sample */
+        threshold = first_threshold(x, y, flags, fmask, (long)first[0], (long)first[1], (long)first[2], first[3]);
+        if (isnan(threshold)) {
+            return -1;
+        }
+    }
+    *used = threshold;
     /* kept: |d| at least the threshold, or above 0 (at least the least double above 0) */
     const double least = threshold <= 0.0 ? nextafter(0.0, 1.0) : threshold;
     const double levels[3] = {confident, unconfident, extreme};
