@@ -4,12 +4,14 @@ the tokens it picks for the order statistics, from one read of the chunk's log-p
 
 The numpy pass makes about 35 passes over a chunk's float64 arrays (one operation each); this
 reads the chunk's float32 log-probs and mask once, in blocks of 128 tokens that stay in the
-cache, four float64 lanes at a time. Same tokens, same definitions; the sums are float64 in
-another order (four lanes over a block, then the blocks) and ``exp|d|`` is the kernel's own
-(within 2 units in the last place, as numpy's), so that a statistic differs from the numpy
-pass's within the float64 rounding of its sums (the bound in docs/performance.md); counts,
-order statistics and picked tokens are the same. The centred rescan,
-the body's pass and a second pick keep the numpy pass (rare, or their own reads).
+cache, eight float64 lanes at a time (one AVX-512 vector, or two four-lane ones: the same bits,
+:func:`lanes`). Same tokens, same definitions; the sums are float64 in another order (eight
+lanes over a block, then the blocks) and ``exp|d|`` is the kernel's own (within 2 units in the
+last place, as numpy's), so that a statistic differs from the numpy pass's within the float64
+rounding of its sums (the bound in docs/performance.md); counts, order statistics and picked
+tokens are the same. A step's first chunk sets its threshold in the same call, from the same
+sample as the numpy pass's. The centred rescan, the body's pass and a second pick keep the numpy
+pass (rare, or their own reads).
 
 A step's chunks write their picked tokens one after another into the same arrays
 (:class:`Out`), so that the step's picks are one array, never joined; its order statistics are
