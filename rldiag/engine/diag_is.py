@@ -29,6 +29,7 @@ None where a weight is not finite (a NaN log-ratio, on or off the mask), for the
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,8 +72,7 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     w = torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND).exp_()
     # the bounds as 0-dim tensors of the weights' dtype: the comparison torch makes with a number
     up, lo = (torch.tensor(v, dtype=w.dtype, device=w.device) for v in (threshold, 1.0 / threshold))
-    high = torch.zeros(n, dtype=torch.float32, device=w.device)
-    low = torch.zeros_like(high)
+    highs, lows = [0] * n, [0] * n  # each step's counts (exact integers), one tensor each after
     # on the host, each step's product by the mask, counts, truncation and extrema in one compiled
     # read (exact: the same values; rldiag.engine.diag_is_native), where the steps cover the tokens
     compiled = diag_is_native.usable(w, mask) and bounds[0] == 0 and bounds[-1] == w.numel()
@@ -88,11 +88,13 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
                 extrema[s] = got = diag_is_native.step_counts(
                     w[a:b], mask[a:b], float(up), float(lo), threshold,
                     None if products is None else log_ratio[a:b], None if products is None else products[a:b])
-                high[s], low[s] = got.above, got.below - (b - a)
+                highs[s], lows[s] = got.above, got.below - (b - a)
             else:
-                high[s] = host.count_above(w[a:b], up)
-                low[s] = host.count_below(w[a:b], lo) - (b - a)
-    low += count  # the actor tokens below lo: those below lo less the tokens off the mask
+                highs[s] = host.count_above(w[a:b], up)
+                lows[s] = host.count_below(w[a:b], lo) - (b - a)
+    high = torch.tensor(highs, dtype=torch.float32, device=w.device)
+    # the actor tokens below lo: those below lo less the tokens off the mask
+    low = torch.tensor(lows, dtype=torch.float32, device=w.device).add_(count)
     if not compiled:
         w.clamp_(max=threshold)
     row_sum = rows.sum(w)
@@ -105,27 +107,27 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     tok["rollout_is_ratio_fraction_high"] = high / den
     tok["rollout_is_ratio_fraction_low"] = low / den
     big = torch.full((), threshold, dtype=w.dtype, device=w.device)
-    w_max = torch.full((n,), float("nan"), dtype=w.dtype, device=w.device)
-    w_min = w_max.clone()
+    maxes: list[float] = [math.nan] * n  # each step's extrema, one tensor each after
+    mins: list[float] = [math.nan] * n
     # the deviations from the step's mean, and the normalised weights
     dev = torch.empty_like(w)
     norm = torch.empty_like(w) if compiled else dev
     # the step means and mean + 1e-8 (as torch adds a number to a float32 tensor: in float32)
-    means, dens = mean.tolist(), (mean + MEAN_EPS).tolist()
+    means, dens, counts = mean.tolist(), (mean + MEAN_EPS).tolist(), count.tolist()
     for s in range(n):
         a, b = bounds[s], bounds[s + 1]
         if a == b:
             continue
-        if count[s] > 0 and s in extrema:
-            w_max[s], w_min[s] = extrema[s].max, extrema[s].min
-        elif count[s] > 0:  # a masked weight is > 0 (exp of at least -20), so above every off-mask 0
-            w_max[s] = w[a:b].amax()
-            w_min[s] = host.min_where(w[a:b], mask[a:b], big)
+        if counts[s] > 0 and s in extrema:
+            maxes[s], mins[s] = extrema[s].max, extrema[s].min
+        elif counts[s] > 0:  # a masked weight is > 0 (exp of at least -20), so above every off-mask 0
+            maxes[s] = float(w[a:b].amax())
+            mins[s] = float(host.min_where(w[a:b], mask[a:b], big))
         if compiled:  # (w - mean)^2 m and (w / (mean + 1e-8))^2 in one read, the same float32 operations
             diag_is_native.spread(w[a:b], mask[a:b], means[s], dens[s], dev[a:b], norm[a:b])
         else:
             torch.sub(w[a:b], mean[s], out=dev[a:b])
-    tok["rollout_is_max"], tok["rollout_is_min"] = w_max, w_min
+    tok["rollout_is_max"], tok["rollout_is_min"] = torch.tensor([maxes, mins], dtype=w.dtype, device=w.device).unbind(0)
     var = seg_sum(rows.sum(dev if compiled else dev.square_().mul_(mask)), step_ids, n) / den
     del dev
     std = torch.sqrt(torch.clamp(var, min=0.0))
