@@ -52,9 +52,13 @@ def _diag_is(st: State) -> None:
                 st.diag_is_token = w
         row_log = rows.masked_sum(log_ratio, st.mask0)  # the rows' summed log-ratios, as the sequence level sums them
         ratio = torch.exp(torch.clamp(row_log, -SAFETY_BOUND, SAFETY_BOUND))
-    for part, m in levels.items():
-        for stat in STATS:
-            st.metrics[f"{PREFIX}{part}/{stat}"] = torch.where(empty, nan, m[f"rollout_is_{stat}"].to(torch.float32))
+    # every statistic of both levels in one tensor, NaN where a step has no actor token (one
+    # operation, not one a statistic: a pack's fixed cost)
+    names = [(part, stat) for part in levels for stat in STATS]
+    table = torch.where(empty, nan, torch.stack([levels[part][f"rollout_is_{stat}"].to(torch.float32)
+                                                 for part, stat in names]))
+    for (part, stat), value in zip(names, table.unbind(0), strict=True):
+        st.metrics[f"{PREFIX}{part}/{stat}"] = value
     st.diag_is_seq_ratio, st.diag_is_seq = ratio, ratio.clamp(max=THRESHOLD)
     st.rows.update(is_weight_seq=st.diag_is_seq, is_ratio_seq=st.diag_is_seq_ratio)
 
