@@ -66,11 +66,8 @@ typedef unsigned long long v8u __attribute__((vector_size(64)));
 typedef unsigned char v8b __attribute__((vector_size(8)));
 
 /* the sum of a vector's lanes, in a fixed order */
-INLINE double lanes8(v8d v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
-INLINE long long lanes8_l(v8l v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
-INLINE v8d and8(v8d v, v8l mask) { return (v8d)((v8l)v & mask); }
-INLINE v8d load8(const double *p) { v8d v; memcpy(&v, p, sizeof v); return v; }
-INLINE v8l load8_l(const long long *p) { v8l v; memcpy(&v, p, sizeof v); return v; }
+INLINE double lanes8d(v8d v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+INLINE long long lanes8l(v8l v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
 INLINE v8d splat8d(double a) { return __builtin_shuffle((v8d){a}, (v8l){0}); } /* as splat8 */
 INLINE v8l negative8(v8l x) { return -(v8l)((v8u)x >> 63); }
 INLINE int any8(v8l m) { return ((m[0] | m[1]) | (m[2] | m[3])) | ((m[4] | m[5]) | (m[6] | m[7])) ? 1 : 0; }

@@ -2,7 +2,7 @@
  * adjacent pairs and every sum, written once for eight float64 lanes held as G = 8 / W groups of
  * W lanes: W = 8 (one AVX-512 vector, G = 1) where the processor has AVX-512, W = 4 (AVX2's
  * 256 bits or SSE2's pairs, G = 2) elsewhere. Lane l of group g holds the tokens j + g W + l of
- * each octet j, and a sum's lanes are added in one order in both (lanes8's), so both widths give
+ * each octet j, and a sum's lanes are added in one order in both (lanes8d's), so both widths give
  * the same bits.
  *
  * Masks are made by integer arithmetic (negative8-style sign shifts), not comparisons, where they
@@ -17,8 +17,8 @@
 #define VF v8f
 #define VI v8i
 #define VIU v8iu
-#define VRED lanes8
-#define VRED_L lanes8_l
+#define VRED lanes8d
+#define VRED_L lanes8l
 #define VEXP vexp8d
 #define VEXP_SMALL vexp8d_small
 #define VNEG negative8
@@ -271,7 +271,7 @@ BLOCK_ATTR int BLOCK_FN(Block *b, const float *bx, const float *by, const uint8_
             se[0][0] += b->act[j + 1] ? exp(b->a[j]) : 0.0;
         }
     }
-    /* each sum's groups in lanes8's order: ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) */
+    /* each sum's groups in lanes8d's order: ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) */
 #if G == 1
 #define ADD(slot, v) total[slot] += VRED(v[0])
 #define ADD_L(slot, v) counts[slot] += VRED_L(v[0])
