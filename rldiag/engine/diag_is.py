@@ -205,5 +205,5 @@ def _host(t: torch.Tensor) -> np.ndarray:
 def _log_bounds(threshold: float) -> tuple[np.float32, np.float32]:
     """log(threshold) and log(1 / threshold) as torch's float32 logs, as verl's sequence level
     compares the rows' summed log-ratios with them (computed once per threshold)."""
-    up, lo = (torch.log(torch.tensor(v, dtype=torch.float32)).item() for v in (threshold, 1.0 / threshold))
+    up, lo = (torch.log(torch.tensor(v, dtype=torch.float32, device="cpu")).item() for v in (threshold, 1.0 / threshold))
     return np.float32(up), np.float32(lo)
