@@ -27,19 +27,6 @@ int rldiag_gw_abi(void) { return 1; }
 
 int rldiag_gw_fields(void) { return N_OUT; }
 
-/* eight values at i of a float32 array, else of a byte array as 0/1 floats */
-INLINE v8f read8(const float *f, const uint8_t *b, long i) {
-    v8f v;
-    if (f != NULL) {
-        memcpy(&v, f + i, sizeof v);
-        return v;
-    }
-    typedef unsigned char v8b __attribute__((vector_size(8)));
-    v8b x;
-    memcpy(&x, b + i, sizeof x);
-    return __builtin_convertvector(__builtin_convertvector(x, v8i), v8f);
-}
-
 /* the eight float32 lanes of v widened and added to the two float64 accumulators */
 INLINE void widen_add(v4d *lo, v4d *hi, v8f v) {
     v4f a = {v[0], v[1], v[2], v[3]}, b = {v[4], v[5], v[6], v[7]};
@@ -87,8 +74,8 @@ long rldiag_grad_weight(const float *adv, const float *w, const float *fmask, co
         v8f a, ww;
         memcpy(&a, adv + i, sizeof a);
         memcpy(&ww, w + i, sizeof ww);
-        v8f c = clip ? read8(fclip, bclip, i) : splat8(0.0f);
-        tokens8(a, ww, read8(fmask, bmask, i), c, clip, ranked + i, &s);
+        v8f c = clip ? mask8(fclip, bclip, i) : splat8(0.0f);
+        tokens8(a, ww, mask8(fmask, bmask, i), c, clip, ranked + i, &s);
     }
     if (i < n) { /* the last tokens, padded off the mask (and weight 0) */
         float fa[8] = {0}, fw[8] = {0}, fm[8] = {0}, fc[8] = {0}, fr[8];

@@ -61,22 +61,6 @@ INLINE double lanes8(v8f v) {
     return (((double)v[0] + v[1]) + ((double)v[2] + v[3])) + (((double)v[4] + v[5]) + ((double)v[6] + v[7]));
 }
 
-/* the mask's eight values at token i: the float32 mask, else the 0/1 bytes, else 1 */
-INLINE v8f mask8(const float *fmask, const uint8_t *flags, long i) {
-    if (fmask != NULL) {
-        v8f w;
-        memcpy(&w, fmask + i, sizeof w);
-        return w;
-    }
-    if (flags != NULL) {
-        typedef unsigned char v8b __attribute__((vector_size(8)));
-        v8b f;
-        memcpy(&f, flags + i, sizeof f);
-        return __builtin_convertvector(__builtin_convertvector(f, v8i), v8f);
-    }
-    return splat8(1.0f);
-}
-
 /* the terms of eight tokens at a, b with mask values w, added to the block's sums */
 INLINE void add8(v8f xa, v8f xb, v8f w, v8f *s1, v8f *s2, v8f *s3) {
     v8i on = w != splat8(0.0f);

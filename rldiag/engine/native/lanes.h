@@ -68,6 +68,8 @@ typedef unsigned char v8b __attribute__((vector_size(8)));
 /* the sum of a vector's lanes, in a fixed order */
 INLINE double lanes8d(v8d v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
 INLINE long long lanes8l(v8l v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+INLINE v8d load8d(const double *p) { v8d v; memcpy(&v, p, sizeof v); return v; }
+INLINE v8l load8l(const long long *p) { v8l v; memcpy(&v, p, sizeof v); return v; }
 INLINE v8d splat8d(double a) { return __builtin_shuffle((v8d){a}, (v8l){0}); } /* as splat8 */
 INLINE v8l negative8(v8l x) { return -(v8l)((v8u)x >> 63); }
 INLINE int any8(v8l m) { return ((m[0] | m[1]) | (m[2] | m[3])) | ((m[4] | m[5]) | (m[6] | m[7])) ? 1 : 0; }
@@ -97,6 +99,25 @@ typedef unsigned int v8iu __attribute__((vector_size(32)));
  * element by element, inside the loop, in its AVX2 clones: nine instructions a use) */
 INLINE v8f splat8(float a) { return __builtin_shuffle((v8f){a}, (v8i){0}); }
 INLINE v8f select8(v8i on, v8f a, v8f b) { return (v8f)((on & (v8i)a) | (~on & (v8i)b)); }
+
+/* eight values of a mask at token i as float32: the float32 array f's, else the byte array b's
+ * (each byte moved to its lane by shifts: GCC makes scalar code of a conversion from bytes), else
+ * 1 (no mask) */
+INLINE v8f mask8(const float *f, const uint8_t *b, long i) {
+    v8f m;
+    if (f != NULL) {
+        memcpy(&m, f + i, sizeof m);
+    } else if (b != NULL) {
+        uint64_t w;
+        memcpy(&w, b + i, sizeof w);
+        unsigned lo = (unsigned)w, hi = (unsigned)(w >> 32);
+        v8iu v = (v8iu){lo, lo, lo, lo, hi, hi, hi, hi} >> (v8iu){0, 8, 16, 24, 0, 8, 16, 24};
+        m = __builtin_convertvector((v8i)(v & 0xFF), v8f);
+    } else {
+        m = splat8(1.0f);
+    }
+    return m;
+}
 
 /* a clamped to [lo, hi]; a NaN stays NaN (the comparisons are false for it), as torch.clamp */
 INLINE v8f clamp8(v8f a, float lo, float hi) {

@@ -23,6 +23,8 @@
 #define VEXP_SMALL vexp8d_small
 #define VNEG negative8
 #define VANY any8
+#define VLOAD load8d
+#define VLOAD_L load8l
 #define FLAG_WORD uint64_t
 #define FLAG_SHIFTS (v8u){0, 8, 16, 24, 32, 40, 48, 56}
 #elif W == 4
@@ -38,6 +40,8 @@
 #define VEXP_SMALL vexp4d_small
 #define VNEG negative4
 #define VANY any4
+#define VLOAD load
+#define VLOAD_L load_l
 #define FLAG_WORD uint32_t
 #define FLAG_SHIFTS (v4u){0, 8, 16, 24}
 #else
@@ -45,12 +49,18 @@
 #endif
 #define G (8 / W)
 
+/* each group g's octets, its W lanes at tokens o .. o + W - 1: one group after the other, so that
+ * a loop's accumulators of one group stay in registers */
+#define EACH_OCTET(g, o)              \
+    for (int g = 0; g < G; g++)       \
+        for (long o = g * W; o < k; o += 8)
+
 /* masks (-1 or 0 in each lane) of comparisons that pass 1 combines with others: comparisons at
  * four lanes (AVX2 has them); integer arithmetic at eight, where GCC 12 makes scalar code of
  * AVX-512 comparisons combined so. The same masks either way. */
 #if W == 8
 /* x finite: |x|'s bits below infinity's */
-#define FINITE(x) VNEG(((VL)(x) & absmask) - inf_bits)
+#define FINITE(x) VNEG(((VL)(x) & absmask) - 0x7FF0000000000000LL)
 /* x > 0 for x not NaN: its bits positive as a signed integer (-0's are not) */
 #define ABOVE_ZERO(x) VNEG((VL)((VU){0} - (VU)(x)) & ~(VL)(x))
 /* a > b for a, b >= 0: their bits are in the same order */
@@ -60,7 +70,7 @@
 /* non-zero where a float32's low 13 bits are 0 */
 #define LOW_BITS_ZERO(u) ((((u) & 0x1FFF) - 1) >> 31)
 #else
-#define FINITE(x) ((VD)((VL)(x) & absmask) < inf)
+#define FINITE(x) ((VD)((VL)(x) & absmask) < zero + INFINITY)
 #define ABOVE_ZERO(x) ((x) > zero)
 #define GREATER_NONNEG(a, b) ((a) > (b))
 #define ABOVE_ZERO_F(f) __builtin_convertvector((f) > (VF){0}, VL)
@@ -73,58 +83,45 @@
 BLOCK_ATTR int BLOCK_FN(Block *b, const float *bx, const float *by, const uint8_t *bf, const float *bm,
                                long k, long len, const double *levels, double *total, long long *counts) {
     const VL absmask = (VL){0} + 0x7FFFFFFFFFFFFFFFLL;
-    const long long inf_bits = 0x7FF0000000000000LL;
-    const VD zero = {0}, inf = zero + INFINITY;
-    (void)inf_bits;
-    (void)inf;
-    VL nv[G], pos[G];
-    VD amax[G];
-    VIU low[G]; /* 1 in a lane where a value's float32 has its low 13 bits 0 */
-    for (int g = 0; g < G; g++) {
-        nv[g] = pos[g] = (VL){0};
-        amax[g] = zero;
-        low[g] = (VIU){0};
-    }
+    const VD zero = {0};
     /* the series, 0 off the actor tokens */
-    for (int g = 0; g < G; g++) { /* each group on its own: a group's accumulators in registers */
-        for (long j = g * W; j < k; j += 8) {
-            long o = j;
-            VF xf, yf;
-            memcpy(&xf, bx + o, sizeof xf);
-            memcpy(&yf, by + o, sizeof yf);
-            VD xv = __builtin_convertvector(xf, VD), yv = __builtin_convertvector(yf, VD);
-            low[g] |= LOW_BITS_ZERO((VIU)yf);
-            VL fm = (VL){0} - 1;
-            if (bf != NULL) { /* the bytes, each moved to its lane: -1 where it is not 0 */
-                FLAG_WORD f;
-                memcpy(&f, bf + o, sizeof f);
-                VU byte = (((VU){0} + f) >> FLAG_SHIFTS) & 0xFF;
-                fm = -(VL)((byte + 0xFF) >> 8);
-            } else if (bm != NULL) {
-                VF f;
-                memcpy(&f, bm + o, sizeof f);
-                fm = ABOVE_ZERO_F(f);
-            }
-            VL act = fm & FINITE(xv) & FINITE(yv);
-            VD d = (VD)((VL)(xv - yv) & act);
-            VD ym = (VD)((VL)yv & act);
-            VD a = (VD)((VL)d & absmask);
-            VD p;
-            memcpy(&p, b->p + o, sizeof p);
-            p = (VD)((VL)p & act);
-            memcpy(b->d + o, &d, sizeof d);
-            memcpy(b->y + o, &ym, sizeof ym);
-            memcpy(b->a + o, &a, sizeof a);
-            memcpy(b->p + o, &p, sizeof p);
-            memcpy(b->px + o + 1, &xv, sizeof xv);
-            memcpy(b->py + o + 1, &yv, sizeof yv);
-            memcpy(b->pa + o + 1, &a, sizeof a);
-            memcpy(b->act + o + 1, &act, sizeof act);
-            nv[g] -= act;
-            pos[g] |= ABOVE_ZERO(ym);
-            VL more = GREATER_NONNEG(a, amax[g]);
-            amax[g] = (VD)(((VL)a & more) | ((VL)amax[g] & ~more));
+    VL nv[G] = {{0}}, pos[G] = {{0}};
+    VD amax[G] = {{0}};
+    VIU low[G] = {{0}}; /* not 0 in a lane where a value's float32 has its low 13 bits 0 */
+    EACH_OCTET(g, o) {
+        VF xf, yf;
+        memcpy(&xf, bx + o, sizeof xf);
+        memcpy(&yf, by + o, sizeof yf);
+        VD xv = __builtin_convertvector(xf, VD), yv = __builtin_convertvector(yf, VD);
+        low[g] |= LOW_BITS_ZERO((VIU)yf);
+        VL fm = (VL){0} - 1;
+        if (bf != NULL) { /* the bytes, each moved to its lane: -1 where it is not 0 */
+            FLAG_WORD f;
+            memcpy(&f, bf + o, sizeof f);
+            VU byte = (((VU){0} + f) >> FLAG_SHIFTS) & 0xFF;
+            fm = -(VL)((byte + 0xFF) >> 8);
+        } else if (bm != NULL) {
+            VF f;
+            memcpy(&f, bm + o, sizeof f);
+            fm = ABOVE_ZERO_F(f);
         }
+        VL act = fm & FINITE(xv) & FINITE(yv);
+        VD d = (VD)((VL)(xv - yv) & act);
+        VD ym = (VD)((VL)yv & act);
+        VD a = (VD)((VL)d & absmask);
+        VD p = (VD)((VL)VLOAD(b->p + o) & act);
+        memcpy(b->d + o, &d, sizeof d);
+        memcpy(b->y + o, &ym, sizeof ym);
+        memcpy(b->a + o, &a, sizeof a);
+        memcpy(b->p + o, &p, sizeof p);
+        memcpy(b->px + o + 1, &xv, sizeof xv);
+        memcpy(b->py + o + 1, &yv, sizeof yv);
+        memcpy(b->pa + o + 1, &a, sizeof a);
+        memcpy(b->act + o + 1, &act, sizeof act);
+        nv[g] -= act;
+        pos[g] |= ABOVE_ZERO(ym);
+        VL more = GREATER_NONNEG(a, amax[g]);
+        amax[g] = (VD)(((VL)a & more) | ((VL)amax[g] & ~more));
     }
     double block_max = 0.0;
     int half_any = 0, signed_y = 0;
@@ -137,135 +134,70 @@ BLOCK_ATTR int BLOCK_FN(Block *b, const float *bx, const float *by, const uint8_
         }
     }
     /* the pairs (t - 1, t): both actor tokens, t not a row's first */
-    VD pa[G], sn[G], sp[G];
-    VL np[G];
-    for (int g = 0; g < G; g++) {
-        pa[g] = sn[g] = sp[g] = zero;
-        np[g] = (VL){0};
-    }
-    for (int g = 0; g < G; g++) { /* each group on its own: a group's accumulators in registers */
-        for (long j = g * W; j < k; j += 8) {
-            long o = j;
-            VL a0, a1, rs;
-            VD xp, x1, yp, y1, p0, p1;
-            memcpy(&a0, b->act + o, sizeof a0);
-            memcpy(&a1, b->act + o + 1, sizeof a1);
-            memcpy(&rs, b->rs + o + 1, sizeof rs);
-            memcpy(&xp, b->px + o, sizeof xp);
-            memcpy(&x1, b->px + o + 1, sizeof x1);
-            memcpy(&yp, b->py + o, sizeof yp);
-            memcpy(&y1, b->py + o + 1, sizeof y1);
-            memcpy(&p0, b->pa + o, sizeof p0);
-            memcpy(&p1, b->pa + o + 1, sizeof p1);
-            VL pair = a0 & a1 & ~rs;
-            pa[g] += (VD)((VL)(p0 + p1) & pair);
-            sn[g] += (VD)((VL)(yp - x1) & absmask & pair);
-            sp[g] += (VD)((VL)(y1 - xp) & absmask & pair);
-            np[g] -= pair;
-        }
+    VD pa[G] = {{0}}, sn[G] = {{0}}, sp[G] = {{0}};
+    VL np[G] = {{0}};
+    EACH_OCTET(g, o) {
+        VL pair = VLOAD_L(b->act + o) & VLOAD_L(b->act + o + 1) & ~VLOAD_L(b->rs + o + 1);
+        VD xp = VLOAD(b->px + o), x1 = VLOAD(b->px + o + 1), yp = VLOAD(b->py + o), y1 = VLOAD(b->py + o + 1);
+        pa[g] += (VD)((VL)(VLOAD(b->pa + o) + VLOAD(b->pa + o + 1)) & pair);
+        sn[g] += (VD)((VL)(yp - x1) & absmask & pair);
+        sp[g] += (VD)((VL)(y1 - xp) & absmask & pair);
+        np[g] -= pair;
     }
     /* the sums, a few a loop, so that each loop's accumulators stay in registers (AVX2 has 16) */
-    VD sd[G], sy[G], sa[G], mdd[G], mdy[G], myy[G];
-    for (int g = 0; g < G; g++) {
-        sd[g] = sy[g] = sa[g] = mdd[g] = mdy[g] = myy[g] = zero;
+    VD sd[G] = {{0}}, sy[G] = {{0}}, sa[G] = {{0}}, mdd[G] = {{0}}, mdy[G] = {{0}}, myy[G] = {{0}};
+    EACH_OCTET(g, o) {
+        sd[g] += VLOAD(b->d + o);
+        sy[g] += VLOAD(b->y + o);
+        sa[g] += VLOAD(b->a + o);
     }
-    for (int g = 0; g < G; g++) { /* each group on its own: a group's accumulators in registers */
-        for (long j = g * W; j < k; j += 8) {
-            long o = j;
-            VD d, yv, a;
-            memcpy(&d, b->d + o, sizeof d);
-            memcpy(&yv, b->y + o, sizeof yv);
-            memcpy(&a, b->a + o, sizeof a);
-            sd[g] += d;
-            sy[g] += yv;
-            sa[g] += a;
-        }
+    EACH_OCTET(g, o) {
+        VD d = VLOAD(b->d + o), yv = VLOAD(b->y + o);
+        mdd[g] += d * d;
+        mdy[g] += d * yv;
+        myy[g] += yv * yv;
     }
-    for (int g = 0; g < G; g++) { /* each group on its own: a group's accumulators in registers */
-        for (long j = g * W; j < k; j += 8) {
-            long o = j;
-            VD d, yv;
-            memcpy(&d, b->d + o, sizeof d);
-            memcpy(&yv, b->y + o, sizeof yv);
-            mdd[g] += d * d;
-            mdy[g] += d * yv;
-            myy[g] += yv * yv;
-        }
+    VD s_p[G] = {{0}}, map[G] = {{0}}, mpp[G] = {{0}}, sya[G] = {{0}}, maya[G] = {{0}};
+    EACH_OCTET(g, o) {
+        VD p = VLOAD(b->p + o), a = VLOAD(b->a + o);
+        s_p[g] += p;
+        map[g] += a * p;
+        mpp[g] += p * p;
     }
-    VD s_p[G], map[G], mpp[G], sya[G], maya[G];
-    for (int g = 0; g < G; g++) {
-        s_p[g] = map[g] = mpp[g] = sya[g] = maya[g] = zero;
+    EACH_OCTET(g, o) {
+        VD yv = VLOAD(b->y + o);
+        VD ya = signed_y ? (VD)((VL)yv & absmask) : -yv; /* a log-prob is <= 0: |y| = -y */
+        sya[g] += ya;
+        maya[g] += VLOAD(b->a + o) * ya;
     }
-    for (int g = 0; g < G; g++) { /* each group on its own: a group's accumulators in registers */
-        for (long j = g * W; j < k; j += 8) {
-            long o = j;
-            VD p, a;
-            memcpy(&p, b->p + o, sizeof p);
-            memcpy(&a, b->a + o, sizeof a);
-            s_p[g] += p;
-            map[g] += a * p;
-            mpp[g] += p * p;
-        }
-    }
-    for (int g = 0; g < G; g++) { /* each group on its own: a group's accumulators in registers */
-        for (long j = g * W; j < k; j += 8) {
-            long o = j;
-            VD yv, a;
-            memcpy(&yv, b->y + o, sizeof yv);
-            memcpy(&a, b->a + o, sizeof a);
-            VD ya = signed_y ? (VD)((VL)yv & absmask) : -yv; /* a log-prob is <= 0: |y| = -y */
-            sya[g] += ya;
-            maya[g] += a * ya;
-        }
-    }
-    VD dc[G], du[G], se[G];
-    VL nc[G], nu[G], ne[G];
+    VD dc[G] = {{0}}, du[G] = {{0}}, se[G] = {{0}};
+    VL nc[G] = {{0}}, nu[G] = {{0}}, ne[G] = {{0}};
     const VD conf = zero + levels[0], unconf = zero + levels[1], ext = zero + levels[2], small = zero + SMALL_EXP;
-    for (int g = 0; g < G; g++) {
-        dc[g] = du[g] = se[g] = zero;
-        nc[g] = nu[g] = ne[g] = (VL){0};
-    }
-    for (int g = 0; g < G; g++) { /* each group on its own: a group's accumulators in registers */
-        for (long j = g * W; j < k; j += 8) {
-            long o = j;
-            VD d, yv;
-            memcpy(&d, b->d + o, sizeof d);
-            memcpy(&yv, b->y + o, sizeof yv);
-            VL c = yv >= conf, u = yv < unconf; /* lanes of -1 (true) or 0 */
-            dc[g] += (VD)((VL)d & c);
-            du[g] += (VD)((VL)d & u);
-            nc[g] -= c;
-            nu[g] -= u;
-        }
+    EACH_OCTET(g, o) {
+        VD d = VLOAD(b->d + o), yv = VLOAD(b->y + o);
+        VL c = yv >= conf, u = yv < unconf; /* lanes of -1 (true) or 0 */
+        dc[g] += (VD)((VL)d & c);
+        du[g] += (VD)((VL)d & u);
+        nc[g] -= c;
+        nu[g] -= u;
     }
     /* exp|d| on the actor tokens: a lane's by VEXP_SMALL up to SMALL_EXP, else by VEXP (each
      * token's value depends on its own |d| only), past VEXP's range by libm's exp */
     if (block_max <= 700.0) {
-        for (int g = 0; g < G; g++) { /* each group on its own: a group's accumulators in registers */
-            for (long j = g * W; j < k; j += 8) {
-                long o = j;
-                VD a;
-                VL act;
-                memcpy(&a, b->a + o, sizeof a);
-                memcpy(&act, b->act + o + 1, sizeof act);
-                ne[g] -= a > ext;
-                VD e = VEXP_SMALL(a);
-                if (block_max > SMALL_EXP) {
-                    VL big = a > small;
-                    if (VANY(big)) {
-                        e = (VD)(((VL)VEXP(a) & big) | ((VL)e & ~big));
-                    }
+        EACH_OCTET(g, o) {
+            VD a = VLOAD(b->a + o), e = VEXP_SMALL(a);
+            ne[g] -= a > ext;
+            if (block_max > SMALL_EXP) {
+                VL big = a > small;
+                if (VANY(big)) {
+                    e = (VD)(((VL)VEXP(a) & big) | ((VL)e & ~big));
                 }
-                se[g] += (VD)((VL)e & act);
             }
+            se[g] += (VD)((VL)e & VLOAD_L(b->act + o + 1));
         }
     } else { /* some |d| above vexp's range (a probability ratio past e^700) */
-        for (int g = 0; g < G; g++) { /* each group on its own: a group's accumulators in registers */
-            for (long j = g * W; j < k; j += 8) {
-                VD a;
-                memcpy(&a, b->a + j, sizeof a);
-                ne[g] -= a > ext;
-            }
+        EACH_OCTET(g, o) {
+            ne[g] -= VLOAD(b->a + o) > ext;
         }
         for (long j = 0; j < len; j++) {
             se[0][0] += b->act[j + 1] ? exp(b->a[j]) : 0.0;
@@ -317,6 +249,9 @@ BLOCK_ATTR int BLOCK_FN(Block *b, const float *bx, const float *by, const uint8_
 #undef VEXP_SMALL
 #undef VNEG
 #undef VANY
+#undef VLOAD
+#undef VLOAD_L
+#undef EACH_OCTET
 #undef FLAG_WORD
 #undef FLAG_SHIFTS
 #undef FINITE

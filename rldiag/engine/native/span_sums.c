@@ -69,18 +69,7 @@ long rldiag_span_sums(const float *const *cols, long k, const float *da, const f
             }
             long i = b0;
             for (; i + 8 <= stop; i += 8) {
-                v8f m;
-                if (fmask != NULL) {
-                    m = load8(fmask + i);
-                } else if (bmask != NULL) {
-                    typedef unsigned char v8b __attribute__((vector_size(8)));
-                    v8b b;
-                    memcpy(&b, bmask + i, sizeof b);
-                    m = __builtin_convertvector(b, v8f);
-                } else {
-                    m = splat8(1.0f);
-                }
-                add8(cols, k, da, db, m, acc, NULL, i, 0);
+                add8(cols, k, da, db, mask8(fmask, bmask, i), acc, NULL, i, 0);
             }
             if (i < stop) { /* the block's last tokens, padded off the mask */
                 memset(pad, 0, sizeof pad);

@@ -30,21 +30,6 @@ int rldiag_tis_abi(void) { return 3; }
 
 int rldiag_tis_fields(void) { return N_OUT; }
 
-/* the mask's eight values as float32: fmask's, else bmask's bytes (0 or 1) */
-INLINE v8f mask8(const float *fmask, const uint8_t *bmask, long i) {
-    v8f m;
-    if (fmask != NULL) {
-        memcpy(&m, fmask + i, sizeof m);
-    } else { /* each byte moved to its lane by shifts (GCC makes scalar code of a conversion from bytes) */
-        uint64_t b;
-        memcpy(&b, bmask + i, sizeof b);
-        unsigned lo = (unsigned)b, hi = (unsigned)(b >> 32);
-        v8iu v = (v8iu){lo, lo, lo, lo, hi, hi, hi, hi} >> (v8iu){0, 8, 16, 24, 0, 8, 16, 24};
-        m = __builtin_convertvector((v8i)(v & 0xFF), v8f);
-    }
-    return m;
-}
-
 /* w: (n,) float32 exp(clamp(d)), multiplied by the mask and truncated in place; fmask: the
  * float32 mask, else bmask its bytes; d: (n,) float32 the log-ratios, whose products d m go to dm
  * (the rows' masked sums' terms), or NULL. Out:
