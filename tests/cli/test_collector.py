@@ -7,23 +7,16 @@ from __future__ import annotations
 
 import gc
 import importlib
-import subprocess
-import sys
 
 import pytest
 
 from rldiag.cli.main import COMMAND_MODULES
-
-
-def _child(code: str) -> list[str]:
-    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+from tests.cli.conftest import child_output
 
 
 @pytest.mark.slow
-def test_the_process_command_runs_with_the_collector_on_after_its_imports_frozen(tmp_path):
-    from rldiag.synth import SynthSpec, write_synth_run
-
-    run = write_synth_run(tmp_path / "run", SynthSpec(steps=2, seed=1))
+def test_the_process_command_runs_with_the_collector_on_after_its_imports_frozen(small_run):
+    run = small_run
     code = (
         "import gc, sys\n"
         "import rldiag.cli.cmd_recompute as cmd\n"
@@ -43,7 +36,7 @@ def test_the_process_command_runs_with_the_collector_on_after_its_imports_frozen
     )
     # the command's modules imported before it ran (torch among them), more than 100,000 objects
     # frozen out of the collector's passes, the collector on while it ran and after
-    assert _child(code)[-7:] == ["0", "True", "True", "True", "True", "True", "True"]
+    assert child_output(code).split()[-7:] == ["0", "True", "True", "True", "True", "True", "True"]
 
 
 def test_main_with_argv_leaves_the_collector_alone():
@@ -58,7 +51,7 @@ def test_main_with_argv_leaves_the_collector_alone():
         "    pass\n"
         "print(gc.isenabled(), gc.get_freeze_count() == before)\n"
     )
-    assert _child(code)[-2:] == ["False", "True"]
+    assert child_output(code).split()[-2:] == ["False", "True"]
 
 
 def test_declared_imports_are_modules_of_the_package():
