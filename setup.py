@@ -23,6 +23,8 @@ setup(
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
         Extension("rldiag.engine.native._span_sums", ["rldiag/engine/native/span_sums.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, optional=True),
+        Extension("rldiag.engine.native._row_sums", ["rldiag/engine/native/row_sums.c"],
+                  extra_compile_args=FLAGS, libraries=["m"], optional=True),
         Extension("rldiag.engine.native._kl_sums", ["rldiag/engine/native/kl_sums.c"],
                   depends=["rldiag/engine/native/lanes.h"], extra_compile_args=FLAGS, libraries=["m"], optional=True),
     ],

@@ -26,7 +26,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from rldiag.engine import host, kernels
+from rldiag.engine import host, kernels, rows_native
 
 #: tokens per chunk summed in the values' dtype before the chunk sums are accumulated in float64
 PIECE = 64
@@ -174,9 +174,15 @@ class Rows:
         """Sum over each row's tokens ``(tokens,) -> (rows,)``; an empty row gives 0. Accumulated
         in float64 across chunks of ``PIECE`` tokens (a row of 32k float32 tokens sums to about
         float32 precision of the result, whatever the order), returned in ``x``'s dtype; integer
-        and bool tensors as float32. A non-finite value gives its own row NaN / inf only."""
+        and bool tensors as float32. A non-finite value gives its own row NaN / inf only. On the
+        host, after torch's chunk sums, the rest in one compiled call where it was built
+        (:mod:`rldiag.engine.rows_native`: the same bits as :meth:`_chunked_sum`'s)."""
         if not x.is_floating_point():
             x = x.to(torch.float32)
+        if rows_native.usable(x, self.offsets):  # the same bits in one compiled call after torch's chunk sums
+            done = rows_native.row_sums(x, self.offsets, PIECE)
+            if done is not None:
+                return done
         out = self._chunked_sum(x)
         if not host.all_finite(out):  # a NaN or inf stays in its own row
             out = torch.segment_reduce(x.to(torch.float64), "sum", offsets=self.offsets)

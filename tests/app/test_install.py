@@ -46,7 +46,8 @@ def test_the_wheel_holds_the_app_and_the_sample(wheel):
     assert sum(n.endswith(".parquet") for n in sample) >= 10
     assert not any("/rldiag/app/samples/grpo-tool/rldiag/" in "/" + n for n in names)  # never a sample's outputs
     # the compiled kernels, built by the wheel's own build (no .so was copied)
-    for kernel in ("_mismatch_chunk", "_rollout_probs", "_kl_sums", "_grad_weight", "_ppo_clip", "_tis_counts", "_span_sums"):
+    for kernel in ("_mismatch_chunk", "_rollout_probs", "_kl_sums", "_grad_weight", "_ppo_clip", "_tis_counts", "_span_sums",
+                   "_row_sums"):
         assert any(n.startswith(f"rldiag/engine/native/{kernel}") and n.endswith(".so") for n in names), names
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "rldiag = rldiag.cli.main:main" in entry
