@@ -8,6 +8,11 @@
  * Masks are made by integer arithmetic (negative8-style sign shifts), not comparisons, where they
  * are combined with other masks: GCC 12 makes scalar code of AVX-512 comparisons combined so.
  *
+ * Two loops over the block at eight lanes (the series with their plain sums; then the pairs, the
+ * levels and exp|d| from the series written), five at four, where AVX2's 16 registers hold fewer
+ * accumulators: each accumulator adds the same terms in the same order either way. (One loop for
+ * everything spills at eight lanes and takes longer.)
+ *
  * Included by mismatch_chunk.c with W, BLOCK_FN and BLOCK_ATTR defined, after Block. */
 
 #if W == 8
@@ -61,8 +66,6 @@
 #if W == 8
 /* x finite: |x|'s bits below infinity's */
 #define FINITE(x) VNEG(((VL)(x) & absmask) - 0x7FF0000000000000LL)
-/* x > 0 for x not NaN: its bits positive as a signed integer (-0's are not) */
-#define ABOVE_ZERO(x) VNEG((VL)((VU){0} - (VU)(x)) & ~(VL)(x))
 /* a > b for a, b >= 0: their bits are in the same order */
 #define GREATER_NONNEG(a, b) VNEG((VL)(b) - (VL)(a))
 /* a float32 mask above 0 (NaN not): bits - 1 in [0, +inf's bits) */
@@ -71,7 +74,6 @@
 #define LOW_BITS_ZERO(u) ((((u) & 0x1FFF) - 1) >> 31)
 #else
 #define FINITE(x) ((VD)((VL)(x) & absmask) < zero + INFINITY)
-#define ABOVE_ZERO(x) ((x) > zero)
 #define GREATER_NONNEG(a, b) ((a) > (b))
 #define ABOVE_ZERO_F(f) __builtin_convertvector((f) > (VF){0}, VL)
 #define LOW_BITS_ZERO(u) (VIU)(((u) & 0x1FFF) == 0)
@@ -84,8 +86,64 @@ BLOCK_ATTR int BLOCK_FN(Block *b, const float *bx, const float *by, const uint8_
                                long k, long len, const double *levels, double *total, long long *counts) {
     const VL absmask = (VL){0} + 0x7FFFFFFFFFFFFFFFLL;
     const VD zero = {0};
+    /* each token's terms of the sums (d, y, |d|, p: 0 off the actor tokens; act its lane mask):
+     * added where the series are made at eight lanes (AVX-512's 32 registers hold every
+     * accumulator), in loops of a few sums over the block's series at four (AVX2 has 16) */
+#define PLAIN_TERMS(g, d, yv, a, p)                                                   \
+    do {                                                                              \
+        VD ya_ = (VD)((VL)(yv) & absmask); /* |y| (0 off the actor tokens) */          \
+        sd[g] += (d);                                                                  \
+        sy[g] += (yv);                                                                 \
+        sa[g] += (a);                                                                  \
+        mdd[g] += (d) * (d);                                                           \
+        mdy[g] += (d) * (yv);                                                          \
+        myy[g] += (yv) * (yv);                                                         \
+        s_p[g] += (p);                                                                 \
+        map[g] += (a) * (p);                                                           \
+        mpp[g] += (p) * (p);                                                           \
+        sya[g] += ya_;                                                                 \
+        maya[g] += (a) * ya_;                                                          \
+    } while (0)
+    /* levels of y (lanes of -1 where true, else 0), and exp|d| on the actor tokens: a lane's by
+     * VEXP_SMALL up to SMALL_EXP, else by VEXP (each token's value depends on its own |d| only;
+     * past VEXP's range the block is summed again below, by libm's exp) */
+#define LEVEL_TERMS(g, d, yv, a)                                                      \
+    do {                                                                              \
+        VL c_ = (yv) >= conf, u_ = (yv) < unconf;                                      \
+        dc[g] += (VD)((VL)(d) & c_);                                                   \
+        du[g] += (VD)((VL)(d) & u_);                                                   \
+        nc[g] -= c_;                                                                   \
+        nu[g] -= u_;                                                                   \
+        ne[g] -= (a) > ext;                                                            \
+    } while (0)
+#define EXP_TERMS(g, a, act)                                                          \
+    do {                                                                              \
+        VD e_ = VEXP_SMALL(a);                                                         \
+        VL big_ = (a) > small;                                                         \
+        if (VANY(big_)) {                                                              \
+            e_ = (VD)(((VL)VEXP(a) & big_) | ((VL)e_ & ~big_));                        \
+        }                                                                              \
+        se[g] += (VD)((VL)e_ & (act));                                                 \
+    } while (0)
+    /* the pairs (t - 1, t): both actor tokens, t not a row's first */
+#define PAIR_TERMS(g, o)                                                                                          \
+    do {                                                                                                          \
+        VL pair = VLOAD_L(b->act + o) & VLOAD_L(b->act + o + 1) & ~VLOAD_L(b->rs + o + 1);                         \
+        VD xp = VLOAD(b->px + o), x1 = VLOAD(b->px + o + 1), yp = VLOAD(b->py + o), y1 = VLOAD(b->py + o + 1);     \
+        pa[g] += (VD)((VL)(VLOAD(b->pa + o) + VLOAD(b->pa + o + 1)) & pair);                                     \
+        sn[g] += (VD)((VL)(yp - x1) & absmask & pair);                                                            \
+        sp[g] += (VD)((VL)(y1 - xp) & absmask & pair);                                                            \
+        np[g] -= pair;                                                                                            \
+    } while (0)
+    VD pa[G] = {{0}}, sn[G] = {{0}}, sp[G] = {{0}};
+    VL np[G] = {{0}};
+    const VD conf = zero + levels[0], unconf = zero + levels[1], ext = zero + levels[2], small = zero + SMALL_EXP;
+    VD sd[G] = {{0}}, sy[G] = {{0}}, sa[G] = {{0}}, mdd[G] = {{0}}, mdy[G] = {{0}}, myy[G] = {{0}};
+    VD s_p[G] = {{0}}, map[G] = {{0}}, mpp[G] = {{0}}, sya[G] = {{0}}, maya[G] = {{0}};
+    VD dc[G] = {{0}}, du[G] = {{0}}, se[G] = {{0}};
+    VL nc[G] = {{0}}, nu[G] = {{0}}, ne[G] = {{0}};
     /* the series, 0 off the actor tokens */
-    VL nv[G] = {{0}}, pos[G] = {{0}};
+    VL nv[G] = {{0}};
     VD amax[G] = {{0}};
     VIU low[G] = {{0}}; /* not 0 in a lane where a value's float32 has its low 13 bits 0 */
     EACH_OCTET(g, o) {
@@ -119,90 +177,57 @@ BLOCK_ATTR int BLOCK_FN(Block *b, const float *bx, const float *by, const uint8_
         memcpy(b->pa + o + 1, &a, sizeof a);
         memcpy(b->act + o + 1, &act, sizeof act);
         nv[g] -= act;
-        pos[g] |= ABOVE_ZERO(ym);
         VL more = GREATER_NONNEG(a, amax[g]);
         amax[g] = (VD)(((VL)a & more) | ((VL)amax[g] & ~more));
+#if W == 8 /* the plain sums here: AVX-512's 32 registers hold their accumulators */
+        PLAIN_TERMS(g, d, ym, a, p);
+#endif
     }
+#if W == 4 /* AVX2's 16 registers: the plain sums in a loop of their own */
+    EACH_OCTET(g, o) {
+        VD d = VLOAD(b->d + o), yv = VLOAD(b->y + o), a = VLOAD(b->a + o), p = VLOAD(b->p + o);
+        PLAIN_TERMS(g, d, yv, a, p);
+    }
+#endif
+    EACH_OCTET(g, o) {
+        VD d = VLOAD(b->d + o), yv = VLOAD(b->y + o), a = VLOAD(b->a + o);
+        LEVEL_TERMS(g, d, yv, a);
+#if W == 8
+        PAIR_TERMS(g, o);
+#endif
+#if W == 4 /* AVX2's 16 registers: exp|d| in a loop of its own */
+    }
+    EACH_OCTET(g, o) {
+        VD a = VLOAD(b->a + o);
+#endif
+        EXP_TERMS(g, a, VLOAD_L(b->act + o + 1));
+    }
+#undef PLAIN_TERMS
+#undef LEVEL_TERMS
+#undef EXP_TERMS
     double block_max = 0.0;
-    int half_any = 0, signed_y = 0;
+    int half_any = 0;
     for (int g = 0; g < G; g++) {
         counts[0] += VRED_L(nv[g]);
         for (int l = 0; l < W; l++) {
             block_max = amax[g][l] > block_max ? amax[g][l] : block_max;
             half_any |= low[g][l] != 0;
-            signed_y |= pos[g][l] != 0;
         }
     }
-    /* the pairs (t - 1, t): both actor tokens, t not a row's first */
-    VD pa[G] = {{0}}, sn[G] = {{0}}, sp[G] = {{0}};
-    VL np[G] = {{0}};
-    EACH_OCTET(g, o) {
-        VL pair = VLOAD_L(b->act + o) & VLOAD_L(b->act + o + 1) & ~VLOAD_L(b->rs + o + 1);
-        VD xp = VLOAD(b->px + o), x1 = VLOAD(b->px + o + 1), yp = VLOAD(b->py + o), y1 = VLOAD(b->py + o + 1);
-        pa[g] += (VD)((VL)(VLOAD(b->pa + o) + VLOAD(b->pa + o + 1)) & pair);
-        sn[g] += (VD)((VL)(yp - x1) & absmask & pair);
-        sp[g] += (VD)((VL)(y1 - xp) & absmask & pair);
-        np[g] -= pair;
-    }
-    /* the sums, a few a loop, so that each loop's accumulators stay in registers (AVX2 has 16) */
-    VD sd[G] = {{0}}, sy[G] = {{0}}, sa[G] = {{0}}, mdd[G] = {{0}}, mdy[G] = {{0}}, myy[G] = {{0}};
-    EACH_OCTET(g, o) {
-        sd[g] += VLOAD(b->d + o);
-        sy[g] += VLOAD(b->y + o);
-        sa[g] += VLOAD(b->a + o);
-    }
-    EACH_OCTET(g, o) {
-        VD d = VLOAD(b->d + o), yv = VLOAD(b->y + o);
-        mdd[g] += d * d;
-        mdy[g] += d * yv;
-        myy[g] += yv * yv;
-    }
-    VD s_p[G] = {{0}}, map[G] = {{0}}, mpp[G] = {{0}}, sya[G] = {{0}}, maya[G] = {{0}};
-    EACH_OCTET(g, o) {
-        VD p = VLOAD(b->p + o), a = VLOAD(b->a + o);
-        s_p[g] += p;
-        map[g] += a * p;
-        mpp[g] += p * p;
-    }
-    EACH_OCTET(g, o) {
-        VD yv = VLOAD(b->y + o);
-        VD ya = signed_y ? (VD)((VL)yv & absmask) : -yv; /* a log-prob is <= 0: |y| = -y */
-        sya[g] += ya;
-        maya[g] += VLOAD(b->a + o) * ya;
-    }
-    VD dc[G] = {{0}}, du[G] = {{0}}, se[G] = {{0}};
-    VL nc[G] = {{0}}, nu[G] = {{0}}, ne[G] = {{0}};
-    const VD conf = zero + levels[0], unconf = zero + levels[1], ext = zero + levels[2], small = zero + SMALL_EXP;
-    EACH_OCTET(g, o) {
-        VD d = VLOAD(b->d + o), yv = VLOAD(b->y + o);
-        VL c = yv >= conf, u = yv < unconf; /* lanes of -1 (true) or 0 */
-        dc[g] += (VD)((VL)d & c);
-        du[g] += (VD)((VL)d & u);
-        nc[g] -= c;
-        nu[g] -= u;
-    }
-    /* exp|d| on the actor tokens: a lane's by VEXP_SMALL up to SMALL_EXP, else by VEXP (each
-     * token's value depends on its own |d| only), past VEXP's range by libm's exp */
-    if (block_max <= 700.0) {
-        EACH_OCTET(g, o) {
-            VD a = VLOAD(b->a + o), e = VEXP_SMALL(a);
-            ne[g] -= a > ext;
-            if (block_max > SMALL_EXP) {
-                VL big = a > small;
-                if (VANY(big)) {
-                    e = (VD)(((VL)VEXP(a) & big) | ((VL)e & ~big));
-                }
-            }
-            se[g] += (VD)((VL)e & VLOAD_L(b->act + o + 1));
-        }
-    } else { /* some |d| above vexp's range (a probability ratio past e^700) */
-        EACH_OCTET(g, o) {
-            ne[g] -= VLOAD(b->a + o) > ext;
+    if (block_max > 700.0) { /* some |d| above vexp's range (a probability ratio past e^700) */
+        for (int g = 0; g < G; g++) {
+            se[g] = zero;
         }
         for (long j = 0; j < len; j++) {
             se[0][0] += b->act[j + 1] ? exp(b->a[j]) : 0.0;
         }
     }
+#if W == 4
+    EACH_OCTET(g, o) {
+        PAIR_TERMS(g, o);
+    }
+#endif
+#undef PAIR_TERMS
     /* each sum's groups in lanes8d's order: ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) */
 #if G == 1
 #define ADD(slot, v) total[slot] += VRED(v[0])
@@ -255,7 +280,6 @@ BLOCK_ATTR int BLOCK_FN(Block *b, const float *bx, const float *by, const uint8_
 #undef FLAG_WORD
 #undef FLAG_SHIFTS
 #undef FINITE
-#undef ABOVE_ZERO
 #undef GREATER_NONNEG
 #undef ABOVE_ZERO_F
 #undef LOW_BITS_ZERO
