@@ -70,12 +70,14 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     count = step_mask_count(mask, rows, step_ids, n)  # (n,) float32, remembered per mask
     den = count + MEAN_EPS
     w = torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND).exp_()
-    # the bounds as 0-dim tensors of the weights' dtype: the comparison torch makes with a number
-    up, lo = (torch.tensor(v, dtype=w.dtype, device=w.device) for v in (threshold, 1.0 / threshold))
     highs, lows = [0] * n, [0] * n  # each step's counts (exact integers), one tensor each after
     # on the host, each step's product by the mask, counts, truncation and extrema in one compiled
     # read (exact: the same values; rldiag.engine.diag_is_native), where the steps cover the tokens
     compiled = diag_is_native.usable(w, mask) and bounds[0] == 0 and bounds[-1] == w.numel()
+    # the bounds in the weights' dtype, the comparison torch makes with a number (0-dim tensors;
+    # where compiled, float32 numbers: numpy rounds a float to float32 as torch does)
+    up, lo = ((np.float32(threshold), np.float32(1.0 / threshold)) if compiled else
+              (torch.tensor(v, dtype=w.dtype, device=w.device) for v in (threshold, 1.0 / threshold)))
     if not compiled:
         w.mul_(mask)  # raw weights, 0 off the mask
     # the log-ratios' products with the mask, for the rows' masked sums, in the same read
@@ -98,7 +100,7 @@ def tis_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, rows: Rows, step
     if not compiled:
         w.clamp_(max=threshold)
     row_sum = rows.sum(w)
-    if not bool(torch.isfinite(row_sum).all()):
+    if not host.all_finite(row_sum):
         return None
     tok: Metrics = {}
     total = seg_sum(row_sum, step_ids, n)
@@ -151,49 +153,52 @@ def _sequence(row_log: torch.Tensor, row_count: torch.Tensor, step_ids: torch.Te
               threshold: float) -> tuple[torch.Tensor, Metrics]:
     """The sequence level from the rows' summed log-ratios ``(rows,)`` and actor tokens
     ``row_count`` ``(rows,)`` of rows in step order: each row's ratio ``(rows,)`` and the metrics
-    ``(n,)``. The rows' float64 arithmetic is numpy's on the host (rows-sized arrays: about a
-    microsecond an operation, where torch's dispatch costs 5-10; a copy from another device): the
-    same IEEE operations, the per-step sums in the rows' order as ``index_add_``'s. The float32
-    exponentials stay torch's, as verl's."""
+    ``(n,)``. The rows' arithmetic is on the host: one compiled call where the library was built
+    (:func:`rldiag.engine.diag_is_native.sequence`), else its numpy twin :func:`_sequence_table`
+    (the same bits; rows-sized arrays, where torch's dispatch costs 5-10 us an operation; a copy
+    from another device). The float32 exponentials stay torch's, as verl's."""
     ratio = torch.exp(torch.clamp(row_log, -SAFETY_BOUND, SAFETY_BOUND))
-    log32 = _host(row_log)
-    w = np.minimum(_host(ratio), np.float32(threshold)).astype(np.float64)
-    c = _host(row_count).astype(np.float64)
-    sid = _host(step_ids)
-    den = _host(count).astype(np.float64) + MEAN_EPS
+    log_up, log_lo = _log_bounds(threshold)
+    args = (_host(ratio), _host(row_log), _host(row_count), _host(step_ids), _host(count), threshold, log_up, log_lo)
+    table = diag_is_native.sequence(*args, MEAN_EPS) if diag_is_native.built() else _sequence_table(*args)
+    t = torch.from_numpy(table).to(row_log.device)
+    ext = t[5:7]  # each step's largest and least summed log-ratio, to their ratios (NaN where no row)
+    ext[0].clamp_(max=SAFETY_BOUND)
+    ext.exp_()
+    names = ("mean", "std", "eff_sample_size", "ratio_fraction_high", "ratio_fraction_low", "max", "min")
+    m: Metrics = {f"rollout_is_{name}": v for name, v in zip(names, t.unbind(0), strict=True)}
+    return ratio, m
+
+
+def _sequence_table(ratio: np.ndarray, log32: np.ndarray, row_count: np.ndarray, sid: np.ndarray, count: np.ndarray,
+                    threshold: float, log_up: np.float32, log_lo: np.float32) -> np.ndarray:
+    """:func:`rldiag.engine.diag_is_native.sequence`'s table ``(7, n)`` float32 by numpy (its twin):
+    the mean, std and effective sample size of the weights ``min(ratio, threshold)`` over each step's
+    actor tokens in float64 (a row's weight on its ``row_count`` tokens; the per-step sums in the
+    rows' order, as ``bincount``'s), the shares of rows above and below the bounds, and each step's
+    largest and least summed log-ratio (NaN where it has no row)."""
+    n = count.shape[0]
+    w = np.minimum(ratio, np.float32(threshold)).astype(np.float64)
+    c = row_count.astype(np.float64)
+    den = count.astype(np.float64) + MEAN_EPS
     mean = np.bincount(sid, weights=c * w, minlength=n)[:n] / den
     row_mean = mean[sid]
     var = np.bincount(sid, weights=(w - row_mean) ** 2 * c, minlength=n)[:n] / den
     norm2 = np.bincount(sid, weights=(w / (row_mean + MEAN_EPS)) ** 2 * c, minlength=n)[:n] / den
-    std = np.where(_host(count) > 1, np.sqrt(np.maximum(var, 0.0)), 0.0)
-    log_up, log_lo = _log_bounds(threshold)
+    std = np.where(count > 1, np.sqrt(np.maximum(var, 0.0)), 0.0)
     rows_of = np.bincount(sid, minlength=n)[:n].astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):  # a step without rows: NaN
         high = np.bincount(sid, weights=log32 > log_up, minlength=n)[:n].astype(np.float32) / rows_of
         low = np.bincount(sid, weights=log32 < log_lo, minlength=n)[:n].astype(np.float32) / rows_of
         ess = 1.0 / norm2
-    # each step's largest and least summed log-ratio (rows in step order: a slice each; NaN where none)
+    # each step's largest and least summed log-ratio (rows in step order: a slice each)
     first = np.searchsorted(sid, np.arange(n + 1))
     some = first[1:] > first[:-1]
     ext = np.full((2, n), np.nan, dtype=np.float32)
     if log32.size:
         ext[0, some] = np.maximum.reduceat(log32, first[:-1][some])
         ext[1, some] = np.minimum.reduceat(log32, first[:-1][some])
-    ext_t = torch.from_numpy(ext).to(row_log.device)
-    ext_t[0].clamp_(max=SAFETY_BOUND)
-    ext_t.exp_()
-    stats = torch.from_numpy(np.stack([mean, std, ess]).astype(np.float32)).to(row_log.device)
-    fractions = torch.from_numpy(np.stack([high, low])).to(row_log.device)
-    m: Metrics = {
-        "rollout_is_max": ext_t[0],
-        "rollout_is_min": ext_t[1],
-        "rollout_is_mean": stats[0],
-        "rollout_is_ratio_fraction_high": fractions[0],
-        "rollout_is_ratio_fraction_low": fractions[1],
-        "rollout_is_std": stats[1],
-        "rollout_is_eff_sample_size": stats[2],
-    }
-    return ratio, m
+    return np.concatenate([np.stack([mean, std, ess]).astype(np.float32), np.stack([high, low]), ext])
 
 
 def _host(t: torch.Tensor) -> np.ndarray:

@@ -6,6 +6,8 @@ place, and the truncated weights' extrema. A product, counts, a clamp and extrem
 same values as the twin's (tests/engine/test_diag_is_native.py). Then :func:`spread`: the
 standard deviation's and the effective sample size's token terms by the twin's float32
 operations in its order (the same bits), one read each where torch makes three passes and two.
+And :func:`sequence`: the sequence level's statistics from the rows, numpy's operations in its
+order (the same bits as :func:`rldiag.engine.diag_is._sequence_table`), in one call.
 
 Used where the library was built and the weights are a float32 host tensor (the mask float32 or
 bool); elsewhere the twin runs.
@@ -22,7 +24,7 @@ import torch
 from rldiag.engine import host, native
 
 #: the calling convention these bindings were written for (``rldiag_tis_abi`` in the C)
-ABI = 3
+ABI = 4
 #: the fields the kernel writes, in its order
 FIELDS = ("above", "below", "max", "min")
 
@@ -32,7 +34,12 @@ _LIB = native.bound("tis_counts", "tis", ABI, len(FIELDS), {
                           + [ctypes.c_void_p] * 3),
     "rldiag_tis_spread": (ctypes.c_long, [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_float] * 2
                           + [ctypes.c_void_p] * 2),
+    "rldiag_tis_sequence": (ctypes.c_long, [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_void_p, ctypes.c_long]
+                            + [ctypes.c_float] * 3 + [ctypes.c_double] + [ctypes.c_void_p] * 2),
 })
+
+#: the rows of :func:`sequence`'s table, in its order
+SEQUENCE_ROWS = ("mean", "std", "eff_sample_size", "ratio_fraction_high", "ratio_fraction_low", "max_log", "min_log")
 
 
 def built() -> bool:
@@ -92,3 +99,22 @@ def spread(w: torch.Tensor, mask: torch.Tensor, mean: float, den: float, dev: to
         assert o.dtype == np.float32 and o.flags.c_contiguous and o.shape == v.shape
     fmask, bmask = native.mask_pointers(m)
     _LIB.rldiag_tis_spread(v.ctypes.data, fmask, bmask, v.shape[0], mean, den, o1.ctypes.data, o2.ctypes.data)
+
+
+def sequence(ratio: np.ndarray, log_ratio: np.ndarray, row_count: np.ndarray, step_ids: np.ndarray,
+             count: np.ndarray, cap: float, log_up: np.float32, log_lo: np.float32, eps: float) -> np.ndarray:
+    """The sequence level's table ``(7, n)`` float32 (:data:`SEQUENCE_ROWS`) from the rows' float32
+    ``ratio``, summed ``log_ratio`` and actor tokens ``row_count`` ``(rows,)``, their int64 steps
+    ``step_ids`` (ascending) and the steps' float32 actor tokens ``count`` ``(n,)``: the numpy twin's
+    operations (:func:`rldiag.engine.diag_is._sequence_table`) in its order, the same bits."""
+    assert _LIB is not None
+    f32 = [np.ascontiguousarray(v, dtype=np.float32) for v in (ratio, log_ratio, row_count, count)]
+    sid = np.ascontiguousarray(step_ids, dtype=np.int64)
+    n = f32[3].shape[0]
+    out = np.empty((7, n), dtype=np.float32)
+    scratch = np.empty(max(n, 1), dtype=np.float64)
+    if _LIB.rldiag_tis_sequence(f32[0].ctypes.data, f32[1].ctypes.data, f32[2].ctypes.data, sid.ctypes.data,
+                                sid.shape[0], f32[3].ctypes.data, n, cap, float(log_up), float(log_lo), eps,
+                                scratch.ctypes.data, out.ctypes.data) != 0:
+        raise ValueError("diag_is sequence level: the rows are not in step order")
+    return out

@@ -79,3 +79,42 @@ def test_tis_statistics_the_same_bits_with_and_without_the_kernel(monkeypatch):
         for k, v in want.token.items():
             assert torch.equal(got.token[k].isnan(), v.isnan()) and torch.equal(got.token[k][~v.isnan()], v[~v.isnan()]), k
         assert got.token["rollout_is_ratio_fraction_high"].sum() > 0  # drift past the threshold
+
+
+@HS
+@given(st.integers(0, 10_000), st.lists(st.integers(0, 6), min_size=1, max_size=9), st.floats(0.01, 30.0))
+def test_the_sequence_table_is_its_numpy_twins_to_the_bit(seed, rows_per_step, spread):
+    """Steps with no row, one row, rows of no actor token, steps of one actor token (std 0),
+    ratios around and far beyond the threshold, log-ratios on the bounds and at exactly 0."""
+    from rldiag.engine.diag_is import MEAN_EPS, _log_bounds, _sequence_table
+
+    rng = np.random.default_rng(seed)
+    n = len(rows_per_step)
+    sid = np.repeat(np.arange(n, dtype=np.int64), rows_per_step)
+    rows = sid.shape[0]
+    log_ratio = (rng.normal(0, 1, rows) * spread).astype(np.float32)
+    up, lo = _log_bounds(2.0)
+    picks = rng.random(rows)
+    log_ratio[picks < 0.1] = up
+    log_ratio[(picks >= 0.1) & (picks < 0.2)] = lo
+    log_ratio[(picks >= 0.2) & (picks < 0.25)] = 0.0
+    ratio = torch.exp(torch.clamp(torch.from_numpy(log_ratio), -20, 20)).numpy()
+    row_count = rng.integers(0, 40, rows).astype(np.float32)
+    row_count[picks > 0.9] = 0.0
+    count = np.bincount(sid, weights=row_count, minlength=n).astype(np.float32)
+    args = (ratio, log_ratio, row_count, sid, count, 2.0, up, lo)
+    got = native.sequence(*args, MEAN_EPS)
+    want = _sequence_table(*args)
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape == (7, n)
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    empty = np.asarray(rows_per_step) == 0
+    assert np.isnan(got[3:, empty]).all() and not np.isnan(got[3:, ~empty]).any()
+
+
+def test_the_sequence_table_refuses_rows_out_of_step_order():
+    from rldiag.engine.diag_is import MEAN_EPS
+
+    one = np.ones(3, dtype=np.float32)
+    with pytest.raises(ValueError, match="step order"):
+        native.sequence(one, one, one, np.array([1, 0, 1]), np.ones(2, dtype=np.float32), 2.0, np.float32(0.69),
+                        np.float32(-0.69), MEAN_EPS)
