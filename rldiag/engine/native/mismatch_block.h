@@ -80,11 +80,20 @@
 #endif
 
 /* levels: confident, unconfident, extreme; total: the chunk's N_SUMS sums (this block's added,
- * a sum's lanes first); counts: n, n_conf, n_unconf, n_extreme, n_pairs (added). Returns whether a
- * rollout value might be a 16-bit float (a float32 whose low 13 bits are 0). */
+ * a sum's lanes first); counts: n, n_conf, n_unconf, n_extreme, n_pairs (added). At eight lanes,
+ * the tokens whose |d| is at least `least` picked: their d and y written to pick_d and pick_y from
+ * *kept on, in order, and *kept advanced (at four, the caller picks). Returns whether a rollout
+ * value might be a 16-bit float (a float32 whose low 13 bits are 0). */
 BLOCK_ATTR int BLOCK_FN(Block *b, const float *bx, const float *by, const uint8_t *bf, const float *bm,
-                               long k, long len, const double *levels, double *total, long long *counts) {
+                               long k, long len, const double *levels, double *total, long long *counts,
+                               double least, double *pick_d, double *pick_y, long *kept) {
     const VL absmask = (VL){0} + 0x7FFFFFFFFFFFFFFFLL;
+#if W == 8
+    const __m512d lv = _mm512_set1_pd(least);
+    long picks = *kept;
+#else
+    (void)least, (void)pick_d, (void)pick_y, (void)kept;
+#endif
     const VD zero = {0};
     /* each token's terms of the sums (d, y, |d|, p: 0 off the actor tokens; act its lane mask):
      * added where the series are made at eight lanes (AVX-512's 32 registers hold every
@@ -181,8 +190,17 @@ BLOCK_ATTR int BLOCK_FN(Block *b, const float *bx, const float *by, const uint8_
         amax[g] = (VD)(((VL)a & more) | ((VL)amax[g] & ~more));
 #if W == 8 /* the plain sums here: AVX-512's 32 registers hold their accumulators */
         PLAIN_TERMS(g, d, ym, a, p);
+        /* the picked tokens (|d| at least `least`: never the padding, whose |d| is 0), moved to
+         * the front by AVX-512's compression, all eight places written (the kept first) */
+        __mmask8 keep = _mm512_cmp_pd_mask((__m512d)a, lv, _CMP_GE_OQ);
+        _mm512_storeu_pd(pick_d + picks, _mm512_maskz_compress_pd(keep, (__m512d)d));
+        _mm512_storeu_pd(pick_y + picks, _mm512_maskz_compress_pd(keep, (__m512d)ym));
+        picks += __builtin_popcount((unsigned)keep);
 #endif
     }
+#if W == 8
+    *kept = picks;
+#endif
 #if W == 4 /* AVX2's 16 registers: the plain sums in a loop of their own */
     EACH_OCTET(g, o) {
         VD d = VLOAD(b->d + o), yv = VLOAD(b->y + o), a = VLOAD(b->a + o), p = VLOAD(b->p + o);

@@ -116,22 +116,6 @@ typedef struct {
 #undef BLOCK_FN
 #undef BLOCK_ATTR
 
-/* The block's picked tokens (|d| at least `least`) with AVX-512's compression, eight at a time:
- * their d and y to pick_d and pick_y in order, all eight places written (the kept first).
- * Returns how many were kept. The same picks as the four-lane loop in rldiag_mismatch_chunk. */
-__attribute__((target("arch=x86-64-v4"), noinline))
-static long pick_w8(const Block *b, long k, double least, double *pick_d, double *pick_y) {
-    long kept = 0;
-    const __m512d lv = _mm512_set1_pd(least);
-    for (long j = 0; j < k; j += 8) {
-        __mmask8 keep = _mm512_cmp_pd_mask(_mm512_loadu_pd(b->a + j), lv, _CMP_GE_OQ);
-        _mm512_storeu_pd(pick_d + kept, _mm512_maskz_compress_pd(keep, _mm512_loadu_pd(b->d + j)));
-        _mm512_storeu_pd(pick_y + kept, _mm512_maskz_compress_pd(keep, _mm512_loadu_pd(b->y + j)));
-        kept += __builtin_popcount((unsigned)keep);
-    }
-    return kept;
-}
-
 /* whether this processor runs block_w8: AVX-512's F, VL, DQ, BW and CD (x86-64-v4); the
  * environment's RLDIAG_NATIVE_LANES=4 takes the four-lane blocks anyway (the tests compare both) */
 static int wide_lanes(void) {
@@ -268,8 +252,8 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
             }
         }
         long long counts[5] = {0};
-        int half_any = wide ? block_w8(&b, bx, by, bf, bm, k, len, levels, total, counts)
-                            : block_w4(&b, bx, by, bf, bm, k, len, levels, total, counts);
+        int half_any = wide ? block_w8(&b, bx, by, bf, bm, k, len, levels, total, counts, least, pick_d, pick_y, &kept)
+                            : block_w4(&b, bx, by, bf, bm, k, len, levels, total, counts, least, pick_d, pick_y, &kept);
         n += counts[0];
         n_conf += counts[1];
         n_unconf += counts[2];
@@ -284,15 +268,14 @@ long rldiag_mismatch_chunk(const float *x, const float *y, const uint8_t *flags,
         b.py[0] = b.py[len];
         b.pa[0] = b.pa[len];
         b.act[0] = b.act[len];
-        /* the picked tokens (each quad's kept ones moved to its front by one shuffle, all four
-         * written, the kept counted: about 8 % are, in no order, and a branch on them cost a
-         * misprediction every few quads) and the 16-bit
-         * values (the float32's low 13 bits 0, and a bfloat16: low 16 bits 0, non-zero, or a
-         * normal float16: |y| in its normal range; y = 0 off the actor tokens counts in neither) */
+        /* the picked tokens where the four-lane block has not picked them (each quad's kept ones
+         * moved to its front by one shuffle, all four written, the kept counted: about 8 % are, in
+         * no order, and a branch on them cost a misprediction every few quads; block_w8 picks
+         * eight at a time by AVX-512's compression) and the 16-bit values (the float32's low 13
+         * bits 0, and a bfloat16: low 16 bits 0, non-zero, or a normal float16: |y| in its normal
+         * range; y = 0 off the actor tokens counts in neither) */
         const v4d lv = {least, least, least, least};
-        if (wide) {
-            kept += pick_w8(&b, k, least, pick_d + kept, pick_y + kept);
-        } else {
+        if (!wide) {
             for (long j = 0; j < k; j += 4) {
                 v4l keep = load(b.a + j) >= lv; /* the padding's |d| is 0: never kept */
                 v4l w = keep & (v4l){1, 2, 4, 8}; /* the lanes' bits, ORed across the lanes by two shuffles */
