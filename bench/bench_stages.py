@@ -123,10 +123,10 @@ def table(name: str, tokens: int, cols: dict[str, dict[str, float]]) -> None:
     print(f"{'stage':<20}" + "".join(f"{lab + ' s':>14}{'%':>7}" for lab in labels))
     for st in stages:
         mark = "*" if st in DIAGNOSTIC else " "
-        print(f"{mark}{st:<19}" + "".join(f"{cols[lab][st]:>14.3f}{cols[lab][st] / totals[lab]:>7.1%}" for lab in labels))
-    print(f"{'all stages':<20}" + "".join(f"{totals[lab]:>14.3f}{1:>7.0%}" for lab in labels))
+        print(f"{mark}{st:<19}" + "".join(f"{cols[lab][st]:>14.4f}{cols[lab][st] / totals[lab]:>7.1%}" for lab in labels))
+    print(f"{'all stages':<20}" + "".join(f"{totals[lab]:>14.4f}{1:>7.0%}" for lab in labels))
     print(f"{'diagnostic (*)':<20}" + "".join(
-        f"{sum(cols[lab][s] for s in DIAGNOSTIC if s in cols[lab]):>14.3f}"
+        f"{sum(cols[lab][s] for s in DIAGNOSTIC if s in cols[lab]):>14.4f}"
         f"{sum(cols[lab][s] for s in DIAGNOSTIC if s in cols[lab]) / totals[lab]:>7.1%}" for lab in labels))
 
 

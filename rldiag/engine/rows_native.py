@@ -35,9 +35,11 @@ def built() -> bool:
 
 def usable(x: torch.Tensor, offsets: torch.Tensor) -> bool:
     """Whether :func:`row_sums` applies: the library built, ``x`` a flat contiguous float32 host
-    tensor and ``offsets`` int64 on the host."""
+    tensor outside autograd's graph (the kernel's sums have no derivative: a tensor that requires
+    one takes the twin) and ``offsets`` int64 on the host."""
     return (_LIB is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 1
-            and x.is_contiguous() and offsets.device.type == "cpu" and offsets.dtype == torch.int64)
+            and x.is_contiguous() and not x.requires_grad and offsets.device.type == "cpu"
+            and offsets.dtype == torch.int64)
 
 
 def row_sums(x: torch.Tensor, offsets: torch.Tensor, piece: int) -> torch.Tensor | None:

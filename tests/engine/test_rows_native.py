@@ -87,6 +87,10 @@ def test_where_the_kernel_does_not_apply():
     assert not native.usable(torch.ones(8, dtype=torch.float64), rows.offsets)
     assert not native.usable(torch.ones(16)[::2], rows.offsets)  # not contiguous
     assert not native.usable(torch.ones(2, 4), rows.offsets)
+    grad = torch.ones(8, requires_grad=True)
+    assert not native.usable(grad, rows.offsets)  # the twin's sums carry the derivative
+    rows.sum(grad * torch.arange(8.0)).sum().backward()
+    assert torch.equal(grad.grad, torch.arange(8.0))
     # Rows.sum's other paths give the same numbers for those
     assert torch.equal(rows.sum(torch.ones(16)[::2]), torch.tensor([4.0, 4.0]))
     assert rows.sum(torch.ones(8, dtype=torch.float64)).dtype == torch.float64

@@ -85,7 +85,7 @@ def test_batch_to_moves_every_tensor(run):
     # every optional column is there, so the check covers them
     assert {"values", "vpreds", "entropy", "rollout_log_probs", "prompt_length", "max_prompt_length",
             "reward_baselines", "extra[traj_uid]", "extra[sum_pi_squared]", "extra[acc]"} <= set(held)
-    batch.rows.sum(batch.response_mask)  # the layout's cached chunk plan is built on the CPU first
+    batch.rows.amax(batch.response_mask)  # the layout's cached chunk plan is built on the CPU first
     moved = batch.to(META)
     on = {name: t.device for name, t in _tensors(moved).items()}
     assert set(on) == set(held)
