@@ -181,12 +181,14 @@ class Rows:
             x = x.to(torch.float32)
         if rows_native.usable(x, self.offsets):  # the same bits in one compiled call after torch's chunk sums
             done = rows_native.row_sums(x, self.offsets, PIECE)
-            if done is not None:
-                return done
-        out = self._chunked_sum(x)
-        if not host.all_finite(out):  # a NaN or inf stays in its own row
-            out = torch.segment_reduce(x.to(torch.float64), "sum", offsets=self.offsets)
-        return out.to(x.dtype)
+            finite = done is not None
+        else:
+            done = self._chunked_sum(x)
+            finite = host.all_finite(done)
+        if not finite:  # a NaN or inf stays in its own row
+            done = torch.segment_reduce(x.to(torch.float64), "sum", offsets=self.offsets)
+        assert done is not None
+        return done.to(x.dtype)
 
     def _chunked_sum(self, x: torch.Tensor) -> torch.Tensor:
         """Row sums in float64 ``(rows,)`` without a sequential sum over a long row.

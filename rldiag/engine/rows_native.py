@@ -21,11 +21,11 @@ import torch
 from rldiag.engine import host, native
 
 #: the calling convention these bindings were written for (``rldiag_rows_abi`` in the C)
-ABI = 1
+ABI = 2
 
 _LIB = native.bound("row_sums", "rows", ABI, 1, {"rldiag_rows_finish": (
-    ctypes.c_long, [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                    ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p])})
+    ctypes.c_long, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                    ctypes.c_void_p, ctypes.c_void_p])})
 
 
 def built() -> bool:
@@ -45,10 +45,10 @@ def usable(x: torch.Tensor, offsets: torch.Tensor) -> bool:
 def row_sums(x: torch.Tensor, offsets: torch.Tensor, piece: int) -> torch.Tensor | None:
     """Each row's sum ``(rows,)`` float32 of ``x`` ``(tokens,)`` over the rows of ``offsets``
     ``(rows + 1,)`` (where :func:`usable`), accumulated as the twin does over chunks of ``piece``
-    tokens; None where a row's sum is not finite (the caller's float64 path keeps it in its row)."""
+    tokens; None where a row's sum is not finite (the twin's would not be either: the caller sums every
+    row in float64 then, keeping it in its row)."""
     assert _LIB is not None
-    n = x.numel()
-    nc = n // piece
+    nc = x.numel() // piece
     chunk = x[: nc * piece].view(nc, piece).sum(-1)  # torch's float32 chunk sums, as the twin's
     v, c = host.view(x), host.view(chunk)
     off = np.ascontiguousarray(offsets.numpy())
@@ -56,6 +56,6 @@ def row_sums(x: torch.Tensor, offsets: torch.Tensor, piece: int) -> torch.Tensor
     rows = off.shape[0] - 1
     before = np.empty(nc + 1, dtype=np.float64)
     out = np.empty(max(rows, 0), dtype=np.float32)
-    bad = _LIB.rldiag_rows_finish(v.ctypes.data, n, c.ctypes.data, nc, piece, off.ctypes.data, rows,
-                                  before.ctypes.data, out.ctypes.data)
+    bad = _LIB.rldiag_rows_finish(v.ctypes.data, c.ctypes.data, nc, piece, off.ctypes.data, rows, before.ctypes.data,
+                                  out.ctypes.data)
     return None if bad else torch.from_numpy(out)

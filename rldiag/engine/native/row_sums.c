@@ -18,7 +18,7 @@
 #include <math.h>
 #include <stdint.h>
 
-int rldiag_rows_abi(void) { return 1; }
+int rldiag_rows_abi(void) { return 2; }
 
 int rldiag_rows_fields(void) { return 1; }
 
@@ -33,9 +33,8 @@ static double run_sum(const float *x, int64_t a, int64_t b, double acc) {
  * piece) (nc = n / piece); off: (rows + 1,) int64 row offsets (0 <= off[r] <= off[r + 1] <= n);
  * before: (nc + 1,) float64 scratch (the running totals); out: (rows,) float32 each row's sum.
  * Returns how many rows' sums are not finite. */
-long rldiag_rows_finish(const float *x, long n, const float *chunk, long nc, long piece, const int64_t *off,
-                        long rows, double *before, float *out) {
-    (void)n;
+long rldiag_rows_finish(const float *x, const float *chunk, long nc, long piece, const int64_t *off, long rows,
+                        double *before, float *out) {
     double acc = 0.0;
     before[0] = 0.0;
     for (long c = 0; c < nc; c++) {
