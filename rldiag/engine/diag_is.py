@@ -159,14 +159,15 @@ def _sequence(row_log: torch.Tensor, row_count: torch.Tensor, step_ids: torch.Te
     from another device). The float32 exponentials stay torch's, as verl's."""
     ratio = torch.exp(torch.clamp(row_log, -SAFETY_BOUND, SAFETY_BOUND))
     log_up, log_lo = _log_bounds(threshold)
-    args = (_host(ratio), _host(row_log), _host(row_count), _host(step_ids), _host(count), threshold, log_up, log_lo)
+    v = host.values
+    args = (v(ratio), v(row_log), v(row_count), v(step_ids), v(count), threshold, log_up, log_lo)
     table = diag_is_native.sequence(*args, MEAN_EPS) if diag_is_native.built() else _sequence_table(*args)
     t = torch.from_numpy(table).to(row_log.device)
     ext = t[5:7]  # each step's largest and least summed log-ratio, to their ratios (NaN where no row)
     ext[0].clamp_(max=SAFETY_BOUND)
     ext.exp_()
     names = ("mean", "std", "eff_sample_size", "ratio_fraction_high", "ratio_fraction_low", "max", "min")
-    m: Metrics = {f"rollout_is_{name}": v for name, v in zip(names, t.unbind(0), strict=True)}
+    m: Metrics = {f"rollout_is_{name}": row for name, row in zip(names, t.unbind(0), strict=True)}
     return ratio, m
 
 
@@ -199,11 +200,6 @@ def _sequence_table(ratio: np.ndarray, log32: np.ndarray, row_count: np.ndarray,
         ext[0, some] = np.maximum.reduceat(log32, first[:-1][some])
         ext[1, some] = np.minimum.reduceat(log32, first[:-1][some])
     return np.concatenate([np.stack([mean, std, ess]).astype(np.float32), np.stack([high, low]), ext])
-
-
-def _host(t: torch.Tensor) -> np.ndarray:
-    """A rows-sized tensor's values on the host (a view there, else a copy)."""
-    return t.detach().cpu().numpy()
 
 
 @functools.cache

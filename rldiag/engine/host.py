@@ -20,7 +20,7 @@ import torch
 
 __all__ = [
     "all_finite", "count_above", "count_below", "count_equal", "count_true", "greater_on", "indicator_on", "indices_above",
-    "min_where", "nonzero_indices", "positive", "positive_float", "running_count", "running_sum_on", "view",
+    "min_where", "nonzero_indices", "positive", "positive_float", "running_count", "running_sum_on", "values", "view",
 ]
 
 
@@ -30,6 +30,14 @@ def view(x: torch.Tensor) -> np.ndarray | None:
     if x.device.type != "cpu" or x.dtype in (torch.bfloat16, torch.complex32) or x.is_conj() or x.is_neg():
         return None
     return x.detach().numpy()
+
+
+def values(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a numpy array: a view of a CPU tensor, a copy of another device's;
+    16-bit brain floats (no numpy type) widened to float32, exactly."""
+    if t.dtype == torch.bfloat16:
+        t = t.to(torch.float32)
+    return t.detach().cpu().numpy()
 
 
 def all_finite(x: torch.Tensor) -> bool:

@@ -41,6 +41,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from rldiag.engine.host import values as host  # the pass's tensors as numpy arrays
 from rldiag.engine.host import view as host_view
 from rldiag.engine.layout import Rows
 from rldiag.engine.mismatch_sums import bdot
@@ -131,14 +132,6 @@ class Buffers:
         """``(size + 1,)`` float64 0, 1, 2, ... (written at first use: a pass that never loads a
         chunk here, the compiled one, pays nothing for it)."""
         return np.arange(self.size + 1, dtype=np.float64)
-
-
-def host(t: torch.Tensor) -> np.ndarray:
-    """A tensor's values as a numpy array: a view of a CPU tensor, a copy of another device's;
-    16-bit brain floats (no numpy type) widened to float32, exactly."""
-    if t.dtype == torch.bfloat16:
-        t = t.to(torch.float32)
-    return t.detach().cpu().numpy()
 
 
 @dataclass(frozen=True)
