@@ -166,7 +166,7 @@ def _sequence(row_log: torch.Tensor, row_count: torch.Tensor, step_ids: torch.Te
     ext = t[5:7]  # each step's largest and least summed log-ratio, to their ratios (NaN where no row)
     ext[0].clamp_(max=SAFETY_BOUND)
     ext.exp_()
-    names = ("mean", "std", "eff_sample_size", "ratio_fraction_high", "ratio_fraction_low", "max", "min")
+    names = (name.removesuffix("_log") for name in diag_is_native.SEQUENCE_ROWS)  # max_log's row is now max's
     m: Metrics = {f"rollout_is_{name}": row for name, row in zip(names, t.unbind(0), strict=True)}
     return ratio, m
 
