@@ -43,7 +43,6 @@ _LIB = native.bound("mismatch_chunk", "mismatch", ABI, len(scan.FIELDS), {
                               + [ctypes.c_long] * 2 + [ctypes.c_double] * 6 + [ctypes.c_void_p] * 6),
     "rldiag_mismatch_select": (ctypes.c_long, [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p] + [ctypes.c_long] * 2
                                + [ctypes.c_double] + [ctypes.c_void_p] * 4),
-    "rldiag_mismatch_sample": (ctypes.c_long, [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_void_p]),
     "rldiag_mismatch_above": (None, [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_double] + [ctypes.c_void_p]),
     "rldiag_mismatch_lanes": (ctypes.c_int, []),
 })
